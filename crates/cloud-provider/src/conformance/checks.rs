@@ -1,0 +1,292 @@
+//! The checks of the conformance suite, one function each.
+
+use std::{future::Future, pin::Pin};
+
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node};
+
+use super::{Fixtures, Outcome};
+use crate::{CloudError, CloudProvider, ProviderId, Route, get_instance_provider_id};
+
+type CheckFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+type Check = for<'a> fn(&'a dyn CloudProvider, &'a Fixtures) -> CheckFuture<'a>;
+
+/// Why a check stopped early.
+enum Stop {
+    Skip(String),
+    Fail(String),
+}
+
+type CheckResult = Result<(), Stop>;
+
+macro_rules! check {
+    ($f:ident) => {
+        (stringify!($f), |cloud, fixtures| {
+            Box::pin(async move {
+                match $f(cloud, fixtures).await {
+                    Ok(()) => Outcome::Passed,
+                    Err(Stop::Skip(why)) => Outcome::Skipped(why),
+                    Err(Stop::Fail(why)) => Outcome::Failed(why),
+                }
+            })
+        })
+    };
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(Stop::Fail(format!($($msg)+)));
+        }
+    };
+}
+
+/// Every check, in the order they run.
+pub(super) const ALL: &[(&str, Check)] = &[
+    check!(provider_name_is_usable_in_provider_ids),
+    check!(instances_v2_reports_existing_and_missing_instances),
+    check!(instances_v2_metadata_has_a_provider_id_of_this_provider),
+    check!(instances_v2_metadata_of_a_missing_instance_is_not_found),
+    check!(instances_report_existing_and_missing_instances),
+    check!(instances_provider_id_has_this_providers_prefix),
+    check!(zones_know_the_existing_node),
+    check!(load_balancer_does_not_exist_before_ensure),
+    check!(load_balancer_ensure_is_idempotent_and_get_agrees),
+    check!(load_balancer_update_and_delete_are_idempotent),
+    check!(routes_round_trip),
+];
+
+fn call<T>(what: &str, result: Result<T, CloudError>) -> Result<T, Stop> {
+    result.map_err(|err| Stop::Fail(format!("{what} failed: {err}")))
+}
+
+fn name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+fn skip(part: &str) -> CheckResult {
+    Err(Stop::Skip(format!("the provider does not offer {part}")))
+}
+
+async fn provider_name_is_usable_in_provider_ids(cloud: &dyn CloudProvider, _: &Fixtures) -> CheckResult {
+    let name = cloud.provider_name();
+    ensure!(!name.is_empty(), "provider_name() is empty");
+    ensure!(
+        !name.contains("://") && !name.contains(char::is_whitespace),
+        "provider_name() {name:?} cannot prefix a provider ID"
+    );
+    Ok(())
+}
+
+async fn instances_v2_reports_existing_and_missing_instances(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
+    let exists = call("instance_exists(existing node)", instances.instance_exists(&f.existing_node).await)?;
+    ensure!(exists, "instance_exists({:?}) = false for a node whose instance exists", name(&f.existing_node));
+    let shutdown = call("instance_shutdown(existing node)", instances.instance_shutdown(&f.existing_node).await)?;
+    ensure!(!shutdown, "instance_shutdown({:?}) = true for a running instance", name(&f.existing_node));
+    // A missing instance is "does not exist", never an error: the lifecycle controller relies on it.
+    let missing = call("instance_exists(missing node)", instances.instance_exists(&f.missing_node).await)?;
+    ensure!(!missing, "instance_exists({:?}) = true for a node without an instance", name(&f.missing_node));
+    Ok(())
+}
+
+async fn instances_v2_metadata_has_a_provider_id_of_this_provider(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
+    let metadata = call("instance_metadata(existing node)", instances.instance_metadata(&f.existing_node).await)?;
+    let Some(metadata) = metadata else {
+        return Err(Stop::Fail(format!("instance_metadata({:?}) returned no metadata", name(&f.existing_node))));
+    };
+    let id = ProviderId::parse_for(cloud.provider_name(), &metadata.provider_id)
+        .map_err(|err| Stop::Fail(format!("instance_metadata().provider_id: {err}")))?;
+    // The same node asked again must give the same, stable ID.
+    let again = call("instance_metadata(existing node) again", instances.instance_metadata(&f.existing_node).await)?;
+    ensure!(
+        again.as_ref().map(|m| m.provider_id.as_str()) == Some(metadata.provider_id.as_str()),
+        "provider ID changed between calls: {id} then {:?}",
+        again.map(|m| m.provider_id)
+    );
+    // A node that already carries its provider ID is found by it.
+    let mut with_id = f.existing_node.clone();
+    with_id.spec.get_or_insert_with(Default::default).provider_id = Some(metadata.provider_id.clone());
+    let by_id = call("instance_exists(node with providerID)", instances.instance_exists(&with_id).await)?;
+    ensure!(by_id, "instance_exists() = false for a node whose spec.providerID is {id}");
+    Ok(())
+}
+
+async fn instances_v2_metadata_of_a_missing_instance_is_not_found(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
+    match instances.instance_metadata(&f.missing_node).await {
+        Err(CloudError::InstanceNotFound) | Ok(None) => Ok(()),
+        Ok(Some(m)) => Err(Stop::Fail(format!(
+            "instance_metadata({:?}) returned metadata ({}) for a node without an instance",
+            name(&f.missing_node),
+            m.provider_id
+        ))),
+        Err(err) => Err(Stop::Fail(format!(
+            "instance_metadata(missing node) must fail with InstanceNotFound, not: {err}"
+        ))),
+    }
+}
+
+async fn instances_report_existing_and_missing_instances(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(instances) = cloud.instances() else { return skip("Instances") };
+    let id = call("instance_id(existing node)", instances.instance_id(name(&f.existing_node)).await)?;
+    ensure!(!id.is_empty(), "instance_id({:?}) is empty", name(&f.existing_node));
+    match instances.instance_id(name(&f.missing_node)).await {
+        Err(CloudError::InstanceNotFound) => {}
+        other => {
+            return Err(Stop::Fail(format!(
+                "instance_id(missing node) must fail with InstanceNotFound, got {other:?}"
+            )));
+        }
+    }
+    let addresses = call("node_addresses(existing node)", instances.node_addresses(name(&f.existing_node)).await)?;
+    ensure!(!addresses.is_empty(), "node_addresses({:?}) is empty", name(&f.existing_node));
+    call("instance_type(existing node)", instances.instance_type(name(&f.existing_node)).await)?;
+    Ok(())
+}
+
+async fn instances_provider_id_has_this_providers_prefix(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(instances) = cloud.instances() else { return skip("Instances") };
+    let provider_id = call(
+        "get_instance_provider_id(existing node)",
+        get_instance_provider_id(cloud, name(&f.existing_node)).await,
+    )?;
+    ProviderId::parse_for(cloud.provider_name(), &provider_id)
+        .map_err(|err| Stop::Fail(format!("provider ID from instance_id(): {err}")))?;
+    let exists = call(
+        "instance_exists_by_provider_id(existing)",
+        instances.instance_exists_by_provider_id(&provider_id).await,
+    )?;
+    ensure!(exists, "instance_exists_by_provider_id({provider_id:?}) = false for an existing instance");
+    match instances.instance_shutdown_by_provider_id(&provider_id).await {
+        Ok(false) | Err(CloudError::NotImplemented) => {}
+        Ok(true) => return Err(Stop::Fail(format!("instance_shutdown_by_provider_id({provider_id:?}) = true for a running instance"))),
+        Err(err) => return Err(Stop::Fail(format!("instance_shutdown_by_provider_id failed: {err}"))),
+    }
+    let by_id = call(
+        "node_addresses_by_provider_id(existing)",
+        instances.node_addresses_by_provider_id(&provider_id).await,
+    )?;
+    let by_name = call("node_addresses(existing)", instances.node_addresses(name(&f.existing_node)).await)?;
+    ensure!(by_id == by_name, "addresses by provider ID {by_id:?} differ from addresses by name {by_name:?}");
+    Ok(())
+}
+
+async fn zones_know_the_existing_node(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(zones) = cloud.zones() else { return skip("Zones") };
+    let zone = call("get_zone_by_node_name(existing)", zones.get_zone_by_node_name(name(&f.existing_node)).await)?;
+    ensure!(!zone.failure_domain.is_empty(), "get_zone_by_node_name() returned an empty failure domain");
+    if cloud.instances().is_some() {
+        let provider_id = call(
+            "get_instance_provider_id(existing node)",
+            get_instance_provider_id(cloud, name(&f.existing_node)).await,
+        )?;
+        let by_id = call("get_zone_by_provider_id(existing)", zones.get_zone_by_provider_id(&provider_id).await)?;
+        ensure!(by_id == zone, "zone by provider ID {by_id:?} differs from zone by name {zone:?}");
+    }
+    Ok(())
+}
+
+fn has_ingress(status: &LoadBalancerStatus) -> bool {
+    status
+        .ingress
+        .as_ref()
+        .is_some_and(|ingress| ingress.iter().any(|i| i.ip.is_some() || i.hostname.is_some()))
+}
+
+async fn load_balancer_does_not_exist_before_ensure(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
+    let got = call("get_load_balancer(before ensure)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
+    ensure!(got.is_none(), "get_load_balancer() reports a load balancer before any was ensured: {got:?}");
+    let name = lb.get_load_balancer_name(&f.cluster_name, &f.service);
+    ensure!(!name.is_empty(), "get_load_balancer_name() is empty");
+    ensure!(
+        name == lb.get_load_balancer_name(&f.cluster_name, &f.service),
+        "get_load_balancer_name() is not deterministic"
+    );
+    Ok(())
+}
+
+async fn load_balancer_ensure_is_idempotent_and_get_agrees(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
+    let first = call(
+        "ensure_load_balancer",
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+    )?;
+    ensure!(has_ingress(&first), "ensure_load_balancer() returned a status without ingress: {first:?}");
+    let second = call(
+        "ensure_load_balancer (again)",
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+    )?;
+    ensure!(first == second, "a second ensure_load_balancer() changed the status: {first:?} then {second:?}");
+    let got = call("get_load_balancer(after ensure)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
+    ensure!(got.as_ref() == Some(&first), "get_load_balancer() = {got:?} after ensure returned {first:?}");
+    Ok(())
+}
+
+async fn load_balancer_update_and_delete_are_idempotent(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
+    call(
+        "ensure_load_balancer",
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+    )?;
+    let fewer = &f.backend_nodes[..f.backend_nodes.len().min(1)];
+    call("update_load_balancer", lb.update_load_balancer(&f.cluster_name, &f.service, fewer).await)?;
+    call("update_load_balancer (again)", lb.update_load_balancer(&f.cluster_name, &f.service, fewer).await)?;
+    ensure!(
+        call("get_load_balancer(after update)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?.is_some(),
+        "the load balancer vanished after update_load_balancer()"
+    );
+    call("ensure_load_balancer_deleted", lb.ensure_load_balancer_deleted(&f.cluster_name, &f.service).await)?;
+    let got = call("get_load_balancer(after delete)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
+    ensure!(got.is_none(), "get_load_balancer() = {got:?} after ensure_load_balancer_deleted()");
+    match lb.ensure_load_balancer_deleted(&f.cluster_name, &f.service).await {
+        Ok(()) => Ok(()),
+        Err(CloudError::ImplementedElsewhere) => Err(Stop::Fail(
+            "ensure_load_balancer_deleted() must never return ImplementedElsewhere".to_owned(),
+        )),
+        Err(err) => Err(Stop::Fail(format!(
+            "deleting a load balancer that is already gone must succeed, got: {err}"
+        ))),
+    }
+}
+
+fn find<'a>(routes: &'a [Route], wanted: &Route) -> Option<&'a Route> {
+    routes
+        .iter()
+        .find(|r| r.destination_cidr == wanted.destination_cidr && r.target_node == wanted.target_node)
+}
+
+async fn routes_round_trip(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
+    let Some(routes) = cloud.routes() else { return skip("Routes") };
+    let before = call("list_routes", routes.list_routes(&f.cluster_name).await)?;
+    ensure!(find(&before, &f.route).is_none(), "the fixture route {:?} already exists", f.route.destination_cidr);
+    call(
+        "create_route",
+        routes.create_route(&f.cluster_name, "conformance-node-uid", &f.route).await,
+    )?;
+    let listed = call("list_routes(after create)", routes.list_routes(&f.cluster_name).await)?;
+    let Some(created) = find(&listed, &f.route).cloned() else {
+        return Err(Stop::Fail(format!(
+            "list_routes() does not show the created route to {} via {}",
+            f.route.destination_cidr, f.route.target_node
+        )));
+    };
+    ensure!(!created.blackhole, "a freshly created route is listed as a blackhole");
+    call("delete_route", routes.delete_route(&f.cluster_name, &created).await)?;
+    let after = call("list_routes(after delete)", routes.list_routes(&f.cluster_name).await)?;
+    ensure!(find(&after, &f.route).is_none(), "list_routes() still shows the deleted route {}", created.name);
+    ensure!(
+        after.len() == before.len(),
+        "the round trip changed other routes: {} before, {} after",
+        before.len(),
+        after.len()
+    );
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! The contract a cloud implements to run under the Rust cloud-controller-manager.
+//!
+//! This is the Rust counterpart of Go's `k8s.io/cloud-provider`: a top-level [`CloudProvider`] trait
+//! whose accessors hand out the parts a cloud supports ([`LoadBalancer`], [`Instances`],
+//! [`InstancesV2`], [`Zones`], [`Clusters`], [`Routes`]), the [`CloudError`] they return, helpers
+//! ([`default_load_balancer_name`], [`ProviderId`]) and the [`Registry`] a provider joins by name with
+//! [`register_provider!`]. With the `conformance` feature, [`conformance`] is a test suite to run
+//! against your provider.
+//!
+//! # A minimal provider
+//!
+//! A provider implements the parts its cloud offers and registers a factory. This one knows every node
+//! as a running instance in one zone:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use async_trait::async_trait;
+//! use cloud_provider::{
+//!     CloudConfig, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderResult,
+//!     node_address, register_provider,
+//! };
+//! use k8s_openapi::api::core::v1::Node;
+//!
+//! struct OneZone;
+//!
+//! #[async_trait]
+//! impl InstancesV2 for OneZone {
+//!     async fn instance_exists(&self, _node: &Node) -> CloudResult<bool> {
+//!         Ok(true)
+//!     }
+//!     async fn instance_shutdown(&self, _node: &Node) -> CloudResult<bool> {
+//!         Ok(false)
+//!     }
+//!     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+//!         let name = node.metadata.name.clone().unwrap_or_default();
+//!         Ok(Some(InstanceMetadata {
+//!             provider_id: format!("one-zone://{name}"),
+//!             instance_type: "small".into(),
+//!             zone: "zone-1".into(),
+//!             region: "region-1".into(),
+//!             node_addresses: vec![node_address("Hostname", name)],
+//!             ..Default::default()
+//!         }))
+//!     }
+//! }
+//!
+//! impl CloudProvider for OneZone {
+//!     fn provider_name(&self) -> &str {
+//!         "one-zone"
+//!     }
+//!     fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+//!         Some(self)
+//!     }
+//! }
+//!
+//! // The factory receives the `--cloud-config` file (here ignored).
+//! fn new_one_zone(_config: &CloudConfig) -> ProviderResult {
+//!     Ok(Arc::new(OneZone))
+//! }
+//!
+//! // Linking this crate into a manager binary makes `--cloud-provider=one-zone` work.
+//! register_provider!("one-zone", new_one_zone);
+//!
+//! # let cloud = cloud_provider::Registry::linked().unwrap().init("one-zone", &CloudConfig::none()).unwrap();
+//! # assert!(cloud.instances_v2().is_some() && cloud.load_balancer().is_none());
+//! ```
+
+mod clusters;
+mod error;
+mod helpers;
+mod instances;
+mod load_balancer;
+mod provider;
+mod registry;
+mod routes;
+mod zones;
+
+#[cfg(feature = "conformance")]
+pub mod conformance;
+
+pub use clusters::Clusters;
+pub use error::{BoxError, CloudError, CloudResult};
+pub use helpers::{ProviderId, ProviderIdError, default_load_balancer_name, get_instance_provider_id};
+pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
+pub use load_balancer::LoadBalancer;
+pub use provider::{CloudProvider, InitializeContext};
+pub use registry::{CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry, RegistryError};
+pub use routes::{Route, Routes};
+pub use zones::{Zone, Zones};
+
+/// Re-exports for the macros; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+}

@@ -1,0 +1,58 @@
+//! Service load balancers (upstream `cloudprovider.LoadBalancer`).
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+
+use crate::{CloudResult, helpers::default_load_balancer_name};
+
+/// Creates, updates and deletes the cloud load balancer of a `type: LoadBalancer` Service.
+///
+/// Every method receives the `--cluster-name` value and the Service; treat both the Service and the
+/// Nodes as read-only. All methods must be idempotent: the service controller retries freely.
+#[async_trait]
+pub trait LoadBalancer: Send + Sync {
+    /// The load balancer of this Service, or `None` when none exists.
+    ///
+    /// If the provider lets another controller implement some load balancers
+    /// ([`CloudError::ImplementedElsewhere`](crate::CloudError::ImplementedElsewhere)), it must still
+    /// report one that the service controller created.
+    async fn get_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>>;
+
+    /// The deterministic cloud-side name of this Service's load balancer.
+    ///
+    /// Defaults to [`default_load_balancer_name`], which most providers keep for compatibility.
+    fn get_load_balancer_name(&self, cluster_name: &str, service: &Service) -> String {
+        let _ = cluster_name;
+        default_load_balancer_name(service)
+    }
+
+    /// Creates or updates the load balancer so it matches the Service and sends traffic to `nodes`;
+    /// returns the status to publish in the Service's `status.loadBalancer`.
+    ///
+    /// Return [`CloudError::RetryAfter`](crate::CloudError::RetryAfter) to be called again after a
+    /// fixed delay (for example while the load balancer is still provisioning).
+    async fn ensure_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus>;
+
+    /// Changes only the set of backend nodes of an existing load balancer.
+    async fn update_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()>;
+
+    /// Deletes the load balancer if it exists; succeeds when it did not.
+    ///
+    /// Must not return [`CloudError::ImplementedElsewhere`](crate::CloudError::ImplementedElsewhere):
+    /// teardown has to happen even after the implementation moved elsewhere.
+    async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+}

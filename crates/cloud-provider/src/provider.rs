@@ -1,0 +1,70 @@
+//! The top-level provider trait (upstream `cloudprovider.Interface`).
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Clusters, CloudResult, Instances, InstancesV2, LoadBalancer, Routes, Zones};
+
+/// What the manager hands a provider in [`CloudProvider::initialize`].
+#[derive(Clone)]
+pub struct InitializeContext {
+    /// A client for the cluster's API server, with the manager's identity and rate limits.
+    pub client: kube::Client,
+    /// Cancelled when the manager shuts down (or loses leadership); stop background work then.
+    pub shutdown: CancellationToken,
+}
+
+/// A cloud: the entry point of a provider.
+///
+/// Each capability is an accessor returning `Option`: `None` means "this cloud does not offer it" (Go's
+/// `(impl, false)`), and the controllers that need it do not start. Only [`CloudProvider::provider_name`]
+/// is required; a provider implements the parts it supports.
+#[async_trait]
+pub trait CloudProvider: Send + Sync + 'static {
+    /// Called once, by the leader, right before the controllers start. A provider may spawn background
+    /// tasks here; they must stop when `ctx.shutdown` is cancelled.
+    async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
+        let _ = ctx;
+        Ok(())
+    }
+
+    /// Service load balancers.
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        None
+    }
+
+    /// The legacy instances API (used only when [`CloudProvider::instances_v2`] is `None`).
+    fn instances(&self) -> Option<&dyn Instances> {
+        None
+    }
+
+    /// The node-object instances API; when offered it replaces [`CloudProvider::instances`] and
+    /// [`CloudProvider::zones`] in the node controllers.
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        None
+    }
+
+    /// Zones (deprecated; consulted only without [`CloudProvider::instances_v2`]).
+    fn zones(&self) -> Option<&dyn Zones> {
+        None
+    }
+
+    /// Clusters (no generic controller uses it).
+    fn clusters(&self) -> Option<&dyn Clusters> {
+        None
+    }
+
+    /// Pod-CIDR routes.
+    fn routes(&self) -> Option<&dyn Routes> {
+        None
+    }
+
+    /// The provider's name: the prefix of its provider IDs (`<name>://...`) and the name in logs.
+    fn provider_name(&self) -> &str;
+
+    /// Whether the cloud knows the cluster's ID. The manager refuses to start without one unless
+    /// `--allow-untagged-cloud` is set.
+    fn has_cluster_id(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,531 @@
+//! The fake cloud's configuration: the YAML `--cloud-config` file. Every key is documented in
+//! `cloud-config.example.yaml` beside this crate; they are part of the project's public interface.
+//!
+//! Values are checked while they are read, so a bad value is reported with its line and column.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, de};
+
+/// Every method a failure can be injected into: upstream's method names in snake_case.
+pub const METHODS: &[&str] = &[
+    "get_load_balancer",
+    "ensure_load_balancer",
+    "update_load_balancer",
+    "ensure_load_balancer_deleted",
+    "node_addresses",
+    "node_addresses_by_provider_id",
+    "instance_id",
+    "instance_type",
+    "instance_type_by_provider_id",
+    "instance_exists_by_provider_id",
+    "instance_shutdown_by_provider_id",
+    "instance_exists",
+    "instance_shutdown",
+    "instance_metadata",
+    "get_zone",
+    "get_zone_by_provider_id",
+    "get_zone_by_node_name",
+    "list_routes",
+    "create_route",
+    "delete_route",
+];
+
+/// The parsed cloud-config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// Where the cloud-side state is written as JSON after every change.
+    #[serde(default)]
+    pub state_file: Option<PathBuf>,
+    /// Added to every cloud call.
+    #[serde(default)]
+    pub latency: GoDuration,
+    /// Injected failure probability per method (or `all`), from 0 to 1.
+    #[serde(default)]
+    pub failure_rate: BTreeMap<MethodName, Probability>,
+    /// Seed of the deterministic failure sequence.
+    #[serde(default)]
+    pub seed: u64,
+    /// `true` (default): the cloud offers InstancesV2. `false`: the legacy Instances and Zones APIs.
+    #[serde(default = "yes", rename = "instancesV2")]
+    pub instances_v2: bool,
+    /// Whether the cloud knows the cluster's ID (default `true`).
+    #[serde(default = "yes", rename = "hasClusterID")]
+    pub has_cluster_id: bool,
+    /// The fields of every instance not listed under `instances`.
+    #[serde(default)]
+    pub instance_defaults: InstanceDefaults,
+    /// Instances by node name.
+    #[serde(default)]
+    pub instances: BTreeMap<String, InstanceConfig>,
+    /// The load-balancer part.
+    #[serde(default)]
+    pub load_balancers: LoadBalancersConfig,
+    /// The routes part.
+    #[serde(default)]
+    pub routes: RoutesConfig,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            state_file: None,
+            latency: GoDuration::default(),
+            failure_rate: BTreeMap::new(),
+            seed: 0,
+            instances_v2: true,
+            has_cluster_id: true,
+            instance_defaults: InstanceDefaults::default(),
+            instances: BTreeMap::new(),
+            load_balancers: LoadBalancersConfig::default(),
+            routes: RoutesConfig::default(),
+        }
+    }
+}
+
+/// The fields of an instance that is not listed.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceDefaults {
+    /// Default `standard`.
+    #[serde(default = "default_instance_type")]
+    pub instance_type: String,
+    /// Default `zone-a`.
+    #[serde(default = "default_zone")]
+    pub zone: String,
+    /// Default `region-1`.
+    #[serde(default = "default_region")]
+    pub region: String,
+}
+
+fn default_instance_type() -> String {
+    "standard".to_owned()
+}
+fn default_zone() -> String {
+    "zone-a".to_owned()
+}
+fn default_region() -> String {
+    "region-1".to_owned()
+}
+
+impl Default for InstanceDefaults {
+    fn default() -> Self {
+        Self {
+            instance_type: default_instance_type(),
+            zone: default_zone(),
+            region: default_region(),
+        }
+    }
+}
+
+/// A listed instance; unset fields come from `instanceDefaults`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InstanceConfig {
+    /// Default `fake://<node name>`.
+    #[serde(default, rename = "providerID")]
+    pub provider_id: Option<String>,
+    /// Instance type.
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    /// Zone.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Default: one InternalIP derived from the node name.
+    #[serde(default)]
+    pub addresses: Option<Vec<AddressConfig>>,
+    /// Extra labels for the node.
+    #[serde(default)]
+    pub additional_labels: BTreeMap<String, String>,
+    /// `running` (default), `shutdown` or `gone`.
+    #[serde(default)]
+    pub state: InstanceState,
+}
+
+/// A node address.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddressConfig {
+    /// `InternalIP`, `ExternalIP`, `Hostname`, `InternalDNS` or `ExternalDNS`.
+    #[serde(rename = "type")]
+    pub type_: AddressType,
+    /// The address.
+    pub address: String,
+}
+
+/// The node address types Kubernetes knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AddressType {
+    /// `InternalIP`
+    #[serde(rename = "InternalIP")]
+    InternalIp,
+    /// `ExternalIP`
+    #[serde(rename = "ExternalIP")]
+    ExternalIp,
+    /// `Hostname`
+    Hostname,
+    /// `InternalDNS`
+    #[serde(rename = "InternalDNS")]
+    InternalDns,
+    /// `ExternalDNS`
+    #[serde(rename = "ExternalDNS")]
+    ExternalDns,
+}
+
+impl AddressType {
+    /// The name Kubernetes uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InternalIp => "InternalIP",
+            Self::ExternalIp => "ExternalIP",
+            Self::Hostname => "Hostname",
+            Self::InternalDns => "InternalDNS",
+            Self::ExternalDns => "ExternalDNS",
+        }
+    }
+}
+
+/// The life state of an instance.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceState {
+    /// Exists and runs.
+    #[default]
+    Running,
+    /// Exists but is shut down.
+    Shutdown,
+    /// Does not exist (any more).
+    Gone,
+}
+
+/// The load-balancer part.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancersConfig {
+    /// Whether the cloud offers load balancers (default `true`).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Where ingress IPs come from (default `203.0.113.0/24`).
+    #[serde(default)]
+    pub ip_pool: IpPool,
+}
+
+impl Default for LoadBalancersConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            ip_pool: IpPool::default(),
+        }
+    }
+}
+
+/// The routes part.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RoutesConfig {
+    /// Whether the cloud offers routes (default `true`).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Routes the cloud holds from the start (or from the reload that first lists them).
+    #[serde(default)]
+    pub initial: Vec<RouteConfig>,
+}
+
+impl Default for RoutesConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            initial: Vec::new(),
+        }
+    }
+}
+
+/// A route in the config.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The route's name.
+    pub name: String,
+    /// Its target node (may be empty).
+    #[serde(default)]
+    pub target_node: String,
+    /// Its destination CIDR.
+    #[serde(rename = "destinationCIDR")]
+    pub destination_cidr: String,
+    /// Whether it is a blackhole route.
+    #[serde(default)]
+    pub blackhole: bool,
+}
+
+/// Why a cloud-config could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The YAML is malformed or a value is wrong; the message names the line and column.
+    #[error("malformed cloud-config{}: {message}", path_suffix(.path))]
+    Malformed {
+        /// The file, when known.
+        path: Option<PathBuf>,
+        /// What is wrong, and where.
+        message: String,
+    },
+}
+
+fn path_suffix(path: &Option<PathBuf>) -> String {
+    path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default()
+}
+
+impl Config {
+    /// Parses the YAML text of a cloud-config; `path` only names the file in errors.
+    pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
+        serde_saphyr::from_str::<Option<Config>>(text)
+            .map(Option::unwrap_or_default)
+            .map_err(|err| ConfigError::Malformed {
+                path: path.map(Path::to_owned),
+                message: err.to_string(),
+            })
+    }
+
+    /// The injected failure probability of `method`: its own entry, else `all`, else 0.
+    pub fn failure_rate(&self, method: &str) -> f64 {
+        self.failure_rate
+            .get(&MethodName(method.to_owned()))
+            .or_else(|| self.failure_rate.get(&MethodName("all".to_owned())))
+            .map_or(0.0, |p| p.0)
+    }
+}
+
+/// A method name in `failureRate`: one of [`METHODS`] or `all`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MethodName(pub String);
+
+impl<'de> Deserialize<'de> for MethodName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        if name == "all" || METHODS.contains(&name.as_str()) {
+            Ok(Self(name))
+        } else {
+            Err(de::Error::custom(format!(
+                "unknown method {name:?} in failureRate; use \"all\" or one of: {}",
+                METHODS.join(", ")
+            )))
+        }
+    }
+}
+
+/// A probability from 0 to 1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Probability(pub f64);
+
+impl<'de> Deserialize<'de> for Probability {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let p = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&p) {
+            Ok(Self(p))
+        } else {
+            Err(de::Error::custom(format!("failure rate {p} is not between 0 and 1")))
+        }
+    }
+}
+
+/// A duration written as Go writes them: `20ms`, `1.5s`, `1m30s`, `0`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GoDuration(pub Duration);
+
+impl FromStr for GoDuration {
+    type Err = String;
+
+    // Go's time.ParseDuration syntax, which upstream configs use; humantime and friends read a
+    // different one (no fractions, no "1m30s" without spaces), hence these few lines.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("invalid duration {text:?} (examples: 20ms, 1.5s, 1m30s)");
+        if text == "0" {
+            return Ok(Self(Duration::ZERO));
+        }
+        let mut rest = text;
+        let mut total = 0f64;
+        if rest.is_empty() {
+            return Err(bad());
+        }
+        while !rest.is_empty() {
+            let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+            let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
+            rest = &rest[number_len..];
+            let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+            let seconds = match &rest[..unit_len] {
+                "ns" => 1e-9,
+                "us" | "µs" => 1e-6,
+                "ms" => 1e-3,
+                "s" => 1.0,
+                "m" => 60.0,
+                "h" => 3600.0,
+                _ => return Err(bad()),
+            };
+            total += number * seconds;
+            rest = &rest[unit_len..];
+        }
+        Ok(Self(Duration::from_secs_f64(total)))
+    }
+}
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+/// An IPv4 pool in CIDR notation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IpPool {
+    network: Ipv4Addr,
+    prefix: u8,
+}
+
+impl Default for IpPool {
+    fn default() -> Self {
+        Self {
+            network: Ipv4Addr::new(203, 0, 113, 0),
+            prefix: 24,
+        }
+    }
+}
+
+impl IpPool {
+    /// The usable addresses, lowest first (network and broadcast addresses excluded below /31).
+    pub fn addresses(&self) -> impl Iterator<Item = Ipv4Addr> + use<> {
+        let base = u32::from(self.network);
+        let size = 1u64 << (32 - u32::from(self.prefix));
+        let (first, last) = if self.prefix >= 31 { (0, size - 1) } else { (1, size - 2) };
+        (first..=last).map(move |offset| Ipv4Addr::from(base + offset as u32))
+    }
+
+    /// Whether `ip` lies in the pool.
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+        u32::from(ip) & mask == u32::from(self.network)
+    }
+}
+
+impl FromStr for IpPool {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let bad = |why: &str| format!("invalid ipPool {text:?}: {why} (expected an IPv4 CIDR such as 203.0.113.0/24)");
+        let (ip, prefix) = text.split_once('/').ok_or_else(|| bad("no prefix length"))?;
+        let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
+        let prefix: u8 = prefix.parse().map_err(|_| bad("bad prefix length"))?;
+        if prefix > 32 {
+            return Err(bad("prefix length over 32"));
+        }
+        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
+        Ok(Self {
+            network: Ipv4Addr::from(u32::from(ip) & mask),
+            prefix,
+        })
+    }
+}
+
+impl fmt::Display for IpPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+impl<'de> Deserialize<'de> for IpPool {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_file_parses() {
+        let text = include_str!("../cloud-config.example.yaml");
+        let config = Config::parse(text, None).unwrap();
+        assert_eq!(config.latency, GoDuration(Duration::from_millis(20)));
+        assert_eq!(config.failure_rate("ensure_load_balancer"), 0.3);
+        assert_eq!(config.failure_rate("instance_metadata"), 0.0);
+        assert_eq!(config.instances["node-a"].state, InstanceState::Running);
+        assert_eq!(config.instances["node-a"].addresses.as_ref().unwrap().len(), 2);
+        assert_eq!(config.load_balancers.ip_pool.to_string(), "203.0.113.0/24");
+        assert_eq!(config.routes.initial[0].destination_cidr, "10.99.0.0/24");
+        assert!(config.routes.initial[0].blackhole);
+    }
+
+    #[test]
+    fn empty_config_means_defaults() {
+        for text in ["", "# nothing\n", "{}"] {
+            let config = Config::parse(text, None).unwrap();
+            assert_eq!(config, Config::default());
+        }
+        let defaults = Config::parse("", None).unwrap();
+        assert!(defaults.instances_v2 && defaults.load_balancers.enabled && defaults.routes.enabled);
+        assert_eq!(defaults.instance_defaults.instance_type, "standard");
+    }
+
+    #[test]
+    fn errors_name_the_line() {
+        let err = Config::parse("latency: 20ms\ninstances:\n  a:\n    state: bogus\n", Some(Path::new("/etc/c.yaml")))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("malformed cloud-config /etc/c.yaml:"), "{err}");
+        assert!(err.contains("line 4"), "{err}");
+        let err = Config::parse("failureRate:\n  ensure_lb: 0.5\n", None).unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("unknown method \"ensure_lb\""), "{err}");
+        let err = Config::parse("failureRate:\n  all: 1.5\n", None).unwrap_err().to_string();
+        assert!(err.contains("not between 0 and 1"), "{err}");
+        let err = Config::parse("latency: fast\n", None).unwrap_err().to_string();
+        assert!(err.contains("line 1") && err.contains("invalid duration"), "{err}");
+        let err = Config::parse("loadBalancers:\n  ipPool: 10.0.0.0\n", None).unwrap_err().to_string();
+        assert!(err.contains("line 2") && err.contains("invalid ipPool"), "{err}");
+        let err = Config::parse("stateFiel: /tmp/x\n", None).unwrap_err().to_string();
+        assert!(err.contains("unknown field `stateFiel`"), "{err}");
+    }
+
+    #[test]
+    fn failure_rate_falls_back_to_all() {
+        let config = Config::parse("failureRate:\n  all: 0.1\n  create_route: 1\n", None).unwrap();
+        assert_eq!(config.failure_rate("create_route"), 1.0);
+        assert_eq!(config.failure_rate("list_routes"), 0.1);
+    }
+
+    #[test]
+    fn go_durations() {
+        let d = |s: &str| s.parse::<GoDuration>().map(|d| d.0);
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        assert_eq!(d("20ms"), Ok(Duration::from_millis(20)));
+        assert_eq!(d("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("250us"), Ok(Duration::from_micros(250)));
+        assert!(d("").is_err() && d("10").is_err() && d("5 ms").is_err() && d("ms").is_err());
+    }
+
+    #[test]
+    fn ip_pools() {
+        let pool: IpPool = "198.51.100.7/30".parse().unwrap();
+        assert_eq!(pool.to_string(), "198.51.100.4/30");
+        let all: Vec<_> = pool.addresses().collect();
+        assert_eq!(all, vec![Ipv4Addr::new(198, 51, 100, 5), Ipv4Addr::new(198, 51, 100, 6)]);
+        assert!(pool.contains(Ipv4Addr::new(198, 51, 100, 6)));
+        assert!(!pool.contains(Ipv4Addr::new(198, 51, 100, 8)));
+        assert_eq!("10.0.0.1/32".parse::<IpPool>().unwrap().addresses().count(), 1);
+        assert!("10.0.0.0/33".parse::<IpPool>().is_err());
+    }
+}

@@ -1,0 +1,328 @@
+//! `fake`: a scriptable, deterministic in-memory cloud for tests, benchmarks and demos.
+//!
+//! It is driven by a YAML cloud-config (every key is shown in `cloud-config.example.yaml` beside this
+//! crate) that is re-read when the file changes, so a running manager can be shown a changing cloud:
+//! instances that appear, shut down or vanish, failures injected per method, latency on every call.
+//! What the cloud holds (load balancers, routes, call counts) is written to `stateFile` as JSON, for
+//! black-box checks.
+//!
+//! Any node not listed under `instances` is a running instance with the `instanceDefaults`, provider ID
+//! `fake://<node name>` and one InternalIP derived from its name ([`derived_internal_ip`]). Instances are
+//! found by provider ID when the node has one, else by node name.
+//!
+//! Linking this crate registers the provider under the name `fake`.
+
+mod config;
+mod instances;
+mod load_balancer;
+mod routes;
+mod state;
+mod watcher;
+
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::PathBuf,
+    sync::{Arc, Mutex, MutexGuard, RwLock},
+};
+
+use cloud_provider::{
+    CloudConfig, CloudError, CloudProvider, CloudResult, Instances, InstancesV2, LoadBalancer, ProviderResult,
+    Routes, Zones, register_provider,
+};
+
+pub use config::{
+    AddressConfig, AddressType, Config, ConfigError, GoDuration, InstanceConfig, InstanceDefaults, InstanceState,
+    IpPool, LoadBalancersConfig, METHODS, RouteConfig, RoutesConfig,
+};
+pub use instances::derived_internal_ip;
+pub use state::{CloudState, LoadBalancerRecord, PortRecord, RouteRecord};
+
+/// The name the provider registers under, and the scheme of its provider IDs.
+pub const PROVIDER_NAME: &str = "fake";
+
+register_provider!(PROVIDER_NAME, new_provider);
+
+/// The registry factory: builds the fake cloud from the `--cloud-config` (its defaults without one).
+pub fn new_provider(config: &CloudConfig) -> ProviderResult {
+    Ok(Arc::new(FakeCloud::from_cloud_config(config)?))
+}
+
+/// The fake cloud. Cheap to clone; clones share one cloud.
+#[derive(Clone)]
+pub struct FakeCloud {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RwLock<Arc<Config>>,
+    cloud: Mutex<Mutable>,
+}
+
+/// The state behind the lock.
+struct Mutable {
+    state: CloudState,
+    /// The ingress IP each Service (`namespace/name`) was given, kept so a Service keeps its IP.
+    ip_assignments: BTreeMap<String, Ipv4Addr>,
+    /// Call counts changed since the state file was last written.
+    dirty: bool,
+}
+
+/// Why the fake cloud could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum FakeCloudError {
+    /// The cloud-config is not valid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The cloud-config is not UTF-8.
+    #[error("cloud-config{} is not UTF-8 text: {source}", .path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
+    NotText {
+        /// Where the invalid byte is.
+        source: std::str::Utf8Error,
+        /// The file, when known.
+        path: Option<PathBuf>,
+    },
+    /// The state file cannot be written.
+    #[error("cannot write the fake cloud's stateFile {path}: {source}")]
+    StateFile {
+        /// The `stateFile` path.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+impl FakeCloud {
+    /// A fake cloud from a parsed config. It is not re-read from anywhere.
+    pub fn new(config: Config) -> Result<Self, FakeCloudError> {
+        let cloud = Self {
+            inner: Arc::new(Inner {
+                config: RwLock::new(Arc::new(Config::default())),
+                cloud: Mutex::new(Mutable {
+                    state: CloudState::default(),
+                    ip_assignments: BTreeMap::new(),
+                    dirty: false,
+                }),
+            }),
+        };
+        cloud.apply_config(config, None);
+        cloud.write_state_file().map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
+        Ok(cloud)
+    }
+
+    /// A fake cloud from YAML text.
+    pub fn from_yaml(text: &str) -> Result<Self, FakeCloudError> {
+        Self::new(Config::parse(text, None)?)
+    }
+
+    /// A fake cloud from the manager's `--cloud-config`; when it came from a file, the file is watched and
+    /// re-read within a second of a change (a malformed edit is logged and the last good config kept).
+    pub fn from_cloud_config(config: &CloudConfig) -> Result<Self, FakeCloudError> {
+        let path = config.path().map(ToOwned::to_owned);
+        let text = config
+            .text()
+            .map_err(|source| FakeCloudError::NotText {
+                source,
+                path: path.clone(),
+            })?
+            .unwrap_or_default();
+        let cloud = Self::new(Config::parse(text, path.as_deref())?)?;
+        if let Some(path) = path {
+            watcher::spawn(Arc::downgrade(&cloud.inner), path, config.contents().unwrap_or_default().to_vec());
+        } else if cloud.config().state_file.is_some() {
+            watcher::spawn_flusher(Arc::downgrade(&cloud.inner));
+        }
+        Ok(cloud)
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.config()
+    }
+
+    /// Replaces the config, as a reload of the file does. Routes listed under `routes.initial` that the
+    /// previous config did not list are added to the cloud.
+    pub fn set_config(&self, config: Config) {
+        let previous = self.config();
+        self.apply_config(config, Some(&previous));
+        if let Err((path, err)) = self.write_state_file() {
+            tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
+        }
+    }
+
+    /// A copy of what the cloud holds now.
+    pub fn snapshot(&self) -> CloudState {
+        self.inner.lock().state.clone()
+    }
+
+    fn apply_config(&self, config: Config, previous: Option<&Config>) {
+        let mut cloud = self.inner.lock();
+        for route in &config.routes.initial {
+            let known_before = previous.is_some_and(|p| p.routes.initial.iter().any(|r| r.name == route.name));
+            if !known_before && !cloud.state.routes.iter().any(|r| r.name == route.name) {
+                cloud.state.routes.push(RouteRecord {
+                    name: route.name.clone(),
+                    target_node: route.target_node.clone(),
+                    destination_cidr: route.destination_cidr.clone(),
+                    blackhole: route.blackhole,
+                });
+            }
+        }
+        cloud.state.routes.sort_by(|a, b| a.name.cmp(&b.name));
+        *self.inner.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    }
+
+    /// Writes the state file now, if one is configured.
+    fn write_state_file(&self) -> Result<(), (PathBuf, std::io::Error)> {
+        let mut cloud = self.inner.lock();
+        self.inner.flush(&mut cloud)
+    }
+
+    /// Counts the call, waits the configured latency and decides whether the call fails. Returns the
+    /// config in force for the rest of the call.
+    async fn enter(&self, method: &'static str) -> CloudResult<Arc<Config>> {
+        let config = self.config();
+        let call = {
+            let mut cloud = self.inner.lock();
+            let count = cloud.state.calls.entry(method.to_owned()).or_default();
+            *count += 1;
+            let call = *count;
+            cloud.dirty = true;
+            call
+        };
+        if !config.latency.0.is_zero() {
+            tokio::time::sleep(config.latency.0).await;
+        }
+        let rate = config.failure_rate(method);
+        if rate > 0.0 && draw(config.seed, method, call) < rate {
+            return Err(CloudError::other(format!(
+                "fake cloud: injected failure in {method} (call {call}, rate {rate})"
+            )));
+        }
+        Ok(config)
+    }
+
+    /// Runs `change` on the cloud state and writes the state file.
+    fn change<T>(&self, change: impl FnOnce(&mut Mutable) -> CloudResult<T>) -> CloudResult<T> {
+        let mut cloud = self.inner.lock();
+        let result = change(&mut cloud)?;
+        if let Err((path, err)) = self.inner.flush(&mut cloud) {
+            tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
+        }
+        Ok(result)
+    }
+}
+
+impl Inner {
+    fn config(&self) -> Arc<Config> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Mutable> {
+        // A panic while holding the lock cannot leave the state half-changed in a way that matters for
+        // a fake; keep serving.
+        self.cloud.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn flush(&self, cloud: &mut Mutable) -> Result<(), (PathBuf, std::io::Error)> {
+        let Some(path) = self.config().state_file.clone() else {
+            return Ok(());
+        };
+        cloud.dirty = false;
+        cloud.state.write(&path).map_err(|err| (path, err))
+    }
+}
+
+/// A deterministic draw in [0, 1) for the `call`-th call of `method` (splitmix64 over the seed, an FNV
+/// hash of the method name and the call number), so a run with the same seed fails the same calls.
+fn draw(seed: u64, method: &str, call: u64) -> f64 {
+    let mut x = seed ^ instances::fnv1a64(method.as_bytes()) ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 31;
+    (x >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl CloudProvider for FakeCloud {
+    fn provider_name(&self) -> &str {
+        PROVIDER_NAME
+    }
+
+    fn has_cluster_id(&self) -> bool {
+        self.config().has_cluster_id
+    }
+
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        self.config().load_balancers.enabled.then_some(self as &dyn LoadBalancer)
+    }
+
+    fn instances(&self) -> Option<&dyn Instances> {
+        (!self.config().instances_v2).then_some(self as &dyn Instances)
+    }
+
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        self.config().instances_v2.then_some(self as &dyn InstancesV2)
+    }
+
+    fn zones(&self) -> Option<&dyn Zones> {
+        (!self.config().instances_v2).then_some(self as &dyn Zones)
+    }
+
+    fn routes(&self) -> Option<&dyn Routes> {
+        self.config().routes.enabled.then_some(self as &dyn Routes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_are_deterministic_and_spread() {
+        assert_eq!(draw(1, "create_route", 5), draw(1, "create_route", 5));
+        assert_ne!(draw(1, "create_route", 5), draw(2, "create_route", 5));
+        let below = (1..=10_000).filter(|n| draw(0, "ensure_load_balancer", *n) < 0.3).count();
+        assert!((2_700..3_300).contains(&below), "{below} of 10000 draws below 0.3");
+    }
+
+    #[test]
+    fn switches_choose_the_offered_parts() {
+        let cloud = FakeCloud::from_yaml("").unwrap();
+        assert!(cloud.instances_v2().is_some() && cloud.instances().is_none() && cloud.zones().is_none());
+        assert!(cloud.load_balancer().is_some() && cloud.routes().is_some() && cloud.clusters().is_none());
+        assert!(cloud.has_cluster_id());
+        let legacy = FakeCloud::from_yaml(
+            "instancesV2: false\nhasClusterID: false\nloadBalancers: {enabled: false}\nroutes: {enabled: false}\n",
+        )
+        .unwrap();
+        assert!(legacy.instances_v2().is_none() && legacy.instances().is_some() && legacy.zones().is_some());
+        assert!(legacy.load_balancer().is_none() && legacy.routes().is_none());
+        assert!(!legacy.has_cluster_id());
+    }
+
+    #[tokio::test]
+    async fn injected_failures_are_counted_and_reported() {
+        let cloud = FakeCloud::from_yaml("failureRate:\n  list_routes: 1\n").unwrap();
+        let routes = cloud.routes().unwrap();
+        let err = routes.list_routes("k").await.unwrap_err();
+        assert!(err.to_string().contains("injected failure in list_routes"), "{err}");
+        assert_eq!(cloud.snapshot().calls_to("list_routes"), 1);
+        let err = routes.create_route("k", "uid", &Default::default()).await;
+        assert!(!matches!(&err, Err(e) if e.to_string().contains("injected")));
+    }
+
+    #[tokio::test]
+    async fn latency_is_added_to_every_call() {
+        let cloud = FakeCloud::from_yaml("latency: 30ms\n").unwrap();
+        let started = std::time::Instant::now();
+        cloud.routes().unwrap().list_routes("k").await.unwrap();
+        assert!(started.elapsed() >= std::time::Duration::from_millis(30));
+    }
+
+    #[test]
+    fn a_bad_state_file_path_is_a_clear_error() {
+        let err = FakeCloud::from_yaml("stateFile: /nonexistent-dir/x/state.json\n").err().unwrap();
+        assert!(err.to_string().starts_with("cannot write the fake cloud's stateFile /nonexistent-dir/x/state.json"));
+    }
+}

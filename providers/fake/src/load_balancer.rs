@@ -1,0 +1,206 @@
+//! Load balancers of the fake cloud.
+
+use async_trait::async_trait;
+use cloud_provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
+
+use crate::{FakeCloud, LoadBalancerRecord, Mutable, PortRecord};
+
+fn service_key(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn status_of(record: &LoadBalancerRecord) -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: Some(
+            record
+                .ingress
+                .iter()
+                .map(|ip| LoadBalancerIngress {
+                    ip: Some(ip.clone()),
+                    ip_mode: Some("VIP".to_owned()),
+                    ..Default::default()
+                })
+                .collect(),
+        ),
+    }
+}
+
+fn ports_of(service: &Service) -> Vec<PortRecord> {
+    let mut ports: Vec<PortRecord> = service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| PortRecord {
+            protocol: p.protocol.clone().unwrap_or_else(|| "TCP".to_owned()),
+            port: p.port,
+            node_port: p.node_port.unwrap_or(0),
+        })
+        .collect();
+    ports.sort_by(|a, b| (a.port, &a.protocol).cmp(&(b.port, &b.protocol)));
+    ports
+}
+
+fn node_names(nodes: &[Node]) -> Vec<String> {
+    let mut names: Vec<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+impl FakeCloud {
+    fn position(cloud: &Mutable, name: &str) -> Option<usize> {
+        cloud.state.load_balancers.iter().position(|lb| lb.name == name)
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for FakeCloud {
+    async fn get_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<Option<LoadBalancerStatus>> {
+        self.enter("get_load_balancer").await?;
+        let name = default_load_balancer_name(service);
+        let cloud = self.inner.lock();
+        Ok(Self::position(&cloud, &name).map(|i| status_of(&cloud.state.load_balancers[i])))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let config = self.enter("ensure_load_balancer").await?;
+        let name = default_load_balancer_name(service);
+        let key = service_key(service);
+        let ports = ports_of(service);
+        let nodes = node_names(nodes);
+        self.change(|cloud| {
+            if let Some(i) = Self::position(cloud, &name) {
+                let record = &mut cloud.state.load_balancers[i];
+                record.service = key;
+                record.ports = ports;
+                record.nodes = nodes;
+                return Ok(status_of(record));
+            }
+            let pool = config.load_balancers.ip_pool;
+            let in_use = |ip: &std::net::Ipv4Addr| {
+                let ip = ip.to_string();
+                cloud.state.load_balancers.iter().any(|lb| lb.ingress.contains(&ip))
+            };
+            // The same Service keeps its IP across a delete and re-create while the IP is free.
+            let ip = cloud
+                .ip_assignments
+                .get(&key)
+                .copied()
+                .filter(|ip| pool.contains(*ip) && !in_use(ip))
+                .or_else(|| {
+                    let assigned: std::collections::BTreeSet<_> = cloud
+                        .ip_assignments
+                        .iter()
+                        .filter(|(k, _)| **k != key)
+                        .map(|(_, ip)| *ip)
+                        .collect();
+                    // Prefer addresses never given to another Service, then any free one.
+                    pool.addresses()
+                        .find(|ip| !in_use(ip) && !assigned.contains(ip))
+                        .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
+                })
+                .ok_or_else(|| CloudError::other(format!("fake cloud: ipPool {pool} is exhausted")))?;
+            cloud.ip_assignments.insert(key.clone(), ip);
+            let record = LoadBalancerRecord {
+                name: name.clone(),
+                service: key,
+                ingress: vec![ip.to_string()],
+                ports,
+                nodes,
+            };
+            let status = status_of(&record);
+            cloud.state.load_balancers.push(record);
+            cloud.state.load_balancers.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(status)
+        })
+    }
+
+    async fn update_load_balancer(&self, _cluster: &str, service: &Service, nodes: &[Node]) -> CloudResult<()> {
+        self.enter("update_load_balancer").await?;
+        let name = default_load_balancer_name(service);
+        let nodes = node_names(nodes);
+        self.change(|cloud| {
+            let i = Self::position(cloud, &name).ok_or_else(|| {
+                CloudError::other(format!(
+                    "fake cloud: no load balancer {name} for service {}",
+                    service_key(service)
+                ))
+            })?;
+            cloud.state.load_balancers[i].nodes = nodes;
+            Ok(())
+        })
+    }
+
+    async fn ensure_load_balancer_deleted(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
+        self.enter("ensure_load_balancer_deleted").await?;
+        let name = default_load_balancer_name(service);
+        self.change(|cloud| {
+            cloud.state.load_balancers.retain(|lb| lb.name != name);
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cloud_provider::{CloudProvider, conformance};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn ensure_records_ports_nodes_and_a_stable_ip() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        let cloud = FakeCloud::from_yaml(&format!("stateFile: {}\nloadBalancers: {{ipPool: 198.51.100.0/30}}\n", state.display())).unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let web = conformance::load_balancer_service("shop", "web", "11111111-1111-1111-1111-111111111111");
+        let api = conformance::load_balancer_service("shop", "api", "22222222-2222-2222-2222-222222222222");
+        let nodes = [conformance::node("n2"), conformance::node("n1")];
+        let status = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
+        assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some("198.51.100.1"));
+        lb.ensure_load_balancer("k", &api, &nodes[..1]).await.unwrap();
+
+        let on_disk = crate::CloudState::read(&state).unwrap();
+        let record = on_disk.load_balancer_of("shop/web").unwrap();
+        assert_eq!(record.nodes, vec!["n1", "n2"]);
+        assert_eq!(record.ports, vec![PortRecord { protocol: "TCP".into(), port: 80, node_port: 30080 }]);
+        assert_eq!(on_disk.load_balancer_of("shop/api").unwrap().ingress, vec!["198.51.100.2"]);
+
+        // The pool (two addresses) is full; deleting web frees its address, and web gets it back.
+        let third = conformance::load_balancer_service("shop", "db", "33333333-3333-3333-3333-333333333333");
+        let err = lb.ensure_load_balancer("k", &third, &nodes).await.unwrap_err();
+        assert!(err.to_string().contains("ipPool 198.51.100.0/30 is exhausted"), "{err}");
+        lb.ensure_load_balancer_deleted("k", &web).await.unwrap();
+        assert!(crate::CloudState::read(&state).unwrap().load_balancer_of("shop/web").is_none());
+        let again = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
+        assert_eq!(again.ingress.unwrap()[0].ip.as_deref(), Some("198.51.100.1"));
+    }
+
+    #[tokio::test]
+    async fn update_changes_only_the_backends_and_needs_a_load_balancer() {
+        let cloud = FakeCloud::from_yaml("").unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let web = conformance::load_balancer_service("default", "web", "44444444-4444-4444-4444-444444444444");
+        let err = lb.update_load_balancer("k", &web, &[]).await.unwrap_err();
+        assert!(err.to_string().contains("no load balancer"), "{err}");
+        lb.ensure_load_balancer("k", &web, &[conformance::node("a")]).await.unwrap();
+        lb.update_load_balancer("k", &web, &[conformance::node("b")]).await.unwrap();
+        let snapshot = cloud.snapshot();
+        let record = snapshot.load_balancer_of("default/web").unwrap();
+        assert_eq!(record.nodes, vec!["b"]);
+        assert_eq!(record.ports.len(), 1);
+        assert_eq!(snapshot.calls_to("update_load_balancer"), 2);
+    }
+}

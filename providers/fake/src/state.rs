@@ -1,0 +1,131 @@
+//! The cloud-side state of the fake cloud, and the JSON state file that shows it.
+
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    path::Path,
+};
+
+use serde::{Deserialize, Serialize};
+
+/// What the fake cloud holds. Serialized as the state file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloudState {
+    /// Load balancers, sorted by name.
+    pub load_balancers: Vec<LoadBalancerRecord>,
+    /// Routes, sorted by name.
+    pub routes: Vec<RouteRecord>,
+    /// How often each method was called (failed calls included).
+    pub calls: BTreeMap<String, u64>,
+}
+
+/// A load balancer in the fake cloud.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerRecord {
+    /// Its cloud-side name (the default load-balancer name of the Service).
+    pub name: String,
+    /// The Service, as `namespace/name`.
+    pub service: String,
+    /// Ingress IPs.
+    pub ingress: Vec<String>,
+    /// Listeners.
+    pub ports: Vec<PortRecord>,
+    /// Backend node names, sorted.
+    pub nodes: Vec<String>,
+}
+
+/// A listener of a load balancer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortRecord {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// The Service port.
+    pub port: i32,
+    /// The node port traffic goes to.
+    pub node_port: i32,
+}
+
+/// A route in the fake cloud.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteRecord {
+    /// Its cloud-side name.
+    pub name: String,
+    /// The node it sends traffic to.
+    pub target_node: String,
+    /// The CIDR it covers.
+    #[serde(rename = "destinationCIDR")]
+    pub destination_cidr: String,
+    /// Whether it is a blackhole route.
+    pub blackhole: bool,
+}
+
+impl CloudState {
+    /// Reads a state file, as the fake cloud wrote it.
+    pub fn read(path: &Path) -> std::io::Result<Self> {
+        let text = std::fs::read(path)?;
+        serde_json::from_slice(&text).map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))
+    }
+
+    /// Writes the state file atomically (a temporary file renamed over it), so readers never see half.
+    pub fn write(&self, path: &Path) -> std::io::Result<()> {
+        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        {
+            let mut file = std::fs::File::create(&tmp)?;
+            serde_json::to_writer_pretty(&mut file, self).map_err(std::io::Error::other)?;
+            file.write_all(b"\n")?;
+        }
+        std::fs::rename(&tmp, path)
+    }
+
+    /// The load balancer of a Service (`namespace/name`), if any.
+    pub fn load_balancer_of(&self, service: &str) -> Option<&LoadBalancerRecord> {
+        self.load_balancers.iter().find(|lb| lb.service == service)
+    }
+
+    /// How often `method` was called.
+    pub fn calls_to(&self, method: &str) -> u64 {
+        self.calls.get(method).copied().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_state_file_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let state = CloudState {
+            load_balancers: vec![LoadBalancerRecord {
+                name: "aabc".into(),
+                service: "default/web".into(),
+                ingress: vec!["203.0.113.1".into()],
+                ports: vec![PortRecord {
+                    protocol: "TCP".into(),
+                    port: 80,
+                    node_port: 30080,
+                }],
+                nodes: vec!["n1".into()],
+            }],
+            routes: vec![RouteRecord {
+                name: "r".into(),
+                target_node: "n1".into(),
+                destination_cidr: "10.244.0.0/24".into(),
+                blackhole: false,
+            }],
+            calls: BTreeMap::from([("ensure_load_balancer".into(), 2)]),
+        };
+        state.write(&path).unwrap();
+        assert_eq!(CloudState::read(&path).unwrap(), state);
+        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(json["loadBalancers"][0]["ports"][0]["nodePort"], 30080);
+        assert_eq!(json["routes"][0]["destinationCIDR"], "10.244.0.0/24");
+        assert_eq!(state.calls_to("ensure_load_balancer"), 2);
+        assert_eq!(state.load_balancer_of("default/web").unwrap().name, "aabc");
+    }
+}
