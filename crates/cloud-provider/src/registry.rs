@@ -268,10 +268,10 @@ mod tests {
         let mut registry = Registry::new();
         registry.register("b", |_| Ok(Arc::new(Named("b")) as _)).unwrap();
         registry.register("a", |_| Ok(Arc::new(Named("a")) as _)).unwrap();
-        let err = registry.init("nope", &CloudConfig::none()).unwrap_err();
+        let err = registry.init("nope", &CloudConfig::none()).err().unwrap();
         assert_eq!(err.to_string(), r#"unknown cloud provider "nope" (known providers: a, b)"#);
         assert!(matches!(registry.init("", &CloudConfig::none()), Err(RegistryError::Empty { .. })));
-        let external = registry.init("external", &CloudConfig::none()).unwrap_err();
+        let external = registry.init("external", &CloudConfig::none()).err().unwrap();
         assert!(external.to_string().contains("known providers: a, b"), "{external}");
     }
 
@@ -285,7 +285,7 @@ mod tests {
             })
             .unwrap();
         assert!(registry.init("picky", &CloudConfig::from_bytes(None, "ok")).is_ok());
-        let err = registry.init("picky", &CloudConfig::none()).unwrap_err();
+        let err = registry.init("picky", &CloudConfig::none()).err().unwrap();
         assert_eq!(err.to_string(), r#"could not init cloud provider "picky": bad config None"#);
     }
 
