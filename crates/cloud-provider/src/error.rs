@@ -62,10 +62,7 @@ impl CloudError {
     }
 
     /// An error that says what was being done, wrapping its cause.
-    pub fn with_source(
-        message: impl Into<String>,
-        source: impl Into<BoxError>,
-    ) -> Self {
+    pub fn with_source(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
         Self::Other {
             message: message.into(),
             source: Some(source.into()),
@@ -125,7 +122,10 @@ mod tests {
 
     #[test]
     fn messages_match_upstream_texts() {
-        assert_eq!(CloudError::InstanceNotFound.to_string(), "instance not found");
+        assert_eq!(
+            CloudError::InstanceNotFound.to_string(),
+            "instance not found"
+        );
         assert_eq!(CloudError::NotImplemented.to_string(), "unimplemented");
         assert_eq!(CloudError::DiskNotFound.to_string(), "disk is not found");
         assert_eq!(

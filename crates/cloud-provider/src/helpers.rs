@@ -23,10 +23,15 @@ use crate::{CloudError, CloudProvider, CloudResult};
 /// ```
 pub fn default_load_balancer_name(service: &Service) -> String {
     let uid = service.metadata.uid.as_deref().unwrap_or_default();
-    let mut name: String = std::iter::once('a').chain(uid.chars().filter(|c| *c != '-')).collect();
+    let mut name: String = std::iter::once('a')
+        .chain(uid.chars().filter(|c| *c != '-'))
+        .collect();
     if name.len() > 32 {
         // The UID is ASCII, so cutting at a byte index is cutting at a character.
-        let cut = (0..=32).rev().find(|i| name.is_char_boundary(*i)).unwrap_or(0);
+        let cut = (0..=32)
+            .rev()
+            .find(|i| name.is_char_boundary(*i))
+            .unwrap_or(0);
         name.truncate(cut);
     }
     name
@@ -130,7 +135,10 @@ impl std::str::FromStr for ProviderId {
 ///
 /// [`CloudError::NotImplemented`] and [`CloudError::InstanceNotFound`] pass through unchanged; other
 /// errors are wrapped. As upstream, an empty instance ID yields `"<provider>://"`.
-pub async fn get_instance_provider_id(cloud: &dyn CloudProvider, node_name: &str) -> CloudResult<String> {
+pub async fn get_instance_provider_id(
+    cloud: &dyn CloudProvider,
+    node_name: &str,
+) -> CloudResult<String> {
     let instances = cloud
         .instances()
         .ok_or_else(|| CloudError::other("failed to get instances from cloud provider"))?;
@@ -166,7 +174,10 @@ mod tests {
         let name = default_load_balancer_name(&svc);
         assert_eq!(name, "a1234567890abcdef1234567890abcde");
         assert_eq!(name.len(), 32);
-        assert_eq!(default_load_balancer_name(&service_with_uid("ab-cd")), "aabcd");
+        assert_eq!(
+            default_load_balancer_name(&service_with_uid("ab-cd")),
+            "aabcd"
+        );
         assert_eq!(default_load_balancer_name(&Service::default()), "a");
     }
 

@@ -17,7 +17,10 @@ pub trait Instances: Send + Sync {
     async fn node_addresses(&self, node_name: &str) -> CloudResult<Vec<NodeAddress>>;
 
     /// The addresses of the instance with this provider ID.
-    async fn node_addresses_by_provider_id(&self, provider_id: &str) -> CloudResult<Vec<NodeAddress>>;
+    async fn node_addresses_by_provider_id(
+        &self,
+        provider_id: &str,
+    ) -> CloudResult<Vec<NodeAddress>>;
 
     /// The cloud's instance ID (without the `<provider>://` prefix) of `node_name`.
     ///

@@ -81,11 +81,15 @@ pub mod conformance;
 
 pub use clusters::Clusters;
 pub use error::{BoxError, CloudError, CloudResult};
-pub use helpers::{ProviderId, ProviderIdError, default_load_balancer_name, get_instance_provider_id};
+pub use helpers::{
+    ProviderId, ProviderIdError, default_load_balancer_name, get_instance_provider_id,
+};
 pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
 pub use load_balancer::LoadBalancer;
 pub use provider::{CloudProvider, InitializeContext};
-pub use registry::{CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry, RegistryError};
+pub use registry::{
+    CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry, RegistryError,
+};
 pub use routes::{Route, Routes};
 pub use zones::{Zone, Zones};
 

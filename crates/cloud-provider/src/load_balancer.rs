@@ -54,5 +54,9 @@ pub trait LoadBalancer: Send + Sync {
     ///
     /// Must not return [`CloudError::ImplementedElsewhere`](crate::CloudError::ImplementedElsewhere):
     /// teardown has to happen even after the implementation moved elsewhere.
-    async fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<()>;
 }

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Clusters, CloudResult, Instances, InstancesV2, LoadBalancer, Routes, Zones};
+use crate::{CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Zones};
 
 /// What the manager hands a provider in [`CloudProvider::initialize`].
 #[derive(Clone)]

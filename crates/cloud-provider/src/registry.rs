@@ -55,7 +55,10 @@ impl CloudConfig {
 
     /// The contents as UTF-8 text; `Ok(None)` when no cloud-config was given.
     pub fn text(&self) -> Result<Option<&str>, std::str::Utf8Error> {
-        self.contents.as_deref().map(std::str::from_utf8).transpose()
+        self.contents
+            .as_deref()
+            .map(std::str::from_utf8)
+            .transpose()
     }
 }
 
@@ -165,7 +168,9 @@ pub struct Registry {
 
 impl fmt::Debug for Registry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Registry").field("providers", &self.names()).finish()
+        f.debug_struct("Registry")
+            .field("providers", &self.names())
+            .finish()
     }
 }
 
@@ -210,13 +215,21 @@ impl Registry {
     }
 
     /// Creates the provider `name` from its cloud-config.
-    pub fn init(&self, name: &str, config: &CloudConfig) -> Result<Arc<dyn CloudProvider>, RegistryError> {
+    pub fn init(
+        &self,
+        name: &str,
+        config: &CloudConfig,
+    ) -> Result<Arc<dyn CloudProvider>, RegistryError> {
         if name.is_empty() {
-            return Err(RegistryError::Empty { known: self.names() });
+            return Err(RegistryError::Empty {
+                known: self.names(),
+            });
         }
         let factory = self.factories.get(name).ok_or_else(|| {
             if name == "external" {
-                RegistryError::External { known: self.names() }
+                RegistryError::External {
+                    known: self.names(),
+                }
             } else {
                 RegistryError::Unknown {
                     name: name.to_owned(),
@@ -258,21 +271,44 @@ mod tests {
     #[test]
     fn a_duplicate_name_is_rejected() {
         let mut registry = Registry::new();
-        registry.register("a", |_| Ok(Arc::new(Named("a")) as _)).unwrap();
-        let err = registry.register("a", |_| Ok(Arc::new(Named("a")) as _)).unwrap_err();
-        assert_eq!(err.to_string(), r#"cloud provider "a" was registered twice"#);
+        registry
+            .register("a", |_| Ok(Arc::new(Named("a")) as _))
+            .unwrap();
+        let err = registry
+            .register("a", |_| Ok(Arc::new(Named("a")) as _))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"cloud provider "a" was registered twice"#
+        );
     }
 
     #[test]
     fn an_unknown_name_lists_the_known_ones() {
         let mut registry = Registry::new();
-        registry.register("b", |_| Ok(Arc::new(Named("b")) as _)).unwrap();
-        registry.register("a", |_| Ok(Arc::new(Named("a")) as _)).unwrap();
+        registry
+            .register("b", |_| Ok(Arc::new(Named("b")) as _))
+            .unwrap();
+        registry
+            .register("a", |_| Ok(Arc::new(Named("a")) as _))
+            .unwrap();
         let err = registry.init("nope", &CloudConfig::none()).err().unwrap();
-        assert_eq!(err.to_string(), r#"unknown cloud provider "nope" (known providers: a, b)"#);
-        assert!(matches!(registry.init("", &CloudConfig::none()), Err(RegistryError::Empty { .. })));
-        let external = registry.init("external", &CloudConfig::none()).err().unwrap();
-        assert!(external.to_string().contains("known providers: a, b"), "{external}");
+        assert_eq!(
+            err.to_string(),
+            r#"unknown cloud provider "nope" (known providers: a, b)"#
+        );
+        assert!(matches!(
+            registry.init("", &CloudConfig::none()),
+            Err(RegistryError::Empty { .. })
+        ));
+        let external = registry
+            .init("external", &CloudConfig::none())
+            .err()
+            .unwrap();
+        assert!(
+            external.to_string().contains("known providers: a, b"),
+            "{external}"
+        );
     }
 
     #[test]
@@ -284,9 +320,16 @@ mod tests {
                 other => Err(format!("bad config {other:?}").into()),
             })
             .unwrap();
-        assert!(registry.init("picky", &CloudConfig::from_bytes(None, "ok")).is_ok());
+        assert!(
+            registry
+                .init("picky", &CloudConfig::from_bytes(None, "ok"))
+                .is_ok()
+        );
         let err = registry.init("picky", &CloudConfig::none()).err().unwrap();
-        assert_eq!(err.to_string(), r#"could not init cloud provider "picky": bad config None"#);
+        assert_eq!(
+            err.to_string(),
+            r#"could not init cloud provider "picky": bad config None"#
+        );
     }
 
     #[test]

@@ -31,7 +31,12 @@ pub trait Routes: Send + Sync {
 
     /// Creates a route. `name_hint` is the Node's UID; a provider that supports dual-stack must derive a
     /// unique name per (node, CIDR).
-    async fn create_route(&self, cluster_name: &str, name_hint: &str, route: &Route) -> CloudResult<()>;
+    async fn create_route(
+        &self,
+        cluster_name: &str,
+        name_hint: &str,
+        route: &Route,
+    ) -> CloudResult<()>;
 
     /// Deletes a route as [`Routes::list_routes`] returned it.
     async fn delete_route(&self, cluster_name: &str, route: &Route) -> CloudResult<()>;

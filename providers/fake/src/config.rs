@@ -286,7 +286,9 @@ pub enum ConfigError {
 }
 
 fn path_suffix(path: &Option<PathBuf>) -> String {
-    path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default()
+    path.as_ref()
+        .map(|p| format!(" {}", p.display()))
+        .unwrap_or_default()
 }
 
 impl Config {
@@ -337,7 +339,9 @@ impl<'de> Deserialize<'de> for Probability {
         if (0.0..=1.0).contains(&p) {
             Ok(Self(p))
         } else {
-            Err(de::Error::custom(format!("failure rate {p} is not between 0 and 1")))
+            Err(de::Error::custom(format!(
+                "failure rate {p} is not between 0 and 1"
+            )))
         }
     }
 }
@@ -362,10 +366,14 @@ impl FromStr for GoDuration {
             return Err(bad());
         }
         while !rest.is_empty() {
-            let number_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+            let number_len = rest
+                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .ok_or_else(bad)?;
             let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
             rest = &rest[number_len..];
-            let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+            let unit_len = rest
+                .find(|c: char| c.is_ascii_digit() || c == '.')
+                .unwrap_or(rest.len());
             let seconds = match &rest[..unit_len] {
                 "ns" => 1e-9,
                 "us" | "µs" => 1e-6,
@@ -409,13 +417,21 @@ impl IpPool {
     pub fn addresses(&self) -> impl Iterator<Item = Ipv4Addr> + use<> {
         let base = u32::from(self.network);
         let size = 1u64 << (32 - u32::from(self.prefix));
-        let (first, last) = if self.prefix >= 31 { (0, size - 1) } else { (1, size - 2) };
+        let (first, last) = if self.prefix >= 31 {
+            (0, size - 1)
+        } else {
+            (1, size - 2)
+        };
         (first..=last).map(move |offset| Ipv4Addr::from(base + offset as u32))
     }
 
     /// Whether `ip` lies in the pool.
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
-        let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+        let mask = if self.prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(self.prefix))
+        };
         u32::from(ip) & mask == u32::from(self.network)
     }
 }
@@ -424,14 +440,22 @@ impl FromStr for IpPool {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why: &str| format!("invalid ipPool {text:?}: {why} (expected an IPv4 CIDR such as 203.0.113.0/24)");
-        let (ip, prefix) = text.split_once('/').ok_or_else(|| bad("no prefix length"))?;
+        let bad = |why: &str| {
+            format!("invalid ipPool {text:?}: {why} (expected an IPv4 CIDR such as 203.0.113.0/24)")
+        };
+        let (ip, prefix) = text
+            .split_once('/')
+            .ok_or_else(|| bad("no prefix length"))?;
         let ip: Ipv4Addr = ip.parse().map_err(|_| bad("not an IPv4 address"))?;
         let prefix: u8 = prefix.parse().map_err(|_| bad("bad prefix length"))?;
         if prefix > 32 {
             return Err(bad("prefix length over 32"));
         }
-        let mask = if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) };
+        let mask = if prefix == 0 {
+            0
+        } else {
+            u32::MAX << (32 - u32::from(prefix))
+        };
         Ok(Self {
             network: Ipv4Addr::from(u32::from(ip) & mask),
             prefix,
@@ -463,7 +487,10 @@ mod tests {
         assert_eq!(config.failure_rate("ensure_load_balancer"), 0.3);
         assert_eq!(config.failure_rate("instance_metadata"), 0.0);
         assert_eq!(config.instances["node-a"].state, InstanceState::Running);
-        assert_eq!(config.instances["node-a"].addresses.as_ref().unwrap().len(), 2);
+        assert_eq!(
+            config.instances["node-a"].addresses.as_ref().unwrap().len(),
+            2
+        );
         assert_eq!(config.load_balancers.ip_pool.to_string(), "203.0.113.0/24");
         assert_eq!(config.routes.initial[0].destination_cidr, "10.99.0.0/24");
         assert!(config.routes.initial[0].blackhole);
@@ -476,26 +503,53 @@ mod tests {
             assert_eq!(config, Config::default());
         }
         let defaults = Config::parse("", None).unwrap();
-        assert!(defaults.instances_v2 && defaults.load_balancers.enabled && defaults.routes.enabled);
+        assert!(
+            defaults.instances_v2 && defaults.load_balancers.enabled && defaults.routes.enabled
+        );
         assert_eq!(defaults.instance_defaults.instance_type, "standard");
     }
 
     #[test]
     fn errors_name_the_line() {
-        let err = Config::parse("latency: 20ms\ninstances:\n  a:\n    state: bogus\n", Some(Path::new("/etc/c.yaml")))
+        let err = Config::parse(
+            "latency: 20ms\ninstances:\n  a:\n    state: bogus\n",
+            Some(Path::new("/etc/c.yaml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("malformed cloud-config /etc/c.yaml:"),
+            "{err}"
+        );
+        assert!(err.contains("line 4"), "{err}");
+        let err = Config::parse("failureRate:\n  ensure_lb: 0.5\n", None)
             .unwrap_err()
             .to_string();
-        assert!(err.starts_with("malformed cloud-config /etc/c.yaml:"), "{err}");
-        assert!(err.contains("line 4"), "{err}");
-        let err = Config::parse("failureRate:\n  ensure_lb: 0.5\n", None).unwrap_err().to_string();
-        assert!(err.contains("line 2") && err.contains("unknown method \"ensure_lb\""), "{err}");
-        let err = Config::parse("failureRate:\n  all: 1.5\n", None).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2") && err.contains("unknown method \"ensure_lb\""),
+            "{err}"
+        );
+        let err = Config::parse("failureRate:\n  all: 1.5\n", None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not between 0 and 1"), "{err}");
-        let err = Config::parse("latency: fast\n", None).unwrap_err().to_string();
-        assert!(err.contains("line 1") && err.contains("invalid duration"), "{err}");
-        let err = Config::parse("loadBalancers:\n  ipPool: 10.0.0.0\n", None).unwrap_err().to_string();
-        assert!(err.contains("line 2") && err.contains("invalid ipPool"), "{err}");
-        let err = Config::parse("stateFiel: /tmp/x\n", None).unwrap_err().to_string();
+        let err = Config::parse("latency: fast\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 1") && err.contains("invalid duration"),
+            "{err}"
+        );
+        let err = Config::parse("loadBalancers:\n  ipPool: 10.0.0.0\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("invalid ipPool"),
+            "{err}"
+        );
+        let err = Config::parse("stateFiel: /tmp/x\n", None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown field `stateFiel`"), "{err}");
     }
 
@@ -522,10 +576,19 @@ mod tests {
         let pool: IpPool = "198.51.100.7/30".parse().unwrap();
         assert_eq!(pool.to_string(), "198.51.100.4/30");
         let all: Vec<_> = pool.addresses().collect();
-        assert_eq!(all, vec![Ipv4Addr::new(198, 51, 100, 5), Ipv4Addr::new(198, 51, 100, 6)]);
+        assert_eq!(
+            all,
+            vec![
+                Ipv4Addr::new(198, 51, 100, 5),
+                Ipv4Addr::new(198, 51, 100, 6)
+            ]
+        );
         assert!(pool.contains(Ipv4Addr::new(198, 51, 100, 6)));
         assert!(!pool.contains(Ipv4Addr::new(198, 51, 100, 8)));
-        assert_eq!("10.0.0.1/32".parse::<IpPool>().unwrap().addresses().count(), 1);
+        assert_eq!(
+            "10.0.0.1/32".parse::<IpPool>().unwrap().addresses().count(),
+            1
+        );
         assert!("10.0.0.0/33".parse::<IpPool>().is_err());
     }
 }

@@ -4,7 +4,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudError, CloudResult, InstanceMetadata, Instances, InstancesV2, ProviderId, Zone, Zones, node_address,
+    CloudError, CloudResult, InstanceMetadata, Instances, InstancesV2, ProviderId, Zone, Zones,
+    node_address,
 };
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 
@@ -34,10 +35,15 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
 /// `c = 1 + ((h >> 8) & 255) % 254`. Pure, so a peer implementation (the Go benchmark peer) can
 /// reproduce it.
 pub fn derived_internal_ip(node_name: &str) -> Ipv4Addr {
-    let h = node_name
-        .bytes()
-        .fold(0x811c_9dc5u32, |hash, b| (hash ^ u32::from(b)).wrapping_mul(0x0100_0193));
-    Ipv4Addr::new(10, (h >> 24) as u8, ((h >> 16) & 255) as u8, 1 + (((h >> 8) & 255) % 254) as u8)
+    let h = node_name.bytes().fold(0x811c_9dc5u32, |hash, b| {
+        (hash ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    Ipv4Addr::new(
+        10,
+        (h >> 24) as u8,
+        ((h >> 16) & 255) as u8,
+        1 + (((h >> 8) & 255) % 254) as u8,
+    )
 }
 
 fn default_provider_id(node_name: &str) -> String {
@@ -49,16 +55,28 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
     let defaults = &config.instance_defaults;
     match config.instances.get(node_name) {
         Some(listed) => Instance {
-            provider_id: listed.provider_id.clone().unwrap_or_else(|| default_provider_id(node_name)),
-            instance_type: listed.instance_type.clone().unwrap_or_else(|| defaults.instance_type.clone()),
+            provider_id: listed
+                .provider_id
+                .clone()
+                .unwrap_or_else(|| default_provider_id(node_name)),
+            instance_type: listed
+                .instance_type
+                .clone()
+                .unwrap_or_else(|| defaults.instance_type.clone()),
             zone: listed.zone.clone().unwrap_or_else(|| defaults.zone.clone()),
-            region: listed.region.clone().unwrap_or_else(|| defaults.region.clone()),
+            region: listed
+                .region
+                .clone()
+                .unwrap_or_else(|| defaults.region.clone()),
             addresses: match &listed.addresses {
                 Some(addresses) => addresses
                     .iter()
                     .map(|a| node_address(a.type_.as_str(), a.address.clone()))
                     .collect(),
-                None => vec![node_address("InternalIP", derived_internal_ip(node_name).to_string())],
+                None => vec![node_address(
+                    "InternalIP",
+                    derived_internal_ip(node_name).to_string(),
+                )],
             },
             additional_labels: listed.additional_labels.clone(),
             state: listed.state,
@@ -68,7 +86,10 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
             instance_type: defaults.instance_type.clone(),
             zone: defaults.zone.clone(),
             region: defaults.region.clone(),
-            addresses: vec![node_address("InternalIP", derived_internal_ip(node_name).to_string())],
+            addresses: vec![node_address(
+                "InternalIP",
+                derived_internal_ip(node_name).to_string(),
+            )],
             additional_labels: BTreeMap::new(),
             state: InstanceState::Running,
         },
@@ -78,11 +99,13 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
 /// The instance with this provider ID: a listed instance with that ID, else the unlisted node that
 /// `fake://<name>` names. `None` when no instance has the ID.
 fn instance_by_provider_id(config: &Config, provider_id: &str) -> Option<Instance> {
-    if let Some((name, _)) = config
-        .instances
-        .iter()
-        .find(|(name, listed)| listed.provider_id.clone().unwrap_or_else(|| default_provider_id(name)) == provider_id)
-    {
+    if let Some((name, _)) = config.instances.iter().find(|(name, listed)| {
+        listed
+            .provider_id
+            .clone()
+            .unwrap_or_else(|| default_provider_id(name))
+            == provider_id
+    }) {
         return Some(instance_by_name(config, name));
     }
     let id = ProviderId::parse_for(PROVIDER_NAME, provider_id).ok()?;
@@ -149,7 +172,8 @@ impl InstancesV2 for FakeCloud {
 }
 
 fn instance_id_of(provider_id: &str) -> String {
-    ProviderId::parse(provider_id).map_or_else(|_| provider_id.to_owned(), |id| id.instance().to_owned())
+    ProviderId::parse(provider_id)
+        .map_or_else(|_| provider_id.to_owned(), |id| id.instance().to_owned())
 }
 
 #[async_trait]
@@ -159,7 +183,10 @@ impl Instances for FakeCloud {
         Ok(find(&config, node_name, None)?.addresses)
     }
 
-    async fn node_addresses_by_provider_id(&self, provider_id: &str) -> CloudResult<Vec<NodeAddress>> {
+    async fn node_addresses_by_provider_id(
+        &self,
+        provider_id: &str,
+    ) -> CloudResult<Vec<NodeAddress>> {
         let config = self.enter("node_addresses_by_provider_id").await?;
         Ok(found_by_id(&config, provider_id)?.addresses)
     }
@@ -250,8 +277,9 @@ instances:
         assert_eq!(a, derived_internal_ip("node-a"));
         assert_eq!(a.octets()[0], 10);
         assert!((1..=254).contains(&a.octets()[3]));
-        let distinct: std::collections::HashSet<_> =
-            (0..1000).map(|i| derived_internal_ip(&format!("node-{i:05}"))).collect();
+        let distinct: std::collections::HashSet<_> = (0..1000)
+            .map(|i| derived_internal_ip(&format!("node-{i:05}")))
+            .collect();
         assert!(distinct.len() > 990, "{} distinct of 1000", distinct.len());
     }
 
@@ -259,11 +287,32 @@ instances:
     async fn unlisted_nodes_are_running_instances_with_the_defaults() {
         let cloud = FakeCloud::from_yaml(LISTED).unwrap();
         let v2 = cloud.instances_v2().unwrap();
-        let meta = v2.instance_metadata(&node("worker-1", None)).await.unwrap().unwrap();
+        let meta = v2
+            .instance_metadata(&node("worker-1", None))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(meta.provider_id, "fake://worker-1");
-        assert_eq!((meta.instance_type.as_str(), meta.zone.as_str(), meta.region.as_str()), ("standard", "zone-a", "region-1"));
-        assert_eq!(meta.node_addresses, vec![node_address("InternalIP", derived_internal_ip("worker-1").to_string())]);
-        assert!(v2.instance_exists(&node("worker-1", Some("fake://worker-1"))).await.unwrap());
+        assert_eq!(
+            (
+                meta.instance_type.as_str(),
+                meta.zone.as_str(),
+                meta.region.as_str()
+            ),
+            ("standard", "zone-a", "region-1")
+        );
+        assert_eq!(
+            meta.node_addresses,
+            vec![node_address(
+                "InternalIP",
+                derived_internal_ip("worker-1").to_string()
+            )]
+        );
+        assert!(
+            v2.instance_exists(&node("worker-1", Some("fake://worker-1")))
+                .await
+                .unwrap()
+        );
         assert!(!v2.instance_shutdown(&node("worker-1", None)).await.unwrap());
     }
 
@@ -271,7 +320,11 @@ instances:
     async fn listed_instances_are_found_by_provider_id_first() {
         let cloud = FakeCloud::from_yaml(LISTED).unwrap();
         let v2 = cloud.instances_v2().unwrap();
-        let meta = v2.instance_metadata(&node("node-a", None)).await.unwrap().unwrap();
+        let meta = v2
+            .instance_metadata(&node("node-a", None))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(meta.provider_id, "fake://custom-a");
         assert_eq!(meta.instance_type, "large");
         assert_eq!(meta.zone, "zone-b");
@@ -279,12 +332,24 @@ instances:
         assert_eq!(meta.node_addresses.len(), 2);
         assert_eq!(meta.additional_labels["example.com/rack"], "r1");
         // By provider ID, whatever the node is called.
-        let renamed = v2.instance_metadata(&node("other-name", Some("fake://custom-a"))).await.unwrap().unwrap();
+        let renamed = v2
+            .instance_metadata(&node("other-name", Some("fake://custom-a")))
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(renamed.instance_type, "large");
         // A listed node with its own ID is not reachable under fake://<name>.
-        assert!(!v2.instance_exists(&node("x", Some("fake://node-a"))).await.unwrap());
+        assert!(
+            !v2.instance_exists(&node("x", Some("fake://node-a")))
+                .await
+                .unwrap()
+        );
         // An ID of another provider names nothing here.
-        assert!(!v2.instance_exists(&node("worker-1", Some("aws://i-1"))).await.unwrap());
+        assert!(
+            !v2.instance_exists(&node("worker-1", Some("aws://i-1")))
+                .await
+                .unwrap()
+        );
     }
 
     #[tokio::test]
@@ -292,9 +357,17 @@ instances:
         let cloud = FakeCloud::from_yaml(LISTED).unwrap();
         let v2 = cloud.instances_v2().unwrap();
         assert!(v2.instance_exists(&node("node-down", None)).await.unwrap());
-        assert!(v2.instance_shutdown(&node("node-down", None)).await.unwrap());
+        assert!(
+            v2.instance_shutdown(&node("node-down", None))
+                .await
+                .unwrap()
+        );
         assert!(!v2.instance_exists(&node("node-gone", None)).await.unwrap());
-        assert!(!v2.instance_exists(&node("node-gone", Some("fake://node-gone"))).await.unwrap());
+        assert!(
+            !v2.instance_exists(&node("node-gone", Some("fake://node-gone")))
+                .await
+                .unwrap()
+        );
         assert!(matches!(
             v2.instance_metadata(&node("node-gone", None)).await,
             Err(CloudError::InstanceNotFound)
@@ -306,17 +379,52 @@ instances:
         let cloud = FakeCloud::from_yaml(&format!("instancesV2: false\n{LISTED}")).unwrap();
         let legacy = cloud.instances().unwrap();
         assert_eq!(legacy.instance_id("node-a").await.unwrap(), "custom-a");
-        assert_eq!(legacy.instance_type_by_provider_id("fake://custom-a").await.unwrap(), "large");
+        assert_eq!(
+            legacy
+                .instance_type_by_provider_id("fake://custom-a")
+                .await
+                .unwrap(),
+            "large"
+        );
         assert_eq!(legacy.node_addresses("node-a").await.unwrap().len(), 2);
-        assert!(matches!(legacy.instance_id("node-gone").await, Err(CloudError::InstanceNotFound)));
-        assert!(!legacy.instance_exists_by_provider_id("fake://node-gone").await.unwrap());
-        assert!(legacy.instance_shutdown_by_provider_id("fake://node-down").await.unwrap());
+        assert!(matches!(
+            legacy.instance_id("node-gone").await,
+            Err(CloudError::InstanceNotFound)
+        ));
+        assert!(
+            !legacy
+                .instance_exists_by_provider_id("fake://node-gone")
+                .await
+                .unwrap()
+        );
+        assert!(
+            legacy
+                .instance_shutdown_by_provider_id("fake://node-down")
+                .await
+                .unwrap()
+        );
         let zones = cloud.zones().unwrap();
-        assert_eq!(zones.get_zone_by_node_name("node-a").await.unwrap().failure_domain, "zone-b");
-        assert_eq!(zones.get_zone_by_provider_id("fake://w").await.unwrap().failure_domain, "zone-a");
+        assert_eq!(
+            zones
+                .get_zone_by_node_name("node-a")
+                .await
+                .unwrap()
+                .failure_domain,
+            "zone-b"
+        );
+        assert_eq!(
+            zones
+                .get_zone_by_provider_id("fake://w")
+                .await
+                .unwrap()
+                .failure_domain,
+            "zone-a"
+        );
         assert_eq!(zones.get_zone().await.unwrap().region, "region-1");
         assert_eq!(
-            cloud_provider::get_instance_provider_id(&cloud, "worker-9").await.unwrap(),
+            cloud_provider::get_instance_provider_id(&cloud, "worker-9")
+                .await
+                .unwrap(),
             "fake://worker-9"
         );
     }

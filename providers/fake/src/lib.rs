@@ -27,13 +27,13 @@ use std::{
 };
 
 use cloud_provider::{
-    CloudConfig, CloudError, CloudProvider, CloudResult, Instances, InstancesV2, LoadBalancer, ProviderResult,
-    Routes, Zones, register_provider,
+    CloudConfig, CloudError, CloudProvider, CloudResult, Instances, InstancesV2, LoadBalancer,
+    ProviderResult, Routes, Zones, register_provider,
 };
 
 pub use config::{
-    AddressConfig, AddressType, Config, ConfigError, GoDuration, InstanceConfig, InstanceDefaults, InstanceState,
-    IpPool, LoadBalancersConfig, METHODS, RouteConfig, RoutesConfig,
+    AddressConfig, AddressType, Config, ConfigError, GoDuration, InstanceConfig, InstanceDefaults,
+    InstanceState, IpPool, LoadBalancersConfig, METHODS, RouteConfig, RoutesConfig,
 };
 pub use instances::derived_internal_ip;
 pub use state::{CloudState, LoadBalancerRecord, PortRecord, RouteRecord};
@@ -106,7 +106,9 @@ impl FakeCloud {
             }),
         };
         cloud.apply_config(config, None);
-        cloud.write_state_file().map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
+        cloud
+            .write_state_file()
+            .map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
         Ok(cloud)
     }
 
@@ -128,7 +130,11 @@ impl FakeCloud {
             .unwrap_or_default();
         let cloud = Self::new(Config::parse(text, path.as_deref())?)?;
         if let Some(path) = path {
-            watcher::spawn(Arc::downgrade(&cloud.inner), path, config.contents().unwrap_or_default().to_vec());
+            watcher::spawn(
+                Arc::downgrade(&cloud.inner),
+                path,
+                config.contents().unwrap_or_default().to_vec(),
+            );
         } else if cloud.config().state_file.is_some() {
             watcher::spawn_flusher(Arc::downgrade(&cloud.inner));
         }
@@ -158,7 +164,8 @@ impl FakeCloud {
     fn apply_config(&self, config: Config, previous: Option<&Config>) {
         let mut cloud = self.inner.lock();
         for route in &config.routes.initial {
-            let known_before = previous.is_some_and(|p| p.routes.initial.iter().any(|r| r.name == route.name));
+            let known_before =
+                previous.is_some_and(|p| p.routes.initial.iter().any(|r| r.name == route.name));
             if !known_before && !cloud.state.routes.iter().any(|r| r.name == route.name) {
                 cloud.state.routes.push(RouteRecord {
                     name: route.name.clone(),
@@ -215,7 +222,10 @@ impl FakeCloud {
 
 impl Inner {
     fn config(&self) -> Arc<Config> {
-        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.config
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> MutexGuard<'_, Mutable> {
@@ -236,7 +246,8 @@ impl Inner {
 /// A deterministic draw in [0, 1) for the `call`-th call of `method` (splitmix64 over the seed, an FNV
 /// hash of the method name and the call number), so a run with the same seed fails the same calls.
 fn draw(seed: u64, method: &str, call: u64) -> f64 {
-    let mut x = seed ^ instances::fnv1a64(method.as_bytes()) ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut x =
+        seed ^ instances::fnv1a64(method.as_bytes()) ^ call.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -254,7 +265,10 @@ impl CloudProvider for FakeCloud {
     }
 
     fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
-        self.config().load_balancers.enabled.then_some(self as &dyn LoadBalancer)
+        self.config()
+            .load_balancers
+            .enabled
+            .then_some(self as &dyn LoadBalancer)
     }
 
     fn instances(&self) -> Option<&dyn Instances> {
@@ -262,7 +276,9 @@ impl CloudProvider for FakeCloud {
     }
 
     fn instances_v2(&self) -> Option<&dyn InstancesV2> {
-        self.config().instances_v2.then_some(self as &dyn InstancesV2)
+        self.config()
+            .instances_v2
+            .then_some(self as &dyn InstancesV2)
     }
 
     fn zones(&self) -> Option<&dyn Zones> {
@@ -282,21 +298,38 @@ mod tests {
     fn draws_are_deterministic_and_spread() {
         assert_eq!(draw(1, "create_route", 5), draw(1, "create_route", 5));
         assert_ne!(draw(1, "create_route", 5), draw(2, "create_route", 5));
-        let below = (1..=10_000).filter(|n| draw(0, "ensure_load_balancer", *n) < 0.3).count();
-        assert!((2_700..3_300).contains(&below), "{below} of 10000 draws below 0.3");
+        let below = (1..=10_000)
+            .filter(|n| draw(0, "ensure_load_balancer", *n) < 0.3)
+            .count();
+        assert!(
+            (2_700..3_300).contains(&below),
+            "{below} of 10000 draws below 0.3"
+        );
     }
 
     #[test]
     fn switches_choose_the_offered_parts() {
         let cloud = FakeCloud::from_yaml("").unwrap();
-        assert!(cloud.instances_v2().is_some() && cloud.instances().is_none() && cloud.zones().is_none());
-        assert!(cloud.load_balancer().is_some() && cloud.routes().is_some() && cloud.clusters().is_none());
+        assert!(
+            cloud.instances_v2().is_some()
+                && cloud.instances().is_none()
+                && cloud.zones().is_none()
+        );
+        assert!(
+            cloud.load_balancer().is_some()
+                && cloud.routes().is_some()
+                && cloud.clusters().is_none()
+        );
         assert!(cloud.has_cluster_id());
         let legacy = FakeCloud::from_yaml(
             "instancesV2: false\nhasClusterID: false\nloadBalancers: {enabled: false}\nroutes: {enabled: false}\n",
         )
         .unwrap();
-        assert!(legacy.instances_v2().is_none() && legacy.instances().is_some() && legacy.zones().is_some());
+        assert!(
+            legacy.instances_v2().is_none()
+                && legacy.instances().is_some()
+                && legacy.zones().is_some()
+        );
         assert!(legacy.load_balancer().is_none() && legacy.routes().is_none());
         assert!(!legacy.has_cluster_id());
     }
@@ -306,7 +339,10 @@ mod tests {
         let cloud = FakeCloud::from_yaml("failureRate:\n  list_routes: 1\n").unwrap();
         let routes = cloud.routes().unwrap();
         let err = routes.list_routes("k").await.unwrap_err();
-        assert!(err.to_string().contains("injected failure in list_routes"), "{err}");
+        assert!(
+            err.to_string().contains("injected failure in list_routes"),
+            "{err}"
+        );
         assert_eq!(cloud.snapshot().calls_to("list_routes"), 1);
         let err = routes.create_route("k", "uid", &Default::default()).await;
         assert!(!matches!(&err, Err(e) if e.to_string().contains("injected")));
@@ -322,7 +358,13 @@ mod tests {
 
     #[test]
     fn a_bad_state_file_path_is_a_clear_error() {
-        let err = FakeCloud::from_yaml("stateFile: /nonexistent-dir/x/state.json\n").err().unwrap();
-        assert!(err.to_string().starts_with("cannot write the fake cloud's stateFile /nonexistent-dir/x/state.json"));
+        let err = FakeCloud::from_yaml("stateFile: /nonexistent-dir/x/state.json\n")
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().starts_with(
+                "cannot write the fake cloud's stateFile /nonexistent-dir/x/state.json"
+            )
+        );
     }
 }

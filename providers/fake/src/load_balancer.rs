@@ -48,7 +48,10 @@ fn ports_of(service: &Service) -> Vec<PortRecord> {
 }
 
 fn node_names(nodes: &[Node]) -> Vec<String> {
-    let mut names: Vec<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
+    let mut names: Vec<String> = nodes
+        .iter()
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
     names.sort();
     names.dedup();
     names
@@ -56,13 +59,21 @@ fn node_names(nodes: &[Node]) -> Vec<String> {
 
 impl FakeCloud {
     fn position(cloud: &Mutable, name: &str) -> Option<usize> {
-        cloud.state.load_balancers.iter().position(|lb| lb.name == name)
+        cloud
+            .state
+            .load_balancers
+            .iter()
+            .position(|lb| lb.name == name)
     }
 }
 
 #[async_trait]
 impl LoadBalancer for FakeCloud {
-    async fn get_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<Option<LoadBalancerStatus>> {
+    async fn get_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
         self.enter("get_load_balancer").await?;
         let name = default_load_balancer_name(service);
         let cloud = self.inner.lock();
@@ -91,7 +102,11 @@ impl LoadBalancer for FakeCloud {
             let pool = config.load_balancers.ip_pool;
             let in_use = |ip: &std::net::Ipv4Addr| {
                 let ip = ip.to_string();
-                cloud.state.load_balancers.iter().any(|lb| lb.ingress.contains(&ip))
+                cloud
+                    .state
+                    .load_balancers
+                    .iter()
+                    .any(|lb| lb.ingress.contains(&ip))
             };
             // The same Service keeps its IP across a delete and re-create while the IP is free.
             let ip = cloud
@@ -111,7 +126,9 @@ impl LoadBalancer for FakeCloud {
                         .find(|ip| !in_use(ip) && !assigned.contains(ip))
                         .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
                 })
-                .ok_or_else(|| CloudError::other(format!("fake cloud: ipPool {pool} is exhausted")))?;
+                .ok_or_else(|| {
+                    CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))
+                })?;
             cloud.ip_assignments.insert(key.clone(), ip);
             let record = LoadBalancerRecord {
                 name: name.clone(),
@@ -122,12 +139,20 @@ impl LoadBalancer for FakeCloud {
             };
             let status = status_of(&record);
             cloud.state.load_balancers.push(record);
-            cloud.state.load_balancers.sort_by(|a, b| a.name.cmp(&b.name));
+            cloud
+                .state
+                .load_balancers
+                .sort_by(|a, b| a.name.cmp(&b.name));
             Ok(status)
         })
     }
 
-    async fn update_load_balancer(&self, _cluster: &str, service: &Service, nodes: &[Node]) -> CloudResult<()> {
+    async fn update_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
         self.enter("update_load_balancer").await?;
         let name = default_load_balancer_name(service);
         let nodes = node_names(nodes);
@@ -143,7 +168,11 @@ impl LoadBalancer for FakeCloud {
         })
     }
 
-    async fn ensure_load_balancer_deleted(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
+    async fn ensure_load_balancer_deleted(
+        &self,
+        _cluster: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
         self.enter("ensure_load_balancer_deleted").await?;
         let name = default_load_balancer_name(service);
         self.change(|cloud| {
@@ -163,40 +192,94 @@ mod tests {
     async fn ensure_records_ports_nodes_and_a_stable_ip() {
         let dir = tempfile::tempdir().unwrap();
         let state = dir.path().join("state.json");
-        let cloud = FakeCloud::from_yaml(&format!("stateFile: {}\nloadBalancers: {{ipPool: 198.51.100.0/30}}\n", state.display())).unwrap();
+        let cloud = FakeCloud::from_yaml(&format!(
+            "stateFile: {}\nloadBalancers: {{ipPool: 198.51.100.0/30}}\n",
+            state.display()
+        ))
+        .unwrap();
         let lb = cloud.load_balancer().unwrap();
-        let web = conformance::load_balancer_service("shop", "web", "11111111-1111-1111-1111-111111111111");
-        let api = conformance::load_balancer_service("shop", "api", "22222222-2222-2222-2222-222222222222");
+        let web = conformance::load_balancer_service(
+            "shop",
+            "web",
+            "11111111-1111-1111-1111-111111111111",
+        );
+        let api = conformance::load_balancer_service(
+            "shop",
+            "api",
+            "22222222-2222-2222-2222-222222222222",
+        );
         let nodes = [conformance::node("n2"), conformance::node("n1")];
         let status = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
-        assert_eq!(status.ingress.unwrap()[0].ip.as_deref(), Some("198.51.100.1"));
-        lb.ensure_load_balancer("k", &api, &nodes[..1]).await.unwrap();
+        assert_eq!(
+            status.ingress.unwrap()[0].ip.as_deref(),
+            Some("198.51.100.1")
+        );
+        lb.ensure_load_balancer("k", &api, &nodes[..1])
+            .await
+            .unwrap();
 
         let on_disk = crate::CloudState::read(&state).unwrap();
         let record = on_disk.load_balancer_of("shop/web").unwrap();
         assert_eq!(record.nodes, vec!["n1", "n2"]);
-        assert_eq!(record.ports, vec![PortRecord { protocol: "TCP".into(), port: 80, node_port: 30080 }]);
-        assert_eq!(on_disk.load_balancer_of("shop/api").unwrap().ingress, vec!["198.51.100.2"]);
+        assert_eq!(
+            record.ports,
+            vec![PortRecord {
+                protocol: "TCP".into(),
+                port: 80,
+                node_port: 30080
+            }]
+        );
+        assert_eq!(
+            on_disk.load_balancer_of("shop/api").unwrap().ingress,
+            vec!["198.51.100.2"]
+        );
 
         // The pool (two addresses) is full; deleting web frees its address, and web gets it back.
-        let third = conformance::load_balancer_service("shop", "db", "33333333-3333-3333-3333-333333333333");
-        let err = lb.ensure_load_balancer("k", &third, &nodes).await.unwrap_err();
-        assert!(err.to_string().contains("ipPool 198.51.100.0/30 is exhausted"), "{err}");
+        let third = conformance::load_balancer_service(
+            "shop",
+            "db",
+            "33333333-3333-3333-3333-333333333333",
+        );
+        let err = lb
+            .ensure_load_balancer("k", &third, &nodes)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("ipPool 198.51.100.0/30 is exhausted"),
+            "{err}"
+        );
         lb.ensure_load_balancer_deleted("k", &web).await.unwrap();
-        assert!(crate::CloudState::read(&state).unwrap().load_balancer_of("shop/web").is_none());
+        assert!(
+            crate::CloudState::read(&state)
+                .unwrap()
+                .load_balancer_of("shop/web")
+                .is_none()
+        );
         let again = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
-        assert_eq!(again.ingress.unwrap()[0].ip.as_deref(), Some("198.51.100.1"));
+        assert_eq!(
+            again.ingress.unwrap()[0].ip.as_deref(),
+            Some("198.51.100.1")
+        );
     }
 
     #[tokio::test]
     async fn update_changes_only_the_backends_and_needs_a_load_balancer() {
         let cloud = FakeCloud::from_yaml("").unwrap();
         let lb = cloud.load_balancer().unwrap();
-        let web = conformance::load_balancer_service("default", "web", "44444444-4444-4444-4444-444444444444");
+        let web = conformance::load_balancer_service(
+            "default",
+            "web",
+            "44444444-4444-4444-4444-444444444444",
+        );
         let err = lb.update_load_balancer("k", &web, &[]).await.unwrap_err();
         assert!(err.to_string().contains("no load balancer"), "{err}");
-        lb.ensure_load_balancer("k", &web, &[conformance::node("a")]).await.unwrap();
-        lb.update_load_balancer("k", &web, &[conformance::node("b")]).await.unwrap();
+        lb.ensure_load_balancer("k", &web, &[conformance::node("a")])
+            .await
+            .unwrap();
+        lb.update_load_balancer("k", &web, &[conformance::node("b")])
+            .await
+            .unwrap();
         let snapshot = cloud.snapshot();
         let record = snapshot.load_balancer_of("default/web").unwrap();
         assert_eq!(record.nodes, vec!["b"]);

@@ -7,7 +7,10 @@ use crate::{FakeCloud, RouteRecord};
 
 /// A route name unique per (name hint, CIDR), so dual-stack nodes get one route per family.
 fn route_name(name_hint: &str, cidr: &str) -> String {
-    let cidr: String = cidr.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).collect();
+    let cidr: String = cidr
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
     format!("{name_hint}-{cidr}")
 }
 
@@ -30,10 +33,20 @@ impl Routes for FakeCloud {
             .collect())
     }
 
-    async fn create_route(&self, _cluster: &str, name_hint: &str, route: &Route) -> CloudResult<()> {
+    async fn create_route(
+        &self,
+        _cluster: &str,
+        name_hint: &str,
+        route: &Route,
+    ) -> CloudResult<()> {
         self.enter("create_route").await?;
         self.change(|cloud| {
-            if let Some(existing) = cloud.state.routes.iter().find(|r| r.destination_cidr == route.destination_cidr) {
+            if let Some(existing) = cloud
+                .state
+                .routes
+                .iter()
+                .find(|r| r.destination_cidr == route.destination_cidr)
+            {
                 if existing.target_node == route.target_node && !existing.blackhole {
                     return Ok(());
                 }
@@ -58,7 +71,8 @@ impl Routes for FakeCloud {
         self.change(|cloud| {
             cloud.state.routes.retain(|r| {
                 let same = if route.name.is_empty() {
-                    r.destination_cidr == route.destination_cidr && r.target_node == route.target_node
+                    r.destination_cidr == route.destination_cidr
+                        && r.target_node == route.target_node
                 } else {
                     r.name == route.name
                 };
@@ -90,18 +104,44 @@ mod tests {
         )
         .unwrap();
         let routes = cloud.routes().unwrap();
-        routes.create_route("k", "uid-1", &route("n1", "10.244.1.0/24")).await.unwrap();
-        routes.create_route("k", "uid-1", &route("n1", "fd00:10:244:1::/64")).await.unwrap();
+        routes
+            .create_route("k", "uid-1", &route("n1", "10.244.1.0/24"))
+            .await
+            .unwrap();
+        routes
+            .create_route("k", "uid-1", &route("n1", "fd00:10:244:1::/64"))
+            .await
+            .unwrap();
         // Creating the same route again is a no-op; the same CIDR to another node is refused.
-        routes.create_route("k", "uid-1", &route("n1", "10.244.1.0/24")).await.unwrap();
-        assert!(routes.create_route("k", "uid-2", &route("n2", "10.244.1.0/24")).await.is_err());
+        routes
+            .create_route("k", "uid-1", &route("n1", "10.244.1.0/24"))
+            .await
+            .unwrap();
+        assert!(
+            routes
+                .create_route("k", "uid-2", &route("n2", "10.244.1.0/24"))
+                .await
+                .is_err()
+        );
         let listed = routes.list_routes("k").await.unwrap();
         let names: Vec<_> = listed.iter().map(|r| r.name.as_str()).collect();
-        assert_eq!(names, vec!["stray", "uid-1-10-244-1-0-24", "uid-1-fd00-10-244-1---64"]);
+        assert_eq!(
+            names,
+            vec!["stray", "uid-1-10-244-1-0-24", "uid-1-fd00-10-244-1---64"]
+        );
         assert!(listed[0].blackhole);
         routes.delete_route("k", &listed[0]).await.unwrap();
-        routes.delete_route("k", &route("n1", "10.244.1.0/24")).await.unwrap();
-        let left: Vec<_> = routes.list_routes("k").await.unwrap().into_iter().map(|r| r.destination_cidr).collect();
+        routes
+            .delete_route("k", &route("n1", "10.244.1.0/24"))
+            .await
+            .unwrap();
+        let left: Vec<_> = routes
+            .list_routes("k")
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.destination_cidr)
+            .collect();
         assert_eq!(left, vec!["fd00:10:244:1::/64"]);
     }
 }

@@ -1,10 +1,6 @@
 //! The cloud-side state of the fake cloud, and the JSON state file that shows it.
 
-use std::{
-    collections::BTreeMap,
-    io::Write,
-    path::Path,
-};
+use std::{collections::BTreeMap, io::Write, path::Path};
 
 use serde::{Deserialize, Serialize};
 
@@ -67,7 +63,8 @@ impl CloudState {
     /// Reads a state file, as the fake cloud wrote it.
     pub fn read(path: &Path) -> std::io::Result<Self> {
         let text = std::fs::read(path)?;
-        serde_json::from_slice(&text).map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))
+        serde_json::from_slice(&text)
+            .map_err(|err| std::io::Error::new(std::io::ErrorKind::InvalidData, err))
     }
 
     /// Writes the state file atomically (a temporary file renamed over it), so readers never see half.
@@ -122,7 +119,8 @@ mod tests {
         };
         state.write(&path).unwrap();
         assert_eq!(CloudState::read(&path).unwrap(), state);
-        let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(json["loadBalancers"][0]["ports"][0]["nodePort"], 30080);
         assert_eq!(json["routes"][0]["destinationCIDR"], "10.244.0.0/24");
         assert_eq!(state.calls_to("ensure_load_balancer"), 2);

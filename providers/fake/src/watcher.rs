@@ -4,11 +4,7 @@
 //! every filesystem (including the bind-mounted ConfigMaps and editors that replace files), where
 //! inotify-style watchers miss renames and symlink swaps.
 
-use std::{
-    path::PathBuf,
-    sync::Weak,
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Weak, time::Duration};
 
 use crate::{Config, FakeCloud, Inner};
 
@@ -89,7 +85,10 @@ mod tests {
     fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         let start = Instant::now();
         while !done() {
-            assert!(start.elapsed() < std::time::Duration::from_secs(3), "timed out waiting for {what}");
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(3),
+                "timed out waiting for {what}"
+            );
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
     }
@@ -99,11 +98,23 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config_path = dir.path().join("cloud.yaml");
         let state_path = dir.path().join("state.json");
-        std::fs::write(&config_path, format!("stateFile: {}\n", state_path.display())).unwrap();
-        let cloud = FakeCloud::from_cloud_config(&CloudConfig::read(&config_path).unwrap()).unwrap();
+        std::fs::write(
+            &config_path,
+            format!("stateFile: {}\n", state_path.display()),
+        )
+        .unwrap();
+        let cloud =
+            FakeCloud::from_cloud_config(&CloudConfig::read(&config_path).unwrap()).unwrap();
         let mut node = Node::default();
         node.metadata.name = Some("node-a".into());
-        assert!(cloud.instances_v2().unwrap().instance_exists(&node).await.unwrap());
+        assert!(
+            cloud
+                .instances_v2()
+                .unwrap()
+                .instance_exists(&node)
+                .await
+                .unwrap()
+        );
 
         // The instance vanishes and a blackhole route appears.
         std::fs::write(
@@ -115,9 +126,18 @@ mod tests {
         )
         .unwrap();
         let changed_at = Instant::now();
-        wait_for("the reload", || cloud.config().instances.contains_key("node-a"));
+        wait_for("the reload", || {
+            cloud.config().instances.contains_key("node-a")
+        });
         assert!(changed_at.elapsed() < std::time::Duration::from_secs(1));
-        assert!(!cloud.instances_v2().unwrap().instance_exists(&node).await.unwrap());
+        assert!(
+            !cloud
+                .instances_v2()
+                .unwrap()
+                .instance_exists(&node)
+                .await
+                .unwrap()
+        );
         wait_for("the route in the state file", || {
             CloudState::read(&state_path).is_ok_and(|s| s.routes.iter().any(|r| r.name == "bh"))
         });

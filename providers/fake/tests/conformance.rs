@@ -13,7 +13,9 @@ async fn fake_cloud_with_instances_v2_is_conformant() {
 
 #[tokio::test]
 async fn fake_cloud_with_legacy_instances_is_conformant() {
-    let cloud = FakeCloud::from_yaml("instancesV2: false\ninstances:\n  missing-node: {state: gone}\n").unwrap();
+    let cloud =
+        FakeCloud::from_yaml("instancesV2: false\ninstances:\n  missing-node: {state: gone}\n")
+            .unwrap();
     let report = run(&cloud, &Fixtures::new("node-a", "missing-node")).await;
     report.assert_passed();
     let skipped: Vec<_> = report
@@ -22,7 +24,10 @@ async fn fake_cloud_with_legacy_instances_is_conformant() {
         .filter(|r| matches!(r.outcome, Outcome::Skipped(_)))
         .map(|r| r.name)
         .collect();
-    assert!(skipped.iter().all(|name| name.starts_with("instances_v2")), "{skipped:?}");
+    assert!(
+        skipped.iter().all(|name| name.starts_with("instances_v2")),
+        "{skipped:?}"
+    );
 }
 
 #[tokio::test]

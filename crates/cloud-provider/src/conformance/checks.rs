@@ -67,7 +67,10 @@ fn skip(part: &str) -> CheckResult {
     Err(Stop::Skip(format!("the provider does not offer {part}")))
 }
 
-async fn provider_name_is_usable_in_provider_ids(cloud: &dyn CloudProvider, _: &Fixtures) -> CheckResult {
+async fn provider_name_is_usable_in_provider_ids(
+    cloud: &dyn CloudProvider,
+    _: &Fixtures,
+) -> CheckResult {
     let name = cloud.provider_name();
     ensure!(!name.is_empty(), "provider_name() is empty");
     ensure!(
@@ -77,15 +80,41 @@ async fn provider_name_is_usable_in_provider_ids(cloud: &dyn CloudProvider, _: &
     Ok(())
 }
 
-async fn instances_v2_reports_existing_and_missing_instances(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
-    let exists = call("instance_exists(existing node)", instances.instance_exists(&f.existing_node).await)?;
-    ensure!(exists, "instance_exists({:?}) = false for a node whose instance exists", name(&f.existing_node));
-    let shutdown = call("instance_shutdown(existing node)", instances.instance_shutdown(&f.existing_node).await)?;
-    ensure!(!shutdown, "instance_shutdown({:?}) = true for a running instance", name(&f.existing_node));
+async fn instances_v2_reports_existing_and_missing_instances(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances_v2() else {
+        return skip("InstancesV2");
+    };
+    let exists = call(
+        "instance_exists(existing node)",
+        instances.instance_exists(&f.existing_node).await,
+    )?;
+    ensure!(
+        exists,
+        "instance_exists({:?}) = false for a node whose instance exists",
+        name(&f.existing_node)
+    );
+    let shutdown = call(
+        "instance_shutdown(existing node)",
+        instances.instance_shutdown(&f.existing_node).await,
+    )?;
+    ensure!(
+        !shutdown,
+        "instance_shutdown({:?}) = true for a running instance",
+        name(&f.existing_node)
+    );
     // A missing instance is "does not exist", never an error: the lifecycle controller relies on it.
-    let missing = call("instance_exists(missing node)", instances.instance_exists(&f.missing_node).await)?;
-    ensure!(!missing, "instance_exists({:?}) = true for a node without an instance", name(&f.missing_node));
+    let missing = call(
+        "instance_exists(missing node)",
+        instances.instance_exists(&f.missing_node).await,
+    )?;
+    ensure!(
+        !missing,
+        "instance_exists({:?}) = true for a node without an instance",
+        name(&f.missing_node)
+    );
     Ok(())
 }
 
@@ -93,15 +122,26 @@ async fn instances_v2_metadata_has_a_provider_id_of_this_provider(
     cloud: &dyn CloudProvider,
     f: &Fixtures,
 ) -> CheckResult {
-    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
-    let metadata = call("instance_metadata(existing node)", instances.instance_metadata(&f.existing_node).await)?;
+    let Some(instances) = cloud.instances_v2() else {
+        return skip("InstancesV2");
+    };
+    let metadata = call(
+        "instance_metadata(existing node)",
+        instances.instance_metadata(&f.existing_node).await,
+    )?;
     let Some(metadata) = metadata else {
-        return Err(Stop::Fail(format!("instance_metadata({:?}) returned no metadata", name(&f.existing_node))));
+        return Err(Stop::Fail(format!(
+            "instance_metadata({:?}) returned no metadata",
+            name(&f.existing_node)
+        )));
     };
     let id = ProviderId::parse_for(cloud.provider_name(), &metadata.provider_id)
         .map_err(|err| Stop::Fail(format!("instance_metadata().provider_id: {err}")))?;
     // The same node asked again must give the same, stable ID.
-    let again = call("instance_metadata(existing node) again", instances.instance_metadata(&f.existing_node).await)?;
+    let again = call(
+        "instance_metadata(existing node) again",
+        instances.instance_metadata(&f.existing_node).await,
+    )?;
     ensure!(
         again.as_ref().map(|m| m.provider_id.as_str()) == Some(metadata.provider_id.as_str()),
         "provider ID changed between calls: {id} then {:?}",
@@ -109,9 +149,18 @@ async fn instances_v2_metadata_has_a_provider_id_of_this_provider(
     );
     // A node that already carries its provider ID is found by it.
     let mut with_id = f.existing_node.clone();
-    with_id.spec.get_or_insert_with(Default::default).provider_id = Some(metadata.provider_id.clone());
-    let by_id = call("instance_exists(node with providerID)", instances.instance_exists(&with_id).await)?;
-    ensure!(by_id, "instance_exists() = false for a node whose spec.providerID is {id}");
+    with_id
+        .spec
+        .get_or_insert_with(Default::default)
+        .provider_id = Some(metadata.provider_id.clone());
+    let by_id = call(
+        "instance_exists(node with providerID)",
+        instances.instance_exists(&with_id).await,
+    )?;
+    ensure!(
+        by_id,
+        "instance_exists() = false for a node whose spec.providerID is {id}"
+    );
     Ok(())
 }
 
@@ -119,7 +168,9 @@ async fn instances_v2_metadata_of_a_missing_instance_is_not_found(
     cloud: &dyn CloudProvider,
     f: &Fixtures,
 ) -> CheckResult {
-    let Some(instances) = cloud.instances_v2() else { return skip("InstancesV2") };
+    let Some(instances) = cloud.instances_v2() else {
+        return skip("InstancesV2");
+    };
     match instances.instance_metadata(&f.missing_node).await {
         Err(CloudError::InstanceNotFound) | Ok(None) => Ok(()),
         Ok(Some(m)) => Err(Stop::Fail(format!(
@@ -133,10 +184,22 @@ async fn instances_v2_metadata_of_a_missing_instance_is_not_found(
     }
 }
 
-async fn instances_report_existing_and_missing_instances(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(instances) = cloud.instances() else { return skip("Instances") };
-    let id = call("instance_id(existing node)", instances.instance_id(name(&f.existing_node)).await)?;
-    ensure!(!id.is_empty(), "instance_id({:?}) is empty", name(&f.existing_node));
+async fn instances_report_existing_and_missing_instances(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances() else {
+        return skip("Instances");
+    };
+    let id = call(
+        "instance_id(existing node)",
+        instances.instance_id(name(&f.existing_node)).await,
+    )?;
+    ensure!(
+        !id.is_empty(),
+        "instance_id({:?}) is empty",
+        name(&f.existing_node)
+    );
     match instances.instance_id(name(&f.missing_node)).await {
         Err(CloudError::InstanceNotFound) => {}
         other => {
@@ -145,14 +208,29 @@ async fn instances_report_existing_and_missing_instances(cloud: &dyn CloudProvid
             )));
         }
     }
-    let addresses = call("node_addresses(existing node)", instances.node_addresses(name(&f.existing_node)).await)?;
-    ensure!(!addresses.is_empty(), "node_addresses({:?}) is empty", name(&f.existing_node));
-    call("instance_type(existing node)", instances.instance_type(name(&f.existing_node)).await)?;
+    let addresses = call(
+        "node_addresses(existing node)",
+        instances.node_addresses(name(&f.existing_node)).await,
+    )?;
+    ensure!(
+        !addresses.is_empty(),
+        "node_addresses({:?}) is empty",
+        name(&f.existing_node)
+    );
+    call(
+        "instance_type(existing node)",
+        instances.instance_type(name(&f.existing_node)).await,
+    )?;
     Ok(())
 }
 
-async fn instances_provider_id_has_this_providers_prefix(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(instances) = cloud.instances() else { return skip("Instances") };
+async fn instances_provider_id_has_this_providers_prefix(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances() else {
+        return skip("Instances");
+    };
     let provider_id = call(
         "get_instance_provider_id(existing node)",
         get_instance_provider_id(cloud, name(&f.existing_node)).await,
@@ -163,47 +241,93 @@ async fn instances_provider_id_has_this_providers_prefix(cloud: &dyn CloudProvid
         "instance_exists_by_provider_id(existing)",
         instances.instance_exists_by_provider_id(&provider_id).await,
     )?;
-    ensure!(exists, "instance_exists_by_provider_id({provider_id:?}) = false for an existing instance");
-    match instances.instance_shutdown_by_provider_id(&provider_id).await {
+    ensure!(
+        exists,
+        "instance_exists_by_provider_id({provider_id:?}) = false for an existing instance"
+    );
+    match instances
+        .instance_shutdown_by_provider_id(&provider_id)
+        .await
+    {
         Ok(false) | Err(CloudError::NotImplemented) => {}
-        Ok(true) => return Err(Stop::Fail(format!("instance_shutdown_by_provider_id({provider_id:?}) = true for a running instance"))),
-        Err(err) => return Err(Stop::Fail(format!("instance_shutdown_by_provider_id failed: {err}"))),
+        Ok(true) => {
+            return Err(Stop::Fail(format!(
+                "instance_shutdown_by_provider_id({provider_id:?}) = true for a running instance"
+            )));
+        }
+        Err(err) => {
+            return Err(Stop::Fail(format!(
+                "instance_shutdown_by_provider_id failed: {err}"
+            )));
+        }
     }
     let by_id = call(
         "node_addresses_by_provider_id(existing)",
         instances.node_addresses_by_provider_id(&provider_id).await,
     )?;
-    let by_name = call("node_addresses(existing)", instances.node_addresses(name(&f.existing_node)).await)?;
-    ensure!(by_id == by_name, "addresses by provider ID {by_id:?} differ from addresses by name {by_name:?}");
+    let by_name = call(
+        "node_addresses(existing)",
+        instances.node_addresses(name(&f.existing_node)).await,
+    )?;
+    ensure!(
+        by_id == by_name,
+        "addresses by provider ID {by_id:?} differ from addresses by name {by_name:?}"
+    );
     Ok(())
 }
 
 async fn zones_know_the_existing_node(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(zones) = cloud.zones() else { return skip("Zones") };
-    let zone = call("get_zone_by_node_name(existing)", zones.get_zone_by_node_name(name(&f.existing_node)).await)?;
-    ensure!(!zone.failure_domain.is_empty(), "get_zone_by_node_name() returned an empty failure domain");
+    let Some(zones) = cloud.zones() else {
+        return skip("Zones");
+    };
+    let zone = call(
+        "get_zone_by_node_name(existing)",
+        zones.get_zone_by_node_name(name(&f.existing_node)).await,
+    )?;
+    ensure!(
+        !zone.failure_domain.is_empty(),
+        "get_zone_by_node_name() returned an empty failure domain"
+    );
     if cloud.instances().is_some() {
         let provider_id = call(
             "get_instance_provider_id(existing node)",
             get_instance_provider_id(cloud, name(&f.existing_node)).await,
         )?;
-        let by_id = call("get_zone_by_provider_id(existing)", zones.get_zone_by_provider_id(&provider_id).await)?;
-        ensure!(by_id == zone, "zone by provider ID {by_id:?} differs from zone by name {zone:?}");
+        let by_id = call(
+            "get_zone_by_provider_id(existing)",
+            zones.get_zone_by_provider_id(&provider_id).await,
+        )?;
+        ensure!(
+            by_id == zone,
+            "zone by provider ID {by_id:?} differs from zone by name {zone:?}"
+        );
     }
     Ok(())
 }
 
 fn has_ingress(status: &LoadBalancerStatus) -> bool {
-    status
-        .ingress
-        .as_ref()
-        .is_some_and(|ingress| ingress.iter().any(|i| i.ip.is_some() || i.hostname.is_some()))
+    status.ingress.as_ref().is_some_and(|ingress| {
+        ingress
+            .iter()
+            .any(|i| i.ip.is_some() || i.hostname.is_some())
+    })
 }
 
-async fn load_balancer_does_not_exist_before_ensure(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
-    let got = call("get_load_balancer(before ensure)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
-    ensure!(got.is_none(), "get_load_balancer() reports a load balancer before any was ensured: {got:?}");
+async fn load_balancer_does_not_exist_before_ensure(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
+    let got = call(
+        "get_load_balancer(before ensure)",
+        lb.get_load_balancer(&f.cluster_name, &f.service).await,
+    )?;
+    ensure!(
+        got.is_none(),
+        "get_load_balancer() reports a load balancer before any was ensured: {got:?}"
+    );
     let name = lb.get_load_balancer_name(&f.cluster_name, &f.service);
     ensure!(!name.is_empty(), "get_load_balancer_name() is empty");
     ensure!(
@@ -213,40 +337,90 @@ async fn load_balancer_does_not_exist_before_ensure(cloud: &dyn CloudProvider, f
     Ok(())
 }
 
-async fn load_balancer_ensure_is_idempotent_and_get_agrees(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
+async fn load_balancer_ensure_is_idempotent_and_get_agrees(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
     let first = call(
         "ensure_load_balancer",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
+            .await,
     )?;
-    ensure!(has_ingress(&first), "ensure_load_balancer() returned a status without ingress: {first:?}");
+    ensure!(
+        has_ingress(&first),
+        "ensure_load_balancer() returned a status without ingress: {first:?}"
+    );
     let second = call(
         "ensure_load_balancer (again)",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
+            .await,
     )?;
-    ensure!(first == second, "a second ensure_load_balancer() changed the status: {first:?} then {second:?}");
-    let got = call("get_load_balancer(after ensure)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
-    ensure!(got.as_ref() == Some(&first), "get_load_balancer() = {got:?} after ensure returned {first:?}");
+    ensure!(
+        first == second,
+        "a second ensure_load_balancer() changed the status: {first:?} then {second:?}"
+    );
+    let got = call(
+        "get_load_balancer(after ensure)",
+        lb.get_load_balancer(&f.cluster_name, &f.service).await,
+    )?;
+    ensure!(
+        got.as_ref() == Some(&first),
+        "get_load_balancer() = {got:?} after ensure returned {first:?}"
+    );
     Ok(())
 }
 
-async fn load_balancer_update_and_delete_are_idempotent(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(lb) = cloud.load_balancer() else { return skip("LoadBalancer") };
+async fn load_balancer_update_and_delete_are_idempotent(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
     call(
         "ensure_load_balancer",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes).await,
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
+            .await,
     )?;
     let fewer = &f.backend_nodes[..f.backend_nodes.len().min(1)];
-    call("update_load_balancer", lb.update_load_balancer(&f.cluster_name, &f.service, fewer).await)?;
-    call("update_load_balancer (again)", lb.update_load_balancer(&f.cluster_name, &f.service, fewer).await)?;
+    call(
+        "update_load_balancer",
+        lb.update_load_balancer(&f.cluster_name, &f.service, fewer)
+            .await,
+    )?;
+    call(
+        "update_load_balancer (again)",
+        lb.update_load_balancer(&f.cluster_name, &f.service, fewer)
+            .await,
+    )?;
     ensure!(
-        call("get_load_balancer(after update)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?.is_some(),
+        call(
+            "get_load_balancer(after update)",
+            lb.get_load_balancer(&f.cluster_name, &f.service).await
+        )?
+        .is_some(),
         "the load balancer vanished after update_load_balancer()"
     );
-    call("ensure_load_balancer_deleted", lb.ensure_load_balancer_deleted(&f.cluster_name, &f.service).await)?;
-    let got = call("get_load_balancer(after delete)", lb.get_load_balancer(&f.cluster_name, &f.service).await)?;
-    ensure!(got.is_none(), "get_load_balancer() = {got:?} after ensure_load_balancer_deleted()");
-    match lb.ensure_load_balancer_deleted(&f.cluster_name, &f.service).await {
+    call(
+        "ensure_load_balancer_deleted",
+        lb.ensure_load_balancer_deleted(&f.cluster_name, &f.service)
+            .await,
+    )?;
+    let got = call(
+        "get_load_balancer(after delete)",
+        lb.get_load_balancer(&f.cluster_name, &f.service).await,
+    )?;
+    ensure!(
+        got.is_none(),
+        "get_load_balancer() = {got:?} after ensure_load_balancer_deleted()"
+    );
+    match lb
+        .ensure_load_balancer_deleted(&f.cluster_name, &f.service)
+        .await
+    {
         Ok(()) => Ok(()),
         Err(CloudError::ImplementedElsewhere) => Err(Stop::Fail(
             "ensure_load_balancer_deleted() must never return ImplementedElsewhere".to_owned(),
@@ -258,30 +432,54 @@ async fn load_balancer_update_and_delete_are_idempotent(cloud: &dyn CloudProvide
 }
 
 fn find<'a>(routes: &'a [Route], wanted: &Route) -> Option<&'a Route> {
-    routes
-        .iter()
-        .find(|r| r.destination_cidr == wanted.destination_cidr && r.target_node == wanted.target_node)
+    routes.iter().find(|r| {
+        r.destination_cidr == wanted.destination_cidr && r.target_node == wanted.target_node
+    })
 }
 
 async fn routes_round_trip(cloud: &dyn CloudProvider, f: &Fixtures) -> CheckResult {
-    let Some(routes) = cloud.routes() else { return skip("Routes") };
+    let Some(routes) = cloud.routes() else {
+        return skip("Routes");
+    };
     let before = call("list_routes", routes.list_routes(&f.cluster_name).await)?;
-    ensure!(find(&before, &f.route).is_none(), "the fixture route {:?} already exists", f.route.destination_cidr);
+    ensure!(
+        find(&before, &f.route).is_none(),
+        "the fixture route {:?} already exists",
+        f.route.destination_cidr
+    );
     call(
         "create_route",
-        routes.create_route(&f.cluster_name, "conformance-node-uid", &f.route).await,
+        routes
+            .create_route(&f.cluster_name, "conformance-node-uid", &f.route)
+            .await,
     )?;
-    let listed = call("list_routes(after create)", routes.list_routes(&f.cluster_name).await)?;
+    let listed = call(
+        "list_routes(after create)",
+        routes.list_routes(&f.cluster_name).await,
+    )?;
     let Some(created) = find(&listed, &f.route).cloned() else {
         return Err(Stop::Fail(format!(
             "list_routes() does not show the created route to {} via {}",
             f.route.destination_cidr, f.route.target_node
         )));
     };
-    ensure!(!created.blackhole, "a freshly created route is listed as a blackhole");
-    call("delete_route", routes.delete_route(&f.cluster_name, &created).await)?;
-    let after = call("list_routes(after delete)", routes.list_routes(&f.cluster_name).await)?;
-    ensure!(find(&after, &f.route).is_none(), "list_routes() still shows the deleted route {}", created.name);
+    ensure!(
+        !created.blackhole,
+        "a freshly created route is listed as a blackhole"
+    );
+    call(
+        "delete_route",
+        routes.delete_route(&f.cluster_name, &created).await,
+    )?;
+    let after = call(
+        "list_routes(after delete)",
+        routes.list_routes(&f.cluster_name).await,
+    )?;
+    ensure!(
+        find(&after, &f.route).is_none(),
+        "list_routes() still shows the deleted route {}",
+        created.name
+    );
     ensure!(
         after.len() == before.len(),
         "the round trip changed other routes: {} before, {} after",

@@ -55,7 +55,11 @@ impl Fixtures {
             cluster_name: "conformance".to_owned(),
             existing_node: node(existing_node),
             missing_node: node(missing_node),
-            service: load_balancer_service("conformance", "web", "4a7d1ed4-6ad1-4d4a-9c35-3b8a0f1c2d3e"),
+            service: load_balancer_service(
+                "conformance",
+                "web",
+                "4a7d1ed4-6ad1-4d4a-9c35-3b8a0f1c2d3e",
+            ),
             backend_nodes,
             route: Route {
                 target_node: existing_node.to_owned(),
@@ -141,13 +145,19 @@ impl Report {
 
     /// The checks that passed.
     pub fn passed(&self) -> Vec<&CheckResult> {
-        self.results.iter().filter(|r| r.outcome == Outcome::Passed).collect()
+        self.results
+            .iter()
+            .filter(|r| r.outcome == Outcome::Passed)
+            .collect()
     }
 
     /// Panics, naming every failed check and why, unless all passed or were skipped.
     #[track_caller]
     pub fn assert_passed(&self) {
-        assert!(self.failures().is_empty(), "provider conformance failed:\n{self}");
+        assert!(
+            self.failures().is_empty(),
+            "provider conformance failed:\n{self}"
+        );
     }
 }
 

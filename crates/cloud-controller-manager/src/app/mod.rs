@@ -1,0 +1,202 @@
+//! The manager app: from parsed flags to running controllers, and back out on a signal.
+
+pub mod client;
+pub mod controllers_flag;
+pub mod logging;
+pub mod options;
+pub mod rate_limit;
+
+use std::{path::PathBuf, sync::Arc, time::Duration};
+
+use cloud_provider::{
+    CloudConfig, CloudError, CloudProvider, InitializeContext, Registry, RegistryError,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::controllers::{self, ControllerContext, KNOWN_CONTROLLERS};
+pub use client::ClientError;
+pub use controllers_flag::{ControllerSelection, UnknownController};
+pub use options::Options;
+
+/// How long the manager waits for the API server to answer at start.
+const API_SERVER_WAIT: Duration = Duration::from_secs(30);
+/// How long in-flight work may take to finish after a shutdown signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Why the manager stopped with an error. Each message names the flag or file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    /// `--controllers` names an unknown controller.
+    #[error(transparent)]
+    Controllers(#[from] UnknownController),
+    /// `--cloud-config` cannot be read.
+    #[error("cannot read --cloud-config {path}: {source}")]
+    CloudConfig {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The provider is unknown or its factory failed.
+    #[error(transparent)]
+    Provider(#[from] RegistryError),
+    /// The cloud has no cluster ID and `--allow-untagged-cloud` is not set.
+    #[error(
+        "no ClusterID found. A ClusterID is required for the cloud provider to function properly. This check can be bypassed by setting the allow-untagged-cloud option"
+    )]
+    NoClusterId,
+    /// The client could not be configured.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// The API server did not answer.
+    #[error("cannot reach the API server at {url} within {}s: {source}", API_SERVER_WAIT.as_secs())]
+    ApiServer {
+        /// The server's URL.
+        url: String,
+        /// The last error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The provider's `initialize` failed.
+    #[error("cloud provider {name:?} failed to initialize: {source}")]
+    Initialize {
+        /// The provider's name.
+        name: String,
+        /// Its error.
+        #[source]
+        source: CloudError,
+    },
+    /// A controller stopped with an error.
+    #[error("controller {name} failed: {message}")]
+    Controller {
+        /// The controller.
+        name: &'static str,
+        /// Its error.
+        message: String,
+    },
+}
+
+/// Creates the cloud provider the flags name (upstream `cloudprovider.InitCloudProvider` plus the
+/// sample main's checks).
+pub fn init_cloud(
+    options: &options::CloudProviderOptions,
+    registry: &Registry,
+) -> Result<Arc<dyn CloudProvider>, AppError> {
+    let config = if options.cloud_config.is_empty() {
+        CloudConfig::none()
+    } else {
+        CloudConfig::read(&options.cloud_config).map_err(|source| AppError::CloudConfig {
+            path: PathBuf::from(&options.cloud_config),
+            source,
+        })?
+    };
+    let cloud = registry.init(&options.cloud_provider, &config)?;
+    if !cloud.has_cluster_id() {
+        if !options.allow_untagged_cloud {
+            return Err(AppError::NoClusterId);
+        }
+        tracing::warn!(
+            "detected a cluster without a ClusterID. A ClusterID will be required in the future. Please tag your cluster to avoid any future issues"
+        );
+    }
+    Ok(cloud)
+}
+
+/// Runs the manager until `shutdown` is cancelled (or a controller fails).
+pub async fn run(
+    options: Options,
+    registry: &Registry,
+    shutdown: CancellationToken,
+) -> Result<(), AppError> {
+    let selection = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS)?;
+    let cloud = init_cloud(&options.cloud, registry)?;
+    tracing::info!(
+        provider = cloud.provider_name(),
+        "cloud provider initialized from the registry"
+    );
+
+    let config = client::client_config(&options.client).await?;
+    let url = config.cluster_url.to_string();
+    let client = client::build_client(config, &options.client)?;
+    wait_for_api_server(&client, &url, &shutdown).await?;
+    if shutdown.is_cancelled() {
+        return Ok(());
+    }
+
+    cloud
+        .initialize(InitializeContext {
+            client: client.clone(),
+            shutdown: shutdown.clone(),
+        })
+        .await
+        .map_err(|source| AppError::Initialize {
+            name: options.cloud.cloud_provider.clone(),
+            source,
+        })?;
+
+    let context = ControllerContext {
+        client,
+        cloud,
+        shutdown: shutdown.clone(),
+        options: Arc::new(options),
+    };
+    let mut running = tokio::task::JoinSet::new();
+    for controller in selection.enabled(KNOWN_CONTROLLERS) {
+        match controllers::start(controller.name, context.clone()) {
+            Some(task) => {
+                tracing::info!(controller = controller.name, "starting controller");
+                running.spawn(async move { (controller.name, task.await) });
+            }
+            None => tracing::warn!(
+                controller = controller.name,
+                "controller is enabled but does not run (not part of this build, or the cloud lacks what it needs)"
+            ),
+        }
+    }
+
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        Some(Ok((name, Err(message)))) = running.join_next(), if !running.is_empty() => {
+            shutdown.cancel();
+            return Err(AppError::Controller { name, message });
+        }
+    }
+    tracing::info!("shutting down: waiting for controllers to finish in-flight work");
+    if tokio::time::timeout(SHUTDOWN_GRACE, async {
+        while running.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; abandoning them");
+    }
+    Ok(())
+}
+
+async fn wait_for_api_server(
+    client: &kube::Client,
+    url: &str,
+    shutdown: &CancellationToken,
+) -> Result<(), AppError> {
+    let deadline = tokio::time::Instant::now() + API_SERVER_WAIT;
+    loop {
+        match client.apiserver_version().await {
+            Ok(version) => {
+                tracing::info!(server = url, version = %version.git_version, "connected to the API server");
+                return Ok(());
+            }
+            Err(source) if tokio::time::Instant::now() >= deadline => {
+                return Err(AppError::ApiServer {
+                    url: url.to_owned(),
+                    source,
+                });
+            }
+            Err(err) => tracing::info!(server = url, error = %err, "waiting for the API server"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}

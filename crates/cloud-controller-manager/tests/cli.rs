@@ -1,0 +1,236 @@
+//! The binary's command line: help, every bad-input case, and a clean stop on SIGTERM/SIGINT.
+
+use std::{
+    io::Read,
+    process::{Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-controller-manager");
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the binary runs")
+}
+
+#[track_caller]
+fn assert_fails_with(args: &[&str], code: i32, needles: &[&str]) {
+    let output = run(args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{args:?} exited {:?}: {stderr}",
+        output.status
+    );
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: stderr lacks {needle:?}:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_lists_the_flags() {
+    let output = run(&["--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--cloud-provider",
+        "--cloud-config",
+        "--controllers",
+        "--kubeconfig",
+        "--master",
+        "--kube-api-qps",
+        "--kube-api-burst",
+        "--allow-untagged-cloud",
+    ] {
+        assert!(help.contains(flag), "--help lacks {flag}");
+    }
+}
+
+#[test]
+fn an_unknown_provider_lists_the_known_ones() {
+    assert_fails_with(
+        &["--cloud-provider=nope"],
+        1,
+        &[r#"unknown cloud provider "nope" (known providers: fake)"#],
+    );
+    assert_fails_with(
+        &[],
+        1,
+        &["--cloud-provider cannot be empty (known providers: fake)"],
+    );
+    assert_fails_with(
+        &["--cloud-provider=external"],
+        1,
+        &["known providers: fake"],
+    );
+}
+
+#[test]
+fn an_unreadable_cloud_config_names_the_path() {
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            "--cloud-config=/nonexistent/cloud.yaml",
+        ],
+        1,
+        &[
+            "cannot read --cloud-config /nonexistent/cloud.yaml",
+            "No such file or directory",
+        ],
+    );
+}
+
+#[test]
+fn a_malformed_cloud_config_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud.yaml");
+    std::fs::write(
+        &path,
+        "latency: 20ms\ninstances:\n  node-a:\n    state: exploded\n",
+    )
+    .unwrap();
+    let arg = format!("--cloud-config={}", path.display());
+    assert_fails_with(
+        &["--cloud-provider=fake", &arg],
+        1,
+        &[
+            &format!("malformed cloud-config {}", path.display()),
+            "line 4 column 12",
+            "unknown variant `exploded`",
+        ],
+    );
+}
+
+#[test]
+fn an_unknown_controller_is_named() {
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            "--controllers=*,-no-such-controller",
+        ],
+        1,
+        &[r#""no-such-controller" is not in the list of known controllers"#],
+    );
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            "--controllers",
+            "-no-such-controller",
+        ],
+        1,
+        &[r#""no-such-controller" is not in the list of known controllers"#],
+    );
+}
+
+#[test]
+fn a_cloud_without_cluster_id_needs_allow_untagged_cloud() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cloud.yaml");
+    std::fs::write(&path, "hasClusterID: false\n").unwrap();
+    let arg = format!("--cloud-config={}", path.display());
+    assert_fails_with(&["--cloud-provider=fake", &arg], 1, &["no ClusterID found"]);
+    // With the flag it gets past that check, to the (missing) API server configuration.
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            &arg,
+            "--allow-untagged-cloud",
+            "--kubeconfig=/nonexistent/kubeconfig",
+        ],
+        1,
+        &["cannot load --kubeconfig /nonexistent/kubeconfig"],
+    );
+}
+
+#[test]
+fn malformed_flags_are_rejected() {
+    assert_fails_with(&["--kube-api-qps=fast"], 2, &["invalid value 'fast'"]);
+    assert_fails_with(
+        &["--no-such-flag"],
+        2,
+        &["unexpected argument '--no-such-flag'"],
+    );
+    assert_fails_with(
+        &["stray-positional"],
+        2,
+        &["unexpected argument 'stray-positional'"],
+    );
+    assert_fails_with(
+        &["--cloud-provider=fake", "--master=http://[::1"],
+        1,
+        &["invalid --master"],
+    );
+}
+
+fn stops_cleanly_on(signal: &str) {
+    let plane = test_control_plane::control_plane();
+    let mut child = Command::new(BIN)
+        .args(["--cloud-provider=fake", "--kubeconfig"])
+        .arg(plane.admin_kubeconfig())
+        .env_remove("RUST_LOG")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it has reached the API server, then signal it.
+    let mut stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0
+                || tx
+                    .send(String::from_utf8_lossy(&buf[..n]).into_owned())
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let started = Instant::now();
+    let mut log = String::new();
+    while !log.contains("connected to the API server") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never connected:\n{log}"
+        );
+        if let Ok(more) = rx.recv_timeout(Duration::from_millis(100)) {
+            log.push_str(&more);
+        }
+    }
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(child.id().to_string())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "did not stop within 10 s of SIG{signal}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "exit status after SIG{signal}");
+}
+
+#[test]
+fn sigterm_stops_it_cleanly() {
+    stops_cleanly_on("TERM");
+}
+
+#[test]
+fn sigint_stops_it_cleanly() {
+    stops_cleanly_on("INT");
+}

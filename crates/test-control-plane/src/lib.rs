@@ -1,0 +1,168 @@
+//! Integration-test support: one real kube-apiserver + etcd per test run, started by
+//! `hack/control-plane`, and clients for it.
+//!
+//! - With `CCM_TEST_CONTROL_PLANE=DIR` set (as `hack/test` does), the control plane already running from
+//!   DIR is used; it must be up.
+//! - Without it, the first test that asks starts one in `target/test-control-plane` (building the Go
+//!   binaries on first use) and leaves it running for the next run;
+//!   `hack/control-plane down --dir target/test-control-plane` stops it.
+//!
+//! If the control plane cannot start, the test fails with the reason: integration tests never skip.
+//! Tests share the control plane, so each uses its own names ([`unique_name`]) and cleans up after itself.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+};
+
+use k8s_openapi::{
+    api::core::v1::{Node, NodeCondition, NodeSpec, NodeStatus, Taint},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+
+/// The environment variable that names a running control plane's directory.
+pub const ENV_VAR: &str = "CCM_TEST_CONTROL_PLANE";
+
+/// A running test control plane.
+#[derive(Debug, Clone)]
+pub struct ControlPlane {
+    dir: PathBuf,
+}
+
+/// The workspace root (where `hack/` is).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/test-control-plane is two levels below the workspace root")
+        .to_owned()
+}
+
+/// The control plane of this test run, started on first use.
+pub fn control_plane() -> &'static ControlPlane {
+    static PLANE: OnceLock<ControlPlane> = OnceLock::new();
+    PLANE.get_or_init(|| {
+        let dir = match std::env::var_os(ENV_VAR) {
+            Some(dir) => PathBuf::from(dir),
+            None => workspace_root().join("target/test-control-plane"),
+        };
+        let script = workspace_root().join("hack/control-plane");
+        // `up` is a no-op on a running control plane, so this both checks and, if needed, starts it.
+        let output = Command::new(&script)
+            .args(["up", "--dir"])
+            .arg(&dir)
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "the test control plane did not start ({} up --dir {}):\n{}",
+            script.display(),
+            dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        ControlPlane { dir }
+    })
+}
+
+impl ControlPlane {
+    /// The directory it runs from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cluster-admin kubeconfig.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// The kubeconfig of user `system:cloud-controller-manager`, which has only what RBAC grants it.
+    pub fn ccm_kubeconfig(&self) -> PathBuf {
+        self.dir.join("ccm.kubeconfig")
+    }
+
+    /// A client with cluster-admin rights.
+    pub async fn admin_client(&self) -> Client {
+        client_for(&self.admin_kubeconfig()).await
+    }
+
+    /// A client as `system:cloud-controller-manager`.
+    pub async fn ccm_client(&self) -> Client {
+        client_for(&self.ccm_kubeconfig()).await
+    }
+}
+
+async fn client_for(kubeconfig: &Path) -> Client {
+    let parsed = Kubeconfig::read_from(kubeconfig)
+        .unwrap_or_else(|err| panic!("cannot read {}: {err}", kubeconfig.display()));
+    let config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|err| panic!("cannot use {}: {err}", kubeconfig.display()));
+    Client::try_from(config)
+        .unwrap_or_else(|err| panic!("cannot build a client for {}: {err}", kubeconfig.display()))
+}
+
+/// A name no other test (or earlier run) uses: `<prefix>-<pid>-<counter>`, valid as a DNS-1123 label.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{prefix}-{}-{n}-{:x}", std::process::id(), nanos % 0xffff)
+}
+
+/// The taint a kubelet started with `--cloud-provider=external` registers its Node with.
+pub fn uninitialized_taint() -> Taint {
+    Taint {
+        key: "node.cloudprovider.kubernetes.io/uninitialized".to_owned(),
+        value: Some("true".to_owned()),
+        effect: "NoSchedule".to_owned(),
+        time_added: None,
+    }
+}
+
+/// A Node as a kubelet started with `--cloud-provider=external` registers it: the uninitialized taint,
+/// no provider ID, a Ready condition and a hostname address.
+pub fn kubelet_node(name: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(
+                [
+                    ("kubernetes.io/hostname".to_owned(), name.to_owned()),
+                    ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+                    ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            taints: Some(vec![uninitialized_taint()]),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            conditions: Some(vec![NodeCondition {
+                type_: "Ready".to_owned(),
+                status: "True".to_owned(),
+                reason: Some("KubeletReady".to_owned()),
+                message: Some("kubelet is posting ready status".to_owned()),
+                ..Default::default()
+            }]),
+            addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                type_: "Hostname".to_owned(),
+                address: name.to_owned(),
+            }]),
+            ..Default::default()
+        }),
+    }
+}
