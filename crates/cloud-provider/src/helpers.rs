@@ -1,6 +1,6 @@
 //! Helpers every provider needs: the default load-balancer name and provider IDs.
 
-use std::fmt;
+use std::{fmt, time::Duration};
 
 use k8s_openapi::api::core::v1::Service;
 
@@ -152,6 +152,44 @@ pub async fn get_instance_provider_id(
     }
 }
 
+/// Parses a duration as Go's `time.ParseDuration` does (`20ms`, `1.5s`, `1m30s`, `0`), the syntax of
+/// upstream flags and of many providers' configs.
+///
+/// Go's syntax, not humantime's: fractions and unit sequences without spaces, hence our own few lines.
+pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {text:?} (examples: 20ms, 1.5s, 1m30s)");
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if text.is_empty() {
+        return Err(bad());
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += number * seconds;
+        rest = &rest[unit_len..];
+    }
+    Ok(Duration::from_secs_f64(total))
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -179,6 +217,22 @@ mod tests {
             "aabcd"
         );
         assert_eq!(default_load_balancer_name(&Service::default()), "a");
+    }
+
+    #[test]
+    fn go_durations() {
+        let d = parse_go_duration;
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        assert_eq!(d("20ms"), Ok(Duration::from_millis(20)));
+        assert_eq!(d("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("250us"), Ok(Duration::from_micros(250)));
+        assert!(d("").is_err() && d("10").is_err() && d("5 ms").is_err() && d("ms").is_err());
+        assert_eq!(
+            d("fast").unwrap_err(),
+            r#"invalid duration "fast" (examples: 20ms, 1.5s, 1m30s)"#
+        );
     }
 
     #[test]

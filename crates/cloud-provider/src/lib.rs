@@ -83,6 +83,7 @@ pub use clusters::Clusters;
 pub use error::{BoxError, CloudError, CloudResult};
 pub use helpers::{
     ProviderId, ProviderIdError, default_load_balancer_name, get_instance_provider_id,
+    parse_go_duration,
 };
 pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
 pub use load_balancer::LoadBalancer;
