@@ -16,6 +16,10 @@
 
 pub mod app;
 pub mod controllers;
+pub mod events;
+pub mod informers;
+pub mod metrics;
+pub mod well_known;
 
 use std::process::ExitCode;
 
@@ -24,12 +28,14 @@ use cloud_provider::{CloudConfig, ProviderResult, Registry, RegistryError};
 use tokio_util::sync::CancellationToken;
 
 use app::Options;
+use metrics::Metrics;
 
 /// The manager: a provider registry plus the app that runs it.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Manager {
     registry: Registry,
     registration_error: Option<RegistryError>,
+    metrics: Metrics,
 }
 
 impl Manager {
@@ -37,13 +43,10 @@ impl Manager {
     /// [`cloud_provider::register_provider!`]).
     pub fn linked() -> Self {
         match Registry::linked() {
-            Ok(registry) => Self {
-                registry,
-                registration_error: None,
-            },
+            Ok(registry) => Self::with_registry(registry),
             Err(err) => Self {
-                registry: Registry::new(),
                 registration_error: Some(err),
+                ..Self::default()
             },
         }
     }
@@ -52,7 +55,7 @@ impl Manager {
     pub fn with_registry(registry: Registry) -> Self {
         Self {
             registry,
-            registration_error: None,
+            ..Self::default()
         }
     }
 
@@ -76,6 +79,11 @@ impl Manager {
         &self.registry
     }
 
+    /// The manager's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Runs the manager with `options` until `shutdown` is cancelled.
     pub async fn run(
         &self,
@@ -85,7 +93,7 @@ impl Manager {
         if let Some(err) = &self.registration_error {
             return Err(anyhow::anyhow!("{err}"));
         }
-        app::run(options, &self.registry, shutdown)
+        app::run(options, &self.registry, &self.metrics, shutdown)
             .await
             .map_err(Into::into)
     }

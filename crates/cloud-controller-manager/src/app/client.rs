@@ -8,7 +8,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use super::{options::ClientOptions, rate_limit::RateLimitLayer};
+use super::{options::ClientOptions, rate_limit::RateLimitLayer, request_metrics::RequestMetrics};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -72,9 +72,25 @@ pub async fn client_config(options: &ClientOptions) -> Result<Config, ClientErro
     Ok(config)
 }
 
-/// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`.
-pub fn build_client(config: Config, options: &ClientOptions) -> Result<Client, ClientError> {
-    let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
+/// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
+/// `metrics` (requests waiting for a rate-limit token are not yet counted).
+pub fn build_client(
+    config: Config,
+    options: &ClientOptions,
+    metrics: &RequestMetrics,
+) -> Result<Client, ClientError> {
+    let host = format!(
+        "{}{}",
+        config.cluster_url.host().unwrap_or_default(),
+        config
+            .cluster_url
+            .port()
+            .map(|p| format!(":{p}"))
+            .unwrap_or_default()
+    );
+    let builder = ClientBuilder::try_from(config)
+        .map_err(ClientError::Build)?
+        .with_layer(&metrics.layer(&host));
     Ok(
         match RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst) {
             Some(limit) => builder.with_layer(&limit).build(),

@@ -5,6 +5,7 @@ pub mod controllers_flag;
 pub mod logging;
 pub mod options;
 pub mod rate_limit;
+pub mod request_metrics;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -13,7 +14,11 @@ use cloud_provider::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::controllers::{self, ControllerContext, KNOWN_CONTROLLERS};
+use crate::{
+    controllers::{self, ControllerContext, KNOWN_CONTROLLERS},
+    informers::SharedNodes,
+    metrics::Metrics,
+};
 pub use client::ClientError;
 pub use controllers_flag::{ControllerSelection, UnknownController};
 pub use options::Options;
@@ -107,6 +112,7 @@ pub fn init_cloud(
 pub async fn run(
     options: Options,
     registry: &Registry,
+    metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let selection = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS)?;
@@ -118,7 +124,7 @@ pub async fn run(
 
     let config = client::client_config(&options.client).await?;
     let url = config.cluster_url.to_string();
-    let client = client::build_client(config, &options.client)?;
+    let client = client::build_client(config, &options.client, &metrics.requests)?;
     wait_for_api_server(&client, &url, &shutdown).await?;
     if shutdown.is_cancelled() {
         return Ok(());
@@ -135,11 +141,14 @@ pub async fn run(
             source,
         })?;
 
+    let nodes = Arc::new(SharedNodes::new());
     let context = ControllerContext {
-        client,
+        client: client.clone(),
         cloud,
         shutdown: shutdown.clone(),
         options: Arc::new(options),
+        nodes: nodes.clone(),
+        metrics: metrics.clone(),
     };
     let mut running = tokio::task::JoinSet::new();
     for controller in selection.enabled(KNOWN_CONTROLLERS) {
@@ -154,6 +163,9 @@ pub async fn run(
             ),
         }
     }
+
+    // Caches start once every controller has subscribed.
+    nodes.start(client, shutdown.clone());
 
     tokio::select! {
         () = shutdown.cancelled() => {}

@@ -2,6 +2,8 @@
 //!
 //! Flags are added as the features behind them land; a flag is never accepted and ignored.
 
+use std::time::Duration;
+
 use clap::{ArgAction, Args, Parser, ValueEnum};
 
 /// The Kubernetes cloud-controller-manager.
@@ -21,6 +23,9 @@ pub struct Options {
     /// Which cloud, configured how.
     #[command(flatten)]
     pub cloud: CloudProviderOptions,
+    /// The node controllers.
+    #[command(flatten)]
+    pub node: NodeControllerOptions,
     /// How the manager talks to the API server.
     #[command(flatten)]
     pub client: ClientOptions,
@@ -62,6 +67,49 @@ pub struct CloudProviderOptions {
     /// compatibility): without it, a cloud that reports no cluster ID is fatal.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub allow_untagged_cloud: bool,
+}
+
+/// The cloud-node and cloud-node-lifecycle controllers.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Node controllers")]
+pub struct NodeControllerOptions {
+    /// The number of nodes the cloud-node controller initializes at once (and the lifecycle controller
+    /// checks at once). Upstream's default is 1, which initializes a large cluster slowly; the cloud
+    /// calls of 16 workers overlap, while the client QPS limit keeps the API server load bounded.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_node_syncs: u16,
+
+    /// The number of workers refreshing node addresses; 0 means --concurrent-node-syncs.
+    #[arg(long, default_value_t = 0)]
+    pub concurrent_node_status_updates: u16,
+
+    /// How often the cloud-node controller refreshes every node's addresses from the cloud.
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    pub node_status_update_frequency: Duration,
+
+    /// How often the cloud-node-lifecycle controller checks not-ready nodes against the cloud.
+    #[arg(long, default_value = "5s", value_parser = go_duration)]
+    pub node_monitor_period: Duration,
+}
+
+impl NodeControllerOptions {
+    /// The address-refresh workers: `--concurrent-node-status-updates`, or `--concurrent-node-syncs`.
+    pub fn status_workers(&self) -> usize {
+        usize::from(if self.concurrent_node_status_updates == 0 {
+            self.concurrent_node_syncs
+        } else {
+            self.concurrent_node_status_updates
+        })
+    }
+}
+
+/// A positive duration in Go's syntax (`5s`, `1m30s`).
+fn go_duration(text: &str) -> Result<Duration, String> {
+    let duration = cloud_provider::parse_go_duration(text)?;
+    if duration.is_zero() {
+        return Err("must be greater than 0".to_owned());
+    }
+    Ok(duration)
 }
 
 /// How the manager talks to the API server.
@@ -138,6 +186,41 @@ mod tests {
         assert!(!options.cloud.allow_untagged_cloud);
         assert_eq!(options.client.master, "");
         assert_eq!(options.logging.logging_format, LogFormat::Text);
+        assert_eq!(options.node.concurrent_node_syncs, 16);
+        assert_eq!(options.node.status_workers(), 16);
+        assert_eq!(
+            options.node.node_status_update_frequency,
+            Duration::from_secs(300)
+        );
+        assert_eq!(options.node.node_monitor_period, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn node_controller_flags() {
+        let options = parse(&[
+            "--concurrent-node-syncs=4",
+            "--concurrent-node-status-updates=2",
+            "--node-status-update-frequency=1m30s",
+            "--node-monitor-period=500ms",
+        ])
+        .unwrap();
+        assert_eq!(options.node.concurrent_node_syncs, 4);
+        assert_eq!(options.node.status_workers(), 2);
+        assert_eq!(
+            options.node.node_status_update_frequency,
+            Duration::from_secs(90)
+        );
+        assert_eq!(options.node.node_monitor_period, Duration::from_millis(500));
+        // Zero workers is the upstream trap of a controller that silently does nothing.
+        let err = parse(&["--concurrent-node-syncs=0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--concurrent-node-syncs"), "{err}");
+        let err = parse(&["--node-monitor-period=soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid duration"), "{err}");
+        assert!(parse(&["--node-monitor-period=0"]).is_err());
     }
 
     #[test]

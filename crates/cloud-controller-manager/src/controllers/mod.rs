@@ -32,12 +32,16 @@ pub const KNOWN_CONTROLLERS: &[ControllerName] = &[
 /// Controllers that `*` does not enable (upstream's set is empty).
 pub const DISABLED_BY_DEFAULT: &[&str] = &[];
 
+pub mod node;
+pub mod node_lifecycle;
+mod node_patch;
+
 use std::{future::Future, pin::Pin, sync::Arc};
 
 use cloud_provider::CloudProvider;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Options;
+use crate::{app::Options, informers::SharedNodes, metrics::Metrics};
 
 /// What every controller gets from the manager.
 #[derive(Clone)]
@@ -50,6 +54,10 @@ pub struct ControllerContext {
     pub shutdown: CancellationToken,
     /// The manager's flags.
     pub options: Arc<Options>,
+    /// The shared Node cache.
+    pub nodes: Arc<SharedNodes>,
+    /// The manager's metrics.
+    pub metrics: Metrics,
 }
 
 /// A running controller: resolves when the controller stops, with an error message if it failed.
@@ -58,6 +66,9 @@ pub type ControllerTask = Pin<Box<dyn Future<Output = Result<(), String>> + Send
 /// Starts the controller `name`, or returns `None` when it does not run: it is not part of this build
 /// yet, or the cloud does not offer what it needs.
 pub fn start(name: &str, context: ControllerContext) -> Option<ControllerTask> {
-    let _ = (name, context);
-    None
+    match name {
+        "cloud-node-controller" => node::start(context),
+        "cloud-node-lifecycle-controller" => node_lifecycle::start(context),
+        _ => None,
+    }
 }

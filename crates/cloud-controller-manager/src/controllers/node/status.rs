@@ -1,0 +1,91 @@
+//! Node addresses: written right after initialization, and refreshed for every initialized node every
+//! `--node-status-update-frequency` by `--concurrent-node-status-updates` workers.
+
+use std::{sync::Arc, time::Duration};
+
+use cloud_provider::CloudProvider;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use kube::{
+    ResourceExt,
+    api::{Patch, PatchParams},
+    runtime::reflector::Store,
+};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Context, cloud,
+    plan::{addresses_patch, is_uninitialized, plan_addresses},
+};
+
+/// Writes the cloud's addresses to the node's status if they differ. Errors are logged, as upstream's.
+pub(super) async fn update_addresses(ctx: &Context, node: &Node, cloud_addresses: &[NodeAddress]) {
+    let addresses = match plan_addresses(node, cloud_addresses) {
+        Ok(Some(addresses)) => addresses,
+        Ok(None) => return,
+        Err(err) => {
+            tracing::warn!(node = %node.name_any(), error = %err, "not updating node addresses");
+            return;
+        }
+    };
+    let patch = addresses_patch(&addresses);
+    match ctx
+        .api
+        .patch_status(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => tracing::debug!(node = %node.name_any(), ?addresses, "node addresses updated"),
+        Err(err) => {
+            tracing::warn!(node = %node.name_any(), error = %err, "could not update node addresses")
+        }
+    }
+}
+
+/// One pass of the address refresh over every cached, initialized node.
+async fn refresh_all(
+    ctx: &Context,
+    cloud: &dyn CloudProvider,
+    store: &Store<Node>,
+    workers: usize,
+) {
+    let nodes = store.state();
+    futures::stream::iter(nodes.into_iter().filter(|n| !is_uninitialized(n)))
+        .for_each_concurrent(workers.max(1), |node| async move {
+            match cloud::node_addresses(cloud, &node).await {
+                Ok(addresses) => update_addresses(ctx, &node, &addresses).await,
+                Err(err) => {
+                    tracing::warn!(node = %node.name_any(), error = %err, "address refresh failed")
+                }
+            }
+        })
+        .await;
+}
+
+/// The periodic refresh: once the cache has synced, then every `period` after the previous pass ended.
+pub(super) async fn run(
+    ctx: Arc<Context>,
+    store: Store<Node>,
+    period: Duration,
+    workers: usize,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        ready = store.wait_until_ready() => if ready.is_err() { return },
+        () = shutdown.cancelled() => return,
+    }
+    let cloud = ctx.cloud.clone();
+    loop {
+        tokio::select! {
+            () = refresh_all(&ctx, cloud.as_ref(), &store, workers) => {}
+            () = shutdown.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(period) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The cloud-node-lifecycle controller (`cloud-node-lifecycle-controller`, alias
+//! `cloud-node-lifecycle`): every `--node-monitor-period`, deletes not-ready Nodes whose instance is
+//! gone and taints those whose instance is shut down.
+//!
+//! Only a definite answer from the cloud acts: a cloud error skips the node for this pass, never
+//! deletes it. Ready nodes are never deleted or tainted. Passes run nodes concurrently (up to
+//! `--concurrent-node-syncs`), where upstream goes one by one.
+
+pub mod plan;
+
+use std::{sync::Arc, time::Duration};
+
+use cloud_provider::CloudProvider;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{DeleteParams, Preconditions},
+    runtime::{events::EventType, reflector::Store},
+};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use self::plan::{is_ready, with_shutdown_taint, without_shutdown_taint};
+use super::{ControllerContext, ControllerTask, node::cloud, node_patch::patch_node};
+use crate::events::EventRecorder;
+
+/// The event source, as upstream names it.
+pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
+
+struct Context {
+    api: Api<Node>,
+    cloud: Arc<dyn CloudProvider>,
+    events: EventRecorder,
+}
+
+/// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
+pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
+    if ctx.cloud.instances_v2().is_none() && ctx.cloud.instances().is_none() {
+        tracing::warn!(
+            controller = COMPONENT,
+            "cloud provider does not support instances; not starting"
+        );
+        return None;
+    }
+    let store = ctx.nodes.store();
+    let period = ctx.options.node.node_monitor_period;
+    let workers = usize::from(ctx.options.node.concurrent_node_syncs);
+    let context = Context {
+        api: Api::all(ctx.client.clone()),
+        cloud: ctx.cloud.clone(),
+        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+    };
+    let shutdown = ctx.shutdown.clone();
+    Some(Box::pin(async move {
+        run(context, store, period, workers, shutdown).await;
+        Ok(())
+    }))
+}
+
+async fn run(
+    ctx: Context,
+    store: Store<Node>,
+    period: Duration,
+    workers: usize,
+    shutdown: CancellationToken,
+) {
+    tokio::select! {
+        ready = store.wait_until_ready() => if ready.is_err() { return },
+        () = shutdown.cancelled() => return,
+    }
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        // A pass in flight finishes even on shutdown: each node's work is short and bounded.
+        futures::stream::iter(store.state())
+            .for_each_concurrent(workers.max(1), |node| monitor(&ctx, node))
+            .await;
+    }
+}
+
+#[tracing::instrument(skip_all, fields(node = %node.name_any()))]
+async fn monitor(ctx: &Context, node: Arc<Node>) {
+    if is_ready(&node) {
+        if without_shutdown_taint(&node).is_some() {
+            set_taints(
+                ctx,
+                &node,
+                without_shutdown_taint,
+                "removing the shutdown taint from a ready node",
+            )
+            .await;
+        }
+        return;
+    }
+    match cloud::instance_exists(ctx.cloud.as_ref(), &node).await {
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot tell whether the instance exists; leaving the node alone this pass");
+        }
+        Ok(false) => delete(ctx, &node).await,
+        Ok(true) => match cloud::instance_shutdown(ctx.cloud.as_ref(), &node).await {
+            Ok(true) if with_shutdown_taint(&node).is_some() => {
+                set_taints(ctx, &node, with_shutdown_taint, "tainting a shut-down node").await;
+            }
+            Ok(_) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot tell whether the instance is shut down")
+            }
+        },
+    }
+}
+
+async fn set_taints(
+    ctx: &Context,
+    node: &Node,
+    change: fn(&Node) -> Option<Vec<k8s_openapi::api::core::v1::Taint>>,
+    what: &str,
+) {
+    tracing::info!("{what}");
+    let result = patch_node(&ctx.api, node, |current, resource_version| {
+        let taints = change(current)?;
+        Some(json!({ "metadata": { "resourceVersion": resource_version }, "spec": { "taints": taints } }))
+    })
+    .await;
+    if let Err(err) = result {
+        tracing::warn!(error = %err, "could not update the node's taints");
+    }
+}
+
+async fn delete(ctx: &Context, node: &Node) {
+    let name = node.name_any();
+    tracing::info!("deleting node: its instance does not exist in the cloud provider");
+    ctx.events
+        .record(
+            node,
+            EventType::Normal,
+            "DeletingNode",
+            "DeleteNode",
+            format!("Deleting node {name} because it does not exist in the cloud provider"),
+        )
+        .await;
+    // The UID precondition never deletes a node that was re-created under the same name meanwhile.
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: node.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match ctx.api.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(err) => {
+            tracing::warn!(error = %err, "could not delete the node");
+            ctx.events
+                .record(
+                    node,
+                    EventType::Warning,
+                    "DeletingNodeFailed",
+                    "DeleteNode",
+                    format!("Failed deleting node {name}: {err}"),
+                )
+                .await;
+        }
+    }
+}

@@ -1,0 +1,47 @@
+//! The manager's metrics: one `prometheus-client` registry that every part registers into, with
+//! upstream's metric names where upstream has them.
+
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::{encoding::text::encode, registry::Registry};
+
+use crate::{app::request_metrics::RequestMetrics, controllers::node::NodeMetrics};
+
+/// Every metric the manager exports. Cheap to clone.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Mutex<Registry>>,
+    /// API requests (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
+    pub requests: RequestMetrics,
+    /// The cloud-node controller's delay histograms.
+    pub node: NodeMetrics,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let requests = RequestMetrics::register(&mut registry);
+        let node = NodeMetrics::register(&mut registry);
+        Self {
+            registry: Arc::new(Mutex::new(registry)),
+            requests,
+            node,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &registry);
+        out
+    }
+}
