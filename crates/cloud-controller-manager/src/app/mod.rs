@@ -151,11 +151,13 @@ pub async fn run(
         metrics: metrics.clone(),
     };
     let mut running = tokio::task::JoinSet::new();
+    let mut names = std::collections::HashMap::new();
     for controller in selection.enabled(KNOWN_CONTROLLERS) {
         match controllers::start(controller.name, context.clone()) {
             Some(task) => {
                 tracing::info!(controller = controller.name, "starting controller");
-                running.spawn(async move { (controller.name, task.await) });
+                let handle = running.spawn(async move { (controller.name, task.await) });
+                names.insert(handle.id(), controller.name);
             }
             None => tracing::warn!(
                 controller = controller.name,
@@ -167,11 +169,27 @@ pub async fn run(
     // Caches start once every controller has subscribed.
     nodes.start(client, shutdown.clone());
 
-    tokio::select! {
-        () = shutdown.cancelled() => {}
-        Some(Ok((name, Err(message)))) = running.join_next(), if !running.is_empty() => {
-            shutdown.cancel();
-            return Err(AppError::Controller { name, message });
+    // Run until shutdown; a controller that fails (or panics) stops the manager with its error.
+    while !shutdown.is_cancelled() {
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            Some(joined) = running.join_next(), if !running.is_empty() => {
+                let failure = match joined {
+                    Ok((name, Ok(()))) => {
+                        tracing::warn!(controller = name, "controller stopped on its own");
+                        None
+                    }
+                    Ok((name, Err(message))) => Some(AppError::Controller { name, message }),
+                    Err(err) => Some(AppError::Controller {
+                        name: names.get(&err.id()).copied().unwrap_or("unknown"),
+                        message: format!("it panicked: {err}"),
+                    }),
+                };
+                if let Some(failure) = failure {
+                    shutdown.cancel();
+                    return Err(failure);
+                }
+            }
         }
     }
     tracing::info!("shutting down: waiting for controllers to finish in-flight work");

@@ -129,8 +129,9 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         );
         return None;
     }
-    let changes = ctx.nodes.subscribe()?;
+    let changes = ctx.nodes.subscribe();
     let store = ctx.nodes.store();
+    let nodes = ctx.nodes.clone();
     let options = &ctx.options.node;
     let workers = options.concurrent_node_syncs;
     let status_workers = options.status_workers();
@@ -146,7 +147,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     Some(Box::pin(async move {
         let status_loop = tokio::spawn(status::run(
             context.clone(),
-            store.clone(),
+            nodes,
             status_period,
             status_workers,
             shutdown.clone(),

@@ -13,6 +13,8 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
+use crate::informers::SharedNodes;
+
 use super::{
     Context, cloud,
     plan::{addresses_patch, is_uninitialized, plan_addresses},
@@ -68,16 +70,17 @@ async fn refresh_all(
 /// The periodic refresh: once the cache has synced, then every `period` after the previous pass ended.
 pub(super) async fn run(
     ctx: Arc<Context>,
-    store: Store<Node>,
+    nodes: Arc<SharedNodes>,
     period: Duration,
     workers: usize,
     shutdown: CancellationToken,
 ) {
     tokio::select! {
-        ready = store.wait_until_ready() => if ready.is_err() { return },
+        () = nodes.wait_until_synced() => {}
         () = shutdown.cancelled() => return,
     }
     let cloud = ctx.cloud.clone();
+    let store = nodes.store();
     loop {
         tokio::select! {
             () = refresh_all(&ctx, cloud.as_ref(), &store, workers) => {}

@@ -16,14 +16,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
     api::{DeleteParams, Preconditions},
-    runtime::{events::EventType, reflector::Store},
+    runtime::events::EventType,
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use self::plan::{is_ready, with_shutdown_taint, without_shutdown_taint};
 use super::{ControllerContext, ControllerTask, node::cloud, node_patch::patch_node};
-use crate::events::EventRecorder;
+use crate::{events::EventRecorder, informers::SharedNodes};
 
 /// The event source, as upstream names it.
 pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
@@ -43,7 +43,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         );
         return None;
     }
-    let store = ctx.nodes.store();
+    let nodes = ctx.nodes.clone();
     let period = ctx.options.node.node_monitor_period;
     let workers = usize::from(ctx.options.node.concurrent_node_syncs);
     let context = Context {
@@ -53,22 +53,27 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     };
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
-        run(context, store, period, workers, shutdown).await;
+        run(context, nodes, period, workers, shutdown).await;
         Ok(())
     }))
 }
 
 async fn run(
     ctx: Context,
-    store: Store<Node>,
+    nodes: Arc<SharedNodes>,
     period: Duration,
     workers: usize,
     shutdown: CancellationToken,
 ) {
     tokio::select! {
-        ready = store.wait_until_ready() => if ready.is_err() { return },
+        () = nodes.wait_until_synced() => {}
         () = shutdown.cancelled() => return,
     }
+    let store = nodes.store();
+    tracing::debug!(
+        nodes = store.state().len(),
+        "node cache synced; monitoring nodes"
+    );
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

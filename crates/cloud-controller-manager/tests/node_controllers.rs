@@ -1,0 +1,595 @@
+//! The cloud-node and cloud-node-lifecycle controllers against the real API server, with the fake cloud.
+
+mod support;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::core::v1::{Node, NodeAddress, Taint};
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use support::{
+    RunningManager, SERIAL, create_node, delete_nodes, events_for, eventually, get_node, nodes,
+    set_ready,
+};
+use test_control_plane::{kubelet_node, unique_name};
+
+const UNINITIALIZED: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+const SHUTDOWN: &str = "node.cloudprovider.kubernetes.io/shutdown";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Flags that make the periodic loops fast enough for a test.
+const FAST: &[&str] = &[
+    "--controllers=cloud-node,cloud-node-lifecycle",
+    "--node-monitor-period=200ms",
+    "--node-status-update-frequency=500ms",
+];
+
+fn labels(node: &Node) -> BTreeMap<String, String> {
+    node.metadata.labels.clone().unwrap_or_default()
+}
+
+fn taint_keys(node: &Node) -> Vec<String> {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .map(|t| t.iter().map(|t| t.key.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn provider_id(node: &Node) -> Option<String> {
+    node.spec.as_ref().and_then(|s| s.provider_id.clone())
+}
+
+fn addresses(node: &Node) -> Vec<(String, String)> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|a| {
+            a.iter()
+                .map(|a| (a.type_.clone(), a.address.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn pair(t: &str, a: &str) -> (String, String) {
+    (t.to_owned(), a.to_owned())
+}
+
+/// Waits until the node has lost the uninitialized taint and returns it.
+async fn initialized(name: &str) -> Node {
+    eventually(&format!("{name} to be initialized"), WAIT, || async {
+        get_node(name)
+            .await
+            .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_owned()))
+    })
+    .await
+}
+
+fn with_taint(mut node: Node, key: &str) -> Node {
+    node.spec.as_mut().unwrap().taints.as_mut().unwrap().insert(
+        0,
+        Taint {
+            key: key.into(),
+            value: Some("x".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        },
+    );
+    node
+}
+
+fn with_node_ip(mut node: Node, ips: &str) -> Node {
+    node.metadata.annotations = Some(
+        [(
+            "alpha.kubernetes.io/provided-node-ip".to_owned(),
+            ips.to_owned(),
+        )]
+        .into(),
+    );
+    node
+}
+
+fn with_labels(mut node: Node, extra: &[(&str, &str)]) -> Node {
+    let labels = node.metadata.labels.get_or_insert_with(Default::default);
+    for (k, v) in extra {
+        labels.insert(k.to_string(), v.to_string());
+    }
+    node
+}
+
+fn not_ready(mut node: Node) -> Node {
+    let conditions = node.status.as_mut().unwrap().conditions.as_mut().unwrap();
+    conditions[0].status = "False".into();
+    node
+}
+
+#[tokio::test]
+async fn instances_v2_initializes_a_kubelet_registered_node() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("v2");
+    let cloud = format!(
+        r#"
+instances:
+  {name}:
+    instanceType: large
+    zone: zone-b
+    region: region-2
+    addresses: [{{type: InternalIP, address: 10.0.0.1}}, {{type: ExternalIP, address: 198.51.100.1}}]
+    additionalLabels:
+      example.com/rack: r1
+      example.com/pool: from-cloud
+      kubernetes.io/role: sneaky
+      topology.kubernetes.io/extra: sneaky
+      node.k8s.io/extra: sneaky
+      k8snio/kept: "yes"
+"#
+    );
+    let manager = RunningManager::start(&cloud, FAST).await;
+    let node = with_labels(
+        with_taint(kubelet_node(&name), "dedicated"),
+        &[("example.com/pool", "mine")],
+    );
+    create_node(&node).await;
+
+    let node = initialized(&name).await;
+    assert_eq!(
+        provider_id(&node).as_deref(),
+        Some(format!("fake://{name}").as_str())
+    );
+    let labels = labels(&node);
+    for (key, value) in [
+        ("node.kubernetes.io/instance-type", "large"),
+        ("beta.kubernetes.io/instance-type", "large"),
+        ("topology.kubernetes.io/zone", "zone-b"),
+        ("failure-domain.beta.kubernetes.io/zone", "zone-b"),
+        ("topology.kubernetes.io/region", "region-2"),
+        ("failure-domain.beta.kubernetes.io/region", "region-2"),
+        ("example.com/rack", "r1"),
+        ("k8snio/kept", "yes"),
+        ("example.com/pool", "mine"), // never overwritten
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "label {key}"
+        );
+    }
+    for filtered in [
+        "kubernetes.io/role",
+        "topology.kubernetes.io/extra",
+        "node.k8s.io/extra",
+    ] {
+        assert!(
+            !labels.contains_key(filtered),
+            "{filtered} must be filtered"
+        );
+    }
+    assert_eq!(
+        taint_keys(&node),
+        ["dedicated"],
+        "only the uninitialized taint is removed"
+    );
+
+    // Addresses follow in one status write; the kubelet's Hostname is kept because the cloud has none.
+    let node = eventually("addresses", WAIT, || async {
+        get_node(&name).await.filter(|n| addresses(n).len() == 3)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        [
+            pair("InternalIP", "10.0.0.1"),
+            pair("ExternalIP", "198.51.100.1"),
+            pair("Hostname", &name)
+        ]
+    );
+    eventually("the Synced event", WAIT, || async {
+        let events = events_for(&name, "Synced").await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    let metrics = manager.metrics.encode();
+    assert!(
+        metrics.contains("node_controller_initial_node_sync_delay_seconds_count 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("node_controller_cloud_provider_taint_removal_delay_seconds_count 1"));
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn legacy_instances_and_zones_initialize_a_node() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("legacy");
+    let cloud = format!(
+        "instancesV2: false\ninstances:\n  {name}: {{instanceType: small, zone: zone-c, region: region-3, addresses: [{{type: InternalIP, address: 10.0.0.7}}]}}\n"
+    );
+    let manager = RunningManager::start(&cloud, FAST).await;
+    create_node(&kubelet_node(&name)).await;
+
+    let node = initialized(&name).await;
+    assert_eq!(provider_id(&node), Some(format!("fake://{name}")));
+    let labels = labels(&node);
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "small");
+    assert_eq!(labels["topology.kubernetes.io/zone"], "zone-c");
+    assert_eq!(
+        labels["failure-domain.beta.kubernetes.io/region"],
+        "region-3"
+    );
+    let node = eventually("addresses", WAIT, || async {
+        get_node(&name).await.filter(|n| addresses(n).len() == 2)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        [pair("InternalIP", "10.0.0.7"), pair("Hostname", &name)]
+    );
+    let calls = manager.cloud.snapshot();
+    assert!(calls.calls_to("instance_id") >= 1 && calls.calls_to("get_zone_by_provider_id") >= 1);
+    assert_eq!(
+        calls.calls_to("instance_metadata"),
+        0,
+        "InstancesV2 is not offered"
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn provided_node_ip_single_dual_stack_and_no_match() {
+    let _serial = SERIAL.lock().await;
+    let single = unique_name("nodeip-single");
+    let dual = unique_name("nodeip-dual");
+    let nomatch = unique_name("nodeip-nomatch");
+    let addresses_yaml = "[{type: InternalIP, address: 10.0.0.1}, {type: InternalIP, address: 10.0.0.2}, {type: InternalIP, address: 'fd00::2'}, {type: ExternalIP, address: 198.51.100.2}]";
+    let cloud = format!(
+        "instances:\n  {single}: {{addresses: {addresses_yaml}}}\n  {dual}: {{addresses: {addresses_yaml}}}\n  {nomatch}: {{addresses: {addresses_yaml}}}\n"
+    );
+    let manager = RunningManager::start(&cloud, FAST).await;
+    create_node(&with_node_ip(kubelet_node(&single), "10.0.0.2")).await;
+    create_node(&with_node_ip(kubelet_node(&dual), "10.0.0.1,fd00:0:0::2")).await;
+    create_node(&with_node_ip(kubelet_node(&nomatch), "10.9.9.9")).await;
+
+    initialized(&single).await;
+    let node = eventually("single-stack addresses", WAIT, || async {
+        get_node(&single).await.filter(|n| addresses(n).len() == 3)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        [
+            pair("InternalIP", "10.0.0.2"),
+            pair("ExternalIP", "198.51.100.2"),
+            pair("Hostname", &single)
+        ]
+    );
+    initialized(&dual).await;
+    let node = eventually("dual-stack addresses", WAIT, || async {
+        get_node(&dual).await.filter(|n| addresses(n).len() == 4)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        [
+            pair("InternalIP", "10.0.0.1"),
+            pair("InternalIP", "fd00::2"),
+            pair("ExternalIP", "198.51.100.2"),
+            pair("Hostname", &dual)
+        ]
+    );
+
+    // No cloud address matches: the node stays untouched (tainted, no provider ID) and is retried...
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let node = get_node(&nomatch).await.unwrap();
+    assert_eq!(taint_keys(&node), [UNINITIALIZED]);
+    assert_eq!(provider_id(&node), None);
+    // ...until the cloud reports that address.
+    manager.set_cloud(&format!(
+        "instances:\n  {nomatch}: {{addresses: [{{type: InternalIP, address: 10.9.9.9}}]}}\n"
+    ));
+    initialized(&nomatch).await;
+
+    manager.stop().await;
+    delete_nodes(&[&single, &dual, &nomatch]).await;
+}
+
+#[tokio::test]
+async fn cloud_errors_leave_the_node_untouched_and_it_is_retried_without_blocking_others() {
+    let _serial = SERIAL.lock().await;
+    let flaky = unique_name("flaky");
+    let healthy = unique_name("healthy");
+    // instance_metadata always fails for now; the healthy node's instance is found, the flaky one's
+    // lookup fails with InstanceNotFound (an error for initialization, never a reason to delete).
+    let cloud = format!("instances:\n  {flaky}: {{state: gone}}\n");
+    let manager = RunningManager::start(&cloud, FAST).await;
+    let created = create_node(&kubelet_node(&flaky)).await;
+    create_node(&kubelet_node(&healthy)).await;
+
+    initialized(&healthy).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node = get_node(&flaky).await.expect("never deleted: it is Ready");
+    assert_eq!(
+        node.metadata.resource_version, created.metadata.resource_version,
+        "untouched"
+    );
+
+    // Injected failures on every call: still untouched.
+    manager.set_cloud("failureRate: {all: 1}\n");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node = get_node(&flaky).await.unwrap();
+    assert_eq!(
+        node.metadata.resource_version,
+        created.metadata.resource_version
+    );
+    assert!(
+        manager.cloud.snapshot().calls_to("instance_metadata") >= 3,
+        "retried"
+    );
+
+    // The cloud recovers: the node is initialized by its own retry.
+    manager.set_cloud("");
+    initialized(&flaky).await;
+
+    manager.stop().await;
+    delete_nodes(&[&flaky, &healthy]).await;
+}
+
+#[tokio::test]
+async fn zero_cloud_addresses_never_wipe_and_the_refresh_follows_the_cloud() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("addresses");
+    let manager =
+        RunningManager::start(&format!("instances:\n  {name}: {{addresses: []}}\n"), FAST).await;
+    create_node(&kubelet_node(&name)).await;
+
+    // Initialized with no cloud addresses: the kubelet's stay.
+    initialized(&name).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        addresses(&get_node(&name).await.unwrap()),
+        [pair("Hostname", &name)]
+    );
+
+    // The periodic refresh picks up addresses that appear...
+    manager.set_cloud(&format!(
+        "instances:\n  {name}: {{addresses: [{{type: InternalIP, address: 10.0.0.5}}]}}\n"
+    ));
+    eventually("refreshed addresses", WAIT, || async {
+        get_node(&name)
+            .await
+            .filter(|n| addresses(n) == [pair("InternalIP", "10.0.0.5"), pair("Hostname", &name)])
+    })
+    .await;
+    // ...and changes...
+    manager.set_cloud(&format!(
+        "instances:\n  {name}: {{addresses: [{{type: InternalIP, address: 10.0.0.6}}]}}\n"
+    ));
+    eventually("changed addresses", WAIT, || async {
+        get_node(&name)
+            .await
+            .filter(|n| addresses(n)[0] == pair("InternalIP", "10.0.0.6"))
+    })
+    .await;
+    // ...but an empty answer never wipes them.
+    manager.set_cloud(&format!("instances:\n  {name}: {{addresses: []}}\n"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        addresses(&get_node(&name).await.unwrap()),
+        [pair("InternalIP", "10.0.0.6"), pair("Hostname", &name)]
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn initialized_nodes_get_ga_labels_from_beta_labels_without_cloud_calls() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("labels");
+    let manager = RunningManager::start("", FAST).await;
+    let mut node = with_labels(
+        kubelet_node(&name),
+        &[
+            ("failure-domain.beta.kubernetes.io/zone", "old-zone"),
+            ("beta.kubernetes.io/instance-type", "old-type"),
+            ("topology.kubernetes.io/zone", "other-zone"),
+        ],
+    );
+    node.spec.as_mut().unwrap().taints = None;
+    node.status.as_mut().unwrap().addresses = Some(vec![NodeAddress {
+        type_: "InternalIP".into(),
+        address: "10.0.0.9".into(),
+    }]);
+    create_node(&node).await;
+
+    let node = eventually("GA labels", WAIT, || async {
+        get_node(&name).await.filter(|n| {
+            labels(n)
+                .get("node.kubernetes.io/instance-type")
+                .map(String::as_str)
+                == Some("old-type")
+        })
+    })
+    .await;
+    assert_eq!(
+        labels(&node)["topology.kubernetes.io/zone"],
+        "old-zone",
+        "beta is the source of truth"
+    );
+    assert!(!labels(&node).contains_key("topology.kubernetes.io/region"));
+    assert!(
+        manager.cloud.snapshot().calls_to("instance_metadata") > 0,
+        "the address refresh asks the cloud"
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn a_no_op_resync_makes_zero_writes() {
+    let _serial = SERIAL.lock().await;
+    let names: Vec<String> = (0..5).map(|i| unique_name(&format!("quiet-{i}"))).collect();
+    let manager = RunningManager::start("", FAST).await;
+    for name in &names {
+        create_node(&kubelet_node(name)).await;
+    }
+    for name in &names {
+        initialized(name).await;
+        eventually("addresses", WAIT, || async {
+            get_node(name).await.filter(|n| addresses(n).len() == 2)
+        })
+        .await;
+        eventually("the Synced event", WAIT, || async {
+            (!events_for(name, "Synced").await.is_empty()).then_some(())
+        })
+        .await;
+    }
+    // Settle, then count: several address refreshes (500 ms) and lifecycle passes (200 ms) go by, and
+    // every node gets an update event that changes nothing the controllers care about.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes_before = manager.metrics.requests.writes();
+    let calls_before = manager.cloud.snapshot().calls_to("instance_metadata");
+    for name in &names {
+        let patch = json!({ "metadata": { "annotations": { "test/touched": "yes" } } });
+        nodes()
+            .await
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        manager.metrics.requests.writes(),
+        writes_before,
+        "a no-op resync wrote to the API server"
+    );
+    assert!(
+        manager.cloud.snapshot().calls_to("instance_metadata") > calls_before,
+        "the address refresh did run meanwhile"
+    );
+
+    manager.stop().await;
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    delete_nodes(&refs).await;
+}
+
+#[tokio::test]
+async fn vanished_instances_delete_not_ready_nodes_only() {
+    let _serial = SERIAL.lock().await;
+    let ready = unique_name("gone-ready");
+    let not_ready_name = unique_name("gone-notready");
+    let manager = RunningManager::start("", FAST).await;
+    create_node(&kubelet_node(&ready)).await;
+    create_node(&not_ready(kubelet_node(&not_ready_name))).await;
+    initialized(&ready).await;
+    initialized(&not_ready_name).await;
+
+    // Both instances disappear from the cloud.
+    manager.set_cloud(&format!(
+        "instances:\n  {ready}: {{state: gone}}\n  {not_ready_name}: {{state: gone}}\n"
+    ));
+    eventually("the not-ready node to be deleted", WAIT, || async {
+        get_node(&not_ready_name).await.is_none().then_some(())
+    })
+    .await;
+    let events = events_for(&not_ready_name, "DeletingNode").await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        events[0].note.as_deref(),
+        Some(
+            format!(
+                "Deleting node {not_ready_name} because it does not exist in the cloud provider"
+            )
+            .as_str()
+        )
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        get_node(&ready).await.is_some(),
+        "a Ready node is never deleted"
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&ready]).await;
+}
+
+#[tokio::test]
+async fn cloud_errors_never_delete_a_node() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("error-notready");
+    let manager = RunningManager::start("", FAST).await;
+    create_node(&not_ready(kubelet_node(&name))).await;
+    initialized(&name).await;
+
+    // The instance is gone but the cloud errors on every existence check: nothing is deleted.
+    manager.set_cloud(&format!(
+        "failureRate: {{instance_exists: 1}}\ninstances:\n  {name}: {{state: gone}}\n"
+    ));
+    let calls_before = manager.cloud.snapshot().calls_to("instance_exists");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        manager.cloud.snapshot().calls_to("instance_exists") > calls_before + 3,
+        "checked every pass"
+    );
+    assert!(
+        get_node(&name).await.is_some(),
+        "an error is never taken for 'gone'"
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn shutdown_instances_are_tainted_until_the_node_is_ready_again() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("shutdown");
+    let manager = RunningManager::start("", FAST).await;
+    create_node(&with_taint(kubelet_node(&name), "dedicated")).await;
+    initialized(&name).await;
+
+    manager.set_cloud(&format!("instances:\n  {name}: {{state: shutdown}}\n"));
+    // Ready nodes are never tainted, whatever the cloud says.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(taint_keys(&get_node(&name).await.unwrap()), ["dedicated"]);
+
+    set_ready(&name, false).await;
+    let node = eventually("the shutdown taint", WAIT, || async {
+        get_node(&name)
+            .await
+            .filter(|n| taint_keys(n).contains(&SHUTDOWN.to_owned()))
+    })
+    .await;
+    let taint = node
+        .spec
+        .unwrap()
+        .taints
+        .unwrap()
+        .into_iter()
+        .find(|t| t.key == SHUTDOWN)
+        .unwrap();
+    assert_eq!((taint.effect.as_str(), taint.value), ("NoSchedule", None));
+    assert_eq!(
+        taint_keys(&get_node(&name).await.unwrap()),
+        ["dedicated", SHUTDOWN],
+        "other taints kept"
+    );
+
+    // The instance runs again and the kubelet reports Ready: the taint goes.
+    manager.set_cloud("");
+    set_ready(&name, true).await;
+    eventually("the shutdown taint to go", WAIT, || async {
+        get_node(&name)
+            .await
+            .filter(|n| taint_keys(n) == ["dedicated"])
+    })
+    .await;
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
