@@ -4,44 +4,58 @@
 //!
 //! The fan-out to subscribers is ours rather than kube-runtime's `store_shared`/`subscribe` (unstable in
 //! kube 5): its subscriber stream can stall when an object is deleted before the subscriber reads it
-//! (it returns `Pending` without a waker), and its `Store::wait_until_ready` wakes only the last of
-//! several concurrent waiters. A bounded channel per subscriber and a watch flag avoid both.
+//! (it returns `Pending` without a waker), it reports no deletions, and its `Store::wait_until_ready`
+//! wakes only the last of several concurrent waiters. A bounded channel per subscriber and a watch flag
+//! avoid all three.
 
-use std::sync::{
-    Arc, Mutex,
-    atomic::{AtomicBool, Ordering},
+use std::{
+    fmt::Debug,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     runtime::{
         WatchStreamExt,
         reflector::{self, Store, store::Writer},
         watcher,
     },
 };
+use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-/// How many changed objects a slow subscriber may lag behind before the watch waits for it.
+/// How many changes a slow subscriber may lag behind before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
 
-/// The shared Node cache.
-pub struct SharedNodes {
-    store: Store<Node>,
-    writer: Mutex<Option<Writer<Node>>>,
-    subscribers: Mutex<Vec<mpsc::Sender<Arc<Node>>>>,
-    used: AtomicBool,
-    synced: watch::Sender<bool>,
+/// A change a subscriber sees.
+#[derive(Debug, Clone)]
+pub enum Change<K> {
+    /// The object was added or changed (after the first full list: every object once).
+    Applied(Arc<K>),
+    /// The object was deleted (its last state).
+    Deleted(Arc<K>),
 }
 
-impl Default for SharedNodes {
-    fn default() -> Self {
-        Self::new()
-    }
+/// A shared cache of one resource, with change subscriptions.
+pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Mutex<Option<Writer<K>>>,
+    subscribers: Mutex<Vec<mpsc::Sender<Change<K>>>>,
+    used: AtomicBool,
+    synced: watch::Sender<bool>,
+    prune: fn(&mut K),
 }
+
+/// The shared Node cache.
+pub type SharedNodes = SharedInformer<Node>;
+/// The shared Service cache.
+pub type SharedServices = SharedInformer<Service>;
 
 /// Drops what no controller reads from cached Nodes: managed fields and the container image list (the
 /// largest part of a kubelet's Node). The controllers only ever patch, never write a cached object back,
@@ -53,9 +67,29 @@ pub fn prune_node(node: &mut Node) {
     }
 }
 
-impl SharedNodes {
-    /// A cache that is not watching yet.
-    pub fn new() -> Self {
+/// Drops managed fields from cached Services.
+pub fn prune_service(service: &mut Service) {
+    service.metadata.managed_fields = None;
+}
+
+impl Default for SharedNodes {
+    fn default() -> Self {
+        Self::new(prune_node)
+    }
+}
+
+impl Default for SharedServices {
+    fn default() -> Self {
+        Self::new(prune_service)
+    }
+}
+
+impl<K> SharedInformer<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    /// A cache that is not watching yet; `prune` trims each object before it is cached.
+    pub fn new(prune: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store();
         Self {
             store,
@@ -63,18 +97,18 @@ impl SharedNodes {
             subscribers: Mutex::default(),
             used: AtomicBool::new(false),
             synced: watch::Sender::new(false),
+            prune,
         }
     }
 
-    /// The cache (empty until synced; see [`SharedNodes::wait_until_synced`]).
-    pub fn store(&self) -> Store<Node> {
+    /// The cache (empty until synced; see [`SharedInformer::wait_until_synced`]).
+    pub fn store(&self) -> Store<K> {
         self.used.store(true, Ordering::Relaxed);
         self.store.clone()
     }
 
-    /// Every Node that is added or changed, as the cache holds it (after the first full list, every
-    /// Node once). Subscribe before [`SharedNodes::start`].
-    pub fn subscribe(&self) -> impl Stream<Item = Arc<Node>> + Send + 'static {
+    /// Every change, as the cache holds it. Subscribe before [`SharedInformer::start`].
+    pub fn subscribe_changes(&self) -> impl Stream<Item = Change<K>> + Send + 'static {
         self.used.store(true, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
         self.subscribers
@@ -82,7 +116,17 @@ impl SharedNodes {
             .unwrap_or_else(|e| e.into_inner())
             .push(tx);
         futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|node| (node, rx))
+            rx.recv().await.map(|change| (change, rx))
+        })
+    }
+
+    /// Every object that is added or changed (deletions left out), e.g. as a controller's trigger.
+    pub fn subscribe(&self) -> impl Stream<Item = Arc<K>> + Send + 'static {
+        self.subscribe_changes().filter_map(|change| {
+            std::future::ready(match change {
+                Change::Applied(object) => Some(object),
+                Change::Deleted(_) => None,
+            })
         })
     }
 
@@ -105,29 +149,31 @@ impl SharedNodes {
             std::mem::take(&mut *self.subscribers.lock().unwrap_or_else(|e| e.into_inner()));
         let synced = self.synced.clone();
         let store = self.store.clone();
-        let events = watcher(Api::<Node>::all(client), watcher::Config::default())
+        let kind = K::kind(&()).into_owned();
+        let events = watcher(Api::<K>::all(client), watcher::Config::default())
             .default_backoff()
-            .modify(prune_node)
+            .modify(self.prune)
             .reflect(writer)
             .for_each(move |event| {
                 let subscribers = subscribers.clone();
-                let changed: Vec<Arc<Node>> = match event {
-                    Ok(watcher::Event::Apply(node)) => vec![Arc::new(node)],
+                let changes: Vec<Change<K>> = match event {
+                    Ok(watcher::Event::Apply(object)) => vec![Change::Applied(Arc::new(object))],
+                    Ok(watcher::Event::Delete(object)) => vec![Change::Deleted(Arc::new(object))],
                     Ok(watcher::Event::InitDone) => {
                         synced.send_replace(true);
-                        store.state()
+                        store.state().into_iter().map(Change::Applied).collect()
                     }
-                    Ok(_) => Vec::new(),
+                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
                     Err(err) => {
-                        tracing::warn!(error = %err, "node watch failed; retrying");
+                        tracing::warn!(kind = %kind, error = %err, "watch failed; retrying");
                         Vec::new()
                     }
                 };
                 async move {
-                    for node in changed {
+                    for change in changes {
                         for subscriber in &subscribers {
                             // A subscriber that stopped (its controller ended) just misses out.
-                            let _ = subscriber.send(node.clone()).await;
+                            let _ = subscriber.send(change.clone()).await;
                         }
                     }
                 }

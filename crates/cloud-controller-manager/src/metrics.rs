@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
-use crate::{app::request_metrics::RequestMetrics, controllers::node::NodeMetrics};
+use crate::{
+    app::request_metrics::RequestMetrics,
+    controllers::{node::NodeMetrics, service::ServiceMetrics},
+};
 
 /// Every metric the manager exports. Cheap to clone.
 #[derive(Clone)]
@@ -15,6 +18,8 @@ pub struct Metrics {
     pub requests: RequestMetrics,
     /// The cloud-node controller's delay histograms.
     pub node: NodeMetrics,
+    /// The service-lb controller's metrics.
+    pub service: ServiceMetrics,
 }
 
 impl Default for Metrics {
@@ -29,10 +34,12 @@ impl Metrics {
         let mut registry = Registry::default();
         let requests = RequestMetrics::register(&mut registry);
         let node = NodeMetrics::register(&mut registry);
+        let service = ServiceMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             node,
+            service,
         }
     }
 

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::{
     controllers::{self, ControllerContext, KNOWN_CONTROLLERS},
-    informers::SharedNodes,
+    informers::{SharedNodes, SharedServices},
     metrics::Metrics,
 };
 pub use client::ClientError;
@@ -141,13 +141,15 @@ pub async fn run(
             source,
         })?;
 
-    let nodes = Arc::new(SharedNodes::new());
+    let nodes = Arc::new(SharedNodes::default());
+    let services = Arc::new(SharedServices::default());
     let context = ControllerContext {
         client: client.clone(),
         cloud,
         shutdown: shutdown.clone(),
         options: Arc::new(options),
         nodes: nodes.clone(),
+        services: services.clone(),
         metrics: metrics.clone(),
     };
     let mut running = tokio::task::JoinSet::new();
@@ -167,7 +169,8 @@ pub async fn run(
     }
 
     // Caches start once every controller has subscribed.
-    nodes.start(client, shutdown.clone());
+    nodes.start(client.clone(), shutdown.clone());
+    services.start(client, shutdown.clone());
 
     // Run until shutdown; a controller that fails (or panics) stops the manager with its error.
     while !shutdown.is_cancelled() {

@@ -26,6 +26,9 @@ pub struct Options {
     /// The node controllers.
     #[command(flatten)]
     pub node: NodeControllerOptions,
+    /// The service-lb controller.
+    #[command(flatten)]
+    pub service: ServiceControllerOptions,
     /// How the manager talks to the API server.
     #[command(flatten)]
     pub client: ClientOptions,
@@ -62,6 +65,10 @@ pub struct CloudProviderOptions {
     /// The path to the cloud provider configuration file. Empty string for no configuration file.
     #[arg(long, default_value = "", value_hint = clap::ValueHint::FilePath)]
     pub cloud_config: String,
+
+    /// The instance prefix for the cluster, passed to the cloud's load-balancer and route calls.
+    #[arg(long, default_value = "kubernetes")]
+    pub cluster_name: String,
 
     /// Allow the cluster to run without the cluster-id on cloud instances (deprecated upstream, kept for
     /// compatibility): without it, a cloud that reports no cluster ID is fatal.
@@ -101,6 +108,16 @@ impl NodeControllerOptions {
             self.concurrent_node_status_updates
         })
     }
+}
+
+/// The service-lb controller.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Service controller")]
+pub struct ServiceControllerOptions {
+    /// The number of Services synced at once, and of load balancers updated at once after a node
+    /// change. Upstream's default is 1; 16 keeps many Services from queueing behind one slow cloud call.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_service_syncs: u16,
 }
 
 /// A positive duration in Go's syntax (`5s`, `1m30s`).
@@ -194,6 +211,8 @@ mod tests {
             Duration::from_secs(300)
         );
         assert_eq!(options.node.node_monitor_period, Duration::from_secs(5));
+        assert_eq!(options.service.concurrent_service_syncs, 16);
+        assert_eq!(options.cloud.cluster_name, "kubernetes");
     }
 
     #[test]

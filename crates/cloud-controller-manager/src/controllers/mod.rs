@@ -34,14 +34,19 @@ pub const DISABLED_BY_DEFAULT: &[&str] = &[];
 
 pub mod node;
 pub mod node_lifecycle;
-mod node_patch;
+mod patch;
+pub mod service;
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
 use cloud_provider::CloudProvider;
 use tokio_util::sync::CancellationToken;
 
-use crate::{app::Options, informers::SharedNodes, metrics::Metrics};
+use crate::{
+    app::Options,
+    informers::{SharedNodes, SharedServices},
+    metrics::Metrics,
+};
 
 /// What every controller gets from the manager.
 #[derive(Clone)]
@@ -56,6 +61,8 @@ pub struct ControllerContext {
     pub options: Arc<Options>,
     /// The shared Node cache.
     pub nodes: Arc<SharedNodes>,
+    /// The shared Service cache.
+    pub services: Arc<SharedServices>,
     /// The manager's metrics.
     pub metrics: Metrics,
 }
@@ -69,6 +76,7 @@ pub fn start(name: &str, context: ControllerContext) -> Option<ControllerTask> {
     match name {
         "cloud-node-controller" => node::start(context),
         "cloud-node-lifecycle-controller" => node_lifecycle::start(context),
+        "service-lb-controller" => service::start(context),
         _ => None,
     }
 }

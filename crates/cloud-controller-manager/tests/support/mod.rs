@@ -156,3 +156,33 @@ pub async fn events_for(node: &str, reason: &str) -> Vec<Event> {
         })
         .collect()
 }
+
+/// Creates a namespace (never deleted: no namespace controller runs in the test control plane).
+pub async fn create_namespace(name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(admin().await);
+    let namespace: Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+    namespaces
+        .create(&PostParams::default(), &namespace)
+        .await
+        .expect("namespace created");
+}
+
+/// The Services API of a namespace.
+pub async fn services(namespace: &str) -> Api<k8s_openapi::api::core::v1::Service> {
+    Api::namespaced(admin().await, namespace)
+}
+
+/// A `type: LoadBalancer` Service with TCP ports `port → 8080`.
+pub fn load_balancer_service(name: &str, ports: &[i32]) -> k8s_openapi::api::core::v1::Service {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": { "app": name },
+            "ports": ports.iter().map(|p| json!({ "name": format!("p{p}"), "port": p, "targetPort": 8080, "protocol": "TCP" })).collect::<Vec<_>>(),
+        }
+    }))
+    .unwrap()
+}

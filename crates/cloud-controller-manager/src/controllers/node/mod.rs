@@ -35,7 +35,10 @@ use self::{
     cloud::LookupError,
     plan::{NodeIpError, is_uninitialized, plan_initialization, plan_label_reconciliation},
 };
-use super::{ControllerContext, ControllerTask, node_patch::patch_node};
+use super::{
+    ControllerContext, ControllerTask,
+    patch::{Target, patch_with_retry},
+};
 use crate::events::EventRecorder;
 
 /// The event source, as upstream names it.
@@ -235,7 +238,7 @@ async fn initialize(node: &Node, ctx: &Context) -> Result<(), NodeError> {
         }
     })?;
 
-    let updated = patch_node(&ctx.api, node, |current, resource_version| {
+    let updated = patch_with_retry(&ctx.api, node, Target::Object, |current, resource_version| {
         if !is_uninitialized(current) {
             return None; // initialized meanwhile (by another replica, or a retry that did land)
         }

@@ -22,7 +22,11 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use self::plan::{is_ready, with_shutdown_taint, without_shutdown_taint};
-use super::{ControllerContext, ControllerTask, node::cloud, node_patch::patch_node};
+use super::{
+    ControllerContext, ControllerTask,
+    node::cloud,
+    patch::{Target, patch_with_retry},
+};
 use crate::{events::EventRecorder, informers::SharedNodes};
 
 /// The event source, as upstream names it.
@@ -126,7 +130,7 @@ async fn set_taints(
     what: &str,
 ) {
     tracing::info!("{what}");
-    let result = patch_node(&ctx.api, node, |current, resource_version| {
+    let result = patch_with_retry(&ctx.api, node, Target::Object, |current, resource_version| {
         let taints = change(current)?;
         Some(json!({ "metadata": { "resourceVersion": resource_version }, "spec": { "taints": taints } }))
     })

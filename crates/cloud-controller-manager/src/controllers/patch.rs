@@ -1,0 +1,71 @@
+//! Writes that must not overwrite concurrent changes: a JSON merge patch carrying the object's
+//! `resourceVersion`, re-planned from a fresh read on conflict (upstream retries its Node and Service
+//! updates the same way, 20 steps from 50 ms).
+
+use std::{fmt::Debug, time::Duration};
+
+use kube::{
+    Api, Resource, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+const ATTEMPTS: u32 = 20;
+const FIRST_DELAY: Duration = Duration::from_millis(50);
+
+/// Where a patch goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// The object itself.
+    Object,
+    /// Its `status` subresource (which also takes metadata such as finalizers).
+    Status,
+}
+
+/// Patches `object` with what `plan` returns for its current state and `resourceVersion`; `plan`
+/// returning `None` means nothing to write. Returns the updated object, or `None` when there was nothing
+/// to do (or the object is gone).
+pub async fn patch_with_retry<K, F>(
+    api: &Api<K>,
+    object: &K,
+    target: Target,
+    plan: F,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    F: Fn(&K, &str) -> Option<Value>,
+{
+    let name = object.name_any();
+    let mut current = object.clone();
+    let mut delay = FIRST_DELAY;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let resource_version = current.resource_version().unwrap_or_default();
+        let Some(patch) = plan(&current, &resource_version) else {
+            return Ok(None);
+        };
+        let params = PatchParams::default();
+        let result = match target {
+            Target::Object => api.patch(&name, &params, &Patch::Merge(&patch)).await,
+            Target::Status => {
+                api.patch_status(&name, &params, &Patch::Merge(&patch))
+                    .await
+            }
+        };
+        match result {
+            Ok(updated) => return Ok(Some(updated)),
+            Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {
+                tracing::debug!(object = %name, attempt, "changed meanwhile; re-reading and re-planning");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(2));
+                match api.get_opt(&name).await? {
+                    Some(fresh) => current = fresh,
+                    None => return Ok(None),
+                }
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! Which nodes back a load balancer (upstream's stable node-set predicates), and when a node change
+//! matters.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+
+/// Nodes with this label are not load-balancer backends unless its value parses as boolean false.
+pub const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The cluster autoscaler's taint on nodes it is removing.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// Go's `strconv.ParseBool` false values.
+fn parses_as_false(value: &str) -> bool {
+    matches!(value, "0" | "f" | "F" | "false" | "FALSE" | "False")
+}
+
+/// Whether the exclusion label leaves the node in (absent, or a boolean false; an empty or unparseable
+/// value excludes).
+pub fn is_included(node: &Node) -> bool {
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_EXCLUDE))
+        .is_none_or(|value| parses_as_false(value))
+}
+
+/// All predicates: not being deleted, not excluded, not being scaled down. Readiness does not matter.
+pub fn is_backend(node: &Node) -> bool {
+    node.metadata.deletion_timestamp.is_none()
+        && is_included(node)
+        && !node
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|taints| taints.iter().any(|t| t.key == TAINT_TO_BE_DELETED))
+}
+
+fn provider_id(node: &Node) -> String {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .unwrap_or_default()
+}
+
+/// A backend set as upstream compares them ("sufficiently equal"): node name → provider ID.
+pub type BackendSet = BTreeMap<String, String>;
+
+/// The backend set of these nodes.
+pub fn backend_set<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BackendSet {
+    nodes
+        .into_iter()
+        .filter(|n| is_backend(n))
+        .map(|n| (n.metadata.name.clone().unwrap_or_default(), provider_id(n)))
+        .collect()
+}
+
+/// What a node change can matter for: whether it is a backend candidate (the exclusion label) and its
+/// provider ID. A node update triggers a node sync only when this changes (upstream's
+/// `shouldSyncUpdatedNode`); heartbeats, conditions and other labels do not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    included: bool,
+    provider_id: String,
+}
+
+impl NodeFacts {
+    /// The facts of a node.
+    pub fn of(node: &Node) -> Self {
+        Self {
+            included: is_included(node),
+            provider_id: provider_id(node),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{NodeSpec, Taint},
+        apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time},
+    };
+
+    use super::*;
+
+    fn node(name: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                provider_id: Some(format!("fake://{name}")),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn excluded(value: &str) -> Node {
+        let mut n = node("x");
+        n.metadata.labels = Some([(LABEL_EXCLUDE.to_string(), value.to_string())].into());
+        n
+    }
+
+    #[test]
+    fn the_exclusion_label_uses_go_boolean_parsing() {
+        assert!(is_included(&node("a")));
+        for value in ["false", "0", "f", "F", "FALSE", "False"] {
+            assert!(is_included(&excluded(value)), "{value:?} keeps the node");
+        }
+        for value in ["true", "1", "", "yes", "no", "nope", "fAlse"] {
+            assert!(
+                !is_included(&excluded(value)),
+                "{value:?} excludes the node"
+            );
+        }
+    }
+
+    #[test]
+    fn deleting_and_autoscaled_nodes_are_not_backends() {
+        assert!(is_backend(&node("a")));
+        let mut deleting = node("a");
+        deleting.metadata.deletion_timestamp = Some(Time(Default::default()));
+        assert!(!is_backend(&deleting));
+        let mut scaling = node("a");
+        scaling.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: TAINT_TO_BE_DELETED.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert!(!is_backend(&scaling));
+        assert!(!is_backend(&excluded("")));
+    }
+
+    #[test]
+    fn backend_sets_compare_names_and_provider_ids() {
+        let set = backend_set(&[node("a"), node("b"), excluded("true")]);
+        assert_eq!(set.len(), 2);
+        assert_eq!(set["a"], "fake://a");
+        let mut moved = node("b");
+        moved.spec.as_mut().unwrap().provider_id = Some("fake://b2".into());
+        assert_ne!(set, backend_set(&[node("a"), moved]));
+    }
+
+    #[test]
+    fn only_exclusion_and_provider_id_changes_matter() {
+        let base = node("a");
+        let mut heartbeat = base.clone();
+        heartbeat.metadata.labels = Some([("other".to_string(), "x".to_string())].into());
+        heartbeat.metadata.resource_version = Some("99".into());
+        assert_eq!(NodeFacts::of(&base), NodeFacts::of(&heartbeat));
+        let mut moved = base.clone();
+        moved.spec.as_mut().unwrap().provider_id = Some("fake://other".into());
+        assert_ne!(NodeFacts::of(&base), NodeFacts::of(&moved));
+        assert_ne!(NodeFacts::of(&base), NodeFacts::of(&excluded("true")));
+    }
+}

@@ -1,0 +1,544 @@
+//! The service-lb controller against the real API server, with the fake cloud's state file as the
+//! cloud's view.
+
+mod support;
+
+use std::{path::PathBuf, time::Duration};
+
+use cloud_provider_fake::{CloudState, LoadBalancerRecord, PortRecord};
+use k8s_openapi::api::core::v1::Service;
+use kube::{
+    Api,
+    api::{DeleteParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use support::{
+    RunningManager, SERIAL, create_namespace, create_node, delete_nodes, eventually,
+    load_balancer_service, nodes, services,
+};
+use test_control_plane::{kubelet_node, unique_name};
+
+const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// A manager running only the service controller, on a fake cloud that writes its state file.
+struct Harness {
+    manager: RunningManager,
+    state_file: PathBuf,
+    _dir: tempfile::TempDir,
+    namespace: String,
+    /// The test's nodes (other tests' leftovers in a reused control plane are ignored by the checks).
+    prefix: String,
+}
+
+impl Harness {
+    async fn start(extra_cloud_config: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let state_file = dir.path().join("state.json");
+        let namespace = unique_name("svc");
+        create_namespace(&namespace).await;
+        let manager = RunningManager::start(
+            &format!("stateFile: {}\n{extra_cloud_config}", state_file.display()),
+            &["--controllers=service"],
+        )
+        .await;
+        Self {
+            manager,
+            state_file,
+            _dir: dir,
+            prefix: format!("{namespace}-node"),
+            namespace,
+        }
+    }
+
+    fn state(&self) -> CloudState {
+        CloudState::read(&self.state_file).unwrap_or_default()
+    }
+
+    fn load_balancer(&self, service: &str) -> Option<LoadBalancerRecord> {
+        let key = format!("{}/{service}", self.namespace);
+        let state = self.state();
+        let matching: Vec<_> = state
+            .load_balancers
+            .iter()
+            .filter(|lb| lb.service == key)
+            .collect();
+        assert!(
+            matching.len() <= 1,
+            "more than one load balancer for {key}: {matching:?}"
+        );
+        matching.first().map(|lb| (*lb).clone())
+    }
+
+    /// The backends of a load balancer among this test's nodes.
+    fn backends(&self, service: &str) -> Vec<String> {
+        self.load_balancer(service)
+            .map(|lb| {
+                lb.nodes
+                    .into_iter()
+                    .filter(|n| n.starts_with(&self.prefix))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn node_name(&self, i: usize) -> String {
+        format!("{}-{i}", self.prefix)
+    }
+
+    async fn api(&self) -> Api<Service> {
+        services(&self.namespace).await
+    }
+
+    async fn create(&self, name: &str, ports: &[i32]) -> Service {
+        self.api()
+            .await
+            .create(&PostParams::default(), &load_balancer_service(name, ports))
+            .await
+            .expect("service created")
+    }
+
+    async fn get(&self, name: &str) -> Option<Service> {
+        self.api().await.get_opt(name).await.unwrap()
+    }
+
+    async fn patch(&self, name: &str, patch: serde_json::Value) {
+        self.api()
+            .await
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("service patched");
+    }
+
+    async fn delete(&self, name: &str) {
+        self.api()
+            .await
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("service deleted");
+    }
+
+    fn calls(&self, method: &str) -> u64 {
+        self.manager.cloud.snapshot().calls_to(method)
+    }
+
+    /// Waits until the Service shows ingress, its finalizer is on, and the cloud has its load balancer.
+    async fn provisioned(&self, name: &str) -> (Service, LoadBalancerRecord) {
+        eventually(&format!("{name} to be provisioned"), WAIT, || async {
+            let service = self.get(name).await?;
+            let ingress = service
+                .status
+                .as_ref()?
+                .load_balancer
+                .as_ref()?
+                .ingress
+                .as_ref()?;
+            let has_finalizer = service
+                .metadata
+                .finalizers
+                .as_ref()?
+                .iter()
+                .any(|f| f == FINALIZER);
+            let lb = self.load_balancer(name)?;
+            (has_finalizer
+                && ingress.first()?.ip.as_deref() == lb.ingress.first().map(String::as_str))
+            .then_some((service, lb))
+        })
+        .await
+    }
+
+    async fn stop(self, node_count: usize) {
+        let names: Vec<String> = (0..node_count).map(|i| self.node_name(i)).collect();
+        self.manager.stop().await;
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        delete_nodes(&refs).await;
+    }
+}
+
+fn ports(lb: &LoadBalancerRecord) -> Vec<(String, i32)> {
+    lb.ports
+        .iter()
+        .map(|p| (p.protocol.clone(), p.port))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_load_balancer_service_gets_a_finalizer_a_load_balancer_and_an_ingress_ip() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("").await;
+    for i in 0..2 {
+        create_node(&kubelet_node(&h.node_name(i))).await;
+    }
+    h.create("web", &[80, 443]).await;
+
+    let (service, lb) = h.provisioned("web").await;
+    let ip = service
+        .status
+        .unwrap()
+        .load_balancer
+        .unwrap()
+        .ingress
+        .unwrap()[0]
+        .ip
+        .clone()
+        .unwrap();
+    assert!(ip.starts_with("203.0.113."), "{ip}");
+    let node_ports: Vec<i32> = service
+        .spec
+        .unwrap()
+        .ports
+        .unwrap()
+        .iter()
+        .map(|p| p.node_port.unwrap())
+        .collect();
+    assert_eq!(
+        lb.ports,
+        vec![
+            PortRecord {
+                protocol: "TCP".into(),
+                port: 80,
+                node_port: node_ports[0]
+            },
+            PortRecord {
+                protocol: "TCP".into(),
+                port: 443,
+                node_port: node_ports[1]
+            },
+        ]
+    );
+    assert_eq!(h.backends("web"), [h.node_name(0), h.node_name(1)]);
+
+    // Changing ports updates the load balancer; an annotation change re-syncs it too.
+    h.patch("web", json!({ "spec": { "ports": [{ "name": "p8080", "port": 8080, "targetPort": 8080, "protocol": "TCP" }] } }))
+        .await;
+    eventually("the new port", WAIT, || async {
+        h.load_balancer("web")
+            .filter(|lb| ports(lb) == [("TCP".to_owned(), 8080)])
+    })
+    .await;
+    let ensures = h.calls("ensure_load_balancer");
+    h.patch(
+        "web",
+        json!({ "metadata": { "annotations": { "example.com/lb-tier": "gold" } } }),
+    )
+    .await;
+    eventually("an ensure for the annotation", WAIT, || async {
+        (h.calls("ensure_load_balancer") > ensures).then_some(())
+    })
+    .await;
+    // A label change does not concern the load balancer: no cloud call.
+    let ensures = h.calls("ensure_load_balancer");
+    h.patch("web", json!({ "metadata": { "labels": { "team": "a" } } }))
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(h.calls("ensure_load_balancer"), ensures);
+    // The same IP throughout.
+    assert_eq!(h.load_balancer("web").unwrap().ingress, [ip]);
+
+    // Deleting: the load balancer goes, then the Service.
+    h.delete("web").await;
+    eventually("the service to be gone", WAIT, || async {
+        h.get("web").await.is_none().then_some(())
+    })
+    .await;
+    assert!(h.load_balancer("web").is_none(), "load balancer leaked");
+    h.stop(2).await;
+}
+
+#[tokio::test]
+async fn node_changes_reach_only_the_load_balancers_whose_backends_change() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("").await;
+    for i in 0..2 {
+        create_node(&kubelet_node(&h.node_name(i))).await;
+    }
+    h.create("a", &[80]).await;
+    h.create("b", &[80]).await;
+    h.provisioned("a").await;
+    h.provisioned("b").await;
+    let updates = h.calls("update_load_balancer");
+
+    // Heartbeat-like node changes (status, other labels, conditions, taints) make no cloud call.
+    let api = nodes().await;
+    for i in 0..2 {
+        let name = h.node_name(i);
+        api.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "labels": { "heartbeat": "1" } } })),
+        )
+        .await
+        .unwrap();
+        api.patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "conditions": [{ "type": "Ready", "status": "False", "reason": "KubeletNotReady" }] } })),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        h.calls("update_load_balancer"),
+        updates,
+        "irrelevant node updates called the cloud"
+    );
+    assert_eq!(
+        h.backends("a"),
+        [h.node_name(0), h.node_name(1)],
+        "readiness does not matter"
+    );
+
+    // A node added: both load balancers get it, one update each.
+    create_node(&kubelet_node(&h.node_name(2))).await;
+    eventually("the new backend", WAIT, || async {
+        (h.backends("a").len() == 3 && h.backends("b").len() == 3).then_some(())
+    })
+    .await;
+    assert_eq!(h.calls("update_load_balancer"), updates + 2);
+
+    // Excluded by label (any value but a boolean false), then included again by "false".
+    let exclude = |value: &str| json!({ "metadata": { "labels": { "node.kubernetes.io/exclude-from-external-load-balancers": value } } });
+    api.patch(
+        &h.node_name(0),
+        &PatchParams::default(),
+        &Patch::Merge(&exclude("")),
+    )
+    .await
+    .unwrap();
+    eventually("the excluded node to leave", WAIT, || async {
+        (h.backends("a") == [h.node_name(1), h.node_name(2)]).then_some(())
+    })
+    .await;
+    api.patch(
+        &h.node_name(0),
+        &PatchParams::default(),
+        &Patch::Merge(&exclude("false")),
+    )
+    .await
+    .unwrap();
+    eventually("the node to come back", WAIT, || async {
+        (h.backends("b").len() == 3).then_some(())
+    })
+    .await;
+
+    // A node removed.
+    delete_nodes(&[&h.node_name(2)]).await;
+    eventually("the removed node to leave", WAIT, || async {
+        (h.backends("a").len() == 2 && h.backends("b").len() == 2).then_some(())
+    })
+    .await;
+
+    h.delete("a").await;
+    h.delete("b").await;
+    eventually("no load balancers", WAIT, || async {
+        (h.load_balancer("a").is_none() && h.load_balancer("b").is_none()).then_some(())
+    })
+    .await;
+    h.stop(3).await;
+}
+
+#[tokio::test]
+async fn services_that_are_not_ours_are_left_alone_and_a_type_change_cleans_up() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("").await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+
+    // loadBalancerClass set: another implementation owns it.
+    let mut classy = load_balancer_service("classy", &[80]);
+    classy.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other-lb".into());
+    h.api()
+        .await
+        .create(&PostParams::default(), &classy)
+        .await
+        .unwrap();
+    h.create("web", &[80]).await;
+    h.provisioned("web").await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let classy = h.get("classy").await.unwrap();
+    assert!(
+        classy.metadata.finalizers.is_none(),
+        "no finalizer on a classed Service"
+    );
+    assert!(h.load_balancer("classy").is_none());
+
+    // type LoadBalancer → ClusterIP: the load balancer is deleted, the finalizer removed, status cleared.
+    h.patch("web", json!({ "spec": { "type": "ClusterIP" } }))
+        .await;
+    let web = eventually("the cleanup", WAIT, || async {
+        h.get("web")
+            .await
+            .filter(|s| s.metadata.finalizers.as_ref().is_none_or(|f| f.is_empty()))
+    })
+    .await;
+    assert!(h.load_balancer("web").is_none());
+    let ingress = web
+        .status
+        .and_then(|s| s.load_balancer)
+        .and_then(|l| l.ingress)
+        .unwrap_or_default();
+    assert!(ingress.is_empty(), "{ingress:?}");
+    h.stop(1).await;
+}
+
+#[tokio::test]
+async fn a_service_recreated_under_the_same_name_gets_a_fresh_load_balancer() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("").await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    let first = h.create("web", &[80]).await;
+    let (_, lb) = h.provisioned("web").await;
+
+    // Strip our finalizer by hand and delete: the load balancer must still go.
+    h.api()
+        .await
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
+        )
+        .await
+        .unwrap();
+    h.delete("web").await;
+    eventually("the service gone", WAIT, || async {
+        h.get("web").await.is_none().then_some(())
+    })
+    .await;
+    let second = h.create("web", &[80]).await;
+    assert_ne!(first.metadata.uid, second.metadata.uid);
+    let (_, new_lb) = h.provisioned("web").await;
+    assert_ne!(
+        new_lb.name, lb.name,
+        "the load balancer follows the new UID"
+    );
+    let state = h.state();
+    assert!(
+        !state.load_balancers.iter().any(|l| l.name == lb.name),
+        "the old load balancer leaked"
+    );
+    h.delete("web").await;
+    eventually("cleanup", WAIT, || async {
+        h.load_balancer("web").is_none().then_some(())
+    })
+    .await;
+    h.stop(1).await;
+}
+
+#[tokio::test]
+async fn a_failing_cloud_is_retried_and_holds_the_finalizer_until_the_load_balancer_is_gone() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("failureRate: {ensure_load_balancer: 1}\n").await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    h.create("web", &[80]).await;
+
+    // Ensure fails: the finalizer is on (it is added before any cloud call), no load balancer, no ingress.
+    eventually("failed attempts", WAIT, || async {
+        (h.calls("ensure_load_balancer") >= 1).then_some(())
+    })
+    .await;
+    let service = h.get("web").await.unwrap();
+    assert!(
+        service
+            .metadata
+            .finalizers
+            .unwrap()
+            .contains(&FINALIZER.to_owned())
+    );
+    assert!(h.load_balancer("web").is_none());
+    // The cloud recovers: the retry (5 s back-off) provisions it, once.
+    h.manager
+        .set_cloud(&format!("stateFile: {}\n", h.state_file.display()));
+    h.provisioned("web").await;
+
+    // Deleted while deletion fails: the Service stays (finalizer) and so does its load balancer...
+    h.manager.set_cloud(&format!(
+        "stateFile: {}\nfailureRate: {{ensure_load_balancer_deleted: 1}}\n",
+        h.state_file.display()
+    ));
+    h.delete("web").await;
+    eventually("a failed delete", WAIT, || async {
+        (h.calls("ensure_load_balancer_deleted") >= 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let service = h.get("web").await.expect("the finalizer holds the Service");
+    assert!(service.metadata.deletion_timestamp.is_some());
+    assert!(h.load_balancer("web").is_some());
+    // ...until the cloud deletes it.
+    h.manager
+        .set_cloud(&format!("stateFile: {}\n", h.state_file.display()));
+    eventually("the service gone", Duration::from_secs(60), || async {
+        h.get("web").await.is_none().then_some(())
+    })
+    .await;
+    assert!(h.load_balancer("web").is_none());
+    h.stop(1).await;
+}
+
+#[tokio::test]
+async fn a_hundred_services_converge_under_a_30_percent_failure_rate_without_duplicates_or_leaks() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("failureRate: {all: 0.3}\nseed: 7\n").await;
+    for i in 0..3 {
+        create_node(&kubelet_node(&h.node_name(i))).await;
+    }
+    let names: Vec<String> = (0..100).map(|i| format!("svc-{i:03}")).collect();
+    for name in &names {
+        h.create(name, &[80]).await;
+    }
+    eventually("all 100 to converge", Duration::from_secs(300), || async {
+        let state = h.state();
+        let ours = state
+            .load_balancers
+            .iter()
+            .filter(|lb| lb.service.starts_with(&format!("{}/", h.namespace)))
+            .count();
+        let mut ready = 0;
+        for service in h.api().await.list(&Default::default()).await.ok()?.items {
+            let has_ingress = service
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|l| l.ingress)
+                .is_some_and(|i| !i.is_empty());
+            ready += usize::from(has_ingress);
+        }
+        (ready == 100 && ours == 100).then_some(())
+    })
+    .await;
+    for name in &names {
+        let lb = h
+            .load_balancer(name)
+            .expect("one load balancer per service"); // asserts no duplicates
+        assert_eq!(
+            lb.nodes.iter().filter(|n| n.starts_with(&h.prefix)).count(),
+            3
+        );
+    }
+    assert!(
+        h.calls("ensure_load_balancer") > 100,
+        "failures were injected and retried"
+    );
+
+    for name in &names {
+        h.delete(name).await;
+    }
+    eventually("all deleted", Duration::from_secs(300), || async {
+        let remaining = h
+            .api()
+            .await
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        let leaked = h
+            .state()
+            .load_balancers
+            .iter()
+            .filter(|lb| lb.service.starts_with(&format!("{}/", h.namespace)))
+            .count();
+        (remaining == 0 && leaked == 0).then_some(())
+    })
+    .await;
+    h.stop(3).await;
+}
