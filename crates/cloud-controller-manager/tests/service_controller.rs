@@ -207,6 +207,15 @@ async fn a_load_balancer_service_gets_a_finalizer_a_load_balancer_and_an_ingress
         ]
     );
     assert_eq!(h.backends("web"), [h.node_name(0), h.node_name(1)]);
+    let metrics = h.manager.metrics.encode();
+    assert!(
+        metrics.contains("service_controller_load_balancers 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("service_controller_loadbalancer_sync_total 1"),
+        "{metrics}"
+    );
 
     // Changing ports updates the load balancer; an annotation change re-syncs it too.
     h.patch("web", json!({ "spec": { "ports": [{ "name": "p8080", "port": 8080, "targetPort": 8080, "protocol": "TCP" }] } }))
@@ -472,6 +481,31 @@ async fn a_failing_cloud_is_retried_and_holds_the_finalizer_until_the_load_balan
     })
     .await;
     assert!(h.load_balancer("web").is_none());
+    h.stop(1).await;
+}
+
+#[tokio::test]
+async fn a_retry_after_from_the_cloud_is_a_fixed_delay_not_a_growing_back_off() {
+    let _serial = SERIAL.lock().await;
+    // Every ensure answers "retry after 300ms": at the exponential back-off (5 s, 10 s, ...) 8 s would
+    // allow 2 attempts; at the asked-for delay, over 20.
+    let h = Harness::start("failureRate: {ensure_load_balancer: 1}\nretryAfter: 300ms\n").await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    h.create("web", &[80]).await;
+    eventually(
+        "several retries at the cloud's pace",
+        Duration::from_secs(8),
+        || async { (h.calls("ensure_load_balancer") >= 5).then_some(()) },
+    )
+    .await;
+    h.manager
+        .set_cloud(&format!("stateFile: {}\n", h.state_file.display()));
+    h.provisioned("web").await;
+    h.delete("web").await;
+    eventually("cleanup", WAIT, || async {
+        h.get("web").await.is_none().then_some(())
+    })
+    .await;
     h.stop(1).await;
 }
 

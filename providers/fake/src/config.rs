@@ -54,6 +54,10 @@ pub struct Config {
     /// Seed of the deterministic failure sequence.
     #[serde(default)]
     pub seed: u64,
+    /// When set, injected failures are "retry after this delay" errors (a load balancer still
+    /// provisioning, say) instead of plain errors.
+    #[serde(default)]
+    pub retry_after: Option<GoDuration>,
     /// `true` (default): the cloud offers InstancesV2. `false`: the legacy Instances and Zones APIs.
     #[serde(default = "yes", rename = "instancesV2")]
     pub instances_v2: bool,
@@ -85,6 +89,7 @@ impl Default for Config {
             latency: GoDuration::default(),
             failure_rate: BTreeMap::new(),
             seed: 0,
+            retry_after: None,
             instances_v2: true,
             has_cluster_id: true,
             instance_defaults: InstanceDefaults::default(),

@@ -202,9 +202,12 @@ impl FakeCloud {
         }
         let rate = config.failure_rate(method);
         if rate > 0.0 && draw(config.seed, method, call) < rate {
-            return Err(CloudError::other(format!(
-                "fake cloud: injected failure in {method} (call {call}, rate {rate})"
-            )));
+            let message =
+                format!("fake cloud: injected failure in {method} (call {call}, rate {rate})");
+            return Err(match config.retry_after {
+                Some(delay) => CloudError::retry_after(message, delay.0),
+                None => CloudError::other(message),
+            });
         }
         Ok(config)
     }
@@ -346,6 +349,14 @@ mod tests {
         assert_eq!(cloud.snapshot().calls_to("list_routes"), 1);
         let err = routes.create_route("k", "uid", &Default::default()).await;
         assert!(!matches!(&err, Err(e) if e.to_string().contains("injected")));
+    }
+
+    #[tokio::test]
+    async fn injected_failures_can_ask_for_a_retry_after_a_delay() {
+        let cloud =
+            FakeCloud::from_yaml("failureRate: {list_routes: 1}\nretryAfter: 2s\n").unwrap();
+        let err = cloud.routes().unwrap().list_routes("k").await.unwrap_err();
+        assert_eq!(err.retry_delay(), Some(std::time::Duration::from_secs(2)));
     }
 
     #[tokio::test]
