@@ -172,8 +172,17 @@ fn malformed_flags_are_rejected() {
 
 fn stops_cleanly_on(signal: &str) {
     let plane = test_control_plane::control_plane();
+    // Everything else at its defaults (leader election on, all controllers), but its own port: the two
+    // signal tests run at once.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let mut child = Command::new(BIN)
-        .args(["--cloud-provider=fake", "--kubeconfig"])
+        .args(["--cloud-provider=fake", "--bind-address=127.0.0.1"])
+        .arg(format!("--secure-port={port}"))
+        .arg("--kubeconfig")
         .arg(plane.admin_kubeconfig())
         .env_remove("RUST_LOG")
         .stderr(Stdio::piped())

@@ -24,8 +24,10 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use kube::{
-    Client, Config,
+    Api, Client, Config,
+    api::{DynamicObject, GroupVersionKind, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
+    discovery::{self, Scope},
 };
 
 /// The environment variable that names a running control plane's directory.
@@ -165,4 +167,59 @@ pub fn kubelet_node(name: &str) -> Node {
             ..Default::default()
         }),
     }
+}
+
+/// Applies every object of a multi-document YAML manifest with server-side apply (field manager
+/// `test-control-plane`), or only validates them on the server with `dry_run`, as
+/// `kubectl apply [--dry-run=server] -f` would. Panics with the object's kind and name on failure.
+pub async fn apply_manifest(client: &Client, yaml: &str, dry_run: bool) {
+    let documents: Vec<Option<serde_json::Value>> =
+        serde_saphyr::from_multiple(yaml).unwrap_or_else(|err| panic!("malformed manifest: {err}"));
+    for document in documents.into_iter().flatten() {
+        let object: DynamicObject = serde_json::from_value(document)
+            .unwrap_or_else(|err| panic!("not a Kubernetes object: {err}"));
+        let types = object
+            .types
+            .clone()
+            .expect("every object has apiVersion and kind");
+        let gvk = GroupVersionKind::try_from(&types).expect("a valid apiVersion");
+        let (resource, capabilities) = discovery::pinned_kind(client, &gvk)
+            .await
+            .unwrap_or_else(|err| panic!("unknown kind {}: {err}", types.kind));
+        let name = object
+            .metadata
+            .name
+            .clone()
+            .expect("every object has a name");
+        let api: Api<DynamicObject> =
+            match (capabilities.scope, object.metadata.namespace.as_deref()) {
+                (Scope::Namespaced, Some(namespace)) => {
+                    Api::namespaced_with(client.clone(), namespace, &resource)
+                }
+                (Scope::Namespaced, None) => {
+                    Api::default_namespaced_with(client.clone(), &resource)
+                }
+                (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+            };
+        let mut params = PatchParams::apply("test-control-plane").force();
+        if dry_run {
+            params = params.dry_run();
+        }
+        api.patch(&name, &params, &Patch::Apply(&object))
+            .await
+            .unwrap_or_else(|err| panic!("applying {} {name}: {err}", types.kind));
+    }
+}
+
+/// Applies `deploy/rbac.yaml` (once per test process), so the `system:cloud-controller-manager` user of
+/// `ccm.kubeconfig` has exactly the shipped permissions.
+pub async fn apply_shipped_rbac() {
+    static APPLIED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    APPLIED
+        .get_or_init(|| async {
+            let yaml = std::fs::read_to_string(workspace_root().join("deploy/rbac.yaml"))
+                .expect("deploy/rbac.yaml");
+            apply_manifest(&control_plane().admin_client().await, &yaml, false).await;
+        })
+        .await;
 }

@@ -2,12 +2,23 @@
 
 pub mod client;
 pub mod controllers_flag;
+pub mod delegated_auth;
+pub mod health;
+pub mod leader_election;
 pub mod logging;
 pub mod options;
 pub mod rate_limit;
 pub mod request_metrics;
+pub mod serving;
 
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, InitializeContext, Registry, RegistryError,
@@ -21,7 +32,11 @@ use crate::{
 };
 pub use client::ClientError;
 pub use controllers_flag::{ControllerSelection, UnknownController};
+use delegated_auth::DelegatedAuth;
+use health::Health;
+use leader_election::{LeaderElector, LeadershipLost};
 pub use options::Options;
+use serving::{ServerState, ServingError};
 
 /// How long the manager waits for the API server to answer at start.
 const API_SERVER_WAIT: Duration = Duration::from_secs(30);
@@ -72,6 +87,15 @@ pub enum AppError {
         #[source]
         source: CloudError,
     },
+    /// A flag value is not acceptable.
+    #[error("{0}")]
+    Flag(String),
+    /// The secure endpoint could not start.
+    #[error(transparent)]
+    Serving(#[from] ServingError),
+    /// This replica lost its leader lease (upstream exits then, and so do we).
+    #[error(transparent)]
+    LeadershipLost(LeadershipLost),
     /// A controller stopped with an error.
     #[error("controller {name} failed: {message}")]
     Controller {
@@ -116,6 +140,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let selection = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS)?;
+    options.leader_election.validate().map_err(AppError::Flag)?;
     let cloud = init_cloud(&options.cloud, registry)?;
     tracing::info!(
         provider = cloud.provider_name(),
@@ -130,10 +155,92 @@ pub async fn run(
         return Ok(());
     }
 
+    // The secure endpoint serves on every replica, leader or not, so probes work during standby.
+    let health = Arc::new(Health::default());
+    serving::start(
+        &options.serving,
+        Arc::new(ServerState {
+            health: health.clone(),
+            metrics: metrics.clone(),
+            auth: DelegatedAuth::new(client.clone()),
+            always_allow: options.serving.authorization_always_allow_paths.clone(),
+        }),
+        shutdown.clone(),
+    )?;
+
+    let elector = if options.leader_election.leader_elect {
+        let elector = Arc::new(LeaderElector::new(
+            client.clone(),
+            &options.leader_election,
+            leader_election::new_identity(),
+        ));
+        health.watch_leader(elector.clone());
+        if !elector.acquire(&shutdown).await {
+            return Ok(()); // shut down while waiting: nothing was started
+        }
+        Some(elector)
+    } else {
+        None
+    };
+
+    // Controllers stop on shutdown, or at once when leadership is lost.
+    let stop = shutdown.child_token();
+    let lost = Arc::new(AtomicBool::new(false));
+    let renewing = elector.clone().map(|elector| {
+        let (stop, lost) = (stop.clone(), lost.clone());
+        tokio::spawn(async move {
+            let result = elector.keep_renewing(&stop).await;
+            if result.is_err() {
+                lost.store(true, Ordering::Relaxed);
+                stop.cancel();
+            }
+            result
+        })
+    });
+
+    let result = run_controllers(
+        selection,
+        options,
+        cloud,
+        client,
+        metrics,
+        &health,
+        stop.clone(),
+        &lost,
+    )
+    .await;
+    stop.cancel();
+    if let Some(renewing) = renewing
+        && let Ok(Err(lost)) = renewing.await
+    {
+        tracing::error!("{lost}");
+        return Err(AppError::LeadershipLost(lost));
+    }
+    result?;
+    if let Some(elector) = elector {
+        // In-flight work is done: hand over now rather than make the next leader wait out the lease.
+        elector.release().await;
+    }
+    Ok(())
+}
+
+/// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
+/// leadership was `lost`) or one of them fails.
+#[allow(clippy::too_many_arguments)]
+async fn run_controllers(
+    selection: ControllerSelection,
+    options: Options,
+    cloud: Arc<dyn CloudProvider>,
+    client: kube::Client,
+    metrics: &Metrics,
+    health: &Health,
+    stop: CancellationToken,
+    lost: &AtomicBool,
+) -> Result<(), AppError> {
     cloud
         .initialize(InitializeContext {
             client: client.clone(),
-            shutdown: shutdown.clone(),
+            shutdown: stop.clone(),
         })
         .await
         .map_err(|source| AppError::Initialize {
@@ -146,7 +253,7 @@ pub async fn run(
     let context = ControllerContext {
         client: client.clone(),
         cloud,
-        shutdown: shutdown.clone(),
+        shutdown: stop.clone(),
         options: Arc::new(options),
         nodes: nodes.clone(),
         services: services.clone(),
@@ -160,6 +267,7 @@ pub async fn run(
                 tracing::info!(controller = controller.name, "starting controller");
                 let handle = running.spawn(async move { (controller.name, task.await) });
                 names.insert(handle.id(), controller.name);
+                health.controller_started(controller.name);
             }
             None => tracing::warn!(
                 controller = controller.name,
@@ -169,13 +277,13 @@ pub async fn run(
     }
 
     // Caches start once every controller has subscribed.
-    nodes.start(client.clone(), shutdown.clone());
-    services.start(client, shutdown.clone());
+    nodes.start(client.clone(), stop.clone());
+    services.start(client, stop.clone());
 
-    // Run until shutdown; a controller that fails (or panics) stops the manager with its error.
-    while !shutdown.is_cancelled() {
+    // Run until stopped; a controller that fails (or panics) stops the manager with its error.
+    while !stop.is_cancelled() {
         tokio::select! {
-            () = shutdown.cancelled() => {}
+            () = stop.cancelled() => {}
             Some(joined) = running.join_next(), if !running.is_empty() => {
                 let failure = match joined {
                     Ok((name, Ok(()))) => {
@@ -189,11 +297,15 @@ pub async fn run(
                     }),
                 };
                 if let Some(failure) = failure {
-                    shutdown.cancel();
+                    stop.cancel();
                     return Err(failure);
                 }
             }
         }
+    }
+    health.shutting_down();
+    if lost.load(Ordering::Relaxed) {
+        return Ok(()); // another replica may act already: stop at once
     }
     tracing::info!("shutting down: waiting for controllers to finish in-flight work");
     if tokio::time::timeout(SHUTDOWN_GRACE, async {

@@ -13,6 +13,8 @@ use clap::{ArgAction, Args, Parser, ValueEnum};
     version,
     about = "The Kubernetes cloud controller manager: runs the controllers that tie a cluster to its cloud.",
     long_about = None,
+    // As with Go's flag package, a flag given twice takes its last value.
+    args_override_self = true,
     // Go's flag package accepts `-flag` as well as `--flag`; clap only `--flag`. Users copy upstream
     // manifests, which use `--flag`, so that is what we support.
 )]
@@ -20,6 +22,12 @@ pub struct Options {
     /// Which controllers run.
     #[command(flatten)]
     pub generic: GenericOptions,
+    /// Leader election.
+    #[command(flatten)]
+    pub leader_election: LeaderElectionOptions,
+    /// The secure health and metrics endpoint.
+    #[command(flatten)]
+    pub serving: ServingOptions,
     /// Which cloud, configured how.
     #[command(flatten)]
     pub cloud: CloudProviderOptions,
@@ -52,6 +60,90 @@ pub struct GenericOptions {
         allow_hyphen_values = true
     )]
     pub controllers: Vec<String>,
+}
+
+/// Leader election on a coordination.k8s.io Lease (upstream's flags and defaults).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Leader election")]
+pub struct LeaderElectionOptions {
+    /// Start a leader election client and gain leadership before running the controllers. Enable this
+    /// when running replicated components for high availability.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    pub leader_elect: bool,
+
+    /// How long non-leader candidates wait after observing a leadership renewal before attempting to
+    /// acquire leadership of a led but unrenewed leader slot.
+    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the acting leader keeps trying to renew before it stops leading (and exits).
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How long candidates wait between tries of acquiring and renewing leadership.
+    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// The type of resource object used for locking; only `leases` is supported.
+    #[arg(long, default_value = "leases", value_parser = ["leases"])]
+    pub leader_elect_resource_lock: String,
+
+    /// The name of the Lease used for locking.
+    #[arg(long, default_value = "cloud-controller-manager")]
+    pub leader_elect_resource_name: String,
+
+    /// The namespace of the Lease used for locking.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+}
+
+impl LeaderElectionOptions {
+    /// client-go's checks: lease duration > renew deadline > 1.2 × retry period.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.leader_elect {
+            return Ok(());
+        }
+        if self.leader_elect_lease_duration <= self.leader_elect_renew_deadline {
+            return Err(
+                "--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline"
+                    .to_owned(),
+            );
+        }
+        if self.leader_elect_renew_deadline <= self.leader_elect_retry_period.mul_f64(1.2) {
+            return Err(
+                "--leader-elect-renew-deadline must be greater than 1.2 × --leader-elect-retry-period".to_owned(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The HTTPS endpoint: `/healthz`, `/livez`, `/readyz` and `/metrics`.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Secure serving")]
+pub struct ServingOptions {
+    /// The port on which to serve HTTPS with authentication and authorization. 0 disables it.
+    #[arg(long, default_value_t = 10258)]
+    pub secure_port: u16,
+
+    /// The IP address on which to listen for the --secure-port port.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub bind_address: std::net::IpAddr,
+
+    /// File containing the default x509 certificate for HTTPS (CA certificates, if any, concatenated
+    /// after it). Without it, a self-signed certificate is generated in memory.
+    #[arg(long, default_value = "", requires = "tls_private_key_file")]
+    pub tls_cert_file: String,
+
+    /// File containing the default x509 private key matching --tls-cert-file.
+    #[arg(long, default_value = "", requires = "tls_cert_file")]
+    pub tls_private_key_file: String,
+
+    /// Paths that need neither authentication nor authorization (exact paths, or a prefix ending in
+    /// `*`). Everything else (e.g. /metrics) needs a caller the API server authenticates (TokenReview)
+    /// and authorizes (SubjectAccessReview).
+    #[arg(long, value_delimiter = ',', default_value = "/healthz,/readyz,/livez")]
+    pub authorization_always_allow_paths: Vec<String>,
 }
 
 /// Which cloud, configured how.
@@ -212,6 +304,30 @@ mod tests {
         );
         assert_eq!(options.node.node_monitor_period, Duration::from_secs(5));
         assert_eq!(options.service.concurrent_service_syncs, 16);
+        let le = &options.leader_election;
+        assert!(le.leader_elect);
+        assert_eq!(
+            (
+                le.leader_elect_lease_duration,
+                le.leader_elect_renew_deadline,
+                le.leader_elect_retry_period
+            ),
+            (
+                Duration::from_secs(15),
+                Duration::from_secs(10),
+                Duration::from_secs(2)
+            )
+        );
+        assert_eq!(le.leader_elect_resource_lock, "leases");
+        assert_eq!(le.leader_elect_resource_name, "cloud-controller-manager");
+        assert_eq!(le.leader_elect_resource_namespace, "kube-system");
+        assert!(le.validate().is_ok());
+        assert_eq!(options.serving.secure_port, 10258);
+        assert_eq!(options.serving.bind_address.to_string(), "0.0.0.0");
+        assert_eq!(
+            options.serving.authorization_always_allow_paths,
+            ["/healthz", "/readyz", "/livez"]
+        );
         assert_eq!(options.cloud.cluster_name, "kubernetes");
     }
 
@@ -271,6 +387,44 @@ mod tests {
                 .unwrap()
                 .cloud
                 .allow_untagged_cloud
+        );
+    }
+
+    #[test]
+    fn leader_election_flags_are_checked_as_client_go_does() {
+        let options = parse(&[
+            "--leader-elect-lease-duration=10s",
+            "--leader-elect-renew-deadline=10s",
+        ])
+        .unwrap();
+        assert!(
+            options
+                .leader_election
+                .validate()
+                .unwrap_err()
+                .contains("--leader-elect-lease-duration")
+        );
+        let options = parse(&[
+            "--leader-elect-renew-deadline=2s",
+            "--leader-elect-retry-period=2s",
+        ])
+        .unwrap();
+        assert!(
+            options
+                .leader_election
+                .validate()
+                .unwrap_err()
+                .contains("--leader-elect-renew-deadline")
+        );
+        let options = parse(&["--leader-elect=false", "--leader-elect-renew-deadline=1s"]).unwrap();
+        assert!(
+            options.leader_election.validate().is_ok(),
+            "not checked when off"
+        );
+        assert!(parse(&["--leader-elect-resource-lock=endpoints"]).is_err());
+        assert!(
+            parse(&["--tls-cert-file=/x.crt"]).is_err(),
+            "needs the key too"
         );
     }
 

@@ -45,11 +45,17 @@ impl RunningManager {
             .unwrap();
         let manager = Manager::with_registry(registry);
         let metrics = manager.metrics().clone();
-        let kubeconfig = control_plane().admin_kubeconfig();
+        // The manager runs as system:cloud-controller-manager with exactly the shipped RBAC, so every
+        // controller test also proves the role grants what the controller needs.
+        test_control_plane::apply_shipped_rbac().await;
+        let kubeconfig = control_plane().ccm_kubeconfig();
         let mut argv = vec![
             "cloud-controller-manager".to_owned(),
             "--cloud-provider=fake".to_owned(),
             format!("--kubeconfig={}", kubeconfig.display()),
+            // Off unless a test turns them on: tests run one manager at a time but share the cluster.
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
         ];
         argv.extend(args.iter().map(|a| a.to_string()));
         let options = Options::try_parse_from(argv).expect("valid flags");
@@ -143,7 +149,13 @@ pub async fn set_ready(name: &str, ready: bool) {
 
 /// The events about `node` with `reason`.
 pub async fn events_for(node: &str, reason: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(admin().await, "default");
+    events_in("default", node, reason).await
+}
+
+/// The events in `namespace` about the object `name` with `reason`.
+pub async fn events_in(namespace: &str, name: &str, reason: &str) -> Vec<Event> {
+    let node = name;
+    let events: Api<Event> = Api::namespaced(admin().await, namespace);
     events
         .list(&ListParams::default())
         .await
@@ -185,4 +197,41 @@ pub fn load_balancer_service(name: &str, ports: &[i32]) -> k8s_openapi::api::cor
         }
     }))
     .unwrap()
+}
+
+/// A free loopback port (bound, then released for the manager to take).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET https://127.0.0.1:<port><path>` with an optional bearer token, via curl (the endpoint's
+/// certificate is self-signed): the status code and body.
+pub async fn https_get(port: u16, path: &str, token: Option<&str>) -> (u16, String) {
+    // Async: the manager under test may run on this very runtime thread.
+    let mut command = tokio::process::Command::new("curl");
+    command.args(["-sk", "--max-time", "10", "-w", "\n%{http_code}"]);
+    if let Some(token) = token {
+        command.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let output = command
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .await
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// The bearer token of a kubeconfig the test control plane wrote.
+pub fn kubeconfig_token(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned))
+        .expect("a token in the kubeconfig")
 }

@@ -1,0 +1,247 @@
+//! The secure endpoint (`--secure-port`, default 10258): HTTPS with a certificate from
+//! `--tls-cert-file`/`--tls-private-key-file` or a self-signed one made in memory; `/healthz`,
+//! `/livez`, `/readyz` open (`--authorization-always-allow-paths`), everything else, `/metrics`
+//! included, for callers the API server authenticates and authorizes.
+
+use std::{
+    net::{SocketAddr, TcpListener},
+    sync::Arc,
+    time::Duration,
+};
+
+use axum::{
+    Router,
+    extract::{Query, State},
+    http::{HeaderMap, Method, StatusCode, Uri, header},
+    response::{IntoResponse, Response},
+};
+use axum_server::tls_rustls::RustlsConfig;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    delegated_auth::{Decision, DelegatedAuth},
+    health::Health,
+    options::ServingOptions,
+};
+use crate::metrics::Metrics;
+
+/// Why the endpoint could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServingError {
+    /// The port is taken or the address is not local.
+    #[error("cannot listen on {address} (--bind-address/--secure-port): {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate or key cannot be used.
+    #[error("cannot use the serving certificate: {0}")]
+    Tls(String),
+}
+
+/// What the handler needs.
+pub struct ServerState {
+    /// The health checks.
+    pub health: Arc<Health>,
+    /// The metrics.
+    pub metrics: Metrics,
+    /// The reviewer.
+    pub auth: DelegatedAuth,
+    /// Paths open to anyone.
+    pub always_allow: Vec<String>,
+}
+
+fn certified_key(
+    options: &ServingOptions,
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServingError> {
+    if !options.tls_cert_file.is_empty() {
+        let certs = CertificateDer::pem_file_iter(&options.tls_cert_file)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|err| {
+                ServingError::Tls(format!("--tls-cert-file {}: {err}", options.tls_cert_file))
+            })?;
+        let key = PrivateKeyDer::from_pem_file(&options.tls_private_key_file).map_err(|err| {
+            ServingError::Tls(format!(
+                "--tls-private-key-file {}: {err}",
+                options.tls_private_key_file
+            ))
+        })?;
+        return Ok((certs, key));
+    }
+    // Upstream generates one in memory too (pair name "cloud-controller-manager").
+    let names = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "cloud-controller-manager".to_owned(),
+    ];
+    let generated = rcgen::generate_simple_self_signed(names)
+        .map_err(|err| ServingError::Tls(err.to_string()))?;
+    let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
+        .map_err(|err| ServingError::Tls(err.to_owned()))?;
+    Ok((vec![generated.cert.der().clone()], key))
+}
+
+fn tls_config(options: &ServingOptions) -> Result<rustls::ServerConfig, ServingError> {
+    let (certs, key) = certified_key(options)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|err| ServingError::Tls(err.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|err| ServingError::Tls(err.to_string()))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Binds and starts serving; `Ok(None)` when `--secure-port=0`. Binding happens here, so a taken port
+/// is an error at start, not a log line later.
+pub fn start(
+    options: &ServingOptions,
+    state: Arc<ServerState>,
+    shutdown: CancellationToken,
+) -> Result<Option<SocketAddr>, ServingError> {
+    if options.secure_port == 0 {
+        return Ok(None);
+    }
+    let address = SocketAddr::new(options.bind_address, options.secure_port);
+    let listener =
+        TcpListener::bind(address).map_err(|source| ServingError::Bind { address, source })?;
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| ServingError::Bind { address, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| ServingError::Bind { address, source })?;
+    let config = RustlsConfig::from_config(Arc::new(tls_config(options)?));
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    let app = Router::new().fallback(handle_request).with_state(state);
+    let server = axum_server::from_tcp_rustls(listener, config)
+        .map_err(|source| ServingError::Bind { address, source })?
+        .handle(handle);
+    tokio::spawn(async move {
+        if let Err(err) = server.serve(app.into_make_service()).await {
+            tracing::error!(error = %err, "the secure endpoint stopped");
+        }
+    });
+    tracing::info!(address = %local, "serving /healthz, /livez, /readyz and /metrics over HTTPS");
+    Ok(Some(local))
+}
+
+fn always_allowed(path: &str, allow: &[String]) -> bool {
+    allow.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => path == p,
+    })
+}
+
+fn text(code: u16, body: String) -> Response {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+async fn handle_request(
+    State(state): State<Arc<ServerState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(query): Query<Vec<(String, String)>>,
+) -> Response {
+    let path = uri.path();
+    if !always_allowed(path, &state.always_allow) {
+        let token = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let verb = method.as_str().to_lowercase();
+        match state.auth.decide(token, path, &verb).await {
+            Decision::Allowed => {}
+            Decision::Unauthenticated => return text(401, "Unauthorized".to_owned()),
+            Decision::Forbidden(message) => return text(403, message),
+            Decision::Failed(message) => {
+                tracing::warn!(%path, error = %message, "could not authorize a request");
+                return text(500, "Internal Server Error".to_owned());
+            }
+        }
+    }
+    if method != Method::GET && method != Method::HEAD {
+        return text(405, "Method Not Allowed".to_owned());
+    }
+    if path == "/metrics" {
+        return (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.metrics.encode(),
+        )
+            .into_response();
+    }
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    let endpoint = parts.next().unwrap_or_default();
+    let subpath = parts.next().unwrap_or_default();
+    if matches!(endpoint, "healthz" | "livez" | "readyz") {
+        let verbose = query.iter().any(|(k, _)| k == "verbose");
+        let exclude: Vec<String> = query
+            .iter()
+            .filter(|(k, _)| k == "exclude")
+            .map(|(_, v)| v.clone())
+            .collect();
+        if let Some((code, body)) = state.health.answer(endpoint, subpath, verbose, &exclude) {
+            return text(code, body);
+        }
+    }
+    text(404, "404 page not found".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn always_allowed_paths_are_exact_unless_they_end_in_a_star() {
+        let allow = vec!["/healthz".to_owned(), "/debug/*".to_owned()];
+        assert!(always_allowed("/healthz", &allow));
+        assert!(!always_allowed("/healthz/leaderElection", &allow));
+        assert!(always_allowed("/debug/pprof", &allow));
+        assert!(!always_allowed("/metrics", &allow));
+    }
+
+    #[test]
+    fn a_self_signed_certificate_is_made_without_files() {
+        let options = ServingOptions {
+            secure_port: 1,
+            bind_address: "127.0.0.1".parse().unwrap(),
+            tls_cert_file: String::new(),
+            tls_private_key_file: String::new(),
+            authorization_always_allow_paths: vec![],
+        };
+        assert!(tls_config(&options).is_ok());
+        let missing = ServingOptions {
+            tls_cert_file: "/nonexistent/tls.crt".into(),
+            tls_private_key_file: "/nonexistent/tls.key".into(),
+            ..options
+        };
+        let err = tls_config(&missing).unwrap_err().to_string();
+        assert!(
+            err.contains("--tls-cert-file /nonexistent/tls.crt"),
+            "{err}"
+        );
+    }
+}

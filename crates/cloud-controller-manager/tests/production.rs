@@ -1,0 +1,402 @@
+//! Running it for real: the deploy manifests, the secure endpoint with delegated auth, leader election,
+//! graceful shutdown and failover between two replicas, all against the real API server.
+
+mod support;
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::{
+    authentication::v1::{TokenRequest, TokenRequestSpec},
+    coordination::v1::Lease,
+    core::v1::ServiceAccount,
+};
+use kube::{Api, api::PostParams};
+use serde_json::json;
+use support::{
+    RunningManager, SERIAL, admin, create_namespace, create_node, delete_nodes, eventually,
+    free_port, get_node, https_get, kubeconfig_token,
+};
+use test_control_plane::{
+    apply_manifest, control_plane, kubelet_node, unique_name, workspace_root,
+};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-controller-manager");
+
+#[tokio::test]
+async fn the_deploy_manifests_pass_a_server_side_dry_run() {
+    let client = admin().await;
+    let mut files: Vec<_> = std::fs::read_dir(workspace_root().join("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    // rbac.yaml before deployment.yaml: the ServiceAccount must exist for a dry run of the Deployment.
+    files.sort_by_key(|p| !p.ends_with("rbac.yaml"));
+    assert!(files.len() >= 2, "{files:?}");
+    for file in files {
+        let yaml = std::fs::read_to_string(&file).unwrap();
+        apply_manifest(&client, &yaml, file.ends_with("deployment.yaml")).await;
+    }
+    // The role has no wildcards.
+    let rbac = std::fs::read_to_string(workspace_root().join("deploy/rbac.yaml")).unwrap();
+    assert!(!rbac.contains('*'), "a wildcard in deploy/rbac.yaml");
+}
+
+async fn service_account_token(namespace: &str, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin().await, namespace);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token
+        .expect("a token")
+}
+
+#[tokio::test]
+async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_callers_only() {
+    let _serial = SERIAL.lock().await;
+    let port = free_port();
+    let port_arg = format!("--secure-port={port}");
+    let manager = RunningManager::start(
+        "",
+        &[
+            &port_arg,
+            "--bind-address=127.0.0.1",
+            "--leader-elect=true",
+            "--controllers=cloud-node",
+        ],
+    )
+    .await;
+    eventually("the endpoint", Duration::from_secs(20), || async {
+        (https_get(port, "/healthz", None).await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(
+        https_get(port, "/healthz", None).await,
+        (200, "ok".to_owned())
+    );
+    assert_eq!(https_get(port, "/livez", None).await.0, 200);
+    assert_eq!(https_get(port, "/readyz", None).await.0, 200);
+    // Controller checks appear once the controllers run, i.e. once this replica leads.
+    let verbose = eventually(
+        "the controller's check",
+        Duration::from_secs(30),
+        || async {
+            let (code, body) = https_get(port, "/healthz?verbose", None).await;
+            (code == 200 && body.contains("[+]cloud-node-controller ok")).then_some(body)
+        },
+    )
+    .await;
+    assert!(verbose.contains("[+]leaderElection ok"), "{verbose}");
+
+    // /metrics: anonymous is forbidden, a bad token unauthenticated, cluster-admin allowed.
+    let (code, body) = https_get(port, "/metrics", None).await;
+    assert_eq!(code, 403, "{body}");
+    assert!(body.contains("system:anonymous"), "{body}");
+    assert_eq!(
+        https_get(port, "/metrics", Some("not-a-token")).await.0,
+        401
+    );
+    let admin_token = kubeconfig_token(&control_plane().admin_kubeconfig());
+    let (code, metrics) = https_get(port, "/metrics", Some(&admin_token)).await;
+    assert_eq!(code, 200);
+    for name in [
+        "rest_client_requests_total",
+        "rest_client_request_duration_seconds",
+        "node_controller_initial_node_sync_delay_seconds",
+        "service_controller_load_balancers",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}");
+    }
+
+    // A ServiceAccount (a Prometheus, say): forbidden until RBAC grants it GET /metrics.
+    let namespace = unique_name("metrics");
+    create_namespace(&namespace).await;
+    let token = service_account_token(&namespace, "prometheus").await;
+    assert_eq!(https_get(port, "/metrics", Some(&token)).await.0, 403);
+    let grant = format!(
+        r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: {namespace}-metrics-reader}}
+rules: [{{nonResourceURLs: [/metrics], verbs: [get]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: {namespace}-metrics-reader}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: {namespace}-metrics-reader}}
+subjects: [{{kind: ServiceAccount, name: prometheus, namespace: {namespace}}}]
+"#
+    );
+    apply_manifest(&admin().await, &grant, false).await;
+    // Decisions are cached for 10 s.
+    eventually(
+        "the grant to take effect",
+        Duration::from_secs(30),
+        || async { (https_get(port, "/metrics", Some(&token)).await.0 == 200).then_some(()) },
+    )
+    .await;
+    manager.stop().await;
+    // The endpoint goes with the manager.
+    assert_eq!(https_get(port, "/healthz", None).await.0, 0);
+}
+
+async fn lease(name: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(admin().await, "kube-system")
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+fn holder(lease: &Lease) -> String {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default()
+}
+
+/// A manager process as a replica would run it, with its log collected.
+struct Replica {
+    child: Child,
+    log: Arc<Mutex<String>>,
+    state_file: std::path::PathBuf,
+}
+
+impl Replica {
+    fn start(dir: &std::path::Path, index: usize) -> Self {
+        let state_file = dir.join(format!("state-{index}.json"));
+        let config = dir.join(format!("cloud-{index}.yaml"));
+        std::fs::write(&config, format!("stateFile: {}\n", state_file.display())).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("--cloud-provider=fake")
+            .arg(format!("--cloud-config={}", config.display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                control_plane().ccm_kubeconfig().display()
+            ))
+            .arg("--controllers=cloud-node")
+            .arg("--secure-port=0")
+            .arg("--leader-elect=true")
+            .env_remove("RUST_LOG")
+            .env_remove("KUBECONFIG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Self {
+            child,
+            log,
+            state_file,
+        }
+    }
+
+    fn identity(&self) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("attempting to acquire leader lease"))?;
+        let start = line.find("identity=")? + "identity=".len();
+        Some(
+            line[start..]
+                .split_whitespace()
+                .next()?
+                .trim_matches('"')
+                .to_owned(),
+        )
+    }
+
+    fn calls(&self, method: &str) -> u64 {
+        cloud_provider_fake::CloudState::read(&self.state_file)
+            .map(|s| s.calls_to(method))
+            .unwrap_or(0)
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                started.elapsed() < within,
+                "replica did not exit within {within:?}:\n{}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for the Lease to name one of `replicas`, returning its index.
+async fn leader_among(lease_name: &str, replicas: &[&Replica], within: Duration) -> usize {
+    eventually("a leader", within, || async {
+        let holder = holder(&lease(lease_name).await?);
+        replicas
+            .iter()
+            .position(|r| r.identity().as_deref() == Some(holder.as_str()))
+    })
+    .await
+}
+
+/// One replica acts, the other waits; SIGKILL of the leader hands over within the lease duration, and
+/// SIGTERM of the next leader hands over in seconds (it releases the lease).
+#[tokio::test]
+async fn two_replicas_fail_over_on_sigkill_and_hand_over_on_sigterm() {
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The shipped role allows only the Lease kube-system/cloud-controller-manager. Start without it, so
+    // the replicas must create it (the role's `create` rule) as well as take it over.
+    let lease_name = "cloud-controller-manager";
+    let _ = Api::<Lease>::namespaced(admin().await, "kube-system")
+        .delete(lease_name, &Default::default())
+        .await;
+    let mut replicas = vec![Replica::start(dir.path(), 0), Replica::start(dir.path(), 1)];
+    let first = leader_among(
+        lease_name,
+        &[&replicas[0], &replicas[1]],
+        Duration::from_secs(30),
+    )
+    .await;
+    let second = 1 - first;
+
+    // Exactly one acts: only the leader's cloud sees the node.
+    let node_a = unique_name("failover-a");
+    create_node(&kubelet_node(&node_a)).await;
+    eventually(
+        "the leader to initialize a node",
+        Duration::from_secs(20),
+        || async {
+            get_node(&node_a).await.filter(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_ref())
+                    .is_some()
+            })
+        },
+    )
+    .await;
+    eventually(
+        "the leader's call counts",
+        Duration::from_secs(5),
+        || async { (replicas[first].calls("instance_metadata") >= 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        replicas[second].calls("instance_metadata"),
+        0,
+        "the standby acted:\n--- leader:\n{}\n--- standby:\n{}",
+        replicas[first].log.lock().unwrap(),
+        replicas[second].log.lock().unwrap()
+    );
+
+    // SIGKILL: no release; the standby takes over once the lease (15 s) runs out.
+    let killed_at = Instant::now();
+    replicas[first].signal("KILL");
+    replicas[first].wait_exit(Duration::from_secs(5));
+    leader_among(lease_name, &[&replicas[second]], Duration::from_secs(30)).await;
+    let takeover = killed_at.elapsed();
+    // The lease duration, plus up to two retry periods (2 s, +20 % jitter) to notice the last renewal
+    // and then the expiry, plus the time to see the new holder here.
+    assert!(
+        takeover <= Duration::from_secs(15 + 5),
+        "takeover after SIGKILL took {takeover:?}"
+    );
+    let node_b = unique_name("failover-b");
+    create_node(&kubelet_node(&node_b)).await;
+    eventually(
+        "the new leader to initialize a node",
+        Duration::from_secs(20),
+        || async {
+            get_node(&node_b).await.filter(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_ref())
+                    .is_some()
+            })
+        },
+    )
+    .await;
+
+    // A fresh standby; SIGTERM of the leader releases the lease and exits 0: handover in seconds.
+    replicas.push(Replica::start(dir.path(), 2));
+    eventually(
+        "the new standby to try",
+        Duration::from_secs(20),
+        || async { replicas[2].identity() },
+    )
+    .await;
+    let terminated_at = Instant::now();
+    replicas[second].signal("TERM");
+    assert_eq!(
+        replicas[second].wait_exit(Duration::from_secs(35)),
+        Some(0),
+        "exit status after SIGTERM"
+    );
+    let leader = leader_among(lease_name, &[&replicas[2]], Duration::from_secs(30)).await;
+    assert_eq!(leader, 0);
+    let handover = terminated_at.elapsed();
+    assert!(
+        handover < Duration::from_secs(10),
+        "handover after SIGTERM took {handover:?} (the lease is 15 s)"
+    );
+    let log = replicas[second].log.lock().unwrap().clone();
+    assert!(log.contains("released the leader lease"), "{log}");
+
+    replicas[2].signal("TERM");
+    assert_eq!(replicas[2].wait_exit(Duration::from_secs(35)), Some(0));
+    let released = lease(lease_name).await.unwrap();
+    assert_eq!(
+        holder(&released),
+        "",
+        "the lease is released on a clean exit"
+    );
+    delete_nodes(&[&node_a, &node_b]).await;
+}
