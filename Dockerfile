@@ -1,0 +1,12 @@
+# The cloud-controller-manager image (with the providers its default features link; build your own
+# provider's binary the same way). No Docker engine runs on this project's machines, so CI does not build
+# it; `cargo build --release` is what it wraps.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY . .
+RUN cargo build --release --locked -p cloud-controller-manager
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/cloud-controller-manager /usr/local/bin/cloud-controller-manager
+USER 65532:65532
+ENTRYPOINT ["/usr/local/bin/cloud-controller-manager"]
