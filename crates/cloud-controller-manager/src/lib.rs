@@ -15,6 +15,7 @@
 //! or registers the factory explicitly with [`Manager::with_provider`].
 
 pub mod app;
+pub mod cidrs;
 pub mod controllers;
 pub mod events;
 pub mod informers;

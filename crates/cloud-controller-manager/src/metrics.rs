@@ -7,7 +7,7 @@ use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use crate::{
     app::request_metrics::RequestMetrics,
-    controllers::{node::NodeMetrics, service::ServiceMetrics},
+    controllers::{node::NodeMetrics, route::RouteMetrics, service::ServiceMetrics},
 };
 
 /// Every metric the manager exports. Cheap to clone.
@@ -20,6 +20,8 @@ pub struct Metrics {
     pub node: NodeMetrics,
     /// The service-lb controller's metrics.
     pub service: ServiceMetrics,
+    /// The node-route controller's metric.
+    pub route: RouteMetrics,
 }
 
 impl Default for Metrics {
@@ -35,11 +37,13 @@ impl Metrics {
         let requests = RequestMetrics::register(&mut registry);
         let node = NodeMetrics::register(&mut registry);
         let service = ServiceMetrics::register(&mut registry);
+        let route = RouteMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             node,
             service,
+            route,
         }
     }
 

@@ -143,10 +143,55 @@ fn a_cloud_without_cluster_id_needs_allow_untagged_cloud() {
             "--cloud-provider=fake",
             &arg,
             "--allow-untagged-cloud",
+            "--configure-cloud-routes=false",
             "--kubeconfig=/nonexistent/kubeconfig",
         ],
         1,
         &["cannot load --kubeconfig /nonexistent/kubeconfig"],
+    );
+}
+
+#[test]
+fn the_route_controller_needs_a_valid_cluster_cidr() {
+    // The fake cloud offers routes and every controller is on by default.
+    assert_fails_with(
+        &["--cloud-provider=fake"],
+        1,
+        &["--cluster-cidr is empty", "--configure-cloud-routes=false"],
+    );
+    assert_fails_with(
+        &["--cloud-provider=fake", "--cluster-cidr=10.244.0.0"],
+        1,
+        &["--cluster-cidr: \"10.244.0.0\" is not a CIDR"],
+    );
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            "--cluster-cidr=10.0.0.0/8,10.1.0.0/16",
+        ],
+        1,
+        &["one IPv4 and one IPv6"],
+    );
+    // Without routes, or without the route controller, no --cluster-cidr is needed: the run gets as
+    // far as the (missing) kubeconfig.
+    for args in [
+        ["--cloud-provider=fake", "--configure-cloud-routes=false"],
+        ["--cloud-provider=fake", "--controllers=*,-route"],
+    ] {
+        let mut all = args.to_vec();
+        all.push("--kubeconfig=/nonexistent/kubeconfig");
+        assert_fails_with(&all, 1, &["cannot load --kubeconfig"]);
+    }
+    assert_fails_with(
+        &[
+            "--cloud-provider=fake",
+            "--configure-cloud-routes=false",
+            "--allocate-node-cidrs",
+            "--cluster-cidr=10.0.0.0/16,fd00::/48",
+            "--node-cidr-mask-size=24",
+        ],
+        1,
+        &["--node-cidr-mask-size cannot be used with a dual-stack --cluster-cidr"],
     );
 }
 
@@ -164,7 +209,11 @@ fn malformed_flags_are_rejected() {
         &["unexpected argument 'stray-positional'"],
     );
     assert_fails_with(
-        &["--cloud-provider=fake", "--master=http://[::1"],
+        &[
+            "--cloud-provider=fake",
+            "--configure-cloud-routes=false",
+            "--master=http://[::1",
+        ],
         1,
         &["invalid --master"],
     );
@@ -180,7 +229,11 @@ fn stops_cleanly_on(signal: &str) {
         .unwrap()
         .port();
     let mut child = Command::new(BIN)
-        .args(["--cloud-provider=fake", "--bind-address=127.0.0.1"])
+        .args([
+            "--cloud-provider=fake",
+            "--bind-address=127.0.0.1",
+            "--cluster-cidr=10.244.0.0/16",
+        ])
         .arg(format!("--secure-port={port}"))
         .arg("--kubeconfig")
         .arg(plane.admin_kubeconfig())

@@ -93,11 +93,12 @@ mod tests {
             .collect()
     }
 
-    const ALL: [&str; 4] = [
+    const ALL: [&str; 5] = [
         "cloud-node-controller",
         "cloud-node-lifecycle-controller",
         "service-lb-controller",
         "node-route-controller",
+        "node-ipam-controller",
     ];
 
     #[test]
@@ -107,12 +108,21 @@ mod tests {
 
     #[test]
     fn minus_disables_by_alias_or_name() {
-        assert_eq!(enabled(&["*,-route"]), ALL[..3]);
+        assert_eq!(enabled(&["*,-route,-nodeipam"]), ALL[..3]);
         assert_eq!(
-            enabled(&["*", "-node-route-controller", "-service"]),
+            enabled(&["*", "-node-route-controller", "-service", "-nodeipam"]),
             ALL[..2]
         );
-        assert_eq!(enabled(&["-route,*"]), ALL[..3]);
+        assert_eq!(enabled(&["-route,-node-ipam-controller,*"]), ALL[..3]);
+        assert_eq!(
+            enabled(&["*,-route"]),
+            [
+                "cloud-node-controller",
+                "cloud-node-lifecycle-controller",
+                "service-lb-controller",
+                "node-ipam-controller"
+            ]
+        );
     }
 
     #[test]
@@ -130,7 +140,7 @@ mod tests {
     fn the_first_mention_wins() {
         assert!(enabled(&["-route,route"]).is_empty());
         assert_eq!(enabled(&["route,-route"]), ["node-route-controller"]);
-        assert_eq!(enabled(&["-route,*,route"]), ALL[..3]);
+        assert_eq!(enabled(&["-route,-nodeipam,*,route"]), ALL[..3]);
     }
 
     #[test]
@@ -142,6 +152,6 @@ mod tests {
             message.starts_with("--controllers: \"bogus\" is not in the list of known controllers (cloud-node-controller, cloud-node,"),
             "{message}"
         );
-        assert!(ControllerSelection::parse(&["nodeipam"], KNOWN_CONTROLLERS).is_err());
+        assert!(ControllerSelection::parse(&["ipam"], KNOWN_CONTROLLERS).is_err());
     }
 }

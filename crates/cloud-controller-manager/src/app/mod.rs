@@ -146,6 +146,7 @@ pub async fn run(
         provider = cloud.provider_name(),
         "cloud provider initialized from the registry"
     );
+    validate_network_flags(&options, &selection, cloud.as_ref())?;
 
     let config = client::client_config(&options.client).await?;
     let url = config.cluster_url.to_string();
@@ -224,6 +225,31 @@ pub async fn run(
     Ok(())
 }
 
+/// `--cluster-cidr` and the node-IPAM flags, checked at start for the controllers that will use them
+/// (upstream: a route controller with routes supported and no valid `--cluster-cidr` is fatal).
+fn validate_network_flags(
+    options: &Options,
+    selection: &ControllerSelection,
+    cloud: &dyn CloudProvider,
+) -> Result<(), AppError> {
+    if selection.is_enabled("node-route-controller")
+        && options.route.configure_cloud_routes
+        && cloud.routes().is_some()
+    {
+        crate::cidrs::parse_cidr_list("--cluster-cidr", &options.cloud.cluster_cidr).map_err(
+            |err| {
+                AppError::Flag(format!(
+                    "{err} (the route controller needs it; or set --configure-cloud-routes=false)"
+                ))
+            },
+        )?;
+    }
+    if selection.is_enabled("node-ipam-controller") && options.ipam.allocate_node_cidrs {
+        controllers::ipam::cidr_sets(&options.cloud, &options.ipam).map_err(AppError::Flag)?;
+    }
+    Ok(())
+}
+
 /// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
 /// leadership was `lost`) or one of them fails.
 #[allow(clippy::too_many_arguments)]
@@ -269,9 +295,9 @@ async fn run_controllers(
                 names.insert(handle.id(), controller.name);
                 health.controller_started(controller.name);
             }
-            None => tracing::warn!(
+            None => tracing::info!(
                 controller = controller.name,
-                "controller is enabled but does not run (not part of this build, or the cloud lacks what it needs)"
+                "controller is enabled but does not run (see the reason above)"
             ),
         }
     }

@@ -37,6 +37,12 @@ pub struct Options {
     /// The service-lb controller.
     #[command(flatten)]
     pub service: ServiceControllerOptions,
+    /// The node-route controller.
+    #[command(flatten)]
+    pub route: RouteControllerOptions,
+    /// The node-IPAM controller.
+    #[command(flatten)]
+    pub ipam: NodeIpamOptions,
     /// How the manager talks to the API server.
     #[command(flatten)]
     pub client: ClientOptions,
@@ -52,7 +58,7 @@ pub struct GenericOptions {
     /// Controllers to enable: '*' enables all on-by-default controllers, 'foo' enables the controller
     /// named 'foo', '-foo' disables it. The first mention of a controller wins. Known names:
     /// cloud-node-controller (cloud-node), cloud-node-lifecycle-controller (cloud-node-lifecycle),
-    /// service-lb-controller (service), node-route-controller (route).
+    /// service-lb-controller (service), node-route-controller (route), node-ipam-controller (nodeipam; runs only with --allocate-node-cidrs).
     #[arg(
         long,
         value_delimiter = ',',
@@ -162,6 +168,11 @@ pub struct CloudProviderOptions {
     #[arg(long, default_value = "kubernetes")]
     pub cluster_name: String,
 
+    /// CIDR range of pods in the cluster: one CIDR, or an IPv4 and an IPv6 one separated by a comma.
+    /// Required by the route controller (when routes are configured) and by node IPAM.
+    #[arg(long, default_value = "")]
+    pub cluster_cidr: String,
+
     /// Allow the cluster to run without the cluster-id on cloud instances (deprecated upstream, kept for
     /// compatibility): without it, a cloud that reports no cluster ID is fatal.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
@@ -210,6 +221,50 @@ pub struct ServiceControllerOptions {
     /// change. Upstream's default is 1; 16 keeps many Services from queueing behind one slow cloud call.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrent_service_syncs: u16,
+}
+
+/// The node-route controller.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Route controller")]
+pub struct RouteControllerOptions {
+    /// Whether the cloud's routes for pod CIDRs are configured (needs --cluster-cidr when the cloud
+    /// offers routes).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    pub configure_cloud_routes: bool,
+
+    /// The period for reconciling routes created for nodes by the cloud provider.
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    pub route_reconciliation_period: Duration,
+}
+
+/// The node-IPAM controller (node-ipam-controller, alias nodeipam).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Node IPAM")]
+pub struct NodeIpamOptions {
+    /// Whether pod CIDRs are allocated to nodes from --cluster-cidr.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub allocate_node_cidrs: bool,
+
+    /// The CIDR allocator; only RangeAllocator is supported.
+    #[arg(long, default_value = "RangeAllocator", value_parser = ["RangeAllocator"])]
+    pub cidr_allocator_type: String,
+
+    /// Mask size of a node's CIDR in a single-stack cluster (0: 24 for IPv4, 64 for IPv6).
+    #[arg(long, default_value_t = 0)]
+    pub node_cidr_mask_size: u8,
+
+    /// Mask size of a node's IPv4 CIDR in a dual-stack cluster.
+    #[arg(long = "node-cidr-mask-size-ipv4", default_value_t = 24)]
+    pub node_cidr_mask_size_ipv4: u8,
+
+    /// Mask size of a node's IPv6 CIDR in a dual-stack cluster.
+    #[arg(long = "node-cidr-mask-size-ipv6", default_value_t = 64)]
+    pub node_cidr_mask_size_ipv6: u8,
+
+    /// The Services' cluster IP range(s) (primary, and secondary for dual-stack); node CIDRs never
+    /// overlap them.
+    #[arg(long, default_value = "")]
+    pub service_cluster_ip_range: String,
 }
 
 /// A positive duration in Go's syntax (`5s`, `1m30s`).
@@ -329,6 +384,22 @@ mod tests {
             ["/healthz", "/readyz", "/livez"]
         );
         assert_eq!(options.cloud.cluster_name, "kubernetes");
+        assert_eq!(options.cloud.cluster_cidr, "");
+        assert!(options.route.configure_cloud_routes);
+        assert_eq!(
+            options.route.route_reconciliation_period,
+            Duration::from_secs(10)
+        );
+        assert!(!options.ipam.allocate_node_cidrs);
+        assert_eq!(options.ipam.cidr_allocator_type, "RangeAllocator");
+        assert_eq!(
+            (
+                options.ipam.node_cidr_mask_size,
+                options.ipam.node_cidr_mask_size_ipv4,
+                options.ipam.node_cidr_mask_size_ipv6
+            ),
+            (0, 24, 64)
+        );
     }
 
     #[test]

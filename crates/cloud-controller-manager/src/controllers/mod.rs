@@ -27,14 +27,20 @@ pub const KNOWN_CONTROLLERS: &[ControllerName] = &[
         name: "node-route-controller",
         alias: "route",
     },
+    ControllerName {
+        name: "node-ipam-controller",
+        alias: "nodeipam",
+    },
 ];
 
 /// Controllers that `*` does not enable (upstream's set is empty).
 pub const DISABLED_BY_DEFAULT: &[&str] = &[];
 
+pub mod ipam;
 pub mod node;
 pub mod node_lifecycle;
 mod patch;
+pub mod route;
 pub mod service;
 
 use std::{future::Future, pin::Pin, sync::Arc};
@@ -77,6 +83,8 @@ pub fn start(name: &str, context: ControllerContext) -> Option<ControllerTask> {
         "cloud-node-controller" => node::start(context),
         "cloud-node-lifecycle-controller" => node_lifecycle::start(context),
         "service-lb-controller" => service::start(context),
+        "node-route-controller" => route::start(context),
+        "node-ipam-controller" => ipam::start(context),
         _ => None,
     }
 }

@@ -1,0 +1,200 @@
+//! The range allocator: a cluster CIDR cut into node CIDRs of one size, each given out at most once
+//! (upstream's `cidrset`).
+
+use ipnet::IpNet;
+
+/// How many more bits a node CIDR may have than the cluster CIDR (upstream's limit: 65,536 node CIDRs).
+const MAX_EXTRA_BITS: u8 = 16;
+
+/// The node CIDRs of one cluster CIDR.
+#[derive(Debug, Clone)]
+pub struct CidrSet {
+    cluster: IpNet,
+    mask: u8,
+    used: Vec<bool>,
+    /// Where the next search starts, so released CIDRs are not handed out again at once.
+    next: usize,
+}
+
+impl CidrSet {
+    /// Node CIDRs of prefix length `mask` in `cluster`.
+    pub fn new(cluster: IpNet, mask: u8) -> Result<Self, String> {
+        let cluster = cluster.trunc();
+        if mask < cluster.prefix_len() || mask > cluster.max_prefix_len() {
+            return Err(format!(
+                "node CIDR mask size /{mask} does not fit the cluster CIDR {cluster}"
+            ));
+        }
+        let extra = mask - cluster.prefix_len();
+        if extra > MAX_EXTRA_BITS {
+            return Err(format!(
+                "node CIDR mask size /{mask} makes {} node CIDRs out of {cluster}; at most 2^{MAX_EXTRA_BITS} are allowed",
+                1u128 << extra
+            ));
+        }
+        Ok(Self {
+            cluster,
+            mask,
+            used: vec![false; 1usize << extra],
+            next: 0,
+        })
+    }
+
+    /// The cluster CIDR.
+    pub fn cluster(&self) -> IpNet {
+        self.cluster
+    }
+
+    /// How many node CIDRs are free.
+    pub fn free(&self) -> usize {
+        self.used.iter().filter(|u| !**u).count()
+    }
+
+    fn offset(&self, ip: std::net::IpAddr) -> Option<u128> {
+        match (self.cluster, ip) {
+            (IpNet::V4(net), std::net::IpAddr::V4(ip)) => {
+                Some(u128::from(u32::from(ip)).checked_sub(u128::from(u32::from(net.network())))?)
+            }
+            (IpNet::V6(net), std::net::IpAddr::V6(ip)) => {
+                u128::from(ip).checked_sub(u128::from(net.network()))
+            }
+            _ => None,
+        }
+    }
+
+    fn index_of(&self, ip: std::net::IpAddr) -> Option<usize> {
+        if !self.cluster.contains(&ip) {
+            return None;
+        }
+        let host_bits = u32::from(self.cluster.max_prefix_len() - self.mask);
+        usize::try_from(self.offset(ip)? >> host_bits).ok()
+    }
+
+    fn cidr_at(&self, index: usize) -> IpNet {
+        let host_bits = u32::from(self.cluster.max_prefix_len() - self.mask);
+        let offset = (index as u128) << host_bits;
+        match self.cluster {
+            IpNet::V4(net) => {
+                let ip = std::net::Ipv4Addr::from(u32::from(net.network()) + offset as u32);
+                IpNet::new(ip.into(), self.mask).expect("the mask fits the family")
+            }
+            IpNet::V6(net) => {
+                let ip = std::net::Ipv6Addr::from(u128::from(net.network()) + offset);
+                IpNet::new(ip.into(), self.mask).expect("the mask fits the family")
+            }
+        }
+    }
+
+    /// The next free node CIDR, or `None` when the range is exhausted.
+    pub fn allocate(&mut self) -> Option<IpNet> {
+        let count = self.used.len();
+        let index = (0..count)
+            .map(|i| (self.next + i) % count)
+            .find(|i| !self.used[*i])?;
+        self.used[index] = true;
+        self.next = (index + 1) % count;
+        Some(self.cidr_at(index))
+    }
+
+    /// Marks every node CIDR that `cidr` overlaps as used (a node's existing CIDR, or the service range).
+    /// Returns `false` when `cidr` lies outside this set.
+    pub fn occupy(&mut self, cidr: &IpNet) -> bool {
+        self.mark(cidr, true)
+    }
+
+    /// Frees the node CIDRs `cidr` covers.
+    pub fn release(&mut self, cidr: &IpNet) -> bool {
+        self.mark(cidr, false)
+    }
+
+    fn mark(&mut self, cidr: &IpNet, used: bool) -> bool {
+        let cidr = cidr.trunc();
+        let clamp_first = if self.cluster.contains(&cidr.network()) {
+            cidr.network()
+        } else {
+            self.cluster.network()
+        };
+        let clamp_last = if self.cluster.contains(&cidr.broadcast()) {
+            cidr.broadcast()
+        } else {
+            self.cluster.broadcast()
+        };
+        if !(self.cluster.contains(&cidr.network())
+            || self.cluster.contains(&cidr.broadcast())
+            || cidr.contains(&self.cluster))
+        {
+            return false;
+        }
+        let (Some(first), Some(last)) = (self.index_of(clamp_first), self.index_of(clamp_last))
+        else {
+            return false;
+        };
+        for slot in &mut self.used[first..=last] {
+            *slot = used;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn allocates_distinct_cidrs_until_exhausted() {
+        let mut set = CidrSet::new(net("10.244.0.0/22"), 24).unwrap();
+        let got: Vec<String> = (0..4)
+            .map(|_| set.allocate().unwrap().to_string())
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "10.244.0.0/24",
+                "10.244.1.0/24",
+                "10.244.2.0/24",
+                "10.244.3.0/24"
+            ]
+        );
+        assert_eq!(set.allocate(), None);
+        assert!(set.release(&net("10.244.1.0/24")));
+        assert_eq!(set.allocate(), Some(net("10.244.1.0/24")));
+    }
+
+    #[test]
+    fn released_cidrs_are_not_reused_at_once() {
+        let mut set = CidrSet::new(net("10.0.0.0/16"), 24).unwrap();
+        let first = set.allocate().unwrap();
+        set.release(&first);
+        assert_ne!(set.allocate(), Some(first));
+    }
+
+    #[test]
+    fn existing_and_service_ranges_are_occupied() {
+        let mut set = CidrSet::new(net("10.0.0.0/22"), 24).unwrap();
+        assert!(set.occupy(&net("10.0.0.0/24")));
+        assert!(set.occupy(&net("10.0.2.0/23"))); // covers two node CIDRs
+        assert_eq!(set.free(), 1);
+        assert_eq!(set.allocate(), Some(net("10.0.1.0/24")));
+        assert!(!set.occupy(&net("192.168.0.0/24")), "outside the range");
+        assert!(!set.occupy(&net("fd00::/64")), "another family");
+    }
+
+    #[test]
+    fn ipv6_and_limits() {
+        let mut set = CidrSet::new(net("fd00:10:244::/56"), 64).unwrap();
+        assert_eq!(set.allocate(), Some(net("fd00:10:244::/64")));
+        assert_eq!(set.allocate(), Some(net("fd00:10:244:1::/64")));
+        assert_eq!(set.free(), 254);
+        assert!(CidrSet::new(net("10.0.0.0/16"), 8).is_err());
+        assert!(
+            CidrSet::new(net("10.0.0.0/8"), 30)
+                .unwrap_err()
+                .contains("at most 2^16")
+        );
+        assert!(CidrSet::new(net("10.0.0.0/8"), 33).is_err());
+    }
+}
