@@ -54,6 +54,8 @@ use crate::{events::EventRecorder, informers::Change};
 pub const COMPONENT: &str = "service-controller";
 
 const MIN_RETRY: Duration = Duration::from_secs(5);
+/// How long a node sync waits for more node changes after the first one.
+const NODE_SYNC_SETTLE: Duration = Duration::from_millis(500);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// The controller's metrics: upstream's names, plus the load balancers it believes exist.
@@ -650,7 +652,8 @@ async fn handle_deletions(
 
 /// Node sync: a node change that alters the backend set (added, deleted, exclusion flipped, provider ID
 /// changed) updates the load balancers whose backends differ; other node updates (heartbeats, conditions,
-/// labels) do nothing. One pass at a time; changes during a pass cause one more pass.
+/// labels) do nothing. One pass at a time, after the changes of a burst have settled (500 ms); changes
+/// during a pass cause one more pass.
 async fn node_sync_loop(
     ctx: Arc<Context>,
     changes: impl Stream<Item = Change<Node>> + Send + 'static,
@@ -676,9 +679,24 @@ async fn node_sync_loop(
         while let Some(Some(change)) = changes.next().now_or_never() {
             pending |= observe(change);
         }
-        if pending {
-            sync_nodes(&ctx).await;
+        if !pending {
+            continue;
         }
+        // Nodes come and go in bursts (a scale-up, a rolling replacement): gather what follows within a
+        // short settle time, so each load balancer gets one update for the burst, not one per node.
+        let settle = tokio::time::sleep(NODE_SYNC_SETTLE);
+        tokio::pin!(settle);
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(change) => { observe(change); }
+                    None => return,
+                },
+                () = &mut settle => break,
+                () = shutdown.cancelled() => return,
+            }
+        }
+        sync_nodes(&ctx).await;
     }
 }
 

@@ -1,0 +1,260 @@
+//! The two managers under test, started with the same cloud behavior and comparable settings, and what
+//! the runner reads of them: process CPU and memory, and the cloud's call counts and backend sets.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+/// Which manager.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// This project's.
+    Rust,
+    /// Upstream's k8s.io/cloud-provider with its fake provider (bench/go-ccm).
+    Go,
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Rust => "rust",
+            Kind::Go => "go",
+        })
+    }
+}
+
+/// The settings a manager runs with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settings {
+    /// Each manager's own defaults (Go: QPS 20 / burst 30, 1 node worker, 1 service worker; Rust: QPS
+    /// 200 / burst 400, 16 and 16).
+    Defaults,
+    /// Both at QPS 200 / burst 400, 16 node workers, 16 service workers.
+    Equal,
+}
+
+impl fmt::Display for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Settings::Defaults => "own defaults",
+            Settings::Equal => "equal settings",
+        })
+    }
+}
+
+/// Paths to the two binaries.
+#[derive(Debug, Clone)]
+pub(crate) struct Binaries {
+    pub(crate) rust: PathBuf,
+    pub(crate) go: PathBuf,
+}
+
+/// A running manager.
+pub(crate) struct Running {
+    pub(crate) kind: Kind,
+    child: Child,
+    state_file: PathBuf,
+    stats_addr: String,
+}
+
+/// The cloud-side counters of a run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CloudStats {
+    pub(crate) calls: BTreeMap<String, u64>,
+    pub(crate) backends: BTreeMap<String, Vec<String>>,
+}
+
+impl Running {
+    pub(crate) fn start(
+        kind: Kind,
+        settings: Settings,
+        bins: &Binaries,
+        kubeconfig: &Path,
+        dir: &Path,
+        latency: &str,
+    ) -> anyhow::Result<Self> {
+        let state_file = dir.join(format!("{kind}-cloud-state.json"));
+        let log = std::fs::File::create(dir.join(format!("{kind}-manager.log")))?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let stats_addr = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            "--cloud-provider=fake".to_owned(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--controllers=cloud-node,cloud-node-lifecycle,service".to_owned(),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+        ];
+        if settings == Settings::Equal {
+            args.extend(
+                [
+                    "--kube-api-qps=200",
+                    "--kube-api-burst=400",
+                    "--concurrent-node-syncs=16",
+                    "--concurrent-service-syncs=16",
+                ]
+                .map(str::to_owned),
+            );
+        }
+        let mut command = match kind {
+            Kind::Rust => {
+                let config = dir.join("rust-cloud-config.yaml");
+                std::fs::write(
+                    &config,
+                    format!("stateFile: {}\nlatency: {latency}\n", state_file.display()),
+                )?;
+                let mut command = Command::new(&bins.rust);
+                command
+                    .args(&args)
+                    .arg(format!("--cloud-config={}", config.display()));
+                command.env("RUST_LOG", "warn");
+                command
+            }
+            Kind::Go => {
+                let mut command = Command::new(&bins.go);
+                command.args(&args).arg("--v=0");
+                command
+                    .env("BENCH_LATENCY", latency)
+                    .env("BENCH_STATS_ADDR", &stats_addr);
+                command
+            }
+        };
+        let child = command
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting the {kind} manager"))?;
+        Ok(Self {
+            kind,
+            child,
+            state_file,
+            stats_addr,
+        })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Peak and current resident memory, in MiB (VmHWM, VmRSS).
+    pub(crate) fn memory_mib(&self) -> anyhow::Result<(f64, f64)> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))?;
+        let field = |name: &str| -> f64 {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 1024.0
+        };
+        Ok((field("VmHWM:"), field("VmRSS:")))
+    }
+
+    /// CPU seconds used so far (user + system).
+    pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
+        let after_name = stat
+            .rsplit_once(')')
+            .map(|(_, rest)| rest)
+            .unwrap_or_default();
+        let fields: Vec<&str> = after_name.split_whitespace().collect();
+        // Fields 14 and 15 of /proc/<pid>/stat (utime, stime), counted after the name's closing ')'.
+        let ticks = fields
+            .get(11)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            + fields
+                .get(12)
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+        Ok(ticks / 100.0)
+    }
+
+    pub(crate) async fn cloud_stats(&self) -> anyhow::Result<CloudStats> {
+        match self.kind {
+            Kind::Rust => {
+                let state =
+                    cloud_provider_fake::CloudState::read(&self.state_file).unwrap_or_default();
+                Ok(CloudStats {
+                    calls: state.calls.into_iter().collect(),
+                    backends: state
+                        .load_balancers
+                        .into_iter()
+                        .map(|lb| (lb.service, lb.nodes))
+                        .collect(),
+                })
+            }
+            Kind::Go => {
+                let output = tokio::process::Command::new("curl")
+                    .args(["-s", "--max-time", "5"])
+                    .arg(format!("http://{}/stats", self.stats_addr))
+                    .output()
+                    .await?;
+                let json: serde_json::Value =
+                    serde_json::from_slice(&output.stdout).unwrap_or_default();
+                let calls = json["calls"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let backends = json["backends"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| {
+                                let nodes = v
+                                    .as_array()
+                                    .map(|a| {
+                                        a.iter()
+                                            .filter_map(|n| n.as_str().map(str::to_owned))
+                                            .collect()
+                                    })
+                                    .unwrap_or_default();
+                                (k.clone(), nodes)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                Ok(CloudStats { calls, backends })
+            }
+        }
+    }
+
+    pub(crate) fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub(crate) fn stop(mut self) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.pid().to_string())
+            .status();
+        for _ in 0..100 {
+            if !self.is_running() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

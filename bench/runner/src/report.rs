@@ -1,0 +1,299 @@
+//! The results: a Markdown report with absolute figures and ratios (rust / go) from one run, and a PNG
+//! of the per-node initialization delays.
+
+use std::{fmt::Write as _, path::Path, time::Duration};
+
+use plotters::prelude::*;
+
+use crate::{Args, InitResult, LbResult, SteadyResult};
+
+/// What machine the numbers come from.
+pub(crate) fn machine_description() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .next()
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!(
+        "{cores} cores ({cpu}), {memory:.0} GiB; kube-apiserver v1.37.1 and etcd v3.6.16 on the same machine"
+    )
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+fn ratio(rust: f64, go: f64) -> String {
+    if go == 0.0 {
+        "—".to_owned()
+    } else {
+        format!("{:.2}", rust / go)
+    }
+}
+
+fn find<'a, T>(
+    items: &'a [T],
+    who: &str,
+    settings: &str,
+    key: impl Fn(&T) -> (&str, &str),
+) -> Option<&'a T> {
+    items.iter().find(|i| key(i) == (who, settings))
+}
+
+/// The report.
+pub(crate) fn markdown(
+    args: &Args,
+    machine: &str,
+    inits: &[InitResult],
+    lbs: &[LbResult],
+    steadies: &[SteadyResult],
+    took: Duration,
+) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Benchmark: Rust CCM vs upstream Go CCM ({})\n",
+        args.label
+    );
+    let _ = writeln!(
+        md,
+        "Machine: {machine}. One run of `bench/run` ({:.0} min). Cloud latency {} per call for both managers. Ratios are rust / go: below 1 means ours is faster or smaller.\n",
+        took.as_secs_f64() / 60.0,
+        args.latency
+    );
+    let _ = writeln!(
+        md,
+        "Settings: **own defaults** = each manager as shipped (Go: QPS 20, burst 30, 1 node worker, 1 service worker; Rust: QPS 200, burst 400, 16 node workers, 16 service workers). **equal settings** = both at QPS 200, burst 400, 16 node workers, 16 service workers.\n"
+    );
+
+    let _ = writeln!(md, "## Node initialization\n");
+    let _ = writeln!(
+        md,
+        "Nodes created (32 at a time) as kubelets with `--cloud-provider=external` register them, each with a kubelet-sized status (4 conditions, capacity, allocatable, node info, 30 images), while the manager runs. *Total*: first creation to last node initialized. *Delay*: a node's creation to its initialization. *Writes/node*: the manager's writes (node patch or update, status patch, event) per node, from the API server's own counters (the runner's node creations subtracted). The **API limit** row is a minimal client making the same 3 writes per node with no controller logic and no client-side rate limit.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| nodes | settings | manager | total | p50 delay | p99 delay | writes/node | peak RSS | total ratio | p99 ratio |"
+    );
+    let _ = writeln!(
+        md,
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let mut counts: Vec<usize> = inits.iter().map(|i| i.nodes).collect();
+    counts.dedup();
+    for count in counts {
+        let rows: Vec<&InitResult> = inits.iter().filter(|i| i.nodes == count).collect();
+        for settings in ["own defaults", "equal settings"] {
+            let go = rows
+                .iter()
+                .find(|r| r.who == "go" && r.settings == settings);
+            for row in rows
+                .iter()
+                .filter(|r| r.settings == settings && r.who != "API limit")
+            {
+                let (total_ratio, p99_ratio) = match (row.who.as_str(), go) {
+                    ("rust", Some(go)) => (
+                        ratio(row.total.as_secs_f64(), go.total.as_secs_f64()),
+                        ratio(row.p99.as_secs_f64(), go.p99.as_secs_f64()),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {count} | {settings} | {} | {} | {} | {} | {:.2} | {:.0} MiB | {total_ratio} | {p99_ratio} |",
+                    row.who,
+                    secs(row.total),
+                    secs(row.p50),
+                    secs(row.p99),
+                    row.writes_per_node,
+                    row.peak_rss_mib
+                );
+            }
+        }
+        if let Some(limit) = rows.iter().find(|r| r.who == "API limit") {
+            let rust_equal = rows
+                .iter()
+                .find(|r| r.who == "rust" && r.settings == "equal settings");
+            let share = rust_equal
+                .map(|r| {
+                    format!(
+                        "rust at equal settings reaches {:.0} % of it",
+                        100.0 * limit.total.as_secs_f64() / r.total.as_secs_f64()
+                    )
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "| {count} | no limit | API limit | {} | {} | {} | {:.2} | — | {share} | |",
+                secs(limit.total),
+                secs(limit.p50),
+                secs(limit.p99),
+                limit.writes_per_node
+            );
+        }
+    }
+
+    let _ = writeln!(md, "\n## Load balancers\n");
+    let _ = writeln!(
+        md,
+        "{} LoadBalancer Services over {} nodes: *provision* is creation of the first Service to the last one with an ingress IP. Then {} nodes added and {} removed: *churn* is the time until every load balancer has exactly the new node set, with the cloud's `update_load_balancer` calls (ideal: one per Service) and `ensure_load_balancer` calls made meanwhile. *Writes/Service*: the manager's API writes while provisioning (finalizer, status, events), per Service.\n",
+        args.services, args.lb_nodes, args.churn, args.churn
+    );
+    let _ = writeln!(
+        md,
+        "| settings | manager | provision | churn | update calls | ensure calls | writes/Service | provision ratio | churn ratio |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    for settings in ["own defaults", "equal settings"] {
+        let go = find(lbs, "go", settings, |l| (&l.who, &l.settings));
+        for who in ["rust", "go"] {
+            if let Some(row) = find(lbs, who, settings, |l| (&l.who, &l.settings)) {
+                let (p, c) = match (who, go) {
+                    ("rust", Some(go)) => (
+                        ratio(row.provision.as_secs_f64(), go.provision.as_secs_f64()),
+                        ratio(row.churn.as_secs_f64(), go.churn.as_secs_f64()),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {settings} | {who} | {} | {} | {} | {} | {:.2} | {p} | {c} |",
+                    secs(row.provision),
+                    secs(row.churn),
+                    row.update_calls,
+                    row.ensure_calls,
+                    row.writes_per_service
+                );
+            }
+        }
+    }
+
+    let _ = writeln!(md, "\n## Steady state\n");
+    let _ = writeln!(
+        md,
+        "After the largest initialization run, {} LoadBalancer Services are provisioned; after 10 s, an idle window of {} s: the manager's CPU seconds, its requests to the API server (from the API server's counters; watches, and the API server's own lease renewals and OpenAPI reads, excluded), and its cloud calls. *Peak RSS* is the process's high-water mark over the whole run; *idle RSS* its resident memory at the end.\n",
+        args.services, args.idle_seconds
+    );
+    let _ = writeln!(
+        md,
+        "| settings | manager | peak RSS | idle RSS | idle CPU | API requests in the window | cloud calls in the window | peak RSS ratio | idle RSS ratio |"
+    );
+    let _ = writeln!(
+        md,
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
+    );
+    for settings in ["own defaults", "equal settings"] {
+        let go = find(steadies, "go", settings, |s| (&s.who, &s.settings));
+        for who in ["rust", "go"] {
+            if let Some(row) = find(steadies, who, settings, |s| (&s.who, &s.settings)) {
+                let requests = if row.idle_requests.is_empty() {
+                    "none".to_owned()
+                } else {
+                    row.idle_requests
+                        .iter()
+                        .map(|((verb, resource), n)| format!("{verb} {resource}: {n}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                let (p, i) = match (who, go) {
+                    ("rust", Some(go)) => (
+                        ratio(row.peak_rss_mib, go.peak_rss_mib),
+                        ratio(row.idle_rss_mib, go.idle_rss_mib),
+                    ),
+                    _ => (String::new(), String::new()),
+                };
+                let _ = writeln!(
+                    md,
+                    "| {settings} | {who} | {:.0} MiB | {:.0} MiB | {:.2} s | {requests} | {} | {p} | {i} |",
+                    row.peak_rss_mib, row.idle_rss_mib, row.idle_cpu_seconds, row.idle_cloud_calls
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nPer-node initialization delays: `{}`.",
+        args.out
+            .with_extension("png")
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    md
+}
+
+/// Per-node initialization delay (sorted) of every run of the largest node count.
+pub(crate) fn plot(path: &Path, inits: &[InitResult]) -> anyhow::Result<()> {
+    let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
+    let font: &'static [u8] = Box::leak(font.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font)
+        .map_err(|_| anyhow::anyhow!("cannot load the font"))?;
+    let largest = inits.iter().map(|i| i.nodes).max().unwrap_or(0);
+    let runs: Vec<&InitResult> = inits.iter().filter(|i| i.nodes == largest).collect();
+    let max_delay = runs
+        .iter()
+        .flat_map(|r| r.delays.iter().copied())
+        .fold(1.0_f64, f64::max);
+    let root = BitMapBackend::new(path, (1200, 700)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!("Per-node initialization delay, {largest} nodes (sorted)"),
+            ("sans-serif", 26),
+        )
+        .margin(20)
+        .x_label_area_size(50)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..100.0, (0.01..max_delay * 1.2).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("nodes, % (sorted by delay)")
+        .y_desc("seconds from creation (log)")
+        .label_style(("sans-serif", 16))
+        .draw()?;
+    let colors = [RED, BLUE, GREEN, MAGENTA, BLACK];
+    for (i, run) in runs.iter().enumerate() {
+        let color = colors[i % colors.len()];
+        let n = run.delays.len().max(1) as f64;
+        chart
+            .draw_series(LineSeries::new(
+                run.delays
+                    .iter()
+                    .enumerate()
+                    .map(|(j, d)| (100.0 * j as f64 / n, d.max(0.01))),
+                color.stroke_width(2),
+            ))?
+            .label(format!("{} ({})", run.who, run.settings))
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 16))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
