@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::{
-    node_set::{BackendSet, NodeFacts, backend_set, is_backend},
+    node_set::{BackendFacts, BackendSet, backend_set, is_backend},
     plan::{
         current_status, finalizers_patch, has_finalizer, ingress_equal, needs_cleanup,
         needs_update, status_patch, wants_load_balancer, with_finalizer, without_finalizer,
@@ -157,8 +157,16 @@ struct Tracked {
     service: Arc<Service>,
     /// The last sync completed: nothing to do until the Service changes in a way that matters.
     synced: bool,
-    /// The backends the load balancer was last given.
-    backends: BackendSet,
+    /// The backends the load balancer was last given (shared by every Service synced with them).
+    backends: Arc<BackendSet>,
+}
+
+/// The backend nodes and their set, computed once per node-set change and shared by every sync: with
+/// thousands of nodes, a copy per Service would cost more than the sync.
+#[derive(Clone)]
+struct Backends {
+    nodes: Arc<Vec<Node>>,
+    set: Arc<BackendSet>,
 }
 
 struct Context {
@@ -172,6 +180,7 @@ struct Context {
     failures: Mutex<HashMap<String, u32>>,
     retry: mpsc::UnboundedSender<ObjectRef<Service>>,
     workers: usize,
+    backends: Mutex<Option<Backends>>,
 }
 
 fn key(service: &Service) -> String {
@@ -208,14 +217,29 @@ impl Context {
         self.metrics.load_balancers.set(count as i64);
     }
 
-    /// The nodes that back load balancers now.
-    fn backend_nodes(&self) -> Vec<Node> {
-        self.nodes
+    /// The nodes that back load balancers now (cached until the node sync sees them change).
+    fn backends(&self) -> Backends {
+        let mut cache = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(backends) = cache.as_ref() {
+            return backends.clone();
+        }
+        let nodes: Vec<Node> = self
+            .nodes
             .state()
             .iter()
             .filter(|n| is_backend(n))
             .map(|n| (**n).clone())
-            .collect()
+            .collect();
+        let backends = Backends {
+            set: Arc::new(backend_set(&nodes)),
+            nodes: Arc::new(nodes),
+        };
+        *cache = Some(backends.clone());
+        backends
+    }
+
+    fn forget_backends(&self) {
+        *self.backends.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -246,6 +270,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         failures: Mutex::default(),
         retry,
         workers,
+        backends: Mutex::default(),
     });
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
@@ -477,7 +502,7 @@ async fn ensure(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceErro
         source,
     })?;
 
-    let nodes = ctx.backend_nodes();
+    let Backends { nodes, set } = ctx.backends();
     if nodes.is_empty() {
         ctx.events
             .record(
@@ -494,7 +519,7 @@ async fn ensure(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceErro
         Tracked {
             service: service.clone(),
             synced: false,
-            backends: backend_set(&nodes),
+            backends: set,
         },
     );
     ctx.metrics.sync_total.inc();
@@ -660,15 +685,22 @@ async fn node_sync_loop(
     shutdown: CancellationToken,
 ) {
     let mut changes = Box::pin(changes);
-    let mut facts: HashMap<String, NodeFacts> = HashMap::new();
+    let mut facts: HashMap<String, BackendFacts> = HashMap::new();
+    // Whether the change triggers a node sync; any change to what the predicates read also drops the
+    // cached backend list.
     let mut observe = |change: Change<Node>| -> bool {
-        match change {
+        let (before, after) = match change {
             Change::Applied(node) => {
-                let now = NodeFacts::of(&node);
-                facts.insert(node.name_any(), now.clone()) != Some(now)
+                let now = BackendFacts::of(&node);
+                (facts.insert(node.name_any(), now.clone()), Some(now))
             }
-            Change::Deleted(node) => facts.remove(&node.name_any()).is_some(),
+            Change::Deleted(node) => (facts.remove(&node.name_any()), None),
+        };
+        if before != after {
+            ctx.forget_backends();
         }
+        before.as_ref().map(BackendFacts::sync_facts)
+            != after.as_ref().map(BackendFacts::sync_facts)
     };
     loop {
         let mut pending = tokio::select! {
@@ -702,12 +734,16 @@ async fn node_sync_loop(
 
 async fn sync_nodes(ctx: &Arc<Context>) {
     let started = Instant::now();
-    let nodes = ctx.backend_nodes();
-    let wanted = backend_set(&nodes);
+    let Backends { nodes, set: wanted } = ctx.backends();
     let stale: Vec<Tracked> = ctx
         .tracked()
         .values()
-        .filter(|t| t.synced && wants_load_balancer(&t.service) && t.backends != wanted)
+        .filter(|t| {
+            t.synced
+                && wants_load_balancer(&t.service)
+                && !Arc::ptr_eq(&t.backends, &wanted)
+                && t.backends != wanted
+        })
         .cloned()
         .collect();
     if stale.is_empty() {
@@ -730,7 +766,7 @@ async fn sync_nodes(ctx: &Arc<Context>) {
         .observe(started.elapsed().as_secs_f64());
 }
 
-async fn update_hosts(ctx: &Context, tracked: Tracked, nodes: &[Node], wanted: &BackendSet) {
+async fn update_hosts(ctx: &Context, tracked: Tracked, nodes: &[Node], wanted: &Arc<BackendSet>) {
     let service = tracked.service;
     let key = key(&service);
     // Recorded before the cloud call: a failure is retried through a full sync, not here.

@@ -74,6 +74,29 @@ impl NodeFacts {
     }
 }
 
+/// Everything the node predicates read: when any of it changes, a cached backend list is stale (even when,
+/// as for the autoscaler taint or a deletion, upstream does not trigger a node sync for it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendFacts {
+    facts: NodeFacts,
+    backend: bool,
+}
+
+impl BackendFacts {
+    /// The facts of a node.
+    pub fn of(node: &Node) -> Self {
+        Self {
+            facts: NodeFacts::of(node),
+            backend: is_backend(node),
+        }
+    }
+
+    /// What decides whether a change triggers a node sync.
+    pub fn sync_facts(&self) -> &NodeFacts {
+        &self.facts
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::{
@@ -154,5 +177,21 @@ mod tests {
         moved.spec.as_mut().unwrap().provider_id = Some("fake://other".into());
         assert_ne!(NodeFacts::of(&base), NodeFacts::of(&moved));
         assert_ne!(NodeFacts::of(&base), NodeFacts::of(&excluded("true")));
+    }
+
+    #[test]
+    fn the_autoscaler_taint_invalidates_the_backend_list_without_triggering_a_sync() {
+        let base = node("a");
+        let mut scaling = base.clone();
+        scaling.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: TAINT_TO_BE_DELETED.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert_ne!(BackendFacts::of(&base), BackendFacts::of(&scaling));
+        assert_eq!(
+            BackendFacts::of(&base).sync_facts(),
+            BackendFacts::of(&scaling).sync_facts()
+        );
     }
 }
