@@ -150,7 +150,12 @@ pub async fn run(
 
     let config = client::client_config(&options.client).await?;
     let url = config.cluster_url.to_string();
-    let client = client::build_client(config, &options.client, &metrics.requests)?;
+    let clients = ClientFactory {
+        config,
+        options: options.client.clone(),
+        metrics: metrics.clone(),
+    };
+    let client = clients.build()?;
     wait_for_api_server(&client, &url, &shutdown).await?;
     if shutdown.is_cancelled() {
         return Ok(());
@@ -203,7 +208,7 @@ pub async fn run(
         selection,
         options,
         cloud,
-        client,
+        &clients,
         metrics,
         &health,
         stop.clone(),
@@ -223,6 +228,24 @@ pub async fn run(
         elector.release().await;
     }
     Ok(())
+}
+
+/// Builds API clients, each with its own `--kube-api-qps`/`--kube-api-burst` bucket, all recording into
+/// the manager's request metrics.
+struct ClientFactory {
+    config: kube::Config,
+    options: options::ClientOptions,
+    metrics: Metrics,
+}
+
+impl ClientFactory {
+    fn build(&self) -> Result<kube::Client, AppError> {
+        Ok(client::build_client(
+            self.config.clone(),
+            &self.options,
+            &self.metrics.requests,
+        )?)
+    }
 }
 
 /// `--cluster-cidr` and the node-IPAM flags, checked at start for the controllers that will use them
@@ -257,12 +280,16 @@ async fn run_controllers(
     selection: ControllerSelection,
     options: Options,
     cloud: Arc<dyn CloudProvider>,
-    client: kube::Client,
+    clients: &ClientFactory,
     metrics: &Metrics,
     health: &Health,
     stop: CancellationToken,
     lost: &AtomicBool,
 ) -> Result<(), AppError> {
+    // As upstream: the shared informers, the event sink and each controller have a client (and so a
+    // client-side rate limit) of their own, so events and one busy controller do not starve another.
+    let client = clients.build()?;
+    let events_client = clients.build()?;
     cloud
         .initialize(InitializeContext {
             client: client.clone(),
@@ -278,6 +305,7 @@ async fn run_controllers(
     let services = Arc::new(SharedServices::default());
     let context = ControllerContext {
         client: client.clone(),
+        events_client,
         cloud,
         shutdown: stop.clone(),
         options: Arc::new(options),
@@ -288,7 +316,11 @@ async fn run_controllers(
     let mut running = tokio::task::JoinSet::new();
     let mut names = std::collections::HashMap::new();
     for controller in selection.enabled(KNOWN_CONTROLLERS) {
-        match controllers::start(controller.name, context.clone()) {
+        let context = ControllerContext {
+            client: clients.build()?,
+            ..context.clone()
+        };
+        match controllers::start(controller.name, context) {
             Some(task) => {
                 tracing::info!(controller = controller.name, "starting controller");
                 let handle = running.spawn(async move { (controller.name, task.await) });

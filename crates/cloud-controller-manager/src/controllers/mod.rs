@@ -57,8 +57,10 @@ use crate::{
 /// What every controller gets from the manager.
 #[derive(Clone)]
 pub struct ControllerContext {
-    /// The API client (rate-limited by `--kube-api-qps` / `--kube-api-burst`).
+    /// This controller's API client, with its own `--kube-api-qps` / `--kube-api-burst` bucket.
     pub client: kube::Client,
+    /// The client events are written through (a bucket of its own, as upstream's event sink).
+    pub events_client: kube::Client,
     /// The cloud.
     pub cloud: Arc<dyn CloudProvider>,
     /// Cancelled on shutdown: stop taking new work, finish what is in flight.

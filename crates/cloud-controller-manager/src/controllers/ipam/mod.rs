@@ -216,7 +216,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let nodes = ctx.nodes.clone();
     let allocator = Allocator {
         api: Api::all(ctx.client.clone()),
-        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         sets,
         held: BTreeMap::new(),
         waiting: BTreeMap::new(),

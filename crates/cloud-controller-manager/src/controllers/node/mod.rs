@@ -142,7 +142,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let context = Arc::new(Context {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),
-        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.node.clone(),
         failures: Mutex::default(),
     });

@@ -53,7 +53,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let context = Context {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),
-        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
     };
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {

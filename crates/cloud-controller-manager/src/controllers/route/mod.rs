@@ -86,7 +86,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         cloud: ctx.cloud.clone(),
         cluster_name: ctx.options.cloud.cluster_name.clone(),
         cluster_cidrs,
-        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.route.clone(),
     };
     let nodes = ctx.nodes.clone();

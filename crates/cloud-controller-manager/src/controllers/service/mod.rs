@@ -264,7 +264,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         cloud: ctx.cloud.clone(),
         cluster_name: ctx.options.cloud.cluster_name.clone(),
         nodes: nodes.store(),
-        events: EventRecorder::new(ctx.client.clone(), COMPONENT),
+        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.service.clone(),
         tracked: Mutex::default(),
         failures: Mutex::default(),
