@@ -16,6 +16,7 @@
 
 pub mod app;
 pub mod cidrs;
+pub mod cloud_metrics;
 pub mod controllers;
 pub mod events;
 pub mod informers;

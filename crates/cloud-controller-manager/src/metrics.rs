@@ -7,6 +7,7 @@ use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use crate::{
     app::request_metrics::RequestMetrics,
+    cloud_metrics::CloudMetrics,
     controllers::{node::NodeMetrics, route::RouteMetrics, service::ServiceMetrics},
 };
 
@@ -22,6 +23,8 @@ pub struct Metrics {
     pub service: ServiceMetrics,
     /// The node-route controller's metric.
     pub route: RouteMetrics,
+    /// Per-method cloud API latency and errors.
+    pub cloud: CloudMetrics,
 }
 
 impl Default for Metrics {
@@ -38,12 +41,14 @@ impl Metrics {
         let node = NodeMetrics::register(&mut registry);
         let service = ServiceMetrics::register(&mut registry);
         let route = RouteMetrics::register(&mut registry);
+        let cloud = CloudMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
             node,
             service,
             route,
+            cloud,
         }
     }
 

@@ -110,6 +110,19 @@ async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_call
     .await;
     assert!(verbose.contains("[+]leaderElection ok"), "{verbose}");
 
+    // A node to initialize, so the cloud has been called when the metrics are read.
+    let node = unique_name("serving");
+    create_node(&kubelet_node(&node)).await;
+    eventually("the node initialized", Duration::from_secs(20), || async {
+        get_node(&node).await.filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .is_some()
+        })
+    })
+    .await;
+
     // /metrics: anonymous is forbidden, a bad token unauthenticated, cluster-admin allowed.
     let (code, body) = https_get(port, "/metrics", None).await;
     assert_eq!(code, 403, "{body}");
@@ -126,6 +139,7 @@ async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_call
         "rest_client_request_duration_seconds",
         "node_controller_initial_node_sync_delay_seconds",
         "service_controller_load_balancers",
+        "cloudprovider_api_request_duration_seconds",
     ] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
@@ -160,6 +174,7 @@ subjects: [{{kind: ServiceAccount, name: prometheus, namespace: {namespace}}}]
     manager.stop().await;
     // The endpoint goes with the manager.
     assert_eq!(https_get(port, "/healthz", None).await.0, 0);
+    delete_nodes(&[&node]).await;
 }
 
 async fn lease(name: &str) -> Option<Lease> {

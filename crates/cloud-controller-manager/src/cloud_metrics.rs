@@ -1,0 +1,397 @@
+//! Per-method cloud API metrics: every call the controllers make to the provider is timed and its
+//! errors counted, whatever the provider (upstream leaves this to each provider, e.g.
+//! `cloudprovider_aws_api_request_duration_seconds`; here every provider gets it).
+//!
+//! - `cloudprovider_api_request_duration_seconds{provider, request}` (histogram)
+//! - `cloudprovider_api_request_errors_total{provider, request, kind}` (counter; `kind` is the
+//!   `CloudError` variant, so "instance not found" answers are told apart from failures)
+
+use std::{future::Future, sync::Arc, time::Instant};
+
+use async_trait::async_trait;
+use cloud_provider::{
+    CloudError, CloudProvider, CloudResult, Clusters, InitializeContext, InstanceMetadata,
+    Instances, InstancesV2, LoadBalancer, Route, Routes, Zone, Zones,
+};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    provider: String,
+    request: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabels {
+    provider: String,
+    request: String,
+    kind: String,
+}
+
+/// The cloud API metrics.
+#[derive(Clone)]
+pub struct CloudMetrics {
+    duration: Family<CallLabels, Histogram>,
+    errors: Family<ErrorLabels, Counter>,
+}
+
+impl CloudMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let duration = Family::<CallLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ])
+        });
+        let errors = Family::<ErrorLabels, Counter>::default();
+        registry.register(
+            "cloudprovider_api_request_duration_seconds",
+            "Latency of cloud provider API calls, by provider and request.",
+            duration.clone(),
+        );
+        registry.register(
+            "cloudprovider_api_request_errors",
+            "Cloud provider API calls that returned an error, by provider, request and error kind.",
+            errors.clone(),
+        );
+        Self { duration, errors }
+    }
+
+    async fn observe<T>(
+        &self,
+        provider: &str,
+        request: &str,
+        call: impl Future<Output = CloudResult<T>>,
+    ) -> CloudResult<T> {
+        let started = Instant::now();
+        let result = call.await;
+        let labels = CallLabels {
+            provider: provider.to_owned(),
+            request: request.to_owned(),
+        };
+        self.duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        if let Err(err) = &result {
+            self.errors
+                .get_or_create(&ErrorLabels {
+                    provider: labels.provider,
+                    request: labels.request,
+                    kind: err.kind().to_owned(),
+                })
+                .inc();
+        }
+        result
+    }
+}
+
+/// A provider whose every call is measured. It offers exactly the parts the inner provider offers.
+pub struct MeteredCloud {
+    inner: Arc<dyn CloudProvider>,
+    metrics: CloudMetrics,
+    name: String,
+}
+
+impl MeteredCloud {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn CloudProvider>, metrics: CloudMetrics) -> Self {
+        let name = inner.provider_name().to_owned();
+        Self {
+            inner,
+            metrics,
+            name,
+        }
+    }
+
+    async fn observe<T>(
+        &self,
+        request: &str,
+        call: impl Future<Output = CloudResult<T>>,
+    ) -> CloudResult<T> {
+        self.metrics.observe(&self.name, request, call).await
+    }
+}
+
+/// The inner part, which exists whenever the wrapper offered it (`NotImplemented` guards a provider
+/// that withdrew it between the accessor and the call).
+fn part<T: ?Sized>(part: Option<&T>) -> CloudResult<&T> {
+    part.ok_or(CloudError::NotImplemented)
+}
+
+#[async_trait]
+impl CloudProvider for MeteredCloud {
+    async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
+        self.inner.initialize(ctx).await
+    }
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        self.inner
+            .load_balancer()
+            .map(|_| self as &dyn LoadBalancer)
+    }
+    fn instances(&self) -> Option<&dyn Instances> {
+        self.inner.instances().map(|_| self as &dyn Instances)
+    }
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        self.inner.instances_v2().map(|_| self as &dyn InstancesV2)
+    }
+    fn zones(&self) -> Option<&dyn Zones> {
+        self.inner.zones().map(|_| self as &dyn Zones)
+    }
+    fn clusters(&self) -> Option<&dyn Clusters> {
+        self.inner.clusters().map(|_| self as &dyn Clusters)
+    }
+    fn routes(&self) -> Option<&dyn Routes> {
+        self.inner.routes().map(|_| self as &dyn Routes)
+    }
+    fn provider_name(&self) -> &str {
+        &self.name
+    }
+    fn has_cluster_id(&self) -> bool {
+        self.inner.has_cluster_id()
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for MeteredCloud {
+    async fn get_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe("get_load_balancer", lb.get_load_balancer(cluster, service))
+            .await
+    }
+    fn get_load_balancer_name(&self, cluster: &str, service: &Service) -> String {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.get_load_balancer_name(cluster, service))
+            .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
+    }
+    async fn ensure_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "ensure_load_balancer",
+            lb.ensure_load_balancer(cluster, service, nodes),
+        )
+        .await
+    }
+    async fn update_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "update_load_balancer",
+            lb.update_load_balancer(cluster, service, nodes),
+        )
+        .await
+    }
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "ensure_load_balancer_deleted",
+            lb.ensure_load_balancer_deleted(cluster, service),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl Instances for MeteredCloud {
+    async fn node_addresses(&self, node_name: &str) -> CloudResult<Vec<NodeAddress>> {
+        let i = part(self.inner.instances())?;
+        self.observe("node_addresses", i.node_addresses(node_name))
+            .await
+    }
+    async fn node_addresses_by_provider_id(
+        &self,
+        provider_id: &str,
+    ) -> CloudResult<Vec<NodeAddress>> {
+        let i = part(self.inner.instances())?;
+        self.observe(
+            "node_addresses_by_provider_id",
+            i.node_addresses_by_provider_id(provider_id),
+        )
+        .await
+    }
+    async fn instance_id(&self, node_name: &str) -> CloudResult<String> {
+        let i = part(self.inner.instances())?;
+        self.observe("instance_id", i.instance_id(node_name)).await
+    }
+    async fn instance_type(&self, node_name: &str) -> CloudResult<String> {
+        let i = part(self.inner.instances())?;
+        self.observe("instance_type", i.instance_type(node_name))
+            .await
+    }
+    async fn instance_type_by_provider_id(&self, provider_id: &str) -> CloudResult<String> {
+        let i = part(self.inner.instances())?;
+        self.observe(
+            "instance_type_by_provider_id",
+            i.instance_type_by_provider_id(provider_id),
+        )
+        .await
+    }
+    async fn add_ssh_key_to_all_instances(&self, user: &str, key: &[u8]) -> CloudResult<()> {
+        let i = part(self.inner.instances())?;
+        self.observe(
+            "add_ssh_key_to_all_instances",
+            i.add_ssh_key_to_all_instances(user, key),
+        )
+        .await
+    }
+    async fn current_node_name(&self, hostname: &str) -> CloudResult<String> {
+        let i = part(self.inner.instances())?;
+        self.observe("current_node_name", i.current_node_name(hostname))
+            .await
+    }
+    async fn instance_exists_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
+        let i = part(self.inner.instances())?;
+        self.observe(
+            "instance_exists_by_provider_id",
+            i.instance_exists_by_provider_id(provider_id),
+        )
+        .await
+    }
+    async fn instance_shutdown_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
+        let i = part(self.inner.instances())?;
+        self.observe(
+            "instance_shutdown_by_provider_id",
+            i.instance_shutdown_by_provider_id(provider_id),
+        )
+        .await
+    }
+}
+
+#[async_trait]
+impl InstancesV2 for MeteredCloud {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        let i = part(self.inner.instances_v2())?;
+        self.observe("instance_exists", i.instance_exists(node))
+            .await
+    }
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        let i = part(self.inner.instances_v2())?;
+        self.observe("instance_shutdown", i.instance_shutdown(node))
+            .await
+    }
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        let i = part(self.inner.instances_v2())?;
+        self.observe("instance_metadata", i.instance_metadata(node))
+            .await
+    }
+}
+
+#[async_trait]
+impl Zones for MeteredCloud {
+    async fn get_zone(&self) -> CloudResult<Zone> {
+        let z = part(self.inner.zones())?;
+        self.observe("get_zone", z.get_zone()).await
+    }
+    async fn get_zone_by_provider_id(&self, provider_id: &str) -> CloudResult<Zone> {
+        let z = part(self.inner.zones())?;
+        self.observe(
+            "get_zone_by_provider_id",
+            z.get_zone_by_provider_id(provider_id),
+        )
+        .await
+    }
+    async fn get_zone_by_node_name(&self, node_name: &str) -> CloudResult<Zone> {
+        let z = part(self.inner.zones())?;
+        self.observe("get_zone_by_node_name", z.get_zone_by_node_name(node_name))
+            .await
+    }
+}
+
+#[async_trait]
+impl Clusters for MeteredCloud {
+    async fn list_clusters(&self) -> CloudResult<Vec<String>> {
+        let c = part(self.inner.clusters())?;
+        self.observe("list_clusters", c.list_clusters()).await
+    }
+    async fn master(&self, cluster_name: &str) -> CloudResult<String> {
+        let c = part(self.inner.clusters())?;
+        self.observe("master", c.master(cluster_name)).await
+    }
+}
+
+#[async_trait]
+impl Routes for MeteredCloud {
+    async fn list_routes(&self, cluster: &str) -> CloudResult<Vec<Route>> {
+        let r = part(self.inner.routes())?;
+        self.observe("list_routes", r.list_routes(cluster)).await
+    }
+    async fn create_route(&self, cluster: &str, name_hint: &str, route: &Route) -> CloudResult<()> {
+        let r = part(self.inner.routes())?;
+        self.observe("create_route", r.create_route(cluster, name_hint, route))
+            .await
+    }
+    async fn delete_route(&self, cluster: &str, route: &Route) -> CloudResult<()> {
+        let r = part(self.inner.routes())?;
+        self.observe("delete_route", r.delete_route(cluster, route))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cloud_provider_fake::FakeCloud;
+    use prometheus_client::encoding::text::encode;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn every_call_is_timed_and_errors_counted_by_kind() {
+        let mut registry = Registry::default();
+        let metrics = CloudMetrics::register(&mut registry);
+        let fake = FakeCloud::from_yaml("instances:\n  gone: {state: gone}\nfailureRate: {list_routes: 1}\nloadBalancers: {enabled: false}\n").unwrap();
+        let cloud = MeteredCloud::new(Arc::new(fake), metrics);
+        assert!(
+            cloud.load_balancer().is_none(),
+            "offers what the inner cloud offers"
+        );
+        assert!(cloud.instances_v2().is_some() && cloud.routes().is_some());
+        let mut node = Node::default();
+        node.metadata.name = Some("gone".into());
+        assert!(matches!(
+            cloud.instances_v2().unwrap().instance_metadata(&node).await,
+            Err(CloudError::InstanceNotFound)
+        ));
+        assert!(cloud.routes().unwrap().list_routes("k").await.is_err());
+        node.metadata.name = Some("here".into());
+        assert!(
+            cloud
+                .instances_v2()
+                .unwrap()
+                .instance_exists(&node)
+                .await
+                .unwrap()
+        );
+
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(text.contains(r#"cloudprovider_api_request_duration_seconds_count{provider="fake",request="instance_metadata"} 1"#), "{text}");
+        assert!(text.contains(r#"cloudprovider_api_request_duration_seconds_count{provider="fake",request="instance_exists"} 1"#));
+        assert!(text.contains(r#"cloudprovider_api_request_errors_total{provider="fake",request="instance_metadata",kind="instance_not_found"} 1"#));
+        assert!(text.contains(r#"cloudprovider_api_request_errors_total{provider="fake",request="list_routes",kind="other"} 1"#));
+        assert!(
+            !text.contains(r#"request="instance_exists",kind"#),
+            "no error for a successful call"
+        );
+    }
+}
