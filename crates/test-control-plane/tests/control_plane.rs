@@ -42,7 +42,7 @@ async fn a_node_registered_like_an_external_cloud_kubelet_reads_back() {
 }
 
 #[tokio::test]
-async fn the_ccm_identity_is_authenticated_but_not_authorized_by_default() {
+async fn the_ccm_identity_is_authenticated_and_held_to_rbac() {
     let plane = control_plane();
     let ccm = plane.ccm_client().await;
     let review: Api<SelfSubjectReview> = Api::all(ccm.clone());
@@ -56,8 +56,9 @@ async fn the_ccm_identity_is_authenticated_but_not_authorized_by_default() {
         Some("system:cloud-controller-manager")
     );
 
-    // RBAC is on: without a binding, the CCM user may not list nodes.
-    let err = Api::<Node>::all(ccm)
+    // RBAC is on: the CCM user may not read Secrets (no role it is ever bound to here grants that;
+    // other tests bind it to deploy/rbac.yaml, so Nodes are not the probe).
+    let err = Api::<k8s_openapi::api::core::v1::Secret>::all(ccm)
         .list(&Default::default())
         .await
         .unwrap_err();
