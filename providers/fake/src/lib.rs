@@ -66,6 +66,9 @@ struct Mutable {
     ip_assignments: BTreeMap<String, Ipv4Addr>,
     /// Call counts changed since the state file was last written.
     dirty: bool,
+    /// Calls per (method, object), so the failure sequence of each object is fixed by the seed whatever
+    /// order concurrent calls arrive in.
+    calls_per_object: BTreeMap<(&'static str, String), u64>,
 }
 
 /// Why the fake cloud could not start.
@@ -102,6 +105,7 @@ impl FakeCloud {
                     state: CloudState::default(),
                     ip_assignments: BTreeMap::new(),
                     dirty: false,
+                    calls_per_object: BTreeMap::new(),
                 }),
             }),
         };
@@ -188,20 +192,35 @@ impl FakeCloud {
     /// Counts the call, waits the configured latency and decides whether the call fails. Returns the
     /// config in force for the rest of the call.
     async fn enter(&self, method: &'static str) -> CloudResult<Arc<Config>> {
+        self.enter_for(method, "").await
+    }
+
+    /// [`FakeCloud::enter`] for a call about one object (a Service's `namespace/name`): whether it fails
+    /// depends on the seed and how often this object was asked, not on what else runs meanwhile.
+    async fn enter_for(&self, method: &'static str, object: &str) -> CloudResult<Arc<Config>> {
         let config = self.config();
         let call = {
             let mut cloud = self.inner.lock();
-            let count = cloud.state.calls.entry(method.to_owned()).or_default();
-            *count += 1;
-            let call = *count;
+            *cloud.state.calls.entry(method.to_owned()).or_default() += 1;
             cloud.dirty = true;
-            call
+            let count = cloud
+                .calls_per_object
+                .entry((method, object.to_owned()))
+                .or_default();
+            *count += 1;
+            *count
         };
         if !config.latency.0.is_zero() {
             tokio::time::sleep(config.latency.0).await;
         }
         let rate = config.failure_rate(method);
-        if rate > 0.0 && draw(config.seed, method, call) < rate {
+        if rate > 0.0
+            && draw(
+                config.seed ^ instances::fnv1a64(object.as_bytes()),
+                method,
+                call,
+            ) < rate
+        {
             let message =
                 format!("fake cloud: injected failure in {method} (call {call}, rate {rate})");
             return Err(match config.retry_after {

@@ -74,7 +74,8 @@ impl LoadBalancer for FakeCloud {
         _cluster: &str,
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
-        self.enter("get_load_balancer").await?;
+        self.enter_for("get_load_balancer", &service_key(service))
+            .await?;
         let name = default_load_balancer_name(service);
         let cloud = self.inner.lock();
         Ok(Self::position(&cloud, &name).map(|i| status_of(&cloud.state.load_balancers[i])))
@@ -86,7 +87,9 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
-        let config = self.enter("ensure_load_balancer").await?;
+        let config = self
+            .enter_for("ensure_load_balancer", &service_key(service))
+            .await?;
         let name = default_load_balancer_name(service);
         let key = service_key(service);
         let ports = ports_of(service);
@@ -153,7 +156,8 @@ impl LoadBalancer for FakeCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
-        self.enter("update_load_balancer").await?;
+        self.enter_for("update_load_balancer", &service_key(service))
+            .await?;
         let name = default_load_balancer_name(service);
         let nodes = node_names(nodes);
         self.change(|cloud| {
@@ -173,7 +177,8 @@ impl LoadBalancer for FakeCloud {
         _cluster: &str,
         service: &Service,
     ) -> CloudResult<()> {
-        self.enter("ensure_load_balancer_deleted").await?;
+        self.enter_for("ensure_load_balancer_deleted", &service_key(service))
+            .await?;
         let name = default_load_balancer_name(service);
         self.change(|cloud| {
             cloud.state.load_balancers.retain(|lb| lb.name != name);

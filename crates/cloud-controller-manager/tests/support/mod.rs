@@ -181,6 +181,20 @@ pub async fn create_namespace(name: &str) {
         .expect("namespace created");
 }
 
+/// Creates a namespace unless it exists.
+pub async fn ensure_namespace(name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(admin().await);
+    if namespaces
+        .get_opt(name)
+        .await
+        .expect("namespace read")
+        .is_none()
+    {
+        create_namespace(name).await;
+    }
+}
+
 /// The Services API of a namespace.
 pub async fn services(namespace: &str) -> Api<k8s_openapi::api::core::v1::Service> {
     Api::namespaced(admin().await, namespace)
