@@ -22,6 +22,7 @@ use kube::{
     api::{Patch, PatchParams, PostParams},
     runtime::{WatchStreamExt, watcher},
 };
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use cluster::{
@@ -52,38 +53,69 @@ struct Args {
     #[arg(long, default_value = "20ms")]
     latency: String,
     /// The Rust manager binary.
-    #[arg(long)]
-    rust_bin: PathBuf,
+    #[arg(long, required_unless_present = "from_results")]
+    rust_bin: Option<PathBuf>,
     /// The Go manager binary (bench/go-ccm).
-    #[arg(long)]
-    go_bin: PathBuf,
+    #[arg(long, required_unless_present = "from_results")]
+    go_bin: Option<PathBuf>,
     /// Where control planes, logs and cloud state go.
     #[arg(long, default_value = "target/bench")]
     work_dir: PathBuf,
     /// The Markdown report to write (its PNG goes beside it).
     #[arg(long)]
     out: PathBuf,
+    /// Which settings to run each scenario at.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "defaults,equal,unthrottled"
+    )]
+    settings: Vec<Settings>,
     /// A label for the report (e.g. "smoke").
     #[arg(long, default_value = "full")]
     label: String,
+    /// Measure nothing: render the report (Markdown and PNG at `--out`) again from the raw results a run
+    /// saved beside its report (`<out>.json`).
+    #[arg(long, value_name = "JSON")]
+    from_results: Option<PathBuf>,
+}
+
+/// Everything one run measured, saved beside the report so the report can be rendered again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Results {
+    pub(crate) label: String,
+    pub(crate) machine: String,
+    pub(crate) minutes: f64,
+    pub(crate) latency: String,
+    pub(crate) services: usize,
+    pub(crate) lb_nodes: usize,
+    pub(crate) churn: usize,
+    pub(crate) idle_seconds: u64,
+    pub(crate) inits: Vec<InitResult>,
+    pub(crate) lbs: Vec<LbResult>,
+    pub(crate) steadies: Vec<SteadyResult>,
 }
 
 /// One node-initialization measurement.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct InitResult {
     pub(crate) who: String,
     pub(crate) settings: String,
     pub(crate) nodes: usize,
     pub(crate) total: Duration,
-    pub p50: Duration,
-    pub p99: Duration,
+    pub(crate) p50: Duration,
+    pub(crate) p99: Duration,
+    /// All the manager's writes (node, status, events) per node.
     pub(crate) writes_per_node: f64,
+    /// Of those, the event writes.
+    pub(crate) events_per_node: f64,
     pub(crate) delays: Vec<f64>,
     pub(crate) peak_rss_mib: f64,
 }
 
 /// One load-balancer measurement.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct LbResult {
     pub(crate) who: String,
     pub(crate) settings: String,
@@ -91,18 +123,22 @@ pub(crate) struct LbResult {
     pub(crate) churn: Duration,
     pub(crate) update_calls: u64,
     pub(crate) ensure_calls: u64,
+    /// All the manager's writes (finalizer, status, events) per Service while provisioning.
     pub(crate) writes_per_service: f64,
+    /// Of those, the event writes.
+    pub(crate) events_per_service: f64,
 }
 
 /// One steady-state measurement.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct SteadyResult {
     pub(crate) who: String,
     pub(crate) settings: String,
     pub(crate) peak_rss_mib: f64,
     pub(crate) idle_rss_mib: f64,
     pub(crate) idle_cpu_seconds: f64,
-    pub(crate) idle_requests: BTreeMap<(String, String), u64>,
+    /// Requests in the idle window by "VERB resource".
+    pub(crate) idle_requests: BTreeMap<String, u64>,
     pub(crate) idle_cloud_calls: u64,
 }
 
@@ -118,12 +154,23 @@ fn names(prefix: &str, count: usize) -> Vec<String> {
     (0..count).map(|i| format!("{prefix}-{i:05}")).collect()
 }
 
+fn is_write(verb: &str) -> bool {
+    matches!(verb, "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY")
+}
+
 fn writes(delta: &BTreeMap<(String, String), u64>) -> u64 {
     delta
         .iter()
-        .filter(|((verb, _), _)| {
-            matches!(verb.as_str(), "POST" | "PUT" | "PATCH" | "DELETE" | "APPLY")
-        })
+        .filter(|((verb, _), _)| is_write(verb))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// Writes to Events (core/v1 and events.k8s.io/v1 both count as resource `events`).
+fn event_writes(delta: &BTreeMap<(String, String), u64>) -> u64 {
+    delta
+        .iter()
+        .filter(|((verb, resource), _)| is_write(verb) && resource == "events")
         .map(|(_, v)| v)
         .sum()
 }
@@ -226,6 +273,7 @@ async fn node_init(
         p50: percentile(&delays, 0.5),
         p99: percentile(&delays, 0.99),
         writes_per_node: manager_writes as f64 / count as f64,
+        events_per_node: event_writes(&delta) as f64 / count as f64,
         delays,
         peak_rss_mib: peak,
     };
@@ -263,6 +311,10 @@ async fn node_init(
             (verb == "PUT" && resource == "leases") || resource.starts_with("/openapi")
         };
         idle_requests.retain(|(verb, resource), _| !background(verb, resource));
+        let idle_requests = idle_requests
+            .into_iter()
+            .map(|((verb, resource), n)| (format!("{verb} {resource}"), n))
+            .collect();
         steady_result = Some(SteadyResult {
             who: who.clone(),
             settings: settings.to_string(),
@@ -364,6 +416,7 @@ async fn load_balancers(
         .unwrap_or(0);
     let writes_per_service =
         writes(&delta).saturating_sub(service_creates) as f64 / args.services as f64;
+    let events_per_service = event_writes(&delta) as f64 / args.services as f64;
 
     let stats = running.cloud_stats().await?;
     let (updates_before, ensures_before) = (
@@ -421,6 +474,7 @@ async fn load_balancers(
             .unwrap_or(0)
             - ensures_before,
         writes_per_service,
+        events_per_service,
     };
     eprintln!(
         "bench:   provisioned in {provision:?}; churn settled in {churn:?} with {} update calls",
@@ -434,44 +488,78 @@ async fn load_balancers(
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let bins = Binaries {
-        rust: args.rust_bin.clone(),
-        go: args.go_bin.clone(),
+    let results = match &args.from_results {
+        Some(path) => {
+            let raw = std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            serde_json::from_slice(&raw).map_err(|e| {
+                anyhow::anyhow!(
+                    "{} is not a results file of this runner: {e}",
+                    path.display()
+                )
+            })?
+        }
+        None => measure(&args).await?,
     };
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    if args.from_results.is_none() {
+        std::fs::write(
+            args.out.with_extension("json"),
+            serde_json::to_vec_pretty(&results)?,
+        )?;
+    }
+    std::fs::write(&args.out, report::markdown(&results))?;
+    let plot = args.out.with_extension("png");
+    report::plot(&plot, &results.inits)?;
+    eprintln!("bench: wrote {} and {}", args.out.display(), plot.display());
+    Ok(())
+}
+
+/// Every scenario, for each manager in turn.
+async fn measure(args: &Args) -> anyhow::Result<Results> {
+    let (Some(rust), Some(go)) = (args.rust_bin.clone(), args.go_bin.clone()) else {
+        bail!("--rust-bin and --go-bin are needed to measure");
+    };
+    let bins = Binaries { rust, go };
     std::fs::create_dir_all(&args.work_dir)?;
     let started = Instant::now();
     let mut inits = Vec::new();
     let mut steadies = Vec::new();
     let largest = args.nodes.iter().copied().max().unwrap_or(0);
     for &count in &args.nodes {
-        for settings in [Settings::Defaults, Settings::Equal] {
+        for &settings in &args.settings {
             for kind in [Kind::Rust, Kind::Go] {
                 let (init, steady) =
-                    node_init(&args, &bins, Some(kind), settings, count, count == largest).await?;
+                    node_init(args, &bins, Some(kind), settings, count, count == largest).await?;
                 inits.push(init);
                 steadies.extend(steady);
             }
         }
         inits.push(
-            node_init(&args, &bins, None, Settings::Equal, count, false)
+            node_init(args, &bins, None, Settings::Unthrottled, count, false)
                 .await?
                 .0,
         );
     }
     let mut lbs = Vec::new();
-    for settings in [Settings::Defaults, Settings::Equal] {
+    for &settings in &args.settings {
         for kind in [Kind::Rust, Kind::Go] {
-            lbs.push(load_balancers(&args, &bins, kind, settings).await?);
+            lbs.push(load_balancers(args, &bins, kind, settings).await?);
         }
     }
-    let machine = report::machine_description();
-    let markdown = report::markdown(&args, &machine, &inits, &lbs, &steadies, started.elapsed());
-    if let Some(parent) = args.out.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(&args.out, markdown)?;
-    let plot = args.out.with_extension("png");
-    report::plot(&plot, &inits)?;
-    eprintln!("bench: wrote {} and {}", args.out.display(), plot.display());
-    Ok(())
+    Ok(Results {
+        label: args.label.clone(),
+        machine: report::machine_description(),
+        minutes: started.elapsed().as_secs_f64() / 60.0,
+        latency: args.latency.clone(),
+        services: args.services,
+        lb_nodes: args.lb_nodes,
+        churn: args.churn,
+        idle_seconds: args.idle_seconds,
+        inits,
+        lbs,
+        steadies,
+    })
 }

@@ -30,13 +30,37 @@ impl fmt::Display for Kind {
 }
 
 /// The settings a manager runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Settings {
     /// Each manager's own defaults (Go: QPS 20 / burst 30, 1 node worker, 1 service worker; Rust: QPS
     /// 200 / burst 400, 16 and 16).
     Defaults,
     /// Both at QPS 200 / burst 400, 16 node workers, 16 service workers.
     Equal,
+    /// Both with 16 node and 16 service workers and a client-side limit too high to bind (QPS and burst
+    /// 100,000): what each implementation makes of the API server when its own limiter is out of the way.
+    Unthrottled,
+}
+
+impl Settings {
+    /// The flags that differ from a manager's defaults.
+    fn flags(self) -> &'static [&'static str] {
+        match self {
+            Settings::Defaults => &[],
+            Settings::Equal => &[
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
+                "--concurrent-node-syncs=16",
+                "--concurrent-service-syncs=16",
+            ],
+            Settings::Unthrottled => &[
+                "--kube-api-qps=100000",
+                "--kube-api-burst=100000",
+                "--concurrent-node-syncs=16",
+                "--concurrent-service-syncs=16",
+            ],
+        }
+    }
 }
 
 impl fmt::Display for Settings {
@@ -44,6 +68,7 @@ impl fmt::Display for Settings {
         f.write_str(match self {
             Settings::Defaults => "own defaults",
             Settings::Equal => "equal settings",
+            Settings::Unthrottled => "equal, unthrottled",
         })
     }
 }
@@ -92,23 +117,16 @@ impl Running {
             "--leader-elect=false".to_owned(),
             "--secure-port=0".to_owned(),
         ];
-        if settings == Settings::Equal {
-            args.extend(
-                [
-                    "--kube-api-qps=200",
-                    "--kube-api-burst=400",
-                    "--concurrent-node-syncs=16",
-                    "--concurrent-service-syncs=16",
-                ]
-                .map(str::to_owned),
-            );
-        }
+        args.extend(settings.flags().iter().map(|f| (*f).to_owned()));
         let mut command = match kind {
             Kind::Rust => {
                 let config = dir.join("rust-cloud-config.yaml");
                 std::fs::write(
                     &config,
-                    format!("stateFile: {}\nlatency: {latency}\n", state_file.display()),
+                    format!(
+                        "stateFile: {}\nstateFileBatched: true\nlatency: {latency}\n",
+                        state_file.display()
+                    ),
                 )?;
                 let mut command = Command::new(&bins.rust);
                 command

@@ -5,7 +5,7 @@ use std::{fmt::Write as _, path::Path, time::Duration};
 
 use plotters::prelude::*;
 
-use crate::{Args, InitResult, LbResult, SteadyResult};
+use crate::{InitResult, Results};
 
 /// What machine the numbers come from.
 pub(crate) fn machine_description() -> String {
@@ -47,6 +47,23 @@ fn ratio(rust: f64, go: f64) -> String {
     }
 }
 
+/// The settings this run measured, in the order they ran.
+fn settings_in(results: &Results) -> Vec<&str> {
+    let mut settings: Vec<&str> = Vec::new();
+    let runs = results
+        .inits
+        .iter()
+        .filter(|i| i.who != "API limit")
+        .map(|i| i.settings.as_str())
+        .chain(results.lbs.iter().map(|l| l.settings.as_str()));
+    for s in runs {
+        if !settings.contains(&s) {
+            settings.push(s);
+        }
+    }
+    settings
+}
+
 fn find<'a, T>(
     items: &'a [T],
     who: &str,
@@ -57,35 +74,33 @@ fn find<'a, T>(
 }
 
 /// The report.
-pub(crate) fn markdown(
-    args: &Args,
-    machine: &str,
-    inits: &[InitResult],
-    lbs: &[LbResult],
-    steadies: &[SteadyResult],
-    took: Duration,
-) -> String {
+pub(crate) fn markdown(results: &Results) -> String {
+    let Results {
+        inits,
+        lbs,
+        steadies,
+        ..
+    } = results;
     let mut md = String::new();
     let _ = writeln!(
         md,
         "# Benchmark: Rust CCM vs upstream Go CCM ({})\n",
-        args.label
+        results.label
     );
     let _ = writeln!(
         md,
-        "Machine: {machine}. One run of `bench/run` ({:.0} min). Cloud latency {} per call for both managers. Ratios are rust / go: below 1 means ours is faster or smaller.\n",
-        took.as_secs_f64() / 60.0,
-        args.latency
+        "Machine: {}. One run of `bench/run` ({:.0} min). Cloud latency {} per call for both managers. Ratios are rust / go: below 1 means ours is faster or smaller.\n",
+        results.machine, results.minutes, results.latency
     );
     let _ = writeln!(
         md,
-        "Settings: **own defaults** = each manager as shipped (Go: QPS 20, burst 30, 1 node worker, 1 service worker; Rust: QPS 200, burst 400, 16 node workers, 16 service workers). **equal settings** = both at QPS 200, burst 400, 16 node workers, 16 service workers.\n"
+        "Settings: **own defaults** = each manager as shipped (Go: QPS 20, burst 30, 1 node worker, 1 service worker; Rust: QPS 200, burst 400, 16 node workers, 16 service workers). **equal settings** = both at QPS 200, burst 400, 16 node workers, 16 service workers. **equal, unthrottled** = both with 16 node and 16 service workers and a client-side limit too high to bind (QPS and burst 100,000).\n"
     );
 
     let _ = writeln!(md, "## Node initialization\n");
     let _ = writeln!(
         md,
-        "Nodes created (32 at a time) as kubelets with `--cloud-provider=external` register them, each with a kubelet-sized status (4 conditions, capacity, allocatable, node info, 30 images), while the manager runs. *Total*: first creation to last node initialized. *Delay*: a node's creation to its initialization. *Writes/node*: the manager's writes (node patch or update, status patch, event) per node, from the API server's own counters (the runner's node creations subtracted). The **API limit** row is a minimal client making the same 3 writes per node with no controller logic and no client-side rate limit.\n"
+        "Nodes created (32 at a time) as kubelets with `--cloud-provider=external` register them, each with a kubelet-sized status (4 conditions, capacity, allocatable, node info, 30 images), while the manager runs. *Total*: first creation to last node initialized. *Delay*: a node's creation to its initialization. *Writes/node*: the manager's writes (node patch or update, status patch, event) per node, from the API server's own counters (the runner's node creations subtracted); in brackets, how many of them were Events. The **API limit** row is a minimal client making the same 3 writes per node with no controller logic and no client-side rate limit.\n"
     );
     let _ = writeln!(
         md,
@@ -99,7 +114,7 @@ pub(crate) fn markdown(
     counts.dedup();
     for count in counts {
         let rows: Vec<&InitResult> = inits.iter().filter(|i| i.nodes == count).collect();
-        for settings in ["own defaults", "equal settings"] {
+        for settings in settings_in(results) {
             let go = rows
                 .iter()
                 .find(|r| r.who == "go" && r.settings == settings);
@@ -116,35 +131,39 @@ pub(crate) fn markdown(
                 };
                 let _ = writeln!(
                     md,
-                    "| {count} | {settings} | {} | {} | {} | {} | {:.2} | {:.0} MiB | {total_ratio} | {p99_ratio} |",
+                    "| {count} | {settings} | {} | {} | {} | {} | {:.2} ({:.2}) | {:.0} MiB | {total_ratio} | {p99_ratio} |",
                     row.who,
                     secs(row.total),
                     secs(row.p50),
                     secs(row.p99),
                     row.writes_per_node,
+                    row.events_per_node,
                     row.peak_rss_mib
                 );
             }
         }
         if let Some(limit) = rows.iter().find(|r| r.who == "API limit") {
-            let rust_equal = rows
+            let share = rows
                 .iter()
-                .find(|r| r.who == "rust" && r.settings == "equal settings");
-            let share = rust_equal
+                .filter(|r| r.who != "API limit")
                 .map(|r| {
                     format!(
-                        "rust at equal settings reaches {:.0} % of it",
-                        100.0 * limit.total.as_secs_f64() / r.total.as_secs_f64()
+                        "{} at {}: {:.0} %",
+                        r.who,
+                        r.settings,
+                        100.0 * limit.total.as_secs_f64() / r.total.as_secs_f64().max(f64::EPSILON)
                     )
                 })
-                .unwrap_or_default();
+                .collect::<Vec<_>>()
+                .join("; ");
             let _ = writeln!(
                 md,
-                "| {count} | no limit | API limit | {} | {} | {} | {:.2} | — | {share} | |",
+                "| {count} | no limit | API limit | {} | {} | {} | {:.2} ({:.2}) | — | {share} | |",
                 secs(limit.total),
                 secs(limit.p50),
                 secs(limit.p99),
-                limit.writes_per_node
+                limit.writes_per_node,
+                limit.events_per_node
             );
         }
     }
@@ -152,8 +171,8 @@ pub(crate) fn markdown(
     let _ = writeln!(md, "\n## Load balancers\n");
     let _ = writeln!(
         md,
-        "{} LoadBalancer Services over {} nodes: *provision* is creation of the first Service to the last one with an ingress IP. Then {} nodes added and {} removed: *churn* is the time until every load balancer has exactly the new node set, with the cloud's `update_load_balancer` calls (ideal: one per Service) and `ensure_load_balancer` calls made meanwhile. *Writes/Service*: the manager's API writes while provisioning (finalizer, status, events), per Service.\n",
-        args.services, args.lb_nodes, args.churn, args.churn
+        "{} LoadBalancer Services over {} nodes: *provision* is creation of the first Service to the last one with an ingress IP. Then {} nodes added and {} removed: *churn* is the time until every load balancer has exactly the new node set, with the cloud's `update_load_balancer` calls (ideal: one per Service) and `ensure_load_balancer` calls made meanwhile. *Writes/Service*: the manager's API writes while provisioning (finalizer, status, events), per Service; in brackets, how many of them were Events.\n",
+        results.services, results.lb_nodes, results.churn, results.churn
     );
     let _ = writeln!(
         md,
@@ -163,7 +182,7 @@ pub(crate) fn markdown(
         md,
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
-    for settings in ["own defaults", "equal settings"] {
+    for settings in settings_in(results) {
         let go = find(lbs, "go", settings, |l| (&l.who, &l.settings));
         for who in ["rust", "go"] {
             if let Some(row) = find(lbs, who, settings, |l| (&l.who, &l.settings)) {
@@ -176,12 +195,13 @@ pub(crate) fn markdown(
                 };
                 let _ = writeln!(
                     md,
-                    "| {settings} | {who} | {} | {} | {} | {} | {:.2} | {p} | {c} |",
+                    "| {settings} | {who} | {} | {} | {} | {} | {:.2} ({:.2}) | {p} | {c} |",
                     secs(row.provision),
                     secs(row.churn),
                     row.update_calls,
                     row.ensure_calls,
-                    row.writes_per_service
+                    row.writes_per_service,
+                    row.events_per_service
                 );
             }
         }
@@ -191,7 +211,7 @@ pub(crate) fn markdown(
     let _ = writeln!(
         md,
         "After the largest initialization run, {} LoadBalancer Services are provisioned; after 10 s, an idle window of {} s: the manager's CPU seconds, its requests to the API server (from the API server's counters; watches, and the API server's own lease renewals and OpenAPI reads, excluded), and its cloud calls. *Peak RSS* is the process's high-water mark over the whole run; *idle RSS* its resident memory at the end.\n",
-        args.services, args.idle_seconds
+        results.services, results.idle_seconds
     );
     let _ = writeln!(
         md,
@@ -201,7 +221,7 @@ pub(crate) fn markdown(
         md,
         "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
     );
-    for settings in ["own defaults", "equal settings"] {
+    for settings in settings_in(results) {
         let go = find(steadies, "go", settings, |s| (&s.who, &s.settings));
         for who in ["rust", "go"] {
             if let Some(row) = find(steadies, who, settings, |s| (&s.who, &s.settings)) {
@@ -210,7 +230,7 @@ pub(crate) fn markdown(
                 } else {
                     row.idle_requests
                         .iter()
-                        .map(|((verb, resource), n)| format!("{verb} {resource}: {n}"))
+                        .map(|(request, n)| format!("{request}: {n}"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 };
@@ -229,16 +249,157 @@ pub(crate) fn markdown(
             }
         }
     }
+    targets(&mut md, results);
+    md
+}
+
+/// One line of the targets table.
+struct Check {
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+/// The targets of bench/README.md, each checked against this run's numbers.
+fn targets(md: &mut String, results: &Results) {
+    let mut checks = Vec::new();
+    let init = |who: &str, settings: &str, nodes: usize| {
+        results
+            .inits
+            .iter()
+            .find(|i| i.who == who && i.settings == settings && i.nodes == nodes)
+    };
+    let mut counts: Vec<usize> = results.inits.iter().map(|i| i.nodes).collect();
+    counts.dedup();
+    for &count in &counts {
+        for (settings, factor) in [
+            ("own defaults", 5.0),
+            ("equal settings", 1.5),
+            ("equal, unthrottled", 1.5),
+        ] {
+            if let (Some(rust), Some(go)) =
+                (init("rust", settings, count), init("go", settings, count))
+            {
+                let speedup = go.total.as_secs_f64() / rust.total.as_secs_f64().max(f64::EPSILON);
+                checks.push(Check {
+                    target: format!(
+                        "node init, {count} nodes: ≥ {factor}× faster than upstream at {settings}"
+                    ),
+                    measured: format!("{speedup:.1}× ({} vs {})", secs(rust.total), secs(go.total)),
+                    met: speedup >= factor,
+                });
+            }
+        }
+        let limit = results
+            .inits
+            .iter()
+            .find(|i| i.who == "API limit" && i.nodes == count);
+        for settings in ["own defaults", "equal, unthrottled"] {
+            if let (Some(rust), Some(limit)) = (init("rust", settings, count), limit) {
+                let share =
+                    100.0 * limit.total.as_secs_f64() / rust.total.as_secs_f64().max(f64::EPSILON);
+                checks.push(Check {
+                    target: format!("node init, {count} nodes, {settings}: within 80 % of the API server's own limit"),
+                    measured: format!("{share:.0} % ({} vs {})", secs(rust.total), secs(limit.total)),
+                    met: share >= 80.0,
+                });
+            }
+        }
+        for settings in settings_in(results) {
+            if let (Some(rust), Some(go)) =
+                (init("rust", settings, count), init("go", settings, count))
+            {
+                let (ours, theirs) = (
+                    rust.writes_per_node - rust.events_per_node,
+                    go.writes_per_node - go.events_per_node,
+                );
+                checks.push(Check {
+                    target: format!("node init, {count} nodes, {settings}: no more Node writes per node than upstream"),
+                    measured: format!("{ours:.2} vs {theirs:.2} (events: {:.2} vs {:.2})", rust.events_per_node, go.events_per_node),
+                    met: ours <= theirs + 0.005,
+                });
+            }
+        }
+    }
+    for settings in settings_in(results) {
+        let lb = |who: &str| {
+            results
+                .lbs
+                .iter()
+                .find(|l| l.who == who && l.settings == settings)
+        };
+        if let (Some(rust), Some(go)) = (lb("rust"), lb("go")) {
+            let (ours, theirs) = (
+                rust.writes_per_service - rust.events_per_service,
+                go.writes_per_service - go.events_per_service,
+            );
+            checks.push(Check {
+                target: format!(
+                    "load balancers, {settings}: no more Service writes per Service than upstream"
+                ),
+                measured: format!(
+                    "{ours:.2} vs {theirs:.2} (events: {:.2} vs {:.2})",
+                    rust.events_per_service, go.events_per_service
+                ),
+                met: ours <= theirs + 0.005,
+            });
+            checks.push(Check {
+                target: format!("load balancers, {settings}: no more cloud update calls in the churn than upstream"),
+                measured: format!("{} vs {}", rust.update_calls, go.update_calls),
+                met: rust.update_calls <= go.update_calls,
+            });
+        }
+    }
+    let largest = results.inits.iter().map(|i| i.nodes).max().unwrap_or(0);
+    for settings in settings_in(results) {
+        let steady = |who: &str| {
+            results
+                .steadies
+                .iter()
+                .find(|s| s.who == who && s.settings == settings)
+        };
+        if let (Some(rust), Some(go)) = (steady("rust"), steady("go")) {
+            let share = rust.peak_rss_mib / go.peak_rss_mib.max(f64::EPSILON);
+            checks.push(Check {
+                target: format!("steady state ({largest} nodes + {} Services), {settings}: peak RSS ≤ 0.25× upstream's", results.services),
+                measured: format!("{share:.2}× ({:.0} vs {:.0} MiB)", rust.peak_rss_mib, go.peak_rss_mib),
+                met: share <= 0.25,
+            });
+        }
+        if let Some(rust) = steady("rust") {
+            let writes: u64 = rust
+                .idle_requests
+                .iter()
+                .filter(|(request, _)| request.split(' ').next().is_some_and(crate::is_write))
+                .map(|(_, n)| n)
+                .sum();
+            checks.push(Check {
+                target: format!("steady state ({largest} nodes + {} Services), {settings}: zero API writes and zero cloud calls when idle", results.services),
+                measured: format!("{writes} writes, {} cloud calls", rust.idle_cloud_calls),
+                met: writes == 0 && rust.idle_cloud_calls == 0,
+            });
+        }
+    }
+    let _ = writeln!(md, "\n## Targets\n");
     let _ = writeln!(
         md,
-        "\nPer-node initialization delays: `{}`.",
-        args.out
-            .with_extension("png")
-            .file_name()
-            .map(|f| f.to_string_lossy().into_owned())
-            .unwrap_or_default()
+        "The targets of `bench/README.md`, checked against the numbers above. Writes per object are compared without Events (shown apart: a manager that drops events under load writes fewer of them).\n"
     );
-    md
+    let _ = writeln!(md, "| target | measured (rust vs go or limit) | met |");
+    let _ = writeln!(md, "| --- | --- | --- |");
+    for check in checks {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} |",
+            check.target,
+            check.measured,
+            if check.met { "yes" } else { "**no**" }
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nPer-node initialization delays: the PNG beside this file."
+    );
 }
 
 /// Per-node initialization delay (sorted) of every run of the largest node count.

@@ -45,6 +45,11 @@ pub struct Config {
     /// Where the cloud-side state is written as JSON after every change.
     #[serde(default)]
     pub state_file: Option<PathBuf>,
+    /// `true`: changes reach the state file within 200 ms (from a background writer, as call counts
+    /// always do) instead of before the call returns. For runs with thousands of load-balancer backends,
+    /// where rewriting the whole file on every change would cost more than the manager under test.
+    #[serde(default)]
+    pub state_file_batched: bool,
     /// Added to every cloud call.
     #[serde(default)]
     pub latency: GoDuration,
@@ -86,6 +91,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             state_file: None,
+            state_file_batched: false,
             latency: GoDuration::default(),
             failure_rate: BTreeMap::new(),
             seed: 0,

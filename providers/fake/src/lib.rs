@@ -113,6 +113,7 @@ impl FakeCloud {
         cloud
             .write_state_file()
             .map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
+        watcher::spawn_flusher(Arc::downgrade(&cloud.inner));
         Ok(cloud)
     }
 
@@ -139,8 +140,6 @@ impl FakeCloud {
                 path,
                 config.contents().unwrap_or_default().to_vec(),
             );
-        } else if cloud.config().state_file.is_some() {
-            watcher::spawn_flusher(Arc::downgrade(&cloud.inner));
         }
         Ok(cloud)
     }
@@ -231,14 +230,31 @@ impl FakeCloud {
         Ok(config)
     }
 
-    /// Runs `change` on the cloud state and writes the state file.
+    /// Runs `change` on the cloud state and writes the state file (or, with `stateFileBatched`, leaves
+    /// it to the background writer).
     fn change<T>(&self, change: impl FnOnce(&mut Mutable) -> CloudResult<T>) -> CloudResult<T> {
         let mut cloud = self.inner.lock();
         let result = change(&mut cloud)?;
-        if let Err((path, err)) = self.inner.flush(&mut cloud) {
+        if self.config().state_file_batched {
+            cloud.dirty = true;
+        } else if let Err((path, err)) = self.inner.flush(&mut cloud) {
             tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
         }
         Ok(result)
+    }
+}
+
+impl Drop for Inner {
+    /// What the background writer had not written yet (call counts, batched changes) goes out now.
+    fn drop(&mut self) {
+        let path = self.config().state_file.clone();
+        let cloud = self.cloud.get_mut().unwrap_or_else(|e| e.into_inner());
+        if cloud.dirty
+            && let Some(path) = path
+            && let Err(err) = cloud.state.write(&path)
+        {
+            tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
+        }
     }
 }
 
@@ -384,6 +400,52 @@ mod tests {
         let started = std::time::Instant::now();
         cloud.routes().unwrap().list_routes("k").await.unwrap();
         assert!(started.elapsed() >= std::time::Duration::from_millis(30));
+    }
+
+    #[tokio::test]
+    async fn batched_state_file_writes_land_within_a_poll_and_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let cloud = FakeCloud::from_yaml(&format!(
+            "stateFile: {}\nstateFileBatched: true\nroutes: {{initial: []}}\n",
+            path.display()
+        ))
+        .unwrap();
+        let route = cloud_provider::Route {
+            name: "r1".into(),
+            target_node: "n1".into(),
+            destination_cidr: "10.1.0.0/24".into(),
+            ..Default::default()
+        };
+        cloud
+            .routes()
+            .unwrap()
+            .create_route("k", "uid", &route)
+            .await
+            .unwrap();
+        let has_route = || CloudState::read(&path).is_ok_and(|s| s.routes.len() == 1);
+        let started = std::time::Instant::now();
+        while !has_route() {
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(3),
+                "the batched write never landed"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+
+        // Counted but not yet written when the cloud goes away: written on drop.
+        // (The background writer may hold the cloud for a moment, so the drop can land on its thread;
+        // either way well within its 200 ms poll.)
+        cloud.routes().unwrap().list_routes("k").await.unwrap();
+        drop(cloud);
+        let dropped = std::time::Instant::now();
+        while CloudState::read(&path).unwrap().calls_to("list_routes") != 1 {
+            assert!(
+                dropped.elapsed() < std::time::Duration::from_millis(100),
+                "the counts were not written on drop"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
     }
 
     #[test]

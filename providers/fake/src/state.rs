@@ -71,9 +71,11 @@ impl CloudState {
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
         let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
         {
-            let mut file = std::fs::File::create(&tmp)?;
+            // Buffered: serde_json writes token by token, which unbuffered is a syscall per name.
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
             serde_json::to_writer_pretty(&mut file, self).map_err(std::io::Error::other)?;
             file.write_all(b"\n")?;
+            file.flush()?;
         }
         std::fs::rename(&tmp, path)
     }

@@ -1,4 +1,5 @@
-//! Re-reads the cloud-config file when it changes, and writes call counts to the state file.
+//! Re-reads the cloud-config file when it changes, and writes what changed since the last write (call
+//! counts, and with `stateFileBatched` everything) to the state file.
 //!
 //! A plain polling thread: the file is tiny, a read every 200 ms costs nothing, and polling works on
 //! every filesystem (including the bind-mounted ConfigMaps and editors that replace files), where
@@ -38,7 +39,6 @@ pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>) {
                         tracing::debug!(path = %path.display(), error = %err, "fake cloud: cannot read the cloud-config");
                     }
                 }
-                flush_counts(&cloud);
                 drop(cloud);
                 std::thread::sleep(POLL);
             }
@@ -48,13 +48,13 @@ pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>) {
     }
 }
 
-/// Only writes call counts to the state file, for a cloud without a config file to watch.
+/// Writes the state file when something changed since the last write, for as long as the cloud lives.
 pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
     let spawned = std::thread::Builder::new()
         .name("fake-cloud-flush".to_owned())
         .spawn(move || {
             while let Some(inner) = cloud.upgrade() {
-                flush_counts(&FakeCloud { inner });
+                flush_dirty(&FakeCloud { inner });
                 std::thread::sleep(POLL);
             }
         });
@@ -64,7 +64,7 @@ pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
 }
 
 /// Call counts change on every call; rather than rewrite the file on each, they go out within one poll.
-fn flush_counts(cloud: &FakeCloud) {
+fn flush_dirty(cloud: &FakeCloud) {
     let mut state = cloud.inner.lock();
     if state.dirty
         && let Err((path, err)) = cloud.inner.flush(&mut state)
