@@ -67,6 +67,18 @@ impl Plane {
             .output();
     }
 
+    /// The API server's CPU seconds so far (its own `process_cpu_seconds_total`).
+    pub(crate) async fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let text = self
+            .client
+            .request_text(http::Request::get("/metrics").body(Vec::new())?)
+            .await?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
+            .and_then(|v| v.trim().parse().ok())
+            .context("the API server reports no process_cpu_seconds_total")
+    }
+
     /// `apiserver_request_total` by (verb, resource/subresource), excluding watches and the runner's own
     /// reads is impossible from here, so callers diff two snapshots around windows the runner keeps quiet.
     pub(crate) async fn request_counts(&self) -> anyhow::Result<BTreeMap<(String, String), f64>> {

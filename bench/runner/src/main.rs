@@ -112,6 +112,13 @@ pub(crate) struct InitResult {
     pub(crate) events_per_node: f64,
     pub(crate) delays: Vec<f64>,
     pub(crate) peak_rss_mib: f64,
+    /// CPU seconds the manager (or the minimal client) used from the first creation until the writes
+    /// were counted.
+    #[serde(default)]
+    pub(crate) manager_cpu_seconds: f64,
+    /// CPU seconds the API server used meanwhile (node creations included).
+    #[serde(default)]
+    pub(crate) apiserver_cpu_seconds: f64,
 }
 
 /// One load-balancer measurement.
@@ -140,6 +147,15 @@ pub(crate) struct SteadyResult {
     /// Requests in the idle window by "VERB resource".
     pub(crate) idle_requests: BTreeMap<String, u64>,
     pub(crate) idle_cloud_calls: u64,
+}
+
+/// CPU seconds of the manager, or of this process for the minimal client that runs inside it.
+fn manager_cpu(running: Option<&Running>) -> f64 {
+    match running {
+        Some(running) => running.cpu_seconds(),
+        None => manager::process_cpu_seconds("self"),
+    }
+    .unwrap_or(0.0)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> Duration {
@@ -224,6 +240,8 @@ async fn node_init(
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = plane.request_counts().await?;
+    let (manager_cpu_before, apiserver_cpu_before) =
+        (manager_cpu(running.as_ref()), plane.cpu_seconds().await?);
     let node_names = names("node", count);
     let started = Instant::now();
     let created = create_nodes(&plane.client, &node_names, false, 32).await?;
@@ -255,6 +273,8 @@ async fn node_init(
     // Let the addresses and events of the last nodes land before counting writes.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let after = plane.request_counts().await?;
+    let (manager_cpu_after, apiserver_cpu_after) =
+        (manager_cpu(running.as_ref()), plane.cpu_seconds().await?);
     let delta = request_delta(&before, &after);
     let node_creates = delta
         .get(&("POST".to_owned(), "nodes".to_owned()))
@@ -276,10 +296,17 @@ async fn node_init(
         events_per_node: event_writes(&delta) as f64 / count as f64,
         delays,
         peak_rss_mib: peak,
+        manager_cpu_seconds: manager_cpu_after - manager_cpu_before,
+        apiserver_cpu_seconds: apiserver_cpu_after - apiserver_cpu_before,
     };
     eprintln!(
-        "bench:   {:?} total, p50 {:?}, p99 {:?}, {:.2} writes/node",
-        result.total, result.p50, result.p99, result.writes_per_node
+        "bench:   {:?} total, p50 {:?}, p99 {:?}, {:.2} writes/node, CPU {:.1} s (API server {:.1} s)",
+        result.total,
+        result.p50,
+        result.p99,
+        result.writes_per_node,
+        result.manager_cpu_seconds,
+        result.apiserver_cpu_seconds
     );
 
     let mut steady_result = None;

@@ -121,11 +121,13 @@ impl Running {
         let mut command = match kind {
             Kind::Rust => {
                 let config = dir.join("rust-cloud-config.yaml");
+                // The default ipPool (a /24) holds 254 addresses; the runner provisions 500 load
+                // balancers (the Go peer counts on past 203.0.113.254 the same way).
                 std::fs::write(
                     &config,
                     format!(
-                        "stateFile: {}\nstateFileBatched: true\nlatency: {latency}\n",
-                        state_file.display()
+                        "stateFile: {}\nstateFileBatched: true\nlatency: {latency}\nloadBalancers: {{ipPool: 203.0.112.0/22}}\n",
+                        state_file.display(),
                     ),
                 )?;
                 let mut command = Command::new(&bins.rust);
@@ -179,22 +181,7 @@ impl Running {
 
     /// CPU seconds used so far (user + system).
     pub(crate) fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))?;
-        let after_name = stat
-            .rsplit_once(')')
-            .map(|(_, rest)| rest)
-            .unwrap_or_default();
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        // Fields 14 and 15 of /proc/<pid>/stat (utime, stime), counted after the name's closing ')'.
-        let ticks = fields
-            .get(11)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            + fields
-                .get(12)
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0);
-        Ok(ticks / 100.0)
+        process_cpu_seconds(&self.pid().to_string())
     }
 
     pub(crate) async fn cloud_stats(&self) -> anyhow::Result<CloudStats> {
@@ -275,4 +262,22 @@ impl Drop for Running {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// CPU seconds (user + system) a process used so far; `pid` may be `self`.
+pub(crate) fn process_cpu_seconds(pid: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or_default();
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // Fields 14 and 15 of /proc/<pid>/stat (utime, stime), counted after the name's closing ')'.
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Ok((ticks(11) + ticks(12)) / 100.0)
 }

@@ -47,6 +47,17 @@ fn ratio(rust: f64, go: f64) -> String {
     }
 }
 
+/// The CPU cell of a node-initialization row; empty for results saved before CPU was measured.
+fn cpu(row: &InitResult) -> String {
+    if row.manager_cpu_seconds == 0.0 && row.apiserver_cpu_seconds == 0.0 {
+        return String::new();
+    }
+    format!(
+        "{:.1} s / {:.1} s",
+        row.manager_cpu_seconds, row.apiserver_cpu_seconds
+    )
+}
+
 /// The settings this run measured, in the order they ran.
 fn settings_in(results: &Results) -> Vec<&str> {
     let mut settings: Vec<&str> = Vec::new();
@@ -100,15 +111,15 @@ pub(crate) fn markdown(results: &Results) -> String {
     let _ = writeln!(md, "## Node initialization\n");
     let _ = writeln!(
         md,
-        "Nodes created (32 at a time) as kubelets with `--cloud-provider=external` register them, each with a kubelet-sized status (4 conditions, capacity, allocatable, node info, 30 images), while the manager runs. *Total*: first creation to last node initialized. *Delay*: a node's creation to its initialization. *Writes/node*: the manager's writes (node patch or update, status patch, event) per node, from the API server's own counters (the runner's node creations subtracted); in brackets, how many of them were Events. The **API limit** row is a minimal client making the same 3 writes per node with no controller logic and no client-side rate limit.\n"
+        "Nodes created (32 at a time) as kubelets with `--cloud-provider=external` register them, each with a kubelet-sized status (4 conditions, capacity, allocatable, node info, 30 images), while the manager runs. *Total*: first creation to last node initialized. *Delay*: a node's creation to its initialization. *Writes/node*: the manager's writes (node patch or update, status patch, event) per node, from the API server's own counters (the runner's node creations subtracted); in brackets, how many of them were Events. *CPU*: seconds the manager used over the same span, and (after the slash) the API server. The **API limit** row is a minimal client making the same 3 writes per node with no controller logic and no client-side rate limit.\n"
     );
     let _ = writeln!(
         md,
-        "| nodes | settings | manager | total | p50 delay | p99 delay | writes/node | peak RSS | total ratio | p99 ratio |"
+        "| nodes | settings | manager | total | p50 delay | p99 delay | writes/node | CPU / API server CPU | peak RSS | total ratio | p99 ratio |"
     );
     let _ = writeln!(
         md,
-        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
     let mut counts: Vec<usize> = inits.iter().map(|i| i.nodes).collect();
     counts.dedup();
@@ -131,13 +142,14 @@ pub(crate) fn markdown(results: &Results) -> String {
                 };
                 let _ = writeln!(
                     md,
-                    "| {count} | {settings} | {} | {} | {} | {} | {:.2} ({:.2}) | {:.0} MiB | {total_ratio} | {p99_ratio} |",
+                    "| {count} | {settings} | {} | {} | {} | {} | {:.2} ({:.2}) | {} | {:.0} MiB | {total_ratio} | {p99_ratio} |",
                     row.who,
                     secs(row.total),
                     secs(row.p50),
                     secs(row.p99),
                     row.writes_per_node,
                     row.events_per_node,
+                    cpu(row),
                     row.peak_rss_mib
                 );
             }
@@ -158,12 +170,13 @@ pub(crate) fn markdown(results: &Results) -> String {
                 .join("; ");
             let _ = writeln!(
                 md,
-                "| {count} | no limit | API limit | {} | {} | {} | {:.2} ({:.2}) | — | {share} | |",
+                "| {count} | no limit | API limit | {} | {} | {} | {:.2} ({:.2}) | {} | — | {share} | |",
                 secs(limit.total),
                 secs(limit.p50),
                 secs(limit.p99),
                 limit.writes_per_node,
-                limit.events_per_node
+                limit.events_per_node,
+                cpu(limit)
             );
         }
     }
