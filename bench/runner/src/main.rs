@@ -552,41 +552,54 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
     let bins = Binaries { rust, go };
     std::fs::create_dir_all(&args.work_dir)?;
     let started = Instant::now();
-    let mut inits = Vec::new();
-    let mut steadies = Vec::new();
+    let mut results = Results {
+        label: args.label.clone(),
+        machine: report::machine_description(),
+        minutes: 0.0,
+        latency: args.latency.clone(),
+        services: args.services,
+        lb_nodes: args.lb_nodes,
+        churn: args.churn,
+        idle_seconds: args.idle_seconds,
+        inits: Vec::new(),
+        lbs: Vec::new(),
+        steadies: Vec::new(),
+    };
+    // What was measured so far goes to `<out>.partial.json` after every scenario, so a failure late in
+    // an hour-long run loses only the scenario that failed (`--from-results` renders a partial file).
+    let partial = args.out.with_extension("partial.json");
+    let save = |results: &mut Results| -> anyhow::Result<()> {
+        results.minutes = started.elapsed().as_secs_f64() / 60.0;
+        if let Some(parent) = partial.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&partial, serde_json::to_vec_pretty(results)?)?;
+        Ok(())
+    };
     let largest = args.nodes.iter().copied().max().unwrap_or(0);
     for &count in &args.nodes {
         for &settings in &args.settings {
             for kind in [Kind::Rust, Kind::Go] {
                 let (init, steady) =
                     node_init(args, &bins, Some(kind), settings, count, count == largest).await?;
-                inits.push(init);
-                steadies.extend(steady);
+                results.inits.push(init);
+                results.steadies.extend(steady);
+                save(&mut results)?;
             }
         }
-        inits.push(
-            node_init(args, &bins, None, Settings::Unthrottled, count, false)
-                .await?
-                .0,
-        );
+        let (limit, _) = node_init(args, &bins, None, Settings::Unthrottled, count, false).await?;
+        results.inits.push(limit);
+        save(&mut results)?;
     }
-    let mut lbs = Vec::new();
     for &settings in &args.settings {
         for kind in [Kind::Rust, Kind::Go] {
-            lbs.push(load_balancers(args, &bins, kind, settings).await?);
+            results
+                .lbs
+                .push(load_balancers(args, &bins, kind, settings).await?);
+            save(&mut results)?;
         }
     }
-    Ok(Results {
-        label: args.label.clone(),
-        machine: report::machine_description(),
-        minutes: started.elapsed().as_secs_f64() / 60.0,
-        latency: args.latency.clone(),
-        services: args.services,
-        lb_nodes: args.lb_nodes,
-        churn: args.churn,
-        idle_seconds: args.idle_seconds,
-        inits,
-        lbs,
-        steadies,
-    })
+    let _ = std::fs::remove_file(&partial);
+    results.minutes = started.elapsed().as_secs_f64() / 60.0;
+    Ok(results)
 }

@@ -194,7 +194,7 @@ impl Running {
                     backends: state
                         .load_balancers
                         .into_iter()
-                        .map(|lb| (lb.service, lb.nodes))
+                        .map(|lb| (lb.service, lb.nodes.to_vec()))
                         .collect(),
                 })
             }

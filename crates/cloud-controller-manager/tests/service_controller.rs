@@ -81,8 +81,9 @@ impl Harness {
         self.load_balancer(service)
             .map(|lb| {
                 lb.nodes
-                    .into_iter()
+                    .iter()
                     .filter(|n| n.starts_with(&self.prefix))
+                    .cloned()
                     .collect()
             })
             .unwrap_or_default()

@@ -69,6 +69,24 @@ struct Mutable {
     /// Calls per (method, object), so the failure sequence of each object is fixed by the seed whatever
     /// order concurrent calls arrive in.
     calls_per_object: BTreeMap<(&'static str, String), u64>,
+    /// The backend list last stored, shared by every load balancer given the same list: the manager
+    /// hands most load balancers the same nodes, and 500 copies of 5,000 names would make the fake,
+    /// which runs inside the manager under test, the biggest thing in its memory.
+    last_backends: Option<Arc<Vec<String>>>,
+}
+
+impl Mutable {
+    /// `names` as a shared list: the one stored last when equal.
+    fn share_backends(&mut self, names: Vec<String>) -> Arc<Vec<String>> {
+        match &self.last_backends {
+            Some(last) if **last == names => last.clone(),
+            _ => {
+                let shared = Arc::new(names);
+                self.last_backends = Some(shared.clone());
+                shared
+            }
+        }
+    }
 }
 
 /// Why the fake cloud could not start.
@@ -106,6 +124,7 @@ impl FakeCloud {
                     ip_assignments: BTreeMap::new(),
                     dirty: false,
                     calls_per_object: BTreeMap::new(),
+                    last_backends: None,
                 }),
             }),
         };

@@ -95,6 +95,7 @@ impl LoadBalancer for FakeCloud {
         let ports = ports_of(service);
         let nodes = node_names(nodes);
         self.change(|cloud| {
+            let nodes = cloud.share_backends(nodes);
             if let Some(i) = Self::position(cloud, &name) {
                 let record = &mut cloud.state.load_balancers[i];
                 record.service = key;
@@ -103,14 +104,13 @@ impl LoadBalancer for FakeCloud {
                 return Ok(status_of(record));
             }
             let pool = config.load_balancers.ip_pool;
-            let in_use = |ip: &std::net::Ipv4Addr| {
-                let ip = ip.to_string();
-                cloud
-                    .state
-                    .load_balancers
-                    .iter()
-                    .any(|lb| lb.ingress.contains(&ip))
-            };
+            let taken: std::collections::HashSet<std::net::Ipv4Addr> = cloud
+                .state
+                .load_balancers
+                .iter()
+                .flat_map(|lb| lb.ingress.iter().filter_map(|ip| ip.parse().ok()))
+                .collect();
+            let in_use = |ip: &std::net::Ipv4Addr| taken.contains(ip);
             // The same Service keeps its IP across a delete and re-create while the IP is free.
             let ip = cloud
                 .ip_assignments
@@ -167,7 +167,7 @@ impl LoadBalancer for FakeCloud {
                     service_key(service)
                 ))
             })?;
-            cloud.state.load_balancers[i].nodes = nodes;
+            cloud.state.load_balancers[i].nodes = cloud.share_backends(nodes);
             Ok(())
         })
     }
@@ -225,7 +225,7 @@ mod tests {
 
         let on_disk = crate::CloudState::read(&state).unwrap();
         let record = on_disk.load_balancer_of("shop/web").unwrap();
-        assert_eq!(record.nodes, vec!["n1", "n2"]);
+        assert_eq!(*record.nodes, vec!["n1", "n2"]);
         assert_eq!(
             record.ports,
             vec![PortRecord {
@@ -287,7 +287,7 @@ mod tests {
             .unwrap();
         let snapshot = cloud.snapshot();
         let record = snapshot.load_balancer_of("default/web").unwrap();
-        assert_eq!(record.nodes, vec!["b"]);
+        assert_eq!(*record.nodes, vec!["b"]);
         assert_eq!(record.ports.len(), 1);
         assert_eq!(snapshot.calls_to("update_load_balancer"), 2);
     }

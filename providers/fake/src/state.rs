@@ -1,6 +1,6 @@
 //! The cloud-side state of the fake cloud, and the JSON state file that shows it.
 
-use std::{collections::BTreeMap, io::Write, path::Path};
+use std::{collections::BTreeMap, io::Write, path::Path, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
@@ -28,8 +28,8 @@ pub struct LoadBalancerRecord {
     pub ingress: Vec<String>,
     /// Listeners.
     pub ports: Vec<PortRecord>,
-    /// Backend node names, sorted.
-    pub nodes: Vec<String>,
+    /// Backend node names, sorted. Shared between load balancers with the same backends.
+    pub nodes: Arc<Vec<String>>,
 }
 
 /// A listener of a load balancer.
@@ -109,7 +109,7 @@ mod tests {
                     port: 80,
                     node_port: 30080,
                 }],
-                nodes: vec!["n1".into()],
+                nodes: Arc::new(vec!["n1".into()]),
             }],
             routes: vec![RouteRecord {
                 name: "r".into(),
