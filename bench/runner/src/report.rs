@@ -415,6 +415,19 @@ fn targets(md: &mut String, results: &Results) {
     );
 }
 
+/// Ours in warm colors, upstream's in cool ones, the API limit in black: one color per line.
+fn color_of(run: &InitResult) -> RGBColor {
+    match (run.who.as_str(), run.settings.as_str()) {
+        ("rust", "own defaults") => RGBColor(200, 0, 0),
+        ("rust", "equal settings") => RGBColor(255, 140, 0),
+        ("rust", _) => RGBColor(170, 0, 170),
+        ("go", "own defaults") => RGBColor(0, 0, 200),
+        ("go", "equal settings") => RGBColor(0, 160, 220),
+        ("go", _) => RGBColor(0, 140, 0),
+        _ => BLACK,
+    }
+}
+
 /// Per-node initialization delay (sorted) of every run of the largest node count.
 pub(crate) fn plot(path: &Path, inits: &[InitResult]) -> anyhow::Result<()> {
     let font = std::fs::read("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf")?;
@@ -444,9 +457,8 @@ pub(crate) fn plot(path: &Path, inits: &[InitResult]) -> anyhow::Result<()> {
         .y_desc("seconds from creation (log)")
         .label_style(("sans-serif", 16))
         .draw()?;
-    let colors = [RED, BLUE, GREEN, MAGENTA, BLACK];
-    for (i, run) in runs.iter().enumerate() {
-        let color = colors[i % colors.len()];
+    for run in runs.iter() {
+        let color = color_of(run);
         let n = run.delays.len().max(1) as f64;
         chart
             .draw_series(LineSeries::new(

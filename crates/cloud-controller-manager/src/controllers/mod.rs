@@ -42,7 +42,6 @@ pub mod node_lifecycle;
 mod patch;
 pub mod route;
 pub mod service;
-mod workers;
 
 use std::{future::Future, pin::Pin, sync::Arc};
 

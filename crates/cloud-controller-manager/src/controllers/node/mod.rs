@@ -38,7 +38,6 @@ use self::{
 use super::{
     ControllerContext, ControllerTask,
     patch::{Target, patch_with_retry},
-    workers::Workers,
 };
 use crate::events::EventRecorder;
 
@@ -113,8 +112,6 @@ struct Context {
     metrics: NodeMetrics,
     /// Consecutive failures per node, for its exponential back-off.
     failures: Mutex<HashMap<String, u32>>,
-    /// `--concurrent-node-syncs`, handed out first come, first served.
-    workers: Workers,
 }
 
 /// Per-node back-off after `failures` consecutive errors: upstream's work-queue default, 5 ms doubling
@@ -148,7 +145,6 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.node.clone(),
         failures: Mutex::default(),
-        workers: Workers::new(usize::from(workers), ctx.shutdown.clone()),
     });
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
@@ -160,8 +156,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
             shutdown.clone(),
         ));
         Controller::for_shared_stream(changes, store)
-            // Unlimited here: `Workers` limits, in arrival order (see controllers/workers.rs).
-            .with_config(Config::default().concurrency(0))
+            .with_config(Config::default().concurrency(workers))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(reconcile, error_policy, context)
             .for_each(|result| {
@@ -191,10 +186,6 @@ fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
 async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, NodeError> {
-    let Some(_worker) = ctx.workers.acquire().await else {
-        // Shutting down; the node is looked at again when the next leader starts.
-        return Ok(Action::await_change());
-    };
     let result = if is_uninitialized(&node) {
         initialize(&node, &ctx).await
     } else {

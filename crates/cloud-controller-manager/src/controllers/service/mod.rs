@@ -47,7 +47,6 @@ use self::{
 use super::{
     ControllerContext, ControllerTask,
     patch::{Target, patch_with_retry},
-    workers::Workers,
 };
 use crate::{events::EventRecorder, informers::Change};
 
@@ -181,8 +180,6 @@ struct Context {
     failures: Mutex<HashMap<String, u32>>,
     retry: mpsc::UnboundedSender<ObjectRef<Service>>,
     workers: usize,
-    /// The same `--concurrent-service-syncs` for reconciles, handed out first come, first served.
-    reconcile_workers: Workers,
     backends: Mutex<Option<Backends>>,
 }
 
@@ -273,7 +270,6 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         failures: Mutex::default(),
         retry,
         workers,
-        reconcile_workers: Workers::new(workers, ctx.shutdown.clone()),
         backends: Mutex::default(),
     });
     let shutdown = ctx.shutdown.clone();
@@ -301,8 +297,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
             );
         Controller::for_shared_stream(triggers, services)
             .reconcile_on(retries)
-            // Unlimited here: `Workers` limits, in arrival order (see controllers/workers.rs).
-            .with_config(Config::default().concurrency(0))
+            .with_config(Config::default().concurrency(workers as u16))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(reconcile, error_policy, context)
             .for_each(|result| {
@@ -359,10 +354,6 @@ fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) ->
 
 #[tracing::instrument(skip_all, fields(service = %key(&service)))]
 async fn reconcile(service: Arc<Service>, ctx: Arc<Context>) -> Result<Action, ServiceError> {
-    let Some(_worker) = ctx.reconcile_workers.acquire().await else {
-        // Shutting down; the Service is looked at again when the next leader starts.
-        return Ok(Action::await_change());
-    };
     let result = sync(&service, &ctx).await;
     if let Err(err) = &result {
         ctx.events
