@@ -273,6 +273,20 @@ struct Check {
     met: bool,
 }
 
+/// "No more writes per object than upstream": (all writes, event writes) per object of each manager,
+/// compared without the events (upstream drops events under load; that is not a saving to copy).
+fn writes_check(target: String, rust: (f64, f64), go: (f64, f64)) -> Check {
+    let (ours, theirs) = (rust.0 - rust.1, go.0 - go.1);
+    Check {
+        target,
+        measured: format!(
+            "{ours:.2} vs {theirs:.2} (events: {:.2} vs {:.2})",
+            rust.1, go.1
+        ),
+        met: ours <= theirs + 0.005,
+    }
+}
+
 /// The targets of bench/README.md, each checked against this run's numbers.
 fn targets(md: &mut String, results: &Results) {
     let mut checks = Vec::new();
@@ -322,15 +336,11 @@ fn targets(md: &mut String, results: &Results) {
             if let (Some(rust), Some(go)) =
                 (init("rust", settings, count), init("go", settings, count))
             {
-                let (ours, theirs) = (
-                    rust.writes_per_node - rust.events_per_node,
-                    go.writes_per_node - go.events_per_node,
-                );
-                checks.push(Check {
-                    target: format!("node init, {count} nodes, {settings}: no more Node writes per node than upstream"),
-                    measured: format!("{ours:.2} vs {theirs:.2} (events: {:.2} vs {:.2})", rust.events_per_node, go.events_per_node),
-                    met: ours <= theirs + 0.005,
-                });
+                checks.push(writes_check(
+                    format!("node init, {count} nodes, {settings}: no more Node writes per node than upstream"),
+                    (rust.writes_per_node, rust.events_per_node),
+                    (go.writes_per_node, go.events_per_node),
+                ));
             }
         }
     }
@@ -342,20 +352,13 @@ fn targets(md: &mut String, results: &Results) {
                 .find(|l| l.who == who && l.settings == settings)
         };
         if let (Some(rust), Some(go)) = (lb("rust"), lb("go")) {
-            let (ours, theirs) = (
-                rust.writes_per_service - rust.events_per_service,
-                go.writes_per_service - go.events_per_service,
-            );
-            checks.push(Check {
-                target: format!(
+            checks.push(writes_check(
+                format!(
                     "load balancers, {settings}: no more Service writes per Service than upstream"
                 ),
-                measured: format!(
-                    "{ours:.2} vs {theirs:.2} (events: {:.2} vs {:.2})",
-                    rust.events_per_service, go.events_per_service
-                ),
-                met: ours <= theirs + 0.005,
-            });
+                (rust.writes_per_service, rust.events_per_service),
+                (go.writes_per_service, go.events_per_service),
+            ));
             checks.push(Check {
                 target: format!("load balancers, {settings}: no more cloud update calls in the churn than upstream"),
                 measured: format!("{} vs {}", rust.update_calls, go.update_calls),
