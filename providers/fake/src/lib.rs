@@ -57,6 +57,9 @@ pub struct FakeCloud {
 struct Inner {
     config: RwLock<Arc<Config>>,
     cloud: Mutex<Mutable>,
+    /// Held while the state file is written, so writes land in order; taken before `cloud`, never
+    /// while holding it, so cloud calls do not wait for the disk.
+    writing: Mutex<()>,
 }
 
 /// The state behind the lock.
@@ -126,6 +129,7 @@ impl FakeCloud {
                     calls_per_object: BTreeMap::new(),
                     last_backends: None,
                 }),
+                writing: Mutex::new(()),
             }),
         };
         cloud.apply_config(config, None);
@@ -203,8 +207,7 @@ impl FakeCloud {
 
     /// Writes the state file now, if one is configured.
     fn write_state_file(&self) -> Result<(), (PathBuf, std::io::Error)> {
-        let mut cloud = self.inner.lock();
-        self.inner.flush(&mut cloud)
+        self.inner.flush(|_| true)
     }
 
     /// Counts the call, waits the configured latency and decides whether the call fails. Returns the
@@ -252,11 +255,15 @@ impl FakeCloud {
     /// Runs `change` on the cloud state and writes the state file (or, with `stateFileBatched`, leaves
     /// it to the background writer).
     fn change<T>(&self, change: impl FnOnce(&mut Mutable) -> CloudResult<T>) -> CloudResult<T> {
-        let mut cloud = self.inner.lock();
-        let result = change(&mut cloud)?;
-        if self.config().state_file_batched {
+        let result = {
+            let mut cloud = self.inner.lock();
+            let result = change(&mut cloud)?;
             cloud.dirty = true;
-        } else if let Err((path, err)) = self.inner.flush(&mut cloud) {
+            result
+        };
+        if !self.config().state_file_batched
+            && let Err((path, err)) = self.inner.flush(|_| true)
+        {
             tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
         }
         Ok(result)
@@ -291,12 +298,23 @@ impl Inner {
         self.cloud.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn flush(&self, cloud: &mut Mutable) -> Result<(), (PathBuf, std::io::Error)> {
+    /// Writes a snapshot of the state to the state file when one is configured and `wanted` says so
+    /// (given whether anything changed since the last write). The snapshot is taken under the state lock
+    /// (cheap: backend lists are shared), the file written after releasing it.
+    fn flush(&self, wanted: impl FnOnce(bool) -> bool) -> Result<(), (PathBuf, std::io::Error)> {
         let Some(path) = self.config().state_file.clone() else {
             return Ok(());
         };
-        cloud.dirty = false;
-        cloud.state.write(&path).map_err(|err| (path, err))
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let snapshot = {
+            let mut cloud = self.lock();
+            if !wanted(cloud.dirty) {
+                return Ok(());
+            }
+            cloud.dirty = false;
+            cloud.state.clone()
+        };
+        snapshot.write(&path).map_err(|err| (path, err))
     }
 }
 

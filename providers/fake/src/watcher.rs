@@ -65,10 +65,7 @@ pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
 
 /// Call counts change on every call; rather than rewrite the file on each, they go out within one poll.
 fn flush_dirty(cloud: &FakeCloud) {
-    let mut state = cloud.inner.lock();
-    if state.dirty
-        && let Err((path, err)) = cloud.inner.flush(&mut state)
-    {
+    if let Err((path, err)) = cloud.inner.flush(|dirty| dirty) {
         tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
     }
 }
