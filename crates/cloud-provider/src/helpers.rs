@@ -187,8 +187,18 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
         total += number * seconds;
         rest = &rest[unit_len..];
     }
+    // As Go: a duration is an int64 of nanoseconds, about 292 years; anything longer is refused
+    // (and a number too long for f64 is infinite, which `Duration::from_secs_f64` would panic on).
+    if !total.is_finite() || total > MAX_GO_DURATION_SECONDS {
+        return Err(format!(
+            "invalid duration {text:?}: out of range (at most 2562047h47m16.854775807s, as in Go)"
+        ));
+    }
     Ok(Duration::from_secs_f64(total))
 }
+
+/// Go's longest duration, `math.MaxInt64` nanoseconds, in seconds.
+const MAX_GO_DURATION_SECONDS: f64 = i64::MAX as f64 / 1e9;
 
 #[cfg(test)]
 mod tests {
@@ -232,6 +242,29 @@ mod tests {
         assert_eq!(
             d("fast").unwrap_err(),
             r#"invalid duration "fast" (examples: 20ms, 1.5s, 1m30s)"#
+        );
+    }
+
+    #[test]
+    fn go_durations_past_go_s_range_are_refused_not_panics() {
+        let d = parse_go_duration;
+        assert_eq!(d("2562047h"), Ok(Duration::from_secs(2562047 * 3600)));
+        for text in [
+            "18446744073709551616s",
+            "2562048h",
+            "1e400s",
+            &format!("{}s", "9".repeat(400)),
+        ] {
+            let err = d(text).unwrap_err();
+            assert!(
+                err.contains("out of range") || err.contains("invalid duration"),
+                "{text}: {err}"
+            );
+        }
+        assert!(
+            d("18446744073709551616s")
+                .unwrap_err()
+                .contains("out of range")
         );
     }
 
