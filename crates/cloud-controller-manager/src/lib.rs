@@ -130,6 +130,9 @@ impl Manager {
             tokio::spawn(stop_on_signals(shutdown.clone()));
             self.run(options, shutdown).await
         });
+        // Whatever is still running (work abandoned after a lost lease, blocking DNS lookups) must not
+        // delay the exit: a replica that lost its lease exits at once, so the next one acts alone.
+        runtime.shutdown_timeout(std::time::Duration::from_millis(500));
         match result {
             Ok(()) => {
                 tracing::info!("stopped");

@@ -219,6 +219,54 @@ fn malformed_flags_are_rejected() {
     );
 }
 
+/// A `--master` without a scheme made the client panic on a runtime worker (and the manager retry
+/// forever); another scheme was retried forever. Both are refused at once now.
+#[test]
+fn a_master_url_without_an_http_scheme_is_refused_at_once() {
+    for (master, needle) in [
+        (
+            "localhost:6443",
+            "a URL with a scheme is needed, for example https://localhost:6443",
+        ),
+        (
+            "ftp://localhost:6443",
+            "the scheme must be http or https, not ftp",
+        ),
+    ] {
+        let started = Instant::now();
+        assert_fails_with(
+            &[
+                "--cloud-provider=fake",
+                "--configure-cloud-routes=false",
+                &format!("--master={master}"),
+            ],
+            1,
+            &[&format!("invalid --master \"{master}\": {needle}")],
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{master}: not refused at once"
+        );
+    }
+}
+
+/// Durations past Go's range (2^63 ns) panicked the flag parser (exit 101); they are a usage error.
+#[test]
+fn durations_past_go_s_range_are_refused() {
+    for flag in [
+        "--node-monitor-period",
+        "--node-status-update-frequency",
+        "--route-reconciliation-period",
+        "--leader-elect-lease-duration",
+    ] {
+        assert_fails_with(
+            &[&format!("{flag}=18446744073709551616s")],
+            2,
+            &["out of range"],
+        );
+    }
+}
+
 fn stops_cleanly_on(signal: &str) {
     let plane = test_control_plane::control_plane();
     // Everything else at its defaults (leader election on, all controllers), but its own port: the two

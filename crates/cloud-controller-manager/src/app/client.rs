@@ -8,7 +8,10 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use super::{options::ClientOptions, rate_limit::RateLimitLayer, request_metrics::RequestMetrics};
+use super::{
+    options::ClientOptions, rate_limit::RateLimitLayer, request_metrics::RequestMetrics,
+    write_fence::WriteFence,
+};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,14 @@ pub enum ClientError {
         /// Why it does not parse.
         #[source]
         source: http::uri::InvalidUri,
+    },
+    /// `--master` is a URL, but not one of an API server.
+    #[error("invalid --master {master:?}: {reason}")]
+    MasterUrl {
+        /// The value given.
+        master: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// Neither flag was given and the process does not run in a cluster.
     #[error(
@@ -55,29 +66,88 @@ pub async fn client_config(options: &ClientOptions) -> Result<Config, ClientErro
             .await
             .map_err(|source| ClientError::Kubeconfig { path, source })?
     } else if !master.is_empty() {
-        let url = master.parse().map_err(|source| ClientError::Master {
-            master: master.to_owned(),
-            source,
-        })?;
-        Config::new(url)
+        Config::new(master_url(master)?)
     } else {
         Config::incluster().map_err(ClientError::InCluster)?
     };
     if !master.is_empty() {
-        config.cluster_url = master.parse().map_err(|source| ClientError::Master {
-            master: master.to_owned(),
-            source,
-        })?;
+        config.cluster_url = master_url(master)?;
     }
     Ok(config)
 }
 
+/// `--master` as the API server's URL: `http://` or `https://`, a host, and nothing the client would
+/// choke on later (a URL without a scheme made kube's connector panic; another scheme was retried
+/// forever).
+fn master_url(master: &str) -> Result<http::Uri, ClientError> {
+    let url: http::Uri = master.parse().map_err(|source| ClientError::Master {
+        master: master.to_owned(),
+        source,
+    })?;
+    let refuse = |reason: String| ClientError::MasterUrl {
+        master: master.to_owned(),
+        reason,
+    };
+    match url.scheme_str() {
+        Some("http" | "https") => {}
+        Some(other) => {
+            return Err(refuse(format!(
+                "the scheme must be http or https, not {other}"
+            )));
+        }
+        None => {
+            return Err(refuse(format!(
+                "a URL with a scheme is needed, for example https://{master}"
+            )));
+        }
+    }
+    if url.host().is_none_or(str::is_empty) {
+        return Err(refuse("the URL has no host".to_owned()));
+    }
+    if url.query().is_some() {
+        return Err(refuse("the URL must not have a query".to_owned()));
+    }
+    Ok(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_urls_need_an_http_scheme_and_a_host() {
+        for good in [
+            "https://127.0.0.1:6443",
+            "http://localhost:8080",
+            "https://api.example.com",
+            "https://[::1]:6443/prefix",
+        ] {
+            assert!(master_url(good).is_ok(), "{good}");
+        }
+        let message = |bad: &str| master_url(bad).unwrap_err().to_string();
+        assert_eq!(
+            message("localhost:6443"),
+            r#"invalid --master "localhost:6443": a URL with a scheme is needed, for example https://localhost:6443"#
+        );
+        assert_eq!(
+            message("ftp://localhost:6443"),
+            r#"invalid --master "ftp://localhost:6443": the scheme must be http or https, not ftp"#
+        );
+        assert!(message("https://").starts_with(r#"invalid --master "https://""#));
+        assert!(message("https://h:1/?a=b").contains("query"));
+        assert!(message("/just/a/path").contains("scheme"));
+        assert!(message("http://exa mple").starts_with(r#"invalid --master "http://exa mple""#));
+    }
+}
+
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
-/// `metrics` (requests waiting for a rate-limit token are not yet counted).
+/// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
+/// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them.
 pub fn build_client(
     config: Config,
     options: &ClientOptions,
     metrics: &RequestMetrics,
+    fence: &WriteFence,
 ) -> Result<Client, ClientError> {
     let host = format!(
         "{}{}",
@@ -88,9 +158,10 @@ pub fn build_client(
             .map(|p| format!(":{p}"))
             .unwrap_or_default()
     );
-    let builder = ClientBuilder::try_from(config)
-        .map_err(ClientError::Build)?
-        .with_layer(&metrics.layer(&host));
+    let base = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
+    // Innermost first: the fence is checked when a request is about to be sent, after any wait for a
+    // rate-limit token.
+    let builder = base.with_layer(fence).with_layer(&metrics.layer(&host));
     Ok(
         match RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst) {
             Some(limit) => builder.with_layer(&limit).build(),

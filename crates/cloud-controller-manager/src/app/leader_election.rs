@@ -10,7 +10,10 @@
 //!   replica that dies without releasing is replaced within the lease duration plus at most two retry
 //!   periods (the time to notice its last renewal, and to notice the expiry);
 //! - **renew**: every retry period; if no renewal succeeds for the renew deadline, leadership is lost
-//!   and the manager exits (as upstream does);
+//!   and the manager exits (as upstream does). Each attempt is bounded by the time left until that
+//!   deadline, so a request that hangs (a frozen API server, a black-holed connection) cannot keep a
+//!   leader that lost contact believing it leads; upstream bounds its renewals by the renew deadline
+//!   too. Meanwhile the [`WriteFence`] stops the controllers' writes at the deadline itself;
 //! - **release** on graceful shutdown: the holder is cleared, so another replica takes over at once
 //!   (upstream's manager waits out the lease instead).
 
@@ -30,7 +33,7 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::options::LeaderElectionOptions;
+use super::{options::LeaderElectionOptions, write_fence::WriteFence};
 
 /// How long past the lease duration the watchdog tolerates a leader that has not renewed (upstream's
 /// `leaderElection` health check).
@@ -38,10 +41,14 @@ const WATCHDOG_SLACK: Duration = Duration::from_secs(20);
 
 /// The leader lost its lease.
 #[derive(Debug, thiserror::Error)]
-#[error("leaderelection lost: lease {namespace}/{name} not renewed within {deadline:?}")]
+#[error(
+    "leaderelection lost: lease {namespace}/{name} was not renewed within the renew deadline of {deadline:?} (last renewed {:.1}s ago)",
+    since_renewal.as_secs_f64()
+)]
 pub struct LeadershipLost {
     namespace: String,
     name: String,
+    since_renewal: Duration,
     deadline: Duration,
 }
 
@@ -65,6 +72,7 @@ pub struct LeaderElector {
     retry_period: Duration,
     observed: Mutex<Option<Observed>>,
     last_renewal: Mutex<Option<Instant>>,
+    fence: WriteFence,
 }
 
 fn whole_seconds(duration: Duration) -> i32 {
@@ -94,7 +102,14 @@ impl LeaderElector {
             retry_period: options.leader_elect_retry_period,
             observed: Mutex::default(),
             last_renewal: Mutex::default(),
+            fence: WriteFence::default(),
         }
+    }
+
+    /// The fence this candidate opens while it leads: give it to every client that writes on the
+    /// leader's behalf.
+    pub fn fence(&self) -> &WriteFence {
+        &self.fence
     }
 
     /// This candidate's identity (`<hostname>_<uuid>`).
@@ -106,7 +121,7 @@ impl LeaderElector {
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
         tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), identity = %self.identity, "attempting to acquire leader lease");
         loop {
-            match self.try_acquire_or_renew().await {
+            match self.attempt(self.renew_deadline).await {
                 Ok(true) => {
                     tracing::info!(identity = %self.identity, "successfully acquired lease");
                     return true;
@@ -137,33 +152,63 @@ impl LeaderElector {
             .map(|o| o.at + o.duration)
     }
 
-    /// Renews the Lease every retry period until `stop` is cancelled (`Ok`), or until no renewal has
-    /// succeeded for the renew deadline (`Err`: leadership is lost).
+    /// Renews the Lease every retry period until `stop` is cancelled (`Ok`), or until leadership is
+    /// lost (`Err`): no renewal succeeded within the renew deadline of the last one. The write fence
+    /// is closed before this returns an error.
     pub async fn keep_renewing(&self, stop: &CancellationToken) -> Result<(), LeadershipLost> {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(self.retry_period) => {}
                 () = stop.cancelled() => return Ok(()),
             }
-            let deadline = Instant::now() + self.renew_deadline;
             loop {
-                match self.try_acquire_or_renew().await {
+                let Some(deadline) = self
+                    .fence
+                    .valid_until()
+                    .filter(|deadline| *deadline > Instant::now())
+                else {
+                    return Err(self.lost());
+                };
+                match self.attempt(deadline - Instant::now()).await {
                     Ok(true) => break,
+                    // Held by another candidate, or a conflicting write: as upstream, keep trying
+                    // until the deadline (the fence closes then in any case).
                     Ok(false) => tracing::warn!("failed to renew lease: held by another candidate"),
                     Err(err) => tracing::warn!(error = %err, "failed to renew lease"),
                 }
-                if Instant::now() + self.retry_period >= deadline {
-                    return Err(LeadershipLost {
-                        namespace: self.namespace.clone(),
-                        name: self.name.clone(),
-                        deadline: self.renew_deadline,
-                    });
-                }
+                let left = deadline.saturating_duration_since(Instant::now());
                 tokio::select! {
-                    () = tokio::time::sleep(self.retry_period) => {}
+                    () = tokio::time::sleep(self.retry_period.min(left)) => {}
                     () = stop.cancelled() => return Ok(()),
                 }
             }
+        }
+    }
+
+    /// One acquire or renew attempt, given up after `within`. On success the fence opens for the renew
+    /// deadline counted from the attempt's start.
+    async fn attempt(&self, within: Duration) -> Result<bool, AttemptError> {
+        let started = Instant::now();
+        match tokio::time::timeout(within, self.try_acquire_or_renew()).await {
+            Ok(Ok(true)) => {
+                self.fence.allow_until(started + self.renew_deadline);
+                Ok(true)
+            }
+            Ok(Ok(false)) => Ok(false),
+            Ok(Err(err)) => Err(AttemptError::Api(err)),
+            Err(_) => Err(AttemptError::TimedOut(within)),
+        }
+    }
+
+    /// Closes the fence and says why leadership is lost.
+    fn lost(&self) -> LeadershipLost {
+        self.fence.close();
+        let last = *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner());
+        LeadershipLost {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            since_renewal: last.map(|at| at.elapsed()).unwrap_or_default(),
+            deadline: self.renew_deadline,
         }
     }
 
@@ -309,6 +354,15 @@ impl LeaderElector {
         }
         *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
+}
+
+/// Why an acquire or renew attempt failed.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error(transparent)]
+    Api(kube::Error),
+    #[error("no answer from the API server within {0:?}")]
+    TimedOut(Duration),
 }
 
 /// `<hostname>_<random UUID>`, as upstream names candidates.

@@ -1,5 +1,6 @@
 //! The manager app: from parsed flags to running controllers, and back out on a signal.
 
+pub mod certificate_reload;
 pub mod client;
 pub mod controllers_flag;
 pub mod delegated_auth;
@@ -10,6 +11,7 @@ pub mod options;
 pub mod rate_limit;
 pub mod request_metrics;
 pub mod serving;
+pub mod write_fence;
 
 use std::{
     path::PathBuf,
@@ -37,6 +39,7 @@ use health::Health;
 use leader_election::{LeaderElector, LeadershipLost};
 pub use options::Options;
 use serving::{ServerState, ServingError};
+use write_fence::WriteFence;
 
 /// How long the manager waits for the API server to answer at start.
 const API_SERVER_WAIT: Duration = Duration::from_secs(30);
@@ -155,10 +158,11 @@ pub async fn run(
 
     let config = client::client_config(&options.client).await?;
     let url = config.cluster_url.to_string();
-    let clients = ClientFactory {
+    let mut clients = ClientFactory {
         config,
         options: options.client.clone(),
         metrics: metrics.clone(),
+        fence: WriteFence::unenforced(),
     };
     let client = clients.build()?;
     wait_for_api_server(&client, &url, &shutdown).await?;
@@ -189,6 +193,8 @@ pub async fn run(
         if !elector.acquire(&shutdown).await {
             return Ok(()); // shut down while waiting: nothing was started
         }
+        // Every client built from here on writes only while this replica's leadership is valid.
+        clients.fence = elector.fence().clone();
         Some(elector)
     } else {
         None
@@ -236,11 +242,12 @@ pub async fn run(
 }
 
 /// Builds API clients, each with its own `--kube-api-qps`/`--kube-api-burst` bucket, all recording into
-/// the manager's request metrics.
+/// the manager's request metrics and writing only while `fence` allows.
 struct ClientFactory {
     config: kube::Config,
     options: options::ClientOptions,
     metrics: Metrics,
+    fence: WriteFence,
 }
 
 impl ClientFactory {
@@ -249,6 +256,7 @@ impl ClientFactory {
             self.config.clone(),
             &self.options,
             &self.metrics.requests,
+            &self.fence,
         )?)
     }
 }
@@ -349,6 +357,8 @@ async fn run_controllers(
             () = stop.cancelled() => {}
             Some(joined) = running.join_next(), if !running.is_empty() => {
                 let failure = match joined {
+                    // Controllers return when `stop` is cancelled: that is no news.
+                    Ok((_, Ok(()))) if stop.is_cancelled() => None,
                     Ok((name, Ok(()))) => {
                         tracing::warn!(controller = name, "controller stopped on its own");
                         None
