@@ -3,12 +3,7 @@
 
 mod support;
 
-use std::{
-    io::{BufRead, BufReader},
-    process::{Child, Command, Stdio},
-    sync::{Arc, Mutex},
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::{
     authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -20,12 +15,11 @@ use serde_json::json;
 use support::{
     RunningManager, SERIAL, admin, create_namespace, create_node, delete_nodes, eventually,
     free_port, get_node, https_get, kubeconfig_token,
+    replica::{Replica, holder, leader_among, lease},
 };
 use test_control_plane::{
     apply_manifest, control_plane, kubelet_node, unique_name, workspace_root,
 };
-
-const BIN: &str = env!("CARGO_BIN_EXE_cloud-controller-manager");
 
 #[tokio::test]
 async fn the_deploy_manifests_pass_a_server_side_dry_run() {
@@ -177,129 +171,6 @@ subjects: [{{kind: ServiceAccount, name: prometheus, namespace: {namespace}}}]
     delete_nodes(&[&node]).await;
 }
 
-async fn lease(name: &str) -> Option<Lease> {
-    Api::<Lease>::namespaced(admin().await, "kube-system")
-        .get_opt(name)
-        .await
-        .unwrap()
-}
-
-fn holder(lease: &Lease) -> String {
-    lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .unwrap_or_default()
-}
-
-/// A manager process as a replica would run it, with its log collected.
-struct Replica {
-    child: Child,
-    log: Arc<Mutex<String>>,
-    state_file: std::path::PathBuf,
-}
-
-impl Replica {
-    fn start(dir: &std::path::Path, index: usize) -> Self {
-        let state_file = dir.join(format!("state-{index}.json"));
-        let config = dir.join(format!("cloud-{index}.yaml"));
-        std::fs::write(&config, format!("stateFile: {}\n", state_file.display())).unwrap();
-        let mut child = Command::new(BIN)
-            .arg("--cloud-provider=fake")
-            .arg(format!("--cloud-config={}", config.display()))
-            .arg(format!(
-                "--kubeconfig={}",
-                control_plane().ccm_kubeconfig().display()
-            ))
-            .arg("--controllers=cloud-node")
-            .arg("--secure-port=0")
-            .arg("--leader-elect=true")
-            .env_remove("RUST_LOG")
-            .env_remove("KUBECONFIG")
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = child.stderr.take().unwrap();
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
-            }
-        });
-        Self {
-            child,
-            log,
-            state_file,
-        }
-    }
-
-    fn identity(&self) -> Option<String> {
-        let log = self.log.lock().unwrap();
-        let line = log
-            .lines()
-            .find(|l| l.contains("attempting to acquire leader lease"))?;
-        let start = line.find("identity=")? + "identity=".len();
-        Some(
-            line[start..]
-                .split_whitespace()
-                .next()?
-                .trim_matches('"')
-                .to_owned(),
-        )
-    }
-
-    fn calls(&self, method: &str) -> u64 {
-        cloud_provider_fake::CloudState::read(&self.state_file)
-            .map(|s| s.calls_to(method))
-            .unwrap_or(0)
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .arg(format!("-{signal}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(status.success());
-    }
-
-    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                started.elapsed() < within,
-                "replica did not exit within {within:?}:\n{}",
-                self.log.lock().unwrap()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Waits for the Lease to name one of `replicas`, returning its index.
-async fn leader_among(lease_name: &str, replicas: &[&Replica], within: Duration) -> usize {
-    eventually("a leader", within, || async {
-        let holder = holder(&lease(lease_name).await?);
-        replicas
-            .iter()
-            .position(|r| r.identity().as_deref() == Some(holder.as_str()))
-    })
-    .await
-}
-
 /// One replica acts, the other waits; SIGKILL of the leader hands over within the lease duration, and
 /// SIGTERM of the next leader hands over in seconds (it releases the lease).
 #[tokio::test]
@@ -404,6 +275,10 @@ async fn two_replicas_fail_over_on_sigkill_and_hand_over_on_sigterm() {
     );
     let log = replicas[second].log.lock().unwrap().clone();
     assert!(log.contains("released the leader lease"), "{log}");
+    assert!(
+        !log.contains("stopped on its own"),
+        "a spurious warning on SIGTERM:\n{log}"
+    );
 
     replicas[2].signal("TERM");
     assert_eq!(replicas[2].wait_exit(Duration::from_secs(35)), Some(0));

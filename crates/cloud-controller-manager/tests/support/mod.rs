@@ -2,6 +2,9 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod blackhole_proxy;
+pub mod replica;
+
 use std::{future::Future, sync::Arc, time::Duration};
 
 use clap::Parser;

@@ -1,0 +1,228 @@
+//! Split brain, tried: a leader that loses contact with the API server while its requests hang (a
+//! frozen API server, a silent network cut) stops writing at its renew deadline and exits 1, and a
+//! standby takes over. The API server's audit log proves the old leader wrote nothing after its
+//! deadline.
+
+mod support;
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    process::Command,
+    time::{Duration, Instant, SystemTime},
+};
+
+use support::{
+    SERIAL,
+    blackhole_proxy::{BlackholeProxy, kubeconfig_through},
+    replica::{LEASE, Replica, delete_lease, leader_among},
+};
+use test_control_plane::control_plane;
+
+/// The manager's defaults, as the replicas here run them.
+const RENEW_DEADLINE: Duration = Duration::from_secs(10);
+const RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// Leeway for the process to notice, log and exit, on a loaded 2-core machine.
+const EXIT_LEEWAY: Duration = Duration::from_secs(2);
+
+/// Where the API server listens.
+fn api_server() -> SocketAddr {
+    let server = std::fs::read_to_string(control_plane().dir().join("run/server")).unwrap();
+    server
+        .trim()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap()
+}
+
+/// Writes by the manager's user that reached the API server from `source` at or after `after`
+/// (from the audit log: `verb resource/name at time`).
+fn audited_writes_from(source: &str, after: SystemTime) -> Vec<String> {
+    let log = std::fs::read_to_string(control_plane().dir().join("logs/audit.log"))
+        .expect("the test control plane writes an audit log (hack/control-plane)");
+    let after = k8s_openapi::jiff::Timestamp::try_from(after).unwrap();
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| {
+            event["sourceIPs"]
+                .as_array()
+                .is_some_and(|ips| ips.iter().any(|ip| ip == source))
+        })
+        .filter(|event| {
+            event["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t >= after)
+        })
+        .map(|event| {
+            format!(
+                "{} {}/{} at {}",
+                event["verb"].as_str().unwrap_or("?"),
+                event["objectRef"]["resource"].as_str().unwrap_or("?"),
+                event["objectRef"]["name"].as_str().unwrap_or("?"),
+                event["requestReceivedTimestamp"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect()
+}
+
+/// Waits for the replica to exit; returns its code and how long after `since` it exited.
+async fn exit_after(
+    replica: &mut Replica,
+    since: Instant,
+    within: Duration,
+) -> (Option<i32>, Duration) {
+    loop {
+        if let Some(code) = replica.exited() {
+            return (code, since.elapsed());
+        }
+        assert!(
+            since.elapsed() < within,
+            "the cut-off leader has not exited {within:?} after losing contact:\n{}",
+            replica.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn assert_lost_message(log: &str) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("leaderelection lost"))
+        .unwrap_or_else(|| panic!("no 'leaderelection lost' line:\n{log}"));
+    assert!(
+        line.contains(&format!(
+            "lease kube-system/{LEASE} was not renewed within the renew deadline of 10s (last renewed "
+        )),
+        "{line}"
+    );
+}
+
+/// The leader reaches the API server through a proxy that goes silent (every byte dropped, both
+/// ways); a standby connects directly. The cut lasts past the renew deadline and ends before the
+/// standby could have taken over, so a leader that kept running would write again, from the proxy's
+/// address, as soon as the cut ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_silently_stops_writing_at_its_deadline_and_a_standby_takes_over() {
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    delete_lease(LEASE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy_source = "127.0.0.2";
+    let proxy = BlackholeProxy::start(api_server(), IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2))).await;
+    let through_proxy = dir.path().join("through-proxy.kubeconfig");
+    kubeconfig_through(
+        &control_plane().ccm_kubeconfig(),
+        proxy.address(),
+        &through_proxy,
+    );
+
+    let mut leader = Replica::start_with(dir.path(), 0, &through_proxy, &[]);
+    leader_among(LEASE, &[&leader], Duration::from_secs(30)).await;
+    let standby = Replica::start(dir.path(), 1);
+    tokio::time::sleep(RETRY_PERIOD * 2).await; // the standby has seen the Lease renewed
+
+    let cut_at = Instant::now();
+    let cut_wall = SystemTime::now();
+    proxy.set_cut(true);
+    // Its last renewal started before the cut, so its deadline is at most this.
+    let deadline_wall = cut_wall + RENEW_DEADLINE;
+
+    let (code, exited_after) = exit_after(
+        &mut leader,
+        cut_at,
+        RENEW_DEADLINE + RETRY_PERIOD + EXIT_LEEWAY,
+    )
+    .await;
+    assert_eq!(
+        code,
+        Some(1),
+        "exit code of the cut-off leader:\n{}",
+        leader.log()
+    );
+    assert_lost_message(&leader.log());
+    // End the cut before the standby can take over (lease duration 15 s): a leader still running would
+    // renew now, from the proxy's address.
+    proxy.set_cut(false);
+    let takeover = leader_among(LEASE, &[&standby], Duration::from_secs(30)).await;
+    assert_eq!(takeover, 0);
+    let took_over_after = cut_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await; // the audit log is written as requests finish
+
+    let late = audited_writes_from(proxy_source, deadline_wall);
+    assert!(
+        late.is_empty(),
+        "the cut-off leader wrote after its deadline: {late:?}"
+    );
+    assert!(
+        !audited_writes_from(proxy_source, cut_wall - Duration::from_secs(60)).is_empty(),
+        "the audit log shows the leader's renewals through the proxy before the cut"
+    );
+    eprintln!(
+        "silent cut: the leader exited 1 after {exited_after:?}, the standby led after {took_over_after:?}, 0 writes after the deadline"
+    );
+}
+
+/// Stops (SIGSTOP) the test control plane's kube-apiserver; continues it when dropped.
+struct FrozenApiServer(u32);
+
+impl FrozenApiServer {
+    fn freeze() -> Self {
+        let pid: u32 =
+            std::fs::read_to_string(control_plane().dir().join("run/kube-apiserver.pid"))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+        assert!(
+            Command::new("kill")
+                .arg("-STOP")
+                .arg(pid.to_string())
+                .status()
+                .unwrap()
+                .success()
+        );
+        Self(pid)
+    }
+}
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg("-CONT")
+            .arg(self.0.to_string())
+            .status();
+    }
+}
+
+/// A frozen API server accepts connections and answers nothing: the leader's renewal hangs. It must
+/// give up at its deadline and exit 1, and a standby leads once the API server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_api_server_freezes_exits_at_its_deadline() {
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    delete_lease(LEASE).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut leader = Replica::start(dir.path(), 0);
+    leader_among(LEASE, &[&leader], Duration::from_secs(30)).await;
+    let standby = Replica::start(dir.path(), 1);
+    tokio::time::sleep(RETRY_PERIOD * 2).await;
+
+    let frozen_at = Instant::now();
+    let frozen = FrozenApiServer::freeze();
+    let (code, exited_after) = exit_after(
+        &mut leader,
+        frozen_at,
+        RENEW_DEADLINE + RETRY_PERIOD + EXIT_LEEWAY,
+    )
+    .await;
+    drop(frozen);
+    assert_eq!(code, Some(1), "exit code of the leader:\n{}", leader.log());
+    assert_lost_message(&leader.log());
+
+    let takeover = leader_among(LEASE, &[&standby], Duration::from_secs(40)).await;
+    assert_eq!(takeover, 0);
+    eprintln!(
+        "frozen API server: the leader exited 1 after {exited_after:?}; the standby led {:?} after the freeze",
+        frozen_at.elapsed()
+    );
+}

@@ -1,0 +1,115 @@
+//! A TCP proxy in front of the API server that can go silent: while cut, it reads and discards
+//! everything in both directions and accepts new connections that then hear nothing, as a network
+//! partition that drops packets looks to both ends. Its connections to the API server come from
+//! another loopback address, so the API server's audit log tells its requests apart.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+};
+
+use tokio::{
+    io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt},
+    net::{TcpListener, TcpSocket, TcpStream},
+    task::{JoinHandle, JoinSet},
+};
+
+/// A running proxy; dropping it closes every connection.
+pub struct BlackholeProxy {
+    address: SocketAddr,
+    cut: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl BlackholeProxy {
+    /// Listens on 127.0.0.1 and forwards to `upstream`, connecting from `source` (e.g. 127.0.0.2).
+    pub async fn start(upstream: SocketAddr, source: IpAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let flag = cut.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            while let Ok((client, _)) = listener.accept().await {
+                let cut = flag.clone();
+                connections.spawn(async move {
+                    let socket = TcpSocket::new_v4().unwrap();
+                    socket.bind(SocketAddr::new(source, 0)).unwrap();
+                    let Ok(server) = socket.connect(upstream).await else {
+                        return;
+                    };
+                    forward(client, server, cut).await;
+                });
+            }
+        });
+        Self { address, cut, task }
+    }
+
+    /// The address clients connect to.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Starts (`true`) or ends (`false`) the silence.
+    pub fn set_cut(&self, cut: bool) {
+        self.cut.store(cut, Ordering::SeqCst);
+    }
+}
+
+impl Drop for BlackholeProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn forward(client: TcpStream, server: TcpStream, cut: Arc<AtomicBool>) {
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::select! {
+        () = pump(client_read, server_write, cut.clone()) => {}
+        () = pump(server_read, client_write, cut) => {}
+    }
+}
+
+/// Copies `from` to `to`, dropping what arrives while cut.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    cut: Arc<AtomicBool>,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if cut.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A copy of the kubeconfig at `path` whose server is `proxy`, written to `to`.
+pub fn kubeconfig_through(path: &std::path::Path, proxy: SocketAddr, to: &std::path::Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut replaced = 0;
+    let rewritten: Vec<String> = text
+        .lines()
+        .map(|line| match line.trim_start().strip_prefix("server: ") {
+            Some(_) => {
+                replaced += 1;
+                let indent = &line[..line.len() - line.trim_start().len()];
+                format!("{indent}server: https://{proxy}")
+            }
+            None => line.to_owned(),
+        })
+        .collect();
+    assert_eq!(replaced, 1, "one server in {}", path.display());
+    std::fs::write(to, rewritten.join("\n") + "\n").unwrap();
+}

@@ -1,0 +1,172 @@
+//! Manager processes as replicas run them (the real binary, leader election on), and the Lease they
+//! compete for.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use test_control_plane::control_plane;
+
+use super::{admin, eventually};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cloud-controller-manager");
+
+/// The Lease the shipped role lets the manager use.
+pub const LEASE: &str = "cloud-controller-manager";
+
+/// The Lease `kube-system/<name>`, if it exists.
+pub async fn lease(name: &str) -> Option<Lease> {
+    Api::<Lease>::namespaced(admin().await, "kube-system")
+        .get_opt(name)
+        .await
+        .unwrap()
+}
+
+/// Deletes the Lease `kube-system/<name>` if it exists.
+pub async fn delete_lease(name: &str) {
+    let _ = Api::<Lease>::namespaced(admin().await, "kube-system")
+        .delete(name, &Default::default())
+        .await;
+}
+
+/// Who holds `lease` ("" when nobody).
+pub fn holder(lease: &Lease) -> String {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default()
+}
+
+/// A manager process as a replica would run it, with its log collected.
+pub struct Replica {
+    child: Child,
+    pub log: Arc<Mutex<String>>,
+    state_file: PathBuf,
+}
+
+impl Replica {
+    /// Replica `index` with its own fake cloud (state file in `dir`), running the cloud-node controller
+    /// as `system:cloud-controller-manager`.
+    pub fn start(dir: &Path, index: usize) -> Self {
+        Self::start_with(dir, index, &control_plane().ccm_kubeconfig(), &[])
+    }
+
+    /// Like [`Replica::start`], reaching the API server through `kubeconfig`, with `args` added.
+    pub fn start_with(dir: &Path, index: usize, kubeconfig: &Path, args: &[&str]) -> Self {
+        let state_file = dir.join(format!("state-{index}.json"));
+        let config = dir.join(format!("cloud-{index}.yaml"));
+        std::fs::write(&config, format!("stateFile: {}\n", state_file.display())).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("--cloud-provider=fake")
+            .arg(format!("--cloud-config={}", config.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg("--controllers=cloud-node")
+            .arg("--secure-port=0")
+            .arg("--leader-elect=true")
+            .args(args)
+            .env_remove("RUST_LOG")
+            .env_remove("KUBECONFIG")
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Self {
+            child,
+            log,
+            state_file,
+        }
+    }
+
+    /// Its leader-election identity, once it logged it.
+    pub fn identity(&self) -> Option<String> {
+        let log = self.log.lock().unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("attempting to acquire leader lease"))?;
+        let start = line.find("identity=")? + "identity=".len();
+        Some(
+            line[start..]
+                .split_whitespace()
+                .next()?
+                .trim_matches('"')
+                .to_owned(),
+        )
+    }
+
+    /// How often its fake cloud was called with `method`.
+    pub fn calls(&self, method: &str) -> u64 {
+        cloud_provider_fake::CloudState::read(&self.state_file)
+            .map(|s| s.calls_to(method))
+            .unwrap_or(0)
+    }
+
+    /// Sends it `signal` (`TERM`, `KILL`, ...).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Its exit code, failing if it has not exited `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(
+                started.elapsed() < within,
+                "replica did not exit within {within:?}:\n{}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Its exit code if it has exited.
+    pub fn exited(&mut self) -> Option<Option<i32>> {
+        self.child.try_wait().unwrap().map(|status| status.code())
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits for the Lease to name one of `replicas`, returning its index.
+pub async fn leader_among(lease_name: &str, replicas: &[&Replica], within: Duration) -> usize {
+    eventually("a leader", within, || async {
+        let holder = holder(&lease(lease_name).await?);
+        replicas
+            .iter()
+            .position(|r| r.identity().as_deref() == Some(holder.as_str()))
+    })
+    .await
+}
