@@ -1,10 +1,12 @@
 //! The secure endpoint (`--secure-port`, default 10258): HTTPS with a certificate from
-//! `--tls-cert-file`/`--tls-private-key-file` or a self-signed one made in memory; `/healthz`,
+//! `--tls-cert-file`/`--tls-private-key-file` (reloaded when the files change; see
+//! [`super::certificate_reload`]) or a self-signed one made in memory; `/healthz`,
 //! `/livez`, `/readyz` open (`--authorization-always-allow-paths`), everything else, `/metrics`
 //! included, for callers the API server authenticates and authorizes.
 
 use std::{
     net::{SocketAddr, TcpListener},
+    path::PathBuf,
     sync::Arc,
     time::Duration,
 };
@@ -16,10 +18,11 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use axum_server::tls_rustls::RustlsConfig;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
+use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
 use tokio_util::sync::CancellationToken;
 
 use super::{
+    certificate_reload::{CertKeyFiles, CertificateReloader, DynamicServingCertificate},
     delegated_auth::{Decision, DelegatedAuth},
     health::Health,
     options::ServingOptions,
@@ -55,22 +58,21 @@ pub struct ServerState {
     pub always_allow: Vec<String>,
 }
 
-fn certified_key(
+/// The serving certificate: from `--tls-cert-file`/`--tls-private-key-file`, with the reloader that
+/// watches them, or self-signed in memory (nothing is written to disk, so a read-only root filesystem
+/// is enough).
+fn serving_certificate(
     options: &ServingOptions,
-) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), ServingError> {
+    provider: &Arc<rustls::crypto::CryptoProvider>,
+) -> Result<(Arc<DynamicServingCertificate>, Option<CertificateReloader>), ServingError> {
     if !options.tls_cert_file.is_empty() {
-        let certs = CertificateDer::pem_file_iter(&options.tls_cert_file)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|err| {
-                ServingError::Tls(format!("--tls-cert-file {}: {err}", options.tls_cert_file))
-            })?;
-        let key = PrivateKeyDer::from_pem_file(&options.tls_private_key_file).map_err(|err| {
-            ServingError::Tls(format!(
-                "--tls-private-key-file {}: {err}",
-                options.tls_private_key_file
-            ))
-        })?;
-        return Ok((certs, key));
+        let files = CertKeyFiles {
+            cert_file: PathBuf::from(&options.tls_cert_file),
+            key_file: PathBuf::from(&options.tls_private_key_file),
+        };
+        let reloader =
+            CertificateReloader::load(files, provider.clone()).map_err(ServingError::Tls)?;
+        return Ok((reloader.serving(), Some(reloader)));
     }
     // Upstream generates one in memory too (pair name "cloud-controller-manager").
     let names = vec![
@@ -82,20 +84,26 @@ fn certified_key(
         .map_err(|err| ServingError::Tls(err.to_string()))?;
     let key = PrivateKeyDer::try_from(generated.signing_key.serialize_der())
         .map_err(|err| ServingError::Tls(err.to_owned()))?;
-    Ok((vec![generated.cert.der().clone()], key))
+    let key = provider
+        .key_provider
+        .load_private_key(key)
+        .map_err(|err| ServingError::Tls(err.to_string()))?;
+    let certified = CertifiedKey::new(vec![generated.cert.der().clone()], key);
+    Ok((Arc::new(DynamicServingCertificate::new(certified)), None))
 }
 
-fn tls_config(options: &ServingOptions) -> Result<rustls::ServerConfig, ServingError> {
-    let (certs, key) = certified_key(options)?;
+fn tls_config(
+    options: &ServingOptions,
+) -> Result<(rustls::ServerConfig, Option<CertificateReloader>), ServingError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let (certificate, reloader) = serving_certificate(options, &provider)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|err| ServingError::Tls(err.to_string()))?
         .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|err| ServingError::Tls(err.to_string()))?;
+        .with_cert_resolver(certificate);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(config)
+    Ok((config, reloader))
 }
 
 /// Binds and starts serving; `Ok(None)` when `--secure-port=0`. Binding happens here, so a taken port
@@ -117,7 +125,12 @@ pub fn start(
     let local = listener
         .local_addr()
         .map_err(|source| ServingError::Bind { address, source })?;
-    let config = RustlsConfig::from_config(Arc::new(tls_config(options)?));
+    let (config, reloader) = tls_config(options)?;
+    let config = RustlsConfig::from_config(Arc::new(config));
+    if let Some(reloader) = reloader {
+        // New connections get the files' current pair; the watch ends with the manager.
+        tokio::spawn(reloader.run(shutdown.clone()));
+    }
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
     tokio::spawn(async move {
