@@ -5,6 +5,19 @@
 //! At start it rebuilds which CIDRs are taken from the Nodes themselves, so a restart reallocates
 //! nothing; a deleted Node's CIDRs are freed; an exhausted range is a `CIDRNotAvailable` event on the
 //! Node that could not get one (retried as CIDRs free up), not a failure for the others.
+//!
+//! Views older than our own write. The controller acts on each watched change of a Node, and a change
+//! written by someone else just before our CIDR write (the cloud-node controller initializes the same
+//! new Node at the same moment) reaches us after the write succeeded, still without `spec.podCIDRs`.
+//! Upstream's range allocator guards against acting twice in two ways, and so does this one:
+//! - it remembers what it gave each node (upstream: the CIDR set plus, in older versions, its
+//!   `nodesInProcessing` set), keyed by name *and UID*: `spec.podCIDRs` can only be set once, so a view
+//!   of the same node without CIDRs is older than our write and needs nothing; a new UID under the same
+//!   name is a new node, and the old one's CIDRs go back;
+//! - before treating a failed write as a failure it looks at the node afresh, as upstream's
+//!   `updateCIDRsAllocation` does before each write: a node that holds our CIDRs took the write, one
+//!   that holds others keeps them ("Node already has a CIDR allocated. Releasing the new one") and
+//!   ours go back. Only a node still without CIDRs gets the `CIDRAssignmentFailed` Warning.
 
 pub mod allocator;
 
@@ -82,12 +95,31 @@ fn pod_cidrs(node: &Node) -> Vec<IpNet> {
         .collect()
 }
 
+/// The CIDRs a node holds, as this controller knows them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Held {
+    /// The node's UID: a node deleted and re-created under the same name is another node.
+    uid: Option<String>,
+    cidrs: Vec<IpNet>,
+}
+
+/// What a fresh read of a node says about a write that failed.
+enum FreshNode {
+    /// The node is gone.
+    Gone,
+    /// The node as the API server has it now.
+    Found(Node),
+    /// It could not be read.
+    Unknown(kube::Error),
+}
+
 struct Allocator {
     api: Api<Node>,
     events: EventRecorder,
     sets: Vec<CidrSet>,
-    /// The CIDRs each node holds (as we know them), to free them when the node goes.
-    held: BTreeMap<String, Vec<IpNet>>,
+    /// The CIDRs each node holds (as we know them, from its own `spec.podCIDRs` or from our write), to
+    /// free them when the node goes, and to recognise a view of the node older than our write.
+    held: BTreeMap<String, Held>,
     /// Nodes that could not get CIDRs yet (exhausted range, or a failed write).
     waiting: BTreeMap<String, Arc<Node>>,
 }
@@ -98,21 +130,56 @@ impl Allocator {
         if cidrs.is_empty() {
             return;
         }
-        for cidr in &cidrs {
+        let name = node.name_any();
+        let held = Held {
+            uid: node.uid(),
+            cidrs,
+        };
+        if self.held.get(&name) == Some(&held) {
+            return;
+        }
+        // Whatever we held for this name before (another node of that name, or CIDRs we wrote that lost
+        // to someone else's) is no longer in use.
+        self.release(&name);
+        for cidr in &held.cidrs {
             for set in &mut self.sets {
                 set.occupy(cidr);
             }
         }
-        self.held.insert(node.name_any(), cidrs);
+        self.held.insert(name, held);
     }
 
     fn release(&mut self, name: &str) {
-        if let Some(cidrs) = self.held.remove(name) {
-            for cidr in &cidrs {
-                for set in &mut self.sets {
-                    set.release(cidr);
-                }
+        if let Some(held) = self.held.remove(name) {
+            self.release_cidrs(&held.cidrs);
+        }
+    }
+
+    /// Returns CIDRs this controller took but did not give to any node.
+    fn release_cidrs(&mut self, cidrs: &[IpNet]) {
+        for cidr in cidrs {
+            for set in &mut self.sets {
+                set.release(cidr);
             }
+        }
+    }
+
+    /// Frees what the deleted `node` held, unless the name now belongs to a newer node.
+    fn forget(&mut self, node: &Node) {
+        let name = node.name_any();
+        if self
+            .waiting
+            .get(&name)
+            .is_some_and(|waiting| waiting.uid() == node.uid())
+        {
+            self.waiting.remove(&name);
+        }
+        if self
+            .held
+            .get(&name)
+            .is_some_and(|held| held.uid.is_none() || held.uid == node.uid())
+        {
+            self.release(&name);
         }
     }
 
@@ -124,15 +191,27 @@ impl Allocator {
             self.waiting.remove(&name);
             return;
         }
+        if let Some(held) = self.held.get(&name) {
+            if held.uid == node.uid() {
+                // We gave this very node its CIDRs (or saw it holding them), and `spec.podCIDRs` can only
+                // be set once: this view of the node predates that write. Events about a node arrive in
+                // order, but one written by someone else (the cloud-node controller, say) just before our
+                // write is still on its way when the write succeeds. Writing again would be refused (422,
+                // podCIDR is immutable) and reported as CIDRAssignmentFailed for a node that has its CIDRs.
+                tracing::debug!(node = %name, cidrs = ?held.cidrs, "node view older than its pod CIDRs; nothing to do");
+                self.waiting.remove(&name);
+                return;
+            }
+            // Another node of the same name: the one that held these CIDRs is gone.
+            self.release(&name);
+        }
         let mut cidrs = Vec::new();
         for set in &mut self.sets {
             match set.allocate() {
                 Some(cidr) => cidrs.push(cidr),
                 None => {
                     let cluster = set.cluster();
-                    for (taken, set) in cidrs.iter().zip(self.sets.iter_mut()) {
-                        set.release(taken);
-                    }
+                    self.release_cidrs(&cidrs);
                     tracing::warn!(node = %name, %cluster, "no pod CIDR left for the node");
                     self.events
                         .record(
@@ -157,37 +236,80 @@ impl Allocator {
         {
             Ok(updated) => {
                 tracing::info!(node = %name, cidrs = ?texts, "allocated pod CIDRs");
-                self.held.insert(name.clone(), cidrs);
-                self.waiting.remove(&name);
-                // A node that already had CIDRs (set concurrently) keeps those; ours go back.
-                if pod_cidrs(&updated) != self.held[&name] {
-                    self.release(&name);
-                    self.occupy(&updated);
-                }
+                self.settle(&name, &cidrs, &updated);
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                for (cidr, set) in cidrs.iter().zip(self.sets.iter_mut()) {
-                    set.release(cidr);
-                }
+                self.release_cidrs(&cidrs);
                 self.waiting.remove(&name);
             }
-            Err(err) => {
-                for (cidr, set) in cidrs.iter().zip(self.sets.iter_mut()) {
-                    set.release(cidr);
-                }
-                tracing::warn!(node = %name, error = %err, "could not write the node's pod CIDRs; will retry");
-                self.events
-                    .record(
-                        node.as_ref(),
-                        EventType::Warning,
-                        "CIDRAssignmentFailed",
-                        "AllocateCIDR",
-                        format!("Node {name} status is now: CIDRAssignmentFailed"),
-                    )
-                    .await;
-                self.waiting.insert(name, node);
-            }
+            Err(err) => self.write_failed(node, cidrs, err).await,
         }
+    }
+
+    /// Records what `node` (fresh from the API server) holds after we proposed `ours` for it: ours if it
+    /// took them, else its own (and ours go back).
+    fn settle(&mut self, name: &str, ours: &[IpNet], node: &Node) {
+        self.waiting.remove(name);
+        let theirs = pod_cidrs(node);
+        if theirs.as_slice() == ours {
+            self.held.insert(
+                name.to_owned(),
+                Held {
+                    uid: node.uid(),
+                    cidrs: ours.to_vec(),
+                },
+            );
+            return;
+        }
+        // The node got CIDRs from elsewhere first (another allocator: only one of the CCM and the
+        // kube-controller-manager may allocate): it keeps those; ours go back. Logged as upstream does.
+        tracing::warn!(node = %name, cidrs = ?theirs, released = ?ours, "node already has a CIDR allocated; releasing the new one");
+        self.release_cidrs(ours);
+        self.occupy(node);
+    }
+
+    /// After a refused or failed write, reads the node afresh, as upstream's range allocator does before
+    /// each write (`updateCIDRsAllocation`): a node that holds our CIDRs took the write (the error was
+    /// about the answer); a node that holds others keeps those and ours go back, with no event (a 422
+    /// "may not change once set" or a 409 is exactly this). Only a node still without CIDRs is a failure:
+    /// the `CIDRAssignmentFailed` Warning, and a retry.
+    async fn write_failed(&mut self, node: Arc<Node>, ours: Vec<IpNet>, err: kube::Error) {
+        let name = node.name_any();
+        let fresh = match self.api.get_opt(&name).await {
+            Ok(Some(fresh)) => FreshNode::Found(fresh),
+            Ok(None) => FreshNode::Gone,
+            Err(err) => FreshNode::Unknown(err),
+        };
+        let read_error = match fresh {
+            FreshNode::Gone => {
+                self.release_cidrs(&ours);
+                self.waiting.remove(&name);
+                return;
+            }
+            FreshNode::Found(fresh) if !pod_cidrs(&fresh).is_empty() => {
+                self.settle(&name, &ours, &fresh);
+                return;
+            }
+            FreshNode::Found(_) => None,
+            FreshNode::Unknown(err) => Some(err),
+        };
+        // As upstream: CIDRs of a write whose outcome is unknown (the server timed out, or the answer was
+        // lost) stay taken rather than risk handing them to a second node; a restart rebuilds the set
+        // from the nodes and frees them.
+        if outcome_known(&err) {
+            self.release_cidrs(&ours);
+        }
+        tracing::warn!(node = %name, error = %err, read_error = ?read_error.map(|e| e.to_string()), "could not write the node's pod CIDRs; will retry");
+        self.events
+            .record(
+                node.as_ref(),
+                EventType::Warning,
+                "CIDRAssignmentFailed",
+                "AllocateCIDR",
+                format!("Node {name} status is now: CIDRAssignmentFailed"),
+            )
+            .await;
+        self.waiting.insert(name, node);
     }
 
     async fn retry_waiting(&mut self) {
@@ -195,6 +317,15 @@ impl Allocator {
         for node in waiting {
             self.allocate(node).await;
         }
+    }
+}
+
+/// Whether a failed write surely did not happen: an answer from the API server other than a timeout
+/// (upstream releases the CIDRs unless `IsServerTimeout`).
+fn outcome_known(err: &kube::Error) -> bool {
+    match err {
+        kube::Error::Api(status) => status.code != 504 && status.reason != "Timeout",
+        _ => false,
     }
 }
 
@@ -259,9 +390,7 @@ async fn run(
                     }
                 }
                 Some(Change::Deleted(node)) => {
-                    let name = node.name_any();
-                    allocator.waiting.remove(&name);
-                    allocator.release(&name);
+                    allocator.forget(&node);
                     // Freed CIDRs may serve a node that is waiting.
                     allocator.retry_waiting().await;
                 }
@@ -320,6 +449,208 @@ mod tests {
                 .unwrap_err()
                 .contains("--cluster-cidr is empty")
         );
+    }
+
+    type Requests = Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
+
+    /// A client whose API server is `respond` (method, path, body → status, body), with every request
+    /// logged.
+    fn mock_client(
+        respond: impl Fn(&str, &str, &serde_json::Value) -> (u16, serde_json::Value)
+        + Send
+        + Sync
+        + 'static,
+    ) -> (kube::Client, Requests) {
+        let requests = Requests::default();
+        let respond = Arc::new(respond);
+        let log = requests.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (respond, log) = (respond.clone(), log.clone());
+            async move {
+                let method = request.method().to_string();
+                let path = request.uri().path().to_owned();
+                let bytes = request
+                    .into_body()
+                    .collect_bytes()
+                    .await
+                    .unwrap_or_default();
+                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+                let (status, answer) = respond(&method, &path, &body);
+                log.lock().unwrap().push((method, path, body));
+                http::Response::builder()
+                    .status(status)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&answer).unwrap(),
+                    ))
+            }
+        });
+        (kube::Client::new(service, "default"), requests)
+    }
+
+    fn node(name: &str, uid: &str, cidrs: &[&str]) -> serde_json::Value {
+        let mut spec = json!({});
+        if !cidrs.is_empty() {
+            spec = json!({ "podCIDR": cidrs[0], "podCIDRs": cidrs });
+        }
+        json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name, "uid": uid }, "spec": spec })
+    }
+
+    fn node_view(name: &str, uid: &str, cidrs: &[&str]) -> Arc<Node> {
+        Arc::new(serde_json::from_value(node(name, uid, cidrs)).unwrap())
+    }
+
+    fn status(code: u16, reason: &str) -> serde_json::Value {
+        json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
+                "message": "spec.podCIDRs: Forbidden: node updates may not change podCIDR except from \"\" to valid" })
+    }
+
+    /// An allocator of 10.0.0.0/22 in /24s (4 CIDRs) on `respond`; event writes succeed.
+    fn mock_allocator(
+        respond: impl Fn(&str, &str, &serde_json::Value) -> (u16, serde_json::Value)
+        + Send
+        + Sync
+        + 'static,
+    ) -> (Allocator, Requests) {
+        let (client, requests) = mock_client(move |method, path, body| {
+            if path.contains("/events") {
+                (201, body.clone())
+            } else {
+                respond(method, path, body)
+            }
+        });
+        let allocator = Allocator {
+            api: Api::all(client.clone()),
+            events: EventRecorder::new(client, COMPONENT),
+            sets: vec![CidrSet::new("10.0.0.0/22".parse().unwrap(), 24).unwrap()],
+            held: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+        };
+        (allocator, requests)
+    }
+
+    /// The API server writes what each patch says, as it would for a node without pod CIDRs; the
+    /// node it answers with has the next of `uids`.
+    fn accept_patches(
+        uids: &'static [&'static str],
+    ) -> impl Fn(&str, &str, &serde_json::Value) -> (u16, serde_json::Value) + Send + Sync + 'static
+    {
+        let count = std::sync::atomic::AtomicUsize::new(0);
+        move |method, path, body| {
+            assert_eq!(method, "PATCH", "{path}");
+            let name = path.rsplit('/').next().unwrap();
+            let cidrs: Vec<&str> = body["spec"]["podCIDRs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c.as_str().unwrap())
+                .collect();
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (200, node(name, uids[n], &cidrs))
+        }
+    }
+
+    fn reasons(requests: &Requests) -> Vec<String> {
+        requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, path, _)| path.contains("/events"))
+            .map(|(_, _, body)| body["reason"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_view_of_a_node_older_than_our_write_is_not_written_again() {
+        let (mut allocator, requests) = mock_allocator(accept_patches(&["uid-1"]));
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        assert_eq!(requests.lock().unwrap().len(), 1);
+        assert_eq!(
+            allocator.held["n"].cidrs,
+            vec!["10.0.0.0/24".parse::<IpNet>().unwrap()]
+        );
+        // The cloud-node controller's write from just before ours: the node as it was, without CIDRs.
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        assert_eq!(requests.lock().unwrap().len(), 1, "wrote again");
+        assert_eq!(allocator.sets[0].free(), 3, "took a second CIDR");
+        assert!(allocator.waiting.is_empty());
+        // Then the view with our CIDRs: nothing to do either.
+        allocator
+            .allocate(node_view("n", "uid-1", &["10.0.0.0/24"]))
+            .await;
+        assert_eq!(requests.lock().unwrap().len(), 1);
+        assert_eq!(allocator.sets[0].free(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_to_a_node_that_has_cidrs_keeps_those_and_releases_ours_quietly() {
+        let (mut allocator, requests) = mock_allocator(|method, _, _| match method {
+            "PATCH" => (422, status(422, "Invalid")),
+            _ => (200, node("n", "uid-1", &["10.0.2.0/24"])),
+        });
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        let methods: Vec<String> = requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.0.clone())
+            .collect();
+        assert_eq!(methods, ["PATCH", "GET"], "re-read after the refusal");
+        assert!(reasons(&requests).is_empty(), "{:?}", reasons(&requests));
+        assert_eq!(
+            allocator.held["n"].cidrs,
+            vec!["10.0.2.0/24".parse::<IpNet>().unwrap()]
+        );
+        // Ours (10.0.0.0/24) went back; theirs is taken.
+        assert_eq!(allocator.sets[0].free(), 3);
+        assert!(allocator.waiting.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refused_write_to_a_node_without_cidrs_is_a_warning_and_a_retry() {
+        let (mut allocator, requests) = mock_allocator(|method, _, _| match method {
+            "PATCH" => (422, status(422, "Invalid")),
+            _ => (200, node("n", "uid-1", &[])),
+        });
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        assert_eq!(reasons(&requests), ["CIDRAssignmentFailed"]);
+        assert!(allocator.waiting.contains_key("n"));
+        assert!(!allocator.held.contains_key("n"));
+        assert_eq!(allocator.sets[0].free(), 4, "the refused CIDR went back");
+
+        // A server timeout: the write may still land, so its CIDR stays taken (as upstream).
+        let (mut allocator, requests) = mock_allocator(|method, _, _| match method {
+            "PATCH" => (504, status(504, "Timeout")),
+            _ => (200, node("n", "uid-1", &[])),
+        });
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        assert_eq!(reasons(&requests), ["CIDRAssignmentFailed"]);
+        assert_eq!(allocator.sets[0].free(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_node_recreated_under_its_name_gets_new_cidrs_and_a_late_delete_of_the_old_one_frees_nothing()
+     {
+        let (mut allocator, _) = mock_allocator(accept_patches(&["uid-1", "uid-2"]));
+        allocator.allocate(node_view("n", "uid-1", &[])).await;
+        // Deleted and registered again before we saw the deletion: another node.
+        allocator.allocate(node_view("n", "uid-2", &[])).await;
+        assert_eq!(allocator.held["n"].uid.as_deref(), Some("uid-2"));
+        assert_eq!(
+            allocator.held["n"].cidrs,
+            vec!["10.0.1.0/24".parse::<IpNet>().unwrap()]
+        );
+        assert_eq!(allocator.sets[0].free(), 3, "the old node's CIDR went back");
+        allocator.forget(&node_view("n", "uid-1", &["10.0.0.0/24"]));
+        assert_eq!(
+            allocator.sets[0].free(),
+            3,
+            "a delete of the old node freed the new one's"
+        );
+        allocator.forget(&node_view("n", "uid-2", &["10.0.1.0/24"]));
+        assert_eq!(allocator.sets[0].free(), 4);
+        assert!(allocator.held.is_empty());
     }
 
     #[test]
