@@ -156,49 +156,99 @@ pub async fn get_instance_provider_id(
 /// upstream flags and of many providers' configs.
 ///
 /// Go's syntax, not humantime's: fractions and unit sequences without spaces, hence our own few lines.
+/// Go's arithmetic too: whole nanoseconds in 64 bits, so `2562047h47m16.854775807s` (Go's longest
+/// duration) parses exactly and anything longer is refused. A sign is refused: a `Duration` cannot be
+/// negative.
 pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {text:?} (examples: 20ms, 1.5s, 1m30s)");
+    let bad = |why: &str| format!("invalid duration {text:?}{why} (examples: 20ms, 1.5s, 1m30s)");
+    let out_of_range = || {
+        format!(
+            "invalid duration {text:?}: out of range (at most 2562047h47m16.854775807s, as in Go)"
+        )
+    };
     if text == "0" {
         return Ok(Duration::ZERO);
     }
     if text.is_empty() {
-        return Err(bad());
+        return Err(bad(""));
     }
     let mut rest = text;
-    let mut total = 0f64;
+    let mut total: u64 = 0;
     while !rest.is_empty() {
-        let number_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(bad)?;
-        let number: f64 = rest[..number_len].parse().map_err(|_| bad())?;
-        rest = &rest[number_len..];
+        if !rest.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
+            return Err(bad(""));
+        }
+        // The whole part, [0-9]*; as Go, more than 2^63 is an error.
+        let whole_len = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let mut whole: u64 = 0;
+        for digit in rest[..whole_len].bytes() {
+            whole = whole
+                .checked_mul(10)
+                .and_then(|w| w.checked_add(u64::from(digit - b'0')))
+                .filter(|w| *w <= GO_DURATION_LIMIT)
+                .ok_or_else(out_of_range)?;
+        }
+        rest = &rest[whole_len..];
+        // The fraction, (\.[0-9]*)?; as Go, digits past 64 bits of precision are dropped.
+        let (mut fraction, mut scale, mut fraction_len) = (0u64, 1f64, 0);
+        if let Some(after_dot) = rest.strip_prefix('.') {
+            fraction_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
+            let mut overflow = false;
+            for digit in after_dot[..fraction_len].bytes() {
+                if overflow || fraction > (GO_DURATION_LIMIT - 1) / 10 {
+                    overflow = true;
+                    continue;
+                }
+                let next = fraction * 10 + u64::from(digit - b'0');
+                if next > GO_DURATION_LIMIT {
+                    overflow = true;
+                    continue;
+                }
+                fraction = next;
+                scale *= 10.0;
+            }
+            rest = &after_dot[fraction_len..];
+        }
+        if whole_len == 0 && fraction_len == 0 {
+            return Err(bad(""));
+        }
         let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .find(|c: char| c == '.' || c.is_ascii_digit())
             .unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "ns" => 1e-9,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(bad()),
+        let unit = match &rest[..unit_len] {
+            "" => return Err(bad(": missing unit")),
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            other => return Err(bad(&format!(": unknown unit {other:?}"))),
         };
-        total += number * seconds;
         rest = &rest[unit_len..];
+        if whole > GO_DURATION_LIMIT / unit {
+            return Err(out_of_range());
+        }
+        let mut nanos = whole * unit;
+        if fraction > 0 {
+            // As Go: a float64 keeps fractions of hours nanosecond-accurate (the product is at most
+            // 3.6e12, an hour in nanoseconds); `as` cannot overflow here.
+            nanos += (fraction as f64 * (unit as f64 / scale)) as u64;
+        }
+        total = total
+            .checked_add(nanos)
+            .filter(|t| *t <= GO_DURATION_LIMIT)
+            .ok_or_else(out_of_range)?;
     }
-    // As Go: a duration is an int64 of nanoseconds, about 292 years; anything longer is refused
-    // (and a number too long for f64 is infinite, which `Duration::from_secs_f64` would panic on).
-    if !total.is_finite() || total > MAX_GO_DURATION_SECONDS {
-        return Err(format!(
-            "invalid duration {text:?}: out of range (at most 2562047h47m16.854775807s, as in Go)"
-        ));
+    if total > GO_DURATION_LIMIT - 1 {
+        return Err(out_of_range());
     }
-    Ok(Duration::from_secs_f64(total))
+    Ok(Duration::from_nanos(total))
 }
 
-/// Go's longest duration, `math.MaxInt64` nanoseconds, in seconds.
-const MAX_GO_DURATION_SECONDS: f64 = i64::MAX as f64 / 1e9;
+/// 2^63 nanoseconds: one more than Go's longest duration (`math.MaxInt64` nanoseconds, about 292
+/// years), the bound Go's parser checks its partial sums against.
+const GO_DURATION_LIMIT: u64 = 1 << 63;
 
 #[cfg(test)]
 mod tests {
@@ -266,6 +316,30 @@ mod tests {
                 .unwrap_err()
                 .contains("out of range")
         );
+    }
+
+    #[test]
+    fn go_durations_are_exact_nanoseconds_up_to_go_s_limit() {
+        // With f64 seconds, the nanoseconds of long durations were lost, and up to ~0.6 µs past Go's
+        // limit was accepted.
+        let d = parse_go_duration;
+        assert_eq!(
+            d("2562047h47m16.854775807s"),
+            Ok(Duration::new(9_223_372_036, 854_775_807))
+        );
+        assert!(
+            d("2562047h47m16.854775808s")
+                .unwrap_err()
+                .contains("out of range")
+        );
+        assert_eq!(d("2562047h1ns"), Ok(Duration::new(2_562_047 * 3600, 1)));
+        assert_eq!(d("1h0.000000001s"), Ok(Duration::new(3600, 1)));
+        assert_eq!(d(".5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(d("1.s"), Ok(Duration::from_secs(1)));
+        assert_eq!(d("1.5µs"), Ok(Duration::from_nanos(1500)));
+        assert!(d(".s").is_err() && d("1..5s").is_err() && d("+1s").is_err());
+        assert!(d("10").unwrap_err().contains("missing unit"));
+        assert!(d("5d").unwrap_err().contains(r#"unknown unit "d""#));
     }
 
     #[test]
