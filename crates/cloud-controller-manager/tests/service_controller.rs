@@ -354,6 +354,62 @@ async fn node_changes_reach_only_the_load_balancers_whose_backends_change() {
     h.stop(3).await;
 }
 
+/// A node that stops being a backend while the first ensure is still in the cloud: the node sync in
+/// that window passes over the Service (it is being synced), and the ensure gave the cloud the old
+/// backends. The load balancer must still end up without the node (it once kept it for good).
+#[tokio::test]
+async fn a_node_change_during_an_ensure_reaches_that_load_balancer() {
+    let _serial = SERIAL.lock().await;
+    // Every cloud call takes 3 s, so the taint lands while ensure_load_balancer is running.
+    let h = Harness::start("latency: 3s\n").await;
+    for i in 0..2 {
+        create_node(&kubelet_node(&h.node_name(i))).await;
+    }
+    h.create("slow", &[80]).await;
+    // The finalizer is written just before the cloud call starts.
+    eventually("the finalizer", WAIT, || async {
+        let service = h.get("slow").await?;
+        service
+            .metadata
+            .finalizers?
+            .iter()
+            .any(|f| f == FINALIZER)
+            .then_some(())
+    })
+    .await;
+    let ingress = h
+        .get("slow")
+        .await
+        .and_then(|s| s.status?.load_balancer?.ingress)
+        .unwrap_or_default();
+    assert!(ingress.is_empty(), "the ensure is still in the cloud");
+    let leaving = h.node_name(1);
+    nodes()
+        .await
+        .patch(
+            &leaving,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "spec": { "taints": [
+                { "key": "ToBeDeletedByClusterAutoscaler", "value": "1700000000", "effect": "NoSchedule" }
+            ] } })),
+        )
+        .await
+        .unwrap();
+    h.provisioned("slow").await;
+    eventually(
+        "the tainted node to leave the load balancer",
+        WAIT,
+        || async { (h.backends("slow") == vec![h.node_name(0)]).then_some(()) },
+    )
+    .await;
+    h.delete("slow").await;
+    eventually("the load balancer deleted", WAIT, || async {
+        h.load_balancer("slow").is_none().then_some(())
+    })
+    .await;
+    h.stop(2).await;
+}
+
 #[tokio::test]
 async fn services_that_are_not_ours_are_left_alone_and_a_type_change_cleans_up() {
     let _serial = SERIAL.lock().await;

@@ -57,6 +57,9 @@ const MIN_RETRY: Duration = Duration::from_secs(5);
 /// How long a node sync waits for more node changes after the first one.
 const NODE_SYNC_SETTLE: Duration = Duration::from_millis(500);
 const MAX_RETRY: Duration = Duration::from_secs(300);
+/// The safety net: a node sync pass this often even without node changes (upstream's
+/// `nodeSyncPeriod`). A pass that finds every load balancer's backends current calls nothing.
+const NODE_SYNC_PERIOD: Duration = Duration::from_secs(100);
 
 /// The controller's metrics: upstream's names, plus the load balancers it believes exist.
 #[derive(Clone)]
@@ -181,6 +184,8 @@ struct Context {
     retry: mpsc::UnboundedSender<ObjectRef<Service>>,
     workers: usize,
     backends: Mutex<Option<Backends>>,
+    /// Asks the node-sync loop for a pass (a sync finished with backends that changed meanwhile).
+    node_sync_wanted: tokio::sync::Notify,
 }
 
 fn key(service: &Service) -> String {
@@ -271,6 +276,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         retry,
         workers,
         backends: Mutex::default(),
+        node_sync_wanted: tokio::sync::Notify::new(),
     });
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
@@ -558,9 +564,21 @@ async fn ensure(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceErro
     Ok(())
 }
 
+/// Marks the Service synced. Node changes during its sync were skipped by the node sync (it passes over
+/// Services being synced), so if the backends it was given are no longer the wanted ones, a node sync
+/// pass is asked for: it updates this load balancer like any other.
 fn mark_synced(ctx: &Context, service: &Arc<Service>) {
-    if let Some(tracked) = ctx.tracked().get_mut(&key(service)) {
-        tracked.synced = true;
+    let stale = match ctx.tracked().get_mut(&key(service)) {
+        Some(tracked) => {
+            tracked.synced = true;
+            tracked.backends.clone()
+        }
+        None => return,
+    };
+    let wanted = ctx.backends().set;
+    if !Arc::ptr_eq(&stale, &wanted) && *stale != *wanted {
+        tracing::info!(service = %key(service), "nodes changed during the sync; asking for a node sync");
+        ctx.node_sync_wanted.notify_one();
     }
 }
 
@@ -678,7 +696,8 @@ async fn handle_deletions(
 /// Node sync: a node change that alters the backend set (added, deleted, exclusion flipped, provider ID
 /// changed) updates the load balancers whose backends differ; other node updates (heartbeats, conditions,
 /// labels) do nothing. One pass at a time, after the changes of a burst have settled (500 ms); changes
-/// during a pass cause one more pass.
+/// during a pass cause one more pass. A sync that ends with outdated backends asks for a pass, and one
+/// runs every [`NODE_SYNC_PERIOD`] in any case, with the backend list recomputed from the node cache.
 async fn node_sync_loop(
     ctx: Arc<Context>,
     changes: impl Stream<Item = Change<Node>> + Send + 'static,
@@ -702,9 +721,17 @@ async fn node_sync_loop(
         before.as_ref().map(BackendFacts::sync_facts)
             != after.as_ref().map(BackendFacts::sync_facts)
     };
+    let mut period = tokio::time::interval(NODE_SYNC_PERIOD);
+    period.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    period.reset(); // the first tick after a period, not at once
     loop {
         let mut pending = tokio::select! {
             change = changes.next() => match change { Some(change) => observe(change), None => return },
+            () = ctx.node_sync_wanted.notified() => true,
+            _ = period.tick() => {
+                ctx.forget_backends();
+                true
+            }
             () = shutdown.cancelled() => return,
         };
         // Take every change already waiting, so a burst of node events makes one pass.
