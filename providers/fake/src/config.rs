@@ -50,6 +50,12 @@ pub struct Config {
     /// where rewriting the whole file on every change would cost more than the manager under test.
     #[serde(default)]
     pub state_file_batched: bool,
+    /// `true`: the state file is the cloud, shared by every process that names it: read back at start
+    /// (so the cloud outlives the manager) and re-read whenever another process changed it, with every
+    /// change made under an exclusive lock on `<stateFile>.lock`. Needs `stateFile`; cannot be combined
+    /// with `stateFileBatched`. Read at start only.
+    #[serde(default)]
+    pub state_file_shared: bool,
     /// Added to every cloud call.
     #[serde(default)]
     pub latency: GoDuration,
@@ -92,6 +98,7 @@ impl Default for Config {
         Self {
             state_file: None,
             state_file_batched: false,
+            state_file_shared: false,
             latency: GoDuration::default(),
             failure_rate: BTreeMap::new(),
             seed: 0,
@@ -303,14 +310,65 @@ fn path_suffix(path: &Option<PathBuf>) -> String {
 }
 
 impl Config {
-    /// Parses the YAML text of a cloud-config; `path` only names the file in errors.
+    /// Parses the YAML text of a cloud-config; `path` only names the file in errors. Never panics: the
+    /// YAML parser is bounded (nesting depth, alias expansion), and should it panic all the same, that
+    /// is reported as a malformed file.
     pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, ConfigError> {
-        serde_saphyr::from_str::<Option<Config>>(text)
-            .map(Option::unwrap_or_default)
-            .map_err(|err| ConfigError::Malformed {
-                path: path.map(Path::to_owned),
-                message: err.to_string(),
-            })
+        let malformed = |message: String| ConfigError::Malformed {
+            path: path.map(Path::to_owned),
+            message,
+        };
+        let config = std::panic::catch_unwind(|| serde_saphyr::from_str::<Option<Config>>(text))
+            .map_err(|panic| {
+                malformed(format!(
+                    "the YAML parser failed on it ({})",
+                    panic_message(panic.as_ref())
+                ))
+            })?
+            .map_err(|err| malformed(err.to_string()))?
+            .unwrap_or_default();
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Checks what the types alone cannot: the state-file keys go together. [`Config::parse`] calls it;
+    /// [`crate::FakeCloud::new`] calls it for a config built in code.
+    pub fn validate(&self, path: Option<&Path>) -> Result<(), ConfigError> {
+        let malformed = |message: &str| ConfigError::Malformed {
+            path: path.map(Path::to_owned),
+            message: message.to_owned(),
+        };
+        if self.state_file_shared && self.state_file_batched {
+            return Err(malformed(
+                "stateFileShared and stateFileBatched cannot be combined: a shared state file is \
+                 written under its lock before each change returns, a batched one later from a \
+                 background writer; turn one of them off",
+            ));
+        }
+        if self.state_file_shared && self.state_file.is_none() {
+            return Err(malformed(
+                "stateFileShared needs a stateFile (the file the processes share)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a running cloud that started with `self` can switch to `next` (a reload of the file):
+    /// the state file cannot be shared or unshared, or moved while shared, without a restart.
+    pub fn check_reload(&self, next: &Config) -> Result<(), String> {
+        if self.state_file_shared != next.state_file_shared {
+            return Err(format!(
+                "stateFileShared is read at start only (the running cloud has {}); restart to change it",
+                self.state_file_shared
+            ));
+        }
+        if self.state_file_shared && self.state_file != next.state_file {
+            return Err(
+                "stateFile cannot change while stateFileShared is on; restart to change it"
+                    .to_owned(),
+            );
+        }
+        Ok(())
     }
 
     /// The injected failure probability of `method`: its own entry, else `all`, else 0.
@@ -320,6 +378,15 @@ impl Config {
             .or_else(|| self.failure_rate.get(&MethodName("all".to_owned())))
             .map_or(0.0, |p| p.0)
     }
+}
+
+/// The text of a panic's payload (a `&str` or a `String` for `panic!` with a message).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
 }
 
 /// A method name in `failureRate`: one of [`METHODS`] or `all`.
@@ -530,6 +597,91 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `stateFiel`"), "{err}");
+    }
+
+    #[test]
+    fn no_input_makes_the_parser_panic() {
+        let deep_seq = format!(
+            "instances: {}{}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        let deep_map = format!("a: {}1{}\n", "{b: ".repeat(10_000), "}".repeat(10_000));
+        let aliases = (1..12).fold(
+            "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n".to_owned(),
+            |text, i| {
+                let previous = format!("*a{}", i - 1);
+                format!(
+                    "{text}a{i}: &a{i} [{}]\n",
+                    [previous.as_str(); 10].join(", ")
+                )
+            },
+        );
+        let inputs = [
+            "latency: 18446744073709551616s".to_owned(),
+            "latency: 9223372037s".to_owned(),
+            format!("latency: {}s", "9".repeat(400)),
+            "latency: 1e400s".to_owned(),
+            "latency: .s".to_owned(),
+            "latency: -1s".to_owned(),
+            "latency: 5µs".to_owned(),
+            "retryAfter: 99999999999h".to_owned(),
+            "seed: -1".to_owned(),
+            "seed: 1e30".to_owned(),
+            "seed: 18446744073709551616".to_owned(),
+            "failureRate: {all: .nan}".to_owned(),
+            "failureRate: {all: .inf}".to_owned(),
+            "loadBalancers: {ipPool: 0.0.0.0/0}".to_owned(),
+            "loadBalancers: {ipPool: 255.255.255.255/99999999999}".to_owned(),
+            "loadBalancers: {ipPool: /}".to_owned(),
+            "instances: {a: {addresses: [{type: InternalIP}]}}".to_owned(),
+            "stateFile: \"\\0\"".to_owned(),
+            "!!binary AAAA".to_owned(),
+            "--- !<tag:yaml.org,2002:js/undefined> ~".to_owned(),
+            "? [a, b]\n: c".to_owned(),
+            "\u{feff}\u{feff}latency: 1s".to_owned(),
+            "a: \"\\uD800\"".to_owned(),
+            "\t- \"".to_owned(),
+            "*unknown".to_owned(),
+            deep_seq,
+            deep_map,
+            aliases,
+        ];
+        for text in &inputs {
+            // Each either parses or is refused; none panics (a panic fails the test with the input).
+            if let Ok(config) = Config::parse(text, None) {
+                assert!(config.validate(None).is_ok(), "{text:.80}");
+            }
+        }
+        let err = Config::parse("latency: 18446744073709551616s\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("out of range"), "{err}");
+    }
+
+    #[test]
+    fn the_state_file_keys_go_together() {
+        let err = Config::parse(
+            "stateFile: /tmp/s.json\nstateFileShared: true\nstateFileBatched: true\n",
+            Some(Path::new("/etc/c.yaml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("malformed cloud-config /etc/c.yaml: stateFileShared and stateFileBatched cannot be combined"),
+            "{err}"
+        );
+        let err = Config::parse("stateFileShared: true\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stateFileShared needs a stateFile"), "{err}");
+        let shared =
+            Config::parse("stateFile: /tmp/s.json\nstateFileShared: true\n", None).unwrap();
+        assert!(shared.state_file_shared && !shared.state_file_batched);
+        assert!(!Config::default().state_file_shared);
+        assert!(shared.check_reload(&shared.clone()).is_ok());
+        assert!(shared.check_reload(&Config::default()).is_err());
+        assert!(Config::default().check_reload(&shared).is_err());
     }
 
     #[test]

@@ -3,8 +3,10 @@
 //! It is driven by a YAML cloud-config (every key is shown in `cloud-config.example.yaml` beside this
 //! crate) that is re-read when the file changes, so a running manager can be shown a changing cloud:
 //! instances that appear, shut down or vanish, failures injected per method, latency on every call.
-//! What the cloud holds (load balancers, routes, call counts) is written to `stateFile` as JSON, for
-//! black-box checks.
+//! What the cloud holds (load balancers, routes, IP assignments, call counts) is written to `stateFile`
+//! as JSON, for black-box checks. With `stateFileShared` the file is the cloud itself: read back at
+//! start and shared, under a file lock, by every process that names it, so the cloud outlives a
+//! manager and replicas see one cloud.
 //!
 //! Any node not listed under `instances` is a running instance with the `instanceDefaults`, provider ID
 //! `fake://<node name>` and one InternalIP derived from its name ([`derived_internal_ip`]). Instances are
@@ -16,12 +18,12 @@ mod config;
 mod instances;
 mod load_balancer;
 mod routes;
+mod shared_state;
 mod state;
 mod watcher;
 
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
     path::PathBuf,
     sync::{Arc, Mutex, MutexGuard, RwLock},
 };
@@ -36,7 +38,10 @@ pub use config::{
     InstanceState, IpPool, LoadBalancersConfig, METHODS, RouteConfig, RoutesConfig,
 };
 pub use instances::derived_internal_ip;
+pub use shared_state::StateFileError;
 pub use state::{CloudState, LoadBalancerRecord, PortRecord, RouteRecord};
+
+use shared_state::SharedFile;
 
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "fake";
@@ -58,20 +63,23 @@ struct Inner {
     config: RwLock<Arc<Config>>,
     cloud: Mutex<Mutable>,
     /// Held while the state file is written, so writes land in order; taken before `cloud`, never
-    /// while holding it, so cloud calls do not wait for the disk.
+    /// while holding it, so cloud calls do not wait for the disk. (Not used with `stateFileShared`.)
     writing: Mutex<()>,
+    /// With `stateFileShared`: the shared state file. Its mutex gives this process's threads their
+    /// turns at the file lock one at a time; taken before `cloud`.
+    shared: Option<Mutex<SharedFile>>,
 }
 
 /// The state behind the lock.
 struct Mutable {
     state: CloudState,
-    /// The ingress IP each Service (`namespace/name`) was given, kept so a Service keeps its IP.
-    ip_assignments: BTreeMap<String, Ipv4Addr>,
     /// Call counts changed since the state file was last written.
     dirty: bool,
-    /// Calls per (method, object), so the failure sequence of each object is fixed by the seed whatever
-    /// order concurrent calls arrive in.
-    calls_per_object: BTreeMap<(&'static str, String), u64>,
+    /// Whether the state file is shared (`stateFileShared`).
+    shared: bool,
+    /// With a shared state file: the calls counted here and not yet added to the file, per method and
+    /// object (`""` for calls about no one object). Each process adds its own, so the file sums them.
+    unsynced: BTreeMap<(&'static str, String), u64>,
     /// The backend list last stored, shared by every load balancer given the same list: the manager
     /// hands most load balancers the same nodes, and 500 copies of 5,000 names would make the fake,
     /// which runs inside the manager under test, the biggest thing in its memory.
@@ -90,9 +98,101 @@ impl Mutable {
             }
         }
     }
+
+    /// Counts a call of `method` about `object` (`""`: about no one object) and returns its number
+    /// among the calls of `method` about `object`, which the failure draw uses.
+    fn count_call(&mut self, method: &'static str, object: &str) -> u64 {
+        self.dirty = true;
+        if self.shared {
+            *self
+                .unsynced
+                .entry((method, object.to_owned()))
+                .or_default() += 1;
+        }
+        let total = bump(&mut self.state.calls, method, 1);
+        if object.is_empty() {
+            return total;
+        }
+        let per_object = match self.state.calls_per_object.get_mut(method) {
+            Some(per_object) => per_object,
+            None => self
+                .state
+                .calls_per_object
+                .entry(method.to_owned())
+                .or_default(),
+        };
+        bump(per_object, object, 1)
+    }
+
+    /// Replaces the state with `state` as read from the shared file, plus the calls this process
+    /// counted and has not written yet.
+    fn load(&mut self, mut state: CloudState) {
+        for ((method, object), n) in &self.unsynced {
+            bump(&mut state.calls, method, *n);
+            if !object.is_empty() {
+                bump(
+                    state
+                        .calls_per_object
+                        .entry((*method).to_owned())
+                        .or_default(),
+                    object,
+                    *n,
+                );
+            }
+        }
+        // Identical backend lists share one allocation again.
+        self.last_backends = None;
+        for i in 0..state.load_balancers.len() {
+            let nodes = std::mem::take(&mut state.load_balancers[i].nodes);
+            let nodes = Arc::try_unwrap(nodes).unwrap_or_else(|shared| (*shared).clone());
+            state.load_balancers[i].nodes = self.share_backends(nodes);
+        }
+        self.state = state;
+    }
+
+    /// After a write of the shared file that held `written` of the unsynced calls: they are in the file.
+    fn synced(&mut self, written: &BTreeMap<(&'static str, String), u64>) {
+        for (key, n) in written {
+            if let Some(left) = self.unsynced.get_mut(key) {
+                *left -= (*n).min(*left);
+                if *left == 0 {
+                    self.unsynced.remove(key);
+                }
+            }
+        }
+        self.dirty = !self.unsynced.is_empty();
+    }
 }
 
-/// Why the fake cloud could not start.
+/// Adds `n` to `map[key]`, allocating the key only the first time; returns the new count.
+fn bump(map: &mut BTreeMap<String, u64>, key: &str, n: u64) -> u64 {
+    let count = match map.get_mut(key) {
+        Some(count) => count,
+        None => map.entry(key.to_owned()).or_default(),
+    };
+    *count += n;
+    *count
+}
+
+/// Adds the routes listed under `routes.initial` that `previous` did not list (all of them when the
+/// cloud starts) and the cloud does not hold yet.
+fn add_initial_routes(cloud: &mut Mutable, config: &Config, previous: Option<&Config>) {
+    for route in &config.routes.initial {
+        let known_before =
+            previous.is_some_and(|p| p.routes.initial.iter().any(|r| r.name == route.name));
+        if !known_before && !cloud.state.routes.iter().any(|r| r.name == route.name) {
+            cloud.state.routes.push(RouteRecord {
+                name: route.name.clone(),
+                target_node: route.target_node.clone(),
+                destination_cidr: route.destination_cidr.clone(),
+                blackhole: route.blackhole,
+            });
+        }
+    }
+    cloud.state.routes.sort_by(|a, b| a.name.cmp(&b.name));
+}
+
+/// Why the fake cloud could not start, or could not take a new config.
 #[derive(Debug, thiserror::Error)]
 pub enum FakeCloudError {
     /// The cloud-config is not valid.
@@ -114,28 +214,50 @@ pub enum FakeCloudError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// The shared state file (`stateFileShared`) cannot be read, locked or written, or is malformed.
+    #[error(transparent)]
+    SharedStateFile(#[from] StateFileError),
+    /// A new config cannot apply to the running cloud (it changes what is fixed at start).
+    #[error("cannot apply the changed cloud-config to the running fake cloud: {message}")]
+    Reload {
+        /// Why not.
+        message: String,
+    },
 }
 
 impl FakeCloud {
-    /// A fake cloud from a parsed config. It is not re-read from anywhere.
+    /// A fake cloud from a parsed config. It is not re-read from anywhere. With `stateFileShared`, the
+    /// cloud is the one the state file holds (an empty one when the file does not exist).
     pub fn new(config: Config) -> Result<Self, FakeCloudError> {
+        config.validate(None)?;
+        let shared = match (&config.state_file, config.state_file_shared) {
+            (Some(path), true) => Some(Mutex::new(SharedFile::open(path)?)),
+            _ => None,
+        };
         let cloud = Self {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(Config::default())),
                 cloud: Mutex::new(Mutable {
                     state: CloudState::default(),
-                    ip_assignments: BTreeMap::new(),
                     dirty: false,
-                    calls_per_object: BTreeMap::new(),
+                    shared: shared.is_some(),
+                    unsynced: BTreeMap::new(),
                     last_backends: None,
                 }),
                 writing: Mutex::new(()),
+                shared,
             }),
         };
-        cloud.apply_config(config, None);
-        cloud
-            .write_state_file()
-            .map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
+        if let Some(shared) = &cloud.inner.shared {
+            cloud.inner.start_shared(shared, &config)?;
+            cloud.inner.set_config(config);
+        } else {
+            add_initial_routes(&mut cloud.inner.lock(), &config, None);
+            cloud.inner.set_config(config);
+            cloud
+                .write_state_file()
+                .map_err(|(path, source)| FakeCloudError::StateFile { path, source })?;
+        }
         watcher::spawn_flusher(Arc::downgrade(&cloud.inner));
         Ok(cloud)
     }
@@ -173,39 +295,60 @@ impl FakeCloud {
     }
 
     /// Replaces the config, as a reload of the file does. Routes listed under `routes.initial` that the
-    /// previous config did not list are added to the cloud.
+    /// previous config did not list are added to the cloud. A config [`FakeCloud::try_set_config`]
+    /// refuses is logged and ignored, as a malformed edit of the file is.
     pub fn set_config(&self, config: Config) {
+        if let Err(err) = self.try_set_config(config) {
+            tracing::warn!(error = %err, "fake cloud: ignoring the new cloud-config, keeping the one in force");
+        }
+    }
+
+    /// [`FakeCloud::set_config`], saying why a config is refused: it is invalid, it changes what is fixed
+    /// at start (`stateFileShared`, and `stateFile` while shared), or its new routes cannot be written to
+    /// the shared state file. (A failed write of an unshared state file is only logged: the file is a
+    /// view, the config is in force.)
+    pub fn try_set_config(&self, config: Config) -> Result<(), FakeCloudError> {
+        config.validate(None)?;
         let previous = self.config();
-        self.apply_config(config, Some(&previous));
+        previous
+            .check_reload(&config)
+            .map_err(|message| FakeCloudError::Reload { message })?;
+        if let Some(shared) = &self.inner.shared {
+            let adds_routes = config.routes.initial.iter().any(|route| {
+                !previous
+                    .routes
+                    .initial
+                    .iter()
+                    .any(|known| known.name == route.name)
+            });
+            if adds_routes {
+                self.inner.with_shared_file(shared, |cloud| {
+                    add_initial_routes(cloud, &config, Some(&previous));
+                    Ok::<_, StateFileError>(())
+                })?;
+            }
+            self.inner.set_config(config);
+            return Ok(());
+        }
+        add_initial_routes(&mut self.inner.lock(), &config, Some(&previous));
+        self.inner.set_config(config);
         if let Err((path, err)) = self.write_state_file() {
             tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
         }
+        Ok(())
     }
 
-    /// A copy of what the cloud holds now.
+    /// A copy of what the cloud holds now: with a shared state file, as the file holds it, plus the
+    /// calls this process counted and has not written yet (call counts are sums over every process).
     pub fn snapshot(&self) -> CloudState {
+        if let Err(err) = self.inner.refresh() {
+            tracing::warn!(error = %err, "fake cloud: showing the state last read");
+        }
         self.inner.lock().state.clone()
     }
 
-    fn apply_config(&self, config: Config, previous: Option<&Config>) {
-        let mut cloud = self.inner.lock();
-        for route in &config.routes.initial {
-            let known_before =
-                previous.is_some_and(|p| p.routes.initial.iter().any(|r| r.name == route.name));
-            if !known_before && !cloud.state.routes.iter().any(|r| r.name == route.name) {
-                cloud.state.routes.push(RouteRecord {
-                    name: route.name.clone(),
-                    target_node: route.target_node.clone(),
-                    destination_cidr: route.destination_cidr.clone(),
-                    blackhole: route.blackhole,
-                });
-            }
-        }
-        cloud.state.routes.sort_by(|a, b| a.name.cmp(&b.name));
-        *self.inner.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
-    }
-
-    /// Writes the state file now, if one is configured.
+    /// Writes the state file now, if one is configured and not shared (a shared one is written by
+    /// every change).
     fn write_state_file(&self) -> Result<(), (PathBuf, std::io::Error)> {
         self.inner.flush(|_| true)
     }
@@ -220,17 +363,7 @@ impl FakeCloud {
     /// depends on the seed and how often this object was asked, not on what else runs meanwhile.
     async fn enter_for(&self, method: &'static str, object: &str) -> CloudResult<Arc<Config>> {
         let config = self.config();
-        let call = {
-            let mut cloud = self.inner.lock();
-            *cloud.state.calls.entry(method.to_owned()).or_default() += 1;
-            cloud.dirty = true;
-            let count = cloud
-                .calls_per_object
-                .entry((method, object.to_owned()))
-                .or_default();
-            *count += 1;
-            *count
-        };
+        let call = self.inner.lock().count_call(method, object);
         if !config.latency.0.is_zero() {
             tokio::time::sleep(config.latency.0).await;
         }
@@ -253,8 +386,12 @@ impl FakeCloud {
     }
 
     /// Runs `change` on the cloud state and writes the state file (or, with `stateFileBatched`, leaves
-    /// it to the background writer).
+    /// it to the background writer). With a shared state file, `change` runs under the file lock on the
+    /// state as the file holds it, and the file is written before the lock is released.
     fn change<T>(&self, change: impl FnOnce(&mut Mutable) -> CloudResult<T>) -> CloudResult<T> {
+        if let Some(shared) = &self.inner.shared {
+            return self.inner.with_shared_file(shared, change);
+        }
         let result = {
             let mut cloud = self.inner.lock();
             let result = change(&mut cloud)?;
@@ -268,11 +405,21 @@ impl FakeCloud {
         }
         Ok(result)
     }
+
+    /// Brings the state up to what other processes wrote to a shared state file (nothing to do without
+    /// one), for a call that reads the state.
+    fn refresh(&self) -> CloudResult<()> {
+        Ok(self.inner.refresh()?)
+    }
 }
 
 impl Drop for Inner {
     /// What the background writer had not written yet (call counts, batched changes) goes out now.
     fn drop(&mut self) {
+        if self.shared.is_some() {
+            self.flush_pending();
+            return;
+        }
         let path = self.config().state_file.clone();
         let cloud = self.cloud.get_mut().unwrap_or_else(|e| e.into_inner());
         if cloud.dirty
@@ -292,6 +439,10 @@ impl Inner {
             .clone()
     }
 
+    fn set_config(&self, config: Config) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+    }
+
     fn lock(&self) -> MutexGuard<'_, Mutable> {
         // A panic while holding the lock cannot leave the state half-changed in a way that matters for
         // a fake; keep serving.
@@ -300,7 +451,7 @@ impl Inner {
 
     /// Writes a snapshot of the state to the state file when one is configured and `wanted` says so
     /// (given whether anything changed since the last write). The snapshot is taken under the state lock
-    /// (cheap: backend lists are shared), the file written after releasing it.
+    /// (cheap: backend lists are shared), the file written after releasing it. Not for a shared file.
     fn flush(&self, wanted: impl FnOnce(bool) -> bool) -> Result<(), (PathBuf, std::io::Error)> {
         let Some(path) = self.config().state_file.clone() else {
             return Ok(());
@@ -315,6 +466,86 @@ impl Inner {
             cloud.state.clone()
         };
         snapshot.write(&path).map_err(|err| (path, err))
+    }
+
+    /// Writes what changed since the last write and was not written yet (call counts; with
+    /// `stateFileBatched`, everything), logging a failure.
+    fn flush_pending(&self) {
+        match &self.shared {
+            Some(shared) => {
+                if self.lock().unsynced.is_empty() {
+                    return;
+                }
+                if let Err(err) = self.with_shared_file(shared, |_| Ok::<_, StateFileError>(())) {
+                    tracing::warn!(error = %err, "fake cloud: cannot add the call counts to the shared state file");
+                }
+            }
+            None => {
+                if let Err((path, err)) = self.flush(|dirty| dirty) {
+                    tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
+                }
+            }
+        }
+    }
+
+    /// The cloud's start on a shared state file: the state the file holds, or, when there is no file
+    /// yet, a new cloud (with the `routes.initial` of `config`) written to it.
+    fn start_shared(
+        &self,
+        shared: &Mutex<SharedFile>,
+        config: &Config,
+    ) -> Result<(), StateFileError> {
+        let mut file = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turn = file.exclusive()?;
+        match turn.read_if_changed()?.flatten() {
+            Some(state) => self.lock().load(state),
+            None => {
+                let snapshot = {
+                    let mut cloud = self.lock();
+                    add_initial_routes(&mut cloud, config, None);
+                    cloud.state.clone()
+                };
+                turn.write(&snapshot)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// With the shared state file locked exclusively: loads what another process wrote since this one
+    /// last read or wrote it, runs `change`, and when it succeeds writes the state (with the calls this
+    /// process counted) back. A failed `change` writes nothing.
+    fn with_shared_file<T, E: From<StateFileError>>(
+        &self,
+        shared: &Mutex<SharedFile>,
+        change: impl FnOnce(&mut Mutable) -> Result<T, E>,
+    ) -> Result<T, E> {
+        let mut file = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turn = file.exclusive()?;
+        let changed = turn.read_if_changed()?;
+        let (result, snapshot, written) = {
+            let mut cloud = self.lock();
+            if let Some(state) = changed {
+                cloud.load(state.unwrap_or_default());
+            }
+            let result = change(&mut cloud)?;
+            (result, cloud.state.clone(), cloud.unsynced.clone())
+        };
+        turn.write(&snapshot)?;
+        self.lock().synced(&written);
+        Ok(result)
+    }
+
+    /// Loads what other processes wrote to the shared state file since this one last read or wrote it.
+    fn refresh(&self) -> Result<(), StateFileError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let mut file = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut turn = file.shared()?;
+        if let Some(state) = turn.read_if_changed()? {
+            self.lock().load(state.unwrap_or_default());
+        }
+        Ok(())
     }
 }
 

@@ -77,6 +77,7 @@ impl LoadBalancer for FakeCloud {
         self.enter_for("get_load_balancer", &service_key(service))
             .await?;
         let name = default_load_balancer_name(service);
+        self.refresh()?;
         let cloud = self.inner.lock();
         Ok(Self::position(&cloud, &name).map(|i| status_of(&cloud.state.load_balancers[i])))
     }
@@ -113,12 +114,14 @@ impl LoadBalancer for FakeCloud {
             let in_use = |ip: &std::net::Ipv4Addr| taken.contains(ip);
             // The same Service keeps its IP across a delete and re-create while the IP is free.
             let ip = cloud
+                .state
                 .ip_assignments
                 .get(&key)
                 .copied()
                 .filter(|ip| pool.contains(*ip) && !in_use(ip))
                 .or_else(|| {
                     let assigned: std::collections::BTreeSet<_> = cloud
+                        .state
                         .ip_assignments
                         .iter()
                         .filter(|(k, _)| **k != key)
@@ -132,7 +135,7 @@ impl LoadBalancer for FakeCloud {
                 .ok_or_else(|| {
                     CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))
                 })?;
-            cloud.ip_assignments.insert(key.clone(), ip);
+            cloud.state.ip_assignments.insert(key.clone(), ip);
             let record = LoadBalancerRecord {
                 name: name.clone(),
                 service: key,

@@ -18,6 +18,7 @@ fn route_name(name_hint: &str, cidr: &str) -> String {
 impl Routes for FakeCloud {
     async fn list_routes(&self, _cluster: &str) -> CloudResult<Vec<Route>> {
         self.enter("list_routes").await?;
+        self.refresh()?;
         let cloud = self.inner.lock();
         Ok(cloud
             .state

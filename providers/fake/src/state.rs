@@ -1,6 +1,15 @@
 //! The cloud-side state of the fake cloud, and the JSON state file that shows it.
 
-use std::{collections::BTreeMap, io::Write, path::Path, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    io::Write,
+    net::Ipv4Addr,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -14,6 +23,15 @@ pub struct CloudState {
     pub routes: Vec<RouteRecord>,
     /// How often each method was called (failed calls included).
     pub calls: BTreeMap<String, u64>,
+    /// How often each method was called about each object (a Service's `namespace/name` for
+    /// load-balancer calls), by method; calls about no one object are only in `calls`. Injected
+    /// failures are drawn from these counts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub calls_per_object: BTreeMap<String, BTreeMap<String, u64>>,
+    /// The ingress IP the cloud keeps for each Service (`namespace/name`) it ever gave one, also after
+    /// its load balancer is deleted, so the Service gets the same IP back while the IP is free.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ip_assignments: BTreeMap<String, Ipv4Addr>,
 }
 
 /// A load balancer in the fake cloud.
@@ -69,7 +87,13 @@ impl CloudState {
 
     /// Writes the state file atomically (a temporary file renamed over it), so readers never see half.
     pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+        // Unique per write, so two clouds of one process never share a temporary file.
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let tmp = path.with_extension(format!(
+            "tmp-{}-{}",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
         {
             // Buffered: serde_json writes token by token, which unbuffered is a syscall per name.
             let mut file = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
@@ -77,7 +101,9 @@ impl CloudState {
             file.write_all(b"\n")?;
             file.flush()?;
         }
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&tmp);
+        })
     }
 
     /// The load balancer of a Service (`namespace/name`), if any.
@@ -88,6 +114,15 @@ impl CloudState {
     /// How often `method` was called.
     pub fn calls_to(&self, method: &str) -> u64 {
         self.calls.get(method).copied().unwrap_or(0)
+    }
+
+    /// How often `method` was called about `object` (a Service's `namespace/name`).
+    pub fn calls_about(&self, method: &str, object: &str) -> u64 {
+        self.calls_per_object
+            .get(method)
+            .and_then(|per_object| per_object.get(object))
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -118,6 +153,11 @@ mod tests {
                 blackhole: false,
             }],
             calls: BTreeMap::from([("ensure_load_balancer".into(), 2)]),
+            calls_per_object: BTreeMap::from([(
+                "ensure_load_balancer".into(),
+                BTreeMap::from([("default/web".into(), 2)]),
+            )]),
+            ip_assignments: BTreeMap::from([("default/web".into(), Ipv4Addr::new(203, 0, 113, 1))]),
         };
         state.write(&path).unwrap();
         assert_eq!(CloudState::read(&path).unwrap(), state);
@@ -125,7 +165,10 @@ mod tests {
             serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
         assert_eq!(json["loadBalancers"][0]["ports"][0]["nodePort"], 30080);
         assert_eq!(json["routes"][0]["destinationCIDR"], "10.244.0.0/24");
+        assert_eq!(json["ipAssignments"]["default/web"], "203.0.113.1");
         assert_eq!(state.calls_to("ensure_load_balancer"), 2);
+        assert_eq!(state.calls_about("ensure_load_balancer", "default/web"), 2);
+        assert_eq!(state.calls_about("ensure_load_balancer", "default/api"), 0);
         assert_eq!(state.load_balancer_of("default/web").unwrap().name, "aabc");
     }
 }

@@ -5,39 +5,49 @@
 //! every filesystem (including the bind-mounted ConfigMaps and editors that replace files), where
 //! inotify-style watchers miss renames and symlink swaps.
 
-use std::{path::PathBuf, sync::Weak, time::Duration};
+use std::{
+    panic::AssertUnwindSafe,
+    path::{Path, PathBuf},
+    sync::Weak,
+    time::Duration,
+};
 
-use crate::{Config, FakeCloud, Inner};
+use crate::{Config, FakeCloud, Inner, config::panic_message};
 
 const POLL: Duration = Duration::from_millis(200);
 
+/// Turns the bytes of the cloud-config file into a config, or says why not.
+type Parse = fn(&[u8], &Path) -> Result<Config, String>;
+
+fn parse_file(contents: &[u8], path: &Path) -> Result<Config, String> {
+    let text = std::str::from_utf8(contents).map_err(|err| format!("not UTF-8 text: {err}"))?;
+    Config::parse(text, Some(path)).map_err(|err| err.to_string())
+}
+
 /// Watches `path` (whose contents were `seen` at start) for as long as the cloud lives.
-pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>) {
+pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>) {
+    spawn_with(cloud, path, seen, parse_file);
+}
+
+/// [`spawn`] with the parser given. The watcher never dies of a bad edit: a parse error is logged and
+/// the edit ignored, and a panic while handling an edit (which no input should cause) is caught, logged
+/// and the edit ignored too; either way a later edit is read as usual.
+fn spawn_with(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>, parse: Parse) {
     let spawned = std::thread::Builder::new()
         .name("fake-cloud-watch".to_owned())
         .spawn(move || {
             while let Some(inner) = cloud.upgrade() {
                 let cloud = FakeCloud { inner };
-                match std::fs::read(&path) {
-                    Ok(contents) if contents != seen => {
-                        seen = contents;
-                        let parsed = std::str::from_utf8(&seen)
-                            .map_err(|err| format!("not UTF-8 text: {err}"))
-                            .and_then(|text| Config::parse(text, Some(&path)).map_err(|err| err.to_string()));
-                        match parsed {
-                            Ok(config) => {
-                                tracing::info!(path = %path.display(), "fake cloud: cloud-config changed, reloaded");
-                                cloud.set_config(config);
-                            }
-                            Err(err) => {
-                                tracing::warn!(error = %err, "fake cloud: ignoring the changed cloud-config, keeping the last good one");
-                            }
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(err) => {
-                        tracing::debug!(path = %path.display(), error = %err, "fake cloud: cannot read the cloud-config");
-                    }
+                // `seen` is updated before the edit is handled, so an edit that panics is not retried.
+                let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    poll(&cloud, &path, &mut seen, parse);
+                }));
+                if let Err(panic) = polled {
+                    tracing::error!(
+                        path = %path.display(),
+                        panic = %panic_message(panic.as_ref()),
+                        "fake cloud: handling the changed cloud-config panicked; ignoring that edit, keeping the last good config and watching on"
+                    );
                 }
                 drop(cloud);
                 std::thread::sleep(POLL);
@@ -48,13 +58,43 @@ pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>) {
     }
 }
 
+/// One look at the file: a changed one is parsed and, when good, put in force.
+fn poll(cloud: &FakeCloud, path: &Path, seen: &mut Vec<u8>, parse: Parse) {
+    match std::fs::read(path) {
+        Ok(contents) if contents != *seen => {
+            *seen = contents;
+            let applied = parse(seen, path)
+                .and_then(|config| cloud.try_set_config(config).map_err(|err| err.to_string()));
+            match applied {
+                Ok(()) => {
+                    tracing::info!(path = %path.display(), "fake cloud: cloud-config changed, reloaded");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "fake cloud: ignoring the changed cloud-config, keeping the last good one");
+                }
+            }
+        }
+        Ok(_) => {}
+        Err(err) => {
+            tracing::debug!(path = %path.display(), error = %err, "fake cloud: cannot read the cloud-config");
+        }
+    }
+}
+
 /// Writes the state file when something changed since the last write, for as long as the cloud lives.
 pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
     let spawned = std::thread::Builder::new()
         .name("fake-cloud-flush".to_owned())
         .spawn(move || {
             while let Some(inner) = cloud.upgrade() {
-                flush_dirty(&FakeCloud { inner });
+                // Call counts change on every call; rather than rewrite the file on each, they go out
+                // within one poll. A panic here must not stop later writes either.
+                if let Err(panic) =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| inner.flush_pending()))
+                {
+                    tracing::error!(panic = %panic_message(panic.as_ref()), "fake cloud: writing the state file panicked; trying again at the next poll");
+                }
+                drop(inner);
                 std::thread::sleep(POLL);
             }
         });
@@ -63,27 +103,28 @@ pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
     }
 }
 
-/// Call counts change on every call; rather than rewrite the file on each, they go out within one poll.
-fn flush_dirty(cloud: &FakeCloud) {
-    if let Err((path, err)) = cloud.inner.flush(|dirty| dirty) {
-        tracing::warn!(path = %path.display(), error = %err, "fake cloud: cannot write the state file");
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
+    use std::{
+        path::Path,
+        sync::{
+            Arc,
+            atomic::{AtomicUsize, Ordering},
+        },
+        time::Instant,
+    };
 
     use cloud_provider::{CloudConfig, CloudProvider};
     use k8s_openapi::api::core::v1::Node;
 
-    use crate::{CloudState, FakeCloud};
+    use super::{parse_file, spawn_with};
+    use crate::{CloudState, Config, FakeCloud, GoDuration};
 
     fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
         let start = Instant::now();
         while !done() {
             assert!(
-                start.elapsed() < std::time::Duration::from_secs(3),
+                start.elapsed() < std::time::Duration::from_secs(10),
                 "timed out waiting for {what}"
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
@@ -147,6 +188,109 @@ mod tests {
         // Call counts reach the state file without any state change.
         wait_for("call counts in the state file", || {
             CloudState::read(&state_path).is_ok_and(|s| s.calls_to("instance_exists") == 2)
+        });
+    }
+
+    /// Replaces the file at once (as editors and ConfigMap updates do), so the watcher never reads
+    /// half an edit.
+    fn replace(path: &Path, text: &str) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    /// A cloud whose config file `dir/cloud.yaml` is watched with `parse`.
+    fn watched(dir: &Path, parse: super::Parse) -> (FakeCloud, std::path::PathBuf) {
+        let path = dir.join("cloud.yaml");
+        std::fs::write(&path, "latency: 1ms\n").unwrap();
+        let cloud = FakeCloud::new(Config::parse("latency: 1ms\n", None).unwrap()).unwrap();
+        spawn_with(
+            Arc::downgrade(&cloud.inner),
+            path.clone(),
+            std::fs::read(&path).unwrap(),
+            parse,
+        );
+        (cloud, path)
+    }
+
+    fn latency(cloud: &FakeCloud) -> std::time::Duration {
+        cloud.config().latency.0
+    }
+
+    static OUT_OF_RANGE_EDITS_READ: AtomicUsize = AtomicUsize::new(0);
+
+    #[test]
+    fn a_duration_past_gos_range_is_ignored_and_a_later_valid_edit_takes_effect() {
+        fn counting(contents: &[u8], path: &Path) -> Result<Config, String> {
+            OUT_OF_RANGE_EDITS_READ.fetch_add(1, Ordering::SeqCst);
+            parse_file(contents, path)
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (cloud, path) = watched(dir.path(), counting);
+
+        replace(&path, "latency: 18446744073709551616s\n");
+        wait_for("the out-of-range edit to be read", || {
+            OUT_OF_RANGE_EDITS_READ.load(Ordering::SeqCst) >= 1
+        });
+        assert_eq!(latency(&cloud), std::time::Duration::from_millis(1));
+
+        replace(&path, "latency: 7ms\n");
+        wait_for("the valid edit", || {
+            latency(&cloud) == std::time::Duration::from_millis(7)
+        });
+    }
+
+    static PANICKING_EDITS_READ: AtomicUsize = AtomicUsize::new(0);
+
+    #[test]
+    fn a_panic_while_handling_an_edit_does_not_stop_the_watcher() {
+        fn panicking(contents: &[u8], path: &Path) -> Result<Config, String> {
+            PANICKING_EDITS_READ.fetch_add(1, Ordering::SeqCst);
+            if contents.starts_with(b"# boom") {
+                panic!("a parser bug");
+            }
+            parse_file(contents, path)
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (cloud, path) = watched(dir.path(), panicking);
+
+        replace(&path, "# boom\nlatency: 3ms\n");
+        wait_for("the panicking edit to be read", || {
+            PANICKING_EDITS_READ.load(Ordering::SeqCst) >= 1
+        });
+        replace(&path, "latency: 9ms\n");
+        wait_for("the valid edit after the panic", || {
+            latency(&cloud) == std::time::Duration::from_millis(9)
+        });
+        assert_eq!(
+            PANICKING_EDITS_READ.load(Ordering::SeqCst),
+            2,
+            "the panicking edit was read again"
+        );
+    }
+
+    #[test]
+    fn an_edit_the_running_cloud_cannot_take_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state.json");
+        let config_path = dir.path().join("cloud.yaml");
+        let shared = format!("stateFile: {}\nstateFileShared: true\n", state.display());
+        std::fs::write(&config_path, &shared).unwrap();
+        let cloud =
+            FakeCloud::from_cloud_config(&CloudConfig::read(&config_path).unwrap()).unwrap();
+
+        // Unsharing needs a restart; the latency in the same edit is not applied either.
+        replace(
+            &config_path,
+            &format!("stateFile: {}\nlatency: 4ms\n", state.display()),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        assert!(cloud.config().state_file_shared);
+        assert_eq!(cloud.config().latency, GoDuration::default());
+
+        replace(&config_path, &format!("{shared}latency: 4ms\n"));
+        wait_for("the valid edit", || {
+            latency(&cloud) == std::time::Duration::from_millis(4)
         });
     }
 }
