@@ -297,6 +297,121 @@ async fn provided_node_ip_single_dual_stack_and_no_match() {
     delete_nodes(&[&single, &dual, &nomatch]).await;
 }
 
+/// A status that repeats an address is accepted on create, but the API server then refuses every
+/// update of the node (422 "Duplicate value"): initialization once retried forever, silently. The
+/// addresses are written first now, and the node is initialized.
+#[tokio::test]
+async fn a_node_whose_status_repeats_an_address_is_initialized() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("dup-addresses");
+    let cloud =
+        format!("instances:\n  {name}: {{addresses: [{{type: InternalIP, address: 10.0.0.7}}]}}\n");
+    let manager = RunningManager::start(&cloud, FAST).await;
+    let mut node = kubelet_node(&name);
+    node.status.as_mut().unwrap().addresses = Some(vec![
+        NodeAddress {
+            type_: "InternalIP".to_owned(),
+            address: "10.0.0.7".to_owned(),
+        },
+        NodeAddress {
+            type_: "InternalIP".to_owned(),
+            address: "10.0.0.7".to_owned(),
+        },
+        NodeAddress {
+            type_: "Hostname".to_owned(),
+            address: name.clone(),
+        },
+    ]);
+    let created = create_node(&node).await;
+    assert_eq!(
+        addresses(&created).len(),
+        3,
+        "the API server keeps the repeat on create"
+    );
+    let node = initialized(&name).await;
+    assert_eq!(
+        provider_id(&node).as_deref(),
+        Some(format!("fake://{name}").as_str())
+    );
+    let node = eventually("the addresses", WAIT, || async {
+        get_node(&name).await.filter(|n| addresses(n).len() == 2)
+    })
+    .await;
+    assert_eq!(
+        addresses(&node),
+        [pair("InternalIP", "10.0.0.7"), pair("Hostname", &name)]
+    );
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+/// A provided-node-ip that no cloud address matches (or that is no IP) keeps the node tainted: a
+/// Warning event says why, on the node, even when its name is as long as a name may be (253
+/// characters: the recorder's `<name>.<time>` event name would be too long). Fixed, it is initialized
+/// and gets its Synced event.
+#[tokio::test]
+async fn a_bad_provided_node_ip_gets_a_warning_event_even_on_a_253_character_node() {
+    let _serial = SERIAL.lock().await;
+    let short = unique_name("badip");
+    let long = format!("{short}.{}", "x".repeat(252 - short.len()));
+    assert_eq!(long.len(), 253);
+    let manager = RunningManager::start("", FAST).await;
+    let mut long_node = with_node_ip(kubelet_node(&long), "10.9.9.9");
+    // A label value has at most 63 characters: no hostname label (kubelets shorten it too).
+    long_node
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove("kubernetes.io/hostname");
+    create_node(&long_node).await;
+    create_node(&with_node_ip(kubelet_node(&short), "not-an-ip")).await;
+
+    let warning = eventually("the Warning event on the long-named node", WAIT, || async {
+        events_for(&long, "FailedToInitializeNode").await.pop()
+    })
+    .await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    let note = warning.note.unwrap_or_default();
+    assert!(
+        note.contains("failed to get node address from cloud provider that matches ip: 10.9.9.9"),
+        "{note}"
+    );
+    let warning = eventually("the Warning event on the other node", WAIT, || async {
+        events_for(&short, "FailedToInitializeNode").await.pop()
+    })
+    .await;
+    let note = warning.note.unwrap_or_default();
+    assert!(
+        note.contains(r#"invalid alpha.kubernetes.io/provided-node-ip annotation "not-an-ip""#),
+        "{note}"
+    );
+    let node = get_node(&long).await.unwrap();
+    assert_eq!(taint_keys(&node), [UNINITIALIZED]);
+
+    // The kubelet's --node-ip fixed: initialized, and the Synced event lands too.
+    for name in [&long, &short] {
+        nodes()
+            .await
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "metadata": { "annotations": {
+                    "alpha.kubernetes.io/provided-node-ip": null
+                } } })),
+            )
+            .await
+            .unwrap();
+        initialized(name).await;
+    }
+    eventually("the Synced event on the long-named node", WAIT, || async {
+        events_for(&long, "Synced").await.pop()
+    })
+    .await;
+    manager.stop().await;
+    delete_nodes(&[&long, &short]).await;
+}
+
 #[tokio::test]
 async fn cloud_errors_leave_the_node_untouched_and_it_is_retried_without_blocking_others() {
     let _serial = SERIAL.lock().await;

@@ -110,36 +110,6 @@ fn master_url(master: &str) -> Result<http::Uri, ClientError> {
     Ok(url)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn master_urls_need_an_http_scheme_and_a_host() {
-        for good in [
-            "https://127.0.0.1:6443",
-            "http://localhost:8080",
-            "https://api.example.com",
-            "https://[::1]:6443/prefix",
-        ] {
-            assert!(master_url(good).is_ok(), "{good}");
-        }
-        let message = |bad: &str| master_url(bad).unwrap_err().to_string();
-        assert_eq!(
-            message("localhost:6443"),
-            r#"invalid --master "localhost:6443": a URL with a scheme is needed, for example https://localhost:6443"#
-        );
-        assert_eq!(
-            message("ftp://localhost:6443"),
-            r#"invalid --master "ftp://localhost:6443": the scheme must be http or https, not ftp"#
-        );
-        assert!(message("https://").starts_with(r#"invalid --master "https://""#));
-        assert!(message("https://h:1/?a=b").contains("query"));
-        assert!(message("/just/a/path").contains("scheme"));
-        assert!(message("http://exa mple").starts_with(r#"invalid --master "http://exa mple""#));
-    }
-}
-
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
 /// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
 /// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them.
@@ -168,4 +138,34 @@ pub fn build_client(
             None => builder.build(),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn master_urls_need_an_http_scheme_and_a_host() {
+        for good in [
+            "https://127.0.0.1:6443",
+            "http://localhost:8080",
+            "https://api.example.com",
+            "https://[::1]:6443/prefix",
+        ] {
+            assert!(master_url(good).is_ok(), "{good}");
+        }
+        let message = |bad: &str| master_url(bad).unwrap_err().to_string();
+        assert_eq!(
+            message("localhost:6443"),
+            r#"invalid --master "localhost:6443": a URL with a scheme is needed, for example https://localhost:6443"#
+        );
+        assert_eq!(
+            message("ftp://localhost:6443"),
+            r#"invalid --master "ftp://localhost:6443": the scheme must be http or https, not ftp"#
+        );
+        assert!(message("https://").starts_with(r#"invalid --master "https://""#));
+        assert!(message("https://h:1/?a=b").contains("query"));
+        assert!(message("/just/a/path").contains("scheme"));
+        assert!(message("http://exa mple").starts_with(r#"invalid --master "http://exa mple""#));
+    }
 }

@@ -27,7 +27,12 @@ pub struct BlackholeProxy {
 impl BlackholeProxy {
     /// Listens on 127.0.0.1 and forwards to `upstream`, connecting from `source` (e.g. 127.0.0.2).
     pub async fn start(upstream: SocketAddr, source: IpAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_at("127.0.0.1:0".parse().unwrap(), upstream, source).await
+    }
+
+    /// Like [`BlackholeProxy::start`], listening on `listen`.
+    pub async fn start_at(listen: SocketAddr, upstream: SocketAddr, source: IpAddr) -> Self {
+        let listener = TcpListener::bind(listen).await.unwrap();
         let address = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
         let flag = cut.clone();

@@ -181,7 +181,33 @@ fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
     };
     let delay = backoff(failures);
     tracing::warn!(node = %name, error = %err, retry_in = ?delay, "failed to reconcile node");
+    // A failure that will not heal by itself (a bad annotation, a node the API server refuses) is told
+    // on the node as well, on the 1st, 2nd, 4th, 8th... failure, so a stuck node is not silent.
+    if needs_operator(err) && failures.is_power_of_two() {
+        ctx.events.queue(
+            node.as_ref(),
+            EventType::Warning,
+            INITIALIZATION_FAILED,
+            "InitializeNode",
+            format!("Failed to initialize node: {err}"),
+        );
+    }
     Action::requeue(delay)
+}
+
+/// The Warning event of a node initialization that needs an operator (our own: upstream only logs).
+pub const INITIALIZATION_FAILED: &str = "FailedToInitializeNode";
+
+/// Whether `err` needs someone to change the node or its annotations (retrying alone will not do).
+fn needs_operator(err: &NodeError) -> bool {
+    match err {
+        NodeError::NodeIp { .. } => true,
+        NodeError::Write {
+            source: kube::Error::Api(status),
+            ..
+        } => status.code == 422 || status.code == 400,
+        _ => false,
+    }
 }
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
@@ -237,6 +263,25 @@ async fn initialize(node: &Node, ctx: &Context) -> Result<(), NodeError> {
             source,
         }
     })?;
+    // A status that repeats an address makes the API server refuse every update of the node: write
+    // the addresses first.
+    if let Some(addresses) = plan::repair_duplicate_addresses(node, &metadata.node_addresses) {
+        tracing::warn!(
+            ?addresses,
+            "the node's status repeats an address; writing its addresses first"
+        );
+        ctx.api
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&plan::addresses_patch(&addresses)),
+            )
+            .await
+            .map_err(|source| NodeError::Write {
+                node: name.clone(),
+                source,
+            })?;
+    }
 
     let updated = patch_with_retry(&ctx.api, node, Target::Object, |current, resource_version| {
         if !is_uninitialized(current) {

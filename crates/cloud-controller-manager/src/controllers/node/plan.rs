@@ -260,12 +260,47 @@ pub fn plan_addresses(
         return Ok(None);
     }
     let current = node_addresses(node);
+    let wanted = without_duplicates(&honor_provided_node_ip(
+        node,
+        &with_hostname(cloud, current),
+    )?);
+    Ok(addresses_changed(current, &wanted).then_some(wanted))
+}
+
+/// `addresses` with each (type, address) pair once, first occurrence kept: the API server refuses any
+/// update of a Node whose status repeats one ("Duplicate value").
+pub fn without_duplicates(addresses: &[NodeAddress]) -> Vec<NodeAddress> {
+    let mut seen = std::collections::HashSet::new();
+    addresses
+        .iter()
+        .filter(|a| seen.insert((a.type_.as_str(), a.address.as_str())))
+        .cloned()
+        .collect()
+}
+
+/// The addresses to write before initializing a node whose status repeats an address (a kubelet or a
+/// client may create it so; the API server then refuses every update of the node, the initialization
+/// included): the addresses an initialized node would get ([`plan_addresses`]), or, if the cloud has
+/// none, the node's own, without repeats. `None` when the node repeats none.
+pub fn repair_duplicate_addresses(node: &Node, cloud: &[NodeAddress]) -> Option<Vec<NodeAddress>> {
+    let current = node_addresses(node);
+    let unique = without_duplicates(current);
+    if unique.len() == current.len() {
+        return None;
+    }
+    if cloud.is_empty() {
+        return Some(unique);
+    }
+    Some(without_duplicates(&with_hostname(cloud, current)))
+}
+
+/// The cloud's addresses, plus the node's Hostname addresses when the cloud reports none.
+fn with_hostname(cloud: &[NodeAddress], current: &[NodeAddress]) -> Vec<NodeAddress> {
     let mut wanted = cloud.to_vec();
     if !wanted.iter().any(|a| a.type_ == "Hostname") {
         wanted.extend(current.iter().filter(|a| a.type_ == "Hostname").cloned());
     }
-    let wanted = honor_provided_node_ip(node, &wanted)?;
-    Ok(addresses_changed(current, &wanted).then_some(wanted))
+    wanted
 }
 
 /// Upstream's comparison: different lengths, or a new address that differs from the (last) old address
@@ -589,6 +624,56 @@ mod tests {
         assert_eq!(
             plan_addresses(&current, &with_hostname).unwrap(),
             Some(with_hostname)
+        );
+    }
+
+    #[test]
+    fn repeated_addresses_are_repaired_from_the_cloud_or_dropped() {
+        let repeated = with_addresses(
+            node(),
+            vec![
+                node_address("InternalIP", "10.0.0.9"),
+                node_address("Hostname", "n1"),
+                node_address("InternalIP", "10.0.0.9"),
+            ],
+        );
+        let cloud = vec![
+            node_address("InternalIP", "10.0.0.1"),
+            node_address("InternalIP", "10.0.0.1"),
+        ];
+        assert_eq!(
+            repair_duplicate_addresses(&repeated, &cloud),
+            Some(vec![
+                node_address("InternalIP", "10.0.0.1"),
+                node_address("Hostname", "n1"),
+            ])
+        );
+        assert_eq!(
+            repair_duplicate_addresses(&repeated, &[]),
+            Some(vec![
+                node_address("InternalIP", "10.0.0.9"),
+                node_address("Hostname", "n1"),
+            ])
+        );
+        let unique = with_addresses(node(), vec![node_address("Hostname", "n1")]);
+        assert_eq!(repair_duplicate_addresses(&unique, &cloud), None);
+        // The same address under two types is no repeat.
+        let two_types = with_addresses(
+            node(),
+            vec![
+                node_address("InternalIP", "n1"),
+                node_address("Hostname", "n1"),
+            ],
+        );
+        assert_eq!(repair_duplicate_addresses(&two_types, &cloud), None);
+        // Planned addresses never repeat one either.
+        let planned = plan_addresses(&untainted(unique), &cloud).unwrap().unwrap();
+        assert_eq!(
+            planned,
+            vec![
+                node_address("InternalIP", "10.0.0.1"),
+                node_address("Hostname", "n1"),
+            ]
         );
     }
 

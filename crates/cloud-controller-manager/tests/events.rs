@@ -1,0 +1,86 @@
+//! Events survive an API outage: recording queues them, and delivery is retried until the API server
+//! answers again.
+
+mod support;
+
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    time::Duration,
+};
+
+use cloud_controller_manager::events::EventRecorder;
+use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::events::EventType,
+};
+use support::{
+    blackhole_proxy::{BlackholeProxy, kubeconfig_through},
+    events_for, eventually, free_port,
+};
+use test_control_plane::{control_plane, unique_name};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_recorded_while_the_api_server_is_unreachable_are_delivered_when_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    // A kubeconfig pointing at a port nothing listens on yet: every write is refused.
+    let port = free_port();
+    let address: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let kubeconfig = dir.path().join("outage.kubeconfig");
+    kubeconfig_through(&control_plane().admin_kubeconfig(), address, &kubeconfig);
+    let config = Config::from_custom_kubeconfig(
+        Kubeconfig::read_from(&kubeconfig).unwrap(),
+        &KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    let recorder = EventRecorder::new(Client::try_from(config).unwrap(), "cloud-node-controller");
+
+    let names: Vec<String> = (0..3).map(|_| unique_name("outage-event")).collect();
+    for name in &names {
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // Returns at once: recording never waits for the API server.
+        tokio::time::timeout(
+            Duration::from_secs(1),
+            recorder.record(
+                &node,
+                EventType::Normal,
+                "Synced",
+                "InitializeNode",
+                "Node synced successfully".to_owned(),
+            ),
+        )
+        .await
+        .expect("recording does not block");
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await; // a few refused tries
+    for name in &names {
+        assert!(events_for(name, "Synced").await.is_empty());
+    }
+
+    // The API server is back at that address.
+    let server: SocketAddr = std::fs::read_to_string(control_plane().dir().join("run/server"))
+        .unwrap()
+        .trim()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let _back = BlackholeProxy::start_at(address, server, IpAddr::V4(Ipv4Addr::LOCALHOST)).await;
+    for name in &names {
+        eventually("the event delivered", Duration::from_secs(30), || async {
+            events_for(name, "Synced").await.pop()
+        })
+        .await;
+    }
+    tokio::time::timeout(Duration::from_secs(10), recorder.flush())
+        .await
+        .expect("nothing left to deliver");
+}
