@@ -198,16 +198,9 @@ enum DeliveryError {
 impl DeliveryError {
     fn retryable(&self) -> bool {
         match self {
-            Self::Api(err) => retryable(err),
+            Self::Api(err) => crate::controllers::outage::api_unavailable(err),
             Self::TimedOut => true,
         }
-    }
-}
-
-fn retryable(err: &kube::Error) -> bool {
-    match err {
-        kube::Error::Api(status) => status.code == 429 || status.code >= 500,
-        _ => true,
     }
 }
 
@@ -282,21 +275,19 @@ mod tests {
     }
 
     #[test]
-    fn refusals_are_final_and_outages_retried() {
+    fn refusals_are_final_and_outages_and_timeouts_retried() {
         let status = |code| {
-            kube::Error::Api(
+            DeliveryError::Api(kube::Error::Api(
                 kube::core::Status {
                     code,
                     ..Default::default()
                 }
                 .boxed(),
-            )
+            ))
         };
-        assert!(!retryable(&status(422)));
-        assert!(!retryable(&status(403)));
-        assert!(!retryable(&status(409)));
-        assert!(retryable(&status(429)));
-        assert!(retryable(&status(503)));
-        assert!(retryable(&kube::Error::LinesCodecMaxLineLengthExceeded));
+        assert!(!status(422).retryable());
+        assert!(!status(403).retryable());
+        assert!(status(503).retryable());
+        assert!(DeliveryError::TimedOut.retryable());
     }
 }

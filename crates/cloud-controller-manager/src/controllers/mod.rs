@@ -39,6 +39,7 @@ pub const DISABLED_BY_DEFAULT: &[&str] = &[];
 pub mod ipam;
 pub mod node;
 pub mod node_lifecycle;
+pub mod outage;
 mod patch;
 pub mod route;
 pub mod service;

@@ -179,7 +179,11 @@ fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
         *count += 1;
         *count
     };
-    let delay = backoff(failures);
+    let write_error = match err {
+        NodeError::Write { source, .. } => Some(source),
+        _ => None,
+    };
+    let delay = super::outage::retry_delay(backoff(failures), write_error);
     tracing::warn!(node = %name, error = %err, retry_in = ?delay, "failed to reconcile node");
     // A failure that will not heal by itself (a bad annotation, a node the API server refuses) is told
     // on the node as well, on the 1st, 2nd, 4th, 8th... failure, so a stuck node is not silent.

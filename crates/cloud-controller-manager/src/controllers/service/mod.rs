@@ -352,7 +352,11 @@ fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) ->
         let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
         let count = failures.entry(key.clone()).or_default();
         *count += 1;
-        backoff(*count)
+        let write_error = match err {
+            ServiceError::Write { source, .. } => Some(source),
+            _ => None,
+        };
+        super::outage::retry_delay(backoff(*count), write_error)
     });
     tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to sync load balancer");
     Action::requeue(delay)
