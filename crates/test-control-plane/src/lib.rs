@@ -99,6 +99,36 @@ impl ControlPlane {
     pub async fn ccm_client(&self) -> Client {
         client_for(&self.ccm_kubeconfig()).await
     }
+
+    /// Stops one component (`kube-apiserver` or `etcd`), keeping its data, ports and certificates:
+    /// `hack/control-plane stop --component NAME`. Blocks until it has exited; panics with the script's
+    /// output on failure.
+    pub fn stop_component(&self, name: &str) {
+        self.component("stop", name);
+    }
+
+    /// Starts a component [`ControlPlane::stop_component`] stopped, with the same command line, and
+    /// blocks until the API server is ready again (or, while the API server is stopped, until etcd is
+    /// healthy): `hack/control-plane start --component NAME`. Panics with the script's output on failure.
+    pub fn start_component(&self, name: &str) {
+        self.component("start", name);
+    }
+
+    fn component(&self, verb: &str, name: &str) {
+        let script = workspace_root().join("hack/control-plane");
+        let output = Command::new(&script)
+            .args([verb, "--component", name, "--dir"])
+            .arg(&self.dir)
+            .output()
+            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+        assert!(
+            output.status.success(),
+            "{} {verb} --component {name} --dir {} failed:\n{}",
+            script.display(),
+            self.dir.display(),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
 }
 
 async fn client_for(kubeconfig: &Path) -> Client {
