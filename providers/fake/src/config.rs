@@ -173,6 +173,11 @@ pub struct InstanceConfig {
     /// `running` (default), `shutdown` or `gone`.
     #[serde(default)]
     pub state: InstanceState,
+    /// Added to every call about this instance (`instance_metadata`, `instance_exists`, the legacy
+    /// Instances and Zones calls by its name or provider ID), on top of the cloud-wide `latency`: a
+    /// slow part of the cloud. Default: 0.
+    #[serde(default)]
+    pub latency: GoDuration,
 }
 
 /// A node address.

@@ -1,6 +1,6 @@
 //! Instances of the fake cloud: InstancesV2, and the legacy Instances and Zones APIs.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use async_trait::async_trait;
 use cloud_provider::{
@@ -21,6 +21,8 @@ pub(crate) struct Instance {
     pub addresses: Vec<NodeAddress>,
     pub additional_labels: BTreeMap<String, String>,
     pub state: InstanceState,
+    /// Its own latency (`instances.<name>.latency`), added to every call about it.
+    pub latency: Duration,
 }
 
 /// FNV-1a, 64 bits.
@@ -80,6 +82,7 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
             },
             additional_labels: listed.additional_labels.clone(),
             state: listed.state,
+            latency: listed.latency.0,
         },
         None => Instance {
             provider_id: default_provider_id(node_name),
@@ -92,6 +95,7 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
             )],
             additional_labels: BTreeMap::new(),
             state: InstanceState::Running,
+            latency: Duration::ZERO,
         },
     }
 }
@@ -126,6 +130,16 @@ fn find(config: &Config, node_name: &str, provider_id: Option<&str>) -> CloudRes
         .ok_or(CloudError::InstanceNotFound)
 }
 
+/// Waits the instance's own latency (a call about an instance that is not found waits nothing).
+async fn slow(found: CloudResult<Instance>) -> CloudResult<Instance> {
+    if let Ok(instance) = &found
+        && !instance.latency.is_zero()
+    {
+        tokio::time::sleep(instance.latency).await;
+    }
+    found
+}
+
 fn find_node(config: &Config, node: &Node) -> CloudResult<Instance> {
     let name = node.metadata.name.as_deref().unwrap_or_default();
     let provider_id = node.spec.as_ref().and_then(|s| s.provider_id.as_deref());
@@ -149,17 +163,17 @@ fn exists(found: CloudResult<Instance>) -> CloudResult<bool> {
 impl InstancesV2 for FakeCloud {
     async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
         let config = self.enter("instance_exists").await?;
-        exists(find_node(&config, node))
+        exists(slow(find_node(&config, node)).await)
     }
 
     async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
         let config = self.enter("instance_shutdown").await?;
-        Ok(find_node(&config, node)?.state == InstanceState::Shutdown)
+        Ok(slow(find_node(&config, node)).await?.state == InstanceState::Shutdown)
     }
 
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
         let config = self.enter("instance_metadata").await?;
-        let instance = find_node(&config, node)?;
+        let instance = slow(find_node(&config, node)).await?;
         Ok(Some(InstanceMetadata {
             provider_id: instance.provider_id,
             instance_type: instance.instance_type,
@@ -180,7 +194,7 @@ fn instance_id_of(provider_id: &str) -> String {
 impl Instances for FakeCloud {
     async fn node_addresses(&self, node_name: &str) -> CloudResult<Vec<NodeAddress>> {
         let config = self.enter("node_addresses").await?;
-        Ok(find(&config, node_name, None)?.addresses)
+        Ok(slow(find(&config, node_name, None)).await?.addresses)
     }
 
     async fn node_addresses_by_provider_id(
@@ -188,32 +202,34 @@ impl Instances for FakeCloud {
         provider_id: &str,
     ) -> CloudResult<Vec<NodeAddress>> {
         let config = self.enter("node_addresses_by_provider_id").await?;
-        Ok(found_by_id(&config, provider_id)?.addresses)
+        Ok(slow(found_by_id(&config, provider_id)).await?.addresses)
     }
 
     async fn instance_id(&self, node_name: &str) -> CloudResult<String> {
         let config = self.enter("instance_id").await?;
-        Ok(instance_id_of(&find(&config, node_name, None)?.provider_id))
+        Ok(instance_id_of(
+            &slow(find(&config, node_name, None)).await?.provider_id,
+        ))
     }
 
     async fn instance_type(&self, node_name: &str) -> CloudResult<String> {
         let config = self.enter("instance_type").await?;
-        Ok(find(&config, node_name, None)?.instance_type)
+        Ok(slow(find(&config, node_name, None)).await?.instance_type)
     }
 
     async fn instance_type_by_provider_id(&self, provider_id: &str) -> CloudResult<String> {
         let config = self.enter("instance_type_by_provider_id").await?;
-        Ok(found_by_id(&config, provider_id)?.instance_type)
+        Ok(slow(found_by_id(&config, provider_id)).await?.instance_type)
     }
 
     async fn instance_exists_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
         let config = self.enter("instance_exists_by_provider_id").await?;
-        exists(found_by_id(&config, provider_id))
+        exists(slow(found_by_id(&config, provider_id)).await)
     }
 
     async fn instance_shutdown_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
         let config = self.enter("instance_shutdown_by_provider_id").await?;
-        Ok(found_by_id(&config, provider_id)?.state == InstanceState::Shutdown)
+        Ok(slow(found_by_id(&config, provider_id)).await?.state == InstanceState::Shutdown)
     }
 }
 
@@ -229,7 +245,7 @@ impl Zones for FakeCloud {
 
     async fn get_zone_by_provider_id(&self, provider_id: &str) -> CloudResult<Zone> {
         let config = self.enter("get_zone_by_provider_id").await?;
-        let instance = found_by_id(&config, provider_id)?;
+        let instance = slow(found_by_id(&config, provider_id)).await?;
         Ok(Zone {
             failure_domain: instance.zone,
             region: instance.region,
@@ -238,7 +254,7 @@ impl Zones for FakeCloud {
 
     async fn get_zone_by_node_name(&self, node_name: &str) -> CloudResult<Zone> {
         let config = self.enter("get_zone_by_node_name").await?;
-        let instance = find(&config, node_name, None)?;
+        let instance = slow(find(&config, node_name, None)).await?;
         Ok(Zone {
             failure_domain: instance.zone,
             region: instance.region,
@@ -269,6 +285,71 @@ instances:
         let mut node = conformance::node(name);
         node.spec.as_mut().unwrap().provider_id = provider_id.map(str::to_owned);
         node
+    }
+
+    /// `instances.<name>.latency` slows the calls about that instance only, by name or provider ID,
+    /// on top of the cloud-wide latency; other instances answer without it.
+    #[tokio::test]
+    async fn an_instance_latency_slows_only_the_calls_about_that_instance() {
+        const SLOW: Duration = Duration::from_millis(400);
+        let cloud = FakeCloud::from_yaml(
+            "latency: 10ms\ninstances:\n  node-slow: {latency: 400ms}\n  node-listed: {zone: zone-b}\n",
+        )
+        .unwrap();
+        let v2 = cloud.instances_v2().unwrap();
+        let started = tokio::time::Instant::now();
+        let metadata = v2
+            .instance_metadata(&node("node-slow", None))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(metadata.provider_id, "fake://node-slow");
+        assert!(started.elapsed() >= SLOW, "{:?}", started.elapsed());
+        let started = tokio::time::Instant::now();
+        assert!(
+            v2.instance_exists(&node("x", Some("fake://node-slow")))
+                .await
+                .unwrap()
+        );
+        assert!(started.elapsed() >= SLOW, "by provider ID too");
+        // Ten calls about other instances, listed or not, take less than one slow call.
+        let started = tokio::time::Instant::now();
+        for fast in ["node-listed", "node-unlisted"].repeat(5) {
+            v2.instance_metadata(&node(fast, None))
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
+        // Not found: no instance, no latency of its own.
+        let started = tokio::time::Instant::now();
+        assert!(
+            !v2.instance_exists(&node("x", Some("other://node-slow")))
+                .await
+                .unwrap()
+        );
+        assert!(started.elapsed() < SLOW);
+
+        let legacy =
+            FakeCloud::from_yaml("instancesV2: false\ninstances: {node-slow: {latency: 400ms}}\n")
+                .unwrap();
+        let started = tokio::time::Instant::now();
+        legacy
+            .instances()
+            .unwrap()
+            .node_addresses("node-slow")
+            .await
+            .unwrap();
+        legacy
+            .zones()
+            .unwrap()
+            .get_zone_by_node_name("node-slow")
+            .await
+            .unwrap();
+        assert!(started.elapsed() >= SLOW * 2, "the legacy calls wait too");
+        // The default is no latency of its own.
+        let config = Config::parse("instances: {node-a: {}}", None).unwrap();
+        assert!(config.instances["node-a"].latency.0.is_zero());
     }
 
     #[test]
