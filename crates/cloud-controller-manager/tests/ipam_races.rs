@@ -176,9 +176,7 @@ async fn a_burst_of_nodes_initialized_concurrently_gets_one_cidr_each_and_no_fai
     }
     assert_eq!(seen.len(), 128);
 
-    // A 129th node finds the range full. The controller handles changes in order, so once its event is
-    // recorded, every view of the earlier nodes (all of which held their CIDR before it was created) has
-    // been handled, stale ones included.
+    // A 129th node finds the range full.
     let overflow = unique_name("race-overflow");
     create_node(&kubelet_node(&overflow)).await;
     eventually("CIDRNotAvailable for the 129th node", WAIT, || async {
@@ -190,6 +188,22 @@ async fn a_burst_of_nodes_initialized_concurrently_gets_one_cidr_each_and_no_fai
     })
     .await;
 
+    // Nothing leaked: the probe's CIDR, freed by its deletion, is the one the 129th node gets.
+    let probe_cidr = pod_cidrs(&nodes[0]);
+    delete_nodes(&[&probe]).await;
+    let got = eventually("the freed CIDR for the 129th node", WAIT, || async {
+        get_node(&overflow)
+            .await
+            .map(|n| pod_cidrs(&n))
+            .filter(|c| !c.is_empty())
+    })
+    .await;
+    assert_eq!(got, probe_cidr);
+
+    // The controller handles changes in order, and the overflow node's changes came after every view of
+    // the others (all of which held their CIDR before it was created): the events those views caused,
+    // if any, were queued for delivery before its CIDRNotAvailable, which has arrived, and before its
+    // allocation.
     let events = all_events().await;
     let failed: Vec<String> = events
         .iter()
@@ -219,18 +233,6 @@ async fn a_burst_of_nodes_initialized_concurrently_gets_one_cidr_each_and_no_fai
         .map(|e| format!("{} {}", about(e), e.reason.as_deref().unwrap_or_default()))
         .collect();
     assert!(spurious.is_empty(), "events: {spurious:?}");
-
-    // Nothing leaked: the probe's CIDR, freed by its deletion, is the one the 129th node gets.
-    let probe_cidr = pod_cidrs(&nodes[0]);
-    delete_nodes(&[&probe]).await;
-    let got = eventually("the freed CIDR for the 129th node", WAIT, || async {
-        get_node(&overflow)
-            .await
-            .map(|n| pod_cidrs(&n))
-            .filter(|c| !c.is_empty())
-    })
-    .await;
-    assert_eq!(got, probe_cidr);
 
     manager.stop().await;
     let mut all: Vec<&str> = first.iter().chain(&second).map(String::as_str).collect();

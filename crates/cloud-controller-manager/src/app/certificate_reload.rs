@@ -451,8 +451,7 @@ mod tests {
             key_file: files.key_file,
         };
         let err = CertificateReloader::load(missing, provider())
-            .err()
-            .expect("a missing file fails the start");
+            .expect_err("a missing file fails the start");
         assert!(err.starts_with("--tls-cert-file "), "{err}");
     }
 }

@@ -103,14 +103,21 @@ struct Held {
     cidrs: Vec<IpNet>,
 }
 
-/// What a fresh read of a node says about a write that failed.
-enum FreshNode {
+/// What [`Allocator::allocate`] did for a node (the events follow from it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Allocation {
+    /// The node holds CIDRs already (its own, or ours from an earlier write): nothing written.
+    Held,
+    /// Our CIDRs were written to the node.
+    Written,
+    /// The node got CIDRs from elsewhere first; ours went back. No event.
+    TakenElsewhere,
+    /// The range is exhausted: `CIDRNotAvailable`, and the node waits.
+    NotAvailable,
+    /// The write failed and the node still has no CIDRs: `CIDRAssignmentFailed`, and a retry.
+    Failed,
     /// The node is gone.
     Gone,
-    /// The node as the API server has it now.
-    Found(Node),
-    /// It could not be read.
-    Unknown(kube::Error),
 }
 
 struct Allocator {
@@ -184,12 +191,12 @@ impl Allocator {
     }
 
     /// Gives `node` one CIDR per set, unless it has CIDRs already.
-    async fn allocate(&mut self, node: Arc<Node>) {
+    async fn allocate(&mut self, node: Arc<Node>) -> Allocation {
         let name = node.name_any();
         if !pod_cidrs(&node).is_empty() {
             self.occupy(&node);
             self.waiting.remove(&name);
-            return;
+            return Allocation::Held;
         }
         if let Some(held) = self.held.get(&name) {
             if held.uid == node.uid() {
@@ -200,7 +207,7 @@ impl Allocator {
                 // podCIDR is immutable) and reported as CIDRAssignmentFailed for a node that has its CIDRs.
                 tracing::debug!(node = %name, cidrs = ?held.cidrs, "node view older than its pod CIDRs; nothing to do");
                 self.waiting.remove(&name);
-                return;
+                return Allocation::Held;
             }
             // Another node of the same name: the one that held these CIDRs is gone.
             self.release(&name);
@@ -223,7 +230,7 @@ impl Allocator {
                         )
                         .await;
                     self.waiting.insert(name, node);
-                    return;
+                    return Allocation::NotAvailable;
                 }
             }
         }
@@ -236,11 +243,12 @@ impl Allocator {
         {
             Ok(updated) => {
                 tracing::info!(node = %name, cidrs = ?texts, "allocated pod CIDRs");
-                self.settle(&name, &cidrs, &updated);
+                self.settle(&name, &cidrs, &updated)
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 self.release_cidrs(&cidrs);
                 self.waiting.remove(&name);
+                Allocation::Gone
             }
             Err(err) => self.write_failed(node, cidrs, err).await,
         }
@@ -248,7 +256,7 @@ impl Allocator {
 
     /// Records what `node` (fresh from the API server) holds after we proposed `ours` for it: ours if it
     /// took them, else its own (and ours go back).
-    fn settle(&mut self, name: &str, ours: &[IpNet], node: &Node) {
+    fn settle(&mut self, name: &str, ours: &[IpNet], node: &Node) -> Allocation {
         self.waiting.remove(name);
         let theirs = pod_cidrs(node);
         if theirs.as_slice() == ours {
@@ -259,13 +267,14 @@ impl Allocator {
                     cidrs: ours.to_vec(),
                 },
             );
-            return;
+            return Allocation::Written;
         }
         // The node got CIDRs from elsewhere first (another allocator: only one of the CCM and the
         // kube-controller-manager may allocate): it keeps those; ours go back. Logged as upstream does.
         tracing::warn!(node = %name, cidrs = ?theirs, released = ?ours, "node already has a CIDR allocated; releasing the new one");
         self.release_cidrs(ours);
         self.occupy(node);
+        Allocation::TakenElsewhere
     }
 
     /// After a refused or failed write, reads the node afresh, as upstream's range allocator does before
@@ -273,25 +282,24 @@ impl Allocator {
     /// about the answer); a node that holds others keeps those and ours go back, with no event (a 422
     /// "may not change once set" or a 409 is exactly this). Only a node still without CIDRs is a failure:
     /// the `CIDRAssignmentFailed` Warning, and a retry.
-    async fn write_failed(&mut self, node: Arc<Node>, ours: Vec<IpNet>, err: kube::Error) {
+    async fn write_failed(
+        &mut self,
+        node: Arc<Node>,
+        ours: Vec<IpNet>,
+        err: kube::Error,
+    ) -> Allocation {
         let name = node.name_any();
-        let fresh = match self.api.get_opt(&name).await {
-            Ok(Some(fresh)) => FreshNode::Found(fresh),
-            Ok(None) => FreshNode::Gone,
-            Err(err) => FreshNode::Unknown(err),
-        };
-        let read_error = match fresh {
-            FreshNode::Gone => {
+        let read_error = match self.api.get_opt(&name).await {
+            Ok(None) => {
                 self.release_cidrs(&ours);
                 self.waiting.remove(&name);
-                return;
+                return Allocation::Gone;
             }
-            FreshNode::Found(fresh) if !pod_cidrs(&fresh).is_empty() => {
-                self.settle(&name, &ours, &fresh);
-                return;
+            Ok(Some(fresh)) if !pod_cidrs(&fresh).is_empty() => {
+                return self.settle(&name, &ours, &fresh);
             }
-            FreshNode::Found(_) => None,
-            FreshNode::Unknown(err) => Some(err),
+            Ok(Some(_)) => None,
+            Err(err) => Some(err),
         };
         // As upstream: CIDRs of a write whose outcome is unknown (the server timed out, or the answer was
         // lost) stay taken rather than risk handing them to a second node; a restart rebuilds the set
@@ -310,6 +318,7 @@ impl Allocator {
             )
             .await;
         self.waiting.insert(name, node);
+        Allocation::Failed
     }
 
     async fn retry_waiting(&mut self) {
@@ -550,36 +559,62 @@ mod tests {
         }
     }
 
-    fn reasons(requests: &Requests) -> Vec<String> {
+    /// The requests about nodes (events are delivered on their own schedule), as "METHOD".
+    fn node_requests(requests: &Requests) -> Vec<String> {
         requests
             .lock()
             .unwrap()
             .iter()
-            .filter(|(_, path, _)| path.contains("/events"))
-            .map(|(_, _, body)| body["reason"].as_str().unwrap_or_default().to_owned())
+            .filter(|(_, path, _)| path.starts_with("/api/v1/nodes"))
+            .map(|(method, _, _)| method.clone())
             .collect()
+    }
+
+    /// Waits for the event with `reason` to reach the API server.
+    async fn delivered(requests: &Requests, reason: &str) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = requests
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|(_, path, body)| path.contains("/events") && body["reason"] == reason)
+                .map(|(_, _, body)| body.clone());
+            if let Some(event) = found {
+                return event;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no {reason} event");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]
     async fn a_view_of_a_node_older_than_our_write_is_not_written_again() {
         let (mut allocator, requests) = mock_allocator(accept_patches(&["uid-1"]));
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        assert_eq!(requests.lock().unwrap().len(), 1);
+        let ours: IpNet = "10.0.0.0/24".parse().unwrap();
         assert_eq!(
-            allocator.held["n"].cidrs,
-            vec!["10.0.0.0/24".parse::<IpNet>().unwrap()]
+            allocator.allocate(node_view("n", "uid-1", &[])).await,
+            Allocation::Written
         );
+        assert_eq!(allocator.held["n"].cidrs, vec![ours]);
         // The cloud-node controller's write from just before ours: the node as it was, without CIDRs.
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        assert_eq!(requests.lock().unwrap().len(), 1, "wrote again");
+        for _ in 0..2 {
+            assert_eq!(
+                allocator.allocate(node_view("n", "uid-1", &[])).await,
+                Allocation::Held
+            );
+        }
+        assert_eq!(node_requests(&requests), ["PATCH"], "wrote again");
         assert_eq!(allocator.sets[0].free(), 3, "took a second CIDR");
         assert!(allocator.waiting.is_empty());
         // Then the view with our CIDRs: nothing to do either.
-        allocator
-            .allocate(node_view("n", "uid-1", &["10.0.0.0/24"]))
-            .await;
-        assert_eq!(requests.lock().unwrap().len(), 1);
+        assert_eq!(
+            allocator
+                .allocate(node_view("n", "uid-1", &["10.0.0.0/24"]))
+                .await,
+            Allocation::Held
+        );
+        assert_eq!(node_requests(&requests), ["PATCH"]);
         assert_eq!(allocator.sets[0].free(), 3);
     }
 
@@ -589,21 +624,26 @@ mod tests {
             "PATCH" => (422, status(422, "Invalid")),
             _ => (200, node("n", "uid-1", &["10.0.2.0/24"])),
         });
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        let methods: Vec<String> = requests
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|r| r.0.clone())
-            .collect();
-        assert_eq!(methods, ["PATCH", "GET"], "re-read after the refusal");
-        assert!(reasons(&requests).is_empty(), "{:?}", reasons(&requests));
+        // Allocated elsewhere (the kube-controller-manager's allocator, say) after the view we act on.
+        assert_eq!(
+            allocator.allocate(node_view("n", "uid-1", &[])).await,
+            Allocation::TakenElsewhere
+        );
+        assert_eq!(
+            node_requests(&requests),
+            ["PATCH", "GET"],
+            "re-read after the refusal"
+        );
         assert_eq!(
             allocator.held["n"].cidrs,
             vec!["10.0.2.0/24".parse::<IpNet>().unwrap()]
         );
         // Ours (10.0.0.0/24) went back; theirs is taken.
         assert_eq!(allocator.sets[0].free(), 3);
+        assert_eq!(
+            allocator.sets[0].allocate(),
+            Some("10.0.1.0/24".parse().unwrap())
+        );
         assert!(allocator.waiting.is_empty());
     }
 
@@ -613,8 +653,13 @@ mod tests {
             "PATCH" => (422, status(422, "Invalid")),
             _ => (200, node("n", "uid-1", &[])),
         });
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        assert_eq!(reasons(&requests), ["CIDRAssignmentFailed"]);
+        assert_eq!(
+            allocator.allocate(node_view("n", "uid-1", &[])).await,
+            Allocation::Failed
+        );
+        let event = delivered(&requests, "CIDRAssignmentFailed").await;
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["note"], "Node n status is now: CIDRAssignmentFailed");
         assert!(allocator.waiting.contains_key("n"));
         assert!(!allocator.held.contains_key("n"));
         assert_eq!(allocator.sets[0].free(), 4, "the refused CIDR went back");
@@ -624,8 +669,11 @@ mod tests {
             "PATCH" => (504, status(504, "Timeout")),
             _ => (200, node("n", "uid-1", &[])),
         });
-        allocator.allocate(node_view("n", "uid-1", &[])).await;
-        assert_eq!(reasons(&requests), ["CIDRAssignmentFailed"]);
+        assert_eq!(
+            allocator.allocate(node_view("n", "uid-1", &[])).await,
+            Allocation::Failed
+        );
+        delivered(&requests, "CIDRAssignmentFailed").await;
         assert_eq!(allocator.sets[0].free(), 3);
     }
 
@@ -635,7 +683,10 @@ mod tests {
         let (mut allocator, _) = mock_allocator(accept_patches(&["uid-1", "uid-2"]));
         allocator.allocate(node_view("n", "uid-1", &[])).await;
         // Deleted and registered again before we saw the deletion: another node.
-        allocator.allocate(node_view("n", "uid-2", &[])).await;
+        assert_eq!(
+            allocator.allocate(node_view("n", "uid-2", &[])).await,
+            Allocation::Written
+        );
         assert_eq!(allocator.held["n"].uid.as_deref(), Some("uid-2"));
         assert_eq!(
             allocator.held["n"].cidrs,
