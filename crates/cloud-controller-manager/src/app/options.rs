@@ -293,12 +293,61 @@ pub struct ClientOptions {
     /// turns the client-side limit off (the API server's priority and fairness still protects it).
     /// Upstream's default is 20, which alone makes a 5,000-node cluster take over 8 minutes to initialize
     /// (2 writes per node on the node controller's client); at 200 it takes under a minute.
-    #[arg(long, default_value_t = 200.0)]
+    #[arg(long, default_value_t = 200.0, value_parser = kube_api_qps)]
     pub kube_api_qps: f32,
 
     /// Burst to use while talking with the API server (upstream's default is 30).
     #[arg(long, default_value_t = 400)]
     pub kube_api_burst: u32,
+}
+
+/// The longest time the client's token bucket may take to refill: Go's longest duration, 2^63 ns (the
+/// rate limiter counts nanoseconds in 64 bits, and panics past about twice this).
+const MAX_BUCKET_REFILL_SECONDS: f64 = i64::MAX as f64 / 1e9;
+
+/// `--kube-api-qps`: a number; 0 or less turns the limit off, and a positive rate must allow one request
+/// within Go's longest duration (a smaller one made the rate limiter panic at start).
+fn kube_api_qps(text: &str) -> Result<f32, String> {
+    let qps: f32 = text
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if !qps.is_finite() {
+        return Err(format!(
+            "{text:?} is not a finite number (0 or less turns the limit off)"
+        ));
+    }
+    if qps > 0.0 && 1.0 / f64::from(qps) > MAX_BUCKET_REFILL_SECONDS {
+        return Err(format!(
+            "{text:?} is below one request per 2562047h (use 0 or less to turn the limit off)"
+        ));
+    }
+    Ok(qps)
+}
+
+impl ClientOptions {
+    /// `--kube-api-burst` requests must refill at `--kube-api-qps` within Go's longest duration, about
+    /// 292 years (more overflowed the rate limiter's nanoseconds: a panic at start).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.kube_api_qps > 0.0 {
+            let refill = f64::from(self.kube_api_burst.max(1)) / f64::from(self.kube_api_qps);
+            if refill > MAX_BUCKET_REFILL_SECONDS {
+                return Err(format!(
+                    "--kube-api-burst={} at --kube-api-qps={} takes {refill:.0}s to refill, more than 2562047h; raise --kube-api-qps or lower --kube-api-burst",
+                    self.kube_api_burst, self.kube_api_qps
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Options {
+    /// The checks that involve several flags (clap checks each flag alone): leader election's and the
+    /// client's. The network flags are checked at start against the controllers that run.
+    pub fn validate(&self) -> Result<(), String> {
+        self.leader_election.validate()?;
+        self.client.validate()
+    }
 }
 
 /// Log output.
@@ -497,6 +546,42 @@ mod tests {
             parse(&["--tls-cert-file=/x.crt"]).is_err(),
             "needs the key too"
         );
+    }
+
+    #[test]
+    fn a_tiny_or_non_finite_qps_is_refused_not_a_panic_later() {
+        // 1e-20 QPS is one request per 3e12 years: the rate limiter's Duration::from_secs_f64 panicked.
+        for qps in ["1e-20", "1e-40", "NaN", "inf", "-inf", "fast", ""] {
+            let err = parse(&[&format!("--kube-api-qps={qps}")])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--kube-api-qps"), "{qps}: {err}");
+        }
+        for qps in ["0", "-1", "0.5", "200", "1e-9"] {
+            assert!(parse(&[&format!("--kube-api-qps={qps}")]).is_ok(), "{qps}");
+        }
+        // A burst that takes longer than Go's longest duration to refill overflowed the limiter.
+        let options = parse(&["--kube-api-qps=1e-9", "--kube-api-burst=400"]).unwrap();
+        let err = options.validate().unwrap_err();
+        assert!(
+            err.contains("--kube-api-burst=400") && err.contains("--kube-api-qps"),
+            "{err}"
+        );
+        let options = parse(&["--kube-api-qps=0.1", "--kube-api-burst=4294967295"]).unwrap();
+        assert!(options.validate().is_err());
+        for args in [
+            &["--kube-api-qps=0.1", "--kube-api-burst=1000"][..],
+            &["--kube-api-qps=0", "--kube-api-burst=4294967295"],
+            &["--kube-api-qps=1e-9", "--kube-api-burst=1"],
+            &[],
+        ] {
+            let options = parse(args).unwrap();
+            assert_eq!(options.validate(), Ok(()), "{args:?}");
+            let _ = crate::app::rate_limit::RateLimitLayer::new(
+                options.client.kube_api_qps,
+                options.client.kube_api_burst,
+            );
+        }
     }
 
     #[test]
