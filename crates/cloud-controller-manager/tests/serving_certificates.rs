@@ -242,7 +242,10 @@ async fn the_serving_certificate_follows_its_files_and_unusable_files_keep_the_c
     let in_place = serving
         .wait_served(&second.der, "the certificate rewritten in place")
         .await;
-    assert!(serving.count(RELOADED) >= 1, "{}", serving.replica.log());
+    eventually("the reload logged at info", WAIT, || async {
+        (serving.count(RELOADED) >= 1).then_some(())
+    })
+    .await;
     serving
         .assert_serving(&second.der, "after an in-place rewrite")
         .await;
