@@ -63,11 +63,29 @@ impl Replica {
         let state_file = dir.join(format!("state-{index}.json"));
         let config = dir.join(format!("cloud-{index}.yaml"));
         std::fs::write(&config, format!("stateFile: {}\n", state_file.display())).unwrap();
+        let mut all_args = vec!["--controllers=cloud-node"];
+        all_args.extend_from_slice(args);
+        Self::spawn(&config, state_file, kubeconfig, &all_args)
+    }
+
+    /// A replica on the cloud-config file `cloud_config`, whose state file is `state_file` (shared by
+    /// every replica given the same file when the config says `stateFileShared: true`), as
+    /// `system:cloud-controller-manager`, running exactly the controllers `args` name
+    /// (`--controllers=...`; the default `*` otherwise), with leader election on.
+    pub fn start_on_cloud(cloud_config: &Path, state_file: &Path, args: &[&str]) -> Self {
+        Self::spawn(
+            cloud_config,
+            state_file.to_owned(),
+            &control_plane().ccm_kubeconfig(),
+            args,
+        )
+    }
+
+    fn spawn(config: &Path, state_file: PathBuf, kubeconfig: &Path, args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .arg("--cloud-provider=fake")
             .arg(format!("--cloud-config={}", config.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg("--controllers=cloud-node")
             .arg("--secure-port=0")
             .arg("--leader-elect=true")
             .args(args)
@@ -91,6 +109,11 @@ impl Replica {
             log,
             state_file,
         }
+    }
+
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Its leader-election identity, once it logged it.
