@@ -150,6 +150,7 @@ where
         let synced = self.synced.clone();
         let store = self.store.clone();
         let kind = K::kind(&()).into_owned();
+        let mut tracker = ChangeTracker::default();
         let events = watcher(Api::<K>::all(client), watcher::Config::default())
             .default_backoff()
             .modify(self.prune)
@@ -157,13 +158,12 @@ where
             .for_each(move |event| {
                 let subscribers = subscribers.clone();
                 let changes: Vec<Change<K>> = match event {
-                    Ok(watcher::Event::Apply(object)) => vec![Change::Applied(Arc::new(object))],
-                    Ok(watcher::Event::Delete(object)) => vec![Change::Deleted(Arc::new(object))],
-                    Ok(watcher::Event::InitDone) => {
-                        synced.send_replace(true);
-                        store.state().into_iter().map(Change::Applied).collect()
+                    Ok(event) => {
+                        if matches!(event, watcher::Event::InitDone) {
+                            synced.send_replace(true);
+                        }
+                        tracker.changes(&event, &store)
                     }
-                    Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => Vec::new(),
                     Err(err) => {
                         tracing::warn!(kind = %kind, error = %err, "watch failed; retrying");
                         Vec::new()
@@ -184,6 +184,56 @@ where
                 () = shutdown.cancelled() => {}
             }
         });
+    }
+}
+
+/// Turns watch events (already applied to the cache) into changes. A re-list (after a watch expired)
+/// replaces the cache at its end; an object that was deleted meanwhile is in the old cache but not the
+/// new one (or has another UID there), and is reported as deleted: the watch itself never says so
+/// (upstream's informers report it as `DeletedFinalStateUnknown`).
+struct ChangeTracker<K> {
+    before_relist: Option<Vec<Arc<K>>>,
+}
+
+impl<K> Default for ChangeTracker<K> {
+    fn default() -> Self {
+        Self {
+            before_relist: None,
+        }
+    }
+}
+
+impl<K> ChangeTracker<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    fn changes(&mut self, event: &watcher::Event<K>, store: &Store<K>) -> Vec<Change<K>> {
+        match event {
+            watcher::Event::Apply(object) => vec![Change::Applied(Arc::new(object.clone()))],
+            watcher::Event::Delete(object) => vec![Change::Deleted(Arc::new(object.clone()))],
+            // The cache still holds what it held before the list.
+            watcher::Event::Init => {
+                self.before_relist = Some(store.state());
+                Vec::new()
+            }
+            watcher::Event::InitApply(_) => Vec::new(),
+            watcher::Event::InitDone => {
+                let mut changes: Vec<Change<K>> = self
+                    .before_relist
+                    .take()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|old| {
+                        store
+                            .get(&kube::runtime::reflector::ObjectRef::from_obj(old.as_ref()))
+                            .is_none_or(|new| new.meta().uid != old.meta().uid)
+                    })
+                    .map(Change::Deleted)
+                    .collect();
+                changes.extend(store.state().into_iter().map(Change::Applied));
+                changes
+            }
+        }
     }
 }
 
@@ -214,5 +264,80 @@ mod tests {
         let status = node.status.unwrap();
         assert!(status.images.is_none());
         assert_eq!(status.addresses.unwrap().len(), 1);
+    }
+
+    fn node(name: &str, uid: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn summary(changes: &[Change<Node>]) -> Vec<String> {
+        let mut lines: Vec<String> = changes
+            .iter()
+            .map(|c| match c {
+                Change::Applied(n) => format!("applied {}", n.metadata.uid.as_deref().unwrap()),
+                Change::Deleted(n) => format!("deleted {}", n.metadata.uid.as_deref().unwrap()),
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// Feeds `event` through the cache, as `.reflect(writer)` does, then through the tracker.
+    fn feed(
+        writer: &mut Writer<Node>,
+        store: &Store<Node>,
+        tracker: &mut ChangeTracker<Node>,
+        event: watcher::Event<Node>,
+    ) -> Vec<Change<Node>> {
+        writer.apply_watcher_event(&event);
+        tracker.changes(&event, store)
+    }
+
+    #[test]
+    fn a_relist_reports_objects_deleted_while_the_watch_was_down() {
+        let (store, mut writer) = reflector::store();
+        let mut tracker = ChangeTracker::default();
+        let mut all = Vec::new();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a", "a1")),
+            watcher::Event::InitApply(node("b", "b1")),
+            watcher::Event::InitApply(node("c", "c1")),
+            watcher::Event::InitDone,
+        ] {
+            all.extend(feed(&mut writer, &store, &mut tracker, event));
+        }
+        assert_eq!(summary(&all), ["applied a1", "applied b1", "applied c1"]);
+
+        // The watch expired; meanwhile b was deleted and c re-created under the same name.
+        let mut relisted = Vec::new();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a", "a1")),
+            watcher::Event::InitApply(node("c", "c2")),
+            watcher::Event::InitDone,
+        ] {
+            relisted.extend(feed(&mut writer, &store, &mut tracker, event));
+        }
+        assert_eq!(
+            summary(&relisted),
+            ["applied a1", "applied c2", "deleted b1", "deleted c1"]
+        );
+        assert_eq!(
+            summary(&feed(
+                &mut writer,
+                &store,
+                &mut tracker,
+                watcher::Event::Delete(node("a", "a1"))
+            )),
+            ["deleted a1"]
+        );
     }
 }
