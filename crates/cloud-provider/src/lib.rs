@@ -74,6 +74,7 @@ mod load_balancer;
 mod provider;
 mod registry;
 mod routes;
+pub mod service_helpers;
 mod zones;
 
 #[cfg(feature = "conformance")]
