@@ -23,6 +23,10 @@ pub mod informers;
 pub mod metrics;
 pub mod well_known;
 
+/// The Kubernetes client the manager is built on, for providers and controllers that talk to the API
+/// server (`InitializeContext::client`) at the same version.
+pub use kube;
+
 use std::process::ExitCode;
 
 use clap::Parser;

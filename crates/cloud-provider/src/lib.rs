@@ -95,6 +95,13 @@ pub use registry::{
 pub use routes::{Route, Routes};
 pub use zones::{Zone, Zones};
 
+/// The `#[async_trait]` attribute the provider traits are written with, so a provider needs no
+/// `async-trait` dependency of its own (and never one out of step with ours).
+pub use async_trait::async_trait;
+/// The Kubernetes API types of the contract (`Node`, `Service`, ...), at the version and API level the
+/// contract is built with.
+pub use k8s_openapi;
+
 /// Re-exports for the macros; not part of the API.
 #[doc(hidden)]
 pub mod __private {

@@ -10,12 +10,10 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use async_trait::async_trait;
 use cloud_provider::{
-    CloudConfig, CloudError, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderId, ProviderResult,
-    register_provider,
+    CloudConfig, CloudError, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderId,
+    ProviderResult, async_trait, k8s_openapi::api::core::v1::Node, register_provider,
 };
-use k8s_openapi::api::core::v1::Node;
 
 /// The name `--cloud-provider` selects, and the scheme of this provider's IDs.
 pub const NAME: &str = "inventory";
@@ -62,7 +60,10 @@ impl Inventory {
                 instance_type: instance_type.to_owned(),
             };
             if machines.insert(name.to_owned(), machine).is_some() {
-                return Err(format!("inventory line {}: node {name:?} is listed twice", number + 1));
+                return Err(format!(
+                    "inventory line {}: node {name:?} is listed twice",
+                    number + 1
+                ));
             }
         }
         Ok(Self { machines })
@@ -71,7 +72,9 @@ impl Inventory {
     /// The machine of a node: by provider ID when it has one, else by name.
     fn machine(&self, node: &Node) -> Option<(String, &Machine)> {
         let name = match node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
-            Some(id) if !id.is_empty() => ProviderId::parse_for(NAME, id).ok()?.instance().to_owned(),
+            Some(id) if !id.is_empty() => {
+                ProviderId::parse_for(NAME, id).ok()?.instance().to_owned()
+            }
             _ => node.metadata.name.clone()?,
         };
         let machine = self.machines.get(&name)?;
@@ -86,7 +89,9 @@ impl InstancesV2 for Inventory {
     }
 
     async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
-        self.machine(node).map(|_| false).ok_or(CloudError::InstanceNotFound)
+        self.machine(node)
+            .map(|_| false)
+            .ok_or(CloudError::InstanceNotFound)
     }
 
     async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
@@ -95,7 +100,11 @@ impl InstancesV2 for Inventory {
             provider_id: ProviderId::new(NAME, name).to_string(),
             instance_type: machine.instance_type.clone(),
             zone: machine.zone.clone(),
-            region: machine.zone.rsplit_once('-').map(|(region, _)| region.to_owned()).unwrap_or_default(),
+            region: machine
+                .zone
+                .rsplit_once('-')
+                .map(|(region, _)| region.to_owned())
+                .unwrap_or_default(),
             ..Default::default()
         }))
     }
