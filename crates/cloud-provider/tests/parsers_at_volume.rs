@@ -10,8 +10,15 @@ use std::{sync::Arc, time::Duration};
 use cloud_provider::{
     CloudConfig, CloudProvider, ProviderId, ProviderIdError, Registry, RegistryError,
     default_load_balancer_name, parse_go_duration,
+    service_helpers::{
+        ANNOTATION_LOAD_BALANCER_SOURCE_RANGES, SourceRangesError, UnknownIpFamily, ip_families,
+        is_allow_all, load_balancer_source_ranges,
+    },
 };
-use k8s_openapi::{api::core::v1::Service, apimachinery::pkg::apis::meta::v1::ObjectMeta};
+use k8s_openapi::{
+    api::core::v1::{Service, ServiceSpec},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
 use proptest::{prelude::*, test_runner::Config};
 
 /// Inputs per parser and run.
@@ -496,6 +503,120 @@ proptest! {
                     other => prop_assert!(false, "{:?}", other),
                 }
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Service fields and annotations: load-balancer source ranges, IP families
+// ---------------------------------------------------------------------------------------------------
+
+fn cidr_entry() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => (any::<std::net::Ipv4Addr>(), 0u8..=32).prop_map(|(ip, p)| format!("{ip}/{p}")),
+        3 => (any::<std::net::Ipv6Addr>(), 0u8..=128).prop_map(|(ip, p)| format!("{ip}/{p}")),
+        1 => prop::sample::select(vec![
+            "0.0.0.0/0", " 10.0.0.0/8 ", "10.0.0.1/24", "::/0", "", " ", "10.0.0.0", "10.0.0.0/33",
+            "::/129", "10.0.0.0/8/8", "١٠.0.0.0/8", "fe80::1%eth0/64", "10.0.0.0/+8", "\u{0}",
+        ]).prop_map(str::to_owned),
+        1 => prop::collection::vec(any::<char>(), 0..10).prop_map(|c| c.into_iter().collect()),
+    ]
+}
+
+fn family() -> impl Strategy<Value = String> {
+    prop_oneof![
+        6 => prop::sample::select(vec!["IPv4", "IPv6"]).prop_map(str::to_owned),
+        1 => prop::sample::select(vec!["ipv4", "IPV6", "IPv4 ", "", "IPv5", "v4"]).prop_map(str::to_owned),
+        1 => prop::collection::vec(any::<char>(), 0..6).prop_map(|c| c.into_iter().collect()),
+    ]
+}
+
+fn service_with(
+    ranges: Option<Vec<String>>,
+    annotation: Option<String>,
+    families: Option<Vec<String>>,
+) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            annotations: annotation
+                .map(|v| [(ANNOTATION_LOAD_BALANCER_SOURCE_RANGES.to_owned(), v)].into()),
+            ..Default::default()
+        },
+        spec: Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            load_balancer_source_ranges: ranges,
+            ip_families: families,
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+proptest! {
+    #![proptest_config(config(CASES))]
+
+    /// `spec.loadBalancerSourceRanges`, else the source-ranges annotation (comma-separated), else
+    /// 0.0.0.0/0: each entry trimmed, host bits dropped, duplicates dropped, sorted; an entry that is
+    /// not a CIDR is an error quoting it (the field) or the whole value (the annotation). What parses
+    /// prints back to itself. `spec.ipFamilies`: IPv4 and IPv6 only, an unknown one named.
+    #[test]
+    fn source_ranges_and_ip_families(
+        ranges in prop::option::of(prop::collection::vec(cidr_entry(), 0..4)),
+        annotation in prop::option::of(prop_oneof![
+            4 => prop::collection::vec(cidr_entry(), 1..4).prop_map(|e| e.join(",")),
+            1 => prop::collection::vec(any::<char>(), 0..16).prop_map(|c| c.into_iter().collect::<String>()),
+        ]),
+        families in prop::option::of(prop::collection::vec(family(), 0..3)),
+    ) {
+        let service = service_with(ranges.clone(), annotation.clone(), families.clone());
+        let result = load_balancer_source_ranges(&service);
+        let from_spec = ranges.as_ref().is_some_and(|r| !r.is_empty());
+        let entries: Vec<String> = if from_spec {
+            ranges.clone().unwrap_or_default()
+        } else {
+            let value = annotation.as_deref().map(str::trim).filter(|v| !v.is_empty()).unwrap_or("0.0.0.0/0");
+            value.split(',').map(str::to_owned).collect()
+        };
+        let parsed: Vec<Option<ipnet::IpNet>> = entries.iter().map(|e| e.trim().parse::<ipnet::IpNet>().ok().map(|n| n.trunc())).collect();
+        match &result {
+            Ok(nets) => {
+                let mut expected: Vec<ipnet::IpNet> = parsed.iter().map(|p| p.expect("every entry parsed")).collect();
+                expected.sort();
+                expected.dedup();
+                prop_assert_eq!(nets, &expected);
+                prop_assert_eq!(is_allow_all(nets), nets.iter().any(|n| n.prefix_len() == 0 && n.addr().is_ipv4()));
+                let printed: Vec<String> = nets.iter().map(ToString::to_string).collect();
+                let again = service_with(None, Some(printed.join(",")), None);
+                prop_assert_eq!(&load_balancer_source_ranges(&again), &result);
+            }
+            Err(err @ SourceRangesError::Spec { ranges: given, bad }) => {
+                prop_assert!(from_spec);
+                prop_assert_eq!(Some(given), ranges.as_ref());
+                let first_bad = entries.iter().zip(&parsed).find(|(_, p)| p.is_none()).map(|(e, _)| e.trim().to_owned());
+                prop_assert_eq!(Some(bad.clone()), first_bad);
+                prop_assert!(err.to_string().contains(&format!("invalid CIDR address: {bad}")), "{}", err);
+            }
+            Err(err @ SourceRangesError::Annotation { value }) => {
+                prop_assert!(!from_spec && parsed.iter().any(Option::is_none));
+                prop_assert_eq!(Some(value.as_str()), annotation.as_deref().map(str::trim));
+                let message = err.to_string();
+                prop_assert!(message.starts_with(&format!("{ANNOTATION_LOAD_BALANCER_SOURCE_RANGES}: {value} is not valid")), "{}", message);
+            }
+        }
+
+        match (ip_families(&service), &families) {
+            (Ok(got), Some(given)) => {
+                let names: Vec<&str> = got.iter().map(|f| f.as_str()).collect();
+                prop_assert_eq!(names, given.iter().map(String::as_str).collect::<Vec<_>>());
+            }
+            (Ok(got), None) => prop_assert!(got.is_empty()),
+            (Err(UnknownIpFamily(name)), Some(given)) => {
+                let first = given.iter().find(|f| *f != "IPv4" && *f != "IPv6");
+                prop_assert_eq!(Some(&name), first);
+                let message = UnknownIpFamily(name.clone()).to_string();
+                prop_assert!(message.contains(&format!("{name:?}")), "{}", message);
+            }
+            (Err(err), None) => prop_assert!(false, "{:?} without families", err),
         }
     }
 }
