@@ -220,10 +220,13 @@ async fn the_longest_durations_do_not_overflow_later() {
     let _ = le.leader_elect_retry_period.mul_f64(1.2);
     // app/leader_election.rs `jittered`: period + 20 % of it.
     let _ = le.leader_elect_retry_period + le.leader_elect_retry_period.mul_f64(0.2);
-    // app/leader_election.rs `keep_renewing`: Instant::now() + renew deadline / + retry period.
+    // app/leader_election.rs `attempt`: the write fence opens until `started + renew deadline`, and
+    // the attempt runs under tokio::time::timeout(renew deadline); Instant + lease duration as well.
     let _ = Instant::now() + le.leader_elect_renew_deadline;
     let _ = Instant::now() + le.leader_elect_retry_period;
     let _ = Instant::now() + le.leader_elect_lease_duration;
+    let attempt = tokio::time::timeout(le.leader_elect_renew_deadline, std::future::ready(true));
+    assert_eq!(attempt.await, Ok(true));
     // app/leader_election.rs `check`: lease duration + 20 s of slack.
     let _ = le.leader_elect_lease_duration + Duration::from_secs(20);
     // controllers/node_lifecycle and controllers/route: tokio::time::interval(period), Delay on missed
