@@ -4,8 +4,8 @@
 //! property asserts that the parser answers (`Ok`, or an error naming the flag, annotation or value at
 //! fault) and never panics, and that valid values come back as given.
 //!
-//! `cargo test -p cloud-controller-manager --test parsers_at_volume`; `PROPTEST_CASES=N` overrides the
-//! count. These tests need no control plane.
+//! `cargo test -p cloud-controller-manager --test parsers_at_volume`; `PROPTEST_CASES=N` runs N cases of
+//! every property instead. These tests need no control plane.
 
 use std::{
     cell::RefCell,
@@ -47,7 +47,11 @@ const CASES: u32 = 100_000;
 
 fn config(cases: u32) -> Config {
     Config {
-        cases,
+        // PROPTEST_CASES=N runs N cases of every property instead.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         // No regression files in the tree: a failure prints its minimal input, which goes into a unit
         // test next to the fix.
         failure_persistence: None,

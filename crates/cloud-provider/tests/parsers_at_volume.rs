@@ -3,7 +3,8 @@
 //! that the parser answers (`Ok`, or an error naming the input) and never panics, and that valid values
 //! round-trip.
 //!
-//! `cargo test -p cloud-provider --test parsers_at_volume`; `PROPTEST_CASES=N` overrides the count.
+//! `cargo test -p cloud-provider --test parsers_at_volume`; `PROPTEST_CASES=N` runs N cases of every
+//! property instead.
 
 use std::{sync::Arc, time::Duration};
 
@@ -26,7 +27,11 @@ const CASES: u32 = 100_000;
 
 fn config(cases: u32) -> Config {
     Config {
-        cases,
+        // PROPTEST_CASES=N runs N cases of every property instead.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         // No regression files in the tree: a failure prints its minimal input, which goes into a unit
         // test next to the fix.
         failure_persistence: None,

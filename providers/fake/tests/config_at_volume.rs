@@ -4,7 +4,8 @@
 //! damaged copies of `cloud-config.example.yaml`, deep nesting and alias bombs, and arbitrary text. The
 //! parser must answer every one without panicking, caught or not.
 //!
-//! `cargo test -p cloud-provider-fake --test config_at_volume`; `PROPTEST_CASES=N` overrides the count.
+//! `cargo test -p cloud-provider-fake --test config_at_volume`; `PROPTEST_CASES=N` runs N cases of
+//! every property instead.
 
 use std::{net::Ipv4Addr, path::Path, time::Duration};
 
@@ -16,7 +17,11 @@ const CASES: u32 = 100_000;
 
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
-        cases,
+        // PROPTEST_CASES=N runs N cases of every property instead.
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         // No regression files in the tree: a failure prints its minimal input, which goes into a unit
         // test next to the fix.
         failure_persistence: None,
