@@ -330,12 +330,14 @@ impl Run {
     }
 
     /// Deletes every Service of the run, waits for them to be gone (the manager removes its finalizer
-    /// after deleting the load balancer), and returns the load balancers the cloud still holds for them.
+    /// after deleting the load balancer), and returns the load balancers the cloud still holds for them
+    /// and how long that took.
     async fn delete_services(
         &self,
         cloud: &dyn Fn() -> CloudState,
         timeout: Duration,
-    ) -> Vec<LoadBalancerRecord> {
+    ) -> (Vec<LoadBalancerRecord>, Duration) {
+        let started = Instant::now();
         let api = services(&self.id).await;
         let names: Vec<String> = self
             .service_ips()
@@ -358,7 +360,7 @@ impl Run {
                 .map(|_| ())
         })
         .await;
-        load_balancers_in(&cloud(), &self.id)
+        (load_balancers_in(&cloud(), &self.id), started.elapsed())
     }
 
     async fn delete_nodes(&self) {
@@ -418,7 +420,7 @@ async fn control_plane_component_outage(test: &'static str, component: &'static 
         .wait_end_state(want_nodes, want_services, &cloud, scale.wait())
         .await;
     let recovery = converged - fault_ended;
-    let left = run.delete_services(&cloud, scale.wait()).await;
+    let (left, deletion) = run.delete_services(&cloud, scale.wait()).await;
     assert!(left.is_empty(), "load balancers leaked: {left:?}");
     manager.stop().await;
     run.delete_nodes().await;
@@ -436,7 +438,8 @@ async fn control_plane_component_outage(test: &'static str, component: &'static 
         lost: 0,
         leaks: left.len(),
         notes: format!(
-            "done before the fault: {nodes_before} nodes, {services_before} Services"
+            "done before the fault: {nodes_before} nodes, {services_before} Services; deleting the Services took {} s",
+            secs(deletion)
         ),
     }
     .print();
@@ -494,7 +497,7 @@ async fn cloud_outage_while_nodes_and_services_are_created() {
         .wait_end_state(want_nodes, want_services, &cloud, scale.wait())
         .await;
     let recovery = converged - fault_ended;
-    let left = run.delete_services(&cloud, scale.wait()).await;
+    let (left, deletion) = run.delete_services(&cloud, scale.wait()).await;
     assert!(left.is_empty(), "load balancers leaked: {left:?}");
     manager.stop().await;
     run.delete_nodes().await;
@@ -511,7 +514,10 @@ async fn cloud_outage_while_nodes_and_services_are_created() {
         recovery,
         lost: 0,
         leaks: left.len(),
-        notes: "recovery includes the back-off of the last failed attempt (nodes 5 ms doubling, Services 5 s doubling)".to_owned(),
+        notes: format!(
+            "recovery includes the back-off of the last failed attempt (nodes 5 ms doubling, Services 5 s doubling); deleting the Services took {} s",
+            secs(deletion)
+        ),
     }
     .print();
 }
@@ -560,7 +566,7 @@ async fn load_balancer_outage_does_not_stop_node_initialization() {
         .wait_end_state(want_nodes, want_services, &cloud, scale.wait())
         .await;
     let recovery = converged - fault_ended;
-    let left = run.delete_services(&cloud, scale.wait()).await;
+    let (left, deletion) = run.delete_services(&cloud, scale.wait()).await;
     assert!(left.is_empty(), "load balancers leaked: {left:?}");
     manager.stop().await;
     run.delete_nodes().await;
@@ -578,7 +584,10 @@ async fn load_balancer_outage_does_not_stop_node_initialization() {
         recovery,
         lost: 0,
         leaks: left.len(),
-        notes: "recovery includes the Services' back-off (5 s doubling)".to_owned(),
+        notes: format!(
+            "recovery includes the Services' back-off (5 s doubling); deleting the Services took {} s",
+            secs(deletion)
+        ),
     }
     .print();
 }
@@ -662,6 +671,28 @@ async fn slow_instances_do_not_hold_up_the_others() {
     .print();
 }
 
+/// The replicas of a test; when the test fails, whether each still runs and the end of its log are
+/// printed.
+struct Replicas(Vec<Replica>);
+
+impl Drop for Replicas {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for (i, replica) in self.0.iter_mut().enumerate() {
+            let log = replica.log();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- replica {i} (pid {}, exited: {:?}), last 80 log lines ---\n{}",
+                replica.pid(),
+                replica.exited(),
+                lines[lines.len().saturating_sub(80)..].join("\n")
+            );
+        }
+    }
+}
+
 /// The cloud-config of the replicas' shared cloud.
 fn shared_cloud_config(dir: &Path, state_file: &Path) -> PathBuf {
     let path = dir.join("cloud.yaml");
@@ -703,7 +734,7 @@ async fn chaos_leader_killed_every_20_s_with_cloud_failures() {
         "--leader-elect-retry-period=2s",
     ];
     let start = || Replica::start_on_cloud(&config, &state_file, &args);
-    let mut replicas: Vec<Replica> = (0..3).map(|_| start()).collect();
+    let mut replicas = Replicas((0..3).map(|_| start()).collect());
     let cloud = || CloudState::read(&state_file).expect("the shared state file");
 
     // The Services arrive one by one over the whole kill window.
@@ -724,14 +755,14 @@ async fn chaos_leader_killed_every_20_s_with_cloud_failures() {
     let mut last_kill = Instant::now();
     for k in 1..=kills {
         sleep((PERIOD * k as u32).saturating_sub(started.elapsed())).await;
-        let refs: Vec<&Replica> = replicas.iter().collect();
+        let refs: Vec<&Replica> = replicas.0.iter().collect();
         let leader = leader_among(LEASE, &refs, Duration::from_secs(60)).await;
-        replicas[leader].signal("KILL");
+        replicas.0[leader].signal("KILL");
         last_kill = Instant::now();
-        replicas[leader].wait_exit(Duration::from_secs(10));
-        replicas[leader] = start();
+        replicas.0[leader].wait_exit(Duration::from_secs(10));
+        replicas.0[leader] = start();
         // How long the replicas were without a leader.
-        let refs: Vec<&Replica> = replicas.iter().collect();
+        let refs: Vec<&Replica> = replicas.0.iter().collect();
         leader_among(LEASE, &refs, Duration::from_secs(60)).await;
         handovers.push(last_kill.elapsed());
     }
@@ -740,7 +771,13 @@ async fn chaos_leader_killed_every_20_s_with_cloud_failures() {
         .wait_end_state(BACKENDS, want_services, &cloud, scale.wait())
         .await;
     let recovery = converged - last_kill;
-    let left = run.delete_services(&cloud, scale.wait()).await;
+    eprintln!(
+        "chaos: Services created by {:?}, end state at {:?}",
+        started.elapsed() - converged.elapsed(),
+        converged - started
+    );
+    let (left, deletion) = run.delete_services(&cloud, scale.wait()).await;
+
     assert!(left.is_empty(), "load balancers leaked: {left:?}");
     let state = cloud();
     let calls: u64 = state.calls.values().sum();
@@ -762,8 +799,9 @@ async fn chaos_leader_killed_every_20_s_with_cloud_failures() {
         lost: 0,
         leaks: left.len(),
         notes: format!(
-            "new leader after each kill in {} s; {replicas_started} replica processes, {calls} cloud calls",
-            handovers.join("/")
+            "new leader after each kill in {} s; deleting the Services took {} s; {replicas_started} replica processes, {calls} cloud calls",
+            handovers.join("/"),
+            secs(deletion)
         ),
     }
     .print();
