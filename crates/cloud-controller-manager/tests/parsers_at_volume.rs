@@ -419,14 +419,11 @@ fn render(flags: &GivenFlags, bad: &Option<(usize, String)>) -> Vec<OsString> {
 /// What runs after a successful parse at start: the cross-flag checks, the rate limiter, `--controllers`
 /// and the CIDR flags. None of it may panic, whatever clap let through.
 fn after_parse(options: &Options) {
-    if options.validate().is_ok() {
-        let _ = RateLimitLayer::new(options.client.kube_api_qps, options.client.kube_api_burst);
-    }
+    let _ = options.validate();
+    let _ = RateLimitLayer::new(options.client.kube_api_qps, options.client.kube_api_burst);
     let _ = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS);
     let _ = parse_cidr_list("--cluster-cidr", &options.cloud.cluster_cidr);
-    if !has_ipv6_slash_0_with_mask_0_or_128(&options.cloud, &options.ipam) {
-        let _ = cidr_sets(&options.cloud, &options.ipam);
-    }
+    let _ = cidr_sets(&options.cloud, &options.ipam);
 }
 
 proptest! {
@@ -761,28 +758,6 @@ fn check_cidr_list(flag: &str, value: &str) -> Result<Option<Vec<IpNet>>, TestCa
     Ok(result.ok())
 }
 
-/// Two panics in `controllers/ipam/allocator.rs` (reported in docs/reliability.md, not generated here):
-/// an IPv6 /0 cluster CIDR cut into /128s overflows `1u128 << extra` in `CidrSet::new`'s error message,
-/// and cut into one /0 overflows `<< host_bits` / `>> host_bits` (128) when a CIDR is allocated or
-/// occupied.
-fn has_ipv6_slash_0_with_mask_0_or_128(
-    cloud: &CloudProviderOptions,
-    ipam: &NodeIpamOptions,
-) -> bool {
-    let clusters: Vec<IpNet> = cloud
-        .cluster_cidr
-        .split(',')
-        .filter_map(|p| p.trim().parse::<IpNet>().ok())
-        .collect();
-    clusters.iter().any(|n| {
-        let mask = match (clusters.len(), ipam.node_cidr_mask_size) {
-            (1, size) if size != 0 => size,
-            _ => ipam.node_cidr_mask_size_ipv6,
-        };
-        !is_v4(n) && n.prefix_len() == 0 && (mask == 0 || mask == 128)
-    })
-}
-
 fn mask() -> impl Strategy<Value = u8> {
     prop_oneof![
         Just(0u8),
@@ -823,7 +798,7 @@ proptest! {
             cluster_cidr: cluster.clone(),
             allow_untagged_cloud: false,
         };
-        let mut ipam = NodeIpamOptions {
+        let ipam = NodeIpamOptions {
             allocate_node_cidrs: true,
             cidr_allocator_type: "RangeAllocator".into(),
             node_cidr_mask_size: size,
@@ -831,11 +806,6 @@ proptest! {
             node_cidr_mask_size_ipv6: size_v6,
             service_cluster_ip_range: services.clone(),
         };
-        if has_ipv6_slash_0_with_mask_0_or_128(&cloud, &ipam) {
-            // Around the allocator's known panics: the same input with /64 node CIDRs.
-            ipam.node_cidr_mask_size = if ipam.node_cidr_mask_size == 0 { 0 } else { 64 };
-            ipam.node_cidr_mask_size_ipv6 = 64;
-        }
         let (size, size_v6) = (ipam.node_cidr_mask_size, ipam.node_cidr_mask_size_ipv6);
         let clusters = check_cidr_list("--cluster-cidr", &cluster)?;
         match cidr_sets(&cloud, &ipam) {

@@ -143,7 +143,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
     let selection = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS)?;
-    options.leader_election.validate().map_err(AppError::Flag)?;
+    options.validate().map_err(AppError::Flag)?;
     let cloud = init_cloud(&options.cloud, registry)?;
     tracing::info!(
         provider = cloud.provider_name(),

@@ -23,13 +23,19 @@ pub struct RateLimitLayer {
 }
 
 impl RateLimitLayer {
-    /// `qps` requests per second on average, `burst` at once. `None` when `qps` is 0 or less (no limit).
+    /// `qps` requests per second on average, `burst` at once. `None` when `qps` is 0 or less (no limit),
+    /// or so large (over 10^9) that a token would come more often than every nanosecond. A rate so small
+    /// that the bucket would take longer to refill than a `u64` of nanoseconds is clamped to that
+    /// (the flags refuse such values before they get here).
     pub fn new(qps: f32, burst: u32) -> Option<Self> {
         if qps.is_nan() || qps <= 0.0 {
             return None;
         }
-        let period = Duration::from_secs_f64(1.0 / f64::from(qps));
         let burst = NonZeroU32::new(burst.max(1)).unwrap_or(NonZeroU32::MIN);
+        let longest = Duration::from_nanos(u64::MAX / 2 / u64::from(burst.get()));
+        let period = Duration::try_from_secs_f64(1.0 / f64::from(qps))
+            .unwrap_or(longest)
+            .min(longest);
         let quota = Quota::with_period(period)?.allow_burst(burst);
         Some(Self {
             limiter: Arc::new(RateLimiter::direct(quota)),
@@ -95,6 +101,26 @@ mod tests {
     use tower::{ServiceBuilder, ServiceExt, service_fn};
 
     use super::*;
+
+    #[test]
+    fn tiny_and_huge_rates_neither_panic() {
+        for (qps, burst) in [
+            (1e-30_f32, 400),
+            (f32::MIN_POSITIVE, u32::MAX),
+            (1e-9, 1),
+            (f32::INFINITY, 400),
+        ] {
+            let _ = RateLimitLayer::new(qps, burst);
+        }
+        assert!(
+            RateLimitLayer::new(1e-30, 400).is_some(),
+            "clamped, still a limit"
+        );
+        assert!(
+            RateLimitLayer::new(f32::INFINITY, 400).is_none(),
+            "no limit"
+        );
+    }
 
     #[test]
     fn zero_or_negative_qps_means_no_limit() {

@@ -28,8 +28,7 @@ impl CidrSet {
         let extra = mask - cluster.prefix_len();
         if extra > MAX_EXTRA_BITS {
             return Err(format!(
-                "node CIDR mask size /{mask} makes {} node CIDRs out of {cluster}; at most 2^{MAX_EXTRA_BITS} are allowed",
-                1u128 << extra
+                "node CIDR mask size /{mask} makes 2^{extra} node CIDRs out of {cluster}; at most 2^{MAX_EXTRA_BITS} are allowed"
             ));
         }
         Ok(Self {
@@ -67,12 +66,13 @@ impl CidrSet {
             return None;
         }
         let host_bits = u32::from(self.cluster.max_prefix_len() - self.mask);
-        usize::try_from(self.offset(ip)? >> host_bits).ok()
+        // 128 host bits (an IPv6 /0 cut into one /0): every address is in CIDR 0.
+        usize::try_from(self.offset(ip)?.checked_shr(host_bits).unwrap_or(0)).ok()
     }
 
     fn cidr_at(&self, index: usize) -> IpNet {
         let host_bits = u32::from(self.cluster.max_prefix_len() - self.mask);
-        let offset = (index as u128) << host_bits;
+        let offset = (index as u128).checked_shl(host_bits).unwrap_or(0);
         match self.cluster {
             IpNet::V4(net) => {
                 let ip = std::net::Ipv4Addr::from(u32::from(net.network()) + offset as u32);
@@ -162,6 +162,23 @@ mod tests {
         assert_eq!(set.allocate(), None);
         assert!(set.release(&net("10.244.1.0/24")));
         assert_eq!(set.allocate(), Some(net("10.244.1.0/24")));
+    }
+
+    /// A whole address space as one node CIDR, or cut into more CIDRs than the shift width: once a
+    /// shift overflow (a panic in debug builds).
+    #[test]
+    fn whole_address_spaces_neither_overflow_nor_panic() {
+        let mut whole = CidrSet::new(net("::/0"), 0).unwrap();
+        assert_eq!(whole.allocate(), Some(net("::/0")));
+        assert!(whole.release(&net("::/0")));
+        assert!(whole.occupy(&net("::/0")));
+        let mut v4 = CidrSet::new(net("0.0.0.0/0"), 0).unwrap();
+        assert_eq!(v4.allocate(), Some(net("0.0.0.0/0")));
+        let err = CidrSet::new(net("::/0"), 128).unwrap_err();
+        assert_eq!(
+            err,
+            "node CIDR mask size /128 makes 2^128 node CIDRs out of ::/0; at most 2^16 are allowed"
+        );
     }
 
     #[test]
