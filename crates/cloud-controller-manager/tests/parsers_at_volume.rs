@@ -272,6 +272,11 @@ enum Kind {
     Text,
 }
 
+/// Go's `strconv.ParseBool` spellings.
+const GO_BOOLS: &[&str] = &[
+    "1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False",
+];
+
 const FLAGS: &[(&str, Kind)] = &[
     ("controllers", Kind::Text),
     ("leader-elect", Kind::Bool),
@@ -326,7 +331,7 @@ fn valid_value(kind: Kind) -> BoxedStrategy<String> {
             Just("1ns".to_owned()),
         ]
         .boxed(),
-        Kind::Bool => prop::sample::select(vec!["true", "false"])
+        Kind::Bool => prop::sample::select(GO_BOOLS.to_vec())
             .prop_map(str::to_owned)
             .boxed(),
         Kind::Int(low, high) => prop_oneof![
@@ -361,7 +366,8 @@ fn valid_value(kind: Kind) -> BoxedStrategy<String> {
 fn is_valid(kind: Kind, value: &str) -> bool {
     match kind {
         Kind::Duration => cloud_provider::parse_go_duration(value).is_ok_and(|d| !d.is_zero()),
-        Kind::Bool => value == "true" || value == "false",
+        // Go's strconv.ParseBool spellings, as upstream's flags take.
+        Kind::Bool => GO_BOOLS.contains(&value),
         // clap reads integers as i64 (Rust's syntax: an optional sign, ASCII digits), then checks the range.
         Kind::Int(low, high) => value
             .parse::<i128>()

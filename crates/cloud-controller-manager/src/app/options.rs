@@ -74,7 +74,7 @@ pub struct GenericOptions {
 pub struct LeaderElectionOptions {
     /// Start a leader election client and gain leadership before running the controllers. Enable this
     /// when running replicated components for high availability.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
     pub leader_elect: bool,
 
     /// How long non-leader candidates wait after observing a leadership renewal before attempting to
@@ -175,7 +175,7 @@ pub struct CloudProviderOptions {
 
     /// Allow the cluster to run without the cluster-id on cloud instances (deprecated upstream, kept for
     /// compatibility): without it, a cloud that reports no cluster ID is fatal.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub allow_untagged_cloud: bool,
 }
 
@@ -229,7 +229,7 @@ pub struct ServiceControllerOptions {
 pub struct RouteControllerOptions {
     /// Whether the cloud's routes for pod CIDRs are configured (needs --cluster-cidr when the cloud
     /// offers routes).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "true")]
     pub configure_cloud_routes: bool,
 
     /// The period for reconciling routes created for nodes by the cloud provider.
@@ -242,7 +242,7 @@ pub struct RouteControllerOptions {
 #[command(next_help_heading = "Node IPAM")]
 pub struct NodeIpamOptions {
     /// Whether pod CIDRs are allocated to nodes from --cluster-cidr.
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub allocate_node_cidrs: bool,
 
     /// The CIDR allocator; only RangeAllocator is supported.
@@ -265,6 +265,16 @@ pub struct NodeIpamOptions {
     /// overlap them.
     #[arg(long, default_value = "")]
     pub service_cluster_ip_range: String,
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (upstream's flags): `1`, `t`, `T`, `TRUE`, `true`,
+/// `True`, and `0`, `f`, `F`, `FALSE`, `false`, `False`.
+fn go_bool(text: &str) -> Result<bool, String> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err("not a boolean (true, false, 1, 0, t, f, TRUE, FALSE, True, False)".to_owned()),
+    }
 }
 
 /// A positive duration in Go's syntax (`5s`, `1m30s`).
@@ -477,6 +487,30 @@ mod tests {
             .to_string();
         assert!(err.contains("invalid duration"), "{err}");
         assert!(parse(&["--node-monitor-period=0"]).is_err());
+    }
+
+    #[test]
+    fn booleans_take_go_s_spellings() {
+        for (text, want) in [
+            ("1", true),
+            ("T", true),
+            ("True", true),
+            ("0", false),
+            ("F", false),
+            ("FALSE", false),
+        ] {
+            let options =
+                parse(&["--cloud-provider=fake", &format!("--leader-elect={text}")]).unwrap();
+            assert_eq!(options.leader_election.leader_elect, want, "{text}");
+        }
+        let err = parse(&["--cloud-provider=fake", "--leader-elect=yes"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("invalid value 'yes' for '--leader-elect"),
+            "{err}"
+        );
+        assert!(err.contains("not a boolean"), "{err}");
     }
 
     #[test]
