@@ -7,6 +7,10 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node};
 use super::{Fixtures, Outcome};
 use crate::{CloudError, CloudProvider, ProviderId, Route, get_instance_provider_id};
 
+/// Said after a failure about the existing node, which may be the fixture's fault.
+const EXISTING_FIXTURE: &str =
+    "(if it is not the provider: Fixtures::existing_node must name a node whose instance runs)";
+
 type CheckFuture<'a> = Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
 type Check = for<'a> fn(&'a dyn CloudProvider, &'a Fixtures) -> CheckFuture<'a>;
 
@@ -48,7 +52,10 @@ pub(super) const ALL: &[(&str, Check)] = &[
     check!(instances_v2_metadata_of_a_missing_instance_is_not_found),
     check!(instances_report_existing_and_missing_instances),
     check!(instances_provider_id_has_this_providers_prefix),
+    check!(instances_v2_report_a_shut_down_instance),
+    check!(instances_report_a_shut_down_instance),
     check!(zones_know_the_existing_node),
+    check!(clusters_list_and_name_a_master),
     check!(load_balancer_does_not_exist_before_ensure),
     check!(load_balancer_ensure_is_idempotent_and_get_agrees),
     check!(load_balancer_update_and_delete_are_idempotent),
@@ -93,7 +100,7 @@ async fn instances_v2_reports_existing_and_missing_instances(
     )?;
     ensure!(
         exists,
-        "instance_exists({:?}) = false for a node whose instance exists",
+        "instance_exists({:?}) = false for a node whose instance exists {EXISTING_FIXTURE}",
         name(&f.existing_node)
     );
     let shutdown = call(
@@ -102,7 +109,7 @@ async fn instances_v2_reports_existing_and_missing_instances(
     )?;
     ensure!(
         !shutdown,
-        "instance_shutdown({:?}) = true for a running instance",
+        "instance_shutdown({:?}) = true for a running instance {EXISTING_FIXTURE}",
         name(&f.existing_node)
     );
     // A missing instance is "does not exist", never an error: the lifecycle controller relies on it.
@@ -385,7 +392,11 @@ async fn load_balancer_update_and_delete_are_idempotent(
         lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
             .await,
     )?;
-    let fewer = &f.backend_nodes[..f.backend_nodes.len().min(1)];
+    // Fewer backends when there are several; else the same ones again (an update must accept both).
+    let fewer = match f.backend_nodes.len() {
+        0 | 1 => &f.backend_nodes[..],
+        n => &f.backend_nodes[..n - 1],
+    };
     call(
         "update_load_balancer",
         lb.update_load_balancer(&f.cluster_name, &f.service, fewer)
@@ -429,6 +440,110 @@ async fn load_balancer_update_and_delete_are_idempotent(
             "deleting a load balancer that is already gone must succeed, got: {err}"
         ))),
     }
+}
+
+/// Skips a shut-down check when the fixtures name no shut-down node.
+fn shutdown_fixture(f: &Fixtures) -> Result<&Node, Stop> {
+    f.shutdown_node.as_ref().ok_or_else(|| {
+        Stop::Skip("the fixtures name no shut-down node (Fixtures::with_shutdown_node)".to_owned())
+    })
+}
+
+/// A shut-down instance still exists (its node is tainted, not deleted) and is reported shut down.
+async fn instances_v2_report_a_shut_down_instance(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances_v2() else {
+        return skip("InstancesV2");
+    };
+    let node = shutdown_fixture(f)?;
+    let exists = call(
+        "instance_exists(shut-down node)",
+        instances.instance_exists(node).await,
+    )?;
+    ensure!(
+        exists,
+        "instance_exists({:?}) = false for a shut-down instance: the lifecycle controller would delete its node (if it is not the provider: Fixtures::shutdown_node must name a stopped instance)",
+        name(node)
+    );
+    let shutdown = call(
+        "instance_shutdown(shut-down node)",
+        instances.instance_shutdown(node).await,
+    )?;
+    ensure!(
+        shutdown,
+        "instance_shutdown({:?}) = false for a shut-down instance",
+        name(node)
+    );
+    Ok(())
+}
+
+/// The legacy Instances API reports a shut-down instance by provider ID as existing and shut down.
+async fn instances_report_a_shut_down_instance(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(instances) = cloud.instances() else {
+        return skip("Instances");
+    };
+    let node = shutdown_fixture(f)?;
+    let provider_id = match get_instance_provider_id(cloud, name(node)).await {
+        Ok(id) => id,
+        Err(CloudError::NotImplemented) => {
+            return Err(Stop::Skip(
+                "instance_id() is not implemented, so there is no provider ID to ask about"
+                    .to_owned(),
+            ));
+        }
+        Err(err) => {
+            return Err(Stop::Fail(format!(
+                "instance_id(shut-down node) failed: {err}"
+            )));
+        }
+    };
+    let exists = call(
+        "instance_exists_by_provider_id(shut-down node)",
+        instances.instance_exists_by_provider_id(&provider_id).await,
+    )?;
+    ensure!(
+        exists,
+        "instance_exists_by_provider_id({provider_id:?}) = false for a shut-down instance"
+    );
+    let shutdown = call(
+        "instance_shutdown_by_provider_id(shut-down node)",
+        instances
+            .instance_shutdown_by_provider_id(&provider_id)
+            .await,
+    )?;
+    ensure!(
+        shutdown,
+        "instance_shutdown_by_provider_id({provider_id:?}) = false for a shut-down instance"
+    );
+    Ok(())
+}
+
+/// A cloud that offers Clusters lists them, and names a master for each it lists.
+async fn clusters_list_and_name_a_master(cloud: &dyn CloudProvider, _: &Fixtures) -> CheckResult {
+    let Some(clusters) = cloud.clusters() else {
+        return skip("Clusters");
+    };
+    let names = call("list_clusters", clusters.list_clusters().await)?;
+    for cluster in &names {
+        ensure!(
+            !cluster.is_empty(),
+            "list_clusters() returned an empty name"
+        );
+        let master = call(
+            &format!("master({cluster:?})"),
+            clusters.master(cluster).await,
+        )?;
+        ensure!(
+            !master.is_empty(),
+            "master({cluster:?}) is empty for a cluster list_clusters() returned"
+        );
+    }
+    Ok(())
 }
 
 fn find<'a>(routes: &'a [Route], wanted: &Route) -> Option<&'a Route> {

@@ -3,7 +3,8 @@
 //! provider-ID format, ...). Upstream has nothing like it.
 //!
 //! Each part the provider supports is checked; parts it does not offer are reported as skipped. Give
-//! the suite a cloud and [`Fixtures`] that name a node your cloud knows and one it does not:
+//! the suite a cloud and [`Fixtures`] that name a node whose instance **runs** in your cloud and one
+//! the cloud has no instance for (and, optionally, one whose instance is shut down):
 //!
 //! ```no_run
 //! # async fn example(cloud: std::sync::Arc<dyn cloud_provider::CloudProvider>) {
@@ -16,7 +17,11 @@
 //! ```
 //!
 //! Use a cloud (or a test account) whose state the suite may change: it creates and deletes one load
-//! balancer and one route.
+//! balancer and one route. The load balancer's backends are exactly [`Fixtures::backend_nodes`]: the
+//! suite adds none of its own.
+//!
+//! A failure that can come from the fixtures rather than the provider (the "existing" node is not
+//! found, say) says so in its message: check the fixture before the provider.
 
 mod checks;
 
@@ -34,13 +39,17 @@ use crate::{CloudProvider, Route};
 pub struct Fixtures {
     /// The `--cluster-name` passed to load-balancer and route calls.
     pub cluster_name: String,
-    /// A node whose instance exists and runs.
+    /// A node whose instance exists and **runs** (not stopped, not shut down).
     pub existing_node: Node,
     /// A node the cloud has no instance for.
     pub missing_node: Node,
+    /// A node whose instance exists but is shut down (stopped), if your cloud can show one: the
+    /// lifecycle controller taints such nodes. `None` skips the shut-down checks.
+    pub shutdown_node: Option<Node>,
     /// A `type: LoadBalancer` Service to create a load balancer for (it needs a UID).
     pub service: Service,
-    /// The nodes to put behind the load balancer (at least two: the suite also updates to fewer).
+    /// The nodes put behind the load balancer: [`Fixtures::new`] uses the existing node only. With two
+    /// or more, the update check also moves to fewer backends.
     pub backend_nodes: Vec<Node>,
     /// A route to create and delete.
     pub route: Route,
@@ -48,13 +57,15 @@ pub struct Fixtures {
 
 impl Fixtures {
     /// Fixtures around two node names: one your cloud has a running instance for, one it does not.
-    /// The Service, backend nodes and route get neutral defaults; change the fields to suit your cloud.
+    /// The Service, the backends (the existing node alone) and the route get neutral defaults; change
+    /// the fields to suit your cloud.
     pub fn new(existing_node: &str, missing_node: &str) -> Self {
-        let backend_nodes = vec![node(existing_node), node(&format!("{existing_node}-peer"))];
+        let backend_nodes = vec![node(existing_node)];
         Self {
             cluster_name: "conformance".to_owned(),
             existing_node: node(existing_node),
             missing_node: node(missing_node),
+            shutdown_node: None,
             service: load_balancer_service(
                 "conformance",
                 "web",
@@ -67,6 +78,18 @@ impl Fixtures {
                 ..Default::default()
             },
         }
+    }
+
+    /// The same fixtures with a node whose instance is shut down.
+    pub fn with_shutdown_node(mut self, name: &str) -> Self {
+        self.shutdown_node = Some(node(name));
+        self
+    }
+
+    /// The same fixtures with these load-balancer backends.
+    pub fn with_backend_nodes(mut self, names: &[&str]) -> Self {
+        self.backend_nodes = names.iter().map(|n| node(n)).collect();
+        self
     }
 }
 
