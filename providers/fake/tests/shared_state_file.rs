@@ -31,6 +31,20 @@ fn ip(status: &LoadBalancerStatus) -> String {
     status.ingress.as_ref().unwrap()[0].ip.clone().unwrap()
 }
 
+/// Runs `edit` holding the state file's lock (`<state file>.lock`), as the clouds sharing it do.
+fn edit_under_lock(path: &Path, edit: impl FnOnce()) {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .open(lock_path)
+        .unwrap();
+    lock.lock().unwrap();
+    edit();
+    lock.unlock().unwrap();
+}
+
 fn lb(cloud: &FakeCloud) -> &dyn LoadBalancer {
     cloud.load_balancer().unwrap()
 }
@@ -226,7 +240,9 @@ async fn a_state_file_broken_while_running_fails_the_calls_that_need_it_and_a_re
         .await
         .unwrap();
 
-    std::fs::write(&path, "not json").unwrap();
+    // As a careful hand edit does, under the lock: the cloud's background writer (call counts) renames
+    // a new file over the path, and a write without the lock can land in the file it replaced.
+    edit_under_lock(&path, || std::fs::write(&path, "not json").unwrap());
     let err = lb(&cloud)
         .ensure_load_balancer("k", &service("api"), &[])
         .await
@@ -242,7 +258,7 @@ async fn a_state_file_broken_while_running_fails_the_calls_that_need_it_and_a_re
         .unwrap_err();
     assert!(err.to_string().contains("is malformed"), "{err}");
 
-    std::fs::remove_file(&path).unwrap();
+    edit_under_lock(&path, || std::fs::remove_file(&path).unwrap());
     assert_eq!(
         lb(&cloud)
             .get_load_balancer("k", &service("web"))
