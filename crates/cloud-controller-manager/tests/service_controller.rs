@@ -13,7 +13,7 @@ use kube::{
 };
 use serde_json::json;
 use support::{
-    RunningManager, SERIAL, create_namespace, create_node, delete_nodes, eventually,
+    RunningManager, SERIAL, create_namespace, create_node, delete_nodes, events_in, eventually,
     load_balancer_service, nodes, services,
 };
 use test_control_plane::{kubelet_node, unique_name};
@@ -408,6 +408,51 @@ async fn a_node_change_during_an_ensure_reaches_that_load_balancer() {
     })
     .await;
     h.stop(2).await;
+}
+
+/// Removing the finalizer lets the API server delete the Service, and its Deleted event could reach the
+/// deletion handler while the sync still tracked it: the load balancer was deleted twice (two
+/// `DeletedLoadBalancer` events, and a `DeleteLoadBalancerFailed` for a gone Service if the second call
+/// failed). Each is deleted once now.
+#[tokio::test]
+async fn a_deleted_service_s_load_balancer_is_deleted_once() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start("").await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    let names: Vec<String> = (0..20).map(|i| format!("once-{i}")).collect();
+    for name in &names {
+        h.create(name, &[80]).await;
+    }
+    for name in &names {
+        h.provisioned(name).await;
+    }
+    for name in &names {
+        h.delete(name).await;
+    }
+    for name in &names {
+        eventually(&format!("{name} gone"), WAIT, || async {
+            (h.get(name).await.is_none() && h.load_balancer(name).is_none()).then_some(())
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await; // a second deletion would come now
+    let state = h.manager.cloud.snapshot();
+    for name in &names {
+        let object = format!("{}/{name}", h.namespace);
+        assert_eq!(
+            state.calls_about("ensure_load_balancer_deleted", &object),
+            1,
+            "{object}"
+        );
+        // Repeats of an event are one Event object with a series count.
+        let recorded: i32 = events_in(&h.namespace, name, "DeletedLoadBalancer")
+            .await
+            .iter()
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum();
+        assert_eq!(recorded, 1, "{object}");
+    }
+    h.stop(1).await;
 }
 
 #[tokio::test]

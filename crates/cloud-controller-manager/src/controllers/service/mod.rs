@@ -459,6 +459,10 @@ async fn cleanup(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceErr
         }
     }
     ctx.metrics.sync_total.inc();
+    // Forgotten before the finalizer goes: once it is gone the API server deletes the Service, and its
+    // Deleted event must not find it tracked (the deletion handler would delete the load balancer a
+    // second time). If the patch fails, the retry cleans up again; it needs no tracking.
+    ctx.tracked().remove(&key(service));
     patch_with_retry(
         &ctx.api(service),
         service.as_ref(),
@@ -484,7 +488,6 @@ async fn cleanup(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceErr
     if !ingress_equal(&current_status(service), &Default::default()) {
         write_status(ctx, service, &Default::default()).await?;
     }
-    ctx.tracked().remove(&key(service));
     Ok(())
 }
 
