@@ -7,6 +7,12 @@
 //! (it returns `Pending` without a waker), it reports no deletions, and its `Store::wait_until_ready`
 //! wakes only the last of several concurrent waiters. A bounded channel per subscriber and a watch flag
 //! avoid all three.
+//!
+//! A failed watch is retried 800 ms after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
+//! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
+//! restart, every cache then reconnects within 5 s of the server's return instead of up to 30 s (the
+//! fault tests measured up to 48 s of recovery at 500 nodes with the default). One list request per
+//! resource every 5 s during an outage is no load for an API server.
 
 use std::{
     fmt::Debug,
@@ -14,6 +20,7 @@ use std::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use futures::{Stream, StreamExt};
@@ -23,6 +30,7 @@ use kube::{
     runtime::{
         WatchStreamExt,
         reflector::{self, Store, store::Writer},
+        utils::Backoff,
         watcher,
     },
 };
@@ -152,7 +160,7 @@ where
         let kind = K::kind(&()).into_owned();
         let mut tracker = ChangeTracker::default();
         let events = watcher(Api::<K>::all(client), watcher::Config::default())
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(self.prune)
             .reflect(writer)
             .for_each(move |event| {
@@ -184,6 +192,45 @@ where
                 () = shutdown.cancelled() => {}
             }
         });
+    }
+}
+
+/// The longest wait before a failed watch is retried.
+pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
+const WATCH_RETRY_FIRST: Duration = Duration::from_millis(800);
+
+/// The watch's retry delays: 800 ms doubling to [`WATCH_RETRY_MAX`], with up to 20 % of jitter so the
+/// caches of many managers do not reconnect in step; back to 800 ms after a success.
+#[derive(Debug)]
+struct WatchBackoff {
+    next: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            next: WATCH_RETRY_FIRST,
+        }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next;
+        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or_default();
+        Some(delay + delay.mul_f64(0.2 * f64::from(nanos % 1000) / 1000.0))
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = WATCH_RETRY_FIRST;
     }
 }
 
@@ -298,6 +345,21 @@ mod tests {
     ) -> Vec<Change<Node>> {
         writer.apply_watcher_event(&event);
         tracker.changes(&event, store)
+    }
+
+    #[test]
+    fn failed_watches_are_retried_within_5_s_and_sooner_after_a_success() {
+        let mut backoff = WatchBackoff::default();
+        let delays: Vec<Duration> = (0..8).map(|_| backoff.next().unwrap()).collect();
+        let within = |d: Duration, base: Duration| d >= base && d <= base.mul_f64(1.2);
+        assert!(within(delays[0], Duration::from_millis(800)), "{delays:?}");
+        assert!(within(delays[1], Duration::from_millis(1600)), "{delays:?}");
+        assert!(within(delays[2], Duration::from_millis(3200)), "{delays:?}");
+        for d in &delays[3..] {
+            assert!(within(*d, WATCH_RETRY_MAX), "{delays:?}");
+        }
+        backoff.reset();
+        assert!(within(backoff.next().unwrap(), Duration::from_millis(800)));
     }
 
     #[test]
