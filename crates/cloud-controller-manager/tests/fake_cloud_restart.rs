@@ -6,7 +6,7 @@ mod support;
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
-use cloud_provider_fake::{CloudState, LoadBalancerRecord};
+use cloud_provider_fake::CloudState;
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api,
@@ -14,26 +14,12 @@ use kube::{
 };
 use support::{
     RunningManager, SERIAL, create_namespace, create_node, delete_nodes, eventually,
-    load_balancer_service, services,
+    load_balancer_service, load_balancers_in, services, status_ip,
 };
 use test_control_plane::{kubelet_node, unique_name};
 
 const SERVICES: usize = 20;
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The ingress IP in a Service's status, if any.
-fn status_ip(service: &Service) -> Option<String> {
-    service
-        .status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
-}
 
 /// The Services of the namespace by name, with their status IPs.
 async fn status_ips(api: &Api<Service>) -> BTreeMap<String, Option<String>> {
@@ -43,17 +29,6 @@ async fn status_ips(api: &Api<Service>) -> BTreeMap<String, Option<String>> {
         .items
         .iter()
         .map(|s| (s.metadata.name.clone().unwrap_or_default(), status_ip(s)))
-        .collect()
-}
-
-/// The load balancers the cloud holds for Services of `namespace`.
-fn load_balancers_in(state: &CloudState, namespace: &str) -> Vec<LoadBalancerRecord> {
-    let prefix = format!("{namespace}/");
-    state
-        .load_balancers
-        .iter()
-        .filter(|lb| lb.service.starts_with(&prefix))
-        .cloned()
         .collect()
 }
 

@@ -19,15 +19,15 @@ use std::{
 
 use cloud_provider_fake::{CloudState, LoadBalancerRecord};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api,
     api::{DeleteParams, ListParams, PostParams},
 };
 use support::{
-    RunningManager, SERIAL, create_namespace, load_balancer_service, nodes,
+    RunningManager, SERIAL, create_namespace, load_balancer_service, load_balancers_in, nodes,
     replica::{LEASE, Replica, delete_lease, leader_among},
-    services,
+    services, status_ip,
 };
 use test_control_plane::{control_plane, kubelet_node, uninitialized_taint, unique_name};
 use tokio::time::{Instant, sleep};
@@ -111,31 +111,6 @@ fn initialized(node: &Node) -> bool {
         && !spec
             .and_then(|s| s.taints.as_ref())
             .is_some_and(|taints| taints.iter().any(|t| t.key == taint))
-}
-
-/// The ingress IP in a Service's status, if any.
-fn status_ip(service: &Service) -> Option<String> {
-    service
-        .status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
-}
-
-/// The load balancers the cloud holds for Services of `namespace`.
-fn load_balancers_in(state: &CloudState, namespace: &str) -> Vec<LoadBalancerRecord> {
-    let prefix = format!("{namespace}/");
-    state
-        .load_balancers
-        .iter()
-        .filter(|lb| lb.service.starts_with(&prefix))
-        .cloned()
-        .collect()
 }
 
 /// Deletes the nodes of earlier runs of these tests (a failed run leaves them behind).

@@ -7,12 +7,12 @@ mod support;
 use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use cloud_provider_fake::CloudState;
-use k8s_openapi::api::core::v1::{Node, NodeAddress, Service};
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use support::{
     RunningManager, SERIAL, create_namespace, create_node, delete_nodes, eventually, get_node,
-    load_balancer_service, services,
+    load_balancer_service, load_balancers_in, services, status_ip,
 };
 use test_control_plane::{kubelet_node, unique_name};
 
@@ -25,26 +25,10 @@ fn initialized(node: &Node) -> bool {
 }
 
 fn load_balancers_of(state_file: &Path, namespace: &str) -> Vec<(String, usize)> {
-    CloudState::read(state_file)
-        .unwrap_or_default()
-        .load_balancers
-        .iter()
-        .filter(|lb| lb.service.starts_with(&format!("{namespace}/")))
-        .map(|lb| (lb.service.clone(), lb.ports.len()))
+    load_balancers_in(&CloudState::read(state_file).unwrap_or_default(), namespace)
+        .into_iter()
+        .map(|lb| (lb.service, lb.ports.len()))
         .collect()
-}
-
-fn ingress_ip(service: &Service) -> Option<String> {
-    service
-        .status
-        .as_ref()?
-        .load_balancer
-        .as_ref()?
-        .ingress
-        .as_ref()?
-        .first()?
-        .ip
-        .clone()
 }
 
 #[tokio::test]
@@ -152,7 +136,7 @@ async fn odd_objects_are_handled_and_never_hold_up_the_others() {
     }
     for name in &names {
         eventually(&format!("{name} provisioned"), WAIT, || async {
-            ingress_ip(&api.get_opt(name).await.unwrap()?)
+            status_ip(&api.get_opt(name).await.unwrap()?)
         })
         .await;
     }

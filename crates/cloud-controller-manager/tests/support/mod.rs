@@ -252,3 +252,31 @@ pub fn kubeconfig_token(path: &std::path::Path) -> String {
         .find_map(|l| l.trim().strip_prefix("token: ").map(str::to_owned))
         .expect("a token in the kubeconfig")
 }
+
+/// The ingress IP in a Service's status, if any.
+pub fn status_ip(service: &k8s_openapi::api::core::v1::Service) -> Option<String> {
+    service
+        .status
+        .as_ref()?
+        .load_balancer
+        .as_ref()?
+        .ingress
+        .as_ref()?
+        .first()?
+        .ip
+        .clone()
+}
+
+/// The load balancers the cloud holds for Services of `namespace`.
+pub fn load_balancers_in(
+    state: &cloud_provider_fake::CloudState,
+    namespace: &str,
+) -> Vec<cloud_provider_fake::LoadBalancerRecord> {
+    let prefix = format!("{namespace}/");
+    state
+        .load_balancers
+        .iter()
+        .filter(|lb| lb.service.starts_with(&prefix))
+        .cloned()
+        .collect()
+}
