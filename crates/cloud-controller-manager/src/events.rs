@@ -42,14 +42,17 @@ const LONGEST_NAME: usize = 253 - 17;
 /// Records events as one controller.
 #[derive(Clone)]
 pub struct EventRecorder {
-    inner: Arc<Inner>,
+    inner: Arc<Delivery>,
+    /// The delivery task's queue, started at the first event. Only the recorders hold it, so the task
+    /// ends once every recorder is gone and the queue is drained.
+    queue: Arc<OnceLock<mpsc::Sender<Pending>>>,
 }
 
-struct Inner {
+/// What the delivery task needs.
+struct Delivery {
     client: Client,
     reporter: Reporter,
     recorder: Recorder,
-    queue: OnceLock<mpsc::Sender<Pending>>,
     /// Events queued and not yet delivered or given up on.
     undelivered: tokio::sync::watch::Sender<usize>,
 }
@@ -76,13 +79,13 @@ impl EventRecorder {
             instance: hostname(),
         };
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Delivery {
                 recorder: Recorder::new(client.clone(), reporter.clone()),
                 client,
                 reporter,
-                queue: OnceLock::new(),
                 undelivered: tokio::sync::watch::Sender::new(0),
             }),
+            queue: Arc::default(),
         }
     }
 
@@ -118,7 +121,7 @@ impl EventRecorder {
             },
             reference: object.object_ref(&()),
         };
-        let queue = self.inner.queue.get_or_init(|| {
+        let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::channel(QUEUE);
             tokio::spawn(deliver_all(self.inner.clone(), receiver));
             sender
@@ -142,7 +145,7 @@ impl EventRecorder {
 }
 
 /// Delivers queued events, a few at a time, until every recorder handle is gone.
-async fn deliver_all(inner: Arc<Inner>, mut queue: mpsc::Receiver<Pending>) {
+async fn deliver_all(inner: Arc<Delivery>, mut queue: mpsc::Receiver<Pending>) {
     let slots = Arc::new(Semaphore::new(DELIVERING));
     while let Some(pending) = queue.recv().await {
         let Ok(slot) = slots.clone().acquire_owned().await else {
@@ -159,7 +162,7 @@ async fn deliver_all(inner: Arc<Inner>, mut queue: mpsc::Receiver<Pending>) {
 
 /// Writes one event, retrying what may succeed later (no answer, 5xx, 429, or a write the leader's
 /// fence held back) and giving up on a refusal.
-async fn deliver(inner: &Inner, pending: &Pending) {
+async fn deliver(inner: &Delivery, pending: &Pending) {
     let mut delay = FIRST_RETRY;
     for attempt in 1..=TRIES {
         let write = async {
@@ -213,7 +216,7 @@ fn too_long(reference: &ObjectReference) -> bool {
 
 /// The event the recorder would write, named `<name cut to fit>.<hex time>` (no series aggregation:
 /// such names are rare).
-async fn create_with_cut_name(inner: &Inner, pending: &Pending) -> Result<(), kube::Error> {
+async fn create_with_cut_name(inner: &Delivery, pending: &Pending) -> Result<(), kube::Error> {
     let reference = &pending.reference;
     let now = Timestamp::now();
     let name = reference.name.as_deref().unwrap_or_default();
