@@ -8,7 +8,7 @@
 //! wakes only the last of several concurrent waiters. A bounded channel per subscriber and a watch flag
 //! avoid all three.
 //!
-//! A failed watch is retried 800 ms after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
+//! A failed watch is retried 0.8–1.6 s after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
 //! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
 //! restart, every cache then reconnects within 5 s of the server's return instead of up to 30 s (the
 //! fault tests measured up to 48 s of recovery at 500 nodes with the default). One list request per
@@ -30,7 +30,7 @@ use kube::{
     runtime::{
         WatchStreamExt,
         reflector::{self, Store, store::Writer},
-        utils::Backoff,
+        utils::ResetTimerBackoff,
         watcher,
     },
 };
@@ -160,7 +160,7 @@ where
         let kind = K::kind(&()).into_owned();
         let mut tracker = ChangeTracker::default();
         let events = watcher(Api::<K>::all(client), watcher::Config::default())
-            .backoff(WatchBackoff::default())
+            .backoff(watch_backoff())
             .modify(self.prune)
             .reflect(writer)
             .for_each(move |event| {
@@ -199,39 +199,17 @@ where
 pub const WATCH_RETRY_MAX: Duration = Duration::from_secs(5);
 const WATCH_RETRY_FIRST: Duration = Duration::from_millis(800);
 
-/// The watch's retry delays: 800 ms doubling to [`WATCH_RETRY_MAX`], with up to 20 % of jitter so the
-/// caches of many managers do not reconnect in step; back to 800 ms after a success.
-#[derive(Debug)]
-struct WatchBackoff {
-    next: Duration,
-}
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self {
-            next: WATCH_RETRY_FIRST,
-        }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let delay = self.next;
-        self.next = (self.next * 2).min(WATCH_RETRY_MAX);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or_default();
-        Some(delay + delay.mul_f64(0.2 * f64::from(nanos % 1000) / 1000.0))
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = WATCH_RETRY_FIRST;
-    }
+/// The watch's retry delays: kube-runtime's exponential back-off (800 ms doubling) with at most
+/// [`WATCH_RETRY_MAX`] between tries, back to the start after 2 minutes without a failure, as its
+/// default is. backon's jitter adds up to the delay itself, so the delay is capped at half the maximum.
+fn watch_backoff() -> ResetTimerBackoff<watcher::ExponentialBackoff> {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(WATCH_RETRY_FIRST)
+        .with_max_delay(WATCH_RETRY_MAX / 2)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(builder.into(), Duration::from_secs(120))
 }
 
 /// Turns watch events (already applied to the cache) into changes. A re-list (after a watch expired)
@@ -348,18 +326,14 @@ mod tests {
     }
 
     #[test]
-    fn failed_watches_are_retried_within_5_s_and_sooner_after_a_success() {
-        let mut backoff = WatchBackoff::default();
-        let delays: Vec<Duration> = (0..8).map(|_| backoff.next().unwrap()).collect();
-        let within = |d: Duration, base: Duration| d >= base && d <= base.mul_f64(1.2);
-        assert!(within(delays[0], Duration::from_millis(800)), "{delays:?}");
-        assert!(within(delays[1], Duration::from_millis(1600)), "{delays:?}");
-        assert!(within(delays[2], Duration::from_millis(3200)), "{delays:?}");
-        for d in &delays[3..] {
-            assert!(within(*d, WATCH_RETRY_MAX), "{delays:?}");
-        }
-        backoff.reset();
-        assert!(within(backoff.next().unwrap(), Duration::from_millis(800)));
+    fn failed_watches_are_retried_within_5_s() {
+        let delays: Vec<Duration> = watch_backoff().take(12).collect();
+        assert!(delays[0] >= WATCH_RETRY_FIRST, "{delays:?}");
+        assert!(delays.iter().all(|d| *d <= WATCH_RETRY_MAX), "{delays:?}");
+        assert!(
+            delays[4..].iter().all(|d| *d >= WATCH_RETRY_MAX / 2),
+            "{delays:?}"
+        );
     }
 
     #[test]
