@@ -14,8 +14,9 @@ use kube::{Api, api::PostParams};
 use serde_json::json;
 use support::{
     RunningManager, SERIAL, admin, create_namespace, create_node, delete_nodes, eventually,
-    free_port, get_node, https_get, kubeconfig_token,
+    free_port, get_node, https_get, kubeconfig_token, load_balancer_service,
     replica::{Replica, holder, leader_among, lease},
+    services, status_ip,
 };
 use test_control_plane::{
     apply_manifest, control_plane, kubelet_node, unique_name, workspace_root,
@@ -289,4 +290,52 @@ async fn two_replicas_fail_over_on_sigkill_and_hand_over_on_sigterm() {
         "the lease is released on a clean exit"
     );
     delete_nodes(&[&node_a, &node_b]).await;
+}
+
+/// A graceful stop lets in-flight work finish, and the leader keeps renewing its lease meanwhile: a
+/// load-balancer ensure that takes longer than the renew deadline (12 s against 10 s) still writes the
+/// Service's status after SIGTERM (the write fence would refuse it if renewal stopped at the signal).
+#[tokio::test]
+async fn in_flight_work_finishes_after_a_stop_signal_while_the_lease_is_renewed() {
+    let _serial = SERIAL.lock().await;
+    let namespace = unique_name("graceful");
+    create_namespace(&namespace).await;
+    let node = unique_name("graceful-node");
+    create_node(&kubelet_node(&node)).await;
+    let manager = RunningManager::start(
+        "latency: 12s\n",
+        &["--controllers=service", "--leader-elect=true"],
+    )
+    .await;
+    let api = services(&namespace).await;
+    api.create(
+        &PostParams::default(),
+        &load_balancer_service("slow", &[80]),
+    )
+    .await
+    .unwrap();
+    // The finalizer is written just before the 12 s cloud call starts.
+    eventually("the ensure to start", Duration::from_secs(30), || async {
+        let service = api.get_opt("slow").await.unwrap()?;
+        (!service.metadata.finalizers.unwrap_or_default().is_empty()).then_some(())
+    })
+    .await;
+    manager.stop().await; // waits for in-flight work (up to 30 s), and checks a clean exit
+    let service = api.get("slow").await.unwrap();
+    assert!(
+        status_ip(&service).is_some(),
+        "the status written after the stop signal is missing: {:?}",
+        service.status
+    );
+    api.delete("slow", &Default::default()).await.unwrap();
+    // No manager runs now: remove the finalizer so the Service goes (its fake load balancer went with
+    // the manager's in-memory cloud).
+    api.patch(
+        "slow",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .unwrap();
+    delete_nodes(&[&node]).await;
 }

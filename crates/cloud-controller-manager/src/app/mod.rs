@@ -203,10 +203,14 @@ pub async fn run(
     // Controllers stop on shutdown, or at once when leadership is lost.
     let stop = shutdown.child_token();
     let lost = Arc::new(AtomicBool::new(false));
+    // Renewal goes on until the controllers have finished their in-flight work, not only until the
+    // shutdown signal: the leader's writes are fenced at its renew deadline, and a graceful stop may
+    // take longer than that.
+    let stop_renewing = CancellationToken::new();
     let renewing = elector.clone().map(|elector| {
-        let (stop, lost) = (stop.clone(), lost.clone());
+        let (stop, lost, stop_renewing) = (stop.clone(), lost.clone(), stop_renewing.clone());
         tokio::spawn(async move {
-            let result = elector.keep_renewing(&stop).await;
+            let result = elector.keep_renewing(&stop_renewing).await;
             if result.is_err() {
                 lost.store(true, Ordering::Relaxed);
                 stop.cancel();
@@ -227,6 +231,7 @@ pub async fn run(
     )
     .await;
     stop.cancel();
+    stop_renewing.cancel();
     if let Some(renewing) = renewing
         && let Ok(Err(lost)) = renewing.await
     {
