@@ -150,6 +150,10 @@ impl CloudProvider for MeteredCloud {
     fn provider_name(&self) -> &str {
         &self.name
     }
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.inner.register_metrics(registry);
+    }
+
     fn has_cluster_id(&self) -> bool {
         self.inner.has_cluster_id()
     }

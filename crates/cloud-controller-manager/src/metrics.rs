@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use cloud_provider::CloudProvider;
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use crate::{
@@ -52,6 +53,12 @@ impl Metrics {
         }
     }
 
+    /// Adds the provider's own metrics ([`CloudProvider::register_metrics`]).
+    pub fn register_provider(&self, cloud: &dyn CloudProvider) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        cloud.register_metrics(&mut registry);
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -59,5 +66,34 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::metrics::counter::Counter;
+
+    use super::*;
+
+    struct Counting(Counter);
+
+    impl CloudProvider for Counting {
+        fn provider_name(&self) -> &str {
+            "counting"
+        }
+        fn register_metrics(&self, registry: &mut Registry) {
+            registry.register("counting_calls", "Calls.", self.0.clone());
+        }
+    }
+
+    #[test]
+    fn a_providers_metrics_are_served_with_the_managers() {
+        let metrics = Metrics::new();
+        let counter = Counter::default();
+        counter.inc_by(3);
+        metrics.register_provider(&Counting(counter));
+        let text = metrics.encode();
+        assert!(text.contains("counting_calls_total 3"), "{text}");
+        assert!(text.contains("rest_client_requests_total"), "{text}");
     }
 }

@@ -101,6 +101,8 @@ pub use async_trait::async_trait;
 /// The Kubernetes API types of the contract (`Node`, `Service`, ...), at the version and API level the
 /// contract is built with.
 pub use k8s_openapi;
+/// The metrics library of [`CloudProvider::register_metrics`], re-exported so providers need not pin it.
+pub use prometheus_client;
 
 /// Re-exports for the macros; not part of the API.
 #[doc(hidden)]

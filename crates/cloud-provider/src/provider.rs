@@ -67,4 +67,11 @@ pub trait CloudProvider: Send + Sync + 'static {
     fn has_cluster_id(&self) -> bool {
         true
     }
+
+    /// Adds the provider's own metrics to the manager's `/metrics` (for example its cloud API throttling
+    /// or its data plane's traffic). Called once, before [`CloudProvider::initialize`]; the metrics are
+    /// served by every replica, leader or not. Prefix the names with the provider's name.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
 }

@@ -150,6 +150,7 @@ pub async fn run(
         "cloud provider initialized from the registry"
     );
     validate_network_flags(&options, &selection, cloud.as_ref())?;
+    metrics.register_provider(cloud.as_ref());
     // Every call the controllers make to the cloud is timed and its errors counted.
     let cloud: Arc<dyn CloudProvider> = Arc::new(crate::cloud_metrics::MeteredCloud::new(
         cloud,
