@@ -94,6 +94,9 @@ mod tests {
         metrics.register_provider(&Counting(counter));
         let text = metrics.encode();
         assert!(text.contains("counting_calls_total 3"), "{text}");
-        assert!(text.contains("rest_client_requests_total"), "{text}");
+        assert!(
+            text.contains("node_controller_cloud_provider_taint_removal_delay_seconds"),
+            "{text}"
+        );
     }
 }
