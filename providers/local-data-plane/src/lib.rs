@@ -1,0 +1,499 @@
+//! The data plane of the `local` provider: Service load balancers that really carry traffic on
+//! machines you own.
+//!
+//! A [`DataPlane`] runs any number of load balancers on the current tokio runtime. Each has listeners
+//! (one per VIP, port and protocol, TCP or UDP) that relay to the nodes' `address:NodePort`:
+//!
+//! - **TCP**: every accepted connection is relayed to one healthy backend with
+//!   `copy_bidirectional` (`TCP_NODELAY` on both sides, 64 KiB buffers allocated only once the
+//!   connection has data), optionally behind a PROXY protocol v2 header.
+//! - **UDP**: every client address gets its own upstream socket, relayed both ways and closed after
+//!   [`Settings::udp_idle_timeout`].
+//! - Backends are picked round robin over the healthy ones; `sessionAffinity: ClientIP` keeps a client
+//!   IP on one backend (a map with expiry). Health checks are HTTP `GET`s, shared by every load
+//!   balancer that checks the same (address, port, path).
+//! - With no healthy backend a TCP connection is reset at once (never left hanging) and a UDP datagram
+//!   dropped. A change of backends never cuts an established connection.
+//!
+//! The crate has no Kubernetes types, so it can also run as a per-node agent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+mod error;
+mod health;
+pub mod metrics;
+mod pool;
+mod spec;
+mod tcp;
+mod udp;
+
+pub use error::{ApplyError, BindFailure, ListenerFailure};
+pub use spec::{
+    Backend, BackendState, HealthCheck, HealthCheckTiming, ListenerSpec, ListenerState,
+    LoadBalancerSpec, LoadBalancerState, Protocol, Settings,
+};
+
+use health::{Probe, ProbeKey, ProbeRegistry};
+use pool::{BackendEntry, ListenerConfig, ListenerShared};
+use spec::ListenerKey;
+
+/// Runs load balancers. Cheap to clone (the clones share everything); all listeners run on the tokio
+/// runtime that calls [`DataPlane::apply`].
+#[derive(Debug, Clone)]
+pub struct DataPlane {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    settings: Settings,
+    probes: ProbeRegistry,
+    load_balancers: Mutex<HashMap<String, Arc<LoadBalancer>>>,
+}
+
+/// One load balancer. `op` serializes `apply` and `remove` of this name; `run` is only held for
+/// short, non-awaiting sections.
+#[derive(Debug)]
+struct LoadBalancer {
+    name: Arc<str>,
+    op: Arc<tokio::sync::Mutex<()>>,
+    run: Mutex<Running>,
+}
+
+#[derive(Debug, Default)]
+struct Running {
+    spec: Option<LoadBalancerSpec>,
+    listeners: BTreeMap<ListenerKey, RunningListener>,
+    failed: Vec<(ListenerSpec, String)>,
+    removed: bool,
+}
+
+#[derive(Debug)]
+struct RunningListener {
+    shared: Arc<ListenerShared>,
+    local_addr: SocketAddr,
+    /// Stops accepting (the socket closes when the accept loop ends).
+    stop: CancellationToken,
+    /// Cuts established connections.
+    cut: CancellationToken,
+    /// The listener's connections (TCP) or flows (UDP).
+    connections: TaskTracker,
+    accept_loop: JoinHandle<()>,
+}
+
+impl RunningListener {
+    /// Stops accepting and waits until the socket is closed.
+    async fn stop_accepting(&mut self) {
+        self.stop.cancel();
+        self.connections.close();
+        if let Err(error) = (&mut self.accept_loop).await {
+            warn!(%error, "accept loop ended abnormally");
+        }
+    }
+}
+
+/// Closes `listeners` at once, lets their connections finish for at most `drain`, then cuts them.
+async fn close_listeners(mut listeners: Vec<RunningListener>, drain: Duration) {
+    for listener in &mut listeners {
+        listener.stop_accepting().await;
+    }
+    let deadline = tokio::time::Instant::now() + drain;
+    let mut drained = true;
+    for listener in &listeners {
+        if tokio::time::timeout_at(deadline, listener.connections.wait())
+            .await
+            .is_err()
+        {
+            drained = false;
+            break;
+        }
+    }
+    if !drained {
+        let open: usize = listeners.iter().map(|l| l.connections.len()).sum();
+        info!(open, "drain time over: cutting the remaining connections");
+        for listener in &listeners {
+            listener.cut.cancel();
+        }
+        for listener in &listeners {
+            listener.connections.wait().await;
+        }
+    }
+}
+
+impl DataPlane {
+    /// A data plane with nothing running.
+    pub fn new(settings: Settings) -> Self {
+        DataPlane {
+            inner: Arc::new(Inner {
+                probes: ProbeRegistry::new(settings.health_check.clone()),
+                settings,
+                load_balancers: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The settings it runs with.
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// Registers per-load-balancer metrics (see [`metrics::names`]): connections total and active,
+    /// bytes in and out, refusals, backend connect errors (labelled `load_balancer`, `listener`) and
+    /// backend health 0/1 (also labelled `backend` and `node`). Values are read at scrape time.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register_collector(Box::new(metrics::DataPlaneCollector {
+            inner: Arc::downgrade(&self.inner),
+        }));
+    }
+
+    /// Creates or updates one load balancer. Idempotent: an unchanged spec whose listeners all run
+    /// does nothing (one whose listeners failed to bind retries them).
+    ///
+    /// New listeners are bound; the backends, health check, affinity, source ranges and PROXY setting
+    /// of running listeners are updated in place (established connections are never cut, they keep
+    /// their backend); listeners that left the spec stop accepting at once and their connections are
+    /// drained in the background for at most [`Settings::drain_timeout`]. New health checks get their
+    /// first result (bounded by the health-check timeout) before any listener uses them, so a backend
+    /// that fails its first check never gets traffic.
+    ///
+    /// A listener that cannot be bound is named in [`ApplyError::Listeners`] while every other
+    /// listener of this and other load balancers keeps serving.
+    pub async fn apply(&self, spec: LoadBalancerSpec) -> Result<(), ApplyError> {
+        let span = info_span!("load_balancer", name = %spec.name);
+        self.apply_inner(spec).instrument(span).await
+    }
+
+    async fn apply_inner(&self, spec: LoadBalancerSpec) -> Result<(), ApplyError> {
+        validate(&spec)?;
+        let (lb, _op) = loop {
+            let lb = {
+                let mut all = lock(&self.inner.load_balancers);
+                all.entry(spec.name.clone())
+                    .or_insert_with(|| {
+                        Arc::new(LoadBalancer {
+                            name: spec.name.as_str().into(),
+                            op: Arc::new(tokio::sync::Mutex::new(())),
+                            run: Mutex::new(Running::default()),
+                        })
+                    })
+                    .clone()
+            };
+            let op = lb.op.clone().lock_owned().await;
+            if !lock(&lb.run).removed {
+                break (lb, op);
+            }
+            // Removed while we waited: start over with a fresh entry.
+        };
+        {
+            let run = lock(&lb.run);
+            if run.spec.as_ref() == Some(&spec) && run.failed.is_empty() {
+                debug!("unchanged");
+                return Ok(());
+            }
+        }
+
+        // Health checks first, so listeners never see a backend whose health is unknown.
+        let probes: HashMap<std::net::IpAddr, Arc<Probe>> = match &spec.health_check {
+            None => HashMap::new(),
+            Some(check) => {
+                let mut probes = HashMap::new();
+                for backend in &spec.backends {
+                    probes.entry(backend.address).or_insert_with(|| {
+                        self.inner.probes.get(&ProbeKey {
+                            addr: SocketAddr::new(backend.address, check.port),
+                            path: check.path.clone(),
+                        })
+                    });
+                }
+                let limit = self.inner.settings.health_check.timeout + Duration::from_millis(200);
+                for probe in probes.values() {
+                    probe.first_result(limit).await;
+                }
+                probes
+            }
+        };
+
+        let mut failures = Vec::new();
+        let mut leaving = Vec::new();
+        {
+            let mut run = lock(&lb.run);
+            let wanted: BTreeMap<ListenerKey, ListenerSpec> =
+                spec.listeners.iter().map(|l| (l.key(), *l)).collect();
+            // Listeners that left the spec (or whose node port changed: rebound below).
+            let gone: Vec<ListenerKey> = run
+                .listeners
+                .iter()
+                .filter(|(key, running)| wanted.get(key) != Some(&running.shared.spec))
+                .map(|(key, _)| *key)
+                .collect();
+            for key in gone {
+                if let Some(listener) = run.listeners.remove(&key) {
+                    // Stop accepting now; the socket closes as soon as the accept loop notices.
+                    listener.stop.cancel();
+                    leaving.push(listener);
+                }
+            }
+            for listener in wanted.values() {
+                let config = self.listener_config(
+                    &spec,
+                    listener,
+                    &probes,
+                    run.listeners.get(&listener.key()),
+                );
+                if let Some(running) = run.listeners.get(&listener.key()) {
+                    running.shared.set_config(config);
+                    continue;
+                }
+                let shared = Arc::new(ListenerShared::new(lb.name.clone(), *listener, config));
+                match self.start_listener(shared) {
+                    Ok(running) => {
+                        info!(listener = %listener, "listening");
+                        run.listeners.insert(listener.key(), running);
+                    }
+                    Err(error) => {
+                        let reason = BindFailure::classify(&error);
+                        warn!(listener = %listener, %error, "cannot bind listener");
+                        failures.push(ListenerFailure {
+                            listener: *listener,
+                            reason,
+                            error,
+                        });
+                    }
+                }
+            }
+            run.failed = failures
+                .iter()
+                .map(|f| (f.listener, format!("{}: {}", f.reason, f.error)))
+                .collect();
+            run.spec = Some(spec.clone());
+        }
+        if !leaving.is_empty() {
+            let drain = self.inner.settings.drain_timeout;
+            tokio::spawn(close_listeners(leaving, drain).instrument(tracing::Span::current()));
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(ApplyError::Listeners {
+                load_balancer: spec.name,
+                failures,
+            })
+        }
+    }
+
+    fn listener_config(
+        &self,
+        spec: &LoadBalancerSpec,
+        listener: &ListenerSpec,
+        probes: &HashMap<std::net::IpAddr, Arc<Probe>>,
+        running: Option<&RunningListener>,
+    ) -> ListenerConfig {
+        let current = running.map(|r| r.shared.config());
+        let mut backends: Vec<Arc<BackendEntry>> = Vec::new();
+        for backend in &spec.backends {
+            if backend.address.is_ipv4() != listener.vip.is_ipv4() {
+                continue;
+            }
+            let addr = SocketAddr::new(backend.address, listener.node_port);
+            if backends.iter().any(|b| b.addr == addr) {
+                continue;
+            }
+            let probe = probes.get(&backend.address).cloned();
+            let existing = current.as_ref().and_then(|c| {
+                c.backends
+                    .iter()
+                    .find(|b| b.same_as(&backend.node, addr, &probe))
+            });
+            backends.push(match existing {
+                Some(existing) => existing.clone(),
+                None => Arc::new(BackendEntry::new(backend.node.clone(), addr, probe)),
+            });
+        }
+        ListenerConfig {
+            backends,
+            source_ranges: spec.source_ranges.clone(),
+            proxy_protocol: spec.proxy_protocol,
+            affinity: spec.session_affinity,
+        }
+    }
+
+    fn start_listener(&self, shared: Arc<ListenerShared>) -> std::io::Result<RunningListener> {
+        let stop = CancellationToken::new();
+        let cut = CancellationToken::new();
+        let connections = TaskTracker::new();
+        let span = info_span!("listener", listener = %shared.label);
+        let (local_addr, accept_loop) = match shared.spec.protocol {
+            Protocol::Tcp => {
+                let socket = tcp::bind(shared.spec.socket_addr())?;
+                let local_addr = socket.local_addr()?;
+                let task = tcp::serve(
+                    socket,
+                    shared.clone(),
+                    stop.clone(),
+                    cut.clone(),
+                    connections.clone(),
+                    self.inner.settings.connect_timeout,
+                );
+                (local_addr, tokio::spawn(task.instrument(span)))
+            }
+            Protocol::Udp => {
+                let socket = udp::bind(shared.spec.socket_addr())?;
+                let local_addr = socket.local_addr()?;
+                let task = udp::serve(
+                    socket,
+                    shared.clone(),
+                    stop.clone(),
+                    connections.clone(),
+                    self.inner.settings.udp_idle_timeout,
+                );
+                (local_addr, tokio::spawn(task.instrument(span)))
+            }
+        };
+        Ok(RunningListener {
+            shared,
+            local_addr,
+            stop,
+            cut,
+            connections,
+            accept_loop,
+        })
+    }
+
+    /// Closes every listener of the named load balancer at once (new connections refused), lets
+    /// established connections finish for at most [`Settings::drain_timeout`], then cuts them. Returns
+    /// when all are gone. Unknown names are fine (nothing to do).
+    pub async fn remove(&self, name: &str) {
+        let span = info_span!("load_balancer", name = %name);
+        self.remove_inner(name).instrument(span).await
+    }
+
+    async fn remove_inner(&self, name: &str) {
+        let Some(lb) = lock(&self.inner.load_balancers).remove(name) else {
+            return;
+        };
+        let _op = lb.op.clone().lock_owned().await;
+        let listeners: Vec<RunningListener> = {
+            let mut run = lock(&lb.run);
+            run.removed = true;
+            run.spec = None;
+            run.failed.clear();
+            std::mem::take(&mut run.listeners).into_values().collect()
+        };
+        info!(listeners = listeners.len(), "removing");
+        close_listeners(listeners, self.inner.settings.drain_timeout).await;
+    }
+
+    /// What is running for `name`: bound listeners, each backend's current health, and the listeners
+    /// that failed to bind. `None` if the name is unknown.
+    pub fn state(&self, name: &str) -> Option<LoadBalancerState> {
+        let lb = lock(&self.inner.load_balancers).get(name)?.clone();
+        let run = lock(&lb.run);
+        let listeners = run
+            .listeners
+            .values()
+            .map(|l| ListenerState {
+                spec: l.shared.spec,
+                local_addr: l.local_addr,
+                backends: l
+                    .shared
+                    .config()
+                    .backends
+                    .iter()
+                    .map(|b| BackendState {
+                        node: b.node.clone(),
+                        address: b.addr,
+                        healthy: b.is_healthy(),
+                        active_connections: b.active.load(std::sync::atomic::Ordering::Relaxed),
+                    })
+                    .collect(),
+                active_connections: l
+                    .shared
+                    .stats
+                    .active
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            })
+            .collect();
+        Some(LoadBalancerState {
+            name: lb.name.to_string(),
+            listeners,
+            failed_listeners: run.failed.clone(),
+        })
+    }
+
+    /// Names of the load balancers it runs.
+    pub fn names(&self) -> Vec<String> {
+        let mut names: Vec<String> = lock(&self.inner.load_balancers).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Closes everything (manager shutdown, leadership lost): every load balancer is removed as by
+    /// [`DataPlane::remove`], all at once, so this takes at most one drain time. The data plane stays
+    /// usable: a later `apply` starts afresh.
+    pub async fn shutdown(&self) {
+        let mut removals = tokio::task::JoinSet::new();
+        for name in self.names() {
+            let this = self.clone();
+            removals.spawn(async move { this.remove(&name).await });
+        }
+        while removals.join_next().await.is_some() {}
+    }
+}
+
+impl Inner {
+    /// Every running listener (for the metrics).
+    pub(crate) fn all_listeners(&self) -> Vec<Arc<ListenerShared>> {
+        let lbs: Vec<Arc<LoadBalancer>> = lock(&self.load_balancers).values().cloned().collect();
+        let mut listeners = Vec::new();
+        for lb in lbs {
+            listeners.extend(lock(&lb.run).listeners.values().map(|l| l.shared.clone()));
+        }
+        listeners.sort_by(|a, b| (&a.load_balancer, &a.label).cmp(&(&b.load_balancer, &b.label)));
+        listeners
+    }
+}
+
+fn validate(spec: &LoadBalancerSpec) -> Result<(), ApplyError> {
+    let invalid = |reason: String| ApplyError::InvalidSpec {
+        load_balancer: spec.name.clone(),
+        reason,
+    };
+    if spec.name.is_empty() {
+        return Err(invalid("the name is empty".into()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for listener in &spec.listeners {
+        if !seen.insert(listener.key()) {
+            return Err(invalid(format!("listener {listener} appears twice")));
+        }
+    }
+    if let Some(check) = &spec.health_check {
+        if check.port == 0 {
+            return Err(invalid("health-check port 0".into()));
+        }
+        if !check.path.starts_with('/')
+            || check
+                .path
+                .bytes()
+                .any(|b| b.is_ascii_control() || b == b' ')
+        {
+            return Err(invalid(format!(
+                "health-check path {:?} must start with / and hold no spaces or control characters",
+                check.path
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,247 @@
+//! TCP listeners: accept, pick a backend, connect, relay with `copy_bidirectional`.
+
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use socket2::{Domain, SockRef, Socket, Type};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, warn};
+
+use crate::pool::{ActiveGuard, ListenerShared};
+
+/// Relay buffer per direction. Allocated only once a connection has data (see `relay`), so idle
+/// connections do not hold them.
+const RELAY_BUFFER: usize = 64 * 1024;
+/// Backends tried per connection before the client is closed.
+const CONNECT_ATTEMPTS: usize = 3;
+
+/// Binds `addr` for listening (IPv6 sockets are IPv6-only, so `[::]` and `0.0.0.0` can coexist).
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    // Lets a listener come back on its port while old connections sit in TIME_WAIT; on Linux it does
+    // not let two sockets listen on one port.
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// The accept loop of one listener; ends when `stop` is cancelled (dropping the socket, so new
+/// connections are refused). Connections run in `tracker` and end when `cut` is cancelled.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    shared: Arc<ListenerShared>,
+    stop: CancellationToken,
+    cut: CancellationToken,
+    tracker: TaskTracker,
+    connect_timeout: Duration,
+) {
+    loop {
+        let (client, peer) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // EMFILE/ENFILE and friends: back off a little instead of spinning.
+                    warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        let config = shared.config();
+        if !config.allows(peer.ip()) {
+            shared.stats.refused_source.fetch_add(1, Ordering::Relaxed);
+            debug!(%peer, "source not in the load balancer's source ranges: refused");
+            reset(client);
+            continue;
+        }
+        let shared = shared.clone();
+        let cut = cut.clone();
+        let span = tracing::debug_span!("connection", %peer);
+        tracker.spawn(
+            async move {
+                tokio::select! {
+                    _ = cut.cancelled() => debug!("connection cut after the drain time"),
+                    () = handle(client, peer, shared, connect_timeout) => {}
+                }
+            }
+            .instrument(span),
+        );
+    }
+}
+
+/// Closes a connection with a reset, so the client learns at once that it is refused.
+fn reset(stream: TcpStream) {
+    let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+    drop(stream);
+}
+
+async fn handle(
+    client: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<ListenerShared>,
+    connect_timeout: Duration,
+) {
+    let config = shared.config();
+    let mut tried = Vec::new();
+    let (backend, upstream) = loop {
+        let Some(backend) = shared.pick(&config, peer.ip(), &tried) else {
+            if tried.is_empty() {
+                shared
+                    .stats
+                    .refused_no_backend
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!("no healthy backend: refused");
+            }
+            reset(client);
+            return;
+        };
+        match tokio::time::timeout(connect_timeout, TcpStream::connect(backend.addr)).await {
+            Ok(Ok(upstream)) => break (backend, upstream),
+            Ok(Err(error)) => {
+                warn!(backend = %backend.addr, node = %backend.node, %error, "cannot connect to backend");
+            }
+            Err(_) => {
+                warn!(backend = %backend.addr, node = %backend.node, "connecting to backend timed out");
+            }
+        }
+        shared
+            .stats
+            .backend_connect_errors
+            .fetch_add(1, Ordering::Relaxed);
+        tried.push(backend.addr);
+        if tried.len() >= CONNECT_ATTEMPTS {
+            reset(client);
+            return;
+        }
+    };
+    let _active = ActiveGuard::new(shared.clone(), backend.clone());
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    if let Err(error) = relay(client, peer, upstream, &shared, config.proxy_protocol).await {
+        debug!(backend = %backend.addr, %error, "connection ended with an error");
+    }
+}
+
+async fn relay(
+    client: TcpStream,
+    peer: SocketAddr,
+    mut upstream: TcpStream,
+    shared: &ListenerShared,
+    proxy_protocol: bool,
+) -> io::Result<()> {
+    if proxy_protocol {
+        let local = client.local_addr()?;
+        upstream.write_all(&proxy_v2_header(peer, local)).await?;
+    }
+    // An idle connection costs its two sockets and this future; the relay buffers come when either
+    // side first has something to say.
+    tokio::select! {
+        r = client.readable() => r?,
+        r = upstream.readable() => r?,
+    }
+    let mut client = Counted {
+        stream: client,
+        read: &shared.stats.bytes_in,
+    };
+    let mut upstream = Counted {
+        stream: upstream,
+        read: &shared.stats.bytes_out,
+    };
+    tokio::io::copy_bidirectional_with_sizes(
+        &mut client,
+        &mut upstream,
+        RELAY_BUFFER,
+        RELAY_BUFFER,
+    )
+    .await?;
+    Ok(())
+}
+
+/// A stream that adds what is read from it to a counter: one relaxed atomic add per read call.
+struct Counted<'a> {
+    stream: TcpStream,
+    read: &'a AtomicU64,
+}
+
+impl AsyncRead for Counted<'_> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
+        let n = buf.filled().len() - before;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Counted<'_> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+/// PROXY protocol v2 header (command PROXY, TCP over IPv4 or IPv6) for a connection from `source` to
+/// `destination` (the VIP and port the client connected to).
+pub(crate) fn proxy_v2_header(source: SocketAddr, destination: SocketAddr) -> Vec<u8> {
+    const SIGNATURE: [u8; 12] = *b"\r\n\r\n\0\r\nQUIT\n";
+    let mut header = Vec::with_capacity(16 + 36);
+    header.extend_from_slice(&SIGNATURE);
+    header.push(0x21); // version 2, command PROXY
+    match (source.ip(), destination.ip()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => {
+            header.push(0x11); // AF_INET, STREAM
+            header.extend_from_slice(&12u16.to_be_bytes());
+            header.extend_from_slice(&src.octets());
+            header.extend_from_slice(&dst.octets());
+        }
+        (src, dst) => {
+            let v6 = |ip: IpAddr| -> Ipv6Addr {
+                match ip {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                }
+            };
+            header.push(0x21); // AF_INET6, STREAM
+            header.extend_from_slice(&36u16.to_be_bytes());
+            header.extend_from_slice(&v6(src).octets());
+            header.extend_from_slice(&v6(dst).octets());
+        }
+    }
+    header.extend_from_slice(&source.port().to_be_bytes());
+    header.extend_from_slice(&destination.port().to_be_bytes());
+    header
+}

@@ -1,0 +1,207 @@
+//! UDP listeners: one upstream socket per client address, relayed both ways, forgotten after the idle
+//! timeout. Replies leave through the listener's socket, so clients see them come from the VIP.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Socket, Type};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, warn};
+
+use crate::pool::{ActiveGuard, BackendEntry, ListenerShared};
+
+const MAX_DATAGRAM: usize = 64 * 1024;
+
+/// Binds `addr` (no `SO_REUSEADDR`: for UDP it would let two sockets share the port).
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::DGRAM,
+        Some(socket2::Protocol::UDP),
+    )?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
+/// One client address's flow.
+struct Flow {
+    upstream: Arc<UdpSocket>,
+    /// Milliseconds since `epoch` of the last datagram either way.
+    last_active: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// The receive loop of one listener; ends when `stop` is cancelled, and so do its flows (a UDP flow
+/// has no connection to drain).
+pub(crate) async fn serve(
+    socket: UdpSocket,
+    shared: Arc<ListenerShared>,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+    idle_timeout: Duration,
+) {
+    let socket = Arc::new(socket);
+    let epoch = Instant::now();
+    let mut flows: HashMap<SocketAddr, Arc<Flow>> = HashMap::new();
+    let mut buf = vec![0u8; MAX_DATAGRAM];
+    let mut sweep = tokio::time::interval(
+        idle_timeout.clamp(Duration::from_millis(100), Duration::from_secs(10)),
+    );
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let (len, peer) = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            _ = sweep.tick() => {
+                flows.retain(|_, flow| !flow.closed.load(Ordering::Relaxed));
+                continue;
+            }
+            received = socket.recv_from(&mut buf) => match received {
+                Ok(received) => received,
+                Err(error) => {
+                    debug!(%error, "receive failed");
+                    continue;
+                }
+            },
+        };
+        let flow = match flows.get(&peer) {
+            Some(flow) if !flow.closed.load(Ordering::Relaxed) => flow.clone(),
+            _ => {
+                let config = shared.config();
+                if !config.allows(peer.ip()) {
+                    shared.stats.refused_source.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let Some(backend) = shared.pick(&config, peer.ip(), &[]) else {
+                    shared
+                        .stats
+                        .refused_no_backend
+                        .fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
+                let upstream = match connect_upstream(backend.addr).await {
+                    Ok(upstream) => Arc::new(upstream),
+                    Err(error) => {
+                        shared
+                            .stats
+                            .backend_connect_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        warn!(backend = %backend.addr, %error, "cannot open a UDP socket to the backend");
+                        continue;
+                    }
+                };
+                let flow = Arc::new(Flow {
+                    upstream,
+                    last_active: AtomicU64::new(millis_since(epoch)),
+                    closed: AtomicBool::new(false),
+                });
+                flows.insert(peer, flow.clone());
+                let span = tracing::debug_span!("flow", %peer, backend = %backend.addr);
+                tracker.spawn(
+                    replies(
+                        flow.clone(),
+                        peer,
+                        socket.clone(),
+                        shared.clone(),
+                        backend,
+                        stop.clone(),
+                        epoch,
+                        idle_timeout,
+                    )
+                    .instrument(span),
+                );
+                flow
+            }
+        };
+        // Source ranges are checked when a flow starts; a flow outlives a change of them by at most
+        // the idle timeout, like an established TCP connection outlives it.
+        flow.last_active
+            .store(millis_since(epoch), Ordering::Relaxed);
+        shared
+            .stats
+            .bytes_in
+            .fetch_add(len as u64, Ordering::Relaxed);
+        // UDP may drop: a full send buffer toward the backend drops the datagram instead of stalling
+        // every other client of the listener.
+        if let Err(error) = flow.upstream.try_send(&buf[..len])
+            && error.kind() != io::ErrorKind::WouldBlock
+        {
+            debug!(%error, "send to backend failed");
+        }
+    }
+}
+
+async fn connect_upstream(backend: SocketAddr) -> io::Result<UdpSocket> {
+    let local: SocketAddr = if backend.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let socket = UdpSocket::bind(local).await?;
+    socket.connect(backend).await?;
+    Ok(socket)
+}
+
+fn millis_since(epoch: Instant) -> u64 {
+    u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Relays the backend's datagrams back to the client until the flow is idle or the listener stops.
+#[allow(clippy::too_many_arguments)]
+async fn replies(
+    flow: Arc<Flow>,
+    client: SocketAddr,
+    listener: Arc<UdpSocket>,
+    shared: Arc<ListenerShared>,
+    backend: Arc<BackendEntry>,
+    stop: CancellationToken,
+    epoch: Instant,
+    idle_timeout: Duration,
+) {
+    let _active = ActiveGuard::new(shared.clone(), backend);
+    // Allocated when the backend first answers: a flow that only sends costs no buffer.
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let idle_for = Duration::from_millis(
+            millis_since(epoch).saturating_sub(flow.last_active.load(Ordering::Relaxed)),
+        );
+        let Some(left) = idle_timeout.checked_sub(idle_for).filter(|d| !d.is_zero()) else {
+            break;
+        };
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(left) => continue,
+            ready = flow.upstream.readable() => {
+                if ready.is_err() {
+                    break;
+                }
+                if buf.is_empty() {
+                    buf = vec![0u8; MAX_DATAGRAM];
+                }
+                match flow.upstream.try_recv(&mut buf) {
+                    Ok(len) => {
+                        flow.last_active.store(millis_since(epoch), Ordering::Relaxed);
+                        shared.stats.bytes_out.fetch_add(len as u64, Ordering::Relaxed);
+                        if let Err(error) = listener.send_to(&buf[..len], client).await {
+                            debug!(%error, "send to client failed");
+                        }
+                    }
+                    Err(error) if error.kind() == io::ErrorKind::WouldBlock => {}
+                    // E.g. ECONNREFUSED from an ICMP port unreachable: the flow stays until idle.
+                    Err(error) => debug!(%error, "receive from backend failed"),
+                }
+            }
+        }
+    }
+    flow.closed.store(true, Ordering::Relaxed);
+}
