@@ -4,7 +4,7 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p cloud-controller-manager
+RUN cargo build --release --locked -p cloud-controller-manager-bin
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/cloud-controller-manager /usr/local/bin/cloud-controller-manager
