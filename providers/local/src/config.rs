@@ -1,0 +1,725 @@
+//! The `local` cloud's configuration: the YAML `--cloud-config` file. Every key is shown in
+//! `cloud-config.example.yaml` beside this crate and described in `docs/local-provider.md`.
+//!
+//! Values are checked while they are read, so a bad value is reported with its file, line and column.
+//! An empty file (or none at all) is a valid config: every node is adopted and load balancers get VIPs
+//! from the default pool in 127.0.0.0/8.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    path::Path,
+    str::FromStr,
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, de};
+
+use crate::Error;
+
+/// The default pool's only range: 127.240.0.0/16, loopback addresses any process can bind.
+pub const DEFAULT_POOL: &str = "127.240.0.0/16";
+
+/// The parsed cloud-config.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Config {
+    /// What happens to nodes the inventory never listed: `adopt` (default) or `ignore`.
+    #[serde(default)]
+    pub unlisted_nodes: UnlistedNodes,
+    /// The fields of adopted nodes, and of machines that leave them out.
+    #[serde(default)]
+    pub defaults: MachineDefaults,
+    /// The inventory: machines by node name.
+    #[serde(default)]
+    pub machines: BTreeMap<String, Machine>,
+    /// Where load-balancer VIPs come from, in order of preference. Default: one pool `default` with
+    /// [`DEFAULT_POOL`].
+    #[serde(default = "default_pools")]
+    pub address_pools: Vec<AddressPool>,
+    /// The load balancers' data plane.
+    #[serde(default)]
+    pub load_balancer: LoadBalancerConfig,
+    /// The optional kubelet probe (off by default).
+    #[serde(default)]
+    pub kubelet_probe: KubeletProbe,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            unlisted_nodes: UnlistedNodes::default(),
+            defaults: MachineDefaults::default(),
+            machines: BTreeMap::new(),
+            address_pools: default_pools(),
+            load_balancer: LoadBalancerConfig::default(),
+            kubelet_probe: KubeletProbe::default(),
+        }
+    }
+}
+
+fn default_pools() -> Vec<AddressPool> {
+    vec![AddressPool {
+        name: "default".to_owned(),
+        addresses: vec![DEFAULT_POOL.parse().expect("the default pool is a CIDR")],
+        auto_assign: true,
+    }]
+}
+
+/// What happens to a node the inventory has never listed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnlistedNodes {
+    /// The node is a machine of this cloud: its provider ID is `local://<name>`, its addresses its own
+    /// (or its `alpha.kubernetes.io/provided-node-ip`), its other fields the `defaults`.
+    #[default]
+    Adopt,
+    /// The node is left alone: the cloud-node controller skips it (it keeps the uninitialized taint) and
+    /// the lifecycle controller never deletes or taints it.
+    Ignore,
+}
+
+/// The fields of adopted nodes and the defaults of listed machines.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MachineDefaults {
+    /// Default `local`.
+    #[serde(default = "default_instance_type")]
+    pub instance_type: String,
+    /// Default empty (no zone label).
+    #[serde(default)]
+    pub zone: String,
+    /// Default empty (no region label).
+    #[serde(default)]
+    pub region: String,
+}
+
+fn default_instance_type() -> String {
+    "local".to_owned()
+}
+
+impl Default for MachineDefaults {
+    fn default() -> Self {
+        Self {
+            instance_type: default_instance_type(),
+            zone: String::new(),
+            region: String::new(),
+        }
+    }
+}
+
+/// A machine of the inventory. Unset fields come from `defaults`.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Machine {
+    /// The machine's addresses. Empty (default): the node's own addresses, as for an adopted node.
+    #[serde(default)]
+    pub addresses: Vec<AddressConfig>,
+    /// Instance type.
+    #[serde(default)]
+    pub instance_type: Option<String>,
+    /// Zone.
+    #[serde(default)]
+    pub zone: Option<String>,
+    /// Region.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Extra labels for the node (keys in Kubernetes' own namespaces are dropped by the node controller).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// `running` (default) or `shutdown`.
+    #[serde(default)]
+    pub state: MachineState,
+}
+
+/// A node address.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddressConfig {
+    /// `InternalIP`, `ExternalIP`, `Hostname`, `InternalDNS` or `ExternalDNS`.
+    #[serde(rename = "type")]
+    pub type_: AddressType,
+    /// The address (an IP for the `*IP` types).
+    pub address: String,
+}
+
+/// The node address types Kubernetes knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AddressType {
+    /// `InternalIP`
+    #[serde(rename = "InternalIP")]
+    InternalIp,
+    /// `ExternalIP`
+    #[serde(rename = "ExternalIP")]
+    ExternalIp,
+    /// `Hostname`
+    Hostname,
+    /// `InternalDNS`
+    #[serde(rename = "InternalDNS")]
+    InternalDns,
+    /// `ExternalDNS`
+    #[serde(rename = "ExternalDNS")]
+    ExternalDns,
+}
+
+impl AddressType {
+    /// The name Kubernetes uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InternalIp => "InternalIP",
+            Self::ExternalIp => "ExternalIP",
+            Self::Hostname => "Hostname",
+            Self::InternalDns => "InternalDNS",
+            Self::ExternalDns => "ExternalDNS",
+        }
+    }
+}
+
+/// The power state of a machine.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MachineState {
+    /// Runs.
+    #[default]
+    Running,
+    /// Exists but is shut down: its node gets the shutdown taint once NotReady.
+    Shutdown,
+}
+
+/// A named pool of VIPs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AddressPool {
+    /// The pool's name, for the `local.ccm.rs/address-pool` annotation.
+    pub name: String,
+    /// CIDRs (`127.240.0.0/16`, `fd00:10::/120`) or ranges (`127.0.10.1-127.0.10.50`), IPv4 or IPv6.
+    pub addresses: Vec<AddressRange>,
+    /// Whether Services that name no pool get addresses from it (default `true`); `false` keeps it for
+    /// Services that name it or request one of its addresses.
+    #[serde(default = "yes")]
+    pub auto_assign: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// An inclusive range of addresses of one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AddressRange {
+    first: IpAddr,
+    last: IpAddr,
+}
+
+impl AddressRange {
+    /// The addresses from `first` to `last` (inclusive); `None` if their families differ or
+    /// `first > last`.
+    pub fn new(first: IpAddr, last: IpAddr) -> Option<Self> {
+        (first.is_ipv4() == last.is_ipv4() && first <= last).then_some(Self { first, last })
+    }
+
+    /// The lowest address.
+    pub fn first(&self) -> IpAddr {
+        self.first
+    }
+
+    /// The highest address.
+    pub fn last(&self) -> IpAddr {
+        self.last
+    }
+
+    /// Whether `ip` lies in the range.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        ip.is_ipv4() == self.first.is_ipv4() && self.first <= ip && ip <= self.last
+    }
+
+    /// Whether the two ranges share an address.
+    pub fn overlaps(&self, other: &AddressRange) -> bool {
+        self.first.is_ipv4() == other.first.is_ipv4()
+            && self.first <= other.last
+            && other.first <= self.last
+    }
+
+    /// The addresses, lowest first (lazily: an IPv6 /64 is fine).
+    pub fn addresses(&self) -> impl Iterator<Item = IpAddr> + use<> {
+        let (first, last, v4) = (
+            to_u128(self.first),
+            to_u128(self.last),
+            self.first.is_ipv4(),
+        );
+        (first..=last).map(move |n| from_u128(n, v4))
+    }
+}
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(u32::from(v4)),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+fn from_u128(n: u128, v4: bool) -> IpAddr {
+    if v4 {
+        // In range by construction: both ends are IPv4.
+        IpAddr::V4(Ipv4Addr::from(u32::try_from(n).unwrap_or(u32::MAX)))
+    } else {
+        IpAddr::V6(n.into())
+    }
+}
+
+impl FromStr for AddressRange {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let text = text.trim();
+        let bad = |why: &str| {
+            format!(
+                "invalid address range {text:?}: {why} (expected a CIDR such as 127.240.0.0/16 or \
+                 fd00::/120, or a range such as 127.0.10.1-127.0.10.50)"
+            )
+        };
+        if let Some((first, last)) = text.split_once('-') {
+            let first: IpAddr = first
+                .trim()
+                .parse()
+                .map_err(|_| bad("the start is not an IP address"))?;
+            let last: IpAddr = last
+                .trim()
+                .parse()
+                .map_err(|_| bad("the end is not an IP address"))?;
+            return Self::new(first, last).ok_or_else(|| {
+                bad("the two ends must be of one family, the start not above the end")
+            });
+        }
+        let net: ipnet::IpNet = text.parse().map_err(|_| bad("not a CIDR or range"))?;
+        let (mut first, mut last) = (to_u128(net.network()), to_u128(net.broadcast()));
+        // The network and broadcast addresses of an IPv4 subnet, and the subnet-router anycast
+        // address of an IPv6 one, are not handed out.
+        match net {
+            ipnet::IpNet::V4(v4) if v4.prefix_len() < 31 => {
+                first += 1;
+                last -= 1;
+            }
+            ipnet::IpNet::V6(v6) if v6.prefix_len() < 127 => first += 1,
+            _ => {}
+        }
+        let v4 = net.addr().is_ipv4();
+        Ok(Self {
+            first: from_u128(first, v4),
+            last: from_u128(last, v4),
+        })
+    }
+}
+
+impl fmt::Display for AddressRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+impl<'de> Deserialize<'de> for AddressRange {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+/// The data plane's settings. Read at start: a change needs a restart (the pools and the inventory
+/// are re-read at once).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancerConfig {
+    /// kube-proxy's health port, checked for `externalTrafficPolicy: Cluster` (default 10256; 0 turns
+    /// that check off, every node is then taken as healthy).
+    #[serde(default = "default_kube_proxy_port")]
+    pub kube_proxy_health_port: u16,
+    /// The active health checks.
+    #[serde(default)]
+    pub health_check: HealthCheckTiming,
+    /// How long a deleted listener's connections may go on before they are closed (default 30s).
+    #[serde(default = "default_drain")]
+    pub drain_timeout: GoDuration,
+    /// How long a UDP flow without packets is kept (default 60s).
+    #[serde(default = "default_udp_idle")]
+    pub udp_idle_timeout: GoDuration,
+    /// How long a connection to a backend may take to open (default 5s).
+    #[serde(default = "default_connect")]
+    pub connect_timeout: GoDuration,
+}
+
+fn default_kube_proxy_port() -> u16 {
+    10256
+}
+fn default_drain() -> GoDuration {
+    GoDuration(Duration::from_secs(30))
+}
+fn default_udp_idle() -> GoDuration {
+    GoDuration(Duration::from_secs(60))
+}
+fn default_connect() -> GoDuration {
+    GoDuration(Duration::from_secs(5))
+}
+
+impl Default for LoadBalancerConfig {
+    fn default() -> Self {
+        Self {
+            kube_proxy_health_port: default_kube_proxy_port(),
+            health_check: HealthCheckTiming::default(),
+            drain_timeout: default_drain(),
+            udp_idle_timeout: default_udp_idle(),
+            connect_timeout: default_connect(),
+        }
+    }
+}
+
+/// Health-check timing (cloud-provider-kind's: every 2 s, 1 s timeout... see the defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheckTiming {
+    /// Between two checks of one backend (default 2s).
+    #[serde(default = "default_interval")]
+    pub interval: GoDuration,
+    /// For one check's answer (default 1s).
+    #[serde(default = "default_timeout")]
+    pub timeout: GoDuration,
+    /// Passed checks in a row that make a backend healthy (default 2).
+    #[serde(default = "two")]
+    pub healthy_threshold: Count,
+    /// Failed checks in a row that make a backend unhealthy (default 2).
+    #[serde(default = "two")]
+    pub unhealthy_threshold: Count,
+}
+
+fn default_interval() -> GoDuration {
+    GoDuration(Duration::from_secs(2))
+}
+fn default_timeout() -> GoDuration {
+    GoDuration(Duration::from_secs(1))
+}
+fn two() -> Count {
+    Count(2)
+}
+
+impl Default for HealthCheckTiming {
+    fn default() -> Self {
+        Self {
+            interval: default_interval(),
+            timeout: default_timeout(),
+            healthy_threshold: two(),
+            unhealthy_threshold: two(),
+        }
+    }
+}
+
+/// The optional kubelet probe: a machine whose kubelet port stops accepting TCP connections is reported
+/// shut down. Off by default: see its false-positive risk in `docs/local-provider.md`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct KubeletProbe {
+    /// Default `false`.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The kubelet's port (default 10250).
+    #[serde(default = "default_kubelet_port")]
+    pub port: u16,
+    /// For one connection attempt (default 2s).
+    #[serde(default = "default_probe_timeout")]
+    pub timeout: GoDuration,
+    /// Failed probes in a row (one per lifecycle pass of a NotReady node) before the machine counts as
+    /// shut down (default 3).
+    #[serde(default = "three")]
+    pub failure_threshold: Count,
+}
+
+fn default_kubelet_port() -> u16 {
+    10250
+}
+fn default_probe_timeout() -> GoDuration {
+    GoDuration(Duration::from_secs(2))
+}
+fn three() -> Count {
+    Count(3)
+}
+
+impl Default for KubeletProbe {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            port: default_kubelet_port(),
+            timeout: default_probe_timeout(),
+            failure_threshold: three(),
+        }
+    }
+}
+
+/// A duration written as Go writes them: `20ms`, `1.5s`, `1m30s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GoDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        cloud_provider::parse_go_duration(&String::deserialize(d)?)
+            .map(Self)
+            .map_err(de::Error::custom)
+    }
+}
+
+/// A count of at least 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count(pub u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match u32::deserialize(d)? {
+            0 => Err(de::Error::custom("must be at least 1")),
+            n => Ok(Self(n)),
+        }
+    }
+}
+
+impl Config {
+    /// Parses the YAML text of a cloud-config; `path` names the file in errors. Never panics.
+    pub fn parse(text: &str, path: Option<&Path>) -> Result<Self, Error> {
+        let malformed = |message: String| Error::Config {
+            path: path.map(|p| p.display().to_string()),
+            message,
+        };
+        let config = std::panic::catch_unwind(|| serde_saphyr::from_str::<Option<Config>>(text))
+            .map_err(|_| malformed("the YAML parser failed on it".to_owned()))?
+            .map_err(|err| malformed(err.to_string()))?
+            .unwrap_or_default();
+        config.validate().map_err(malformed)?;
+        Ok(config)
+    }
+
+    /// What the types alone cannot check: pool names are unique and pools do not overlap, timeouts fit
+    /// their intervals, IP-typed addresses are IPs.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut names = BTreeSet::new();
+        for pool in &self.address_pools {
+            if pool.name.is_empty() {
+                return Err("addressPools: a pool has an empty name".to_owned());
+            }
+            if !names.insert(pool.name.as_str()) {
+                return Err(format!("addressPools: two pools are named {:?}", pool.name));
+            }
+        }
+        let ranges: Vec<(&str, &AddressRange)> = self
+            .address_pools
+            .iter()
+            .flat_map(|p| p.addresses.iter().map(move |r| (p.name.as_str(), r)))
+            .collect();
+        for (i, (pool_a, a)) in ranges.iter().enumerate() {
+            for (pool_b, b) in &ranges[i + 1..] {
+                if a.overlaps(b) {
+                    return Err(format!(
+                        "addressPools: {a} (pool {pool_a:?}) overlaps {b} (pool {pool_b:?}); an \
+                         address can belong to one pool only"
+                    ));
+                }
+            }
+        }
+        let timing = &self.load_balancer.health_check;
+        if timing.interval.0.is_zero() || timing.timeout.0.is_zero() {
+            return Err(
+                "loadBalancer.healthCheck: interval and timeout must be above 0".to_owned(),
+            );
+        }
+        if self.load_balancer.connect_timeout.0.is_zero()
+            || self.load_balancer.udp_idle_timeout.0.is_zero()
+        {
+            return Err(
+                "loadBalancer: connectTimeout and udpIdleTimeout must be above 0".to_owned(),
+            );
+        }
+        if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
+            return Err("kubeletProbe.timeout must be above 0".to_owned());
+        }
+        for (name, machine) in &self.machines {
+            for address in &machine.addresses {
+                let is_ip = matches!(
+                    address.type_,
+                    AddressType::InternalIp | AddressType::ExternalIp
+                );
+                if is_ip && address.address.parse::<IpAddr>().is_err() {
+                    return Err(format!(
+                        "machines.{name}.addresses: {:?} is not an IP address (type {})",
+                        address.address,
+                        address.type_.as_str()
+                    ));
+                }
+                if address.address.is_empty() {
+                    return Err(format!("machines.{name}.addresses: an address is empty"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The pool an address belongs to.
+    pub fn pool_of(&self, ip: IpAddr) -> Option<&AddressPool> {
+        self.address_pools
+            .iter()
+            .find(|p| p.addresses.iter().any(|r| r.contains(ip)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_example_file_parses() {
+        let config = Config::parse(include_str!("../cloud-config.example.yaml"), None).unwrap();
+        assert_eq!(config.unlisted_nodes, UnlistedNodes::Adopt);
+        assert_eq!(config.machines["node-b"].state, MachineState::Shutdown);
+        assert_eq!(config.address_pools.len(), 2);
+        assert!(!config.address_pools[1].auto_assign);
+        assert_eq!(
+            config.load_balancer.health_check.interval,
+            GoDuration(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn an_empty_config_adopts_every_node_and_has_a_loopback_pool() {
+        for text in ["", "# nothing\n", "{}"] {
+            let config = Config::parse(text, None).unwrap();
+            assert_eq!(config, Config::default());
+        }
+        let config = Config::default();
+        assert_eq!(config.unlisted_nodes, UnlistedNodes::Adopt);
+        let pool = &config.address_pools[0];
+        let first = pool.addresses[0].first();
+        assert_eq!(first, "127.240.0.1".parse::<IpAddr>().unwrap());
+        assert!(first.is_loopback());
+        assert_eq!(config.load_balancer.kube_proxy_health_port, 10256);
+        assert!(!config.kubelet_probe.enabled);
+    }
+
+    #[test]
+    fn ranges_and_cidrs_of_both_families() {
+        let r: AddressRange = "127.0.10.1 - 127.0.10.3".parse().unwrap();
+        assert_eq!(r.addresses().count(), 3);
+        let r: AddressRange = "10.0.0.0/30".parse().unwrap();
+        assert_eq!(
+            r.addresses().map(|a| a.to_string()).collect::<Vec<_>>(),
+            ["10.0.0.1", "10.0.0.2"]
+        );
+        let r: AddressRange = "10.0.0.7/32".parse().unwrap();
+        assert_eq!(r.addresses().count(), 1);
+        let r: AddressRange = "fd00::/126".parse().unwrap();
+        assert_eq!(
+            r.addresses().map(|a| a.to_string()).collect::<Vec<_>>(),
+            ["fd00::1", "fd00::2", "fd00::3"]
+        );
+        let huge: AddressRange = "fd00::/64".parse().unwrap();
+        assert_eq!(
+            huge.addresses().nth(1).unwrap().to_string(),
+            "fd00::2",
+            "lazy"
+        );
+        assert!(huge.contains("fd00::ffff".parse().unwrap()));
+        assert!(!huge.contains("10.0.0.1".parse().unwrap()));
+        for bad in [
+            "10.0.0.0",
+            "10.0.0.5-10.0.0.1",
+            "10.0.0.1-fd00::1",
+            "x-y",
+            "10.0.0.0/33",
+        ] {
+            let err = bad.parse::<AddressRange>().unwrap_err();
+            assert!(err.contains("invalid address range"), "{err}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_file_and_line() {
+        let err = Config::parse(
+            "machines:\n  a:\n    state: off\n",
+            Some(Path::new("/etc/local.yaml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("malformed cloud-config /etc/local.yaml:"),
+            "{err}"
+        );
+        assert!(err.contains("line 3"), "{err}");
+        let err = Config::parse(
+            "addressPools:\n  - name: a\n    addresses: [127.1.0.0/33]\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("line 3") && err.contains("invalid address range"),
+            "{err}"
+        );
+        let err = Config::parse("unlistedNodes: maybe\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 1"), "{err}");
+        let err = Config::parse("loadBalancer:\n  drainTimeout: soon\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("line 2"), "{err}");
+        let err = Config::parse(
+            "loadBalancer:\n  healthCheck: {healthyThreshold: 0}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("line 2") && err.contains("at least 1"),
+            "{err}"
+        );
+        let err = Config::parse("machine: {}\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `machine`"), "{err}");
+    }
+
+    #[test]
+    fn pools_must_not_overlap_nor_share_a_name() {
+        let err = Config::parse(
+            "addressPools:\n  - {name: a, addresses: [127.1.0.0/24]}\n  - {name: b, addresses: [127.1.0.9-127.1.1.3]}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("overlaps"), "{err}");
+        let err = Config::parse(
+            "addressPools:\n  - {name: a, addresses: [127.1.0.0/24]}\n  - {name: a, addresses: [127.2.0.0/24]}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("two pools are named \"a\""), "{err}");
+        let err = Config::parse(
+            "machines:\n  a: {addresses: [{type: InternalIP, address: nope}]}\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("machines.a.addresses"), "{err}");
+    }
+
+    #[test]
+    fn no_input_makes_the_parser_panic() {
+        let deep = format!("machines: {}{}\n", "[".repeat(50_000), "]".repeat(50_000));
+        for text in [
+            deep.as_str(),
+            "addressPools: [{name: x, addresses: ['255.255.255.255/0']}]",
+            "addressPools: [{name: x, addresses: ['::/0']}]",
+            "addressPools: [{name: x, addresses: ['0.0.0.0/0']}]",
+            "loadBalancer: {drainTimeout: 18446744073709551616s}",
+            "kubeletProbe: {port: 70000}",
+            "*x",
+        ] {
+            let _ = Config::parse(text, None);
+        }
+        let all: AddressRange = "::/0".parse().unwrap();
+        assert_eq!(all.addresses().next().unwrap().to_string(), "::1");
+    }
+}

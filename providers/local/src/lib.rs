@@ -1,0 +1,229 @@
+//! `local`: a cloud for machines you own (bare metal, VMs, a laptop), so `type: LoadBalancer` Services
+//! work with nothing else installed.
+//!
+//! - **Instances** come from an inventory in the cloud-config (name, addresses, instance type, zone,
+//!   region, labels, `running` or `shutdown`); nodes it never listed are adopted (by default) or
+//!   ignored. See [`instances`] for how "removed" differs from "never listed".
+//! - **Load balancers** get VIPs from address pools (IPv4 and IPv6; by default 127.240.0.0/16, which
+//!   needs no privileges) and their traffic is carried by an in-process data plane
+//!   ([`local_data_plane`]): one listener per (VIP, port, protocol), forwarding to the eligible
+//!   nodes' InternalIP:NodePort, with health checks, session affinity, source ranges and PROXY v2.
+//!
+//! The cloud-config is re-read within a second of a change; a malformed edit is logged and the last
+//! good config kept. `docs/local-provider.md` describes every key and annotation.
+//!
+//! Linking this crate registers the provider under the name `local`.
+
+mod config;
+pub mod instances;
+pub mod load_balancer;
+mod watcher;
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::{Arc, Mutex, OnceLock, RwLock},
+};
+
+use cloud_provider::{
+    CloudConfig, CloudError, CloudProvider, CloudResult, InitializeContext, InstancesV2,
+    LoadBalancer, ProviderResult, async_trait, prometheus_client, register_provider,
+};
+use local_data_plane::DataPlane;
+
+pub use config::{
+    AddressConfig, AddressPool, AddressRange, AddressType, Config, Count, DEFAULT_POOL, GoDuration,
+    HealthCheckTiming, KubeletProbe, LoadBalancerConfig, Machine, MachineDefaults, MachineState,
+    UnlistedNodes,
+};
+
+use crate::instances::{ProbeFailures, lock};
+
+/// The name the provider registers under, and the scheme of its provider IDs.
+pub const PROVIDER_NAME: &str = "local";
+
+register_provider!(PROVIDER_NAME, new_provider);
+
+/// The registry factory: builds the cloud from the `--cloud-config` (its defaults without one).
+pub fn new_provider(config: &CloudConfig) -> ProviderResult {
+    Ok(Arc::new(LocalCloud::from_cloud_config(config)?))
+}
+
+/// Everything that can go wrong in the `local` cloud.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The cloud-config is malformed or a value is wrong; the message names the line and column.
+    #[error("malformed cloud-config{}: {message}", .path.as_ref().map(|p| format!(" {p}")).unwrap_or_default())]
+    Config {
+        /// The file, when known.
+        path: Option<String>,
+        /// What is wrong, and where.
+        message: String,
+    },
+    /// Something about a Service cannot be served as asked (an annotation, a field, an address).
+    #[error("Service {service}: {message}")]
+    Service {
+        /// `namespace/name`.
+        service: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The data plane could not run (all of) a Service's load balancer.
+    #[error("Service {service}: {source}")]
+    DataPlane {
+        /// `namespace/name`.
+        service: String,
+        /// What the data plane said.
+        #[source]
+        source: local_data_plane::ApplyError,
+    },
+    /// A call to the Kubernetes API failed.
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+impl From<Error> for CloudError {
+    fn from(err: Error) -> Self {
+        CloudError::other(err.to_string())
+    }
+}
+
+/// The `local` cloud. Cheap to clone; clones share one cloud.
+#[derive(Clone)]
+pub struct LocalCloud {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RwLock<Arc<Config>>,
+    /// Every machine name a config read by this process listed.
+    ever_listed: Mutex<BTreeSet<String>>,
+    probe_failures: ProbeFailures,
+    load_balancers: Mutex<load_balancer::Allocations>,
+    data_plane: DataPlane,
+    /// The client `initialize` got (for events about a config edit that is refused).
+    client: OnceLock<kube::Client>,
+}
+
+impl LocalCloud {
+    /// A cloud on `config`; `path` is only used in log lines. Its data plane's settings come from this
+    /// config and stay for the life of the cloud. Nothing is watched.
+    pub fn new(config: Config, path: Option<&std::path::Path>) -> Self {
+        let lb = &config.load_balancer;
+        let settings = local_data_plane::Settings {
+            health_check: local_data_plane::HealthCheckTiming {
+                interval: lb.health_check.interval.0,
+                timeout: lb.health_check.timeout.0,
+                healthy_threshold: lb.health_check.healthy_threshold.0,
+                unhealthy_threshold: lb.health_check.unhealthy_threshold.0,
+            },
+            drain_timeout: lb.drain_timeout.0,
+            udp_idle_timeout: lb.udp_idle_timeout.0,
+            connect_timeout: lb.connect_timeout.0,
+        };
+        if let Some(path) = path {
+            tracing::info!(path = %path.display(), machines = config.machines.len(), pools = config.address_pools.len(), "local cloud: cloud-config read");
+        }
+        let cloud = Self {
+            inner: Arc::new(Inner {
+                config: RwLock::new(Arc::new(Config::default())),
+                ever_listed: Mutex::new(BTreeSet::new()),
+                probe_failures: Mutex::new(HashMap::new()),
+                load_balancers: Mutex::new(load_balancer::Allocations::default()),
+                data_plane: DataPlane::new(settings),
+                client: OnceLock::new(),
+            }),
+        };
+        cloud.set_config(config);
+        cloud
+    }
+
+    /// A cloud from the manager's `--cloud-config`: malformed contents fail with the file and line.
+    /// When the config came from a file, the file is watched and re-read within a second of a change.
+    pub fn from_cloud_config(config: &CloudConfig) -> Result<Self, Error> {
+        let path = config.path().map(ToOwned::to_owned);
+        let text = config.text().map_err(|err| Error::Config {
+            path: path.as_ref().map(|p| p.display().to_string()),
+            message: format!("not UTF-8 text: {err}"),
+        })?;
+        let parsed = Config::parse(text.unwrap_or_default(), path.as_deref())?;
+        let cloud = Self::new(parsed, path.as_deref());
+        if let Some(path) = path {
+            watcher::spawn(
+                Arc::downgrade(&cloud.inner),
+                path,
+                config.contents().unwrap_or_default().to_vec(),
+            );
+        }
+        Ok(cloud)
+    }
+
+    /// The config in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.inner
+            .config
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Puts `config` in force, as a reload of the file does. The data plane's settings
+    /// (`loadBalancer`) stay those the cloud started with; VIPs already given out stay.
+    pub fn set_config(&self, config: Config) {
+        lock(&self.inner.ever_listed).extend(config.machines.keys().cloned());
+        *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    /// Whether a config this process read listed `name`.
+    fn was_listed(&self, name: &str) -> bool {
+        lock(&self.inner.ever_listed).contains(name)
+    }
+
+    /// The data plane (for its state in tests and tools).
+    pub fn data_plane(&self) -> &DataPlane {
+        &self.inner.data_plane
+    }
+}
+
+#[async_trait]
+impl CloudProvider for LocalCloud {
+    /// Reserves every VIP that a LoadBalancer Service's status carries (so no restart hands a taken
+    /// address to another Service), then shuts the data plane down when `ctx.shutdown` is cancelled.
+    async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
+        let _ = self.inner.client.set(ctx.client.clone());
+        self.reserve_published_addresses(&ctx.client).await?;
+        let cloud = self.clone();
+        let shutdown = ctx.shutdown.clone();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tracing::info!("local cloud: shutting the data plane down");
+            cloud.inner.data_plane.shutdown().await;
+        });
+        Ok(())
+    }
+
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        Some(self)
+    }
+
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        Some(self)
+    }
+
+    fn provider_name(&self) -> &str {
+        PROVIDER_NAME
+    }
+
+    fn has_cluster_id(&self) -> bool {
+        true
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.inner.data_plane.register_metrics(registry);
+    }
+}

@@ -1,0 +1,1056 @@
+//! Load balancers of the `local` cloud: VIPs from the address pools, traffic through the in-process
+//! data plane.
+//!
+//! **Addresses.** Each Service gets one VIP per IP family it asks for (`spec.ipFamilies` in order;
+//! with `ipFamilyPolicy: PreferDualStack` the second family is given only when a pool of it has a free
+//! address). `spec.loadBalancerIP` or the [`ANNOTATION_LOAD_BALANCER_IPS`] annotation asks for specific
+//! addresses, which must lie in a pool; [`ANNOTATION_ADDRESS_POOL`] picks the pool. The allocation is
+//! recorded on the Service itself, in the `status.loadBalancer.ingress` the service controller writes:
+//! at start ([`CloudProvider::initialize`](cloud_provider::CloudProvider::initialize)) every address a
+//! Service's status carries is reserved for it, and a Service keeps the addresses its status shows
+//! when they are still free, so a restart re-assigns nothing.
+//!
+//! **Errors** (a malformed annotation, an exhausted pool, a requested address another Service holds, a
+//! port that cannot be bound) are returned from `ensure_load_balancer`, which the service controller
+//! turns into a `SyncLoadBalancerFailed` Warning event on that Service; no other Service is touched.
+//!
+//! **Idempotence.** An ensure that finds the data plane already running the same load balancer makes no
+//! data-plane call.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use cloud_provider::{
+    CloudResult, LoadBalancer, async_trait,
+    service_helpers::{
+        IpFamily, IpMode, health_check_path_port, ingress_for_ip, ip_families, is_allow_all,
+        load_balancer_source_ranges, port_groups, requests_only_local_traffic,
+    },
+};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use kube::{Api, api::ListParams};
+use local_data_plane::{Backend, HealthCheck, ListenerSpec, LoadBalancerSpec, Protocol};
+use tracing::Instrument;
+
+use crate::{Config, Error, LocalCloud, instances::lock};
+
+/// Requests specific VIPs: a comma-separated list with at most one address per IP family, each in an
+/// address pool (`spec.loadBalancerIP` is read when the annotation is absent).
+pub const ANNOTATION_LOAD_BALANCER_IPS: &str = "local.ccm.rs/load-balancer-ips";
+
+/// Takes the VIPs from the named address pool (also one with `autoAssign: false`).
+pub const ANNOTATION_ADDRESS_POOL: &str = "local.ccm.rs/address-pool";
+
+/// `v2`: the data plane sends a PROXY protocol v2 header to the backends before the client's bytes
+/// (TCP ports), and the ingress is reported with `ipMode: Proxy`.
+pub const ANNOTATION_PROXY_PROTOCOL: &str = "local.ccm.rs/proxy-protocol";
+
+/// The finalizer of the service controller: a Service that carries it may still own a load balancer.
+const CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+
+/// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
+const DEFAULT_AFFINITY_SECONDS: i32 = 10_800;
+
+/// Who holds which VIP.
+#[derive(Debug, Default)]
+pub(crate) struct Allocations {
+    /// By `namespace/name`.
+    services: BTreeMap<String, Record>,
+    /// VIP → `namespace/name`.
+    owners: BTreeMap<IpAddr, String>,
+}
+
+/// One Service's load balancer.
+#[derive(Debug, Clone)]
+struct Record {
+    uid: Option<String>,
+    /// The VIPs, primary family first.
+    ips: Vec<IpAddr>,
+    /// Whether the ingress is reported with `ipMode: Proxy`.
+    proxy: bool,
+    /// What the data plane runs for it; `None` for a Service whose addresses were only reserved (at
+    /// start) or whose load balancer the data plane could not run yet.
+    applied: Option<LoadBalancerSpec>,
+}
+
+impl Record {
+    fn status(&self) -> LoadBalancerStatus {
+        let mode = if self.proxy {
+            IpMode::Proxy
+        } else {
+            IpMode::Vip
+        };
+        LoadBalancerStatus {
+            ingress: Some(
+                self.ips
+                    .iter()
+                    .map(|ip| ingress_for_ip(*ip, mode))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn same_service(&self, uid: Option<&str>) -> bool {
+        match (self.uid.as_deref(), uid) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
+    }
+}
+
+/// What a Service asks of its load balancer, read and checked before anything changes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Wanted {
+    /// IP families in order, each with whether it must be served.
+    families: Vec<(IpFamily, bool)>,
+    /// Addresses asked for, by family.
+    requested: BTreeMap<IpFamily, IpAddr>,
+    pool: Option<String>,
+    /// (port, protocol, node port), sorted.
+    ports: Vec<(u16, Protocol, u16)>,
+    health_check: Option<HealthCheck>,
+    session_affinity: Option<Duration>,
+    source_ranges: Vec<ipnet::IpNet>,
+    proxy_protocol: bool,
+}
+
+fn key_of(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
+    service
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(|v| v.trim())
+}
+
+/// Reads everything the load balancer needs from the Service; `Err` says what is wrong, naming the
+/// field or annotation.
+pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted, String> {
+    let spec = service.spec.clone().unwrap_or_default();
+    let mut families = ip_families(service).map_err(|e| e.to_string())?;
+    if families.is_empty() {
+        families.push(IpFamily::V4);
+    }
+    let policy = spec.ip_family_policy.as_deref().unwrap_or("SingleStack");
+    if policy == "SingleStack" {
+        families.truncate(1);
+    }
+    let families: Vec<(IpFamily, bool)> = families
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (*f, i == 0 || policy == "RequireDualStack"))
+        .collect();
+
+    let (source, requested_text) = match annotation(service, ANNOTATION_LOAD_BALANCER_IPS) {
+        Some(value) => (ANNOTATION_LOAD_BALANCER_IPS, value.to_owned()),
+        None => (
+            "spec.loadBalancerIP",
+            spec.load_balancer_ip.clone().unwrap_or_default(),
+        ),
+    };
+    let mut requested = BTreeMap::new();
+    for entry in requested_text
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let ip: IpAddr = entry.parse().map_err(|_| {
+            format!("{source}: {entry:?} is not an IP address (expected e.g. 127.240.0.9 or 127.240.0.9,fd00:240::9)")
+        })?;
+        let family = IpFamily::of(ip);
+        if requested.insert(family, ip).is_some() {
+            return Err(format!(
+                "{source}: {requested_text:?} asks for two {} addresses; give at most one per IP family",
+                family.as_str()
+            ));
+        }
+        if !families.iter().any(|(f, _)| *f == family) {
+            return Err(format!(
+                "{source}: {ip} is an {} address but the Service's IP families are [{}]",
+                family.as_str(),
+                families
+                    .iter()
+                    .map(|(f, _)| f.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+
+    let pool = annotation(service, ANNOTATION_ADDRESS_POOL)
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned);
+    if let Some(name) = &pool
+        && !config.address_pools.iter().any(|p| &p.name == name)
+    {
+        return Err(format!(
+            "{ANNOTATION_ADDRESS_POOL}: there is no address pool {name:?} (pools: {})",
+            config
+                .address_pools
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+
+    let mut ports = Vec::new();
+    for group in port_groups(service) {
+        let port = u16::try_from(group.port)
+            .map_err(|_| format!("spec.ports: port {} is out of range", group.port))?;
+        for (protocol, node_port) in &group.protocols {
+            let proto = match protocol.as_str() {
+                "TCP" => Protocol::Tcp,
+                "UDP" => Protocol::Udp,
+                other => {
+                    return Err(format!(
+                        "spec.ports: port {port}/{other}: the local load balancer carries TCP and UDP only"
+                    ));
+                }
+            };
+            let node_port = u16::try_from(*node_port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| {
+                    format!(
+                        "spec.ports: port {port}/{protocol} has no node port (the local load balancer \
+                         forwards to node ports; is allocateLoadBalancerNodePorts false?)"
+                    )
+                })?;
+            ports.push((port, proto, node_port));
+        }
+    }
+    ports.sort();
+
+    let health_check = if requests_only_local_traffic(service) {
+        let (path, port) = health_check_path_port(service).ok_or_else(|| {
+            "externalTrafficPolicy: Local, but spec.healthCheckNodePort is not set".to_owned()
+        })?;
+        let port = u16::try_from(port)
+            .map_err(|_| format!("spec.healthCheckNodePort {port} is out of range"))?;
+        Some(HealthCheck {
+            port,
+            path: path.to_owned(),
+        })
+    } else {
+        match config.load_balancer.kube_proxy_health_port {
+            0 => None,
+            port => Some(HealthCheck {
+                port,
+                path: "/healthz".to_owned(),
+            }),
+        }
+    };
+
+    let session_affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        let seconds = spec
+            .session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(DEFAULT_AFFINITY_SECONDS);
+        Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+    });
+
+    let ranges = load_balancer_source_ranges(service).map_err(|e| e.to_string())?;
+    let source_ranges = if is_allow_all(&ranges) {
+        Vec::new()
+    } else {
+        ranges
+    };
+
+    let proxy_protocol = match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
+        None => false,
+        Some("v2") => true,
+        Some(other) => {
+            return Err(format!(
+                "{ANNOTATION_PROXY_PROTOCOL}: {other:?} is not valid; the only value is \"v2\" \
+                 (remove the annotation to send no PROXY header)"
+            ));
+        }
+    };
+
+    Ok(Wanted {
+        families,
+        requested,
+        pool,
+        ports,
+        health_check,
+        session_affinity,
+        source_ranges,
+        proxy_protocol,
+    })
+}
+
+/// The IPs a Service's status carries.
+fn published_ips(service: &Service) -> Vec<IpAddr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+impl Allocations {
+    /// The VIPs of `key` for `wanted`: the addresses it holds, else those its status carries, else
+    /// free ones from the pools. Changes nothing unless every required family gets an address.
+    fn allocate(
+        &mut self,
+        config: &Config,
+        key: &str,
+        uid: Option<&str>,
+        wanted: &Wanted,
+        published: &[IpAddr],
+    ) -> Result<Vec<IpAddr>, String> {
+        // A record of an earlier Service of the same name (deleted and re-created) is released.
+        if self.services.get(key).is_some_and(|r| !r.same_service(uid)) {
+            self.release(key);
+        }
+        let current: Vec<IpAddr> = self
+            .services
+            .get(key)
+            .map(|r| r.ips.clone())
+            .unwrap_or_default();
+        let free_for_us = |ip: &IpAddr| self.owners.get(ip).is_none_or(|owner| owner == key);
+        let pool_ok = |ip: &IpAddr| match (config.pool_of(*ip), &wanted.pool) {
+            (Some(pool), Some(name)) => &pool.name == name,
+            (Some(_), None) => true,
+            (None, _) => false,
+        };
+        let mut ips = Vec::new();
+        for (family, required) in &wanted.families {
+            let of_family = |ip: &&IpAddr| IpFamily::of(**ip) == *family;
+            let chosen = if let Some(ip) = wanted.requested.get(family) {
+                let Some(pool) = config.pool_of(*ip) else {
+                    return Err(format!(
+                        "the requested address {ip} is in no address pool ({})",
+                        pool_list(config)
+                    ));
+                };
+                if let Some(name) = &wanted.pool
+                    && &pool.name != name
+                {
+                    return Err(format!(
+                        "the requested address {ip} is in pool {:?}, not in {name:?} ({ANNOTATION_ADDRESS_POOL})",
+                        pool.name
+                    ));
+                }
+                if let Some(owner) = self.owners.get(ip).filter(|o| *o != key) {
+                    return Err(format!(
+                        "the requested address {ip} is taken by Service {owner}"
+                    ));
+                }
+                Some(*ip)
+            } else if let Some(ip) = current.iter().filter(of_family).find(|ip| pool_ok(ip)) {
+                Some(*ip)
+            } else if let Some(ip) = published
+                .iter()
+                .filter(of_family)
+                .find(|ip| pool_ok(ip) && free_for_us(ip))
+            {
+                Some(*ip)
+            } else {
+                self.first_free(config, *family, wanted.pool.as_deref())
+            };
+            match chosen {
+                Some(ip) => ips.push(ip),
+                None if *required => {
+                    let pools: Vec<&str> = config
+                        .address_pools
+                        .iter()
+                        .filter(|p| wanted.pool.as_ref().is_none_or(|n| &p.name == n))
+                        .filter(|p| wanted.pool.is_some() || p.auto_assign)
+                        .filter(|p| {
+                            p.addresses
+                                .iter()
+                                .any(|r| IpFamily::of(r.first()) == *family)
+                        })
+                        .map(|p| p.name.as_str())
+                        .collect();
+                    return Err(if pools.is_empty() {
+                        format!(
+                            "no address pool has {} addresses{}",
+                            family.as_str(),
+                            wanted
+                                .pool
+                                .as_ref()
+                                .map(|n| format!(
+                                    " (pool {n:?} asked by {ANNOTATION_ADDRESS_POOL})"
+                                ))
+                                .unwrap_or_default()
+                        )
+                    } else {
+                        format!(
+                            "no free {} address: pool(s) {} are exhausted",
+                            family.as_str(),
+                            pools.join(", ")
+                        )
+                    });
+                }
+                None => {
+                    tracing::info!(
+                        service = key,
+                        family = family.as_str(),
+                        "no free address of the second IP family (PreferDualStack): serving one family"
+                    );
+                }
+            }
+        }
+        for ip in &current {
+            if !ips.contains(ip) {
+                self.owners.remove(ip);
+            }
+        }
+        for ip in &ips {
+            self.owners.insert(*ip, key.to_owned());
+        }
+        let record = self
+            .services
+            .entry(key.to_owned())
+            .or_insert_with(|| Record {
+                uid: uid.map(str::to_owned),
+                ips: Vec::new(),
+                proxy: false,
+                applied: None,
+            });
+        record.ips = ips.clone();
+        record.uid = uid.map(str::to_owned).or(record.uid.take());
+        Ok(ips)
+    }
+
+    /// The lowest free address of `family` in the named pool, else in the auto-assign pools in order.
+    fn first_free(&self, config: &Config, family: IpFamily, pool: Option<&str>) -> Option<IpAddr> {
+        config
+            .address_pools
+            .iter()
+            .filter(|p| match pool {
+                Some(name) => p.name == name,
+                None => p.auto_assign,
+            })
+            .flat_map(|p| p.addresses.iter())
+            .filter(|r| IpFamily::of(r.first()) == family)
+            .find_map(|r| r.addresses().find(|ip| !self.owners.contains_key(ip)))
+    }
+
+    fn release(&mut self, key: &str) -> Option<Record> {
+        let record = self.services.remove(key)?;
+        for ip in &record.ips {
+            if self.owners.get(ip).is_some_and(|o| o == key) {
+                self.owners.remove(ip);
+            }
+        }
+        Some(record)
+    }
+
+    /// Reserves the addresses a Service's status carries (at start). An address another Service
+    /// already holds is not taken (and logged).
+    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr], proxy: bool) {
+        let mut mine = Vec::new();
+        for ip in ips {
+            match self.owners.get(ip) {
+                Some(owner) if owner != key => {
+                    tracing::warn!(service = key, %ip, owner, "two Services' statuses carry one address; it stays with the first");
+                }
+                _ => {
+                    self.owners.insert(*ip, key.to_owned());
+                    mine.push(*ip);
+                }
+            }
+        }
+        if !mine.is_empty() {
+            self.services.insert(
+                key.to_owned(),
+                Record {
+                    uid: uid.map(str::to_owned),
+                    ips: mine,
+                    proxy,
+                    applied: None,
+                },
+            );
+        }
+    }
+}
+
+fn pool_list(config: &Config) -> String {
+    config
+        .address_pools
+        .iter()
+        .map(|p| {
+            let ranges: Vec<String> = p.addresses.iter().map(ToString::to_string).collect();
+            format!("{}: {}", p.name, ranges.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The data plane's spec for `name` with `vips`.
+pub(crate) fn build_spec(
+    name: &str,
+    vips: &[IpAddr],
+    wanted: &Wanted,
+    nodes: &[Node],
+) -> LoadBalancerSpec {
+    let mut listeners: Vec<ListenerSpec> = vips
+        .iter()
+        .flat_map(|vip| {
+            wanted
+                .ports
+                .iter()
+                .map(move |(port, protocol, node_port)| ListenerSpec {
+                    vip: *vip,
+                    port: *port,
+                    protocol: *protocol,
+                    node_port: *node_port,
+                })
+        })
+        .collect();
+    listeners.sort();
+    let mut backends: BTreeSet<(String, IpAddr)> = BTreeSet::new();
+    for node in nodes {
+        let name = node.metadata.name.clone().unwrap_or_default();
+        for address in node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP")
+        {
+            if let Ok(ip) = address.address.parse::<IpAddr>() {
+                backends.insert((name.clone(), ip));
+            }
+        }
+    }
+    LoadBalancerSpec {
+        name: name.to_owned(),
+        listeners,
+        backends: backends
+            .into_iter()
+            .map(|(node, address)| Backend { node, address })
+            .collect(),
+        health_check: wanted.health_check.clone(),
+        session_affinity: wanted.session_affinity,
+        source_ranges: wanted.source_ranges.clone(),
+        proxy_protocol: wanted.proxy_protocol,
+    }
+}
+
+/// Whether the service controller may own this Service's load balancer (or did).
+fn may_hold_addresses(service: &Service) -> bool {
+    let spec = service.spec.as_ref();
+    let wants = spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
+        && spec.and_then(|s| s.load_balancer_class.as_ref()).is_none();
+    let finalized = service
+        .metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|f| f == CLEANUP_FINALIZER));
+    wants || finalized
+}
+
+impl LocalCloud {
+    /// Reserves the VIPs every LoadBalancer Service's status carries.
+    pub(crate) async fn reserve_published_addresses(
+        &self,
+        client: &kube::Client,
+    ) -> Result<(), Error> {
+        let services: Api<Service> = Api::all(client.clone());
+        let list = services
+            .list(&ListParams::default())
+            .await
+            .map_err(|source| Error::Kube {
+                what: "local cloud: listing Services to reserve their load-balancer addresses"
+                    .to_owned(),
+                source,
+            })?;
+        let mut allocations = lock(&self.inner.load_balancers);
+        let mut reserved = 0;
+        for service in list.items.iter().filter(|s| may_hold_addresses(s)) {
+            let ips = published_ips(service);
+            if ips.is_empty() {
+                continue;
+            }
+            let proxy = service
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .is_some_and(|i| i.iter().any(|i| i.ip_mode.as_deref() == Some("Proxy")));
+            allocations.reserve(
+                &key_of(service),
+                service.metadata.uid.as_deref(),
+                &ips,
+                proxy,
+            );
+            reserved += ips.len();
+        }
+        tracing::info!(
+            addresses = reserved,
+            "local cloud: reserved the load-balancer addresses Services carry"
+        );
+        Ok(())
+    }
+
+    async fn ensure(&self, service: &Service, nodes: &[Node]) -> Result<LoadBalancerStatus, Error> {
+        let key = key_of(service);
+        let config = self.config();
+        let bad = |message: String| Error::Service {
+            service: key.clone(),
+            message,
+        };
+        let wanted = read_service(service, &config).map_err(bad)?;
+        let uid = service.metadata.uid.as_deref();
+        let (vips, unchanged, spec) = {
+            let mut allocations = lock(&self.inner.load_balancers);
+            let vips = allocations
+                .allocate(&config, &key, uid, &wanted, &published_ips(service))
+                .map_err(bad)?;
+            let spec = build_spec(&key, &vips, &wanted, nodes);
+            let record = allocations.services.get_mut(&key);
+            let unchanged = record
+                .as_ref()
+                .is_some_and(|r| r.applied.as_ref() == Some(&spec));
+            if let Some(record) = record {
+                record.proxy = wanted.proxy_protocol;
+            }
+            (vips, unchanged, spec)
+        };
+        if !unchanged {
+            tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
+            let result = self.inner.data_plane.apply(spec.clone()).await;
+            let mut allocations = lock(&self.inner.load_balancers);
+            if let Some(record) = allocations.services.get_mut(&key) {
+                record.applied = result.is_ok().then(|| spec.clone());
+            }
+            result.map_err(|source| Error::DataPlane {
+                service: key.clone(),
+                source,
+            })?;
+        }
+        let allocations = lock(&self.inner.load_balancers);
+        Ok(allocations
+            .services
+            .get(&key)
+            .map(Record::status)
+            .unwrap_or_default())
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for LocalCloud {
+    async fn get_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let allocations = lock(&self.inner.load_balancers);
+        Ok(allocations
+            .services
+            .get(&key_of(service))
+            .filter(|r| r.same_service(service.metadata.uid.as_deref()))
+            .map(Record::status))
+    }
+
+    async fn ensure_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let span = tracing::info_span!("ensure_load_balancer", service = %key_of(service));
+        Ok(self.ensure(service, nodes).instrument(span).await?)
+    }
+
+    async fn update_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        let span = tracing::info_span!("update_load_balancer", service = %key_of(service));
+        self.ensure(service, nodes).instrument(span).await?;
+        Ok(())
+    }
+
+    async fn ensure_load_balancer_deleted(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let key = key_of(service);
+        let span = tracing::info_span!("ensure_load_balancer_deleted", service = %key);
+        async {
+            let released = {
+                let mut allocations = lock(&self.inner.load_balancers);
+                let ours = allocations
+                    .services
+                    .get(&key)
+                    .is_some_and(|r| r.same_service(service.metadata.uid.as_deref()));
+                if ours {
+                    allocations.release(&key)
+                } else {
+                    None
+                }
+            };
+            if let Some(record) = released {
+                tracing::info!(vips = ?record.ips, "deleting the load balancer");
+                self.inner.data_plane.remove(&key).await;
+            }
+        }
+        .instrument(span)
+        .await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        ClientIPConfig, LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus,
+        SessionAffinityConfig,
+    };
+    use serde_json::json;
+
+    use super::*;
+
+    fn svc(value: serde_json::Value) -> Service {
+        let mut base = json!({
+            "metadata": {"name": "web", "namespace": "ns", "uid": "u1"},
+            "spec": {"type": "LoadBalancer", "ports": [{"port": 8080, "nodePort": 30080, "protocol": "TCP"}]}
+        });
+        merge(&mut base, value);
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+        match (base, patch) {
+            (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+                for (k, v) in p {
+                    merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (b, p) => *b = p,
+        }
+    }
+
+    fn config(yaml: &str) -> Config {
+        Config::parse(yaml, None).unwrap()
+    }
+
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_plain_service_reads_as_one_tcp_port_checked_on_kube_proxy() {
+        let wanted = read_service(&svc(json!({})), &Config::default()).unwrap();
+        assert_eq!(wanted.families, vec![(IpFamily::V4, true)]);
+        assert_eq!(wanted.ports, vec![(8080, Protocol::Tcp, 30080)]);
+        assert_eq!(
+            wanted.health_check,
+            Some(HealthCheck {
+                port: 10256,
+                path: "/healthz".into()
+            })
+        );
+        assert!(wanted.source_ranges.is_empty(), "allow-all is no filter");
+        assert!(!wanted.proxy_protocol && wanted.session_affinity.is_none());
+    }
+
+    #[test]
+    fn local_traffic_affinity_ranges_and_proxy() {
+        let mut service = svc(json!({
+            "metadata": {"annotations": {ANNOTATION_PROXY_PROTOCOL: "v2"}},
+            "spec": {"externalTrafficPolicy": "Local", "healthCheckNodePort": 31000,
+                     "sessionAffinity": "ClientIP", "loadBalancerSourceRanges": ["127.0.0.0/24"],
+                     "ports": [{"port": 53, "nodePort": 30053, "protocol": "UDP"}, {"port": 53, "nodePort": 30054, "protocol": "TCP"}]}
+        }));
+        let wanted = read_service(&service, &Config::default()).unwrap();
+        assert_eq!(
+            wanted.health_check,
+            Some(HealthCheck {
+                port: 31000,
+                path: "/healthz".into()
+            })
+        );
+        assert_eq!(wanted.session_affinity, Some(Duration::from_secs(10_800)));
+        assert_eq!(wanted.source_ranges, vec!["127.0.0.0/24".parse().unwrap()]);
+        assert!(wanted.proxy_protocol);
+        assert_eq!(
+            wanted.ports,
+            vec![(53, Protocol::Tcp, 30054), (53, Protocol::Udp, 30053)]
+        );
+        service.spec.as_mut().unwrap().session_affinity_config = Some(SessionAffinityConfig {
+            client_ip: Some(ClientIPConfig {
+                timeout_seconds: Some(60),
+            }),
+        });
+        assert_eq!(
+            read_service(&service, &Config::default())
+                .unwrap()
+                .session_affinity,
+            Some(Duration::from_secs(60))
+        );
+    }
+
+    #[test]
+    fn bad_input_is_named() {
+        let cases = [
+            (
+                json!({"metadata": {"annotations": {ANNOTATION_PROXY_PROTOCOL: "v1"}}}),
+                "local.ccm.rs/proxy-protocol: \"v1\" is not valid",
+            ),
+            (
+                json!({"metadata": {"annotations": {ANNOTATION_LOAD_BALANCER_IPS: "127.240.0.300"}}}),
+                "local.ccm.rs/load-balancer-ips: \"127.240.0.300\" is not an IP address",
+            ),
+            (
+                json!({"metadata": {"annotations": {ANNOTATION_LOAD_BALANCER_IPS: "127.240.0.3,127.240.0.4"}}}),
+                "two IPv4 addresses",
+            ),
+            (
+                json!({"spec": {"loadBalancerIP": "fd00::1"}}),
+                "spec.loadBalancerIP: fd00::1 is an IPv6 address but the Service's IP families are [IPv4]",
+            ),
+            (
+                json!({"metadata": {"annotations": {ANNOTATION_ADDRESS_POOL: "gold"}}}),
+                "there is no address pool \"gold\" (pools: default)",
+            ),
+            (
+                json!({"metadata": {"annotations": {"service.beta.kubernetes.io/load-balancer-source-ranges": "nope"}}}),
+                "load-balancer-source-ranges: nope is not valid",
+            ),
+            (
+                json!({"spec": {"ports": [{"port": 9, "protocol": "SCTP", "nodePort": 30009}]}}),
+                "TCP and UDP only",
+            ),
+            (
+                json!({"spec": {"ports": [{"port": 9, "protocol": "TCP"}]}}),
+                "has no node port",
+            ),
+        ];
+        for (patch, expected) in cases {
+            let err = read_service(&svc(patch), &Config::default()).unwrap_err();
+            assert!(err.contains(expected), "{err} lacks {expected}");
+        }
+    }
+
+    fn dual(policy: &str, families: &[&str]) -> Service {
+        svc(json!({"spec": {"ipFamilyPolicy": policy, "ipFamilies": families}}))
+    }
+
+    const DUAL_POOLS: &str = "addressPools:\n  - {name: a, addresses: [127.50.0.1-127.50.0.2, 'fd00:50::/126']}\n  - {name: b, addresses: [127.51.0.0/30], autoAssign: false}\n";
+
+    #[test]
+    fn families_pools_and_requests() {
+        let config = config(DUAL_POOLS);
+        let mut allocations = Allocations::default();
+        let allocate = |allocations: &mut Allocations, key: &str, service: &Service| {
+            let wanted = read_service(service, &config)?;
+            allocations.allocate(
+                &config,
+                key,
+                service.metadata.uid.as_deref(),
+                &wanted,
+                &published_ips(service),
+            )
+        };
+        // IPv6 first when the Service says so; both families when it requires dual-stack.
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "ns/a",
+                &dual("RequireDualStack", &["IPv6", "IPv4"])
+            )
+            .unwrap(),
+            ips(&["fd00:50::1", "127.50.0.1"])
+        );
+        // Idempotent.
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "ns/a",
+                &dual("RequireDualStack", &["IPv6", "IPv4"])
+            )
+            .unwrap(),
+            ips(&["fd00:50::1", "127.50.0.1"])
+        );
+        assert_eq!(
+            allocate(&mut allocations, "ns/b", &dual("SingleStack", &["IPv4"])).unwrap(),
+            ips(&["127.50.0.2"])
+        );
+        // IPv4 is exhausted: a PreferDualStack Service gets IPv6 alone, a SingleStack one an error
+        // that names the pool, and nothing changes for it.
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "ns/c",
+                &dual("PreferDualStack", &["IPv6", "IPv4"])
+            )
+            .unwrap(),
+            ips(&["fd00:50::2"])
+        );
+        let err = allocate(&mut allocations, "ns/d", &dual("SingleStack", &["IPv4"])).unwrap_err();
+        assert_eq!(err, "no free IPv4 address: pool(s) a are exhausted");
+        assert!(!allocations.services.contains_key("ns/d"));
+        // A pool kept out of auto-assignment serves those who name it.
+        let named = svc(json!({"metadata": {"annotations": {ANNOTATION_ADDRESS_POOL: "b"}}}));
+        assert_eq!(
+            allocate(&mut allocations, "ns/d", &named).unwrap(),
+            ips(&["127.51.0.1"])
+        );
+        // A requested address: taken, outside the pools, free.
+        let asks = |ip: &str| svc(json!({"spec": {"loadBalancerIP": ip}}));
+        assert_eq!(
+            allocate(&mut allocations, "ns/e", &asks("127.50.0.2")).unwrap_err(),
+            "the requested address 127.50.0.2 is taken by Service ns/b"
+        );
+        assert!(
+            allocate(&mut allocations, "ns/e", &asks("127.9.9.9"))
+                .unwrap_err()
+                .starts_with("the requested address 127.9.9.9 is in no address pool (a: ")
+        );
+        assert_eq!(
+            allocate(&mut allocations, "ns/e", &asks("127.51.0.2")).unwrap(),
+            ips(&["127.51.0.2"])
+        );
+        // Moving to another requested address frees the first.
+        assert_eq!(
+            allocate(&mut allocations, "ns/e", &asks("127.51.0.1")).unwrap_err(),
+            "the requested address 127.51.0.1 is taken by Service ns/d"
+        );
+        allocations.release("ns/d");
+        assert_eq!(
+            allocate(&mut allocations, "ns/e", &asks("127.51.0.1")).unwrap(),
+            ips(&["127.51.0.1"])
+        );
+        assert!(
+            !allocations
+                .owners
+                .contains_key(&"127.51.0.2".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn a_restart_keeps_published_and_reserved_addresses() {
+        let config = config(DUAL_POOLS);
+        let mut allocations = Allocations::default();
+        let mut published = svc(json!({}));
+        published.status = Some(ServiceStatus {
+            load_balancer: Some(LoadBalancerStatus {
+                ingress: Some(vec![LoadBalancerIngress {
+                    ip: Some("127.50.0.2".into()),
+                    ..Default::default()
+                }]),
+            }),
+            ..Default::default()
+        });
+        // Reserved at start: another Service cannot get it.
+        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]), false);
+        let other = svc(json!({"metadata": {"name": "other", "uid": "u2"}}));
+        let wanted = read_service(&other, &config).unwrap();
+        assert_eq!(
+            allocations
+                .allocate(&config, "ns/other", Some("u2"), &wanted, &[])
+                .unwrap(),
+            ips(&["127.50.0.1"])
+        );
+        let wanted = read_service(&published, &config).unwrap();
+        assert_eq!(
+            allocations
+                .allocate(
+                    &config,
+                    "ns/web",
+                    Some("u1"),
+                    &wanted,
+                    &published_ips(&published)
+                )
+                .unwrap(),
+            ips(&["127.50.0.2"])
+        );
+        // Without the reservation (initialize not run), the status alone keeps the address.
+        let mut fresh = Allocations::default();
+        assert_eq!(
+            fresh
+                .allocate(
+                    &config,
+                    "ns/web",
+                    Some("u1"),
+                    &wanted,
+                    &published_ips(&published)
+                )
+                .unwrap(),
+            ips(&["127.50.0.2"])
+        );
+    }
+
+    #[test]
+    fn the_spec_has_a_listener_per_vip_and_port_and_the_nodes_internal_ips() {
+        let service = dual("RequireDualStack", &["IPv4", "IPv6"]);
+        let wanted = read_service(&service, &config(DUAL_POOLS)).unwrap();
+        let node = |name: &str, addresses: &[(&str, &str)]| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": name}, "status": {"addresses":
+                addresses.iter().map(|(t, a)| json!({"type": t, "address": a})).collect::<Vec<_>>()}}))
+            .unwrap()
+        };
+        let spec = build_spec(
+            "ns/web",
+            &ips(&["127.50.0.1", "fd00:50::1"]),
+            &wanted,
+            &[
+                node(
+                    "n2",
+                    &[
+                        ("InternalIP", "127.0.2.1"),
+                        ("InternalIP", "fd00::2"),
+                        ("Hostname", "n2"),
+                    ],
+                ),
+                node(
+                    "n1",
+                    &[("InternalIP", "127.0.1.1"), ("ExternalIP", "192.0.2.1")],
+                ),
+                node("n3", &[("Hostname", "n3")]),
+            ],
+        );
+        assert_eq!(spec.listeners.len(), 2);
+        assert_eq!(spec.listeners[0].to_string(), "127.50.0.1:8080/TCP");
+        assert_eq!(spec.listeners[1].to_string(), "[fd00:50::1]:8080/TCP");
+        let backends: Vec<String> = spec
+            .backends
+            .iter()
+            .map(|b| format!("{}={}", b.node, b.address))
+            .collect();
+        assert_eq!(backends, ["n1=127.0.1.1", "n2=127.0.2.1", "n2=fd00::2"]);
+    }
+
+    #[test]
+    fn spec_helpers_are_the_contracts() {
+        // The Service spec default: no families → IPv4.
+        let service = Service {
+            spec: Some(ServiceSpec {
+                type_: Some("LoadBalancer".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let wanted = read_service(&service, &Config::default()).unwrap();
+        assert_eq!(wanted.families, vec![(IpFamily::V4, true)]);
+        assert!(wanted.ports.is_empty());
+    }
+}
