@@ -131,11 +131,16 @@ pub(crate) async fn serve(
             .stats
             .bytes_in
             .fetch_add(len as u64, Ordering::Relaxed);
-        // UDP may drop: a full send buffer toward the backend drops the datagram instead of stalling
-        // every other client of the listener.
-        if let Err(error) = flow.upstream.try_send(&buf[..len])
-            && error.kind() != io::ErrorKind::WouldBlock
-        {
+        // Usually the datagram goes out at once. A socket that is new (its readiness not yet seen by
+        // the reactor) or whose send buffer is full waits for writability: that is back-pressure on
+        // this listener, bounded because UDP sends to a connected socket drain in microseconds.
+        let sent = match flow.upstream.try_send(&buf[..len]) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                flow.upstream.send(&buf[..len]).await
+            }
+            other => other,
+        };
+        if let Err(error) = sent {
             debug!(%error, "send to backend failed");
         }
     }

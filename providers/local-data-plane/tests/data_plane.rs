@@ -1,0 +1,931 @@
+//! The data plane on loopback: echo servers on distinct 127.x addresses stand in for nodes.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use local_data_plane::{ApplyError, BindFailure, DataPlane, Protocol, Settings};
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_bytes_flow_through_the_vip_both_ways() {
+    let t = 10;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+
+    let mut stream = TcpStream::connect((vip(t), 8080))
+        .await
+        .expect("connect to the VIP");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let (mut read, mut write) = stream.into_split();
+    let sent = data.clone();
+    let writer = tokio::spawn(async move {
+        write.write_all(&sent).await.expect("write");
+        write.shutdown().await.expect("half-close");
+    });
+    let mut back = Vec::new();
+    within(5 * SECOND, "echo of 1 MB", read.read_to_end(&mut back))
+        .await
+        .expect("read");
+    writer.await.expect("writer");
+    assert_eq!(back, data, "the echo through the VIP is the data sent");
+
+    let state = plane.state("lb").expect("state");
+    assert_eq!(state.listeners.len(), 1);
+    assert_eq!(state.listeners[0].local_addr, SocketAddr::new(vip(t), 8080));
+    assert!(state.failed_listeners.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_datagrams_flow_both_ways_and_replies_come_from_the_vip() {
+    let t = 11;
+    udp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "lb",
+            vec![udp_listener(vip(t), 5353)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+
+    let client = UdpSocket::bind((client_ip(t, 1), 0))
+        .await
+        .expect("bind client");
+    let mut buf = [0u8; 2048];
+    for i in 0..5 {
+        let msg = format!("hello {i}");
+        client
+            .send_to(msg.as_bytes(), (vip(t), 5353))
+            .await
+            .expect("send");
+        let (len, from) = within(2 * SECOND, "udp reply", client.recv_from(&mut buf))
+            .await
+            .expect("recv");
+        assert_eq!(
+            from,
+            SocketAddr::new(vip(t), 5353),
+            "reply comes from the VIP"
+        );
+        assert_eq!(&buf[..len], format!("n1:{msg}").as_bytes());
+    }
+    let state = plane.state("lb").expect("state");
+    assert_eq!(
+        state.listeners[0].active_connections, 1,
+        "one flow for one client address"
+    );
+
+    // The flow is forgotten after the idle timeout (500 ms here).
+    assert!(
+        eventually(3 * SECOND, || plane
+            .state("lb")
+            .is_some_and(|s| s.listeners[0].active_connections == 0))
+        .await,
+        "idle UDP flow is closed"
+    );
+    // And a new datagram opens a new one.
+    client
+        .send_to(b"again", (vip(t), 5353))
+        .await
+        .expect("send");
+    let (len, _) = within(2 * SECOND, "udp reply", client.recv_from(&mut buf))
+        .await
+        .expect("recv");
+    assert_eq!(&buf[..len], b"n1:again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ip_affinity_sticks_one_client_to_one_backend_and_spreads_clients() {
+    let t = 12;
+    for n in 1..=3 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+    }
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        (1..=3)
+            .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+            .collect(),
+    );
+    lb.session_affinity = Some(Duration::from_secs(600));
+    plane.apply(lb).await.expect("apply");
+    let to = SocketAddr::new(vip(t), 8080);
+
+    // Many connections from one client land on one backend.
+    let mut seen = HashSet::new();
+    for _ in 0..20 {
+        seen.insert(which_backend(client_ip(t, 1), to).await);
+    }
+    assert_eq!(
+        seen.len(),
+        1,
+        "one client IP sticks to one backend, saw {seen:?}"
+    );
+
+    // Different client IPs spread over the backends, and each sticks.
+    let mut per_client = HashMap::new();
+    for c in 2..=10 {
+        let first = which_backend(client_ip(t, c), to).await;
+        for _ in 0..3 {
+            assert_eq!(
+                which_backend(client_ip(t, c), to).await,
+                first,
+                "client {c} sticks"
+            );
+        }
+        per_client.insert(c, first);
+    }
+    let backends: HashSet<_> = per_client.values().collect();
+    assert_eq!(
+        backends.len(),
+        3,
+        "nine clients spread over all three backends: {per_client:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_affinity_connections_are_spread_round_robin() {
+    let t = 13;
+    for n in 1..=3 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+    }
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            (1..=3)
+                .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+                .collect(),
+        ))
+        .await
+        .expect("apply");
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    for _ in 0..30 {
+        *counts
+            .entry(which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await)
+            .or_default() += 1;
+    }
+    assert_eq!(counts.len(), 3, "{counts:?}");
+    assert!(
+        counts.values().all(|c| *c == 10),
+        "round robin gives each backend a third: {counts:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_outside_the_source_ranges_are_refused_for_tcp_and_dropped_for_udp() {
+    let t = 14;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    udp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080), udp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    lb.source_ranges = vec![format!("127.{t}.2.0/30").parse().expect("cidr")]; // clients .0-.3
+    plane.apply(lb).await.expect("apply");
+    let to = SocketAddr::new(vip(t), 8080);
+
+    assert_eq!(
+        which_backend(client_ip(t, 1), to).await,
+        "n1",
+        "a source inside the range gets through"
+    );
+    for _ in 0..3 {
+        // The reset can come before connect() returns: both mean refused.
+        if let Ok(mut outside) = connect_from(client_ip(t, 9), to).await {
+            assert!(
+                closed_promptly(&mut outside, 2 * SECOND).await,
+                "a source outside the range is closed at accept, without reaching a backend"
+            );
+        }
+    }
+
+    let inside = UdpSocket::bind((client_ip(t, 2), 0)).await.expect("bind");
+    let outside = UdpSocket::bind((client_ip(t, 9), 0)).await.expect("bind");
+    let mut buf = [0u8; 64];
+    outside.send_to(b"x", to).await.expect("send");
+    inside.send_to(b"y", to).await.expect("send");
+    let (len, _) = within(
+        2 * SECOND,
+        "reply to the inside client",
+        inside.recv_from(&mut buf),
+    )
+    .await
+    .expect("recv");
+    assert_eq!(&buf[..len], b"n1:y");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), outside.recv_from(&mut buf))
+            .await
+            .is_err(),
+        "the outside client's datagram is dropped"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_failing_its_health_check_gets_no_new_connections_and_comes_back_when_healthy() {
+    let t = 15;
+    let mut switches = Vec::new();
+    for n in 1..=3 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+        switches.push(health_server(node_ip(t, n), true).await);
+    }
+    let settings = fast_settings();
+    let plane = DataPlane::new(settings.clone());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        (1..=3)
+            .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+            .collect(),
+    );
+    lb.health_check = healthz();
+    plane.apply(lb).await.expect("apply");
+    let to = SocketAddr::new(vip(t), 8080);
+    let mut seen = HashSet::new();
+    for _ in 0..6 {
+        seen.insert(which_backend(client_ip(t, 1), to).await);
+    }
+    assert_eq!(seen.len(), 3, "all healthy: all get traffic");
+
+    // n2 starts failing: out within interval × unhealthy threshold (+ one check's time).
+    switches[1].store(false, Ordering::SeqCst);
+    let timing = &settings.health_check;
+    let bound = timing.interval * (timing.unhealthy_threshold + 1) + timing.timeout;
+    assert!(
+        eventually(bound, || backend_healthy(&plane, "lb", node_ip(t, 2))
+            == Some(false))
+        .await,
+        "n2 is marked unhealthy within {bound:?}"
+    );
+    for _ in 0..12 {
+        assert_ne!(
+            which_backend(client_ip(t, 1), to).await,
+            "n2",
+            "an unhealthy backend gets no new connection"
+        );
+    }
+
+    // n2 recovers: back after healthy_threshold good checks.
+    switches[1].store(true, Ordering::SeqCst);
+    let bound = timing.interval * (timing.healthy_threshold + 1) + timing.timeout;
+    assert!(
+        eventually(bound, || backend_healthy(&plane, "lb", node_ip(t, 2))
+            == Some(true))
+        .await,
+        "n2 is healthy again within {bound:?}"
+    );
+    let mut seen = HashSet::new();
+    for _ in 0..6 {
+        seen.insert(which_backend(client_ip(t, 1), to).await);
+    }
+    assert!(
+        seen.contains("n2"),
+        "the recovered backend gets connections again: {seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_backends_answering_200_get_traffic_from_the_first_connection_on() {
+    let t = 16;
+    for n in 1..=4 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+        health_server(node_ip(t, n), n % 2 == 1).await; // n1, n3 healthy; n2, n4 answer 503
+    }
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        (1..=4)
+            .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+            .collect(),
+    );
+    lb.health_check = healthz();
+    plane.apply(lb).await.expect("apply");
+    let mut seen = HashSet::new();
+    for _ in 0..20 {
+        seen.insert(which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await);
+    }
+    assert_eq!(seen, HashSet::from(["n1".to_string(), "n3".to_string()]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_healthy_backend_connections_are_closed_promptly_not_left_hanging() {
+    let t = 17;
+    for n in 1..=2 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+        health_server(node_ip(t, n), false).await;
+    }
+    // A third backend has no health server at all (connection refused).
+    tcp_echo(node_ip(t, 3), "n3").await;
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        (1..=3)
+            .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+            .collect(),
+    );
+    lb.health_check = healthz();
+    plane.apply(lb).await.expect("apply");
+    for _ in 0..5 {
+        match connect_from(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await {
+            Err(_) => {} // refused: fine too
+            Ok(mut stream) => assert!(
+                closed_promptly(&mut stream, SECOND).await,
+                "with no healthy backend the connection is closed at once"
+            ),
+        }
+    }
+    let state = plane.state("lb").expect("state");
+    assert!(state.listeners[0].backends.iter().all(|b| !b.healthy));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_established_connection_survives_a_change_of_the_backend_set() {
+    let t = 18;
+    for n in 1..=2 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+    }
+    let plane = DataPlane::new(fast_settings());
+    let to = SocketAddr::new(vip(t), 8080);
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut stream = TcpStream::connect(to).await.expect("connect");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    assert_eq!(round_trip(&mut stream, b"before").await, b"before");
+
+    // n1 leaves the backend set; n2 comes in.
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n2", node_ip(t, 2))],
+        ))
+        .await
+        .expect("apply with other backends");
+    assert_eq!(
+        which_backend(client_ip(t, 1), to).await,
+        "n2",
+        "new connections go to the new set"
+    );
+    // Well past the drain time: the established connection is still relayed to n1.
+    tokio::time::sleep(fast_settings().drain_timeout * 2).await;
+    assert_eq!(round_trip(&mut stream, b"after").await, b"after");
+    let state = plane.state("lb").expect("state");
+    assert_eq!(state.listeners[0].active_connections, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn applying_an_unchanged_spec_changes_nothing() {
+    let t = 19;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    let lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    plane.apply(lb.clone()).await.expect("apply");
+    let mut stream = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    let before = plane.state("lb");
+    for _ in 0..3 {
+        plane.apply(lb.clone()).await.expect("apply again");
+    }
+    assert_eq!(plane.state("lb"), before);
+    assert_eq!(round_trip(&mut stream, b"still here").await, b"still here");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_closes_the_port_at_once_and_drains_established_connections() {
+    let t = 20;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let settings = Settings {
+        drain_timeout: Duration::from_millis(800),
+        ..fast_settings()
+    };
+    let plane = DataPlane::new(settings);
+    let to = SocketAddr::new(vip(t), 8080);
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut established = TcpStream::connect(to).await.expect("connect");
+    assert_eq!(read_id(&mut established).await, "n1");
+
+    let removing = tokio::spawn({
+        let plane = plane.clone();
+        async move {
+            let started = tokio::time::Instant::now();
+            plane.remove("lb").await;
+            started.elapsed()
+        }
+    });
+    assert!(
+        eventually(SECOND / 2, || plane.state("lb").is_none()).await,
+        "the load balancer is gone from the state"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        TcpStream::connect(to).await.is_err(),
+        "new connections are refused while draining"
+    );
+    assert_eq!(
+        round_trip(&mut established, b"draining").await,
+        b"draining",
+        "an established connection goes on during the drain"
+    );
+    let took = within(3 * SECOND, "remove", removing)
+        .await
+        .expect("remove task");
+    assert!(
+        closed_promptly(&mut established, SECOND).await,
+        "after the drain time the established connection is cut"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "remove returns after the drain time, took {took:?}"
+    );
+    assert!(
+        TcpStream::connect(to).await.is_err(),
+        "the port stays closed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remove_returns_as_soon_as_connections_finish() {
+    let t = 21;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let settings = Settings {
+        drain_timeout: Duration::from_secs(30),
+        ..fast_settings()
+    };
+    let plane = DataPlane::new(settings);
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut stream = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    let removing = tokio::spawn({
+        let plane = plane.clone();
+        async move { plane.remove("lb").await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(stream);
+    within(
+        5 * SECOND,
+        "remove after the last connection closed",
+        removing,
+    )
+    .await
+    .expect("remove task");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_that_cannot_be_bound_is_an_apply_error_naming_it_while_the_other_listener_serves() {
+    let t = 22;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let _taken = TcpListener::bind((vip(t), 8081))
+        .await
+        .expect("take the port");
+    let plane = DataPlane::new(fast_settings());
+    let not_local: IpAddr = "192.0.2.1".parse().expect("ip");
+    let lb = spec(
+        "lb",
+        vec![
+            tcp_listener(vip(t), 8080),
+            tcp_listener(vip(t), 8081),
+            tcp_listener(not_local, 8080),
+        ],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    let error = plane
+        .apply(lb.clone())
+        .await
+        .expect_err("two listeners cannot be bound");
+    let message = error.to_string();
+    let ApplyError::Listeners {
+        load_balancer,
+        failures,
+    } = error
+    else {
+        panic!("expected a listener error, got {message}");
+    };
+    assert_eq!(load_balancer, "lb");
+    let failed: HashMap<_, _> = failures
+        .iter()
+        .map(|f| (f.listener.socket_addr(), f.reason))
+        .collect();
+    assert_eq!(
+        failed,
+        HashMap::from([
+            (SocketAddr::new(vip(t), 8081), BindFailure::PortInUse),
+            (
+                SocketAddr::new(not_local, 8080),
+                BindFailure::AddressNotLocal
+            ),
+        ])
+    );
+    assert!(
+        message.contains(&format!("127.{t}.0.1:8081/TCP")),
+        "{message}"
+    );
+    assert!(message.contains("192.0.2.1:8080/TCP"), "{message}");
+
+    // The listener that could be bound serves.
+    assert_eq!(
+        which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await,
+        "n1"
+    );
+    let state = plane.state("lb").expect("state");
+    assert_eq!(state.listeners.len(), 1);
+    assert_eq!(state.failed_listeners.len(), 2);
+
+    // Once the port is free, the same spec binds it.
+    drop(_taken);
+    let lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080), tcp_listener(vip(t), 8081)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    plane.apply(lb).await.expect("the freed port binds");
+    assert_eq!(
+        which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8081)).await,
+        "n1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_listener_of_one_load_balancer_leaves_other_load_balancers_serving() {
+    let t = 23;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "a",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply a");
+    // b asks for a's port.
+    let error = plane
+        .apply(spec(
+            "b",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect_err("b cannot have a's port");
+    assert!(
+        matches!(error, ApplyError::Listeners { ref failures, .. } if failures[0].reason == BindFailure::PortInUse)
+    );
+    assert_eq!(
+        which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await,
+        "n1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_that_leaves_the_spec_closes_while_the_others_stay() {
+    let t = 24;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    let backends = vec![backend("n1", node_ip(t, 1))];
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080), tcp_listener(vip(t), 8081)],
+            backends.clone(),
+        ))
+        .await
+        .expect("apply");
+    plane
+        .apply(spec("lb", vec![tcp_listener(vip(t), 8080)], backends))
+        .await
+        .expect("apply without 8081");
+    assert!(
+        within(2 * SECOND, "port close", async {
+            loop {
+                if TcpStream::connect((vip(t), 8081)).await.is_err() {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+    );
+    assert_eq!(
+        which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await,
+        "n1"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_v2_header_names_the_client_and_the_vip() {
+    let t = 25;
+    let backend_listener = TcpListener::bind((node_ip(t, 1), NODE_PORT))
+        .await
+        .expect("bind backend");
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    lb.proxy_protocol = true;
+    plane.apply(lb).await.expect("apply");
+
+    let mut client = connect_from(client_ip(t, 7), SocketAddr::new(vip(t), 8080))
+        .await
+        .expect("connect");
+    let client_addr = client.local_addr().expect("client addr");
+    client.write_all(b"payload").await.expect("write");
+    let (mut upstream, _) = within(2 * SECOND, "backend accept", backend_listener.accept())
+        .await
+        .expect("accept");
+    let mut header = [0u8; 28];
+    within(2 * SECOND, "header", upstream.read_exact(&mut header))
+        .await
+        .expect("read header");
+
+    assert_eq!(
+        &header[..12],
+        b"\x0D\x0A\x0D\x0A\x00\x0D\x0A\x51\x55\x49\x54\x0A",
+        "signature"
+    );
+    assert_eq!(header[12], 0x21, "version 2, command PROXY");
+    assert_eq!(header[13], 0x11, "TCP over IPv4");
+    assert_eq!(
+        u16::from_be_bytes([header[14], header[15]]),
+        12,
+        "address block length"
+    );
+    assert_eq!(
+        &header[16..20],
+        &[127, t, 2, 7],
+        "source address: the client"
+    );
+    assert_eq!(
+        &header[20..24],
+        &[127, t, 0, 1],
+        "destination address: the VIP"
+    );
+    assert_eq!(
+        u16::from_be_bytes([header[24], header[25]]),
+        client_addr.port(),
+        "source port"
+    );
+    assert_eq!(
+        u16::from_be_bytes([header[26], header[27]]),
+        8080,
+        "destination port"
+    );
+    let mut payload = [0u8; 7];
+    within(2 * SECOND, "payload", upstream.read_exact(&mut payload))
+        .await
+        .expect("payload");
+    assert_eq!(&payload, b"payload", "the client's bytes follow the header");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_listeners_on_loopback_use_only_ipv6_backends() {
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let t = 26;
+    // Node ports unique to this test (there is only one IPv6 loopback address).
+    let node_port = 31_626;
+    let listener = TcpListener::bind((v6, node_port))
+        .await
+        .expect("bind v6 backend");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.write_all(b"v6      ").await;
+                let (mut r, mut w) = stream.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let udp = UdpSocket::bind((v6, node_port)).await.expect("bind v6 udp");
+    tokio::spawn(async move {
+        let mut buf = [0u8; 1500];
+        while let Ok((len, peer)) = udp.recv_from(&mut buf).await {
+            let _ = udp.send_to(&buf[..len], peer).await;
+        }
+    });
+    let plane = DataPlane::new(fast_settings());
+    let mut tcp = tcp_listener(v6, 31_627);
+    tcp.node_port = node_port;
+    let mut udp_l = udp_listener(v6, 31_627);
+    udp_l.node_port = node_port;
+    let mut lb = spec(
+        "lb6",
+        vec![tcp, udp_l],
+        // An IPv4 backend too: IPv6 listeners must not use it.
+        vec![backend("v4", node_ip(t, 1)), backend("v6", v6)],
+    );
+    lb.proxy_protocol = false;
+    plane.apply(lb).await.expect("apply");
+    let state = plane.state("lb6").expect("state");
+    for listener in &state.listeners {
+        assert_eq!(listener.backends.len(), 1);
+        assert_eq!(listener.backends[0].address, SocketAddr::new(v6, node_port));
+    }
+
+    let mut stream = TcpStream::connect((v6, 31_627))
+        .await
+        .expect("connect over IPv6");
+    assert_eq!(read_id(&mut stream).await, "v6");
+    assert_eq!(round_trip(&mut stream, b"over ipv6").await, b"over ipv6");
+    let client = UdpSocket::bind((v6, 0)).await.expect("bind");
+    client.send_to(b"dgram6", (v6, 31_627)).await.expect("send");
+    let mut buf = [0u8; 64];
+    let (len, from) = within(2 * SECOND, "udp6", client.recv_from(&mut buf))
+        .await
+        .expect("recv");
+    assert_eq!(&buf[..len], b"dgram6");
+    assert_eq!(from, SocketAddr::new(v6, 31_627));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_encode_with_the_expected_names_and_labels() {
+    let t = 27;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    health_server(node_ip(t, 1), true).await;
+    let plane = DataPlane::new(fast_settings());
+    let mut registry = prometheus_client::registry::Registry::default();
+    plane.register_metrics(&mut registry);
+    let mut lb = spec(
+        "web",
+        vec![tcp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    lb.health_check = healthz();
+    plane.apply(lb).await.expect("apply");
+    let mut stream = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    assert_eq!(round_trip(&mut stream, b"12345").await, b"12345");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let listener = format!("listener=\"127.{t}.0.1:8080/TCP\"");
+    let lb_labels = format!("{{load_balancer=\"web\",{listener}}}");
+    for expected in [
+        format!("local_lb_connections_total{lb_labels} 1"),
+        format!("local_lb_active_connections{lb_labels} 1"),
+        format!("local_lb_bytes_in_total{lb_labels} 5"),
+        format!("local_lb_bytes_out_total{lb_labels} 13"), // the 8-byte id + the echo
+        format!("local_lb_backend_connect_errors_total{lb_labels} 0"),
+        format!(
+            "local_lb_refused_connections_total{{load_balancer=\"web\",{listener},reason=\"source_range\"}} 0"
+        ),
+        format!(
+            "local_lb_backend_healthy{{load_balancer=\"web\",{listener},backend=\"127.{t}.1.1:{NODE_PORT}\",node=\"n1\"}} 1"
+        ),
+    ] {
+        assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+    }
+    assert!(
+        text.contains("# TYPE local_lb_connections counter"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE local_lb_backend_healthy gauge"),
+        "{text}"
+    );
+
+    drop(stream);
+    plane.remove("web").await;
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    assert!(
+        !text.contains("load_balancer=\"web\""),
+        "a removed load balancer's series are gone:\n{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_checks_of_the_same_target_are_shared_across_load_balancers() {
+    let t = 28;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let switch = health_server(node_ip(t, 1), true).await;
+    let plane = DataPlane::new(fast_settings());
+    for (name, port) in [("a", 8080), ("b", 8081)] {
+        let mut lb = spec(
+            name,
+            vec![tcp_listener(vip(t), port)],
+            vec![backend("n1", node_ip(t, 1))],
+        );
+        lb.health_check = healthz();
+        plane.apply(lb).await.expect("apply");
+    }
+    switch.store(false, Ordering::SeqCst);
+    assert!(
+        eventually(2 * SECOND, || {
+            backend_healthy(&plane, "a", node_ip(t, 1)) == Some(false)
+                && backend_healthy(&plane, "b", node_ip(t, 1)) == Some(false)
+        })
+        .await
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_every_load_balancer() {
+    let t = 29;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    for (name, port) in [("a", 8080), ("b", 8081)] {
+        plane
+            .apply(spec(
+                name,
+                vec![tcp_listener(vip(t), port)],
+                vec![backend("n1", node_ip(t, 1))],
+            ))
+            .await
+            .expect("apply");
+    }
+    within(3 * SECOND, "shutdown", plane.shutdown()).await;
+    assert!(plane.names().is_empty());
+    for port in [8080, 8081] {
+        assert!(
+            TcpStream::connect((vip(t), port)).await.is_err(),
+            "port {port} closed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_specs_are_refused_without_changing_anything() {
+    let plane = DataPlane::new(fast_settings());
+    let t = 30;
+    let twice = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080), tcp_listener(vip(t), 8080)],
+        vec![],
+    );
+    assert!(matches!(
+        plane.apply(twice).await,
+        Err(ApplyError::InvalidSpec { .. })
+    ));
+    let mut bad_path = spec("lb", vec![tcp_listener(vip(t), 8080)], vec![]);
+    bad_path.health_check = Some(local_data_plane::HealthCheck {
+        port: 1,
+        path: "/x\r\nHost: evil".into(),
+    });
+    assert!(matches!(
+        plane.apply(bad_path).await,
+        Err(ApplyError::InvalidSpec { .. })
+    ));
+    assert!(
+        plane.state("lb").is_none() || plane.state("lb").is_some_and(|s| s.listeners.is_empty())
+    );
+    // Same port, two protocols: fine.
+    let both = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080), udp_listener(vip(t), 8080)],
+        vec![],
+    );
+    plane
+        .apply(both)
+        .await
+        .expect("TCP and UDP may share a port");
+    let state = plane.state("lb").expect("state");
+    let protocols: HashSet<Protocol> = state.listeners.iter().map(|l| l.spec.protocol).collect();
+    assert_eq!(protocols.len(), 2);
+}
