@@ -106,6 +106,8 @@ struct Inner {
     probe_failures: ProbeFailures,
     load_balancers: Mutex<load_balancer::Allocations>,
     data_plane: DataPlane,
+    /// How many times a load balancer was handed to the data plane.
+    applies: std::sync::atomic::AtomicU64,
     /// The client `initialize` got (for events about a config edit that is refused).
     client: OnceLock<kube::Client>,
 }
@@ -136,6 +138,7 @@ impl LocalCloud {
                 probe_failures: Mutex::new(HashMap::new()),
                 load_balancers: Mutex::new(load_balancer::Allocations::default()),
                 data_plane: DataPlane::new(settings),
+                applies: std::sync::atomic::AtomicU64::new(0),
                 client: OnceLock::new(),
             }),
         };
@@ -182,6 +185,14 @@ impl LocalCloud {
     /// Whether a config this process read listed `name`.
     fn was_listed(&self, name: &str) -> bool {
         lock(&self.inner.ever_listed).contains(name)
+    }
+
+    /// How many times a load balancer was handed to the data plane (`apply`) since the cloud started:
+    /// an ensure that finds nothing to change does not count.
+    pub fn data_plane_applies(&self) -> u64 {
+        self.inner
+            .applies
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The data plane (for its state in tests and tools).

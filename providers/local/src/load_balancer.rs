@@ -35,7 +35,10 @@ use kube::{Api, api::ListParams};
 use local_data_plane::{Backend, HealthCheck, ListenerSpec, LoadBalancerSpec, Protocol};
 use tracing::Instrument;
 
-use crate::{Config, Error, LocalCloud, instances::lock};
+use crate::{
+    Config, Error, LocalCloud,
+    instances::{Known, lock},
+};
 
 /// Requests specific VIPs: a comma-separated list with at most one address per IP family, each in an
 /// address pool (`spec.loadBalancerIP` is read when the annotation is absent).
@@ -503,7 +506,7 @@ pub(crate) fn build_spec(
     name: &str,
     vips: &[IpAddr],
     wanted: &Wanted,
-    nodes: &[Node],
+    nodes: &[&Node],
 ) -> LoadBalancerSpec {
     let mut listeners: Vec<ListenerSpec> = vips
         .iter()
@@ -620,7 +623,18 @@ impl LocalCloud {
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
-            let spec = build_spec(&key, &vips, &wanted, nodes);
+            // Backends: the nodes this cloud knows (listed or adopted); nodes it ignores (another
+            // cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines get no traffic.
+            let ours: Vec<&Node> = nodes
+                .iter()
+                .filter(|n| {
+                    matches!(
+                        self.classify(&config, n),
+                        Known::Listed(..) | Known::Adopted(_)
+                    )
+                })
+                .collect();
+            let spec = build_spec(&key, &vips, &wanted, &ours);
             let record = allocations.services.get_mut(&key);
             let unchanged = record
                 .as_ref()
@@ -632,6 +646,9 @@ impl LocalCloud {
         };
         if !unchanged {
             tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
+            self.inner
+                .applies
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let result = self.inner.data_plane.apply(spec.clone()).await;
             let mut allocations = lock(&self.inner.load_balancers);
             if let Some(record) = allocations.services.get_mut(&key) {
@@ -1013,7 +1030,7 @@ mod tests {
             &ips(&["127.50.0.1", "fd00:50::1"]),
             &wanted,
             &[
-                node(
+                &node(
                     "n2",
                     &[
                         ("InternalIP", "127.0.2.1"),
@@ -1021,11 +1038,11 @@ mod tests {
                         ("Hostname", "n2"),
                     ],
                 ),
-                node(
+                &node(
                     "n1",
                     &[("InternalIP", "127.0.1.1"), ("ExternalIP", "192.0.2.1")],
                 ),
-                node("n3", &[("Hostname", "n3")]),
+                &node("n3", &[("Hostname", "n3")]),
             ],
         );
         assert_eq!(spec.listeners.len(), 2);

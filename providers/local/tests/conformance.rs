@@ -1,0 +1,62 @@
+//! The provider conformance kit passes for `local`.
+
+use cloud_provider::{
+    CloudProvider,
+    conformance::{Fixtures, run},
+};
+use cloud_provider_local::{Config, LocalCloud};
+
+#[tokio::test]
+async fn local_passes_the_conformance_kit() {
+    let cloud = LocalCloud::new(
+        Config::parse(
+            "machines:\n  conf-running: {}\n  conf-stopped: {state: shutdown}\n  conf-gone: {}\n\
+             addressPools: [{name: conformance, addresses: [127.99.0.0/24]}]\n",
+            None,
+        )
+        .unwrap(),
+        None,
+    );
+    // `conf-gone` is removed from the inventory: its machine no longer exists (a never-listed node
+    // would be adopted).
+    cloud.set_config(
+        Config::parse(
+            "machines:\n  conf-running: {}\n  conf-stopped: {state: shutdown}\n\
+             addressPools: [{name: conformance, addresses: [127.99.0.0/24]}]\n",
+            None,
+        )
+        .unwrap(),
+    );
+    let fixtures = Fixtures::new("conf-running", "conf-gone")
+        .with_shutdown_node("conf-stopped")
+        .with_backend_nodes(&["conf-running", "conf-stopped"]);
+    let report = run(&cloud, &fixtures).await;
+    println!("{report}");
+    report.assert_passed();
+    assert!(
+        report
+            .passed()
+            .iter()
+            .any(|r| r.name == "load_balancer_ensure_is_idempotent_and_get_agrees"),
+        "{report}"
+    );
+    assert_eq!(cloud.provider_name(), "local");
+    // Quiet: an ensure that finds nothing to change does not touch the data plane.
+    let service = &fixtures.service;
+    let nodes = &fixtures.backend_nodes;
+    let lb = cloud.load_balancer().unwrap();
+    lb.ensure_load_balancer("c", service, nodes).await.unwrap();
+    let applied = cloud.data_plane_applies();
+    lb.ensure_load_balancer("c", service, nodes).await.unwrap();
+    lb.update_load_balancer("c", service, nodes).await.unwrap();
+    assert_eq!(cloud.data_plane_applies(), applied);
+    lb.ensure_load_balancer_deleted("c", service).await.unwrap();
+    // Everything the kit created is gone.
+    assert!(cloud.data_plane().names().is_empty());
+}
+
+#[test]
+fn local_is_registered_under_its_name() {
+    let registry = cloud_provider::Registry::linked().unwrap();
+    assert!(registry.contains("local"));
+}

@@ -1,0 +1,630 @@
+//! The `local` cloud's load balancers carrying real traffic: the manager runs in-process against the
+//! test control plane's real API server; echo servers on 127.x addresses stand in for the nodes'
+//! NodePorts and health endpoints (the nodes' InternalIPs are those addresses).
+//!
+//! Each test has its own addresses: VIPs in 127.(100+id).0.0/24, nodes at 127.(200+id).0.n, node
+//! ports 30(100+id)…, kube-proxy's health port 20(100+id). Its pool is `autoAssign: false` and its
+//! Services name it, so a Service of another test (or test binary) never takes one of its addresses.
+
+mod support;
+
+use std::{collections::BTreeSet, net::IpAddr, time::Duration};
+
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use support::*;
+use tokio::io::AsyncReadExt;
+
+const LONG: Duration = Duration::from_secs(30);
+
+/// One test's cluster: a manager on `local`, nodes with their stand-ins, a namespace.
+struct Scenario {
+    manager: Option<RunningManager>,
+    nodes: Vec<FakeNode>,
+    namespace: String,
+}
+
+impl Scenario {
+    fn pool(id: u8) -> String {
+        format!("127.{}.0.0/24", 100 + u16::from(id))
+    }
+
+    fn node_ip(id: u8, n: usize) -> String {
+        format!("127.{}.0.{}", 200 + u16::from(id), n + 1)
+    }
+
+    fn node_port(id: u8, n: u16) -> u16 {
+        30_000 + 100 * u16::from(id) % 2_700 + n
+    }
+
+    fn kube_proxy_port(id: u8) -> u16 {
+        20_100 + u16::from(id)
+    }
+
+    /// The cloud-config: the named nodes in the inventory (every other node ignored), the test's pool,
+    /// fast health checks, a 1 s drain.
+    fn config(id: u8, names: &[String]) -> String {
+        let machines: String = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                format!(
+                    "  {name}: {{addresses: [{{type: InternalIP, address: {}}}]}}\n",
+                    Self::node_ip(id, i)
+                )
+            })
+            .collect();
+        format!(
+            "unlistedNodes: ignore\nmachines:\n{machines}addressPools:\n  - {{name: t, addresses: [{}], autoAssign: false}}\n\
+             loadBalancer:\n  kubeProxyHealthPort: {}\n  healthCheck: {{interval: 200ms, timeout: 300ms, healthyThreshold: 1, unhealthyThreshold: 2}}\n  drainTimeout: 1s\n  connectTimeout: 1s\n",
+            Self::pool(id),
+            Self::kube_proxy_port(id)
+        )
+    }
+
+    /// Starts `count` node stand-ins serving `node_ports` (and kube-proxy's health port plus
+    /// `health_ports`), registers their Nodes and starts the manager.
+    async fn start(id: u8, count: usize, node_ports: &[u16], health_ports: &[u16]) -> Self {
+        let namespace = test_control_plane::unique_name(&format!("local-lb-{id}"));
+        ensure_namespace(&namespace).await;
+        let names: Vec<String> = (0..count)
+            .map(|i| test_control_plane::unique_name(&format!("lb{id}-n{i}")))
+            .collect();
+        let mut all_health = vec![Self::kube_proxy_port(id)];
+        all_health.extend_from_slice(health_ports);
+        let mut nodes = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let ip = Self::node_ip(id, i);
+            nodes.push(FakeNode::start(name, &ip, node_ports, &all_health).await);
+            create_node(name, &[&ip]).await;
+        }
+        let manager = RunningManager::start(&Self::config(id, &names), &[]).await;
+        Self {
+            manager: Some(manager),
+            nodes,
+            namespace,
+        }
+    }
+
+    fn manager(&self) -> &RunningManager {
+        self.manager.as_ref().expect("the manager runs")
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.name.clone()).collect()
+    }
+
+    /// A LoadBalancer Service of this test (its pool named), with `extra` merged into it.
+    async fn service(
+        &self,
+        name: &str,
+        ports: &[(u16, &str, u16)],
+        extra: serde_json::Value,
+    ) -> IpAddr {
+        self.create(name, ports, extra).await;
+        wait_for_vip(&self.namespace, name).await
+    }
+
+    async fn create(&self, name: &str, ports: &[(u16, &str, u16)], extra: serde_json::Value) {
+        let mut service = lb_service(name, ports);
+        service["metadata"]["annotations"] = json!({ "local.ccm.rs/address-pool": "t" });
+        merge(&mut service, extra);
+        create_service(&self.namespace, service).await;
+    }
+
+    /// Deletes the Services, stops the manager and deletes the Nodes.
+    async fn finish(mut self) {
+        delete_services(&self.namespace).await;
+        if let Some(manager) = self.manager.take() {
+            manager.stop().await;
+        }
+        let names = self.names();
+        delete_nodes(&names.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    }
+}
+
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (b, p) => *b = p,
+    }
+}
+
+/// Waits until `count` new connections reach exactly the nodes in `expected`.
+async fn wait_for_backends(what: &str, vip: IpAddr, port: u16, expected: &[&str]) {
+    let expected: BTreeSet<String> = expected.iter().map(|s| s.to_string()).collect();
+    eventually(what, LONG, || {
+        let expected = expected.clone();
+        async move {
+            let seen: BTreeSet<String> = answering_nodes(vip, port, 12).await.into_iter().collect();
+            (seen == expected).then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn tcp_and_udp_bytes_flow_through_the_vip() {
+    let _serial = SERIAL.lock().await;
+    let id = 1;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 2, &[np], &[]).await;
+    let vip = s
+        .service("dns", &[(18053, "TCP", np), (18053, "UDP", np)], json!({}))
+        .await;
+    assert!(
+        vip.to_string().starts_with("127.101.0."),
+        "the VIP {vip} is from the pool"
+    );
+    let names = s.names();
+    wait_for_backends(
+        "both nodes behind the VIP",
+        vip,
+        18053,
+        &[&names[0], &names[1]],
+    )
+    .await;
+
+    let (node, mut stream) = connect(vip, 18053).await.unwrap();
+    assert!(names.contains(&node));
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    echo(&mut stream, &payload).await.unwrap();
+
+    let answer = udp_round_trip("127.0.0.1".parse().unwrap(), vip, 18053, b"hello")
+        .await
+        .unwrap();
+    let (from, echoed) = answer.split_once(':').unwrap();
+    assert!(names.iter().any(|n| n == from), "{answer}");
+    assert_eq!(echoed, "hello");
+
+    // The load balancer's metrics are the data plane's.
+    let mut registry = cloud_provider::prometheus_client::registry::Registry::default();
+    cloud_provider::CloudProvider::register_metrics(&s.manager().cloud, &mut registry);
+    let mut text = String::new();
+    cloud_provider::prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(text.contains("local_lb_bytes_in"), "{text}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn client_ip_affinity_sticks_to_one_backend() {
+    let _serial = SERIAL.lock().await;
+    let id = 2;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 3, &[np], &[]).await;
+    let vip = s
+        .service(
+            "sticky",
+            &[(18080, "TCP", np)],
+            json!({"spec": {"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}}),
+        )
+        .await;
+    let names = s.names();
+    // Wait until the load balancer answers at all.
+    eventually("the VIP answers", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    for source in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        let source: IpAddr = source.parse().unwrap();
+        let mut seen = BTreeSet::new();
+        for _ in 0..10 {
+            let (node, _) = connect_from(source, vip, 18080).await.unwrap();
+            seen.insert(node);
+        }
+        assert_eq!(seen.len(), 1, "{source} went to {seen:?}");
+        assert!(names.contains(seen.first().unwrap()));
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_source_outside_the_source_ranges_is_refused() {
+    let _serial = SERIAL.lock().await;
+    let id = 3;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 1, &[np], &[]).await;
+    let vip = s
+        .service(
+            "private",
+            &[(18080, "TCP", np), (18080, "UDP", np)],
+            json!({"spec": {"loadBalancerSourceRanges": ["127.0.0.8/29"]}}),
+        )
+        .await;
+    let inside: IpAddr = "127.0.0.9".parse().unwrap();
+    let outside: IpAddr = "127.0.0.20".parse().unwrap();
+    eventually("an allowed source is served", LONG, || async move {
+        connect_from(inside, vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    let refused = connect_from(outside, vip, 18080).await;
+    assert!(
+        refused.is_err(),
+        "a source outside 127.0.0.8/29 got an answer: {:?}",
+        refused.map(|r| r.0)
+    );
+    assert!(udp_round_trip(inside, vip, 18080, b"x").await.is_ok());
+    assert!(
+        udp_round_trip(outside, vip, 18080, b"x").await.is_err(),
+        "UDP from outside the ranges is dropped"
+    );
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn an_unhealthy_backend_gets_no_new_connections_until_healthy_again() {
+    let _serial = SERIAL.lock().await;
+    let id = 4;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 3, &[np], &[]).await;
+    let vip = s.service("web", &[(18080, "TCP", np)], json!({})).await;
+    let names = s.names();
+    wait_for_backends(
+        "all three nodes",
+        vip,
+        18080,
+        &[&names[0], &names[1], &names[2]],
+    )
+    .await;
+
+    // interval 200 ms × unhealthy threshold 2, plus one check's timeout (300 ms) and some slack.
+    s.nodes[1].set_healthy(false);
+    tokio::time::sleep(Duration::from_millis(200 * 2 + 300 + 300)).await;
+    let answered = answering_nodes(vip, 18080, 30).await;
+    assert!(
+        !answered.contains(&names[1]),
+        "the unhealthy node still got new connections: {answered:?}"
+    );
+    assert!(
+        answered.iter().all(|n| n == &names[0] || n == &names[2]),
+        "{answered:?}"
+    );
+
+    s.nodes[1].set_healthy(true);
+    wait_for_backends(
+        "the node back once healthy",
+        vip,
+        18080,
+        &[&names[0], &names[1], &names[2]],
+    )
+    .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn external_traffic_policy_local_sends_only_to_nodes_whose_health_check_node_port_answers() {
+    let _serial = SERIAL.lock().await;
+    let id = 5;
+    let np = Scenario::node_port(id, 0);
+    let hcnp = Scenario::node_port(id, 1);
+    let s = Scenario::start(id, 3, &[np], &[hcnp]).await;
+    // Node 2's healthCheckNodePort says "no local endpoint"; kube-proxy's port (healthy everywhere)
+    // does not count for a Local Service.
+    s.nodes[2].set_healthy(false);
+    let vip = s
+        .service(
+            "local-only",
+            &[(18080, "TCP", np)],
+            json!({"spec": {"externalTrafficPolicy": "Local", "healthCheckNodePort": hcnp}}),
+        )
+        .await;
+    let names = s.names();
+    wait_for_backends(
+        "the two nodes with endpoints",
+        vip,
+        18080,
+        &[&names[0], &names[1]],
+    )
+    .await;
+    let answered = answering_nodes(vip, 18080, 30).await;
+    assert!(!answered.contains(&names[2]), "{answered:?}");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn an_established_connection_survives_a_change_of_the_backend_set() {
+    let _serial = SERIAL.lock().await;
+    let id = 6;
+    let np = Scenario::node_port(id, 0);
+    let mut s = Scenario::start(id, 2, &[np], &[]).await;
+    let vip = s.service("steady", &[(18080, "TCP", np)], json!({})).await;
+    let names = s.names();
+    wait_for_backends("both nodes", vip, 18080, &[&names[0], &names[1]]).await;
+    let (on, mut stream) = connect(vip, 18080).await.unwrap();
+    echo(&mut stream, b"before").await.unwrap();
+
+    // The node this connection goes to is deleted and a new one joins.
+    let newcomer = test_control_plane::unique_name(&format!("lb{id}-n2"));
+    let newcomer_ip = Scenario::node_ip(id, 2);
+    let mut all = names.clone();
+    all.push(newcomer.clone());
+    s.manager().set_cloud(&Scenario::config(id, &all));
+    s.nodes.push(
+        FakeNode::start(
+            &newcomer,
+            &newcomer_ip,
+            &[np],
+            &[Scenario::kube_proxy_port(id)],
+        )
+        .await,
+    );
+    create_node(&newcomer, &[&newcomer_ip]).await;
+    delete_nodes(&[&on]).await;
+    let remaining: Vec<&str> = all
+        .iter()
+        .map(String::as_str)
+        .filter(|n| *n != on)
+        .collect();
+    wait_for_backends("the new backend set", vip, 18080, &remaining).await;
+
+    echo(&mut stream, b"after the backend set changed")
+        .await
+        .expect("the established connection still carries bytes");
+    drop(stream);
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn deleting_the_service_closes_its_port() {
+    let _serial = SERIAL.lock().await;
+    let id = 7;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 1, &[np], &[]).await;
+    let vip = s
+        .service("short-lived", &[(18080, "TCP", np)], json!({}))
+        .await;
+    eventually("the VIP answers", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    services(&s.namespace)
+        .await
+        .delete("short-lived", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the port closed", LONG, || async move {
+        match tokio::net::TcpStream::connect((vip, 18080)).await {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_restarted_manager_keeps_every_vip() {
+    let _serial = SERIAL.lock().await;
+    let id = 8;
+    let np: Vec<u16> = (0..4).map(|n| Scenario::node_port(id, n)).collect();
+    let mut s = Scenario::start(id, 1, &np, &[]).await;
+    let mut before = Vec::new();
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let vip = s
+            .service(name, &[(18080 + i as u16, "TCP", np[i])], json!({}))
+            .await;
+        before.push(vip);
+    }
+    let names = s.names();
+    s.manager.take().unwrap().stop().await;
+
+    // While no manager runs, a Service is created: after the restart it must not get an address the
+    // others hold, although it may be synced first.
+    s.create("d", &[(18083, "TCP", np[3])], json!({})).await;
+    s.manager = Some(RunningManager::start(&Scenario::config(id, &names), &[]).await);
+    let d = wait_for_vip(&s.namespace, "d").await;
+    assert!(
+        !before.contains(&d),
+        "d got {d}, which another Service holds"
+    );
+    for (i, name) in ["a", "b", "c"].iter().enumerate() {
+        let service = services(&s.namespace).await.get(name).await.unwrap();
+        assert_eq!(status_ips(&service), vec![before[i]], "{name} kept its VIP");
+        let vip = before[i];
+        let port = 18080 + i as u16;
+        eventually(
+            &format!("{name} served again at {vip}"),
+            LONG,
+            || async move { connect(vip, port).await.ok().map(|_| ()) },
+        )
+        .await;
+    }
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_a_warning_event_on_that_service_and_the_others_keep_serving() {
+    let _serial = SERIAL.lock().await;
+    let id = 9;
+    let np: Vec<u16> = (0..4).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    let good = s.service("good", &[(18080, "TCP", np[0])], json!({})).await;
+    eventually("the good Service answers", LONG, || async move {
+        connect(good, 18080).await.ok().map(|_| ())
+    })
+    .await;
+
+    // A malformed annotation.
+    s.create(
+        "bad-annotation",
+        &[(18081, "TCP", np[1])],
+        json!({"metadata": {"annotations": {"local.ccm.rs/proxy-protocol": "v7"}}}),
+    )
+    .await;
+    // A port another process holds on the requested VIP.
+    let taken_vip = "127.109.0.200";
+    let _holder = std::net::TcpListener::bind((taken_vip, 18082)).unwrap();
+    s.create(
+        "taken-port",
+        &[(18082, "TCP", np[2])],
+        json!({"metadata": {"annotations": {"local.ccm.rs/load-balancer-ips": taken_vip}}}),
+    )
+    .await;
+    // A requested address outside every pool.
+    s.create(
+        "outside",
+        &[(18083, "TCP", np[3])],
+        json!({"spec": {"loadBalancerIP": "127.9.9.9"}}),
+    )
+    .await;
+
+    for (name, expected) in [
+        (
+            "bad-annotation",
+            "local.ccm.rs/proxy-protocol: \"v7\" is not valid",
+        ),
+        ("taken-port", "port already in use"),
+        ("outside", "127.9.9.9 is in no address pool"),
+    ] {
+        let namespace = s.namespace.clone();
+        let note = eventually(&format!("a Warning event on {name}"), LONG, || {
+            let namespace = namespace.clone();
+            async move {
+                events_in(&namespace, name, "SyncLoadBalancerFailed")
+                    .await
+                    .into_iter()
+                    .find_map(|e| e.note.filter(|n| n.contains(expected)))
+            }
+        })
+        .await;
+        assert!(note.contains(name), "the event names the Service: {note}");
+    }
+    // The good Service never stopped.
+    for _ in 0..5 {
+        connect(good, 18080)
+            .await
+            .expect("the good Service still serves");
+    }
+    // Its port is bound once the other process lets go (the next retry of its back-off: 5 s, 10 s).
+    drop(_holder);
+    let vip: IpAddr = taken_vip.parse().unwrap();
+    eventually(
+        "taken-port serves once the port is free",
+        Duration::from_secs(40),
+        || async move { connect(vip, 18082).await.ok().map(|_| ()) },
+    )
+    .await;
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn an_exhausted_pool_is_a_warning_event_and_the_others_keep_their_addresses() {
+    let _serial = SERIAL.lock().await;
+    let id = 10;
+    let np: Vec<u16> = (0..3).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    // The pool shrinks to two addresses.
+    let names = s.names();
+    let small =
+        Scenario::config(id, &names).replace(&Scenario::pool(id), "127.110.0.1-127.110.0.2");
+    s.manager().set_cloud(&small);
+    let a = s.service("one", &[(18080, "TCP", np[0])], json!({})).await;
+    let b = s.service("two", &[(18081, "TCP", np[1])], json!({})).await;
+    s.create("three", &[(18082, "TCP", np[2])], json!({})).await;
+    let namespace = s.namespace.clone();
+    eventually("a Warning event on three", LONG, || {
+        let namespace = namespace.clone();
+        async move {
+            events_in(&namespace, "three", "SyncLoadBalancerFailed")
+                .await
+                .into_iter()
+                .find(|e| {
+                    e.note.as_deref().is_some_and(|n| {
+                        n.contains("no free IPv4 address: pool(s) t are exhausted")
+                    })
+                })
+        }
+    })
+    .await;
+    for (vip, port) in [(a, 18080), (b, 18081)] {
+        connect(vip, port).await.expect("the others keep serving");
+    }
+    let three = services(&s.namespace).await.get("three").await.unwrap();
+    assert!(status_ips(&three).is_empty());
+    // A freed address goes to the waiting Service.
+    services(&s.namespace)
+        .await
+        .delete("one", &DeleteParams::default())
+        .await
+        .unwrap();
+    // (three is retried on its back-off: 5 s, 10 s, 20 s after its failures.)
+    let got = eventually("three gets an address", Duration::from_secs(90), || {
+        let namespace = s.namespace.clone();
+        async move {
+            let service = services(&namespace).await.get("three").await.ok()?;
+            status_ips(&service).first().copied()
+        }
+    })
+    .await;
+    assert_eq!(got, a, "three gets the address one gave back");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn proxy_protocol_v2_is_sent_and_reported_with_ip_mode_proxy() {
+    let _serial = SERIAL.lock().await;
+    let id = 11;
+    let np = Scenario::node_port(id, 0);
+    let s = Scenario::start(id, 1, &[np], &[]).await;
+    let vip = s
+        .service(
+            "proxied",
+            &[(18080, "TCP", np)],
+            json!({"metadata": {"annotations": {"local.ccm.rs/address-pool": "t", "local.ccm.rs/proxy-protocol": "v2"}}}),
+        )
+        .await;
+    let service = services(&s.namespace).await.get("proxied").await.unwrap();
+    let ingress = service
+        .status
+        .unwrap()
+        .load_balancer
+        .unwrap()
+        .ingress
+        .unwrap();
+    assert_eq!(ingress[0].ip_mode.as_deref(), Some("Proxy"));
+    // The echo server sends its name first, then echoes what arrives: the PROXY v2 signature.
+    let (mut stream, _) = eventually("the VIP answers", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|(_, s)| (s, ()))
+    })
+    .await;
+    let mut signature = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut signature))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&signature, b"\r\n\r\n\0\r\nQUIT\n");
+    s.finish().await;
+}
+
+#[tokio::test]
+async fn a_changed_port_is_reapplied_and_the_vip_stays() {
+    let _serial = SERIAL.lock().await;
+    let id = 12;
+    let np: Vec<u16> = (0..2).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    let vip = s
+        .service("moving", &[(18080, "TCP", np[0])], json!({}))
+        .await;
+    eventually("port 18080", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    let patch = json!({"spec": {"ports": [{"name": "tcp-18081", "port": 18081, "targetPort": 8080, "protocol": "TCP", "nodePort": np[1]}]}});
+    services(&s.namespace)
+        .await
+        .patch("moving", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("port 18081 instead of 18080", LONG, || async move {
+        let old_closed = tokio::net::TcpStream::connect((vip, 18080)).await.is_err();
+        (old_closed && connect(vip, 18081).await.is_ok()).then_some(())
+    })
+    .await;
+    let service = services(&s.namespace).await.get("moving").await.unwrap();
+    assert_eq!(status_ips(&service), vec![vip], "the VIP stays");
+    s.finish().await;
+}

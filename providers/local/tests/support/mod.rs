@@ -1,0 +1,532 @@
+//! The manager in-process on the `local` cloud against the test control plane, and stand-ins for the
+//! nodes: echo servers on 127.x addresses playing the NodePorts, and HTTP health endpoints playing
+//! kube-proxy's `:10256/healthz` or a Service's `healthCheckNodePort`.
+//!
+//! (Copied in part from the manager's own test support: `eventually`, the node and event helpers.)
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::{
+    future::Future,
+    net::{IpAddr, SocketAddr},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use clap::Parser;
+use cloud_controller_manager::{Manager, app::Options};
+use cloud_provider::Registry;
+use cloud_provider_local::{Config, LocalCloud};
+use k8s_openapi::api::{
+    core::v1::{Node, NodeAddress, Service},
+    events::v1::Event,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+};
+use serde_json::json;
+use test_control_plane::control_plane;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream, UdpSocket},
+    task::JoinHandle,
+};
+use tokio_util::sync::CancellationToken;
+
+/// Tests in one binary share the cluster and every manager handles every Node, so they run one at a
+/// time.
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A manager running in this process on a `local` cloud the test holds.
+pub struct RunningManager {
+    pub cloud: LocalCloud,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), anyhow::Error>>,
+}
+
+impl RunningManager {
+    /// Starts a manager on a `local` cloud with `cloud_yaml`, and `args` added to the defaults of
+    /// these tests (no leader election, no serving port, a 1 s lifecycle pass).
+    pub async fn start(cloud_yaml: &str, args: &[&str]) -> Self {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+        }
+        let cloud = LocalCloud::new(
+            Config::parse(cloud_yaml, None).expect("valid local cloud config"),
+            None,
+        );
+        let mut registry = Registry::new();
+        let shared = cloud.clone();
+        registry
+            .register("local", move |_| Ok(Arc::new(shared.clone()) as _))
+            .unwrap();
+        let manager = Manager::with_registry(registry);
+        test_control_plane::apply_shipped_rbac().await;
+        let kubeconfig = control_plane().ccm_kubeconfig();
+        let mut argv = vec![
+            "cloud-controller-manager".to_owned(),
+            "--cloud-provider=local".to_owned(),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-elect=false".to_owned(),
+            "--secure-port=0".to_owned(),
+            "--node-monitor-period=1s".to_owned(),
+        ];
+        argv.extend(args.iter().map(|a| a.to_string()));
+        let options = Options::try_parse_from(argv).expect("valid flags");
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let task = tokio::spawn(async move { manager.run(options, token).await });
+        Self {
+            cloud,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Replaces the cloud's config, as an edit of the cloud-config file does.
+    pub fn set_cloud(&self, yaml: &str) {
+        self.cloud
+            .set_config(Config::parse(yaml, None).expect("valid local cloud config"));
+    }
+
+    /// Stops the manager (its data plane shuts down with it) and checks it stopped without error.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the manager stops within 30 s")
+            .expect("the manager task does not panic")
+            .expect("the manager stops without error");
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, failing after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+pub async fn admin() -> Client {
+    control_plane().admin_client().await
+}
+
+pub async fn nodes() -> Api<Node> {
+    Api::all(admin().await)
+}
+
+/// Registers a Node as a kubelet with `--cloud-provider=external` would, with these InternalIPs.
+pub async fn create_node(name: &str, internal_ips: &[&str]) -> Node {
+    let mut node = test_control_plane::kubelet_node(name);
+    let addresses = node
+        .status
+        .as_mut()
+        .unwrap()
+        .addresses
+        .get_or_insert_with(Vec::new);
+    for ip in internal_ips {
+        addresses.insert(
+            0,
+            NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip.to_string(),
+            },
+        );
+    }
+    nodes()
+        .await
+        .create(&PostParams::default(), &node)
+        .await
+        .expect("node created")
+}
+
+pub async fn get_node(name: &str) -> Option<Node> {
+    nodes().await.get_opt(name).await.expect("node read")
+}
+
+pub async fn delete_nodes(names: &[&str]) {
+    let api = nodes().await;
+    for name in names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+/// Sets the node's Ready condition, as a kubelet (or its absence) would.
+pub async fn set_ready(name: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({ "status": { "conditions": [{
+        "type": "Ready", "status": status, "reason": "Test", "message": "set by the test",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"
+    }]}});
+    nodes()
+        .await
+        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await
+        .expect("node status patched");
+}
+
+/// The events in `namespace` about the object `name` with `reason`.
+pub async fn events_in(namespace: &str, name: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(admin().await, namespace);
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events listed")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+/// Creates a namespace unless it exists (never deleted: no namespace controller runs).
+pub async fn ensure_namespace(name: &str) {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces: Api<Namespace> = Api::all(admin().await);
+    if namespaces
+        .get_opt(name)
+        .await
+        .expect("namespace read")
+        .is_none()
+    {
+        let namespace: Namespace =
+            serde_json::from_value(json!({ "metadata": { "name": name } })).unwrap();
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace created");
+    }
+}
+
+/// The Services API of a namespace.
+pub async fn services(namespace: &str) -> Api<Service> {
+    Api::namespaced(admin().await, namespace)
+}
+
+/// Creates a Service from JSON (namespace taken from the API).
+pub async fn create_service(namespace: &str, service: serde_json::Value) -> Service {
+    let service: Service = serde_json::from_value(service).expect("a Service");
+    services(namespace)
+        .await
+        .create(&PostParams::default(), &service)
+        .await
+        .expect("service created")
+}
+
+/// Deletes every Service of the namespace and waits until they are gone (the manager must run, to
+/// remove its finalizer).
+pub async fn delete_services(namespace: &str) {
+    let api = services(namespace).await;
+    let _ = api
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    eventually("the Services to be gone", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            api.list(&ListParams::default())
+                .await
+                .ok()
+                .filter(|l| l.items.is_empty())
+                .map(|_| ())
+        }
+    })
+    .await;
+}
+
+/// A `type: LoadBalancer` Service with ports `(port, protocol, nodePort)`.
+pub fn lb_service(name: &str, ports: &[(u16, &str, u16)]) -> serde_json::Value {
+    json!({
+        "metadata": { "name": name },
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": { "app": name },
+            "ports": ports.iter().map(|(p, proto, np)| json!({
+                "name": format!("{}-{p}", proto.to_lowercase()), "port": p, "targetPort": 8080,
+                "protocol": proto, "nodePort": np
+            })).collect::<Vec<_>>(),
+        }
+    })
+}
+
+/// The ingress IPs of a Service's status.
+pub fn status_ips(service: &Service) -> Vec<IpAddr> {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+/// Waits for the Service's first ingress IP.
+pub async fn wait_for_vip(namespace: &str, name: &str) -> IpAddr {
+    let api = services(namespace).await;
+    eventually(
+        &format!("an ingress IP for {namespace}/{name}"),
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            async move {
+                let service = api.get_opt(name).await.ok()??;
+                status_ips(&service).first().copied()
+            }
+        },
+    )
+    .await
+}
+
+/// A node stand-in: a TCP echo server and a UDP echo server on `address:node_port` that first say
+/// which node they are, and an HTTP health endpoint on `address:health_port` whose answer the test
+/// switches between 200 and 503.
+pub struct FakeNode {
+    pub name: String,
+    pub address: IpAddr,
+    healthy: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl FakeNode {
+    /// Starts the servers. `node_ports` are served over TCP and UDP; each `health_ports` entry answers
+    /// `GET /healthz`.
+    pub async fn start(
+        name: &str,
+        address: &str,
+        node_ports: &[u16],
+        health_ports: &[u16],
+    ) -> Self {
+        let address: IpAddr = address.parse().unwrap();
+        let healthy = Arc::new(AtomicBool::new(true));
+        let stop = CancellationToken::new();
+        for port in node_ports {
+            let tcp = TcpListener::bind((address, *port))
+                .await
+                .unwrap_or_else(|e| panic!("bind {address}:{port}/TCP: {e}"));
+            tokio::spawn(tcp_echo(tcp, name.to_owned(), stop.clone()));
+            let udp = UdpSocket::bind((address, *port))
+                .await
+                .unwrap_or_else(|e| panic!("bind {address}:{port}/UDP: {e}"));
+            tokio::spawn(udp_echo(udp, name.to_owned(), stop.clone()));
+        }
+        for port in health_ports {
+            let http = TcpListener::bind((address, *port))
+                .await
+                .unwrap_or_else(|e| panic!("bind {address}:{port} (health): {e}"));
+            tokio::spawn(health_server(http, healthy.clone(), stop.clone()));
+        }
+        Self {
+            name: name.to_owned(),
+            address,
+            healthy,
+            stop,
+        }
+    }
+
+    /// Makes the health endpoint answer 200 (`true`) or 503.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FakeNode {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn tcp_echo(listener: TcpListener, name: String, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((mut stream, _)) = accepted else {
+            continue;
+        };
+        let name = name.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if stream
+                .write_all(format!("{name}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let n = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    n = stream.read(&mut buf) => n,
+                };
+                match n {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+async fn udp_echo(socket: UdpSocket, name: String, stop: CancellationToken) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let received = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = socket.recv_from(&mut buf) => r,
+        };
+        if let Ok((n, from)) = received {
+            let mut reply = format!("{name}:").into_bytes();
+            reply.extend_from_slice(&buf[..n]);
+            let _ = socket.send_to(&reply, from).await;
+        }
+    }
+}
+
+async fn health_server(listener: TcpListener, healthy: Arc<AtomicBool>, stop: CancellationToken) {
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((mut stream, _)) = accepted else {
+            continue;
+        };
+        let healthy = healthy.clone();
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let ok = healthy.load(Ordering::SeqCst) && request.starts_with(b"GET /healthz");
+            let response = if ok {
+                "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+            } else {
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\nConnection: close\r\n\r\nsick"
+            };
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+/// Connects to `vip:port` over TCP and returns the node that answered, with the open stream.
+pub async fn connect(vip: IpAddr, port: u16) -> std::io::Result<(String, TcpStream)> {
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        TcpStream::connect(SocketAddr::new(vip, port)),
+    )
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let name = read_line(&mut stream).await?;
+    Ok((name, stream))
+}
+
+/// Like [`connect`], binding the client to `source` first.
+pub async fn connect_from(
+    source: IpAddr,
+    vip: IpAddr,
+    port: u16,
+) -> std::io::Result<(String, TcpStream)> {
+    let socket = match source {
+        IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source, 0))?;
+    let mut stream = tokio::time::timeout(
+        Duration::from_secs(5),
+        socket.connect(SocketAddr::new(vip, port)),
+    )
+    .await
+    .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"))??;
+    let name = read_line(&mut stream).await?;
+    Ok((name, stream))
+}
+
+/// Reads one line (the node's name), failing after 5 s or at end of stream.
+pub async fn read_line(stream: &mut TcpStream) -> std::io::Result<String> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer in 5 s"))??;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before a line",
+            ));
+        }
+        if byte[0] == b'\n' {
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
+        line.push(byte[0]);
+    }
+}
+
+/// Sends `payload` through the connection and checks it comes back.
+pub async fn echo(stream: &mut TcpStream, payload: &[u8]) -> std::io::Result<()> {
+    stream.write_all(payload).await?;
+    let mut back = vec![0u8; payload.len()];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut back))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no echo in 5 s"))??;
+    assert_eq!(back, payload, "the echo differs");
+    Ok(())
+}
+
+/// The nodes that answer `count` new TCP connections to `vip:port` (from the default source).
+pub async fn answering_nodes(vip: IpAddr, port: u16, count: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for _ in 0..count {
+        match connect(vip, port).await {
+            Ok((name, _)) => names.push(name),
+            Err(err) => names.push(format!("error: {err}")),
+        }
+    }
+    names
+}
+
+/// One UDP round trip through `vip:port` from `source`: the answer.
+pub async fn udp_round_trip(
+    source: IpAddr,
+    vip: IpAddr,
+    port: u16,
+    payload: &[u8],
+) -> std::io::Result<String> {
+    let socket = UdpSocket::bind(SocketAddr::new(source, 0)).await?;
+    socket.send_to(payload, SocketAddr::new(vip, port)).await?;
+    let mut buf = vec![0u8; 65_536];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(3), socket.recv_from(&mut buf))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no UDP answer in 3 s"))??;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
