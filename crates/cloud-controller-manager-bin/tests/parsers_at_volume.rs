@@ -19,13 +19,13 @@ use clap::{CommandFactory, FromArgMatches, Parser};
 use cloud_controller_manager::{
     app::{
         ControllerSelection, Options, UnknownController,
+        controller_table::{ControllerName, builtin_controllers, node_ipam_config},
         options::{ClientOptions, CloudProviderOptions, NodeIpamOptions},
         rate_limit::RateLimitLayer,
     },
     cidrs::{is_v4, parse_cidr_list},
     controllers::{
-        KNOWN_CONTROLLERS,
-        ipam::cidr_sets,
+        ipam::allocator::CidrSet,
         node::plan::{
             NodeIpError, filter_by_node_ips, honor_provided_node_ip, parse_provided_node_ips,
         },
@@ -422,12 +422,23 @@ fn render(flags: &GivenFlags, bad: &Option<(usize, String)>) -> Vec<OsString> {
     argv(args)
 }
 
+/// The built-in controllers' names.
+fn known_controllers() -> Vec<ControllerName> {
+    builtin_controllers().iter().map(|c| *c.name()).collect()
+}
+
+/// The node-IPAM controller's CIDR sets from its flags, as the manager builds them at start.
+fn cidr_sets(cloud: &CloudProviderOptions, ipam: &NodeIpamOptions) -> Result<Vec<CidrSet>, String> {
+    let clusters = parse_cidr_list("--cluster-cidr", &cloud.cluster_cidr)?;
+    node_ipam_config(ipam, &clusters)?.cidr_sets()
+}
+
 /// What runs after a successful parse at start: the cross-flag checks, the rate limiter, `--controllers`
 /// and the CIDR flags. None of it may panic, whatever clap let through.
 fn after_parse(options: &Options) {
     let _ = options.validate();
     let _ = RateLimitLayer::new(options.client.kube_api_qps, options.client.kube_api_burst);
-    let _ = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS);
+    let _ = ControllerSelection::parse(&options.generic.controllers, &known_controllers());
     let _ = parse_cidr_list("--cluster-cidr", &options.cloud.cluster_cidr);
     let _ = cidr_sets(&options.cloud, &options.ipam);
 }
@@ -569,9 +580,10 @@ proptest! {
 // ---------------------------------------------------------------------------------------------------
 
 fn controller_entry() -> impl Strategy<Value = String> {
-    let known: Vec<String> = KNOWN_CONTROLLERS
+    let known: Vec<String> = known_controllers()
         .iter()
-        .flat_map(|c| [c.name.to_owned(), c.alias.to_owned()])
+        .flat_map(|c| std::iter::once(c.name).chain(c.alias))
+        .map(str::to_owned)
         .chain(["*".to_owned()])
         .collect();
     let entry = prop_oneof![
@@ -614,13 +626,13 @@ fn controllers_model(values: &[String]) -> Result<Vec<&'static str>, String> {
             Some(name) => (false, name),
             None => (true, entry),
         };
-        let controller = KNOWN_CONTROLLERS
-            .iter()
-            .find(|c| c.name == name || c.alias == name)
+        let controller = known_controllers()
+            .into_iter()
+            .find(|c| c.name == name || c.alias == Some(name))
             .ok_or_else(|| name.to_owned())?;
         decided.entry(controller.name).or_insert(on);
     }
-    Ok(KNOWN_CONTROLLERS
+    Ok(known_controllers()
         .iter()
         .filter(|c| decided.get(c.name).copied().unwrap_or(star))
         .map(|c| c.name)
@@ -647,8 +659,8 @@ proptest! {
         check_controllers(&values)?;
         let args = argv(values.iter().map(|v| format!("--controllers={v}")));
         if let Ok(given) = parse_one::<String>("controllers", &args) {
-            let through_clap = ControllerSelection::parse(&given, KNOWN_CONTROLLERS);
-            let direct = ControllerSelection::parse(&values, KNOWN_CONTROLLERS);
+            let through_clap = ControllerSelection::parse(&given, &known_controllers());
+            let direct = ControllerSelection::parse(&values, &known_controllers());
             if !values.is_empty() {
                 prop_assert_eq!(through_clap, direct);
             }
@@ -657,11 +669,12 @@ proptest! {
 }
 
 fn check_controllers(values: &[String]) -> Result<(), TestCaseError> {
-    let result = ControllerSelection::parse(values, KNOWN_CONTROLLERS);
+    let known = known_controllers();
+    let result = ControllerSelection::parse(values, &known);
     match (&result, controllers_model(values)) {
         (Ok(selection), Ok(expected)) => {
             let enabled: Vec<&str> = selection
-                .enabled(KNOWN_CONTROLLERS)
+                .enabled(&known)
                 .into_iter()
                 .map(|c| c.name)
                 .collect();
@@ -669,7 +682,7 @@ fn check_controllers(values: &[String]) -> Result<(), TestCaseError> {
         }
         (Err(UnknownController { name, known }), Err(expected)) => {
             prop_assert_eq!(name, &expected);
-            prop_assert_eq!(known.len(), 2 * KNOWN_CONTROLLERS.len());
+            prop_assert_eq!(known.len(), 2 * self::known_controllers().len());
             let message = result.as_ref().unwrap_err().to_string();
             prop_assert!(
                 message.starts_with(&format!(

@@ -12,7 +12,10 @@
 //! }
 //! ```
 //!
-//! or registers the factory explicitly with [`Manager::with_provider`].
+//! or registers the factory explicitly with [`Manager::with_provider`]. The same `main` adds controllers
+//! of its own ([`Manager::with_controller`]), replaces or drops built-in ones, and names the binary
+//! ([`Manager::named`]); flags of its own come with its registration
+//! (`register_provider!(name, factory, flags = MyFlags)`).
 
 pub mod app;
 pub mod cidrs;
@@ -27,57 +30,151 @@ pub mod well_known;
 /// server (`InitializeContext::client`) at the same version.
 pub use kube;
 
-use std::process::ExitCode;
+use std::{ffi::OsString, process::ExitCode};
 
-use clap::Parser;
-use cloud_provider::{CloudConfig, ProviderResult, Registry, RegistryError};
+use cloud_provider::{CloudConfig, ProviderResult, Registry};
 use tokio_util::sync::CancellationToken;
 
-use app::Options;
+use app::controller_table::builtin_controllers;
+pub use app::{
+    CommandLine,
+    command_line::BinaryIdentity,
+    controller_table::{ConfigureContext, ControllerSpec},
+};
 use metrics::Metrics;
 
-/// The manager: a provider registry plus the app that runs it.
-#[derive(Default)]
+/// The manager: a provider registry, the controller table, and the app that runs them.
 pub struct Manager {
     registry: Registry,
-    registration_error: Option<RegistryError>,
+    controllers: Vec<ControllerSpec>,
+    identity: Option<BinaryIdentity>,
+    setup_error: Option<String>,
     metrics: Metrics,
+}
+
+impl Default for Manager {
+    fn default() -> Self {
+        Self::with_registry(Registry::new())
+    }
 }
 
 impl Manager {
     /// A manager with every provider linked into this binary (see
-    /// [`cloud_provider::register_provider!`]).
+    /// [`cloud_provider::register_provider!`]) and the built-in controllers.
     pub fn linked() -> Self {
         match Registry::linked() {
             Ok(registry) => Self::with_registry(registry),
             Err(err) => Self {
-                registration_error: Some(err),
+                setup_error: Some(err.to_string()),
                 ..Self::default()
             },
         }
     }
 
-    /// A manager with exactly these providers.
+    /// A manager with exactly these providers and the built-in controllers.
     pub fn with_registry(registry: Registry) -> Self {
         Self {
             registry,
-            ..Self::default()
+            controllers: builtin_controllers(),
+            identity: None,
+            setup_error: None,
+            metrics: Metrics::default(),
         }
     }
 
-    /// Adds a provider factory under `name`. A name that is already taken makes [`Manager::main`] fail
-    /// with "cloud provider "<name>" was registered twice".
+    /// Adds a provider factory under `name`, in place of any provider linked under that name.
     pub fn with_provider(
         mut self,
         name: &str,
         factory: impl Fn(&CloudConfig) -> ProviderResult + Send + Sync + 'static,
     ) -> Self {
-        if let Err(err) = self.registry.register(name, factory)
-            && self.registration_error.is_none()
-        {
-            self.registration_error = Some(err);
+        self.registry.replace(name, factory);
+        self
+    }
+
+    /// Adds a controller to the table: it starts after the built-in ones, `--controllers` knows it
+    /// (and `--help` lists it), and it shares the manager's caches, events, metrics, health and
+    /// shutdown. A name or alias that is taken makes [`Manager::main`] fail.
+    pub fn with_controller(mut self, spec: ControllerSpec) -> Self {
+        let name = spec.name();
+        if let Some(taken) = self.controllers.iter().find(|c| {
+            let c = c.name();
+            [Some(name.name), name.alias]
+                .into_iter()
+                .flatten()
+                .any(|n| c.is_named(n))
+        }) {
+            self.fail(format!(
+                "controller {:?} clashes with the controller {:?} already in the table (use Manager::replace_controller to replace it)",
+                name.name,
+                taken.name().name
+            ));
+        } else {
+            self.controllers.push(spec);
         }
         self
+    }
+
+    /// Replaces the controller of the same name (a built-in one, say) with `spec`, in its place.
+    pub fn replace_controller(mut self, spec: ControllerSpec) -> Self {
+        match self
+            .controllers
+            .iter_mut()
+            .find(|c| c.name().name == spec.name().name)
+        {
+            Some(row) => *row = spec,
+            None => {
+                let name = spec.name().name;
+                self.fail(format!(
+                    "cannot replace controller {name:?}: there is none by that name ({})",
+                    self.controller_names().join(", ")
+                ));
+            }
+        }
+        self
+    }
+
+    /// Drops the controller `name` from the table: it never runs, and `--controllers` no longer knows it.
+    pub fn without_controller(mut self, name: &str) -> Self {
+        let before = self.controllers.len();
+        self.controllers.retain(|c| c.name().name != name);
+        if self.controllers.len() == before {
+            self.fail(format!(
+                "cannot drop controller {name:?}: there is none by that name ({})",
+                self.controller_names().join(", ")
+            ));
+        }
+        self
+    }
+
+    /// The binary's own name and version in `--help` and `--version` (a provider's binary sets its
+    /// own, e.g. `env!("CARGO_PKG_NAME")`, `env!("CARGO_PKG_VERSION")`).
+    pub fn named(mut self, name: impl Into<String>, version: impl Into<String>) -> Self {
+        self.identity = Some(BinaryIdentity {
+            name: name.into(),
+            version: version.into(),
+            about: self.identity.and_then(|identity| identity.about),
+        });
+        self
+    }
+
+    /// The one line `--help` starts with.
+    pub fn about(mut self, about: impl Into<String>) -> Self {
+        let identity = self.identity.get_or_insert_with(|| BinaryIdentity {
+            name: "cloud-controller-manager".to_owned(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            about: None,
+        });
+        identity.about = Some(about.into());
+        self
+    }
+
+    fn fail(&mut self, message: String) {
+        self.setup_error.get_or_insert(message);
+    }
+
+    fn controller_names(&self) -> Vec<&'static str> {
+        self.controllers.iter().map(|c| c.name().name).collect()
     }
 
     /// The registry this manager picks its provider from.
@@ -85,30 +182,76 @@ impl Manager {
         &self.registry
     }
 
+    /// The controller table, in start order.
+    pub fn controllers(&self) -> &[ControllerSpec] {
+        &self.controllers
+    }
+
     /// The manager's metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
 
-    /// Runs the manager with `options` until `shutdown` is cancelled.
+    /// The whole command: the manager's flags, the linked providers' flags, the controller table.
+    pub fn command(&self) -> Result<clap::Command, anyhow::Error> {
+        self.check_setup()?;
+        Ok(app::command_line::command(
+            &self.registry,
+            &self.controllers,
+            self.identity.as_ref(),
+        )?)
+    }
+
+    /// Parses a command line (the binary's name first), the linked providers' flags included.
+    pub fn parse_from<I, T>(&self, args: I) -> Result<CommandLine, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        app::command_line::parse_from(
+            &self.registry,
+            &self.controllers,
+            self.identity.as_ref(),
+            args,
+        )
+    }
+
+    fn check_setup(&self) -> Result<(), anyhow::Error> {
+        match &self.setup_error {
+            Some(err) => Err(anyhow::anyhow!("{err}")),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs the manager with `command_line` (from [`Manager::parse_from`], or the manager's own
+    /// [`app::Options`]) until `shutdown` is cancelled.
     pub async fn run(
         &self,
-        options: Options,
+        command_line: impl Into<CommandLine>,
         shutdown: CancellationToken,
     ) -> Result<(), anyhow::Error> {
-        if let Some(err) = &self.registration_error {
-            return Err(anyhow::anyhow!("{err}"));
-        }
-        app::run(options, &self.registry, &self.metrics, shutdown)
-            .await
-            .map_err(Into::into)
+        self.check_setup()?;
+        app::run(
+            command_line.into(),
+            &self.registry,
+            &self.controllers,
+            &self.metrics,
+            shutdown,
+        )
+        .await
+        .map_err(Into::into)
     }
 
     /// The whole process: parses the command line, sets up logging, runs until SIGTERM or SIGINT, and
     /// returns the exit code (0 after a clean shutdown, 1 on an error, 2 on a malformed command line).
+    /// A provider's binary that adds flags or controllers keeps all of this.
     pub fn main(self) -> ExitCode {
-        let options = match Options::try_parse() {
-            Ok(options) => options,
+        if let Err(err) = self.check_setup() {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+        let command_line = match self.parse_from(std::env::args_os()) {
+            Ok(command_line) => command_line,
             Err(err) => {
                 let _ = err.print();
                 return if err.use_stderr() {
@@ -118,7 +261,7 @@ impl Manager {
                 };
             }
         };
-        app::logging::init(&options.logging);
+        app::logging::init(&command_line.options.logging);
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -132,7 +275,7 @@ impl Manager {
         let result = runtime.block_on(async {
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signals(shutdown.clone()));
-            self.run(options, shutdown).await
+            self.run(command_line, shutdown).await
         });
         // Whatever is still running (work abandoned after a lost lease, blocking DNS lookups) must not
         // delay the exit: a replica that lost its lease exits at once, so the next one acts alone.
@@ -193,4 +336,176 @@ async fn wait_for_signal() -> &'static str {
 async fn wait_for_signal() -> &'static str {
     let _ = tokio::signal::ctrl_c().await;
     "Ctrl-C"
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use cloud_provider::CloudProvider;
+
+    use super::*;
+    use crate::controllers::{ControllerContext, ControllerTask};
+
+    #[derive(Debug, Clone, clap::Args)]
+    struct TaggerFlags {
+        /// The tag the tagger writes.
+        #[arg(long, default_value = "owner")]
+        tagger_tag: String,
+    }
+
+    #[derive(Debug, clap::Args)]
+    struct ClashingFlags {
+        /// Clashes with the manager's flag.
+        #[arg(long)]
+        cluster_name: Option<String>,
+    }
+
+    struct Plain;
+    impl CloudProvider for Plain {
+        fn provider_name(&self) -> &str {
+            "plain"
+        }
+    }
+
+    fn start_tagger(_: ControllerContext, _: TaggerFlags) -> Option<ControllerTask> {
+        None
+    }
+
+    fn tagger() -> ControllerSpec {
+        ControllerSpec::new(
+            "tagger",
+            |cfg| cfg.flags::<TaggerFlags>().map(Some),
+            start_tagger,
+        )
+        .alias("tag")
+    }
+
+    fn manager() -> Manager {
+        let mut registry = Registry::new();
+        registry
+            .register("plain", |_| Ok(Arc::new(Plain) as _))
+            .unwrap();
+        registry.register_flags("plain", <TaggerFlags as clap::Args>::augment_args);
+        Manager::with_registry(registry)
+    }
+
+    fn help(manager: &Manager) -> String {
+        manager.command().unwrap().render_long_help().to_string()
+    }
+
+    #[test]
+    fn an_added_controller_is_in_the_help_and_the_controllers_flag() {
+        let manager = manager().with_controller(tagger().disabled_by_default());
+        let help = help(&manager);
+        assert!(help.contains("tagger (tag; off by default)"), "{help}");
+        assert!(help.contains("node-ipam-controller (nodeipam)"), "{help}");
+        let names: Vec<_> = manager
+            .controllers()
+            .iter()
+            .map(|c| c.name().name)
+            .collect();
+        assert_eq!(names.last(), Some(&"tagger"));
+    }
+
+    #[test]
+    fn a_providers_flags_show_under_its_heading_and_parse_with_the_rest() {
+        let manager = manager();
+        let help = help(&manager);
+        let heading = help.find("Provider plain:").expect(&help);
+        assert!(help[heading..].contains("--tagger-tag"), "{help}");
+        let command_line = manager
+            .parse_from(["ccm", "--cloud-provider=plain", "--tagger-tag=team"])
+            .unwrap();
+        assert_eq!(command_line.options.cloud.cloud_provider, "plain");
+        let flags =
+            <TaggerFlags as clap::FromArgMatches>::from_arg_matches(&command_line.matches).unwrap();
+        assert_eq!(flags.tagger_tag, "team");
+        let err = manager.parse_from(["ccm", "--tagger-tag"]).unwrap_err();
+        assert!(err.to_string().contains("--tagger-tag"), "{err}");
+    }
+
+    #[test]
+    fn a_flag_that_clashes_is_refused_with_both_owners_named() {
+        let mut manager = manager();
+        manager
+            .registry
+            .register_flags("plain", <ClashingFlags as clap::Args>::augment_args);
+        let err = manager.command().unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "provider \"plain\" adds the flag --cluster-name, which the manager already has; rename it (prefix it with the provider's name)"
+        );
+    }
+
+    #[test]
+    fn the_binary_is_named_after_the_provider() {
+        let manager = manager().named("acme-ccm", "1.2.3").about("Acme's CCM.");
+        let mut command = manager.command().unwrap();
+        assert_eq!(command.render_version().trim(), "acme-ccm 1.2.3");
+        let help = command.render_help().to_string();
+        assert!(help.starts_with("Acme's CCM."), "{help}");
+        assert!(help.contains("Usage: acme-ccm"), "{help}");
+    }
+
+    #[test]
+    fn table_edits_that_name_nothing_or_clash_are_errors() {
+        let clash = manager().with_controller(
+            ControllerSpec::new(
+                "other",
+                |_| {
+                    Ok(Some(TaggerFlags {
+                        tagger_tag: String::new(),
+                    }))
+                },
+                start_tagger,
+            )
+            .alias("service"),
+        );
+        let err = clash.command().unwrap_err().to_string();
+        assert!(
+            err.contains("clashes with the controller \"service-lb-controller\""),
+            "{err}"
+        );
+        let missing = manager().without_controller("nope");
+        assert!(
+            missing
+                .command()
+                .unwrap_err()
+                .to_string()
+                .contains("cannot drop controller \"nope\"")
+        );
+        let missing = manager().replace_controller(tagger());
+        assert!(
+            missing
+                .command()
+                .unwrap_err()
+                .to_string()
+                .contains("cannot replace controller \"tagger\"")
+        );
+    }
+
+    #[test]
+    fn built_in_controllers_can_be_dropped_or_replaced_in_place() {
+        let manager = manager().without_controller("node-route-controller");
+        let names: Vec<_> = manager
+            .controllers()
+            .iter()
+            .map(|c| c.name().name)
+            .collect();
+        assert!(!names.contains(&"node-route-controller"));
+        assert!(help(&manager).contains("Known names: cloud-node-controller (cloud-node), cloud-node-lifecycle-controller (cloud-node-lifecycle), service-lb-controller (service), node-ipam-controller (nodeipam)"));
+        let replaced = manager.replace_controller(ControllerSpec::new(
+            "service-lb-controller",
+            |cfg| cfg.flags::<TaggerFlags>().map(Some),
+            start_tagger,
+        ));
+        let names: Vec<_> = replaced
+            .controllers()
+            .iter()
+            .map(|c| c.name().name)
+            .collect();
+        assert_eq!(names[2], "service-lb-controller");
+        assert_eq!(replaced.controllers()[2].name().alias, None);
+    }
 }

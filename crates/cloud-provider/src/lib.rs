@@ -90,7 +90,8 @@ pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
 pub use load_balancer::LoadBalancer;
 pub use provider::{CloudProvider, InitializeContext};
 pub use registry::{
-    CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry, RegistryError,
+    AddFlagsFn, CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry,
+    RegistryError,
 };
 pub use routes::{Route, Routes};
 pub use zones::{Zone, Zones};
@@ -101,6 +102,8 @@ pub use async_trait::async_trait;
 /// The Kubernetes API types of the contract (`Node`, `Service`, ...), at the version and API level the
 /// contract is built with.
 pub use k8s_openapi;
+/// The command-line library providers declare their own flags with (see [`register_provider!`]).
+pub use clap;
 /// The metrics library of [`CloudProvider::register_metrics`], re-exported so providers need not pin it.
 pub use prometheus_client;
 

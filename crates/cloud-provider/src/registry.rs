@@ -20,6 +20,7 @@ use crate::{CloudProvider, error::BoxError};
 pub struct CloudConfig {
     path: Option<PathBuf>,
     contents: Option<Vec<u8>>,
+    flags: Option<clap::ArgMatches>,
 }
 
 impl CloudConfig {
@@ -33,6 +34,7 @@ impl CloudConfig {
         Self {
             path,
             contents: Some(contents.into()),
+            flags: None,
         }
     }
 
@@ -53,6 +55,22 @@ impl CloudConfig {
         self.contents.as_deref()
     }
 
+    /// The same config with the parsed command line, from which [`CloudConfig::flags`] reads the
+    /// provider's own flags. The manager calls this; tests may too.
+    pub fn with_flags(mut self, matches: clap::ArgMatches) -> Self {
+        self.flags = Some(matches);
+        self
+    }
+
+    /// The provider's own flags (registered with `register_provider!(name, factory, flags = T)`), as
+    /// given on the command line or defaulted.
+    pub fn flags<T: clap::FromArgMatches>(&self) -> Result<T, BoxError> {
+        let matches = self.flags.as_ref().ok_or(
+            "the command line was not parsed with this provider's flags (run the manager with Manager::main or Manager::parse_from)",
+        )?;
+        Ok(T::from_arg_matches(matches)?)
+    }
+
     /// The contents as UTF-8 text; `Ok(None)` when no cloud-config was given.
     pub fn text(&self) -> Result<Option<&str>, std::str::Utf8Error> {
         self.contents
@@ -67,6 +85,8 @@ pub type ProviderResult = Result<Arc<dyn CloudProvider>, BoxError>;
 
 /// A provider factory as [`register_provider!`] takes it.
 pub type ProviderFactoryFn = fn(&CloudConfig) -> ProviderResult;
+/// Adds a provider's own flags to the manager's command line: `<T as clap::Args>::augment_args`.
+pub type AddFlagsFn = fn(clap::Command) -> clap::Command;
 
 type Factory = Arc<dyn Fn(&CloudConfig) -> ProviderResult + Send + Sync>;
 
@@ -75,12 +95,30 @@ type Factory = Arc<dyn Fn(&CloudConfig) -> ProviderResult + Send + Sync>;
 pub struct Registration {
     name: &'static str,
     factory: ProviderFactoryFn,
+    flags: Option<AddFlagsFn>,
 }
 
 impl Registration {
     /// A registration of `factory` under `name`.
     pub const fn new(name: &'static str, factory: ProviderFactoryFn) -> Self {
-        Self { name, factory }
+        Self {
+            name,
+            factory,
+            flags: None,
+        }
+    }
+
+    /// A registration of `factory` under `name`, with flags of its own that `flags` adds.
+    pub const fn with_flags(
+        name: &'static str,
+        factory: ProviderFactoryFn,
+        flags: AddFlagsFn,
+    ) -> Self {
+        Self {
+            name,
+            factory,
+            flags: Some(flags),
+        }
     }
 }
 
@@ -106,11 +144,49 @@ inventory::collect!(Registration);
 /// let registry = cloud_provider::Registry::linked().unwrap();
 /// assert!(registry.contains("tiny"));
 /// ```
+///
+/// A provider with flags of its own names a `clap::Args` type: its flags join the manager's command line,
+/// shown in `--help` under the provider's heading, and the factory reads them with
+/// [`CloudConfig::flags`]. Prefix their names with the provider's (`--tiny-region`): the manager refuses
+/// to start when two linked providers claim one flag.
+///
+/// ```
+/// use std::sync::Arc;
+/// use cloud_provider::{CloudConfig, CloudProvider, ProviderResult, clap, register_provider};
+///
+/// #[derive(Debug, clap::Args)]
+/// struct TinyFlags {
+///     /// The region every instance is in.
+///     #[arg(long, default_value = "tiny-1")]
+///     tiny_region: String,
+/// }
+///
+/// struct Tiny(String);
+/// impl CloudProvider for Tiny {
+///     fn provider_name(&self) -> &str { "tiny-flags" }
+/// }
+///
+/// fn new_tiny(config: &CloudConfig) -> ProviderResult {
+///     let flags: TinyFlags = config.flags()?;
+///     Ok(Arc::new(Tiny(flags.tiny_region)))
+/// }
+///
+/// register_provider!("tiny-flags", new_tiny, flags = TinyFlags);
+/// ```
 #[macro_export]
 macro_rules! register_provider {
     ($name:expr, $factory:expr $(,)?) => {
         $crate::__private::inventory::submit! {
             $crate::Registration::new($name, $factory)
+        }
+    };
+    ($name:expr, $factory:expr, flags = $flags:ty $(,)?) => {
+        $crate::__private::inventory::submit! {
+            $crate::Registration::with_flags(
+                $name,
+                $factory,
+                <$flags as $crate::clap::Args>::augment_args,
+            )
         }
     };
 }
@@ -164,6 +240,7 @@ fn list(names: &[String]) -> String {
 #[derive(Clone, Default)]
 pub struct Registry {
     factories: BTreeMap<String, Factory>,
+    flags: BTreeMap<String, AddFlagsFn>,
 }
 
 impl fmt::Debug for Registry {
@@ -186,6 +263,9 @@ impl Registry {
         let mut registry = Self::new();
         for registration in inventory::iter::<Registration> {
             registry.register(registration.name, registration.factory)?;
+            if let Some(flags) = registration.flags {
+                registry.flags.insert(registration.name.to_owned(), flags);
+            }
         }
         Ok(registry)
     }
@@ -202,6 +282,30 @@ impl Registry {
         }
         self.factories.insert(name, Arc::new(factory));
         Ok(self)
+    }
+
+    /// Adds a factory under `name`, in place of any registered under that name (with its flags).
+    pub fn replace(
+        &mut self,
+        name: impl Into<String>,
+        factory: impl Fn(&CloudConfig) -> ProviderResult + Send + Sync + 'static,
+    ) -> &mut Self {
+        let name = name.into();
+        self.flags.remove(&name);
+        self.factories.insert(name, Arc::new(factory));
+        self
+    }
+
+    /// Gives the provider `name` flags of its own, added to the command line by `flags`
+    /// (`<T as clap::Args>::augment_args`).
+    pub fn register_flags(&mut self, name: &str, flags: AddFlagsFn) -> &mut Self {
+        self.flags.insert(name.to_owned(), flags);
+        self
+    }
+
+    /// The providers with flags of their own, and what adds them, sorted by name.
+    pub fn flags(&self) -> impl Iterator<Item = (&str, AddFlagsFn)> {
+        self.flags.iter().map(|(name, flags)| (name.as_str(), *flags))
     }
 
     /// Whether a provider of this name is registered (upstream `IsCloudProvider`).
@@ -266,6 +370,57 @@ mod tests {
         assert!(registry.contains("linked-test"));
         let cloud = registry.init("linked-test", &CloudConfig::none()).unwrap();
         assert_eq!(cloud.provider_name(), "linked-test");
+    }
+
+    #[derive(Debug, clap::Args)]
+    struct RegionFlags {
+        /// The region.
+        #[arg(long, default_value = "r1")]
+        flagged_region: String,
+    }
+
+    fn flagged(config: &CloudConfig) -> ProviderResult {
+        let flags: RegionFlags = config.flags()?;
+        Ok(Arc::new(Named(if flags.flagged_region == "r2" {
+            "flagged-r2"
+        } else {
+            "flagged-other"
+        })))
+    }
+    crate::register_provider!("flagged-test", flagged, flags = RegionFlags);
+
+    #[test]
+    fn a_providers_flags_reach_its_factory() {
+        let registry = Registry::linked().unwrap();
+        let (name, add) = registry
+            .flags()
+            .find(|(name, _)| *name == "flagged-test")
+            .expect("the flags are registered with the provider");
+        assert_eq!(name, "flagged-test");
+        let command = add(clap::Command::new("ccm"));
+        let matches = command
+            .try_get_matches_from(["ccm", "--flagged-region=r2"])
+            .unwrap();
+        let config = CloudConfig::none().with_flags(matches);
+        let cloud = registry.init("flagged-test", &config).unwrap();
+        assert_eq!(cloud.provider_name(), "flagged-r2");
+        // Without a parsed command line the factory says what is missing.
+        let err = registry
+            .init("flagged-test", &CloudConfig::none())
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("Manager::parse_from"), "{err}");
+    }
+
+    #[test]
+    fn replace_takes_the_place_of_a_linked_provider() {
+        let mut registry = Registry::linked().unwrap();
+        registry.replace("flagged-test", |_| Ok(Arc::new(Named("replaced")) as _));
+        assert!(registry.flags().all(|(name, _)| name != "flagged-test"));
+        let cloud = registry
+            .init("flagged-test", &CloudConfig::none())
+            .unwrap();
+        assert_eq!(cloud.provider_name(), "replaced");
     }
 
     #[test]

@@ -153,12 +153,10 @@ async fn relay(
         upstream.write_all(&proxy_v2_header(peer, local)).await?;
     }
     // An idle connection costs its two sockets and this future; the relay buffers come when either
-    // side first has something to say (or closes). `peek`, not `readable`: a newly accepted socket is
-    // reported readable at once, `peek` waits for a byte or the end.
-    let (mut a, mut b) = ([0u8; 1], [0u8; 1]);
+    // side first has something to say.
     tokio::select! {
-        r = client.peek(&mut a) => r.map(drop)?,
-        r = upstream.peek(&mut b) => r.map(drop)?,
+        r = client.readable() => r?,
+        r = upstream.readable() => r?,
     }
     let mut client = Counted {
         stream: client,

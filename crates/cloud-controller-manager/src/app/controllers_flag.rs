@@ -1,6 +1,6 @@
 //! The `--controllers` flag: a list of `*`, `name` and `-name` entries (upstream §3.3).
 
-use crate::controllers::{ControllerName, DISABLED_BY_DEFAULT};
+use super::controller_table::ControllerName;
 
 /// A `--controllers` list that named only known controllers, with aliases rewritten to canonical names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,25 +43,27 @@ impl ControllerSelection {
                 Some(name) => ("-", name),
                 None => ("", entry),
             };
-            let canonical = known
-                .iter()
-                .find(|c| c.name == name || c.alias == name)
-                .ok_or_else(|| UnknownController {
-                    name: name.to_owned(),
-                    known: known
-                        .iter()
-                        .flat_map(|c| [c.name.to_owned(), c.alias.to_owned()])
-                        .collect(),
-                })?;
+            let canonical =
+                known
+                    .iter()
+                    .find(|c| c.is_named(name))
+                    .ok_or_else(|| UnknownController {
+                        name: name.to_owned(),
+                        known: known
+                            .iter()
+                            .flat_map(|c| std::iter::once(c.name).chain(c.alias))
+                            .map(str::to_owned)
+                            .collect(),
+                    })?;
             entries.push(format!("{minus}{}", canonical.name));
         }
         Ok(Self { entries })
     }
 
-    /// Whether the controller `name` (canonical) is enabled: the first entry naming it decides
-    /// (`name` on, `-name` off); with none, it is on only if `*` is listed and it is not disabled by
-    /// default.
-    pub fn is_enabled(&self, name: &str) -> bool {
+    /// Whether the controller is enabled: the first entry naming it decides (`name` on, `-name` off);
+    /// with none, it is on only if `*` is listed and it is enabled by default.
+    pub fn is_enabled(&self, controller: &ControllerName) -> bool {
+        let name = controller.name;
         for entry in &self.entries {
             if entry == name {
                 return true;
@@ -70,24 +72,29 @@ impl ControllerSelection {
                 return false;
             }
         }
-        self.entries.iter().any(|e| e == "*") && !DISABLED_BY_DEFAULT.contains(&name)
+        self.entries.iter().any(|e| e == "*") && controller.enabled_by_default
     }
 
     /// The enabled controllers among `known`, in their order.
     pub fn enabled<'a>(&self, known: &'a [ControllerName]) -> Vec<&'a ControllerName> {
-        known.iter().filter(|c| self.is_enabled(c.name)).collect()
+        known.iter().filter(|c| self.is_enabled(c)).collect()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::KNOWN_CONTROLLERS;
+    use crate::app::controller_table::builtin_controllers;
+
+    fn known() -> Vec<ControllerName> {
+        builtin_controllers().iter().map(|c| *c.name()).collect()
+    }
 
     fn enabled(values: &[&str]) -> Vec<&'static str> {
-        ControllerSelection::parse(values, KNOWN_CONTROLLERS)
+        let known = known();
+        ControllerSelection::parse(values, &known)
             .unwrap()
-            .enabled(KNOWN_CONTROLLERS)
+            .enabled(&known)
             .into_iter()
             .map(|c| c.name)
             .collect()
@@ -145,13 +152,13 @@ mod tests {
 
     #[test]
     fn unknown_names_are_errors_that_list_the_known_ones() {
-        let err = ControllerSelection::parse(&["*,-bogus"], KNOWN_CONTROLLERS).unwrap_err();
+        let err = ControllerSelection::parse(&["*,-bogus"], &known()).unwrap_err();
         assert_eq!(err.name, "bogus");
         let message = err.to_string();
         assert!(
             message.starts_with("--controllers: \"bogus\" is not in the list of known controllers (cloud-node-controller, cloud-node,"),
             "{message}"
         );
-        assert!(ControllerSelection::parse(&["ipam"], KNOWN_CONTROLLERS).is_err());
+        assert!(ControllerSelection::parse(&["ipam"], &known()).is_err());
     }
 }

@@ -2,6 +2,8 @@
 
 pub mod certificate_reload;
 pub mod client;
+pub mod command_line;
+pub mod controller_table;
 pub mod controllers_flag;
 pub mod delegated_auth;
 pub mod health;
@@ -28,11 +30,13 @@ use cloud_provider::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    controllers::{self, ControllerContext, KNOWN_CONTROLLERS},
+    controllers::ControllerContext,
     informers::{SharedNodes, SharedServices},
     metrics::Metrics,
 };
 pub use client::ClientError;
+pub use command_line::CommandLine;
+use controller_table::{ConfigureContext, ControllerName, ControllerSpec, StartFn};
 pub use controllers_flag::{ControllerSelection, UnknownController};
 use delegated_auth::DelegatedAuth;
 use health::Health;
@@ -113,6 +117,7 @@ pub enum AppError {
 /// sample main's checks).
 pub fn init_cloud(
     options: &options::CloudProviderOptions,
+    matches: &clap::ArgMatches,
     registry: &Registry,
 ) -> Result<Arc<dyn CloudProvider>, AppError> {
     let config = if options.cloud_config.is_empty() {
@@ -123,6 +128,8 @@ pub fn init_cloud(
             source,
         })?
     };
+    // The provider's own flags (if it registered any) reach its factory beside the cloud-config.
+    let config = config.with_flags(matches.clone());
     let cloud = registry.init(&options.cloud_provider, &config)?;
     if !cloud.has_cluster_id() {
         if !options.allow_untagged_cloud {
@@ -135,21 +142,36 @@ pub fn init_cloud(
     Ok(cloud)
 }
 
-/// Runs the manager until `shutdown` is cancelled (or a controller fails).
+/// Runs the manager until `shutdown` is cancelled (or a controller fails): the enabled rows of
+/// `controllers` against the provider the command line names.
 pub async fn run(
-    options: Options,
+    command_line: CommandLine,
     registry: &Registry,
+    controllers: &[ControllerSpec],
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
-    let selection = ControllerSelection::parse(&options.generic.controllers, KNOWN_CONTROLLERS)?;
+    let CommandLine { options, matches } = command_line;
+    let known: Vec<ControllerName> = controllers.iter().map(|c| *c.name()).collect();
+    let selection = ControllerSelection::parse(&options.generic.controllers, &known)?;
     options.validate().map_err(AppError::Flag)?;
-    let cloud = init_cloud(&options.cloud, registry)?;
+    let cloud = init_cloud(&options.cloud, &matches, registry)?;
     tracing::info!(
         provider = cloud.provider_name(),
         "cloud provider initialized from the registry"
     );
-    validate_network_flags(&options, &selection, cloud.as_ref())?;
+    // Every enabled controller's config is built and checked now, before anything starts.
+    let configure = ConfigureContext::new(&options, &matches, cloud.as_ref());
+    let mut configured = Vec::new();
+    for spec in controllers
+        .iter()
+        .filter(|c| selection.is_enabled(c.name()))
+    {
+        if let Some(start) = spec.configure(&configure).map_err(AppError::Flag)? {
+            configured.push((spec.name().name, start));
+        }
+    }
+    drop(configure);
     metrics.register_provider(cloud.as_ref());
     // Every call the controllers make to the cloud is timed and its errors counted.
     let cloud: Arc<dyn CloudProvider> = Arc::new(crate::cloud_metrics::MeteredCloud::new(
@@ -221,8 +243,8 @@ pub async fn run(
     });
 
     let result = run_controllers(
-        selection,
-        options,
+        configured,
+        &options.cloud.cloud_provider,
         cloud,
         &clients,
         metrics,
@@ -267,37 +289,12 @@ impl ClientFactory {
     }
 }
 
-/// `--cluster-cidr` and the node-IPAM flags, checked at start for the controllers that will use them
-/// (upstream: a route controller with routes supported and no valid `--cluster-cidr` is fatal).
-fn validate_network_flags(
-    options: &Options,
-    selection: &ControllerSelection,
-    cloud: &dyn CloudProvider,
-) -> Result<(), AppError> {
-    if selection.is_enabled("node-route-controller")
-        && options.route.configure_cloud_routes
-        && cloud.routes().is_some()
-    {
-        crate::cidrs::parse_cidr_list("--cluster-cidr", &options.cloud.cluster_cidr).map_err(
-            |err| {
-                AppError::Flag(format!(
-                    "{err} (the route controller needs it; or set --configure-cloud-routes=false)"
-                ))
-            },
-        )?;
-    }
-    if selection.is_enabled("node-ipam-controller") && options.ipam.allocate_node_cidrs {
-        controllers::ipam::cidr_sets(&options.cloud, &options.ipam).map_err(AppError::Flag)?;
-    }
-    Ok(())
-}
-
 /// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
 /// leadership was `lost`) or one of them fails.
 #[allow(clippy::too_many_arguments)]
 async fn run_controllers(
-    selection: ControllerSelection,
-    options: Options,
+    configured: Vec<(&'static str, StartFn)>,
+    provider_name: &str,
     cloud: Arc<dyn CloudProvider>,
     clients: &ClientFactory,
     metrics: &Metrics,
@@ -316,7 +313,7 @@ async fn run_controllers(
         })
         .await
         .map_err(|source| AppError::Initialize {
-            name: options.cloud.cloud_provider.clone(),
+            name: provider_name.to_owned(),
             source,
         })?;
 
@@ -327,27 +324,26 @@ async fn run_controllers(
         events_client,
         cloud,
         shutdown: stop.clone(),
-        options: Arc::new(options),
         nodes: nodes.clone(),
         services: services.clone(),
         metrics: metrics.clone(),
     };
     let mut running = tokio::task::JoinSet::new();
     let mut names = std::collections::HashMap::new();
-    for controller in selection.enabled(KNOWN_CONTROLLERS) {
+    for (name, start) in configured {
         let context = ControllerContext {
             client: clients.build()?,
             ..context.clone()
         };
-        match controllers::start(controller.name, context) {
+        match start(context) {
             Some(task) => {
-                tracing::info!(controller = controller.name, "starting controller");
-                let handle = running.spawn(async move { (controller.name, task.await) });
-                names.insert(handle.id(), controller.name);
-                health.controller_started(controller.name);
+                tracing::info!(controller = name, "starting controller");
+                let handle = running.spawn(async move { (name, task.await) });
+                names.insert(handle.id(), name);
+                health.controller_started(name);
             }
             None => tracing::info!(
-                controller = controller.name,
+                controller = name,
                 "controller is enabled but does not run (see the reason above)"
             ),
         }

@@ -1,40 +1,6 @@
-//! The generic controllers, and the table the `--controllers` flag is resolved against.
-
-/// A controller the manager knows: its canonical name and the legacy alias `--controllers` accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControllerName {
-    /// The canonical name (upstream `names/controller_names.go`).
-    pub name: &'static str,
-    /// The legacy name, rewritten to `name` when parsing `--controllers`.
-    pub alias: &'static str,
-}
-
-/// Every controller, in the order the manager starts them.
-pub const KNOWN_CONTROLLERS: &[ControllerName] = &[
-    ControllerName {
-        name: "cloud-node-controller",
-        alias: "cloud-node",
-    },
-    ControllerName {
-        name: "cloud-node-lifecycle-controller",
-        alias: "cloud-node-lifecycle",
-    },
-    ControllerName {
-        name: "service-lb-controller",
-        alias: "service",
-    },
-    ControllerName {
-        name: "node-route-controller",
-        alias: "route",
-    },
-    ControllerName {
-        name: "node-ipam-controller",
-        alias: "nodeipam",
-    },
-];
-
-/// Controllers that `*` does not enable (upstream's set is empty).
-pub const DISABLED_BY_DEFAULT: &[&str] = &[];
+//! The generic controllers. Each module owns a typed `Config` and a `start` function; the table that
+//! names them for `--controllers` and builds their configs from the flags is
+//! [`crate::app::controller_table`].
 
 pub mod ipam;
 pub mod node;
@@ -50,7 +16,6 @@ use cloud_provider::CloudProvider;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    app::Options,
     informers::{SharedNodes, SharedServices},
     metrics::Metrics,
 };
@@ -66,8 +31,6 @@ pub struct ControllerContext {
     pub cloud: Arc<dyn CloudProvider>,
     /// Cancelled on shutdown: stop taking new work, finish what is in flight.
     pub shutdown: CancellationToken,
-    /// The manager's flags.
-    pub options: Arc<Options>,
     /// The shared Node cache.
     pub nodes: Arc<SharedNodes>,
     /// The shared Service cache.
@@ -78,16 +41,3 @@ pub struct ControllerContext {
 
 /// A running controller: resolves when the controller stops, with an error message if it failed.
 pub type ControllerTask = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
-
-/// Starts the controller `name`, or returns `None` when it does not run: it is not part of this build
-/// yet, or the cloud does not offer what it needs.
-pub fn start(name: &str, context: ControllerContext) -> Option<ControllerTask> {
-    match name {
-        "cloud-node-controller" => node::start(context),
-        "cloud-node-lifecycle-controller" => node_lifecycle::start(context),
-        "service-lb-controller" => service::start(context),
-        "node-route-controller" => route::start(context),
-        "node-ipam-controller" => ipam::start(context),
-        _ => None,
-    }
-}

@@ -35,12 +35,7 @@ use serde_json::json;
 
 use self::allocator::CidrSet;
 use super::{ControllerContext, ControllerTask};
-use crate::{
-    app::options::{CloudProviderOptions, NodeIpamOptions},
-    cidrs::{is_v4, parse_cidr_list},
-    events::EventRecorder,
-    informers::Change,
-};
+use crate::{cidrs::is_v4, events::EventRecorder, informers::Change};
 
 /// The event source, as upstream's range allocator names it.
 pub const COMPONENT: &str = "cidrAllocator";
@@ -48,37 +43,47 @@ pub const COMPONENT: &str = "cidrAllocator";
 /// How often nodes still waiting for a CIDR are retried.
 const RETRY: Duration = Duration::from_secs(5);
 
-/// The node CIDR sets the flags describe, each with the service range occupied.
-pub fn cidr_sets(
-    cloud: &CloudProviderOptions,
-    ipam: &NodeIpamOptions,
-) -> Result<Vec<CidrSet>, String> {
-    let clusters = parse_cidr_list("--cluster-cidr", &cloud.cluster_cidr)?;
-    let dual = clusters.len() == 2;
-    if dual && ipam.node_cidr_mask_size != 0 {
-        return Err("--node-cidr-mask-size cannot be used with a dual-stack --cluster-cidr; use --node-cidr-mask-size-ipv4 and --node-cidr-mask-size-ipv6".to_owned());
+/// The node-IPAM controller's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The pod CIDRs of the cluster (`--cluster-cidr`): one, or an IPv4 and an IPv6 one.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// The mask size of a node's CIDR in a single-stack cluster (`--node-cidr-mask-size`); `None`: the
+    /// family's own size.
+    pub node_mask_size: Option<u8>,
+    /// The mask size of a node's IPv4 CIDR (`--node-cidr-mask-size-ipv4`).
+    pub node_mask_size_ipv4: u8,
+    /// The mask size of a node's IPv6 CIDR (`--node-cidr-mask-size-ipv6`).
+    pub node_mask_size_ipv6: u8,
+    /// The Services' cluster IP ranges (`--service-cluster-ip-range`), never handed to a node.
+    pub service_ranges: Vec<IpNet>,
+}
+
+impl Config {
+    /// The node CIDR sets this describes, each with the service ranges occupied; an error names the
+    /// flag at fault.
+    pub fn cidr_sets(&self) -> Result<Vec<CidrSet>, String> {
+        let dual = self.cluster_cidrs.len() == 2;
+        if dual && self.node_mask_size.is_some() {
+            return Err("--node-cidr-mask-size cannot be used with a dual-stack --cluster-cidr; use --node-cidr-mask-size-ipv4 and --node-cidr-mask-size-ipv6".to_owned());
+        }
+        self.cluster_cidrs
+            .iter()
+            .map(|&cluster| {
+                let mask = match (dual, is_v4(&cluster), self.node_mask_size) {
+                    (false, _, Some(size)) => size,
+                    (_, true, _) => self.node_mask_size_ipv4,
+                    (_, false, _) => self.node_mask_size_ipv6,
+                };
+                let mut set = CidrSet::new(cluster, mask)
+                    .map_err(|err| format!("--cluster-cidr {cluster}: {err}"))?;
+                for service in &self.service_ranges {
+                    set.occupy(service);
+                }
+                Ok(set)
+            })
+            .collect()
     }
-    let services = if ipam.service_cluster_ip_range.trim().is_empty() {
-        Vec::new()
-    } else {
-        parse_cidr_list("--service-cluster-ip-range", &ipam.service_cluster_ip_range)?
-    };
-    clusters
-        .into_iter()
-        .map(|cluster| {
-            let mask = match (dual, is_v4(&cluster), ipam.node_cidr_mask_size) {
-                (false, _, size) if size != 0 => size,
-                (_, true, _) => ipam.node_cidr_mask_size_ipv4,
-                (_, false, _) => ipam.node_cidr_mask_size_ipv6,
-            };
-            let mut set = CidrSet::new(cluster, mask)
-                .map_err(|err| format!("--cluster-cidr {cluster}: {err}"))?;
-            for service in &services {
-                set.occupy(service);
-            }
-            Ok(set)
-        })
-        .collect()
 }
 
 fn pod_cidrs(node: &Node) -> Vec<IpNet> {
@@ -338,20 +343,8 @@ fn outcome_known(err: &kube::Error) -> bool {
     }
 }
 
-/// Starts the controller: `None` (logged) without `--allocate-node-cidrs`.
-pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
-    if !ctx.options.ipam.allocate_node_cidrs {
-        tracing::info!("node-ipam-controller not started: --allocate-node-cidrs is false");
-        return None;
-    }
-    let sets = match cidr_sets(&ctx.options.cloud, &ctx.options.ipam) {
-        Ok(sets) => sets,
-        Err(err) => {
-            // The app validates these flags before any controller starts; this is only a safeguard.
-            tracing::error!(error = %err, "node-ipam-controller not started");
-            return None;
-        }
-    };
+/// Starts the controller on CIDR sets from [`Config::cidr_sets`].
+pub fn start(ctx: ControllerContext, sets: Vec<CidrSet>) -> Option<ControllerTask> {
     let changes = ctx.nodes.subscribe_changes();
     let nodes = ctx.nodes.clone();
     let allocator = Allocator {
@@ -415,48 +408,39 @@ async fn run(
 mod tests {
     use super::*;
 
-    fn options(cluster: &str, size: u8, services: &str) -> (CloudProviderOptions, NodeIpamOptions) {
-        (
-            CloudProviderOptions {
-                cloud_provider: "fake".into(),
-                cloud_config: String::new(),
-                cluster_name: "kubernetes".into(),
-                cluster_cidr: cluster.into(),
-                allow_untagged_cloud: false,
-            },
-            NodeIpamOptions {
-                allocate_node_cidrs: true,
-                cidr_allocator_type: "RangeAllocator".into(),
-                node_cidr_mask_size: size,
-                node_cidr_mask_size_ipv4: 24,
-                node_cidr_mask_size_ipv6: 64,
-                service_cluster_ip_range: services.into(),
-            },
-        )
+    fn options(cluster: &str, size: u8, services: &str) -> Config {
+        let cidrs = |list: &str| -> Vec<IpNet> {
+            list.split(',')
+                .filter(|c| !c.is_empty())
+                .map(|c| c.parse::<IpNet>().unwrap().trunc())
+                .collect()
+        };
+        Config {
+            cluster_cidrs: cidrs(cluster),
+            node_mask_size: (size != 0).then_some(size),
+            node_mask_size_ipv4: 24,
+            node_mask_size_ipv6: 64,
+            service_ranges: cidrs(services),
+        }
     }
 
     #[test]
     fn mask_sizes_follow_the_stack() {
-        let (cloud, ipam) = options("10.244.0.0/16", 0, "");
-        let sets = cidr_sets(&cloud, &ipam).unwrap();
+        let config = options("10.244.0.0/16", 0, "");
+        let sets = config.cidr_sets().unwrap();
         assert_eq!(sets.len(), 1);
         assert_eq!(sets[0].free(), 256);
-        let (cloud, ipam) = options("10.244.0.0/16", 26, "");
-        assert_eq!(cidr_sets(&cloud, &ipam).unwrap()[0].free(), 1024);
-        let (cloud, ipam) = options("10.244.0.0/16,fd00:10:244::/56", 0, "");
-        let sets = cidr_sets(&cloud, &ipam).unwrap();
+        let config = options("10.244.0.0/16", 26, "");
+        assert_eq!(config.cidr_sets().unwrap()[0].free(), 1024);
+        let config = options("10.244.0.0/16,fd00:10:244::/56", 0, "");
+        let sets = config.cidr_sets().unwrap();
         assert_eq!((sets[0].free(), sets[1].free()), (256, 256));
-        let (cloud, ipam) = options("10.244.0.0/16,fd00:10:244::/56", 24, "");
+        let config = options("10.244.0.0/16,fd00:10:244::/56", 24, "");
         assert!(
-            cidr_sets(&cloud, &ipam)
+            config
+                .cidr_sets()
                 .unwrap_err()
                 .contains("--node-cidr-mask-size cannot be used")
-        );
-        let (cloud, ipam) = options("", 0, "");
-        assert!(
-            cidr_sets(&cloud, &ipam)
-                .unwrap_err()
-                .contains("--cluster-cidr is empty")
         );
     }
 
@@ -706,8 +690,8 @@ mod tests {
 
     #[test]
     fn the_service_range_is_never_handed_out() {
-        let (cloud, ipam) = options("10.0.0.0/16", 0, "10.0.0.0/20");
-        let mut sets = cidr_sets(&cloud, &ipam).unwrap();
+        let config = options("10.0.0.0/16", 0, "10.0.0.0/20");
+        let mut sets = config.cidr_sets().unwrap();
         assert_eq!(sets[0].free(), 256 - 16);
         assert_eq!(sets[0].allocate().unwrap().to_string(), "10.0.16.0/24");
     }

@@ -24,7 +24,7 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::{
         Controller,
-        controller::{Action, Config},
+        controller::{Action, Config as RuntimeConfig},
         events::EventType,
     },
 };
@@ -123,8 +123,19 @@ fn backoff(failures: u32) -> Duration {
         .min(Duration::from_secs(1000))
 }
 
+/// The cloud-node controller's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Nodes initialized at once (`--concurrent-node-syncs`).
+    pub workers: usize,
+    /// Workers refreshing node addresses (`--concurrent-node-status-updates`).
+    pub status_workers: usize,
+    /// How often every node's addresses are refreshed (`--node-status-update-frequency`).
+    pub status_period: Duration,
+}
+
 /// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
-pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
+pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     if ctx.cloud.instances_v2().is_none() && ctx.cloud.instances().is_none() {
         tracing::warn!(
             controller = COMPONENT,
@@ -135,10 +146,11 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let changes = ctx.nodes.subscribe();
     let store = ctx.nodes.store();
     let nodes = ctx.nodes.clone();
-    let options = &ctx.options.node;
-    let workers = options.concurrent_node_syncs;
-    let status_workers = options.status_workers();
-    let status_period = options.node_status_update_frequency;
+    let Config {
+        workers,
+        status_workers,
+        status_period,
+    } = config;
     let context = Arc::new(Context {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),
@@ -156,7 +168,9 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
             shutdown.clone(),
         ));
         Controller::for_shared_stream(changes, store)
-            .with_config(Config::default().concurrency(workers))
+            .with_config(
+                RuntimeConfig::default().concurrency(u16::try_from(workers).unwrap_or(u16::MAX)),
+            )
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(reconcile, error_policy, context)
             .for_each(|result| {

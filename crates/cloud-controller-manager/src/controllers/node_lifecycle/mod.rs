@@ -38,8 +38,17 @@ struct Context {
     events: EventRecorder,
 }
 
+/// The cloud-node-lifecycle controller's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often not-ready nodes are checked against the cloud (`--node-monitor-period`).
+    pub period: Duration,
+    /// Nodes checked at once (`--concurrent-node-syncs`).
+    pub workers: usize,
+}
+
 /// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
-pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
+pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     if ctx.cloud.instances_v2().is_none() && ctx.cloud.instances().is_none() {
         tracing::warn!(
             controller = COMPONENT,
@@ -48,8 +57,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
         return None;
     }
     let nodes = ctx.nodes.clone();
-    let period = ctx.options.node.node_monitor_period;
-    let workers = usize::from(ctx.options.node.concurrent_node_syncs);
+    let Config { period, workers } = config;
     let context = Context {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),

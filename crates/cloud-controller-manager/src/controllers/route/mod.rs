@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
 use super::{ControllerContext, ControllerTask};
-use crate::{cidrs::parse_cidr_list, events::EventRecorder, informers::SharedNodes};
+use crate::{events::EventRecorder, informers::SharedNodes};
 
 /// The event source, as upstream names it (with an underscore).
 pub const COMPONENT: &str = "route_controller";
@@ -61,30 +61,34 @@ struct Context {
     metrics: RouteMetrics,
 }
 
-/// Starts the controller: `None` (logged) without `--configure-cloud-routes` or when the cloud offers no
-/// routes. `--cluster-cidr` was validated by the app before any controller started.
-pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
-    if !ctx.options.route.configure_cloud_routes {
-        tracing::info!("node-route-controller not started: --configure-cloud-routes is false");
-        return None;
-    }
+/// The node-route controller's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The `--cluster-name` passed to the cloud's route calls.
+    pub cluster_name: String,
+    /// The pod CIDRs of the cluster (`--cluster-cidr`): routes outside them are not ours.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// How often routes are reconciled (`--route-reconciliation-period`).
+    pub period: Duration,
+}
+
+/// Starts the controller: `None` (logged) when the cloud offers no routes.
+pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     if ctx.cloud.routes().is_none() {
         tracing::warn!(
             "node-route-controller not started: the cloud provider does not support routes"
         );
         return None;
     }
-    let cluster_cidrs = match parse_cidr_list("--cluster-cidr", &ctx.options.cloud.cluster_cidr) {
-        Ok(cidrs) => cidrs,
-        Err(err) => {
-            tracing::error!(error = %err, "node-route-controller not started");
-            return None;
-        }
-    };
+    let Config {
+        cluster_name,
+        cluster_cidrs,
+        period,
+    } = config;
     let context = Context {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),
-        cluster_name: ctx.options.cloud.cluster_name.clone(),
+        cluster_name,
         cluster_cidrs,
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.route.clone(),
@@ -92,7 +96,6 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let nodes = ctx.nodes.clone();
     // Touch the store now, so the shared cache knows it is needed before it starts.
     let _ = nodes.store();
-    let period = ctx.options.route.route_reconciliation_period;
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
         run(context, nodes, period, shutdown).await;

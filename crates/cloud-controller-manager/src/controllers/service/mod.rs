@@ -25,7 +25,7 @@ use kube::{
     Api, ResourceExt,
     runtime::{
         Controller,
-        controller::{Action, Config},
+        controller::{Action, Config as RuntimeConfig},
         events::EventType,
         reflector::{ObjectRef, Store},
     },
@@ -248,8 +248,18 @@ impl Context {
     }
 }
 
+/// The service-lb controller's configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The `--cluster-name` passed to the cloud's load-balancer calls.
+    pub cluster_name: String,
+    /// Services synced at once, and load balancers updated at once after a node change
+    /// (`--concurrent-service-syncs`).
+    pub workers: usize,
+}
+
 /// Starts the controller: `None` (with a warning) when the cloud offers no load balancers.
-pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
+pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     if ctx.cloud.load_balancer().is_none() {
         tracing::warn!(
             controller = COMPONENT,
@@ -263,11 +273,14 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
     let nodes = ctx.nodes.clone();
     let shared_services = ctx.services.clone();
     let (retry, retries) = mpsc::unbounded_channel();
-    let workers = usize::from(ctx.options.service.concurrent_service_syncs);
+    let Config {
+        cluster_name,
+        workers,
+    } = config;
     let context = Arc::new(Context {
         client: ctx.client.clone(),
         cloud: ctx.cloud.clone(),
-        cluster_name: ctx.options.cloud.cluster_name.clone(),
+        cluster_name,
         nodes: nodes.store(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.service.clone(),
@@ -303,7 +316,7 @@ pub fn start(ctx: ControllerContext) -> Option<ControllerTask> {
             );
         Controller::for_shared_stream(triggers, services)
             .reconcile_on(retries)
-            .with_config(Config::default().concurrency(workers as u16))
+            .with_config(RuntimeConfig::default().concurrency(workers as u16))
             .graceful_shutdown_on(shutdown.clone().cancelled_owned())
             .run(reconcile, error_policy, context)
             .for_each(|result| {

@@ -1,0 +1,116 @@
+//! The whole command line: the manager's flags ([`Options`]), the flags linked providers add, and the
+//! binary's own name and version.
+
+use std::collections::BTreeMap;
+
+use clap::{ArgMatches, Command, CommandFactory, FromArgMatches};
+use cloud_provider::Registry;
+
+use super::{
+    Options,
+    controller_table::{ControllerSpec, controllers_help},
+};
+
+/// A parsed command line: the manager's flags, and the raw matches from which providers and added
+/// controllers read their own.
+#[derive(Debug, Clone)]
+pub struct CommandLine {
+    /// The manager's flags.
+    pub options: Options,
+    /// Everything given, providers' flags included.
+    pub matches: ArgMatches,
+}
+
+impl From<Options> for CommandLine {
+    /// The manager's flags alone (no provider's flags can then be read: use
+    /// [`crate::Manager::parse_from`] for those).
+    fn from(options: Options) -> Self {
+        Self {
+            options,
+            matches: ArgMatches::default(),
+        }
+    }
+}
+
+/// What `--help` and `--version` call the binary.
+#[derive(Debug, Clone)]
+pub struct BinaryIdentity {
+    /// The binary's name.
+    pub name: String,
+    /// Its version.
+    pub version: String,
+    /// One line on what it is.
+    pub about: Option<String>,
+}
+
+/// Two linked providers, or a provider and the manager, claim one flag.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "provider {provider:?} adds the flag --{flag}, which {owner} already has; rename it (prefix it with the provider's name)"
+)]
+pub struct FlagClash {
+    /// The provider whose flag clashes.
+    pub provider: String,
+    /// The flag.
+    pub flag: String,
+    /// Who has it already: "the manager" or another provider.
+    pub owner: String,
+}
+
+/// The manager's command: [`Options`], with the `--controllers` help generated from `controllers`, each
+/// linked provider's flags under a heading of its own, and the binary's identity.
+pub fn command(
+    registry: &Registry,
+    controllers: &[ControllerSpec],
+    identity: Option<&BinaryIdentity>,
+) -> Result<Command, FlagClash> {
+    let mut command =
+        Options::command().mut_arg("controllers", |arg| arg.help(controllers_help(controllers)));
+    if let Some(identity) = identity {
+        command = command
+            .name(identity.name.clone())
+            .bin_name(identity.name.clone())
+            .version(identity.version.clone());
+        if let Some(about) = &identity.about {
+            command = command.about(about.clone());
+        }
+    }
+    let mut owners: BTreeMap<String, String> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_long())
+        .map(|long| (long.to_owned(), "the manager".to_owned()))
+        .collect();
+    for (provider, add_flags) in registry.flags() {
+        let added = add_flags(Command::new(provider.to_owned()));
+        for long in added.get_arguments().filter_map(|arg| arg.get_long()) {
+            if let Some(owner) = owners.get(long) {
+                return Err(FlagClash {
+                    provider: provider.to_owned(),
+                    flag: long.to_owned(),
+                    owner: owner.clone(),
+                });
+            }
+            owners.insert(long.to_owned(), format!("provider {provider:?}"));
+        }
+        command = add_flags(command.next_help_heading(format!("Provider {provider}")));
+    }
+    Ok(command.next_help_heading(None::<&str>))
+}
+
+/// Parses `args` (the binary's name first) with [`command`].
+pub fn parse_from<I, T>(
+    registry: &Registry,
+    controllers: &[ControllerSpec],
+    identity: Option<&BinaryIdentity>,
+    args: I,
+) -> Result<CommandLine, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut command = command(registry, controllers, identity)
+        .map_err(|clash| clap::Error::raw(clap::error::ErrorKind::ArgumentConflict, clash))?;
+    let matches = command.try_get_matches_from_mut(args)?;
+    let options = Options::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
+    Ok(CommandLine { options, matches })
+}
