@@ -24,6 +24,7 @@ pub mod controllers;
 pub mod events;
 pub mod informers;
 pub mod metrics;
+pub mod request_metrics;
 pub mod well_known;
 
 /// The Kubernetes client the manager is built on, for providers and controllers that talk to the API

@@ -7,9 +7,9 @@ use cloud_provider::CloudProvider;
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use crate::{
-    app::request_metrics::RequestMetrics,
     cloud_metrics::CloudMetrics,
     controllers::{node::NodeMetrics, route::RouteMetrics, service::ServiceMetrics},
+    request_metrics::RequestMetrics,
 };
 
 /// Every metric the manager exports. Cheap to clone.

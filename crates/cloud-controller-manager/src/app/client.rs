@@ -8,10 +8,8 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use super::{
-    options::ClientOptions, rate_limit::RateLimitLayer, request_metrics::RequestMetrics,
-    write_fence::WriteFence,
-};
+use super::{options::ClientOptions, rate_limit::RateLimitLayer, write_fence::WriteFence};
+use crate::request_metrics::RequestMetrics;
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]

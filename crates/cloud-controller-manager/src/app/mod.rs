@@ -11,7 +11,6 @@ pub mod leader_election;
 pub mod logging;
 pub mod options;
 pub mod rate_limit;
-pub mod request_metrics;
 pub mod serving;
 pub mod write_fence;
 
