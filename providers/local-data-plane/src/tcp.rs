@@ -2,14 +2,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use socket2::{Domain, SockRef, Socket, Type};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,7 +17,7 @@ use tracing::{Instrument, debug, warn};
 use crate::pool::{ActiveGuard, ListenerShared};
 
 /// Relay buffer per direction. Allocated only once a connection has data (see `relay`), so idle
-/// connections do not hold them.
+/// connections do not hold them, and never zeroed, so a connection touches only what it uses.
 const RELAY_BUFFER: usize = 64 * 1024;
 /// Backends tried per connection before the client is closed.
 const CONNECT_ATTEMPTS: usize = 3;
@@ -142,7 +141,7 @@ async fn handle(
 }
 
 async fn relay(
-    client: TcpStream,
+    mut client: TcpStream,
     peer: SocketAddr,
     mut upstream: TcpStream,
     shared: &ListenerShared,
@@ -153,64 +152,41 @@ async fn relay(
         upstream.write_all(&proxy_v2_header(peer, local)).await?;
     }
     // An idle connection costs its two sockets and this future; the relay buffers come when either
-    // side first has something to say.
+    // side first has something to say (or closes). `peek`, not `readable`: a newly accepted socket is
+    // reported readable at once, `peek` waits for a byte or the end.
+    let (mut a, mut b) = ([0u8; 1], [0u8; 1]);
     tokio::select! {
-        r = client.readable() => r?,
-        r = upstream.readable() => r?,
+        r = client.peek(&mut a) => r.map(drop)?,
+        r = upstream.peek(&mut b) => r.map(drop)?,
     }
-    let mut client = Counted {
-        stream: client,
-        read: &shared.stats.bytes_in,
-    };
-    let mut upstream = Counted {
-        stream: upstream,
-        read: &shared.stats.bytes_out,
-    };
-    tokio::io::copy_bidirectional_with_sizes(
-        &mut client,
-        &mut upstream,
-        RELAY_BUFFER,
-        RELAY_BUFFER,
-    )
-    .await?;
+    let (client_read, client_write) = client.split();
+    let (upstream_read, upstream_write) = upstream.split();
+    tokio::try_join!(
+        pump(client_read, upstream_write, &shared.stats.bytes_in),
+        pump(upstream_read, client_write, &shared.stats.bytes_out),
+    )?;
     Ok(())
 }
 
-/// A stream that adds what is read from it to a counter: one relaxed atomic add per read call.
-struct Counted<'a> {
-    stream: TcpStream,
-    read: &'a AtomicU64,
-}
-
-impl AsyncRead for Counted<'_> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut self.stream).poll_read(cx, buf))?;
-        let n = buf.filled().len() - before;
-        self.read.fetch_add(n as u64, Ordering::Relaxed);
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Counted<'_> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.stream).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.stream).poll_shutdown(cx)
+/// Copies one direction until its end, then half-closes the other side (what `copy_bidirectional`
+/// does, with a buffer that is never zeroed: `read_buf` fills the spare capacity, so a connection
+/// touches only the pages its data needs, and one relaxed atomic add per read counts the bytes).
+async fn pump(
+    mut from: ReadHalf<'_>,
+    mut to: WriteHalf<'_>,
+    counter: &AtomicU64,
+) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::with_capacity(RELAY_BUFFER);
+    loop {
+        buf.clear();
+        let n = from.read_buf(&mut buf).await?;
+        if n == 0 {
+            // The peer may already be gone: a failed half-close ends nothing else.
+            let _ = to.shutdown().await;
+            return Ok(());
+        }
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        to.write_all(&buf).await?;
     }
 }
 

@@ -1,0 +1,309 @@
+//! Benchmark tool of the data plane (driven by `bench/data-plane/run`; not run in CI).
+//!
+//! ```text
+//! dp-bench lb VIP BACKEND_IP PORT:NODE_PORT...   run a DataPlane with one TCP load balancer until SIGTERM
+//! dp-bench echo ADDR                             TCP echo server
+//! dp-bench latency ADDR CONNS SECS SIZE [RATE]   request/response latency over CONNS concurrent connections,
+//!                                                at RATE requests/s in all (0 or absent: as fast as they can)
+//! dp-bench connrate ADDR WORKERS SECS            new connections per second (connect, 1-byte echo, close)
+//! dp-bench idle ADDR CONNS SECS                  opens CONNS idle connections, prints "open N", holds them SECS
+//! ```
+//! Every measuring command prints one JSON object on stdout.
+
+use std::net::{IpAddr, SocketAddr};
+use std::process::ExitCode;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use local_data_plane::{Backend, DataPlane, ListenerSpec, LoadBalancerSpec, Protocol, Settings};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("dp-bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn arg<T: FromStr>(args: &[String], i: usize, what: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    let raw = args.get(i).ok_or_else(|| format!("missing {what}"))?;
+    raw.parse()
+        .map_err(|e| format!("bad {what} {raw:?}: {e}").into())
+}
+
+async fn run(args: Vec<String>) -> Result<()> {
+    match args.first().map(String::as_str) {
+        Some("lb") => lb(&args).await,
+        Some("echo") => echo(arg(&args, 1, "address")?).await,
+        Some("latency") => {
+            latency(
+                arg(&args, 1, "address")?,
+                arg(&args, 2, "connections")?,
+                arg(&args, 3, "seconds")?,
+                arg(&args, 4, "size")?,
+                if args.len() > 5 {
+                    arg(&args, 5, "rate")?
+                } else {
+                    0.0
+                },
+            )
+            .await
+        }
+        Some("connrate") => {
+            connrate(
+                arg(&args, 1, "address")?,
+                arg(&args, 2, "workers")?,
+                arg(&args, 3, "seconds")?,
+            )
+            .await
+        }
+        Some("idle") => {
+            idle(
+                arg(&args, 1, "address")?,
+                arg(&args, 2, "connections")?,
+                arg(&args, 3, "seconds")?,
+            )
+            .await
+        }
+        _ => Err("usage: dp-bench lb|echo|latency|connrate|idle ... (see the source)".into()),
+    }
+}
+
+async fn lb(args: &[String]) -> Result<()> {
+    let vip: IpAddr = arg(args, 1, "VIP")?;
+    let backend: IpAddr = arg(args, 2, "backend IP")?;
+    let mut listeners = Vec::new();
+    for pair in &args[3..] {
+        let (port, node_port) = pair.split_once(':').ok_or("ports are PORT:NODE_PORT")?;
+        listeners.push(ListenerSpec {
+            vip,
+            port: port.parse()?,
+            protocol: Protocol::Tcp,
+            node_port: node_port.parse()?,
+        });
+    }
+    let plane = DataPlane::new(Settings::default());
+    plane
+        .apply(LoadBalancerSpec {
+            name: "bench".into(),
+            listeners,
+            backends: vec![Backend {
+                node: "node".into(),
+                address: backend,
+            }],
+            health_check: None,
+            session_affinity: None,
+            source_ranges: Vec::new(),
+            proxy_protocol: false,
+        })
+        .await?;
+    println!("ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}
+
+async fn echo(addr: SocketAddr) -> Result<()> {
+    let listener = bind(addr)?;
+    println!("ready");
+    loop {
+        let (mut stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        tokio::spawn(async move {
+            let _ = stream.set_nodelay(true);
+            let mut buf = [0u8; 4096];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        if stream.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn bind(addr: SocketAddr) -> Result<TcpListener> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(TcpListener::from_std(socket.into())?)
+}
+
+async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f64) -> Result<()> {
+    let warmup = Duration::from_millis(500);
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let end = measure_from + Duration::from_secs_f64(secs);
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..conns {
+        let errors = errors.clone();
+        tasks.spawn(async move {
+            // Stagger the connects over the warm-up.
+            tokio::time::sleep(warmup.mul_f64(i as f64 / conns as f64 / 2.0)).await;
+            let mut samples = Vec::new();
+            let Ok(mut stream) = TcpStream::connect(addr).await else {
+                errors.fetch_add(1, Ordering::Relaxed);
+                return samples;
+            };
+            let _ = stream.set_nodelay(true);
+            let request = vec![b'x'; size];
+            let mut response = vec![0u8; size];
+            // Open loop at rate / conns per connection, phases spread evenly; or closed loop.
+            let mut ticker = (rate > 0.0).then(|| {
+                let period = Duration::from_secs_f64(conns as f64 / rate);
+                let first = tokio::time::Instant::now() + period.mul_f64(i as f64 / conns as f64);
+                let mut ticker = tokio::time::interval_at(first, period);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ticker
+            });
+            loop {
+                if let Some(ticker) = ticker.as_mut() {
+                    ticker.tick().await;
+                }
+                let t0 = Instant::now();
+                if t0 >= end {
+                    return samples;
+                }
+                if stream.write_all(&request).await.is_err()
+                    || stream.read_exact(&mut response).await.is_err()
+                {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    return samples;
+                }
+                if t0 >= measure_from {
+                    samples.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
+                }
+            }
+        });
+    }
+    let mut all: Vec<u32> = Vec::new();
+    while let Some(samples) = tasks.join_next().await {
+        all.extend(samples?);
+    }
+    all.sort_unstable();
+    let pct = |p: f64| -> u32 {
+        if all.is_empty() {
+            0
+        } else {
+            all[((all.len() - 1) as f64 * p).round() as usize]
+        }
+    };
+    println!(
+        "{{\"requests\":{},\"rps\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"errors\":{}}}",
+        all.len(),
+        all.len() as f64 / secs,
+        pct(0.50),
+        pct(0.99),
+        pct(0.999),
+        errors.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+async fn connrate(addr: SocketAddr, workers: usize, secs: f64) -> Result<()> {
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..workers {
+        let done = done.clone();
+        let errors = errors.clone();
+        tasks.spawn(async move {
+            let mut byte = [0u8; 1];
+            while Instant::now() < end {
+                let ok = async {
+                    let mut stream = TcpStream::connect(addr).await.ok()?;
+                    stream.write_all(b"x").await.ok()?;
+                    stream.read_exact(&mut byte).await.ok()?;
+                    Some(())
+                }
+                .await;
+                if ok.is_some() {
+                    done.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    let elapsed = start.elapsed().as_secs_f64();
+    let done = done.load(Ordering::Relaxed);
+    println!(
+        "{{\"connections\":{},\"per_second\":{:.0},\"errors\":{}}}",
+        done,
+        done as f64 / elapsed,
+        errors.load(Ordering::Relaxed)
+    );
+    Ok(())
+}
+
+async fn idle(addr: SocketAddr, conns: usize, secs: f64) -> Result<()> {
+    let mut streams = Vec::with_capacity(conns);
+    let mut pending = tokio::task::JoinSet::new();
+    let mut errors = 0u64;
+    for _ in 0..conns {
+        if pending.len() >= 256
+            && let Some(result) = pending.join_next().await
+        {
+            match result? {
+                Ok(stream) => streams.push(stream),
+                Err(_) => errors += 1,
+            }
+        }
+        pending.spawn(TcpStream::connect(addr));
+    }
+    while let Some(result) = pending.join_next().await {
+        match result? {
+            Ok(stream) => streams.push(stream),
+            Err(_) => errors += 1,
+        }
+    }
+    println!("{{\"open\":{},\"errors\":{}}}", streams.len(), errors);
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    drop(streams);
+    Ok(())
+}
