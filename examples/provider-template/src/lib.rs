@@ -7,24 +7,55 @@
 //!
 //! It offers InstancesV2 only; a node not in the inventory does not exist. Replace the inventory with
 //! calls to your cloud's API and you have a provider.
+//!
+//! It also shows the two extension points a provider's binary has: flags of its own ([`InventoryFlags`],
+//! registered with the provider) and a controller of its own ([`audit`], added in `main.rs`).
 
-use std::{collections::BTreeMap, sync::Arc};
+pub mod audit;
 
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+// The contract re-exports what a provider needs at the versions it was built with; `clap` here lets
+// `#[derive(clap::Args)]` work without a dependency of our own.
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderId,
-    ProviderResult, async_trait, k8s_openapi::api::core::v1::Node, register_provider,
+    ProviderResult, async_trait, clap, k8s_openapi::api::core::v1::Node, parse_go_duration,
+    register_provider,
 };
 
 /// The name `--cloud-provider` selects, and the scheme of this provider's IDs.
 pub const NAME: &str = "inventory";
 
-// Linking this crate into a manager binary makes `--cloud-provider=inventory` available.
-register_provider!(NAME, new_provider);
+/// The provider's own flags: shown in `--help` under "Provider inventory", read by the factory and by
+/// the audit controller.
+#[derive(Debug, Clone, clap::Args)]
+pub struct InventoryFlags {
+    /// The region of machines whose zone has no `-` (e.g. zone `lab` in region `home`).
+    #[arg(long, default_value = "")]
+    pub inventory_default_region: String,
 
-/// The factory: parses the `--cloud-config` inventory.
+    /// How often the inventory-audit controller looks for nodes the inventory does not list.
+    #[arg(long, default_value = "1m", value_parser = positive_duration)]
+    pub inventory_audit_period: Duration,
+}
+
+fn positive_duration(text: &str) -> Result<Duration, String> {
+    match parse_go_duration(text)? {
+        duration if duration.is_zero() => Err("must be greater than 0".to_owned()),
+        duration => Ok(duration),
+    }
+}
+
+// Linking this crate into a manager binary makes `--cloud-provider=inventory` available, with its flags.
+register_provider!(NAME, new_provider, flags = InventoryFlags);
+
+/// The factory: parses the `--cloud-config` inventory and reads the provider's flags.
 pub fn new_provider(config: &CloudConfig) -> ProviderResult {
     let text = config.text()?.unwrap_or_default();
-    Ok(Arc::new(Inventory::parse(text)?))
+    let flags: InventoryFlags = config.flags()?;
+    let mut inventory = Inventory::parse(text)?;
+    inventory.default_region = flags.inventory_default_region;
+    Ok(Arc::new(inventory))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +68,7 @@ struct Machine {
 #[derive(Debug, Default)]
 pub struct Inventory {
     machines: BTreeMap<String, Machine>,
+    default_region: String,
 }
 
 impl Inventory {
@@ -66,7 +98,10 @@ impl Inventory {
                 ));
             }
         }
-        Ok(Self { machines })
+        Ok(Self {
+            machines,
+            default_region: String::new(),
+        })
     }
 
     /// The machine of a node: by provider ID when it has one, else by name.
@@ -104,7 +139,7 @@ impl InstancesV2 for Inventory {
                 .zone
                 .rsplit_once('-')
                 .map(|(region, _)| region.to_owned())
-                .unwrap_or_default(),
+                .unwrap_or_else(|| self.default_region.clone()),
             ..Default::default()
         }))
     }

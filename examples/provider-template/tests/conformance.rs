@@ -9,7 +9,7 @@ use cloud_provider::{
 async fn inventory_provider_is_conformant() {
     let config = CloudConfig::from_bytes(
         None,
-        "worker-1 eu-west-1a m5.large\nworker-1-peer eu-west-1b m5.large\n",
+        "worker-1 eu-west-1a m5.large\n",
     );
     let cloud = cloud_provider_inventory::new_provider(&config).unwrap();
     let report = run(

@@ -14,7 +14,7 @@ use std::{
 };
 
 use clap::{ArgMatches, FromArgMatches};
-use cloud_provider::CloudProvider;
+use cloud_provider::{CloudConfig, CloudProvider};
 use ipnet::IpNet;
 
 use super::{Options, options::NodeIpamOptions};
@@ -159,8 +159,14 @@ impl<'a> ConfigureContext<'a> {
     }
 
     /// Flags a provider added to the command line (see `cloud_provider::register_provider!`), read
-    /// into their clap type.
-    pub fn flags<T: FromArgMatches>(&self) -> Result<T, String> {
+    /// into their clap type. A command line built from [`Options`] alone gives every such flag its
+    /// default.
+    pub fn flags<T: clap::Args>(&self) -> Result<T, String> {
+        if self.matches.ids().next().is_none() {
+            return CloudConfig::none()
+                .flags::<T>()
+                .map_err(|err| err.to_string());
+        }
         T::from_arg_matches(self.matches).map_err(|err| err.to_string())
     }
 
