@@ -105,6 +105,11 @@ async fn close_listeners(mut listeners: Vec<RunningListener>, drain: Duration) {
     for listener in &mut listeners {
         listener.stop_accepting().await;
     }
+    drain_listeners(listeners, drain).await;
+}
+
+/// Lets the connections of stopped listeners finish for at most `drain`, then cuts them.
+async fn drain_listeners(listeners: Vec<RunningListener>, drain: Duration) {
     let deadline = tokio::time::Instant::now() + drain;
     let mut drained = true;
     for listener in &listeners {
@@ -221,26 +226,30 @@ impl DataPlane {
             }
         };
 
-        let mut failures = Vec::new();
-        let mut leaving = Vec::new();
-        {
+        let wanted: BTreeMap<ListenerKey, ListenerSpec> =
+            spec.listeners.iter().map(|l| (l.key(), *l)).collect();
+        // Listeners that left the spec stop accepting first (their sockets closed), so a port that
+        // moves between them and a new listener binds, and so does one re-added by the next apply.
+        let mut leaving: Vec<RunningListener> = {
             let mut run = lock(&lb.run);
-            let wanted: BTreeMap<ListenerKey, ListenerSpec> =
-                spec.listeners.iter().map(|l| (l.key(), *l)).collect();
-            // Listeners that left the spec (or whose node port changed: rebound below).
             let gone: Vec<ListenerKey> = run
                 .listeners
-                .iter()
-                .filter(|(key, running)| wanted.get(key) != Some(&running.shared.spec))
-                .map(|(key, _)| *key)
+                .keys()
+                .filter(|key| !wanted.contains_key(key))
+                .copied()
                 .collect();
-            for key in gone {
-                if let Some(listener) = run.listeners.remove(&key) {
-                    // Stop accepting now; the socket closes as soon as the accept loop notices.
-                    listener.stop.cancel();
-                    leaving.push(listener);
-                }
-            }
+            gone.iter()
+                .filter_map(|key| run.listeners.remove(key))
+                .collect()
+        };
+        for listener in &mut leaving {
+            info!(listener = %listener.shared.label, "closing: left the spec");
+            listener.stop_accepting().await;
+        }
+
+        let mut failures = Vec::new();
+        {
+            let mut run = lock(&lb.run);
             for listener in wanted.values() {
                 let config = self.listener_config(
                     &spec,
@@ -277,7 +286,7 @@ impl DataPlane {
         }
         if !leaving.is_empty() {
             let drain = self.inner.settings.drain_timeout;
-            tokio::spawn(close_listeners(leaving, drain).instrument(tracing::Span::current()));
+            tokio::spawn(drain_listeners(leaving, drain).instrument(tracing::Span::current()));
         }
         if failures.is_empty() {
             Ok(())
@@ -318,6 +327,7 @@ impl DataPlane {
             });
         }
         ListenerConfig {
+            node_port: listener.node_port,
             backends,
             source_ranges: spec.source_ranges.clone(),
             proxy_protocol: spec.proxy_protocol,
@@ -400,7 +410,11 @@ impl DataPlane {
             .listeners
             .values()
             .map(|l| ListenerState {
-                spec: l.shared.spec,
+                // The node port can change in place (only the backends' addresses change).
+                spec: ListenerSpec {
+                    node_port: l.shared.config().node_port,
+                    ..l.shared.spec
+                },
                 local_addr: l.local_addr,
                 backends: l
                     .shared

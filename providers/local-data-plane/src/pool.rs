@@ -51,6 +51,8 @@ impl BackendEntry {
 /// What a listener does with a connection; replaced as a whole by `apply`.
 #[derive(Debug)]
 pub(crate) struct ListenerConfig {
+    /// The port on the backends (the listener's spec may have had another when it was bound).
+    pub(crate) node_port: u16,
     pub(crate) backends: Vec<Arc<BackendEntry>>,
     pub(crate) source_ranges: Vec<ipnet::IpNet>,
     pub(crate) proxy_protocol: bool,

@@ -929,3 +929,63 @@ async fn invalid_specs_are_refused_without_changing_anything() {
     let protocols: HashSet<Protocol> = state.listeners.iter().map(|l| l.spec.protocol).collect();
     assert_eq!(protocols.len(), 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_port_change_moves_new_connections_without_rebinding_or_cutting() {
+    let t = 31;
+    tcp_echo_on(node_ip(t, 1), NODE_PORT, "old").await;
+    tcp_echo_on(node_ip(t, 1), NODE_PORT + 1, "new").await;
+    let plane = DataPlane::new(fast_settings());
+    let to = SocketAddr::new(vip(t), 8080);
+    let mut listener = tcp_listener(vip(t), 8080);
+    plane
+        .apply(spec(
+            "lb",
+            vec![listener],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut established = TcpStream::connect(to).await.expect("connect");
+    assert_eq!(read_id(&mut established).await, "old");
+
+    listener.node_port = NODE_PORT + 1;
+    plane
+        .apply(spec(
+            "lb",
+            vec![listener],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply with another node port");
+    assert_eq!(which_backend(client_ip(t, 1), to).await, "new");
+    assert_eq!(round_trip(&mut established, b"kept").await, b"kept");
+    let state = plane.state("lb").expect("state");
+    assert_eq!(state.listeners[0].spec.node_port, NODE_PORT + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_taken_out_and_put_back_binds_again_at_once() {
+    let t = 32;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    let backends = vec![backend("n1", node_ip(t, 1))];
+    let both = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080), udp_listener(vip(t), 8080)],
+        backends.clone(),
+    );
+    plane.apply(both.clone()).await.expect("apply");
+    // An open connection keeps draining in the background; the port is free all the same.
+    let mut established = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut established).await, "n1");
+    plane
+        .apply(spec("lb", vec![], backends.clone()))
+        .await
+        .expect("apply without listeners");
+    plane.apply(both).await.expect("the same ports bind again");
+    assert_eq!(
+        which_backend(client_ip(t, 1), SocketAddr::new(vip(t), 8080)).await,
+        "n1"
+    );
+}

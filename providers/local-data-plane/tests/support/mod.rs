@@ -105,7 +105,12 @@ pub fn healthz() -> Option<HealthCheck> {
 
 /// A TCP server at `addr:NODE_PORT` that first sends `id` (padded to [`ID_LEN`]) and then echoes.
 pub async fn tcp_echo(addr: IpAddr, id: &str) -> SocketAddr {
-    let listener = TcpListener::bind((addr, NODE_PORT))
+    tcp_echo_on(addr, NODE_PORT, id).await
+}
+
+/// [`tcp_echo`] on another port.
+pub async fn tcp_echo_on(addr: IpAddr, port: u16, id: &str) -> SocketAddr {
+    let listener = TcpListener::bind((addr, port))
         .await
         .expect("bind echo server");
     let local = listener.local_addr().expect("local addr");
