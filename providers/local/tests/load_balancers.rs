@@ -3,8 +3,8 @@
 //! NodePorts and health endpoints (the nodes' InternalIPs are those addresses).
 //!
 //! Each test has its own addresses: VIPs in 127.(100+id).0.0/24, nodes at 127.(200+id).0.n, node
-//! ports 30(100+id)…, kube-proxy's health port 20(100+id). Its pool is `autoAssign: false` and its
-//! Services name it, so a Service of another test (or test binary) never takes one of its addresses.
+//! ports 30(100+id)…, kube-proxy's health port 20(100+id). Its pool `t<id>` is `autoAssign: false` and
+//! its Services name it, so a Service of another test (or test binary) never takes one of its addresses.
 
 mod support;
 
@@ -19,6 +19,7 @@ const LONG: Duration = Duration::from_secs(30);
 
 /// One test's cluster: a manager on `local`, nodes with their stand-ins, a namespace.
 struct Scenario {
+    id: u8,
     manager: Option<RunningManager>,
     nodes: Vec<FakeNode>,
     namespace: String,
@@ -55,7 +56,7 @@ impl Scenario {
             })
             .collect();
         format!(
-            "unlistedNodes: ignore\nmachines:\n{machines}addressPools:\n  - {{name: t, addresses: [{}], autoAssign: false}}\n\
+            "unlistedNodes: ignore\nmachines:\n{machines}addressPools:\n  - {{name: t{id}, addresses: [{}], autoAssign: false}}\n\
              loadBalancer:\n  kubeProxyHealthPort: {}\n  healthCheck: {{interval: 200ms, timeout: 300ms, healthyThreshold: 1, unhealthyThreshold: 2}}\n  drainTimeout: 1s\n  connectTimeout: 1s\n",
             Self::pool(id),
             Self::kube_proxy_port(id)
@@ -80,6 +81,7 @@ impl Scenario {
         }
         let manager = RunningManager::start(&Self::config(id, &names), &[]).await;
         Self {
+            id,
             manager: Some(manager),
             nodes,
             namespace,
@@ -107,7 +109,8 @@ impl Scenario {
 
     async fn create(&self, name: &str, ports: &[(u16, &str, u16)], extra: serde_json::Value) {
         let mut service = lb_service(name, ports);
-        service["metadata"]["annotations"] = json!({ "local.ccm.rs/address-pool": "t" });
+        service["metadata"]["annotations"] =
+            json!({ "local.ccm.rs/address-pool": format!("t{}", self.id) });
         merge(&mut service, extra);
         create_service(&self.namespace, service).await;
     }
@@ -415,6 +418,38 @@ async fn a_restarted_manager_keeps_every_vip() {
     // While no manager runs, a Service is created: after the restart it must not get an address the
     // others hold, although it may be synced first.
     s.create("d", &[(18083, "TCP", np[3])], json!({})).await;
+
+    // What a new leader does first, with `d` synced before the others (the order the manager picks is
+    // not fixed): initialize reserves what the Services' statuses carry, so `d` gets a free address.
+    let fresh = cloud_provider_local::LocalCloud::new(
+        cloud_provider_local::Config::parse(&Scenario::config(id, &names), None).unwrap(),
+        None,
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    cloud_provider::CloudProvider::initialize(
+        &fresh,
+        cloud_provider::InitializeContext {
+            client: admin().await,
+            shutdown: stop.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    let d = services(&s.namespace).await.get("d").await.unwrap();
+    let status = cloud_provider::LoadBalancer::ensure_load_balancer(&fresh, "kubernetes", &d, &[])
+        .await
+        .unwrap();
+    let first = status.ingress.unwrap()[0].ip.clone().unwrap();
+    assert!(
+        !before.contains(&first.parse().unwrap()),
+        "synced first, d got {first}, which another Service's status carries"
+    );
+    cloud_provider::LoadBalancer::ensure_load_balancer_deleted(&fresh, "kubernetes", &d)
+        .await
+        .unwrap();
+    stop.cancel();
+    drop(fresh);
+
     s.manager = Some(RunningManager::start(&Scenario::config(id, &names), &[]).await);
     let d = wait_for_vip(&s.namespace, "d").await;
     assert!(
@@ -534,7 +569,7 @@ async fn an_exhausted_pool_is_a_warning_event_and_the_others_keep_their_addresse
                 .into_iter()
                 .find(|e| {
                     e.note.as_deref().is_some_and(|n| {
-                        n.contains("no free IPv4 address: pool(s) t are exhausted")
+                        n.contains("no free IPv4 address: pool(s) t10 are exhausted")
                     })
                 })
         }
@@ -574,7 +609,7 @@ async fn proxy_protocol_v2_is_sent_and_reported_with_ip_mode_proxy() {
         .service(
             "proxied",
             &[(18080, "TCP", np)],
-            json!({"metadata": {"annotations": {"local.ccm.rs/address-pool": "t", "local.ccm.rs/proxy-protocol": "v2"}}}),
+            json!({"metadata": {"annotations": {"local.ccm.rs/proxy-protocol": "v2"}}}),
         )
         .await;
     let service = services(&s.namespace).await.get("proxied").await.unwrap();
