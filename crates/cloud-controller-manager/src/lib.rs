@@ -435,7 +435,7 @@ mod tests {
         let err = manager.command().unwrap_err().to_string();
         assert_eq!(
             err,
-            "provider \"plain\" adds the flag --cluster-name, which the manager already has; rename it (prefix it with the provider's name)"
+            "provider \"plain\" adds the flag --cluster-name, which the manager already has; rename it (prefix it with the provider's or controller's name)"
         );
     }
 

@@ -43,14 +43,14 @@ pub struct BinaryIdentity {
     pub about: Option<String>,
 }
 
-/// Two linked providers, or a provider and the manager, claim one flag.
+/// Two linked providers or added controllers, or one of them and the manager, claim one flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "provider {provider:?} adds the flag --{flag}, which {owner} already has; rename it (prefix it with the provider's name)"
+    "{adder} adds the flag --{flag}, which {owner} already has; rename it (prefix it with the provider's or controller's name)"
 )]
 pub struct FlagClash {
-    /// The provider whose flag clashes.
-    pub provider: String,
+    /// The provider or controller whose flag clashes, e.g. `provider "acme"`.
+    pub adder: String,
     /// The flag.
     pub flag: String,
     /// Who has it already: "the manager" or another provider.
@@ -80,19 +80,36 @@ pub fn command(
         .filter_map(|arg| arg.get_long())
         .map(|long| (long.to_owned(), "the manager".to_owned()))
         .collect();
-    for (provider, add_flags) in registry.flags() {
-        let added = add_flags(Command::new(provider.to_owned()));
+    let providers = registry.flags().map(|(name, add)| {
+        (
+            format!("provider {name:?}"),
+            format!("Provider {name}"),
+            add,
+        )
+    });
+    let controllers = controllers.iter().filter_map(|spec| {
+        let name = spec.name().name;
+        spec.flags().map(|add| {
+            (
+                format!("controller {name:?}"),
+                format!("Controller {name}"),
+                add,
+            )
+        })
+    });
+    for (adder, heading, add_flags) in providers.chain(controllers).collect::<Vec<_>>() {
+        let added = add_flags(Command::new("flags"));
         for long in added.get_arguments().filter_map(|arg| arg.get_long()) {
             if let Some(owner) = owners.get(long) {
                 return Err(FlagClash {
-                    provider: provider.to_owned(),
+                    adder,
                     flag: long.to_owned(),
                     owner: owner.clone(),
                 });
             }
-            owners.insert(long.to_owned(), format!("provider {provider:?}"));
+            owners.insert(long.to_owned(), adder.clone());
         }
-        command = add_flags(command.next_help_heading(format!("Provider {provider}")));
+        command = add_flags(command.next_help_heading(heading));
     }
     Ok(command.next_help_heading(None::<&str>))
 }

@@ -13,7 +13,7 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
-use clap::{ArgMatches, FromArgMatches};
+use clap::ArgMatches;
 use cloud_provider::{CloudConfig, CloudProvider};
 use ipnet::IpNet;
 
@@ -53,6 +53,7 @@ impl ControllerName {
 pub struct ControllerSpec {
     name: ControllerName,
     configure: ConfigureFn,
+    flags: Option<cloud_provider::AddFlagsFn>,
 }
 
 impl fmt::Debug for ControllerSpec {
@@ -105,6 +106,7 @@ impl ControllerSpec {
                 alias: None,
                 enabled_by_default: true,
             },
+            flags: None,
             configure: Arc::new(move |cfg| {
                 Ok(config(cfg)?
                     .map(|config| -> StartFn { Box::new(move |context| start(context, config)) }))
@@ -122,6 +124,18 @@ impl ControllerSpec {
     pub fn disabled_by_default(mut self) -> Self {
         self.name.enabled_by_default = false;
         self
+    }
+
+    /// Flags of the controller's own, added to the command line under its heading; its config reads
+    /// them with [`ConfigureContext::flags`].
+    pub fn with_flags<T: clap::Args>(mut self) -> Self {
+        self.flags = Some(T::augment_args);
+        self
+    }
+
+    /// What adds its own flags to the command line, if it has any.
+    pub fn flags(&self) -> Option<cloud_provider::AddFlagsFn> {
+        self.flags
     }
 
     /// Its names.

@@ -1,0 +1,249 @@
+//! A provider's extension points on the real API server: flags of its own that reach its factory, and a
+//! controller of its own that `--controllers` selects, that uses the manager's caches and client, that
+//! `/healthz` lists, and that the manager awaits at shutdown.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use cloud_controller_manager::{
+    ControllerSpec, Manager,
+    controllers::{ControllerContext, ControllerTask},
+};
+use cloud_provider::{
+    CloudConfig, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderResult,
+    Registry, async_trait, clap, node_address,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{
+    Api, ResourceExt,
+    api::{Patch, PatchParams},
+};
+use serde_json::json;
+use support::{SERIAL, create_node, delete_nodes, eventually, free_port, get_node, https_get};
+use test_control_plane::{control_plane, kubelet_node};
+use tokio_util::sync::CancellationToken;
+
+/// The provider's flags.
+#[derive(Debug, Clone, clap::Args)]
+struct ZoneFlags {
+    /// The zone of every instance.
+    #[arg(long, default_value = "zone-default")]
+    zoned_zone: String,
+}
+
+/// A cloud in which every node is an instance in the zone the flag names.
+struct Zoned {
+    zone: String,
+}
+
+#[async_trait]
+impl InstancesV2 for Zoned {
+    async fn instance_exists(&self, _: &Node) -> CloudResult<bool> {
+        Ok(true)
+    }
+    async fn instance_shutdown(&self, _: &Node) -> CloudResult<bool> {
+        Ok(false)
+    }
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        Ok(Some(InstanceMetadata {
+            provider_id: format!("zoned://{}", node.name_any()),
+            instance_type: "small".into(),
+            zone: self.zone.clone(),
+            region: "region-z".into(),
+            node_addresses: vec![node_address("Hostname", node.name_any())],
+            ..Default::default()
+        }))
+    }
+}
+
+impl CloudProvider for Zoned {
+    fn provider_name(&self) -> &str {
+        "zoned"
+    }
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        Some(self)
+    }
+}
+
+fn new_zoned(config: &CloudConfig) -> ProviderResult {
+    let flags: ZoneFlags = config.flags()?;
+    Ok(Arc::new(Zoned {
+        zone: flags.zoned_zone,
+    }))
+}
+
+/// The controller's flags.
+#[derive(Debug, Clone, clap::Args)]
+struct GreeterFlags {
+    /// The value of the annotation the greeter puts on every node.
+    #[arg(long, default_value = "hello")]
+    greeter_value: String,
+}
+
+const GREETED: &str = "greeter.example.com/greeting";
+
+/// Set once the greeter has finished its shutdown work.
+static GREETER_FINISHED: AtomicBool = AtomicBool::new(false);
+
+/// A controller of the provider's own: annotates every node in the shared cache; at shutdown it takes
+/// half a second to finish, which the manager must wait for.
+fn start_greeter(ctx: ControllerContext, flags: GreeterFlags) -> Option<ControllerTask> {
+    Some(Box::pin(async move {
+        let store = ctx.nodes.store();
+        let api: Api<Node> = Api::all(ctx.client.clone());
+        tokio::select! {
+            () = ctx.nodes.wait_until_synced() => {}
+            () = ctx.shutdown.cancelled() => return Ok(()),
+        }
+        loop {
+            for node in store.state() {
+                if node.annotations().get(GREETED) != Some(&flags.greeter_value) {
+                    let patch =
+                        json!({ "metadata": { "annotations": { GREETED: flags.greeter_value } } });
+                    api.patch(
+                        &node.name_any(),
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await
+                    .map_err(|err| err.to_string())?;
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                () = ctx.shutdown.cancelled() => break,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        GREETER_FINISHED.store(true, Ordering::SeqCst);
+        Ok(())
+    }))
+}
+
+fn manager() -> Manager {
+    let mut registry = Registry::new();
+    registry.register("zoned", new_zoned).unwrap();
+    registry.register_flags("zoned", <ZoneFlags as clap::Args>::augment_args);
+    Manager::with_registry(registry).with_controller(
+        ControllerSpec::new(
+            "node-greeter",
+            |cfg| cfg.flags::<GreeterFlags>().map(Some),
+            start_greeter,
+        )
+        .with_flags::<GreeterFlags>(),
+    )
+}
+
+async fn run(
+    args: &[&str],
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+    u16,
+) {
+    test_control_plane::apply_shipped_rbac().await;
+    let port = free_port();
+    let kubeconfig = control_plane().ccm_kubeconfig();
+    let mut argv = vec![
+        "cloud-controller-manager".to_owned(),
+        "--cloud-provider=zoned".to_owned(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--leader-elect=false".to_owned(),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+    ];
+    argv.extend(args.iter().map(|a| a.to_string()));
+    let manager = manager();
+    let command_line = manager.parse_from(argv).expect("valid flags");
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move { manager.run(command_line, token).await });
+    (shutdown, task, port)
+}
+
+#[tokio::test]
+async fn a_providers_flags_and_controller_run_with_the_managers() {
+    let _serial = SERIAL.lock().await;
+    delete_nodes(&["greeted-1"]).await;
+    GREETER_FINISHED.store(false, Ordering::SeqCst);
+    let (shutdown, task, port) = run(&["--zoned-zone=zone-z", "--greeter-value=hi"]).await;
+    create_node(&kubelet_node("greeted-1")).await;
+
+    // The provider's flag reached its factory: the node is in the zone it names.
+    eventually(
+        "the node initialized in zone-z",
+        Duration::from_secs(30),
+        || async {
+            let node = get_node("greeted-1").await?;
+            (node
+                .labels()
+                .get("topology.kubernetes.io/zone")
+                .map(String::as_str)
+                == Some("zone-z"))
+            .then_some(())
+        },
+    )
+    .await;
+    // The controller's flag reached it, and it wrote through the manager's client.
+    eventually("the greeting", Duration::from_secs(30), || async {
+        let node = get_node("greeted-1").await?;
+        (node.annotations().get(GREETED).map(String::as_str) == Some("hi")).then_some(())
+    })
+    .await;
+    // /healthz lists it among the running controllers.
+    let (code, body) = https_get(port, "/healthz?verbose", None).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("[+]node-greeter ok"), "{body}");
+
+    // At shutdown the manager waits for its in-flight work.
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
+    assert!(
+        GREETER_FINISHED.load(Ordering::SeqCst),
+        "the manager returned before the controller finished"
+    );
+    delete_nodes(&["greeted-1"]).await;
+}
+
+#[tokio::test]
+async fn controllers_turns_a_providers_controller_off() {
+    let _serial = SERIAL.lock().await;
+    delete_nodes(&["ungreeted-1"]).await;
+    let (shutdown, task, port) = run(&["--controllers=*,-node-greeter"]).await;
+    create_node(&kubelet_node("ungreeted-1")).await;
+    // Default flags: the default zone; and the greeter never runs.
+    eventually("the node initialized", Duration::from_secs(30), || async {
+        let node = get_node("ungreeted-1").await?;
+        (node
+            .labels()
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str)
+            == Some("zone-default"))
+        .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let node = get_node("ungreeted-1").await.unwrap();
+    assert_eq!(node.annotations().get(GREETED), None);
+    let (_, body) = https_get(port, "/healthz?verbose", None).await;
+    assert!(!body.contains("node-greeter"), "{body}");
+    assert!(body.contains("[+]cloud-node-controller ok"), "{body}");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
+    delete_nodes(&["ungreeted-1"]).await;
+}
