@@ -134,6 +134,60 @@ impl LocalCloud {
     }
 }
 
+impl LocalCloud {
+    /// The node's name and the addresses a load balancer sends its traffic to: for a listed machine its
+    /// inventory InternalIPs; else (or when the inventory gives none) the node's InternalIPs, else the
+    /// IPs of its provided-node-ip annotation (there from registration, before the node is initialized).
+    /// `None` for nodes this cloud does not serve (ignored or removed).
+    pub(crate) fn backend_addresses(
+        &self,
+        config: &Config,
+        node: &Node,
+    ) -> Option<(String, Vec<IpAddr>)> {
+        let machine = match self.classify(config, node) {
+            Known::Listed(_, machine) => Some(machine),
+            Known::Adopted(_) => None,
+            Known::Removed(_) | Known::Ignored => return None,
+        };
+        let from_inventory: Vec<IpAddr> = machine
+            .iter()
+            .flat_map(|m| m.addresses.iter())
+            .filter(|a| a.type_.as_str() == "InternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect();
+        let from_node = || -> Vec<IpAddr> {
+            node.status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .into_iter()
+                .flatten()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        };
+        let from_annotation = || -> Vec<IpAddr> {
+            node.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(PROVIDED_NODE_IP_ANNOTATION))
+                .map(|v| {
+                    v.split(',')
+                        .filter_map(|ip| ip.trim().parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut ips = from_inventory;
+        if ips.is_empty() {
+            ips = from_node();
+        }
+        if ips.is_empty() {
+            ips = from_annotation();
+        }
+        Some((node.metadata.name.clone().unwrap_or_default(), ips))
+    }
+}
+
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -386,6 +440,46 @@ mod tests {
             ..Default::default()
         });
         assert!(listed.instance_shutdown(&renamed).await.unwrap());
+    }
+
+    #[test]
+    fn backends_use_the_inventory_then_the_node_then_its_provided_node_ip() {
+        let cloud = cloud(
+            "machines:\n  a: {addresses: [{type: InternalIP, address: 127.0.9.1}]}\n  b: {}\n  gone: {}\n",
+        );
+        cloud.set_config(
+            Config::parse(
+                "machines:\n  a: {addresses: [{type: InternalIP, address: 127.0.9.1}]}\n  b: {}\n",
+                None,
+            )
+            .unwrap(),
+        );
+        let config = cloud.config();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // The inventory wins over what the node says (the node may not be initialized yet).
+        let a = with_status("a", &[("InternalIP", "10.0.0.1")]);
+        assert_eq!(
+            cloud.backend_addresses(&config, &a),
+            Some(("a".into(), vec![ip("127.0.9.1")]))
+        );
+        let b = with_status("b", &[("InternalIP", "127.0.9.2"), ("Hostname", "b")]);
+        assert_eq!(
+            cloud.backend_addresses(&config, &b),
+            Some(("b".into(), vec![ip("127.0.9.2")]))
+        );
+        let mut adopted = node("c");
+        adopted.metadata.annotations = Some(
+            [(
+                PROVIDED_NODE_IP_ANNOTATION.to_owned(),
+                "127.0.9.3".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            cloud.backend_addresses(&config, &adopted),
+            Some(("c".into(), vec![ip("127.0.9.3")]))
+        );
+        assert_eq!(cloud.backend_addresses(&config, &node("gone")), None);
     }
 
     #[tokio::test]

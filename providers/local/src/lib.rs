@@ -21,7 +21,7 @@ mod watcher;
 
 use std::{
     collections::{BTreeSet, HashMap},
-    sync::{Arc, Mutex, OnceLock, RwLock},
+    sync::{Arc, Mutex, RwLock},
 };
 
 use cloud_provider::{
@@ -108,8 +108,6 @@ struct Inner {
     data_plane: DataPlane,
     /// How many times a load balancer was handed to the data plane.
     applies: std::sync::atomic::AtomicU64,
-    /// The client `initialize` got (for events about a config edit that is refused).
-    client: OnceLock<kube::Client>,
 }
 
 impl LocalCloud {
@@ -139,7 +137,6 @@ impl LocalCloud {
                 load_balancers: Mutex::new(load_balancer::Allocations::default()),
                 data_plane: DataPlane::new(settings),
                 applies: std::sync::atomic::AtomicU64::new(0),
-                client: OnceLock::new(),
             }),
         };
         cloud.set_config(config);
@@ -206,7 +203,6 @@ impl CloudProvider for LocalCloud {
     /// Reserves every VIP that a LoadBalancer Service's status carries (so no restart hands a taken
     /// address to another Service), then shuts the data plane down when `ctx.shutdown` is cancelled.
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
-        let _ = self.inner.client.set(ctx.client.clone());
         self.reserve_published_addresses(&ctx.client).await?;
         let cloud = self.clone();
         let shutdown = ctx.shutdown.clone();

@@ -35,10 +35,7 @@ use kube::{Api, api::ListParams};
 use local_data_plane::{Backend, HealthCheck, ListenerSpec, LoadBalancerSpec, Protocol};
 use tracing::Instrument;
 
-use crate::{
-    Config, Error, LocalCloud,
-    instances::{Known, lock},
-};
+use crate::{Config, Error, LocalCloud, instances::lock};
 
 /// Requests specific VIPs: a comma-separated list with at most one address per IP family, each in an
 /// address pool (`spec.loadBalancerIP` is read when the annotation is absent).
@@ -506,7 +503,7 @@ pub(crate) fn build_spec(
     name: &str,
     vips: &[IpAddr],
     wanted: &Wanted,
-    nodes: &[&Node],
+    nodes: &[(String, Vec<IpAddr>)],
 ) -> LoadBalancerSpec {
     let mut listeners: Vec<ListenerSpec> = vips
         .iter()
@@ -523,22 +520,10 @@ pub(crate) fn build_spec(
         })
         .collect();
     listeners.sort();
-    let mut backends: BTreeSet<(String, IpAddr)> = BTreeSet::new();
-    for node in nodes {
-        let name = node.metadata.name.clone().unwrap_or_default();
-        for address in node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-        {
-            if let Ok(ip) = address.address.parse::<IpAddr>() {
-                backends.insert((name.clone(), ip));
-            }
-        }
-    }
+    let backends: BTreeSet<(String, IpAddr)> = nodes
+        .iter()
+        .flat_map(|(name, ips)| ips.iter().map(move |ip| (name.clone(), *ip)))
+        .collect();
     LoadBalancerSpec {
         name: name.to_owned(),
         listeners,
@@ -618,23 +603,19 @@ impl LocalCloud {
         };
         let wanted = read_service(service, &config).map_err(bad)?;
         let uid = service.metadata.uid.as_deref();
+        // Backends: the nodes this cloud knows (listed or adopted) at their InternalIPs; nodes it
+        // ignores (another cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines
+        // get no traffic.
+        let backends: Vec<(String, Vec<IpAddr>)> = nodes
+            .iter()
+            .filter_map(|node| self.backend_addresses(&config, node))
+            .collect();
         let (vips, unchanged, spec) = {
             let mut allocations = lock(&self.inner.load_balancers);
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
-            // Backends: the nodes this cloud knows (listed or adopted); nodes it ignores (another
-            // cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines get no traffic.
-            let ours: Vec<&Node> = nodes
-                .iter()
-                .filter(|n| {
-                    matches!(
-                        self.classify(&config, n),
-                        Known::Listed(..) | Known::Adopted(_)
-                    )
-                })
-                .collect();
-            let spec = build_spec(&key, &vips, &wanted, &ours);
+            let spec = build_spec(&key, &vips, &wanted, &backends);
             let record = allocations.services.get_mut(&key);
             let unchanged = record
                 .as_ref()
@@ -1020,29 +1001,17 @@ mod tests {
     fn the_spec_has_a_listener_per_vip_and_port_and_the_nodes_internal_ips() {
         let service = dual("RequireDualStack", &["IPv4", "IPv6"]);
         let wanted = read_service(&service, &config(DUAL_POOLS)).unwrap();
-        let node = |name: &str, addresses: &[(&str, &str)]| -> Node {
-            serde_json::from_value(json!({"metadata": {"name": name}, "status": {"addresses":
-                addresses.iter().map(|(t, a)| json!({"type": t, "address": a})).collect::<Vec<_>>()}}))
-            .unwrap()
+        let node = |name: &str, ips: &[&str]| -> (String, Vec<IpAddr>) {
+            (name.to_owned(), self::ips(ips))
         };
         let spec = build_spec(
             "ns/web",
             &ips(&["127.50.0.1", "fd00:50::1"]),
             &wanted,
             &[
-                &node(
-                    "n2",
-                    &[
-                        ("InternalIP", "127.0.2.1"),
-                        ("InternalIP", "fd00::2"),
-                        ("Hostname", "n2"),
-                    ],
-                ),
-                &node(
-                    "n1",
-                    &[("InternalIP", "127.0.1.1"), ("ExternalIP", "192.0.2.1")],
-                ),
-                &node("n3", &[("Hostname", "n3")]),
+                node("n2", &["127.0.2.1", "fd00::2"]),
+                node("n1", &["127.0.1.1"]),
+                node("n3", &[]),
             ],
         );
         assert_eq!(spec.listeners.len(), 2);
