@@ -22,9 +22,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 mod error;
@@ -82,20 +81,21 @@ struct RunningListener {
     local_addr: SocketAddr,
     /// Stops accepting (the socket closes when the accept loop ends).
     stop: CancellationToken,
-    /// Cuts established connections.
-    cut: CancellationToken,
-    /// The listener's connections (TCP) or flows (UDP).
-    connections: TaskTracker,
-    accept_loop: JoinHandle<()>,
+    /// The accept loop; it returns the connections still open when it stops.
+    accept_loop: Option<JoinHandle<JoinSet<()>>>,
+    /// The open connections, once the accept loop has stopped.
+    connections: JoinSet<()>,
 }
 
 impl RunningListener {
     /// Stops accepting and waits until the socket is closed.
     async fn stop_accepting(&mut self) {
         self.stop.cancel();
-        self.connections.close();
-        if let Err(error) = (&mut self.accept_loop).await {
-            warn!(%error, "accept loop ended abnormally");
+        if let Some(accept_loop) = self.accept_loop.take() {
+            match accept_loop.await {
+                Ok(connections) => self.connections = connections,
+                Err(error) => warn!(%error, "accept loop ended abnormally"),
+            }
         }
     }
 }
@@ -109,26 +109,22 @@ async fn close_listeners(mut listeners: Vec<RunningListener>, drain: Duration) {
 }
 
 /// Lets the connections of stopped listeners finish for at most `drain`, then cuts them.
-async fn drain_listeners(listeners: Vec<RunningListener>, drain: Duration) {
+async fn drain_listeners(mut listeners: Vec<RunningListener>, drain: Duration) {
     let deadline = tokio::time::Instant::now() + drain;
-    let mut drained = true;
-    for listener in &listeners {
-        if tokio::time::timeout_at(deadline, listener.connections.wait())
-            .await
-            .is_err()
-        {
-            drained = false;
+    for listener in &mut listeners {
+        let connections = &mut listener.connections;
+        let finished = tokio::time::timeout_at(deadline, async {
+            while connections.join_next().await.is_some() {}
+        });
+        if finished.await.is_err() {
             break;
         }
     }
-    if !drained {
-        let open: usize = listeners.iter().map(|l| l.connections.len()).sum();
+    let open: usize = listeners.iter().map(|l| l.connections.len()).sum();
+    if open > 0 {
         info!(open, "drain time over: cutting the remaining connections");
-        for listener in &listeners {
-            listener.cut.cancel();
-        }
-        for listener in &listeners {
-            listener.connections.wait().await;
+        for listener in &mut listeners {
+            listener.connections.shutdown().await;
         }
     }
 }
@@ -337,8 +333,6 @@ impl DataPlane {
 
     fn start_listener(&self, shared: Arc<ListenerShared>) -> std::io::Result<RunningListener> {
         let stop = CancellationToken::new();
-        let cut = CancellationToken::new();
-        let connections = TaskTracker::new();
         let span = info_span!("listener", listener = %shared.label);
         let (local_addr, accept_loop) = match shared.spec.protocol {
             Protocol::Tcp => {
@@ -348,8 +342,6 @@ impl DataPlane {
                     socket,
                     shared.clone(),
                     stop.clone(),
-                    cut.clone(),
-                    connections.clone(),
                     self.inner.settings.connect_timeout,
                 );
                 (local_addr, tokio::spawn(task.instrument(span)))
@@ -361,7 +353,6 @@ impl DataPlane {
                     socket,
                     shared.clone(),
                     stop.clone(),
-                    connections.clone(),
                     self.inner.settings.udp_idle_timeout,
                 );
                 (local_addr, tokio::spawn(task.instrument(span)))
@@ -371,9 +362,8 @@ impl DataPlane {
             shared,
             local_addr,
             stop,
-            cut,
-            connections,
-            accept_loop,
+            accept_loop: Some(accept_loop),
+            connections: JoinSet::new(),
         })
     }
 

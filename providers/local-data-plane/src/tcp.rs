@@ -9,8 +9,8 @@ use std::time::Duration;
 use socket2::{Domain, SockRef, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, warn};
 
 use crate::pool::{ActiveGuard, ListenerShared};
@@ -41,19 +41,27 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 /// The accept loop of one listener; ends when `stop` is cancelled (dropping the socket, so new
-/// connections are refused). Connections run in `tracker` and end when `cut` is cancelled.
+/// connections are refused) and hands back the connections that are still open, to be drained.
+///
+/// Connections are tasks in a `JoinSet` owned by this loop: nothing on a connection's path polls a
+/// shared token or lock, and the drain cuts them by aborting the set.
 pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
-    cut: CancellationToken,
-    tracker: TaskTracker,
     connect_timeout: Duration,
-) {
+) -> JoinSet<()> {
+    let mut connections = JoinSet::new();
     loop {
         let (client, peer) = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(error) = ended && error.is_panic() {
+                    warn!(%error, "connection task panicked");
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -71,19 +79,10 @@ pub(crate) async fn serve(
             reset(client);
             continue;
         }
-        let shared = shared.clone();
-        let cut = cut.clone();
         let span = tracing::debug_span!("connection", %peer);
-        tracker.spawn(
-            async move {
-                tokio::select! {
-                    _ = cut.cancelled() => debug!("connection cut after the drain time"),
-                    () = handle(client, peer, shared, connect_timeout) => {}
-                }
-            }
-            .instrument(span),
-        );
+        connections.spawn(handle(client, peer, shared.clone(), connect_timeout).instrument(span));
     }
+    connections
 }
 
 /// Closes a connection with a reset, so the client learns at once that it is refused.

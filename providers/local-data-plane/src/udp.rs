@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Socket, Type};
 use tokio::net::UdpSocket;
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, warn};
 
 use crate::pool::{ActiveGuard, BackendEntry, ListenerShared};
@@ -42,14 +42,14 @@ struct Flow {
 }
 
 /// The receive loop of one listener; ends when `stop` is cancelled, and so do its flows (a UDP flow
-/// has no connection to drain).
+/// has no connection to drain): it returns an empty set.
 pub(crate) async fn serve(
     socket: UdpSocket,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
-    tracker: TaskTracker,
     idle_timeout: Duration,
-) {
+) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
     let socket = Arc::new(socket);
     let epoch = Instant::now();
     let mut flows: HashMap<SocketAddr, Arc<Flow>> = HashMap::new();
@@ -66,6 +66,7 @@ pub(crate) async fn serve(
                 flows.retain(|_, flow| !flow.closed.load(Ordering::Relaxed));
                 continue;
             }
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             received = socket.recv_from(&mut buf) => match received {
                 Ok(received) => received,
                 Err(error) => {
@@ -107,14 +108,13 @@ pub(crate) async fn serve(
                 });
                 flows.insert(peer, flow.clone());
                 let span = tracing::debug_span!("flow", %peer, backend = %backend.addr);
-                tracker.spawn(
+                tasks.spawn(
                     replies(
                         flow.clone(),
                         peer,
                         socket.clone(),
                         shared.clone(),
                         backend,
-                        stop.clone(),
                         epoch,
                         idle_timeout,
                     )
@@ -144,6 +144,8 @@ pub(crate) async fn serve(
             debug!(%error, "send to backend failed");
         }
     }
+    tasks.shutdown().await;
+    tasks
 }
 
 async fn connect_upstream(backend: SocketAddr) -> io::Result<UdpSocket> {
@@ -169,23 +171,27 @@ async fn replies(
     listener: Arc<UdpSocket>,
     shared: Arc<ListenerShared>,
     backend: Arc<BackendEntry>,
-    stop: CancellationToken,
     epoch: Instant,
     idle_timeout: Duration,
 ) {
     let _active = ActiveGuard::new(shared.clone(), backend);
     // Allocated when the backend first answers: a flow that only sends costs no buffer.
     let mut buf: Vec<u8> = Vec::new();
+    // One timer per idle period, not one per datagram: when it fires, it is re-armed for what is
+    // left if the flow was active meanwhile.
+    let idle = tokio::time::sleep(idle_timeout);
+    tokio::pin!(idle);
     loop {
-        let idle_for = Duration::from_millis(
-            millis_since(epoch).saturating_sub(flow.last_active.load(Ordering::Relaxed)),
-        );
-        let Some(left) = idle_timeout.checked_sub(idle_for).filter(|d| !d.is_zero()) else {
-            break;
-        };
         tokio::select! {
-            _ = stop.cancelled() => break,
-            _ = tokio::time::sleep(left) => continue,
+            () = &mut idle => {
+                let idle_for = Duration::from_millis(
+                    millis_since(epoch).saturating_sub(flow.last_active.load(Ordering::Relaxed)),
+                );
+                match idle_timeout.checked_sub(idle_for).filter(|left| !left.is_zero()) {
+                    Some(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
+                    None => break,
+                }
+            }
             ready = flow.upstream.readable() => {
                 if ready.is_err() {
                     break;
