@@ -2,6 +2,7 @@
 //! names them for `--controllers` and builds their configs from the flags is
 //! [`crate::app::controller_table`].
 
+mod backoff;
 pub mod ipam;
 pub mod node;
 pub mod node_lifecycle;

@@ -6,15 +6,11 @@
 //! one merge patch (not a full PUT of the Node), a node whose cloud lookup fails is retried on its own
 //! back-off without holding up the others, and a reconcile with nothing to change sends nothing.
 
-pub mod cloud;
+pub(crate) mod cloud;
 pub mod plan;
 mod status;
 
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
 use futures::StreamExt;
@@ -37,12 +33,13 @@ use self::{
 };
 use super::{
     ControllerContext, ControllerTask,
+    backoff::PerObjectBackoff,
     patch::{Target, patch_with_retry},
 };
 use crate::events::EventRecorder;
 
 /// The event source, as upstream names it.
-pub const COMPONENT: &str = "cloud-node-controller";
+pub(crate) const COMPONENT: &str = "cloud-node-controller";
 
 /// The controller's delay histograms (upstream's names and buckets).
 #[derive(Clone)]
@@ -80,7 +77,7 @@ impl NodeMetrics {
 
 /// Why one node could not be reconciled (it is retried on its own back-off).
 #[derive(Debug, thiserror::Error)]
-pub enum NodeError {
+pub(crate) enum NodeError {
     /// The cloud could not describe the node.
     #[error(transparent)]
     Lookup(#[from] LookupError),
@@ -111,16 +108,12 @@ struct Context {
     events: EventRecorder,
     metrics: NodeMetrics,
     /// Consecutive failures per node, for its exponential back-off.
-    failures: Mutex<HashMap<String, u32>>,
+    backoff: PerObjectBackoff,
 }
 
-/// Per-node back-off after `failures` consecutive errors: upstream's work-queue default, 5 ms doubling
-/// up to 1000 s.
-fn backoff(failures: u32) -> Duration {
-    let exponent = failures.saturating_sub(1).min(30);
-    Duration::from_millis(5)
-        .saturating_mul(1 << exponent)
-        .min(Duration::from_secs(1000))
+/// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
+fn backoff() -> PerObjectBackoff {
+    PerObjectBackoff::new(Duration::from_millis(5), Duration::from_secs(1000))
 }
 
 /// The cloud-node controller's configuration.
@@ -156,7 +149,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cloud: ctx.cloud.clone(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.node.clone(),
-        failures: Mutex::default(),
+        backoff: backoff(),
     });
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
@@ -187,17 +180,12 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
 
 fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
-    let failures = {
-        let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let count = failures.entry(name.clone()).or_default();
-        *count += 1;
-        *count
-    };
+    let (failures, delay) = ctx.backoff.failed(&name);
     let write_error = match err {
         NodeError::Write { source, .. } => Some(source),
         _ => None,
     };
-    let delay = super::outage::retry_delay(backoff(failures), write_error);
+    let delay = super::outage::retry_delay(delay, write_error);
     tracing::warn!(node = %name, error = %err, retry_in = ?delay, "failed to reconcile node");
     // A failure that will not heal by itself (a bad annotation, a node the API server refuses) is told
     // on the node as well, on the 1st, 2nd, 4th, 8th... failure, so a stuck node is not silent.
@@ -214,7 +202,7 @@ fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
 }
 
 /// The Warning event of a node initialization that needs an operator (our own: upstream only logs).
-pub const INITIALIZATION_FAILED: &str = "FailedToInitializeNode";
+pub(crate) const INITIALIZATION_FAILED: &str = "FailedToInitializeNode";
 
 /// Whether `err` needs someone to change the node or its annotations (retrying alone will not do).
 fn needs_operator(err: &NodeError) -> bool {
@@ -236,10 +224,7 @@ async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, NodeErr
         reconcile_labels(&node, &ctx).await
     };
     if result.is_ok() {
-        ctx.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&node.name_any());
+        ctx.backoff.succeeded(&node.name_any());
     }
     result.map(|()| Action::await_change())
 }
@@ -348,10 +333,11 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_5ms_to_1000s() {
-        assert_eq!(backoff(1), Duration::from_millis(5));
-        assert_eq!(backoff(2), Duration::from_millis(10));
-        assert_eq!(backoff(11), Duration::from_millis(5 * 1024));
-        assert_eq!(backoff(40), Duration::from_secs(1000));
-        assert_eq!(backoff(u32::MAX), Duration::from_secs(1000));
+        let backoff = backoff();
+        assert_eq!(backoff.delay(1), Duration::from_millis(5));
+        assert_eq!(backoff.delay(2), Duration::from_millis(10));
+        assert_eq!(backoff.delay(11), Duration::from_millis(5 * 1024));
+        assert_eq!(backoff.delay(40), Duration::from_secs(1000));
+        assert_eq!(backoff.delay(u32::MAX), Duration::from_secs(1000));
     }
 }

@@ -77,14 +77,14 @@ impl NodeFacts {
 /// Everything the node predicates read: when any of it changes, a cached backend list is stale (even when,
 /// as for the autoscaler taint or a deletion, upstream does not trigger a node sync for it).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BackendFacts {
+pub(crate) struct BackendFacts {
     facts: NodeFacts,
     backend: bool,
 }
 
 impl BackendFacts {
     /// The facts of a node.
-    pub fn of(node: &Node) -> Self {
+    pub(crate) fn of(node: &Node) -> Self {
         Self {
             facts: NodeFacts::of(node),
             backend: is_backend(node),
@@ -92,7 +92,7 @@ impl BackendFacts {
     }
 
     /// What decides whether a change triggers a node sync.
-    pub fn sync_facts(&self) -> &NodeFacts {
+    pub(crate) fn sync_facts(&self) -> &NodeFacts {
         &self.facts
     }
 }

@@ -1,21 +1,21 @@
-//! Pure rules of the service-lb controller: which Services it owns, when one needs a cloud sync, and the
-//! patches it writes.
+//! Pure rules of the service-lb controller: which Services it owns, when one needs a cloud sync, what a
+//! sync does ([`plan_sync`], executed by the I/O code in `sync.rs`), and the patches it writes.
 
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service, ServicePort};
 use serde_json::{Value, json};
 
 /// The finalizer that keeps a Service until its load balancer is gone.
-pub const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
+pub(crate) const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 
 /// `type: LoadBalancer` without a `loadBalancerClass` (a class means another implementation owns it).
-pub fn wants_load_balancer(service: &Service) -> bool {
+pub(crate) fn wants_load_balancer(service: &Service) -> bool {
     service.spec.as_ref().is_some_and(|spec| {
         spec.type_.as_deref() == Some("LoadBalancer") && spec.load_balancer_class.is_none()
     })
 }
 
 /// Whether the Service carries our finalizer.
-pub fn has_finalizer(service: &Service) -> bool {
+pub(crate) fn has_finalizer(service: &Service) -> bool {
     service
         .metadata
         .finalizers
@@ -29,7 +29,7 @@ fn is_load_balancer_type(service: &Service) -> bool {
 
 /// Has the finalizer and is being deleted or no longer of type LoadBalancer. (Upstream quirk kept: a
 /// Service that stays a LoadBalancer but gained a class keeps its finalizer.)
-pub fn needs_cleanup(service: &Service) -> bool {
+pub(crate) fn needs_cleanup(service: &Service) -> bool {
     has_finalizer(service)
         && (service.metadata.deletion_timestamp.is_some() || !is_load_balancer_type(service))
 }
@@ -48,7 +48,7 @@ fn ports_differ(old: &[ServicePort], new: &[ServicePort]) -> bool {
 
 /// Upstream's `needsUpdate`: whether a change between two versions of a Service matters to its load
 /// balancer. Labels, status and other spec fields do not.
-pub fn needs_update(old: &Service, new: &Service) -> bool {
+pub(crate) fn needs_update(old: &Service, new: &Service) -> bool {
     if !wants_load_balancer(old) && !wants_load_balancer(new) {
         return false;
     }
@@ -78,7 +78,7 @@ pub fn needs_update(old: &Service, new: &Service) -> bool {
 }
 
 /// The current `status.loadBalancer`.
-pub fn current_status(service: &Service) -> LoadBalancerStatus {
+pub(crate) fn current_status(service: &Service) -> LoadBalancerStatus {
     service
         .status
         .as_ref()
@@ -87,12 +87,12 @@ pub fn current_status(service: &Service) -> LoadBalancerStatus {
 }
 
 /// Upstream compares only `ingress` (an absent and an empty list are equal).
-pub fn ingress_equal(a: &LoadBalancerStatus, b: &LoadBalancerStatus) -> bool {
+pub(crate) fn ingress_equal(a: &LoadBalancerStatus, b: &LoadBalancerStatus) -> bool {
     a.ingress.as_deref().unwrap_or_default() == b.ingress.as_deref().unwrap_or_default()
 }
 
 /// The finalizers with ours added, or `None` when it is there.
-pub fn with_finalizer(service: &Service) -> Option<Vec<String>> {
+pub(crate) fn with_finalizer(service: &Service) -> Option<Vec<String>> {
     if has_finalizer(service) {
         return None;
     }
@@ -102,7 +102,7 @@ pub fn with_finalizer(service: &Service) -> Option<Vec<String>> {
 }
 
 /// The finalizers without ours, or `None` when it is not there.
-pub fn without_finalizer(service: &Service) -> Option<Vec<String>> {
+pub(crate) fn without_finalizer(service: &Service) -> Option<Vec<String>> {
     if !has_finalizer(service) {
         return None;
     }
@@ -120,13 +120,131 @@ pub fn without_finalizer(service: &Service) -> Option<Vec<String>> {
 
 /// A merge patch of the finalizer list, guarded by the Service's `resourceVersion` so other finalizers
 /// added meanwhile are never dropped (a conflict makes the caller re-read and retry).
-pub fn finalizers_patch(finalizers: &[String], resource_version: &str) -> Value {
+pub(crate) fn finalizers_patch(finalizers: &[String], resource_version: &str) -> Value {
     json!({ "metadata": { "resourceVersion": resource_version, "finalizers": finalizers } })
 }
 
 /// The status patch that publishes the load balancer.
-pub fn status_patch(status: &LoadBalancerStatus) -> Value {
+pub(crate) fn status_patch(status: &LoadBalancerStatus) -> Value {
     json!({ "status": { "loadBalancer": { "ingress": status.ingress.clone().unwrap_or_default() } } })
+}
+
+/// What the controller remembers of the last Service of this name it handled.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LastSync<'a> {
+    /// That Service, as it was last seen.
+    pub(crate) service: &'a Service,
+    /// Its last sync completed (a failed sync, or a failed host update after a node change, clears it).
+    pub(crate) synced: bool,
+}
+
+/// What becomes of a remembered Service of the same name but another UID: it was deleted and re-created
+/// without our finalizer, so the old one is cleaned up first, as upstream's deletion path does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replaced {
+    /// It wanted a load balancer: delete that, then forget it.
+    DeleteLoadBalancer,
+    /// It wanted none: forget it.
+    Forget,
+}
+
+/// What a sync does with the Service itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// It does not want a load balancer from us and never had one: forget it. No cloud call, no write.
+    Forget,
+    /// Nothing that matters changed since the last good sync (e.g. our own status write): remember this
+    /// version. No cloud call, no event, no write.
+    Nothing,
+    /// Ensure its load balancer, adding the finalizer first when it is missing (no cloud load balancer
+    /// may exist without it); then publish the status if it changed ([`status_after_ensure`]).
+    Ensure {
+        /// The finalizer is missing.
+        add_finalizer: bool,
+    },
+    /// It had a load balancer from us and no longer wants one (type changed away from LoadBalancer, a
+    /// `loadBalancerClass` set, being deleted): delete the load balancer if the cloud has one, forget
+    /// the Service, remove the finalizer, and clear the published status.
+    CleanUp {
+        /// The finalizer is there to remove.
+        remove_finalizer: bool,
+        /// A load balancer status is published and must be cleared.
+        clear_status: bool,
+    },
+}
+
+/// What a sync does: the remembered Service it replaces (if any) first, then the Service itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SyncPlan {
+    /// A remembered Service of this name with another UID, to clean up first.
+    pub(crate) replaced: Option<Replaced>,
+    /// What to do with the Service.
+    pub(crate) decision: Decision,
+}
+
+/// Decides what a sync of `service` does, given what the controller remembers of the last Service of
+/// its name (`last`). Pure: the caller executes the plan.
+pub(crate) fn plan_sync(service: &Service, last: Option<LastSync<'_>>) -> SyncPlan {
+    // Deleted and re-created under the same name (without our finalizer): clean up the old one first.
+    let (replaced, same) = match last {
+        Some(last) if last.service.metadata.uid != service.metadata.uid => {
+            let replaced = if wants_load_balancer(last.service) {
+                Replaced::DeleteLoadBalancer
+            } else {
+                Replaced::Forget
+            };
+            (Some(replaced), None)
+        }
+        last => (None, last),
+    };
+    let finalized = has_finalizer(service);
+    let being_deleted = service.metadata.deletion_timestamp.is_some();
+    let decision = if !wants_load_balancer(service) || needs_cleanup(service) || being_deleted {
+        let ours = finalized || same.is_some_and(|p| wants_load_balancer(p.service));
+        if ours {
+            Decision::CleanUp {
+                remove_finalizer: finalized,
+                clear_status: !ingress_equal(
+                    &current_status(service),
+                    &LoadBalancerStatus::default(),
+                ),
+            }
+        } else {
+            Decision::Forget // never had a load balancer from us: no cloud call
+        }
+    } else if finalized && same.is_some_and(|p| p.synced && !needs_update(p.service, service)) {
+        Decision::Nothing
+    } else {
+        Decision::Ensure {
+            add_finalizer: !finalized,
+        }
+    };
+    SyncPlan { replaced, decision }
+}
+
+/// What follows a successful `ensure_load_balancer`, given the status the cloud returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusAfterEnsure {
+    /// The cloud returned no ingress list at all: an error (upstream's "status … is nil").
+    Missing,
+    /// The Service already shows this ingress: no write.
+    Current,
+    /// Publish it (upstream compares only `ingress`, against the Service as the sync began).
+    Update,
+}
+
+/// Whether the status `ensured` by the cloud must be written to `service` (as seen when the sync began).
+pub(crate) fn status_after_ensure(
+    service: &Service,
+    ensured: &LoadBalancerStatus,
+) -> StatusAfterEnsure {
+    if ensured.ingress.is_none() {
+        StatusAfterEnsure::Missing
+    } else if ingress_equal(&current_status(service), ensured) {
+        StatusAfterEnsure::Current
+    } else {
+        StatusAfterEnsure::Update
+    }
 }
 
 #[cfg(test)]
@@ -306,5 +424,308 @@ mod tests {
             status_patch(&LoadBalancerStatus::default())["status"]["loadBalancer"]["ingress"],
             json!([])
         );
+    }
+
+    fn finalized(s: Service) -> Service {
+        with(s, |s| s.metadata.finalizers = Some(vec![FINALIZER.into()]))
+    }
+
+    fn published(s: Service) -> Service {
+        with(s, |s| {
+            s.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(vec![LoadBalancerIngress {
+                        ip: Some("192.0.2.1".into()),
+                        ..Default::default()
+                    }]),
+                }),
+                ..Default::default()
+            })
+        })
+    }
+
+    fn cluster_ip(s: Service) -> Service {
+        with(s, |s| {
+            s.spec.as_mut().unwrap().type_ = Some("ClusterIP".into())
+        })
+    }
+
+    fn classed(s: Service) -> Service {
+        with(s, |s| {
+            s.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other".into())
+        })
+    }
+
+    fn deleting(s: Service) -> Service {
+        with(s, |s| {
+            s.metadata.deletion_timestamp = Some(Time(Default::default()))
+        })
+    }
+
+    fn recreated(s: Service) -> Service {
+        with(s, |s| s.metadata.uid = Some("u2".into()))
+    }
+
+    fn port(s: Service, port: i32) -> Service {
+        with(s, |s| {
+            s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = port
+        })
+    }
+
+    /// Every branch of the decision.
+    #[test]
+    fn the_sync_decision() {
+        use Decision::{CleanUp, Ensure, Forget, Nothing};
+        let plan = |decision| SyncPlan {
+            replaced: None,
+            decision,
+        };
+        let replaced = |replaced, decision| SyncPlan {
+            replaced: Some(replaced),
+            decision,
+        };
+        let cleanup = |remove_finalizer, clear_status| CleanUp {
+            remove_finalizer,
+            clear_status,
+        };
+        let ours = published(finalized(lb()));
+        /// (case, the Service now, the remembered Service and whether its last sync completed, plan)
+        type Row = (&'static str, Service, Option<(Service, bool)>, SyncPlan);
+        let table: Vec<Row> = vec![
+            // Ensure.
+            (
+                "a new LoadBalancer Service",
+                lb(),
+                None,
+                plan(Ensure {
+                    add_finalizer: true,
+                }),
+            ),
+            (
+                "one with our finalizer not remembered (e.g. after a restart)",
+                ours.clone(),
+                None,
+                plan(Ensure {
+                    add_finalizer: false,
+                }),
+            ),
+            (
+                "a change that matters since the last good sync",
+                port(ours.clone(), 81),
+                Some((ours.clone(), true)),
+                plan(Ensure {
+                    add_finalizer: false,
+                }),
+            ),
+            (
+                "unchanged, but the last sync did not complete",
+                ours.clone(),
+                Some((ours.clone(), false)),
+                plan(Ensure {
+                    add_finalizer: false,
+                }),
+            ),
+            (
+                "unchanged, but the finalizer went missing",
+                published(lb()),
+                Some((ours.clone(), true)),
+                plan(Ensure {
+                    add_finalizer: true,
+                }),
+            ),
+            (
+                "a class removed: ours again",
+                finalized(lb()),
+                Some((classed(finalized(lb())), true)),
+                plan(Ensure {
+                    add_finalizer: false,
+                }),
+            ),
+            // Nothing.
+            (
+                "unchanged since the last good sync",
+                ours.clone(),
+                Some((ours.clone(), true)),
+                plan(Nothing),
+            ),
+            (
+                "only our own status write (and a label) since the last good sync",
+                with(ours.clone(), |s| {
+                    s.metadata.labels = Some([("a".into(), "b".into())].into())
+                }),
+                Some((finalized(lb()), true)),
+                plan(Nothing),
+            ),
+            // Clean up.
+            (
+                "type changed away from LoadBalancer",
+                cluster_ip(ours.clone()),
+                Some((ours.clone(), true)),
+                plan(cleanup(true, true)),
+            ),
+            (
+                "type changed away, nothing published, not remembered",
+                cluster_ip(finalized(lb())),
+                None,
+                plan(cleanup(true, false)),
+            ),
+            (
+                "type changed away after the finalizer was removed by hand",
+                cluster_ip(published(lb())),
+                Some((ours.clone(), true)),
+                plan(cleanup(false, true)),
+            ),
+            (
+                "loadBalancerClass set",
+                classed(ours.clone()),
+                Some((ours.clone(), true)),
+                plan(cleanup(true, true)),
+            ),
+            (
+                "loadBalancerClass set, finalizer gone, remembered while its sync failed",
+                classed(lb()),
+                Some((lb(), false)),
+                plan(cleanup(false, false)),
+            ),
+            (
+                "deletion timestamp",
+                deleting(ours.clone()),
+                Some((ours.clone(), true)),
+                plan(cleanup(true, true)),
+            ),
+            (
+                "deletion timestamp, not remembered",
+                deleting(finalized(lb())),
+                None,
+                plan(cleanup(true, false)),
+            ),
+            (
+                "deletion timestamp, finalizer gone, remembered",
+                deleting(published(lb())),
+                Some((ours.clone(), true)),
+                plan(cleanup(false, true)),
+            ),
+            // Forget: never ours.
+            ("a ClusterIP Service", cluster_ip(lb()), None, plan(Forget)),
+            (
+                "a ClusterIP Service remembered as one",
+                port(cluster_ip(lb()), 81),
+                Some((cluster_ip(lb()), true)),
+                plan(Forget),
+            ),
+            (
+                "a Service with a class from the start",
+                classed(lb()),
+                None,
+                plan(Forget),
+            ),
+            (
+                "being deleted without ever being ours",
+                deleting(lb()),
+                None,
+                plan(Forget),
+            ),
+            // Re-created under the same name: the old one first.
+            (
+                "re-created, the old one had a load balancer",
+                recreated(lb()),
+                Some((ours.clone(), true)),
+                replaced(
+                    Replaced::DeleteLoadBalancer,
+                    Ensure {
+                        add_finalizer: true,
+                    },
+                ),
+            ),
+            (
+                "re-created unchanged with our finalizer: the old sync does not count",
+                recreated(ours.clone()),
+                Some((ours.clone(), true)),
+                replaced(
+                    Replaced::DeleteLoadBalancer,
+                    Ensure {
+                        add_finalizer: false,
+                    },
+                ),
+            ),
+            (
+                "re-created as a ClusterIP Service",
+                recreated(cluster_ip(lb())),
+                Some((ours.clone(), true)),
+                replaced(Replaced::DeleteLoadBalancer, Forget),
+            ),
+            (
+                "re-created, the old one wanted no load balancer",
+                recreated(lb()),
+                Some((cluster_ip(lb()), true)),
+                replaced(
+                    Replaced::Forget,
+                    Ensure {
+                        add_finalizer: true,
+                    },
+                ),
+            ),
+        ];
+        for (case, service, last, expected) in table {
+            let last = last.as_ref().map(|(service, synced)| LastSync {
+                service,
+                synced: *synced,
+            });
+            assert_eq!(plan_sync(&service, last), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn the_status_after_an_ensure() {
+        let ip = |ip: &str| LoadBalancerStatus {
+            ingress: Some(vec![LoadBalancerIngress {
+                ip: Some(ip.into()),
+                ..Default::default()
+            }]),
+        };
+        let empty = LoadBalancerStatus {
+            ingress: Some(vec![]),
+        };
+        let table = [
+            (
+                "no ingress list",
+                lb(),
+                LoadBalancerStatus::default(),
+                StatusAfterEnsure::Missing,
+            ),
+            (
+                "an empty list, none published",
+                lb(),
+                empty.clone(),
+                StatusAfterEnsure::Current,
+            ),
+            (
+                "the published address",
+                published(lb()),
+                ip("192.0.2.1"),
+                StatusAfterEnsure::Current,
+            ),
+            (
+                "a first address",
+                lb(),
+                ip("192.0.2.1"),
+                StatusAfterEnsure::Update,
+            ),
+            (
+                "another address",
+                published(lb()),
+                ip("192.0.2.2"),
+                StatusAfterEnsure::Update,
+            ),
+            (
+                "no address any more",
+                published(lb()),
+                empty,
+                StatusAfterEnsure::Update,
+            ),
+        ];
+        for (case, service, ensured, expected) in table {
+            assert_eq!(status_after_ensure(&service, &ensured), expected, "{case}");
+        }
     }
 }

@@ -1,0 +1,107 @@
+//! Deletion handling: Services that vanished without our finalizer (it was removed by hand, or they
+//! predate us) still lose their load balancer, as upstream's cache path does.
+
+use std::sync::Arc;
+
+use cloud_provider::CloudError;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Service;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{Context, ServiceError, events::ServiceEvent, key, plan::wants_load_balancer};
+use crate::informers::Change;
+
+/// Splits a change stream into applied objects (the controller's triggers) and deletions.
+pub(super) fn split_changes(
+    changes: impl Stream<Item = Change<Service>> + Send + 'static,
+) -> (
+    impl Stream<Item = Arc<Service>> + Send + 'static,
+    mpsc::UnboundedReceiver<Arc<Service>>,
+) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let applied = changes.filter_map(move |change| {
+        std::future::ready(match change {
+            Change::Applied(service) => Some(service),
+            Change::Deleted(service) => {
+                let _ = tx.send(service);
+                None
+            }
+        })
+    });
+    (applied, rx)
+}
+
+/// Deletes the load balancer of a Service that is gone (or was replaced), as upstream's cache path does.
+pub(super) async fn delete_load_balancer(
+    service: &Service,
+    ctx: &Context,
+) -> Result<(), ServiceError> {
+    let lb = ctx.load_balancer()?;
+    ServiceEvent::DeletingLoadBalancer
+        .record(&ctx.events, service)
+        .await;
+    match lb
+        .ensure_load_balancer_deleted(&ctx.cluster_name, service)
+        .await
+    {
+        Ok(()) | Err(CloudError::ImplementedElsewhere) => {
+            ServiceEvent::DeletedLoadBalancer
+                .record(&ctx.events, service)
+                .await;
+            Ok(())
+        }
+        Err(source) => {
+            ServiceEvent::DeleteLoadBalancerFailed(&source)
+                .record(&ctx.events, service)
+                .await;
+            Err(ServiceError::Cloud {
+                what: "failed to delete load balancer",
+                source,
+            })
+        }
+    }
+}
+
+/// Services that vanished without our finalizer (it was removed by hand, or they predate us) still lose
+/// their load balancer; failures retry on the same back-off as syncs.
+pub(super) async fn handle_deletions(
+    ctx: Arc<Context>,
+    mut deletions: mpsc::UnboundedReceiver<Arc<Service>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let service = tokio::select! {
+            service = deletions.recv() => match service { Some(s) => s, None => return },
+            () = shutdown.cancelled() => return,
+        };
+        let key = key(&service);
+        let tracked = ctx.tracked().get(&key).cloned();
+        let Some(tracked) = tracked.filter(|t| t.service.metadata.uid == service.metadata.uid)
+        else {
+            continue; // cleaned up through the finalizer, or never ours
+        };
+        ctx.tracked().remove(&key);
+        if !wants_load_balancer(&tracked.service) {
+            continue;
+        }
+        let ctx = ctx.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            // This task's own count: the Service is gone, so its sync back-off no longer applies.
+            let mut failures = 0;
+            while let Err(err) = delete_load_balancer(&tracked.service, &ctx).await {
+                failures += 1;
+                let delay = err
+                    .retry_delay()
+                    .unwrap_or_else(|| ctx.backoff.delay(failures));
+                tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to delete the load balancer of a deleted service");
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.cancelled() => return,
+                }
+            }
+            ctx.update_gauge();
+        });
+    }
+}
