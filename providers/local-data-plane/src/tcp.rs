@@ -56,12 +56,6 @@ pub(crate) async fn serve(
         let (client, peer) = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            Some(ended) = connections.join_next(), if !connections.is_empty() => {
-                if let Err(error) = ended && error.is_panic() {
-                    warn!(%error, "connection task panicked");
-                }
-                continue;
-            }
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -72,6 +66,15 @@ pub(crate) async fn serve(
                 }
             },
         };
+        // Reap the connections that ended, without registering a waker: a finished connection
+        // does not wake this loop.
+        while let Some(ended) = connections.try_join_next() {
+            if let Err(error) = ended
+                && error.is_panic()
+            {
+                warn!(%error, "connection task panicked");
+            }
+        }
         let config = shared.config();
         if !config.allows(peer.ip()) {
             shared.stats.refused_source.fetch_add(1, Ordering::Relaxed);

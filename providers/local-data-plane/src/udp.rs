@@ -64,9 +64,9 @@ pub(crate) async fn serve(
             _ = stop.cancelled() => break,
             _ = sweep.tick() => {
                 flows.retain(|_, flow| !flow.closed.load(Ordering::Relaxed));
+                while tasks.try_join_next().is_some() {}
                 continue;
             }
-            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
             received = socket.recv_from(&mut buf) => match received {
                 Ok(received) => received,
                 Err(error) => {
