@@ -348,6 +348,7 @@ mod tests {
     use super::*;
     use crate::controllers::{ControllerContext, ControllerTask};
 
+    /// The tagger's flags (this comment must not become the binary's description).
     #[derive(Debug, Clone, clap::Args)]
     struct TaggerFlags {
         /// The tag the tagger writes.
@@ -413,6 +414,10 @@ mod tests {
     fn a_providers_flags_show_under_its_heading_and_parse_with_the_rest() {
         let manager = manager();
         let help = help(&manager);
+        assert!(
+            help.starts_with("The Kubernetes cloud controller manager"),
+            "{help}"
+        );
         let heading = help.find("Provider plain:").expect(&help);
         assert!(help[heading..].contains("--tagger-tag"), "{help}");
         let command_line = manager

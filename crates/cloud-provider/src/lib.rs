@@ -4,7 +4,7 @@
 //! whose accessors hand out the parts a cloud supports ([`LoadBalancer`], [`Instances`],
 //! [`InstancesV2`], [`Zones`], [`Clusters`], [`Routes`]), the [`CloudError`] they return, helpers
 //! ([`default_load_balancer_name`], [`ProviderId`]) and the [`Registry`] a provider joins by name with
-//! [`register_provider!`]. With the `conformance` feature, [`conformance`] is a test suite to run
+//! [`register_provider!`]. With the `conformance` feature, `conformance` is a test suite to run
 //! against your provider.
 //!
 //! # A minimal provider
@@ -91,7 +91,7 @@ pub use load_balancer::LoadBalancer;
 pub use provider::{CloudProvider, InitializeContext};
 pub use registry::{
     AddFlagsFn, CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry,
-    RegistryError,
+    RegistryError, read_flags,
 };
 pub use routes::{Route, Routes};
 pub use zones::{Zone, Zones};
@@ -99,11 +99,11 @@ pub use zones::{Zone, Zones};
 /// The `#[async_trait]` attribute the provider traits are written with, so a provider needs no
 /// `async-trait` dependency of its own (and never one out of step with ours).
 pub use async_trait::async_trait;
+/// The command-line library providers declare their own flags with (see [`register_provider!`]).
+pub use clap;
 /// The Kubernetes API types of the contract (`Node`, `Service`, ...), at the version and API level the
 /// contract is built with.
 pub use k8s_openapi;
-/// The command-line library providers declare their own flags with (see [`register_provider!`]).
-pub use clap;
 /// The metrics library of [`CloudProvider::register_metrics`], re-exported so providers need not pin it.
 pub use prometheus_client;
 

@@ -67,7 +67,7 @@ impl CloudConfig {
     /// flag has its default.
     pub fn flags<T: clap::Args>(&self) -> Result<T, BoxError> {
         match &self.flags {
-            Some(matches) => Ok(T::from_arg_matches(matches)?),
+            Some(matches) => read_flags(matches),
             None => {
                 let defaults = T::augment_args(clap::Command::new("provider"))
                     .try_get_matches_from(["provider"])?;
@@ -85,17 +85,35 @@ impl CloudConfig {
     }
 }
 
+/// Reads `T` from `matches`, or says that `T`'s flags are not on the command line (clap panics on an
+/// unknown argument id).
+pub fn read_flags<T: clap::Args>(matches: &clap::ArgMatches) -> Result<T, BoxError> {
+    let flags = T::augment_args(clap::Command::new("flags"));
+    if let Some(arg) = flags
+        .get_arguments()
+        .find(|arg| matches.try_contains_id(arg.get_id().as_str()).is_err())
+    {
+        return Err(format!(
+            "{} (flag --{}) is not on the command line: register the type with register_provider!(.., flags = {0}) or ControllerSpec::with_flags",
+            std::any::type_name::<T>(),
+            arg.get_long().unwrap_or(arg.get_id().as_str()),
+        )
+        .into());
+    }
+    Ok(T::from_arg_matches(matches)?)
+}
+
 /// What a factory returns.
 pub type ProviderResult = Result<Arc<dyn CloudProvider>, BoxError>;
 
-/// A provider factory as [`register_provider!`] takes it.
+/// A provider factory as [`register_provider!`](crate::register_provider) takes it.
 pub type ProviderFactoryFn = fn(&CloudConfig) -> ProviderResult;
 /// Adds a provider's own flags to the manager's command line: `<T as clap::Args>::augment_args`.
 pub type AddFlagsFn = fn(clap::Command) -> clap::Command;
 
 type Factory = Arc<dyn Fn(&CloudConfig) -> ProviderResult + Send + Sync>;
 
-/// A link-time registration; made by [`register_provider!`].
+/// A link-time registration; made by [`register_provider!`](crate::register_provider).
 #[derive(Debug)]
 pub struct Registration {
     name: &'static str,
@@ -262,7 +280,7 @@ impl Registry {
         Self::default()
     }
 
-    /// Every provider registered with [`register_provider!`] by the crates linked into this binary.
+    /// Every provider registered with [`register_provider!`](crate::register_provider) by the crates linked into this binary.
     /// Fails if two of them claim the same name.
     pub fn linked() -> Result<Self, RegistryError> {
         let mut registry = Self::new();
@@ -310,7 +328,9 @@ impl Registry {
 
     /// The providers with flags of their own, and what adds them, sorted by name.
     pub fn flags(&self) -> impl Iterator<Item = (&str, AddFlagsFn)> {
-        self.flags.iter().map(|(name, flags)| (name.as_str(), *flags))
+        self.flags
+            .iter()
+            .map(|(name, flags)| (name.as_str(), *flags))
     }
 
     /// Whether a provider of this name is registered (upstream `IsCloudProvider`).
@@ -410,10 +430,29 @@ mod tests {
         let cloud = registry.init("flagged-test", &config).unwrap();
         assert_eq!(cloud.provider_name(), "flagged-r2");
         // Without a parsed command line, the flags have their defaults.
-        let cloud = registry
-            .init("flagged-test", &CloudConfig::none())
-            .unwrap();
+        let cloud = registry.init("flagged-test", &CloudConfig::none()).unwrap();
         assert_eq!(cloud.provider_name(), "flagged-other");
+    }
+
+    #[derive(Debug, clap::Args)]
+    struct Unregistered {
+        /// Not on any command line.
+        #[arg(long, default_value = "x")]
+        unregistered_flag: String,
+    }
+
+    #[test]
+    fn flags_that_were_never_registered_are_an_error_not_a_panic() {
+        let matches = clap::Command::new("ccm").get_matches_from(["ccm"]);
+        let err = CloudConfig::none()
+            .with_flags(matches)
+            .flags::<Unregistered>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("(flag --unregistered-flag) is not on the command line"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -421,9 +460,7 @@ mod tests {
         let mut registry = Registry::linked().unwrap();
         registry.replace("flagged-test", |_| Ok(Arc::new(Named("replaced")) as _));
         assert!(registry.flags().all(|(name, _)| name != "flagged-test"));
-        let cloud = registry
-            .init("flagged-test", &CloudConfig::none())
-            .unwrap();
+        let cloud = registry.init("flagged-test", &CloudConfig::none()).unwrap();
         assert_eq!(cloud.provider_name(), "replaced");
     }
 

@@ -75,6 +75,8 @@ pub fn command(
             command = command.about(about.clone());
         }
     }
+    let about = command.get_about().cloned();
+    let long_about = command.get_long_about().cloned();
     let mut owners: BTreeMap<String, String> = command
         .get_arguments()
         .filter_map(|arg| arg.get_long())
@@ -111,6 +113,16 @@ pub fn command(
         }
         command = add_flags(command.next_help_heading(heading));
     }
+    // A derived `Args` struct's doc comment becomes the command's description when it is added: the
+    // binary keeps its own.
+    command = match about {
+        Some(about) => command.about(about),
+        None => command.about(None::<&str>),
+    };
+    command = match long_about {
+        Some(long_about) => command.long_about(long_about),
+        None => command.long_about(None::<&str>),
+    };
     Ok(command.next_help_heading(None::<&str>))
 }
 

@@ -181,7 +181,7 @@ impl<'a> ConfigureContext<'a> {
                 .flags::<T>()
                 .map_err(|err| err.to_string());
         }
-        T::from_arg_matches(self.matches).map_err(|err| err.to_string())
+        cloud_provider::read_flags::<T>(self.matches).map_err(|err| err.to_string())
     }
 
     /// The cloud the manager runs against.

@@ -166,8 +166,12 @@ pub async fn run(
         .iter()
         .filter(|c| selection.is_enabled(c.name()))
     {
-        if let Some(start) = spec.configure(&configure).map_err(AppError::Flag)? {
-            configured.push((spec.name().name, start));
+        match spec.configure(&configure).map_err(AppError::Flag)? {
+            Some(start) => configured.push((spec.name().name, start)),
+            None => tracing::info!(
+                controller = spec.name().name,
+                "controller is enabled but its configuration leaves it off"
+            ),
         }
     }
     drop(configure);
