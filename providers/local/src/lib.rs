@@ -38,6 +38,9 @@ pub use config::{
 
 use crate::instances::{ProbeFailures, lock};
 
+/// Where the event about a refused cloud-config edit is recorded (it concerns no object).
+pub const EVENT_NAMESPACE: &str = "kube-system";
+
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "local";
 
@@ -108,6 +111,8 @@ struct Inner {
     data_plane: DataPlane,
     /// How many times a load balancer was handed to the data plane.
     applies: std::sync::atomic::AtomicU64,
+    /// From `initialize` (the leader): where a rejected cloud-config edit is reported as an event.
+    reporter: Mutex<Option<(kube::Client, tokio::runtime::Handle)>>,
 }
 
 impl LocalCloud {
@@ -137,6 +142,7 @@ impl LocalCloud {
                 load_balancers: Mutex::new(load_balancer::Allocations::default()),
                 data_plane: DataPlane::new(settings),
                 applies: std::sync::atomic::AtomicU64::new(0),
+                reporter: Mutex::new(None),
             }),
         };
         cloud.set_config(config);
@@ -192,6 +198,44 @@ impl LocalCloud {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Reports a cloud-config edit that was refused (and is not in force) as a Warning event
+    /// `CloudConfigRejected` in `kube-system`, once `initialize` has given the cloud a client (so only
+    /// the leader reports). Best effort: a failed write is logged.
+    fn report_rejected_config(&self, message: &str) {
+        let Some((client, runtime)) = lock(&self.inner.reporter).clone() else {
+            return;
+        };
+        let note: String = message.chars().take(1000).collect();
+        let instance = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+        let event = k8s_openapi::api::events::v1::Event {
+            metadata: kube::api::ObjectMeta {
+                generate_name: Some("local-cloud-config-".to_owned()),
+                namespace: Some(EVENT_NAMESPACE.to_owned()),
+                ..Default::default()
+            },
+            event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            )),
+            type_: Some("Warning".to_owned()),
+            reason: Some("CloudConfigRejected".to_owned()),
+            action: Some("ReloadCloudConfig".to_owned()),
+            note: Some(note),
+            reporting_controller: Some("cloud-provider-local".to_owned()),
+            reporting_instance: Some(instance.chars().take(128).collect()),
+            ..Default::default()
+        };
+        runtime.spawn(async move {
+            let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+                kube::Api::namespaced(client, EVENT_NAMESPACE);
+            if let Err(err) = events.create(&Default::default(), &event).await {
+                tracing::warn!(error = %err, "local cloud: cannot record the CloudConfigRejected event");
+            }
+        });
+    }
+
     /// The data plane (for its state in tests and tools).
     pub fn data_plane(&self) -> &DataPlane {
         &self.inner.data_plane
@@ -204,6 +248,7 @@ impl CloudProvider for LocalCloud {
     /// address to another Service), then shuts the data plane down when `ctx.shutdown` is cancelled.
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         self.reserve_published_addresses(&ctx.client).await?;
+        *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         let cloud = self.clone();
         let shutdown = ctx.shutdown.clone();
         tokio::spawn(async move {

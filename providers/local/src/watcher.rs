@@ -2,8 +2,9 @@
 //!
 //! A polling thread, as the fake cloud's: the file is small, a read every 200 ms costs nothing, and
 //! polling sees the renames and symlink swaps of editors and mounted ConfigMaps that inotify misses.
-//! A malformed edit is logged as an error and ignored (the last good config stays); a later edit is
-//! read as usual. Nothing else stops.
+//! A malformed edit is ignored (the last good config stays), logged as an error and, once `initialize`
+//! gave the cloud a client, recorded as a Warning event `CloudConfigRejected` in `kube-system`; a later
+//! edit is read as usual. Nothing else stops.
 
 use std::{
     panic::AssertUnwindSafe,
@@ -56,6 +57,9 @@ fn poll(cloud: &LocalCloud, path: &Path, seen: &mut Vec<u8>) {
                 }
                 Err(err) => {
                     tracing::error!(error = %err, "local cloud: ignoring the changed cloud-config, keeping the last good one");
+                    cloud.report_rejected_config(&format!(
+                        "the changed cloud-config was refused; the last good one stays in force: {err}"
+                    ));
                 }
             }
         }

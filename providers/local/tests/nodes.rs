@@ -69,13 +69,18 @@ async fn nodes_are_initialized_from_the_inventory_or_adopted() {
         .await
         .unwrap();
 
+    // Initialized: the taint is gone (first write) and the addresses are in (second write).
+    let initialized = |node: &k8s_openapi::api::core::v1::Node| {
+        !has_taint(node, "node.cloudprovider.kubernetes.io/uninitialized")
+            && node
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"))
+    };
     let node = eventually("the listed node initialized", LONG, || {
         let listed = listed.clone();
-        async move {
-            get_node(&listed)
-                .await
-                .filter(|n| !has_taint(n, "node.cloudprovider.kubernetes.io/uninitialized"))
-        }
+        async move { get_node(&listed).await.filter(initialized) }
     })
     .await;
     assert_eq!(
@@ -114,11 +119,7 @@ async fn nodes_are_initialized_from_the_inventory_or_adopted() {
 
     let node = eventually("the adopted node initialized", LONG, || {
         let adopted = adopted.clone();
-        async move {
-            get_node(&adopted)
-                .await
-                .filter(|n| !has_taint(n, "node.cloudprovider.kubernetes.io/uninitialized"))
-        }
+        async move { get_node(&adopted).await.filter(initialized) }
     })
     .await;
     assert_eq!(
@@ -257,4 +258,62 @@ async fn a_removal_is_recognised_after_a_restart_but_a_never_listed_node_is_kept
 
     manager.stop().await;
     delete_nodes(&[&listed, &never]).await;
+}
+
+#[tokio::test]
+async fn a_malformed_edit_at_runtime_keeps_the_last_good_config_and_is_a_warning_event() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("local.yaml");
+    let name = test_control_plane::unique_name("reload");
+    let other = test_control_plane::unique_name("reload");
+    std::fs::write(&path, config(&[(&name, "zone: before")])).unwrap();
+    let manager = RunningManager::start_from_file(&path, &[]).await;
+    // Once a node is initialized, the manager runs (and the cloud has its client from initialize).
+    create_node(&name, &[]).await;
+    let node = eventually("the node initialized", LONG, || {
+        let name = name.clone();
+        async move {
+            get_node(&name)
+                .await
+                .filter(|n| label(n, "topology.kubernetes.io/zone").is_some())
+        }
+    })
+    .await;
+    assert_eq!(
+        label(&node, "topology.kubernetes.io/zone").as_deref(),
+        Some("before")
+    );
+
+    // A malformed edit (an overlapping pool, which also lists another machine) is refused: the event
+    // names the file, and the config in force stays.
+    let bad = format!(
+        "machines:\n  {name}: {{zone: after}}\n  {other}: {{zone: after}}\naddressPools:\n  - {{name: n, addresses: [127.98.0.0/24]}}\n  - {{name: again, addresses: [127.98.0.7/32]}}\n"
+    );
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, &bad).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let file = path.display().to_string();
+    let note = eventually("a CloudConfigRejected event", LONG, || {
+        let file = file.clone();
+        async move {
+            events_in_namespace("kube-system", "CloudConfigRejected")
+                .await
+                .into_iter()
+                .filter_map(|e| e.note)
+                .find(|n| n.contains(&file))
+        }
+    })
+    .await;
+    assert!(note.contains("overlaps"), "{note}");
+    let config = manager.cloud.config();
+    assert_eq!(
+        config.machines[&name].zone.as_deref(),
+        Some("before"),
+        "the last good config stays"
+    );
+    assert!(!config.machines.contains_key(&other));
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
 }

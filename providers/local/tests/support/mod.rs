@@ -52,13 +52,24 @@ impl RunningManager {
     /// Starts a manager on a `local` cloud with `cloud_yaml`, and `args` added to the defaults of
     /// these tests (no leader election, no serving port, a 1 s lifecycle pass).
     pub async fn start(cloud_yaml: &str, args: &[&str]) -> Self {
-        if std::env::var_os("RUST_LOG").is_some() {
-            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-        }
         let cloud = LocalCloud::new(
             Config::parse(cloud_yaml, None).expect("valid local cloud config"),
             None,
         );
+        Self::start_on(cloud, args).await
+    }
+
+    /// Starts a manager on a `local` cloud read from (and watching) the file `path`.
+    pub async fn start_from_file(path: &std::path::Path, args: &[&str]) -> Self {
+        let config = cloud_provider::CloudConfig::read(path).expect("the cloud-config is readable");
+        let cloud = LocalCloud::from_cloud_config(&config).expect("valid local cloud config");
+        Self::start_on(cloud, args).await
+    }
+
+    async fn start_on(cloud: LocalCloud, args: &[&str]) -> Self {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+        }
         let mut registry = Registry::new();
         let shared = cloud.clone();
         registry
@@ -194,6 +205,19 @@ pub async fn events_in(namespace: &str, name: &str, reason: &str) -> Vec<Event> 
             e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
                 && e.reason.as_deref() == Some(reason)
         })
+        .collect()
+}
+
+/// The events in `namespace` with `reason`, about any object or none.
+pub async fn events_in_namespace(namespace: &str, reason: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(admin().await, namespace);
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events listed")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
 }
 
