@@ -51,6 +51,9 @@ pub const ANNOTATION_PROXY_PROTOCOL: &str = "local.ccm.rs/proxy-protocol";
 /// The finalizer of the service controller: a Service that carries it may still own a load balancer.
 const CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 
+/// How often `initialize` tries to list the Services.
+const LIST_ATTEMPTS: u32 = 5;
+
 /// Kubernetes' default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours).
 const DEFAULT_AFFINITY_SECONDS: i32 = 10_800;
 
@@ -558,14 +561,27 @@ impl LocalCloud {
         client: &kube::Client,
     ) -> Result<(), Error> {
         let services: Api<Service> = Api::all(client.clone());
-        let list = services
-            .list(&ListParams::default())
-            .await
-            .map_err(|source| Error::Kube {
-                what: "local cloud: listing Services to reserve their load-balancer addresses"
-                    .to_owned(),
-                source,
-            })?;
+        // A new leader may meet a passing API hiccup: a few tries, 1 s apart, before start-up fails
+        // (no controller may run before the published addresses are reserved).
+        let mut attempt = 1;
+        let list = loop {
+            match services.list(&ListParams::default()).await {
+                Ok(list) => break list,
+                Err(err) if attempt < LIST_ATTEMPTS => {
+                    tracing::warn!(error = %err, attempt, "local cloud: listing Services failed; retrying");
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(source) => {
+                    return Err(Error::Kube {
+                        what: format!(
+                            "local cloud: listing Services to reserve their load-balancer addresses ({LIST_ATTEMPTS} tries)"
+                        ),
+                        source,
+                    });
+                }
+            }
+        };
         let mut allocations = lock(&self.inner.load_balancers);
         let mut reserved = 0;
         for service in list.items.iter().filter(|s| may_hold_addresses(s)) {

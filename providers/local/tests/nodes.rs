@@ -317,3 +317,45 @@ async fn a_malformed_edit_at_runtime_keeps_the_last_good_config_and_is_a_warning
     manager.stop().await;
     delete_nodes(&[&name]).await;
 }
+
+#[tokio::test]
+async fn the_kubelet_probe_taints_a_machine_whose_kubelet_stops_answering() {
+    let _serial = SERIAL.lock().await;
+    let name = test_control_plane::unique_name("probed");
+    let kubelet = std::net::TcpListener::bind("127.97.3.1:0").unwrap();
+    let port = kubelet.local_addr().unwrap().port();
+    let yaml = format!(
+        "machines:\n  {name}: {{addresses: [{{type: InternalIP, address: 127.97.3.1}}]}}\n\
+         kubeletProbe: {{enabled: true, port: {port}, timeout: 200ms, failureThreshold: 2}}\n"
+    );
+    let manager = RunningManager::start(&yaml, &[]).await;
+    create_node(&name, &["127.97.3.1"]).await;
+    eventually("initialized", LONG, || {
+        let name = name.clone();
+        async move { get_node(&name).await?.spec?.provider_id.map(|_| ()) }
+    })
+    .await;
+    // NotReady, but the kubelet port answers: not shut down (several 1 s lifecycle passes).
+    set_ready(&name, false).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let node = get_node(&name).await.unwrap();
+    assert!(!has_taint(&node, SHUTDOWN_TAINT), "the kubelet answers");
+    // The kubelet stops answering: after 2 failed probes the machine counts as shut down.
+    drop(kubelet);
+    eventually("the shutdown taint", LONG, || {
+        let name = name.clone();
+        async move {
+            get_node(&name)
+                .await
+                .filter(|n| has_taint(n, SHUTDOWN_TAINT))
+        }
+    })
+    .await;
+    assert!(
+        get_node(&name).await.is_some(),
+        "a probe never deletes a node"
+    );
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
