@@ -175,9 +175,12 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
     let measure_from = start + warmup;
     let end = measure_from + Duration::from_secs_f64(secs);
     let errors = Arc::new(AtomicU64::new(0));
+    // Every request, warm-up included (for CPU per request).
+    let total = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..conns {
         let errors = errors.clone();
+        let total = total.clone();
         tasks.spawn(async move {
             // Stagger the connects over the warm-up.
             tokio::time::sleep(warmup.mul_f64(i as f64 / conns as f64 / 2.0)).await;
@@ -211,6 +214,7 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
                     errors.fetch_add(1, Ordering::Relaxed);
                     return samples;
                 }
+                total.fetch_add(1, Ordering::Relaxed);
                 if t0 >= measure_from {
                     samples.push(u32::try_from(t0.elapsed().as_micros()).unwrap_or(u32::MAX));
                 }
@@ -230,8 +234,9 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
         }
     };
     println!(
-        "{{\"requests\":{},\"rps\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"errors\":{}}}",
+        "{{\"requests\":{},\"total_requests\":{},\"rps\":{:.0},\"p50_us\":{},\"p99_us\":{},\"p999_us\":{},\"errors\":{}}}",
         all.len(),
+        total.load(Ordering::Relaxed),
         all.len() as f64 / secs,
         pct(0.50),
         pct(0.99),
