@@ -1,8 +1,6 @@
 //! `--cluster-cidr`-style CIDR lists: one CIDR, or an IPv4 and an IPv6 one (dual-stack), as upstream
 //! parses them for the route and node-IPAM controllers.
 
-use std::net::IpAddr;
-
 use ipnet::IpNet;
 
 /// Parses a comma-separated CIDR list for `flag`: one CIDR, or one IPv4 and one IPv6. An empty list is an
@@ -42,11 +40,6 @@ pub fn is_v4(net: &IpNet) -> bool {
 /// Whether `cidr` (a route's destination) lies in `cluster`: its first or last address is contained.
 pub fn overlaps(cluster: &IpNet, cidr: &IpNet) -> bool {
     cluster.contains(&cidr.network()) || cluster.contains(&cidr.broadcast())
-}
-
-/// The family of an address, as a network would report it.
-pub fn same_family(net: &IpNet, ip: &IpAddr) -> bool {
-    is_v4(net) == ip.is_ipv4()
 }
 
 #[cfg(test)]
@@ -94,6 +87,5 @@ mod tests {
         // A wider range whose first and last addresses lie outside does not count (upstream's rule).
         assert!(!overlaps(&cluster, &"10.0.0.0/8".parse().unwrap()));
         assert!(!overlaps(&cluster, &"10.99.0.0/24".parse().unwrap()));
-        assert!(same_family(&cluster, &"10.0.0.1".parse().unwrap()));
     }
 }

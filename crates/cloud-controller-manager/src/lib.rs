@@ -18,14 +18,17 @@
 //! (`register_provider!(name, factory, flags = MyFlags)`).
 
 pub mod app;
-pub mod cidrs;
-pub mod cloud_metrics;
+pub(crate) mod cidrs;
+pub(crate) mod cloud_metrics;
 pub mod controllers;
 pub mod events;
 pub mod informers;
 pub mod metrics;
-pub mod request_metrics;
-pub mod well_known;
+pub(crate) mod request_metrics;
+pub(crate) mod well_known;
+
+#[cfg(test)]
+mod parsers_at_volume;
 
 /// The Kubernetes client the manager is built on, for providers and controllers that talk to the API
 /// server (`InitializeContext::client`) at the same version.

@@ -112,11 +112,6 @@ impl LeaderElector {
         &self.fence
     }
 
-    /// This candidate's identity (`<hostname>_<uuid>`).
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// Waits until this candidate holds the Lease: `true`, or `false` if `shutdown` came first.
     pub async fn acquire(&self, shutdown: &CancellationToken) -> bool {
         tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), identity = %self.identity, "attempting to acquire leader lease");

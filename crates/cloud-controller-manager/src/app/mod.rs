@@ -1,18 +1,18 @@
 //! The manager app: from parsed flags to running controllers, and back out on a signal.
 
-pub mod certificate_reload;
-pub mod client;
+pub(crate) mod certificate_reload;
+pub(crate) mod client;
 pub mod command_line;
 pub mod controller_table;
 pub mod controllers_flag;
-pub mod delegated_auth;
-pub mod health;
-pub mod leader_election;
-pub mod logging;
+pub(crate) mod delegated_auth;
+pub(crate) mod health;
+pub(crate) mod leader_election;
+pub(crate) mod logging;
 pub mod options;
-pub mod rate_limit;
-pub mod serving;
-pub mod write_fence;
+pub(crate) mod rate_limit;
+pub(crate) mod serving;
+pub(crate) mod write_fence;
 
 use std::{
     path::PathBuf,

@@ -4,8 +4,9 @@
 //! property asserts that the parser answers (`Ok`, or an error naming the flag, annotation or value at
 //! fault) and never panics, and that valid values come back as given.
 //!
-//! `cargo test -p cloud-controller-manager --test parsers_at_volume`; `PROPTEST_CASES=N` runs N cases of
-//! every property instead. These tests need no control plane.
+//! `cargo test -p cloud-controller-manager --lib parsers_at_volume`; `PROPTEST_CASES=N` runs N cases of
+//! every property instead. These tests need no control plane; they sit inside the crate because they
+//! test its internals.
 
 use std::{
     cell::RefCell,
@@ -15,8 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use clap::{CommandFactory, FromArgMatches, Parser};
-use cloud_controller_manager::{
+use crate::{
     app::{
         ControllerSelection, Options, UnknownController,
         controller_table::{ControllerName, builtin_controllers, node_ipam_config},
@@ -35,6 +35,7 @@ use cloud_controller_manager::{
     },
     well_known::ANNOTATION_PROVIDED_NODE_IP,
 };
+use clap::{CommandFactory, FromArgMatches, Parser};
 use ipnet::IpNet;
 use k8s_openapi::{
     api::core::v1::{Node, NodeAddress, NodeSpec, Taint},
