@@ -59,6 +59,7 @@ pub(super) const ALL: &[(&str, Check)] = &[
     check!(load_balancer_does_not_exist_before_ensure),
     check!(load_balancer_ensure_is_idempotent_and_get_agrees),
     check!(load_balancer_update_and_delete_are_idempotent),
+    check!(load_balancer_serves_local_traffic_policy_and_source_ranges),
     check!(routes_round_trip),
 ];
 
@@ -440,6 +441,84 @@ async fn load_balancer_update_and_delete_are_idempotent(
             "deleting a load balancer that is already gone must succeed, got: {err}"
         ))),
     }
+}
+
+/// The fixture's Service as the helpers in `service_helpers` read it in the cases they exist for:
+/// `externalTrafficPolicy: Local` with a health-check node port, source ranges, and the API server's
+/// defaulted `spec.ipFamilies` (IPv4 unless the fixture chose).
+fn local_policy_service(f: &Fixtures) -> k8s_openapi::api::core::v1::Service {
+    let mut service = f.service.clone();
+    let meta = &mut service.metadata;
+    meta.name = meta.name.as_ref().map(|name| format!("{name}-local"));
+    // A UID of its own: a load balancer of its own.
+    meta.uid = Some("0f3c7a52-93be-4c3e-8d7a-5b1e2c9d4f60".to_owned());
+    let spec = service.spec.get_or_insert_with(Default::default);
+    spec.external_traffic_policy = Some("Local".to_owned());
+    spec.health_check_node_port = Some(32123);
+    spec.load_balancer_source_ranges = Some(vec!["10.0.0.0/8".to_owned()]);
+    if spec.ip_families.is_none() {
+        spec.ip_families = Some(vec!["IPv4".to_owned()]);
+        spec.ip_family_policy = Some("SingleStack".to_owned());
+    }
+    service
+}
+
+async fn load_balancer_serves_local_traffic_policy_and_source_ranges(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
+    let service = local_policy_service(f);
+    let families = crate::service_helpers::ip_families(&service)
+        .map_err(|err| Stop::Fail(format!("the fixture's Service: {err}")))?;
+    let status = call(
+        "ensure_load_balancer(externalTrafficPolicy: Local, source ranges)",
+        lb.ensure_load_balancer(&f.cluster_name, &service, &f.backend_nodes)
+            .await,
+    )?;
+    ensure!(
+        has_ingress(&status),
+        "ensure_load_balancer() returned a status without ingress for a Service with externalTrafficPolicy: Local: {status:?}"
+    );
+    for ingress in status.ingress.iter().flatten() {
+        if let Some(ip) = &ingress.ip {
+            let ip: std::net::IpAddr = ip
+                .parse()
+                .map_err(|_| Stop::Fail(format!("ingress ip {ip:?} is not an IP address")))?;
+            let family = crate::service_helpers::IpFamily::of(ip);
+            ensure!(
+                families.contains(&family),
+                "ingress ip {ip} is {}, but the Service asks for {families:?} (spec.ipFamilies)",
+                family.as_str()
+            );
+        }
+        if let Some(mode) = &ingress.ip_mode {
+            ensure!(
+                mode == "VIP" || mode == "Proxy",
+                "ingress ipMode {mode:?} is neither VIP nor Proxy"
+            );
+            ensure!(
+                ingress.ip.is_some(),
+                "ingress ipMode {mode:?} is set without an ip (the API server refuses that)"
+            );
+        }
+    }
+    call(
+        "ensure_load_balancer_deleted(externalTrafficPolicy: Local)",
+        lb.ensure_load_balancer_deleted(&f.cluster_name, &service)
+            .await,
+    )?;
+    let got = call(
+        "get_load_balancer(after delete)",
+        lb.get_load_balancer(&f.cluster_name, &service).await,
+    )?;
+    ensure!(
+        got.is_none(),
+        "get_load_balancer() = {got:?} after ensure_load_balancer_deleted()"
+    );
+    Ok(())
 }
 
 /// Skips a shut-down check when the fixtures name no shut-down node.
