@@ -345,6 +345,18 @@ pub struct LoadBalancerConfig {
     /// How long a connection to a backend may take to open (default 5s).
     #[serde(default = "default_connect")]
     pub connect_timeout: GoDuration,
+    /// Off by default. When set, VIPs outside the loopback range are put on this interface (`ip address
+    /// add <vip>/32 dev <interface>`, which needs `CAP_NET_ADMIN`) while their load balancer runs, and
+    /// taken off when it is deleted or the leader steps down.
+    #[serde(default)]
+    pub vip_interface: Option<String>,
+    /// The iproute2 `ip` command used with `vipInterface` (default `ip`, found on `PATH`).
+    #[serde(default = "default_ip_command")]
+    pub ip_command: String,
+}
+
+fn default_ip_command() -> String {
+    "ip".to_owned()
 }
 
 fn default_kube_proxy_port() -> u16 {
@@ -368,6 +380,8 @@ impl Default for LoadBalancerConfig {
             drain_timeout: default_drain(),
             udp_idle_timeout: default_udp_idle(),
             connect_timeout: default_connect(),
+            vip_interface: None,
+            ip_command: default_ip_command(),
         }
     }
 }
@@ -531,6 +545,15 @@ impl Config {
             return Err(
                 "loadBalancer: connectTimeout and udpIdleTimeout must be above 0".to_owned(),
             );
+        }
+        if self
+            .load_balancer
+            .vip_interface
+            .as_ref()
+            .is_some_and(|i| i.trim().is_empty())
+            || self.load_balancer.ip_command.trim().is_empty()
+        {
+            return Err("loadBalancer: vipInterface and ipCommand cannot be empty".to_owned());
         }
         if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
             return Err("kubeletProbe.timeout must be above 0".to_owned());

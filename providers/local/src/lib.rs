@@ -14,6 +14,7 @@
 //!
 //! Linking this crate registers the provider under the name `local`.
 
+mod addresses;
 mod config;
 pub mod instances;
 pub mod load_balancer;
@@ -111,6 +112,8 @@ struct Inner {
     data_plane: DataPlane,
     /// How many times a load balancer was handed to the data plane.
     applies: std::sync::atomic::AtomicU64,
+    /// With `loadBalancer.vipInterface`: puts non-loopback VIPs on that interface.
+    addresses: Option<addresses::AddressManager>,
     /// From `initialize` (the leader): where a rejected cloud-config edit is reported as an event.
     reporter: Mutex<Option<(kube::Client, tokio::runtime::Handle)>>,
 }
@@ -143,6 +146,9 @@ impl LocalCloud {
                 data_plane: DataPlane::new(settings),
                 applies: std::sync::atomic::AtomicU64::new(0),
                 reporter: Mutex::new(None),
+                addresses: lb.vip_interface.clone().map(|interface| {
+                    addresses::AddressManager::new(interface, lb.ip_command.clone().into())
+                }),
             }),
         };
         cloud.set_config(config);
@@ -255,6 +261,9 @@ impl CloudProvider for LocalCloud {
             shutdown.cancelled().await;
             tracing::info!("local cloud: shutting the data plane down");
             cloud.inner.data_plane.shutdown().await;
+            if let Some(addresses) = &cloud.inner.addresses {
+                addresses.remove_all().await;
+            }
         });
         Ok(())
     }

@@ -626,8 +626,13 @@ impl LocalCloud {
             .iter()
             .filter_map(|node| self.backend_addresses(&config, node))
             .collect();
-        let (vips, unchanged, spec) = {
+        let (previous, vips, unchanged, spec) = {
             let mut allocations = lock(&self.inner.load_balancers);
+            let previous: Vec<IpAddr> = allocations
+                .services
+                .get(&key)
+                .map(|r| r.ips.clone())
+                .unwrap_or_default();
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
@@ -639,22 +644,31 @@ impl LocalCloud {
             if let Some(record) = record {
                 record.proxy = wanted.proxy_protocol;
             }
-            (vips, unchanged, spec)
+            (previous, vips, unchanged, spec)
         };
         if !unchanged {
+            if let Some(addresses) = &self.inner.addresses {
+                for vip in &vips {
+                    addresses.add(*vip).await.map_err(bad)?;
+                }
+            }
             tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
             self.inner
                 .applies
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let result = self.inner.data_plane.apply(spec.clone()).await;
-            let mut allocations = lock(&self.inner.load_balancers);
-            if let Some(record) = allocations.services.get_mut(&key) {
+            if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(&key) {
                 record.applied = result.is_ok().then(|| spec.clone());
             }
             result.map_err(|source| Error::DataPlane {
                 service: key.clone(),
                 source,
             })?;
+            if let Some(addresses) = &self.inner.addresses {
+                for old in previous.iter().filter(|ip| !vips.contains(ip)) {
+                    addresses.remove(*old).await;
+                }
+            }
         }
         let allocations = lock(&self.inner.load_balancers);
         Ok(allocations
@@ -724,6 +738,11 @@ impl LoadBalancer for LocalCloud {
             if let Some(record) = released {
                 tracing::info!(vips = ?record.ips, "deleting the load balancer");
                 self.inner.data_plane.remove(&key).await;
+                if let Some(addresses) = &self.inner.addresses {
+                    for ip in &record.ips {
+                        addresses.remove(*ip).await;
+                    }
+                }
             }
         }
         .instrument(span)
@@ -1039,6 +1058,58 @@ mod tests {
             .map(|b| format!("{}={}", b.node, b.address))
             .collect();
         assert_eq!(backends, ["n1=127.0.1.1", "n2=127.0.2.1", "n2=fd00::2"]);
+    }
+
+    #[tokio::test]
+    async fn with_a_vip_interface_vips_go_on_it_and_come_off_with_their_load_balancer() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("calls");
+        let script = dir.path().join("ip");
+        std::fs::write(
+            &script,
+            format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let cloud = LocalCloud::new(
+            config(&format!(
+                "addressPools: [{{name: lan, addresses: [192.0.2.0/29]}}]\nloadBalancer: {{vipInterface: test0, ipCommand: {}}}\n",
+                script.display()
+            )),
+            None,
+        );
+        let service = svc(
+            json!({"spec": {"ports": [{"port": 18443, "nodePort": 30443, "protocol": "TCP"}]}}),
+        );
+        // The stand-in `ip` adds nothing, so the listener may not bind: only the calls matter here.
+        let _ = cloud.ensure_load_balancer("c", &service, &[]).await;
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "address add 192.0.2.1/32 dev test0\n"
+        );
+        cloud
+            .ensure_load_balancer_deleted("c", &service)
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "address add 192.0.2.1/32 dev test0\naddress del 192.0.2.1/32 dev test0\n"
+        );
+        // Loopback VIPs are never touched.
+        let loopback = LocalCloud::new(
+            config(&format!(
+                "loadBalancer: {{vipInterface: test0, ipCommand: {}}}\n",
+                script.display()
+            )),
+            None,
+        );
+        let _ = loopback.ensure_load_balancer("c", &service, &[]).await;
+        loopback
+            .ensure_load_balancer_deleted("c", &service)
+            .await
+            .unwrap();
+        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
     }
 
     #[test]
