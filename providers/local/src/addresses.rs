@@ -39,6 +39,11 @@ impl AddressManager {
         }
     }
 
+    /// The interface the VIPs go on.
+    pub(crate) fn interface(&self) -> &str {
+        &self.interface
+    }
+
     /// Whether `ip` is one this manager puts on the interface.
     pub(crate) fn manages(ip: IpAddr) -> bool {
         !ip.is_loopback()

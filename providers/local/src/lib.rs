@@ -27,7 +27,7 @@ use std::{
 
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, CloudResult, InitializeContext, InstancesV2,
-    LoadBalancer, ProviderResult, async_trait, prometheus_client, register_provider,
+    LoadBalancer, ProviderResult, async_trait, clap, prometheus_client, register_provider,
 };
 use local_data_plane::DataPlane;
 
@@ -45,11 +45,26 @@ pub const EVENT_NAMESPACE: &str = "kube-system";
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "local";
 
-register_provider!(PROVIDER_NAME, new_provider);
+/// The local cloud's flags: per-replica settings, which one cloud-config shared by every replica (a
+/// ConfigMap) cannot carry.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LocalFlags {
+    /// The host interface this replica puts non-loopback VIPs on while it leads (needs CAP_NET_ADMIN).
+    /// Overrides the cloud-config's `loadBalancer.vipInterface`: interface names differ from host to
+    /// host.
+    #[arg(long, value_name = "INTERFACE")]
+    pub local_vip_interface: Option<String>,
+}
 
-/// The registry factory: builds the cloud from the `--cloud-config` (its defaults without one).
+register_provider!(PROVIDER_NAME, new_provider, flags = LocalFlags);
+
+/// The registry factory: builds the cloud from the `--cloud-config` (its defaults without one) and the
+/// provider's flags.
 pub fn new_provider(config: &CloudConfig) -> ProviderResult {
-    Ok(Arc::new(LocalCloud::from_cloud_config(config)?))
+    let flags: LocalFlags = config.flags()?;
+    Ok(Arc::new(LocalCloud::from_cloud_config_and_flags(
+        config, &flags,
+    )?))
 }
 
 /// Everything that can go wrong in the `local` cloud.
@@ -63,6 +78,9 @@ pub enum Error {
         /// What is wrong, and where.
         message: String,
     },
+    /// A flag of the provider's is wrong; the message names it.
+    #[error("{0}")]
+    Flag(String),
     /// Something about a Service cannot be served as asked (an annotation, a field, an address).
     #[error("Service {service}: {message}")]
     Service {
@@ -158,12 +176,28 @@ impl LocalCloud {
     /// A cloud from the manager's `--cloud-config`: malformed contents fail with the file and line.
     /// When the config came from a file, the file is watched and re-read within a second of a change.
     pub fn from_cloud_config(config: &CloudConfig) -> Result<Self, Error> {
+        Self::from_cloud_config_and_flags(config, &LocalFlags::default())
+    }
+
+    /// [`LocalCloud::from_cloud_config`], with the provider's flags applied over the cloud-config.
+    pub fn from_cloud_config_and_flags(
+        config: &CloudConfig,
+        flags: &LocalFlags,
+    ) -> Result<Self, Error> {
         let path = config.path().map(ToOwned::to_owned);
         let text = config.text().map_err(|err| Error::Config {
             path: path.as_ref().map(|p| p.display().to_string()),
             message: format!("not UTF-8 text: {err}"),
         })?;
-        let parsed = Config::parse(text.unwrap_or_default(), path.as_deref())?;
+        let mut parsed = Config::parse(text.unwrap_or_default(), path.as_deref())?;
+        if let Some(interface) = &flags.local_vip_interface {
+            if interface.trim().is_empty() {
+                return Err(Error::Flag(
+                    "--local-vip-interface cannot be empty (leave it out to keep the cloud-config's loadBalancer.vipInterface)".to_owned(),
+                ));
+            }
+            parsed.load_balancer.vip_interface = Some(interface.clone());
+        }
         let cloud = Self::new(parsed, path.as_deref());
         if let Some(path) = path {
             watcher::spawn(
@@ -189,6 +223,12 @@ impl LocalCloud {
     pub fn set_config(&self, config: Config) {
         lock(&self.inner.ever_listed).extend(config.machines.keys().cloned());
         *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+    }
+
+    /// The interface VIPs outside 127.0.0.0/8 go on, if any (`--local-vip-interface` or
+    /// `loadBalancer.vipInterface`).
+    pub fn vip_interface(&self) -> Option<&str> {
+        self.inner.addresses.as_ref().map(|a| a.interface())
     }
 
     /// Whether a config this process read listed `name`.
@@ -286,5 +326,47 @@ impl CloudProvider for LocalCloud {
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.data_plane.register_metrics(registry);
+    }
+}
+
+#[cfg(test)]
+mod flag_tests {
+    use cloud_provider::clap::{self, Args};
+
+    use super::*;
+
+    fn matches(args: &[&str]) -> clap::ArgMatches {
+        LocalFlags::augment_args(clap::Command::new("ccm"))
+            .try_get_matches_from(std::iter::once("ccm").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_vip_interface_flag_overrides_the_cloud_config() {
+        let config = CloudConfig::from_bytes(None, "loadBalancer: {vipInterface: eth0}\n");
+        let cloud = LocalCloud::from_cloud_config(&config).unwrap();
+        assert_eq!(cloud.vip_interface(), Some("eth0"));
+        let flagged = config
+            .clone()
+            .with_flags(matches(&["--local-vip-interface=bond0"]));
+        let cloud = new_provider(&flagged).unwrap();
+        let local = LocalCloud::from_cloud_config_and_flags(
+            &flagged,
+            &flagged.flags::<LocalFlags>().unwrap(),
+        )
+        .unwrap();
+        assert_eq!(local.vip_interface(), Some("bond0"));
+        assert_eq!(cloud.provider_name(), "local");
+        // Without the flag, without the key: no interface is touched.
+        let plain = new_provider(&CloudConfig::none().with_flags(matches(&[]))).unwrap();
+        assert_eq!(plain.provider_name(), "local");
+        let err = new_provider(&config.with_flags(matches(&["--local-vip-interface="])))
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string()
+                .contains("--local-vip-interface cannot be empty"),
+            "{err}"
+        );
     }
 }
