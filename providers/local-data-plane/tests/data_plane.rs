@@ -989,3 +989,91 @@ async fn a_listener_taken_out_and_put_back_binds_again_at_once() {
         "n1"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_ip_affinity_moves_off_a_backend_that_becomes_unhealthy_and_sticks_again() {
+    let t = 33;
+    let mut switches = HashMap::new();
+    for n in 1..=3 {
+        tcp_echo(node_ip(t, n), &format!("n{n}")).await;
+        switches.insert(format!("n{n}"), health_server(node_ip(t, n), true).await);
+    }
+    let plane = DataPlane::new(fast_settings());
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        (1..=3)
+            .map(|n| backend(&format!("n{n}"), node_ip(t, n)))
+            .collect(),
+    );
+    lb.health_check = healthz();
+    lb.session_affinity = Some(Duration::from_secs(600));
+    plane.apply(lb).await.expect("apply");
+    let to = SocketAddr::new(vip(t), 8080);
+    let first = which_backend(client_ip(t, 1), to).await;
+
+    switches[&first].store(false, Ordering::SeqCst);
+    let ip = node_ip(t, first[1..].parse().expect("node number"));
+    assert!(
+        eventually(2 * SECOND, || backend_healthy(&plane, "lb", ip)
+            == Some(false))
+        .await
+    );
+    let second = which_backend(client_ip(t, 1), to).await;
+    assert_ne!(
+        second, first,
+        "affinity never sends a client to an unhealthy backend"
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            which_backend(client_ip(t, 1), to).await,
+            second,
+            "and sticks to the new one"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_v2_header_over_ipv6() {
+    let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
+    let node_port = 31_633;
+    let backend_listener = TcpListener::bind((v6, node_port))
+        .await
+        .expect("bind backend");
+    let plane = DataPlane::new(fast_settings());
+    let mut listener = tcp_listener(v6, 31_634);
+    listener.node_port = node_port;
+    let mut lb = spec("lb6", vec![listener], vec![backend("v6", v6)]);
+    lb.proxy_protocol = true;
+    plane.apply(lb).await.expect("apply");
+
+    let client = TcpStream::connect((v6, 31_634)).await.expect("connect");
+    let client_port = client.local_addr().expect("addr").port();
+    let (mut upstream, _) = within(2 * SECOND, "accept", backend_listener.accept())
+        .await
+        .expect("accept");
+    let mut header = [0u8; 52];
+    within(2 * SECOND, "header", upstream.read_exact(&mut header))
+        .await
+        .expect("read header");
+    assert_eq!(&header[..12], b"\r\n\r\n\0\r\nQUIT\n", "signature");
+    assert_eq!(header[12], 0x21, "version 2, command PROXY");
+    assert_eq!(header[13], 0x21, "TCP over IPv6");
+    assert_eq!(
+        u16::from_be_bytes([header[14], header[15]]),
+        36,
+        "address block length"
+    );
+    assert_eq!(
+        &header[16..32],
+        &Ipv6Addr::LOCALHOST.octets(),
+        "source address"
+    );
+    assert_eq!(
+        &header[32..48],
+        &Ipv6Addr::LOCALHOST.octets(),
+        "destination address"
+    );
+    assert_eq!(u16::from_be_bytes([header[48], header[49]]), client_port);
+    assert_eq!(u16::from_be_bytes([header[50], header[51]]), 31_634);
+}
