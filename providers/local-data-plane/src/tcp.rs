@@ -133,10 +133,13 @@ async fn handle(
             return;
         }
     };
+    // The connection keeps its backend, not the whole (possibly since replaced) configuration.
+    let proxy_protocol = config.proxy_protocol;
+    drop(config);
     let _active = ActiveGuard::new(shared.clone(), backend.clone());
     let _ = client.set_nodelay(true);
     let _ = upstream.set_nodelay(true);
-    if let Err(error) = relay(client, peer, upstream, &shared, config.proxy_protocol).await {
+    if let Err(error) = relay(client, peer, upstream, &shared, proxy_protocol).await {
         debug!(backend = %backend.addr, %error, "connection ended with an error");
     }
 }
