@@ -5,5 +5,15 @@
 include!(concat!(env!("OUT_DIR"), "/linked_providers.rs"));
 
 fn main() -> std::process::ExitCode {
-    cloud_controller_manager::main()
+    cloud_controller_manager::Manager::linked()
+        .named(
+            "cloud-controller-manager",
+            concat!(
+                env!("CARGO_PKG_VERSION"),
+                " (commit ",
+                env!("CCM_GIT_COMMIT"),
+                ")"
+            ),
+        )
+        .main()
 }

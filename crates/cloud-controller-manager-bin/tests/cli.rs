@@ -36,6 +36,27 @@ fn assert_fails_with(args: &[&str], code: i32, needles: &[&str]) {
 }
 
 #[test]
+fn version_names_the_release_and_the_commit() {
+    let output = run(&["--version"]);
+    assert!(output.status.success());
+    let version = String::from_utf8_lossy(&output.stdout);
+    let expected = format!(
+        "cloud-controller-manager {} (commit ",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(version.starts_with(&expected), "{version}");
+    let commit = version
+        .trim()
+        .trim_start_matches(&expected)
+        .trim_end_matches(')');
+    let hash = commit.trim_end_matches("-dirty");
+    assert!(
+        hash == "unknown" || (hash.len() == 12 && hash.chars().all(|c| c.is_ascii_hexdigit())),
+        "{version}"
+    );
+}
+
+#[test]
 fn help_lists_the_flags() {
     let output = run(&["--help"]);
     assert!(output.status.success());
