@@ -4,7 +4,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p cloud-controller-manager-bin
+# `--version` names the commit; the build context may have no .git (docker build --build-arg CCM_GIT_COMMIT=$(git rev-parse --short=12 HEAD)).
+ARG CCM_GIT_COMMIT=unknown
+RUN CCM_GIT_COMMIT=$CCM_GIT_COMMIT cargo build --release --locked -p cloud-controller-manager-bin
 
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /src/target/release/cloud-controller-manager /usr/local/bin/cloud-controller-manager
