@@ -19,16 +19,25 @@ pub(crate) struct AddressManager {
 }
 
 /// The arguments of `ip` that add (`add`) or remove (`del`) `ip` on `interface`, as a host address.
+/// An IPv6 address is added with `nodad`: duplicate address detection would keep it "tentative", and
+/// unbindable, for a second or more after it is added.
 pub(crate) fn ip_arguments(action: &str, ip: IpAddr, interface: &str) -> Vec<String> {
     let prefix = if ip.is_ipv4() { 32 } else { 128 };
-    vec![
+    let mut args = vec![
         "address".to_owned(),
         action.to_owned(),
         format!("{ip}/{prefix}"),
         "dev".to_owned(),
         interface.to_owned(),
-    ]
+    ];
+    if action == "add" && ip.is_ipv6() {
+        args.push("nodad".to_owned());
+    }
+    args
 }
+
+/// How long one `ip` command may take.
+const IP_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl AddressManager {
     pub(crate) fn new(interface: String, command: PathBuf) -> Self {
@@ -51,10 +60,21 @@ impl AddressManager {
 
     async fn run(&self, action: &str, ip: IpAddr) -> Result<(), String> {
         let args = ip_arguments(action, ip, &self.interface);
+        // The C locale, so "File exists" is matched whatever the host's language.
         let output = tokio::process::Command::new(&self.command)
             .args(&args)
-            .output()
+            .env("LC_ALL", "C")
+            .kill_on_drop(true)
+            .output();
+        let output = tokio::time::timeout(IP_COMMAND_TIMEOUT, output)
             .await
+            .map_err(|_| {
+                format!(
+                    "{} {} did not finish within {IP_COMMAND_TIMEOUT:?}",
+                    self.command.display(),
+                    args.join(" ")
+                )
+            })?
             .map_err(|err| format!("cannot run {}: {err}", self.command.display()))?;
         if output.status.success() {
             return Ok(());
@@ -127,6 +147,10 @@ mod tests {
             ip_arguments("del", "2001:db8::7".parse().unwrap(), "br0").join(" "),
             "address del 2001:db8::7/128 dev br0"
         );
+        assert_eq!(
+            ip_arguments("add", "2001:db8::7".parse().unwrap(), "br0").join(" "),
+            "address add 2001:db8::7/128 dev br0 nodad"
+        );
         assert!(!AddressManager::manages("127.240.0.1".parse().unwrap()));
         assert!(!AddressManager::manages("::1".parse().unwrap()));
         assert!(AddressManager::manages("192.0.2.7".parse().unwrap()));
@@ -175,7 +199,7 @@ mod tests {
             [
                 "address add 192.0.2.1/32 dev test0",
                 "address add 192.0.2.66/32 dev test0",
-                "address add 2001:db8::1/128 dev test0",
+                "address add 2001:db8::1/128 dev test0 nodad",
                 "address del 192.0.2.1/32 dev test0",
                 "address del 2001:db8::1/128 dev test0",
             ]

@@ -127,6 +127,8 @@ struct Inner {
     ever_listed: Mutex<BTreeSet<String>>,
     probe_failures: ProbeFailures,
     load_balancers: Mutex<load_balancer::Allocations>,
+    /// One lock per load balancer (by Service key) around its ensure, update and delete.
+    serial: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     data_plane: DataPlane,
     /// How many times a load balancer was handed to the data plane.
     applies: std::sync::atomic::AtomicU64,
@@ -161,6 +163,7 @@ impl LocalCloud {
                 ever_listed: Mutex::new(BTreeSet::new()),
                 probe_failures: Mutex::new(HashMap::new()),
                 load_balancers: Mutex::new(load_balancer::Allocations::default()),
+                serial: Mutex::new(HashMap::new()),
                 data_plane: DataPlane::new(settings),
                 applies: std::sync::atomic::AtomicU64::new(0),
                 reporter: Mutex::new(None),
@@ -299,11 +302,13 @@ impl CloudProvider for LocalCloud {
         let shutdown = ctx.shutdown.clone();
         tokio::spawn(async move {
             shutdown.cancelled().await;
-            tracing::info!("local cloud: shutting the data plane down");
-            cloud.inner.data_plane.shutdown().await;
+            // The VIPs come off the interface first, within milliseconds: after a lost lease the process
+            // exits at once, and a VIP left on this host would answer beside the next leader's.
             if let Some(addresses) = &cloud.inner.addresses {
                 addresses.remove_all().await;
             }
+            tracing::info!("local cloud: shutting the data plane down");
+            cloud.inner.data_plane.shutdown().await;
         });
         Ok(())
     }

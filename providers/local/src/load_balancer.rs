@@ -523,22 +523,27 @@ pub(crate) fn build_spec(
         })
         .collect();
     listeners.sort();
-    let backends: BTreeSet<(String, IpAddr)> = nodes
-        .iter()
-        .flat_map(|(name, ips)| ips.iter().map(move |ip| (name.clone(), *ip)))
-        .collect();
     LoadBalancerSpec {
         name: name.to_owned(),
         listeners,
-        backends: backends
-            .into_iter()
-            .map(|(node, address)| Backend { node, address })
-            .collect(),
+        backends: backend_list(nodes),
         health_check: wanted.health_check.clone(),
         session_affinity: wanted.session_affinity,
         source_ranges: wanted.source_ranges.clone(),
         proxy_protocol: wanted.proxy_protocol,
     }
+}
+
+/// The backends of the nodes' addresses, sorted (so equal sets compare equal).
+fn backend_list(nodes: &[(String, Vec<IpAddr>)]) -> Vec<Backend> {
+    let backends: BTreeSet<(String, IpAddr)> = nodes
+        .iter()
+        .flat_map(|(name, ips)| ips.iter().map(move |ip| (name.clone(), *ip)))
+        .collect();
+    backends
+        .into_iter()
+        .map(|(node, address)| Backend { node, address })
+        .collect()
 }
 
 /// Whether the service controller may own this Service's load balancer (or did).
@@ -612,6 +617,7 @@ impl LocalCloud {
 
     async fn ensure(&self, service: &Service, nodes: &[Node]) -> Result<LoadBalancerStatus, Error> {
         let key = key_of(service);
+        let _serial = self.serialize(&key).await;
         let config = self.config();
         let bad = |message: String| Error::Service {
             service: key.clone(),
@@ -679,6 +685,66 @@ impl LocalCloud {
     }
 }
 
+impl LocalCloud {
+    /// Holds off every other ensure, update and delete of the load balancer `key` until the guard is
+    /// dropped: the service sync and the node sync may call for the same Service at once, and the
+    /// data plane must end up running the newer spec, not whichever apply finished last.
+    async fn serialize(&self, key: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let mutex = lock(&self.inner.serial)
+            .entry(key.to_owned())
+            .or_default()
+            .clone();
+        mutex.lock_owned().await
+    }
+
+    /// Changes only the backends of the load balancer the data plane runs for this Service (upstream's
+    /// `UpdateLoadBalancer`). The node sync calls this with the copy of the Service it last synced,
+    /// which may be older than what the last ensure applied (or than the Service's deletion): so nothing
+    /// else of the spec is taken from it, and a load balancer that is not running is left alone.
+    async fn update_backends(&self, service: &Service, nodes: &[Node]) -> Result<(), Error> {
+        let key = key_of(service);
+        let _serial = self.serialize(&key).await;
+        let config = self.config();
+        let backends: Vec<(String, Vec<IpAddr>)> = nodes
+            .iter()
+            .filter_map(|node| self.backend_addresses(&config, node))
+            .collect();
+        let spec = {
+            let allocations = lock(&self.inner.load_balancers);
+            let Some(applied) = allocations
+                .services
+                .get(&key)
+                .filter(|r| r.same_service(service.metadata.uid.as_deref()))
+                .and_then(|r| r.applied.clone())
+            else {
+                tracing::debug!("no load balancer running for this Service; nothing to update");
+                return Ok(());
+            };
+            let mut spec = applied.clone();
+            spec.backends = backend_list(&backends);
+            if spec == applied {
+                return Ok(());
+            }
+            spec
+        };
+        tracing::info!(
+            backends = spec.backends.len(),
+            "updating the load balancer's backends"
+        );
+        self.inner
+            .applies
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let result = self.inner.data_plane.apply(spec.clone()).await;
+        if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(&key) {
+            record.applied = result.is_ok().then(|| spec.clone());
+        }
+        result.map_err(|source| Error::DataPlane {
+            service: key,
+            source,
+        })
+    }
+}
+
 #[async_trait]
 impl LoadBalancer for LocalCloud {
     async fn get_load_balancer(
@@ -711,7 +777,9 @@ impl LoadBalancer for LocalCloud {
         nodes: &[Node],
     ) -> CloudResult<()> {
         let span = tracing::info_span!("update_load_balancer", service = %key_of(service));
-        self.ensure(service, nodes).instrument(span).await?;
+        self.update_backends(service, nodes)
+            .instrument(span)
+            .await?;
         Ok(())
     }
 
@@ -723,26 +791,23 @@ impl LoadBalancer for LocalCloud {
         let key = key_of(service);
         let span = tracing::info_span!("ensure_load_balancer_deleted", service = %key);
         async {
-            let released = {
-                let mut allocations = lock(&self.inner.load_balancers);
-                let ours = allocations
-                    .services
-                    .get(&key)
-                    .is_some_and(|r| r.same_service(service.metadata.uid.as_deref()));
-                if ours {
-                    allocations.release(&key)
-                } else {
-                    None
-                }
-            };
-            if let Some(record) = released {
-                tracing::info!(vips = ?record.ips, "deleting the load balancer");
+            let _serial = self.serialize(&key).await;
+            let ips = lock(&self.inner.load_balancers)
+                .services
+                .get(&key)
+                .filter(|r| r.same_service(service.metadata.uid.as_deref()))
+                .map(|r| r.ips.clone());
+            if let Some(ips) = ips {
+                tracing::info!(vips = ?ips, "deleting the load balancer");
                 self.inner.data_plane.remove(&key).await;
                 if let Some(addresses) = &self.inner.addresses {
-                    for ip in &record.ips {
+                    for ip in &ips {
                         addresses.remove(*ip).await;
                     }
                 }
+                // Only now may another Service get these addresses: not while this load balancer's
+                // connections drain on them (nor, with `vipInterface`, before they left the interface).
+                lock(&self.inner.load_balancers).release(&key);
             }
         }
         .instrument(span)
@@ -1058,6 +1123,78 @@ mod tests {
             .map(|b| format!("{}={}", b.node, b.address))
             .collect();
         assert_eq!(backends, ["n1=127.0.1.1", "n2=127.0.2.1", "n2=fd00::2"]);
+    }
+
+    fn adopted_node(name: &str, ip: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
+        }))
+        .unwrap()
+    }
+
+    fn applied(cloud: &LocalCloud) -> Option<LoadBalancerSpec> {
+        lock(&cloud.inner.load_balancers)
+            .services
+            .get("ns/web")
+            .and_then(|r| r.applied.clone())
+    }
+
+    /// The node sync hands `update_load_balancer` the copy of the Service it last synced: it may be
+    /// older than the last ensure, or than the Service's deletion.
+    #[tokio::test]
+    async fn an_update_changes_only_backends_and_never_revives_a_deleted_load_balancer() {
+        let cloud = LocalCloud::new(Config::default(), None);
+        let old = svc(
+            json!({"spec": {"ports": [{"port": 18777, "nodePort": 30777, "protocol": "TCP"}]}}),
+        );
+        let new = svc(json!({"spec": {
+            "ports": [{"port": 18777, "nodePort": 30777, "protocol": "TCP"}],
+            "loadBalancerSourceRanges": ["10.0.0.0/8"]
+        }}));
+        let n1 = adopted_node("n1", "127.0.9.1");
+        let n2 = adopted_node("n2", "127.0.9.2");
+        cloud
+            .ensure_load_balancer("c", &new, std::slice::from_ref(&n1))
+            .await
+            .unwrap();
+        let ranges = applied(&cloud).unwrap().source_ranges;
+        assert_eq!(ranges, vec!["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
+
+        // A stale copy without source ranges: the backends change, the ranges stay.
+        cloud
+            .update_load_balancer("c", &old, &[n1.clone(), n2.clone()])
+            .await
+            .unwrap();
+        let spec = applied(&cloud).unwrap();
+        assert_eq!(
+            spec.source_ranges, ranges,
+            "a stale update loosened the source ranges"
+        );
+        assert_eq!(spec.backends.len(), 2);
+        // The same backends again: no data-plane call.
+        let applies = cloud
+            .inner
+            .applies
+            .load(std::sync::atomic::Ordering::Relaxed);
+        cloud
+            .update_load_balancer("c", &old, &[n2.clone(), n1.clone()])
+            .await
+            .unwrap();
+        assert_eq!(
+            cloud
+                .inner
+                .applies
+                .load(std::sync::atomic::Ordering::Relaxed),
+            applies
+        );
+
+        // After the delete, an update still in flight creates nothing.
+        cloud.ensure_load_balancer_deleted("c", &new).await.unwrap();
+        cloud.update_load_balancer("c", &old, &[n1]).await.unwrap();
+        assert!(cloud.get_load_balancer("c", &new).await.unwrap().is_none());
+        assert!(cloud.data_plane().state("ns/web").is_none());
+        assert!(applied(&cloud).is_none());
     }
 
     #[tokio::test]
