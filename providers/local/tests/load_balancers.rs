@@ -184,12 +184,15 @@ async fn tcp_and_udp_bytes_flow_through_the_vip() {
     assert!(names.iter().any(|n| n == from), "{answer}");
     assert_eq!(echoed, "hello");
 
-    // The load balancer's metrics are the data plane's.
-    let mut registry = cloud_provider::prometheus_client::registry::Registry::default();
-    cloud_provider::CloudProvider::register_metrics(&s.manager().cloud, &mut registry);
-    let mut text = String::new();
-    cloud_provider::prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    assert!(text.contains("local_lb_bytes_in"), "{text}");
+    // The load balancer's metrics are on the manager's /metrics, with the bytes that went through.
+    let text = s.manager().metrics.encode();
+    let bytes_in: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("local_lb_bytes_in_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(bytes_in > 0, "no bytes counted on /metrics:\n{text}");
+    assert!(text.contains("local_lb_backend_healthy{"), "{text}");
     s.finish().await;
 }
 
@@ -274,9 +277,11 @@ async fn an_unhealthy_backend_gets_no_new_connections_until_healthy_again() {
     )
     .await;
 
-    // interval 200 ms × unhealthy threshold 2, plus one check's timeout (300 ms) and some slack.
+    // Within interval 200 ms × unhealthy threshold 2 (the stand-in answers 503 at once, so no check
+    // waits for its timeout), plus 150 ms of slack: one failed check too many (a threshold off by one)
+    // would most often still leave the node in.
     s.nodes[1].set_healthy(false);
-    tokio::time::sleep(Duration::from_millis(200 * 2 + 300 + 300)).await;
+    tokio::time::sleep(Duration::from_millis(200 * 2 + 150)).await;
     let answered = answering_nodes(vip, 18080, 30).await;
     assert!(
         !answered.contains(&names[1]),
@@ -305,9 +310,9 @@ async fn external_traffic_policy_local_sends_only_to_nodes_whose_health_check_no
     let np = Scenario::node_port(id, 0);
     let hcnp = Scenario::node_port(id, 1);
     let s = Scenario::start(id, 3, &[np], &[hcnp]).await;
-    // Node 2's healthCheckNodePort says "no local endpoint"; kube-proxy's port (healthy everywhere)
-    // does not count for a Local Service.
-    s.nodes[2].set_healthy(false);
+    // Node 2's healthCheckNodePort says "no local endpoint" while its kube-proxy port stays healthy:
+    // only the former counts for a Local Service.
+    s.nodes[2].set_port_healthy(hcnp, false);
     let vip = s
         .service(
             "local-only",

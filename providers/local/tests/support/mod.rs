@@ -44,6 +44,8 @@ pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// A manager running in this process on a `local` cloud the test holds.
 pub struct RunningManager {
     pub cloud: LocalCloud,
+    /// The manager's metrics: what its `/metrics` serves.
+    pub metrics: cloud_controller_manager::metrics::Metrics,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), anyhow::Error>>,
 }
@@ -76,6 +78,7 @@ impl RunningManager {
             .register("local", move |_| Ok(Arc::new(shared.clone()) as _))
             .unwrap();
         let manager = Manager::with_registry(registry);
+        let metrics = manager.metrics().clone();
         test_control_plane::apply_shipped_rbac().await;
         let kubeconfig = control_plane().ccm_kubeconfig();
         let mut argv = vec![
@@ -93,6 +96,7 @@ impl RunningManager {
         let task = tokio::spawn(async move { manager.run(options, token).await });
         Self {
             cloud,
+            metrics,
             shutdown,
             task,
         }
@@ -326,8 +330,26 @@ pub async fn wait_for_vip(namespace: &str, name: &str) -> IpAddr {
 pub struct FakeNode {
     pub name: String,
     pub address: IpAddr,
-    healthy: Arc<AtomicBool>,
+    healthy: Health,
     stop: CancellationToken,
+}
+
+/// What a node's health endpoints answer: all of them sick, or some ports sick.
+#[derive(Clone, Default)]
+struct Health {
+    all_sick: Arc<AtomicBool>,
+    sick_ports: Arc<std::sync::Mutex<std::collections::BTreeSet<u16>>>,
+}
+
+impl Health {
+    fn is_healthy(&self, port: u16) -> bool {
+        !self.all_sick.load(Ordering::SeqCst)
+            && !self
+                .sick_ports
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&port)
+    }
 }
 
 impl FakeNode {
@@ -340,7 +362,7 @@ impl FakeNode {
         health_ports: &[u16],
     ) -> Self {
         let address: IpAddr = address.parse().unwrap();
-        let healthy = Arc::new(AtomicBool::new(true));
+        let healthy = Health::default();
         let stop = CancellationToken::new();
         for port in node_ports {
             let tcp = TcpListener::bind((address, *port))
@@ -356,7 +378,7 @@ impl FakeNode {
             let http = TcpListener::bind((address, *port))
                 .await
                 .unwrap_or_else(|e| panic!("bind {address}:{port} (health): {e}"));
-            tokio::spawn(health_server(http, healthy.clone(), stop.clone()));
+            tokio::spawn(health_server(http, *port, healthy.clone(), stop.clone()));
         }
         Self {
             name: name.to_owned(),
@@ -366,9 +388,23 @@ impl FakeNode {
         }
     }
 
-    /// Makes the health endpoint answer 200 (`true`) or 503.
+    /// Makes every health endpoint answer 200 (`true`) or 503.
     pub fn set_healthy(&self, healthy: bool) {
-        self.healthy.store(healthy, Ordering::SeqCst);
+        self.healthy.all_sick.store(!healthy, Ordering::SeqCst);
+    }
+
+    /// Makes the health endpoint on `port` alone answer 200 (`true`) or 503.
+    pub fn set_port_healthy(&self, port: u16, healthy: bool) {
+        let mut sick = self
+            .healthy
+            .sick_ports
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if healthy {
+            sick.remove(&port);
+        } else {
+            sick.insert(port);
+        }
     }
 }
 
@@ -431,7 +467,7 @@ async fn udp_echo(socket: UdpSocket, name: String, stop: CancellationToken) {
     }
 }
 
-async fn health_server(listener: TcpListener, healthy: Arc<AtomicBool>, stop: CancellationToken) {
+async fn health_server(listener: TcpListener, port: u16, healthy: Health, stop: CancellationToken) {
     loop {
         let accepted = tokio::select! {
             _ = stop.cancelled() => return,
@@ -450,7 +486,7 @@ async fn health_server(listener: TcpListener, healthy: Arc<AtomicBool>, stop: Ca
                     Ok(n) => request.extend_from_slice(&buf[..n]),
                 }
             }
-            let ok = healthy.load(Ordering::SeqCst) && request.starts_with(b"GET /healthz");
+            let ok = healthy.is_healthy(port) && request.starts_with(b"GET /healthz");
             let response = if ok {
                 "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
             } else {
