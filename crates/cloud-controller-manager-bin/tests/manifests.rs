@@ -1,0 +1,389 @@
+//! The kustomize base and overlays (`deploy/base`, `deploy/overlays/*`): each renders offline with
+//! `kubectl kustomize`, passes a server-side dry run on the test control plane, then applies for real;
+//! its permissions are exactly `deploy/rbac.yaml` (the role every controller test runs under), and it
+//! changes the base's Deployment only as the overlay says.
+
+mod support;
+
+use std::{
+    io::Write,
+    process::{Command, Stdio},
+};
+
+use serde_json::{Value, json};
+use support::SERIAL;
+use test_control_plane::{control_plane, workspace_root};
+
+const CONTAINER: &str = "cloud-controller-manager";
+const CLOUD_CONFIG_FLAG: &str = "--cloud-config=/etc/cloud/cloud-config";
+
+/// Runs kubectl, feeding it `stdin`; panics with its stderr when it fails.
+fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Offline: nothing but the files and the test control plane.
+        .env_remove("KUBECONFIG")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .spawn()
+        .unwrap_or_else(|err| panic!("cannot run kubectl: {err}"));
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "kubectl {}: {}\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// kubectl as cluster-admin on the test control plane.
+fn kubectl_admin(args: &[&str], stdin: Option<&str>) -> String {
+    let kubeconfig = control_plane().admin_kubeconfig();
+    let mut all = vec!["--kubeconfig", kubeconfig.to_str().unwrap()];
+    all.extend_from_slice(args);
+    kubectl(&all, stdin)
+}
+
+fn parse(yaml: &str, what: &str) -> Vec<Value> {
+    let documents: Vec<Option<Value>> =
+        serde_saphyr::from_multiple(yaml).unwrap_or_else(|err| panic!("{what}: {err}"));
+    documents.into_iter().flatten().collect()
+}
+
+fn render(dir: &str) -> (String, Vec<Value>) {
+    let path = workspace_root().join(dir);
+    let yaml = kubectl(&["kustomize", path.to_str().unwrap()], None);
+    let objects = parse(&yaml, &format!("kubectl kustomize {dir}"));
+    (yaml, objects)
+}
+
+fn is_rbac(object: &Value) -> bool {
+    object["kind"] == "ServiceAccount"
+        || object["apiVersion"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("rbac.authorization.k8s.io/"))
+}
+
+fn key(object: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&object["kind"]),
+        text(&object["metadata"]["namespace"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
+/// The objects that give the manager an identity or permissions, whole, in a stable order.
+fn rbac_objects(objects: &[Value]) -> Vec<Value> {
+    let mut rbac: Vec<Value> = objects.iter().filter(|o| is_rbac(o)).cloned().collect();
+    rbac.sort_by_key(key);
+    rbac
+}
+
+fn shipped_rbac() -> Vec<Value> {
+    let path = workspace_root().join("deploy/rbac.yaml");
+    let objects = parse(&std::fs::read_to_string(&path).unwrap(), "deploy/rbac.yaml");
+    assert!(objects.iter().all(is_rbac), "deploy/rbac.yaml: {objects:?}");
+    rbac_objects(&objects)
+}
+
+fn the<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<_> = objects.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "one {kind}: {found:?}");
+    found[0]
+}
+
+fn container(deployment: &mut Value) -> &mut Value {
+    let containers = deployment
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        .unwrap();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(containers[0]["name"], CONTAINER);
+    &mut containers[0]
+}
+
+fn args(deployment: &Value) -> Vec<String> {
+    let mut deployment = deployment.clone();
+    serde_json::from_value(container(&mut deployment)["args"].clone()).unwrap()
+}
+
+/// Takes the cloud-config the overlay adds (flag, mount, volume, ConfigMap) off `deployment` after
+/// checking it, and returns the ConfigMap's file.
+fn take_cloud_config(deployment: &mut Value, objects: &[Value]) -> String {
+    let container = container(deployment);
+    let args = container["args"].as_array_mut().unwrap();
+    assert_eq!(
+        args.iter().filter(|a| *a == CLOUD_CONFIG_FLAG).count(),
+        1,
+        "{args:?}"
+    );
+    assert_eq!(
+        args.iter()
+            .filter(|a| a.as_str().unwrap().starts_with("--cloud-config"))
+            .count(),
+        1,
+        "{args:?}"
+    );
+    args.retain(|a| a != CLOUD_CONFIG_FLAG);
+    let mounts = container
+        .as_object_mut()
+        .unwrap()
+        .remove("volumeMounts")
+        .unwrap();
+    assert_eq!(
+        mounts,
+        json!([{ "name": "cloud-config", "mountPath": "/etc/cloud", "readOnly": true }])
+    );
+    let volumes = deployment
+        .pointer_mut("/spec/template/spec")
+        .and_then(Value::as_object_mut)
+        .unwrap()
+        .remove("volumes")
+        .unwrap();
+    let volumes = volumes.as_array().unwrap();
+    assert_eq!(volumes.len(), 1, "{volumes:?}");
+    assert_eq!(volumes[0]["name"], "cloud-config");
+    let config_map = volumes[0]["configMap"]["name"].as_str().unwrap();
+    let config_maps: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ConfigMap")
+        .collect();
+    assert_eq!(config_maps.len(), 1, "{config_maps:?}");
+    assert_eq!(config_maps[0]["metadata"]["name"], config_map);
+    assert_eq!(config_maps[0]["metadata"]["namespace"], "kube-system");
+    let data = config_maps[0]["data"].as_object().unwrap();
+    assert_eq!(
+        data.keys().collect::<Vec<_>>(),
+        ["cloud-config"],
+        "the ConfigMap's keys"
+    );
+    data["cloud-config"].as_str().unwrap().to_owned()
+}
+
+/// Deletes what an apply created besides the shared RBAC (which every test applies, unchanged): the
+/// Deployment and the ConfigMaps. Runs on drop, so a failed check cleans up too.
+struct Applied(Vec<Value>);
+
+impl Drop for Applied {
+    fn drop(&mut self) {
+        for object in self
+            .0
+            .iter()
+            .filter(|o| o["kind"] == "Deployment" || o["kind"] == "ConfigMap")
+        {
+            let (kind, namespace, name) = key(object);
+            let output = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(control_plane().admin_kubeconfig())
+                .args(["delete", "--ignore-not-found", "--wait=false", "-n"])
+                .arg(&namespace)
+                .arg(format!("{}/{name}", kind.to_lowercase()))
+                .output()
+                .unwrap();
+            if !output.status.success() && !std::thread::panicking() {
+                panic!(
+                    "deleting {kind} {namespace}/{name}: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+        }
+    }
+}
+
+/// Renders `dir`, applies it (server-side dry run, then for real), checks its kinds and permissions,
+/// and returns its objects and its Deployment; what it created is deleted when the guard drops.
+fn render_and_apply(dir: &str) -> (Applied, Vec<Value>, Value) {
+    let (yaml, objects) = render(dir);
+    // Only the manager's identity, its permissions, its Deployment and its cloud-config.
+    for object in &objects {
+        assert!(
+            is_rbac(object)
+                || (object["apiVersion"] == "apps/v1" && object["kind"] == "Deployment")
+                || (object["apiVersion"] == "v1" && object["kind"] == "ConfigMap"),
+            "{dir} renders an unexpected object: {:?}",
+            key(object)
+        );
+    }
+    // Exactly deploy/rbac.yaml: the same objects, names, rules, role references and subjects, nothing
+    // added, removed or widened.
+    assert_eq!(
+        rbac_objects(&objects),
+        shipped_rbac(),
+        "{dir}: the RBAC objects differ from deploy/rbac.yaml"
+    );
+
+    let apply = [
+        "apply",
+        "--server-side",
+        "--field-manager=test-control-plane",
+        "-f",
+        "-",
+    ];
+    let dry_run = kubectl_admin(&[&apply[..], &["--dry-run=server"]].concat(), Some(&yaml));
+    assert!(dry_run.contains("(server dry run)"), "{dry_run}");
+    let guard = Applied(objects.clone());
+    let applied = kubectl_admin(&apply, Some(&yaml));
+    assert!(
+        applied.contains("deployment.apps/cloud-controller-manager serverside-applied"),
+        "{applied}"
+    );
+
+    // What the cluster now holds for the manager is what deploy/rbac.yaml says.
+    for shipped in shipped_rbac() {
+        let (kind, namespace, name) = key(&shipped);
+        let mut get = vec!["get", "-o", "json", kind.as_str(), name.as_str()];
+        if !namespace.is_empty() {
+            get.extend(["-n", namespace.as_str()]);
+        }
+        let live: Value = serde_json::from_str(&kubectl_admin(&get, None)).unwrap();
+        for field in ["rules", "roleRef", "subjects", "aggregationRule"] {
+            assert_eq!(
+                live.get(field),
+                shipped.get(field),
+                "{dir}: the cluster's {kind} {name} has other {field}"
+            );
+        }
+    }
+    let deployment = the(&objects, "Deployment").clone();
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["serviceAccountName"], "cloud-controller-manager",
+        "{dir}: the manager runs as another ServiceAccount"
+    );
+    (guard, objects, deployment)
+}
+
+/// The base's Deployment, as `deploy/deployment.yaml` has it.
+fn shipped_deployment() -> Value {
+    let path = workspace_root().join("deploy/deployment.yaml");
+    let objects = parse(
+        &std::fs::read_to_string(&path).unwrap(),
+        "deploy/deployment.yaml",
+    );
+    the(&objects, "Deployment").clone()
+}
+
+#[tokio::test]
+async fn the_base_applies_and_is_the_shipped_files() {
+    let _serial = SERIAL.lock().await;
+    let (_applied, objects, deployment) = render_and_apply("deploy/base");
+    assert_eq!(deployment, shipped_deployment());
+    assert_eq!(objects.len(), shipped_rbac().len() + 1, "{objects:?}");
+    // A provider that ships (not `fake`), with no cloud-config.
+    let args = args(&deployment);
+    assert_eq!(args[0], "--cloud-provider=local", "{args:?}");
+    assert!(
+        !args.iter().any(|a| a.starts_with("--cloud-config")),
+        "{args:?}"
+    );
+    // deploy/rbac.yaml and deploy/deployment.yaml are the base's files, not copies that could drift.
+    for file in ["rbac.yaml", "deployment.yaml"] {
+        let top = std::fs::canonicalize(workspace_root().join("deploy").join(file)).unwrap();
+        assert_eq!(
+            top,
+            std::fs::canonicalize(workspace_root().join("deploy/base").join(file)).unwrap()
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_local_overlay_applies_with_its_cloud_config_and_only_net_bind_service() {
+    let _serial = SERIAL.lock().await;
+    let (_applied, objects, mut deployment) = render_and_apply("deploy/overlays/local");
+    let args = args(&deployment);
+    assert_eq!(
+        args.iter()
+            .filter(|a| a.starts_with("--cloud-provider"))
+            .collect::<Vec<_>>(),
+        ["--cloud-provider=local"]
+    );
+    let cloud_config = take_cloud_config(&mut deployment, &objects);
+    assert_eq!(
+        the(&objects, "ConfigMap")["metadata"]["name"],
+        "cloud-config",
+        "no hash suffix: the local provider re-reads the file in place"
+    );
+    let file =
+        std::fs::read_to_string(workspace_root().join("deploy/overlays/local/cloud-config.yaml"))
+            .unwrap();
+    assert_eq!(cloud_config, file);
+    #[cfg(feature = "provider-local")]
+    cloud_provider_local::Config::parse(
+        &cloud_config,
+        Some(std::path::Path::new("cloud-config.yaml")),
+    )
+    .unwrap_or_else(|err| panic!("the local overlay's cloud-config: {err}"));
+
+    // Privileged ports: UID 0 with NET_BIND_SERVICE alone (a capability added to a non-root user is
+    // dropped at execve), everything else as locked down as the base.
+    let container = container(&mut deployment);
+    let security = container["securityContext"].as_object_mut().unwrap();
+    assert_eq!(security.remove("runAsUser"), Some(json!(0)));
+    assert_eq!(
+        security.insert("runAsNonRoot".into(), json!(true)),
+        Some(json!(false))
+    );
+    let capabilities = security["capabilities"].as_object_mut().unwrap();
+    assert_eq!(
+        capabilities.remove("add"),
+        Some(json!(["NET_BIND_SERVICE"]))
+    );
+    assert_eq!(capabilities["drop"], json!(["ALL"]));
+    // Nothing else differs from the base.
+    assert_eq!(deployment, shipped_deployment());
+}
+
+#[tokio::test]
+async fn the_aws_overlay_applies_with_its_cloud_config_and_nothing_privileged() {
+    let _serial = SERIAL.lock().await;
+    let (_applied, objects, mut deployment) = render_and_apply("deploy/overlays/aws");
+    let cloud_config = take_cloud_config(&mut deployment, &objects);
+    assert!(
+        the(&objects, "ConfigMap")["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .starts_with("cloud-config-"),
+        "a hash suffix: the aws provider reads its cloud-config at start, so a change rolls the pods"
+    );
+    let file =
+        std::fs::read_to_string(workspace_root().join("deploy/overlays/aws/cloud.conf")).unwrap();
+    assert_eq!(cloud_config, file);
+    assert!(cloud_config.contains("[Global]"), "{cloud_config}");
+
+    let container = container(&mut deployment);
+    let args = container["args"].as_array_mut().unwrap();
+    assert_eq!(args[0], "--cloud-provider=aws");
+    assert_eq!(
+        args.iter()
+            .filter(|a| a.as_str().unwrap().starts_with("--cloud-provider"))
+            .count(),
+        1
+    );
+    args[0] = json!("--cloud-provider=local");
+    // An image with the aws provider linked (the default binary links fake and local only).
+    let image = container["image"].as_str().unwrap().to_owned();
+    assert_eq!(
+        image,
+        "registry.example.com/cloud-controller-manager-aws:0.1.0"
+    );
+    container["image"] = json!("registry.example.com/cloud-controller-manager:0.1.0");
+    // Nothing else differs from the base: the same non-root user, no capabilities, read-only root.
+    assert_eq!(deployment, shipped_deployment());
+}
