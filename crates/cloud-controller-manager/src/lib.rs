@@ -266,6 +266,7 @@ impl Manager {
             }
         };
         app::logging::init(&command_line.options.logging);
+        raise_open_files_limit();
         let runtime = match tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()
@@ -301,6 +302,17 @@ impl Manager {
 /// The `cloud-controller-manager` binary: [`Manager::linked`] then [`Manager::main`].
 pub fn main() -> ExitCode {
     Manager::linked().main()
+}
+
+/// Raises the soft limit on open files to the hard limit, as the Go runtime does for every Go program
+/// (so for upstream's manager): a provider with a data plane holds descriptors per connection, and the
+/// common soft limit of 1024 is far below what the hard limit allows.
+fn raise_open_files_limit() {
+    #[cfg(unix)]
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open-files limit"),
+        Err(err) => tracing::warn!(error = %err, "cannot raise the open-files limit"),
+    }
 }
 
 /// Cancels `shutdown` on the first SIGTERM or SIGINT; a second one exits at once.

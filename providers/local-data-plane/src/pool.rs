@@ -163,16 +163,36 @@ impl ListenerShared {
     }
 }
 
+/// The most clients one listener remembers for ClientIP affinity. Past it (many clients, spoofed UDP
+/// sources), new clients are served round robin without being remembered until entries expire.
+pub(crate) const MAX_AFFINITY_ENTRIES: usize = 65_536;
+
 /// Client IP → (backend address, expiry). Expired entries are swept when the table has doubled since
-/// the last sweep, so it stays proportional to the clients seen within one timeout.
+/// the last sweep, so it stays proportional to the clients seen within one timeout, and at most
+/// [`MAX_AFFINITY_ENTRIES`] long.
 #[derive(Debug, Default)]
 struct AffinityTable {
     entries: HashMap<IpAddr, (SocketAddr, Instant)>,
     sweep_at: usize,
+    /// When the full table was last swept (a full table is swept at most once a second).
+    full_sweep: Option<Instant>,
 }
 
 impl AffinityTable {
     fn insert(&mut self, client: IpAddr, backend: SocketAddr, now: Instant, timeout: Duration) {
+        if self.entries.len() >= MAX_AFFINITY_ENTRIES && !self.entries.contains_key(&client) {
+            if self
+                .full_sweep
+                .is_some_and(|at| now.saturating_duration_since(at) < Duration::from_secs(1))
+            {
+                return;
+            }
+            self.full_sweep = Some(now);
+            self.entries.retain(|_, (_, expires)| *expires > now);
+            if self.entries.len() >= MAX_AFFINITY_ENTRIES {
+                return;
+            }
+        }
         self.entries.insert(client, (backend, now + timeout));
         if self.entries.len() > self.sweep_at.max(1024) {
             self.entries.retain(|_, (_, expires)| *expires > now);
@@ -183,6 +203,7 @@ impl AffinityTable {
     fn clear(&mut self) {
         self.entries.clear();
         self.sweep_at = 0;
+        self.full_sweep = None;
     }
 }
 
@@ -205,5 +226,34 @@ impl Drop for ActiveGuard {
     fn drop(&mut self) {
         self.shared.stats.active.fetch_sub(1, Ordering::Relaxed);
         self.backend.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_affinity_table_stops_growing_at_its_cap_and_frees_expired_entries() {
+        let mut table = AffinityTable::default();
+        let backend: SocketAddr = "127.0.0.1:30080".parse().unwrap();
+        let start = Instant::now();
+        let timeout = Duration::from_secs(10);
+        let client = |n: u32| IpAddr::from(std::net::Ipv6Addr::from(u128::from(n) + 1));
+        for n in 0..MAX_AFFINITY_ENTRIES as u32 {
+            table.insert(client(n), backend, start, timeout);
+        }
+        assert_eq!(table.entries.len(), MAX_AFFINITY_ENTRIES);
+        // Full, nothing expired: a new client is not remembered; a known one is refreshed.
+        table.insert(client(u32::MAX - 1), backend, start, timeout);
+        assert_eq!(table.entries.len(), MAX_AFFINITY_ENTRIES);
+        assert!(!table.entries.contains_key(&client(u32::MAX - 1)));
+        table.insert(client(0), backend, start + Duration::from_secs(1), timeout);
+        assert_eq!(table.entries[&client(0)].1, start + Duration::from_secs(11));
+        // Once entries expire, a full table is swept (at most once a second) and takes new clients.
+        let later = start + Duration::from_secs(20);
+        table.insert(client(u32::MAX - 1), backend, later, timeout);
+        assert!(table.entries.contains_key(&client(u32::MAX - 1)));
+        assert!(table.entries.len() <= 2, "{}", table.entries.len());
     }
 }

@@ -14,9 +14,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
-use crate::pool::{ActiveGuard, BackendEntry, ListenerShared};
+use crate::pool::{ActiveGuard, BackendEntry, ListenerConfig, ListenerShared};
 
 const MAX_DATAGRAM: usize = 64 * 1024;
+
+/// The most flows one listener keeps. Each holds a socket (a file descriptor) until it is idle for
+/// `udpIdleTimeout`; clients that use a new source port per request (DNS) or spoofed sources would
+/// otherwise take every descriptor of the process. At the cap, the least recently active flow goes.
+pub(crate) const MAX_FLOWS_PER_LISTENER: usize = 8192;
 
 /// Binds `addr` (no `SO_REUSEADDR`: for UDP it would let two sockets share the port).
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
@@ -39,6 +44,44 @@ struct Flow {
     /// Milliseconds since `epoch` of the last datagram either way.
     last_active: AtomicU64,
     closed: AtomicBool,
+    /// Ends the flow's reply task at once (eviction, or a backend or source range that no longer
+    /// holds).
+    cancel: CancellationToken,
+}
+
+/// A flow as the receive loop tracks it: with the listener config and the backend it was last checked
+/// against, so a datagram costs one pointer comparison while nothing changed.
+struct FlowEntry {
+    flow: Arc<Flow>,
+    config: Arc<ListenerConfig>,
+    backend: Arc<BackendEntry>,
+}
+
+impl FlowEntry {
+    /// Whether the flow may go on: its source is still allowed and its backend is still one of the
+    /// listener's and healthy. A config that changed elsewhere (another backend added) keeps it.
+    fn still_valid(&mut self, current: &Arc<ListenerConfig>, peer: SocketAddr) -> bool {
+        if !self.backend.is_healthy() {
+            return false;
+        }
+        if Arc::ptr_eq(&self.config, current) {
+            return true;
+        }
+        let valid = current.allows(peer.ip())
+            && current
+                .backends
+                .iter()
+                .any(|b| Arc::ptr_eq(b, &self.backend));
+        if valid {
+            self.config = current.clone();
+        }
+        valid
+    }
+
+    fn close(&self) {
+        self.flow.closed.store(true, Ordering::Relaxed);
+        self.flow.cancel.cancel();
+    }
 }
 
 /// The receive loop of one listener; ends when `stop` is cancelled, and so do its flows (a UDP flow
@@ -52,7 +95,7 @@ pub(crate) async fn serve(
     let mut tasks = JoinSet::new();
     let socket = Arc::new(socket);
     let epoch = Instant::now();
-    let mut flows: HashMap<SocketAddr, Arc<Flow>> = HashMap::new();
+    let mut flows: HashMap<SocketAddr, FlowEntry> = HashMap::new();
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut sweep = tokio::time::interval(
         idle_timeout.clamp(Duration::from_millis(100), Duration::from_secs(10)),
@@ -63,7 +106,7 @@ pub(crate) async fn serve(
             biased;
             _ = stop.cancelled() => break,
             _ = sweep.tick() => {
-                flows.retain(|_, flow| !flow.closed.load(Ordering::Relaxed));
+                flows.retain(|_, entry| !entry.flow.closed.load(Ordering::Relaxed));
                 while tasks.try_join_next().is_some() {}
                 continue;
             }
@@ -75,10 +118,25 @@ pub(crate) async fn serve(
                 }
             },
         };
-        let flow = match flows.get(&peer) {
-            Some(flow) if !flow.closed.load(Ordering::Relaxed) => flow.clone(),
-            _ => {
-                let config = shared.config();
+        let current = shared.config();
+        let existing = match flows.get_mut(&peer) {
+            Some(entry) if !entry.flow.closed.load(Ordering::Relaxed) => {
+                if entry.still_valid(&current, peer) {
+                    Some(entry.flow.clone())
+                } else {
+                    // Its backend went (or turned unhealthy) or its source is no longer allowed: the
+                    // flow ends and the datagram is judged as a new flow's.
+                    entry.close();
+                    flows.remove(&peer);
+                    None
+                }
+            }
+            _ => None,
+        };
+        let flow = match existing {
+            Some(flow) => flow,
+            None => {
+                let config = current;
                 if !config.allows(peer.ip()) {
                     shared.stats.refused_source.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -105,8 +163,19 @@ pub(crate) async fn serve(
                     upstream,
                     last_active: AtomicU64::new(millis_since(epoch)),
                     closed: AtomicBool::new(false),
+                    cancel: stop.child_token(),
                 });
-                flows.insert(peer, flow.clone());
+                if flows.len() >= MAX_FLOWS_PER_LISTENER {
+                    evict_one(&mut flows);
+                }
+                flows.insert(
+                    peer,
+                    FlowEntry {
+                        flow: flow.clone(),
+                        config: config.clone(),
+                        backend: backend.clone(),
+                    },
+                );
                 let span = tracing::debug_span!("flow", %peer, backend = %backend.addr);
                 tasks.spawn(
                     replies(
@@ -123,8 +192,6 @@ pub(crate) async fn serve(
                 flow
             }
         };
-        // Source ranges are checked when a flow starts; a flow outlives a change of them by at most
-        // the idle timeout, like an established TCP connection outlives it.
         flow.last_active
             .store(millis_since(epoch), Ordering::Relaxed);
         shared
@@ -146,6 +213,24 @@ pub(crate) async fn serve(
     }
     tasks.shutdown().await;
     tasks
+}
+
+/// Makes room for one flow: the closed ones go, else the least recently active one.
+fn evict_one(flows: &mut HashMap<SocketAddr, FlowEntry>) {
+    flows.retain(|_, entry| !entry.flow.closed.load(Ordering::Relaxed));
+    if flows.len() < MAX_FLOWS_PER_LISTENER {
+        return;
+    }
+    let oldest = flows
+        .iter()
+        .min_by_key(|(_, entry)| entry.flow.last_active.load(Ordering::Relaxed))
+        .map(|(peer, _)| *peer);
+    if let Some(peer) = oldest
+        && let Some(entry) = flows.remove(&peer)
+    {
+        debug!(%peer, "too many UDP flows on this listener; the least recently active one ends");
+        entry.close();
+    }
 }
 
 async fn connect_upstream(backend: SocketAddr) -> io::Result<UdpSocket> {
@@ -183,6 +268,7 @@ async fn replies(
     tokio::pin!(idle);
     loop {
         tokio::select! {
+            () = flow.cancel.cancelled() => break,
             () = &mut idle => {
                 let idle_for = Duration::from_millis(
                     millis_since(epoch).saturating_sub(flow.last_active.load(Ordering::Relaxed)),

@@ -1077,3 +1077,67 @@ async fn proxy_protocol_v2_header_over_ipv6() {
     assert_eq!(u16::from_be_bytes([header[48], header[49]]), client_port);
     assert_eq!(u16::from_be_bytes([header[50], header[51]]), 31_634);
 }
+
+/// A UDP flow that keeps sending never goes idle: it must still leave a backend that turns unhealthy
+/// (or leaves the set), and stop when its source is no longer allowed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_active_udp_flow_leaves_an_unhealthy_backend_and_a_tightened_source_range() {
+    let t = 40;
+    udp_echo(node_ip(t, 1), "n1").await;
+    udp_echo(node_ip(t, 2), "n2").await;
+    let n1_health = health_server(node_ip(t, 1), true).await;
+    let _n2_health = health_server(node_ip(t, 2), true).await;
+    let settings = fast_settings();
+    let plane = DataPlane::new(settings.clone());
+    let mut lb = spec(
+        "lb",
+        vec![udp_listener(vip(t), 5353)],
+        vec![backend("n1", node_ip(t, 1)), backend("n2", node_ip(t, 2))],
+    );
+    lb.health_check = healthz();
+    plane.apply(lb.clone()).await.expect("apply");
+
+    let client = UdpSocket::bind((client_ip(t, 1), 0))
+        .await
+        .expect("bind client");
+    let mut buf = [0u8; 2048];
+    let mut ask = async |msg: &str| -> Option<String> {
+        client.send_to(msg.as_bytes(), (vip(t), 5353)).await.ok()?;
+        let (len, _) = tokio::time::timeout(SECOND, client.recv_from(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        let reply = String::from_utf8_lossy(&buf[..len]).into_owned();
+        Some(reply.split(':').next().unwrap_or_default().to_owned())
+    };
+    // Find which backend the flow went to; make that one unhealthy if it is n1, else remove n2.
+    let first = ask("hello").await.expect("a reply");
+    if first == "n1" {
+        n1_health.store(false, Ordering::SeqCst);
+        assert!(
+            eventually(3 * SECOND, || backend_healthy(&plane, "lb", node_ip(t, 1))
+                == Some(false))
+            .await
+        );
+    } else {
+        lb.backends.retain(|b| b.node != "n2");
+        plane.apply(lb.clone()).await.expect("apply without n2");
+    }
+    // The flow never went idle, yet its next datagram goes to the other backend.
+    let next = ask("again").await.expect("a reply");
+    assert_ne!(
+        next, first,
+        "an active flow stayed on a backend that is gone or unhealthy"
+    );
+
+    // A source range that no longer includes the client ends its flow.
+    lb.source_ranges = vec!["192.0.2.0/24".parse().unwrap()];
+    lb.backends = vec![backend("n1", node_ip(t, 1)), backend("n2", node_ip(t, 2))];
+    n1_health.store(true, Ordering::SeqCst);
+    plane.apply(lb).await.expect("apply with source ranges");
+    assert_eq!(
+        ask("after").await,
+        None,
+        "a refused source still got a reply"
+    );
+}
