@@ -1,0 +1,756 @@
+//! cloud-provider-aws's cloud-config: an INI file in gcfg's syntax with a `[Global]` section and any
+//! number of `[ServiceOverride "<name>"]` sections.
+//!
+//! Section and key names are case-insensitive (as gcfg's); values may be double-quoted (with `\"`, `\\`,
+//! `\n` and `\t` escapes); `;` and `#` start comments; a key given twice keeps its last value, except
+//! `NodeIPFamilies`, which collects one family per line. Every key upstream reads is known here; a key
+//! upstream does not know, a malformed line or a malformed value is an error naming the key and line.
+
+use std::collections::BTreeMap;
+
+use crate::Error;
+
+/// The whole cloud-config.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The `[Global]` section.
+    pub global: Global,
+    /// The `[ServiceOverride "<name>"]` sections, by name.
+    pub service_overrides: BTreeMap<String, ServiceOverride>,
+}
+
+/// An IP family of node addresses (`NodeIPFamilies`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum NodeIpFamily {
+    /// `ipv4`: the instance's private (and public) IPv4 addresses.
+    Ipv4,
+    /// `ipv6`: the IPv6 addresses of the instance's network interfaces.
+    Ipv6,
+}
+
+/// The `[Global]` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Global {
+    /// `Zone`: the zone the manager runs in; its region is used when `Region` is not set.
+    pub zone: Option<String>,
+    /// `Region`: the AWS region (else `Zone`'s region, else the SDK's region settings).
+    pub region: Option<String>,
+    /// `VPC`: the cluster's VPC (else the VPC of the cluster's instances).
+    pub vpc: Option<String>,
+    /// `SubnetID`: the subnet used to find the VPC and the route table.
+    pub subnet_id: Option<String>,
+    /// `RouteTableID`: the route table for pod routes (else the tables tagged with the cluster tag).
+    pub route_table_id: Option<String>,
+    /// `RoleARN`: a role to assume for every AWS call.
+    pub role_arn: Option<String>,
+    /// `SourceARN`: the source ARN passed when assuming `RoleARN`.
+    pub source_arn: Option<String>,
+    /// `KubernetesClusterTag`: the legacy cluster ID (tag `KubernetesCluster`).
+    pub kubernetes_cluster_tag: Option<String>,
+    /// `KubernetesClusterID`: the cluster ID (tag `kubernetes.io/cluster/<ID>`).
+    pub kubernetes_cluster_id: Option<String>,
+    /// `DisableSecurityGroupIngress`: do not create security groups for load balancers nor open the
+    /// nodes' security group to them.
+    pub disable_security_group_ingress: bool,
+    /// `ElbSecurityGroup`: a security group every Classic ELB uses instead of one created per Service.
+    pub elb_security_group: Option<String>,
+    /// `NodeIPFamilies`: the families of node addresses, in order (default: `ipv4`).
+    pub node_ip_families: Vec<NodeIpFamily>,
+}
+
+impl Default for Global {
+    fn default() -> Self {
+        Self {
+            zone: None,
+            region: None,
+            vpc: None,
+            subnet_id: None,
+            route_table_id: None,
+            role_arn: None,
+            source_arn: None,
+            kubernetes_cluster_tag: None,
+            kubernetes_cluster_id: None,
+            disable_security_group_ingress: false,
+            elb_security_group: None,
+            node_ip_families: vec![NodeIpFamily::Ipv4],
+        }
+    }
+}
+
+/// The AWS service a `[ServiceOverride]` section redirects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum OverriddenService {
+    /// `ec2` (also spelled `EC2`, as aws-sdk-go-v2's service ID).
+    Ec2,
+    /// Classic ELB: `elasticloadbalancing` (aws-sdk-go-v2: `Elastic Load Balancing`).
+    Elb,
+    /// ELBv2: `elasticloadbalancingv2` (aws-sdk-go-v2: `Elastic Load Balancing v2`).
+    ElbV2,
+    /// STS (`sts`), used for `RoleARN`.
+    Sts,
+}
+
+impl OverriddenService {
+    /// Parses the `Service` value as upstream's service IDs (v1 and v2 SDK spellings), case-insensitively.
+    fn parse(value: &str) -> Option<Self> {
+        match value.to_ascii_lowercase().as_str() {
+            "ec2" => Some(Self::Ec2),
+            "elasticloadbalancing" | "elastic load balancing" | "elb" => Some(Self::Elb),
+            "elasticloadbalancingv2" | "elastic load balancing v2" | "elbv2" => Some(Self::ElbV2),
+            "sts" => Some(Self::Sts),
+            _ => None,
+        }
+    }
+
+    /// The service's SigV4 signing name.
+    pub fn signing_name(self) -> &'static str {
+        match self {
+            Self::Ec2 => "ec2",
+            Self::Elb | Self::ElbV2 => "elasticloadbalancing",
+            Self::Sts => "sts",
+        }
+    }
+}
+
+/// A `[ServiceOverride "<name>"]` section: another endpoint for one service in one region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceOverride {
+    /// `Service`.
+    pub service: OverriddenService,
+    /// `Region`: the override applies when the provider runs in this region.
+    pub region: String,
+    /// `URL`: the endpoint.
+    pub url: String,
+    /// `SigningRegion`: the region requests are signed for.
+    pub signing_region: String,
+}
+
+/// Upstream keys of `[Global]` this provider recognises but does not implement: setting one is an error
+/// that says so rather than a silent difference.
+const UNSUPPORTED_GLOBAL_KEYS: &[&str] = &[
+    "clusterserviceloadbalancerhealthprobemode",
+    "clusterservicesharedloadbalancerhealthprobeport",
+    "clusterservicesharedloadbalancerhealthprobepath",
+    "supportedtopologyinstancetypepattern",
+    "nlbsecuritygroupmode",
+];
+
+/// Which section a line is in.
+enum Section {
+    None,
+    Global,
+    Override(String),
+}
+
+/// One `[ServiceOverride]` section while it is read: each key with the line it came from.
+#[derive(Default)]
+struct RawOverride {
+    line: usize,
+    keys: BTreeMap<String, (usize, String)>,
+}
+
+impl Config {
+    /// Parses a cloud-config. `source` names the file in errors.
+    pub fn parse(text: &str, source: &str) -> Result<Self, Error> {
+        let err = |line: usize, message: String| Error::Config {
+            source_name: source.to_owned(),
+            line,
+            message,
+        };
+        let mut config = Config::default();
+        let mut families_given = false;
+        let mut section = Section::None;
+        let mut overrides: BTreeMap<String, RawOverride> = BTreeMap::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line_no = index + 1;
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix('[') {
+                let header = strip_comment(rest);
+                let inner = header.strip_suffix(']').ok_or_else(|| {
+                    err(
+                        line_no,
+                        format!("section header {line:?} has no closing ']'"),
+                    )
+                })?;
+                section = parse_section(inner.trim()).map_err(|m| err(line_no, m))?;
+                if let Section::Override(name) = &section {
+                    overrides
+                        .entry(name.clone())
+                        .or_insert_with(|| RawOverride {
+                            line: line_no,
+                            keys: BTreeMap::new(),
+                        });
+                }
+                continue;
+            }
+            let (key, value) = match line.split_once('=') {
+                Some((key, value)) => {
+                    (key.trim(), parse_value(value).map_err(|m| err(line_no, m))?)
+                }
+                // gcfg: a key alone is a boolean set to true.
+                None => (strip_comment(line).trim(), "true".to_owned()),
+            };
+            if key.is_empty()
+                || !key
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(err(line_no, format!("{key:?} is not a valid key name")));
+            }
+            let lower = key.to_ascii_lowercase();
+            match &section {
+                Section::None => {
+                    return Err(err(
+                        line_no,
+                        format!(
+                            "key {key:?} appears before any section ([Global] or [ServiceOverride \"<name>\"])"
+                        ),
+                    ));
+                }
+                Section::Global => {
+                    let g = &mut config.global;
+                    let opt = |v: String| (!v.is_empty()).then_some(v);
+                    match lower.as_str() {
+                        "zone" => g.zone = opt(value),
+                        "region" => g.region = opt(value),
+                        "vpc" => g.vpc = opt(value),
+                        "subnetid" => g.subnet_id = opt(value),
+                        "routetableid" => g.route_table_id = opt(value),
+                        "rolearn" => g.role_arn = opt(value),
+                        "sourcearn" => g.source_arn = opt(value),
+                        "kubernetesclustertag" => g.kubernetes_cluster_tag = opt(value),
+                        "kubernetesclusterid" => g.kubernetes_cluster_id = opt(value),
+                        "elbsecuritygroup" => g.elb_security_group = opt(value),
+                        "disablesecuritygroupingress" => {
+                            g.disable_security_group_ingress = parse_bool(&value).ok_or_else(|| {
+                                err(line_no, format!("[Global] {key}: {value:?} is not a boolean (true/false, yes/no, on/off, 1/0)"))
+                            })?;
+                        }
+                        "nodeipfamilies" => {
+                            let family = match value.to_ascii_lowercase().as_str() {
+                                "ipv4" => NodeIpFamily::Ipv4,
+                                "ipv6" => NodeIpFamily::Ipv6,
+                                _ => {
+                                    return Err(err(
+                                        line_no,
+                                        format!(
+                                            "[Global] {key}: {value:?} is not an IP family (ipv4 or ipv6)"
+                                        ),
+                                    ));
+                                }
+                            };
+                            if !families_given {
+                                g.node_ip_families.clear();
+                                families_given = true;
+                            }
+                            if g.node_ip_families.contains(&family) {
+                                return Err(err(
+                                    line_no,
+                                    format!("[Global] {key}: {value:?} is listed twice"),
+                                ));
+                            }
+                            g.node_ip_families.push(family);
+                        }
+                        unsupported if UNSUPPORTED_GLOBAL_KEYS.contains(&unsupported) => {
+                            return Err(err(
+                                line_no,
+                                format!(
+                                    "[Global] {key} is an upstream setting this provider does not implement; remove it (see docs/aws-provider.md, \"Differences from upstream\")"
+                                ),
+                            ));
+                        }
+                        _ => return Err(err(line_no, format!("unknown key {key:?} in [Global]"))),
+                    }
+                }
+                Section::Override(name) => {
+                    if !matches!(
+                        lower.as_str(),
+                        "service"
+                            | "region"
+                            | "url"
+                            | "signingregion"
+                            | "signingmethod"
+                            | "signingname"
+                    ) {
+                        return Err(err(
+                            line_no,
+                            format!("unknown key {key:?} in [ServiceOverride {name:?}]"),
+                        ));
+                    }
+                    if let Some(raw) = overrides.get_mut(name) {
+                        raw.keys.insert(lower, (line_no, value));
+                    }
+                }
+            }
+        }
+        if let (Some(legacy), Some(id)) = (
+            &config.global.kubernetes_cluster_tag,
+            &config.global.kubernetes_cluster_id,
+        ) && legacy != id
+        {
+            return Err(Error::Config {
+                source_name: source.to_owned(),
+                line: 0,
+                message: format!(
+                    "[Global] KubernetesClusterTag {legacy:?} and KubernetesClusterID {id:?} differ (upstream: \"clusterID tags did not match\")"
+                ),
+            });
+        }
+        let mut seen = BTreeMap::new();
+        for (name, raw) in overrides {
+            let get = |key: &str| {
+                raw.keys
+                    .get(key)
+                    .map(|(_, v)| v.trim().to_owned())
+                    .unwrap_or_default()
+            };
+            let missing = |what: &str, key: &str| {
+                err(
+                    raw.line,
+                    format!("[ServiceOverride {name:?}]: {what} is missing [{key} is \"\"]"),
+                )
+            };
+            let service_text = get("service");
+            if service_text.is_empty() {
+                return Err(missing("service name", "Service"));
+            }
+            let line_of = |key: &str| raw.keys.get(key).map(|(l, _)| *l).unwrap_or(raw.line);
+            let service = OverriddenService::parse(&service_text).ok_or_else(|| {
+                err(
+                    line_of("service"),
+                    format!("[ServiceOverride {name:?}] Service: {service_text:?} is not a service this provider calls (ec2, elasticloadbalancing, elasticloadbalancingv2, sts)"),
+                )
+            })?;
+            let region = get("region");
+            if region.is_empty() {
+                return Err(missing("service region", "Region"));
+            }
+            let url = get("url");
+            if url.is_empty() {
+                return Err(missing("url", "URL"));
+            }
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err(
+                    line_of("url"),
+                    format!(
+                        "[ServiceOverride {name:?}] URL: {url:?} is not an http:// or https:// URL"
+                    ),
+                ));
+            }
+            let signing_region = get("signingregion");
+            if signing_region.is_empty() {
+                return Err(missing("signingRegion", "SigningRegion"));
+            }
+            let method = get("signingmethod");
+            if !method.is_empty()
+                && !method.eq_ignore_ascii_case("v4")
+                && !method.eq_ignore_ascii_case("sigv4")
+            {
+                return Err(err(
+                    line_of("signingmethod"),
+                    format!(
+                        "[ServiceOverride {name:?}] SigningMethod: {method:?} is not supported (only SigV4: \"v4\" or empty)"
+                    ),
+                ));
+            }
+            let signing_name = get("signingname");
+            if !signing_name.is_empty() && signing_name != service.signing_name() {
+                return Err(err(
+                    line_of("signingname"),
+                    format!(
+                        "[ServiceOverride {name:?}] SigningName: {signing_name:?} differs from the service's own ({:?}), which this provider cannot change",
+                        service.signing_name()
+                    ),
+                ));
+            }
+            if let Some(other) = seen.insert((service, region.clone()), name.clone()) {
+                return Err(err(
+                    raw.line,
+                    format!(
+                        "duplicate entry found for service override [{name}] ({service_text} in {region}; also in [{other}])"
+                    ),
+                ));
+            }
+            config.service_overrides.insert(
+                name,
+                ServiceOverride {
+                    service,
+                    region,
+                    url,
+                    signing_region,
+                },
+            );
+        }
+        Ok(config)
+    }
+
+    /// The cluster ID: `KubernetesClusterID`, else the legacy `KubernetesClusterTag`.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.global
+            .kubernetes_cluster_id
+            .as_deref()
+            .or(self.global.kubernetes_cluster_tag.as_deref())
+    }
+
+    /// The region given by the file: `Region`, else `Zone` without its last letter (`us-west-2a` →
+    /// `us-west-2`, upstream's `azToRegion`).
+    pub fn region(&self) -> Option<String> {
+        if let Some(region) = &self.global.region {
+            return Some(region.clone());
+        }
+        self.global.zone.as_deref().and_then(zone_to_region)
+    }
+
+    /// The override for `service` in `region`, if any.
+    pub fn service_override(
+        &self,
+        service: OverriddenService,
+        region: &str,
+    ) -> Option<&ServiceOverride> {
+        self.service_overrides
+            .values()
+            .find(|o| o.service == service && o.region == region)
+    }
+}
+
+/// The region of an availability zone: the zone without its trailing letter; `None` when it has none.
+pub fn zone_to_region(zone: &str) -> Option<String> {
+    let last = zone.chars().last()?;
+    (last.is_ascii_lowercase() && zone.len() > 1).then(|| zone[..zone.len() - 1].to_owned())
+}
+
+fn parse_section(inner: &str) -> Result<Section, String> {
+    let (name, sub) = match inner.split_once(char::is_whitespace) {
+        Some((name, rest)) => (name, Some(rest.trim())),
+        None => (inner, None),
+    };
+    match (name.to_ascii_lowercase().as_str(), sub) {
+        ("global", None) => Ok(Section::Global),
+        ("serviceoverride", Some(sub)) => {
+            let quoted = sub
+                .strip_prefix('"')
+                .and_then(|s| s.strip_suffix('"'))
+                .ok_or_else(|| format!("section [{inner}]: the name must be double-quoted, as [ServiceOverride \"1\"]"))?;
+            if quoted.is_empty() {
+                return Err(format!("section [{inner}] has an empty name"));
+            }
+            Ok(Section::Override(quoted.to_owned()))
+        }
+        ("serviceoverride", None) => Err(format!(
+            "section [{inner}] needs a name, as [ServiceOverride \"1\"]"
+        )),
+        ("global", Some(_)) => Err(format!("section [{inner}]: [Global] takes no name")),
+        _ => Err(format!(
+            "unknown section [{inner}] (known: [Global], [ServiceOverride \"<name>\"])"
+        )),
+    }
+}
+
+/// Cuts a trailing `;`/`#` comment off an unquoted text.
+fn strip_comment(text: &str) -> &str {
+    match text.find([';', '#']) {
+        Some(at) => &text[..at],
+        None => text,
+    }
+}
+
+/// A value as gcfg reads it: trimmed, quoted parts unquoted with escapes, a comment cut.
+fn parse_value(raw: &str) -> Result<String, String> {
+    let raw = raw.trim();
+    let mut out = String::new();
+    let mut chars = raw.chars();
+    let mut quoted = false;
+    let mut pending_space = String::new();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                out.push_str(&pending_space);
+                pending_space.clear();
+            }
+            '\\' => {
+                let escaped = match chars.next() {
+                    Some('"') => '"',
+                    Some('\\') => '\\',
+                    Some('n') => '\n',
+                    Some('t') => '\t',
+                    Some(other) => return Err(format!("value {raw:?}: unknown escape \\{other}")),
+                    None => return Err(format!("value {raw:?} ends with a lone backslash")),
+                };
+                out.push_str(&pending_space);
+                pending_space.clear();
+                out.push(escaped);
+            }
+            ';' | '#' if !quoted => break,
+            c if c.is_whitespace() && !quoted => pending_space.push(c),
+            c => {
+                out.push_str(&pending_space);
+                pending_space.clear();
+                out.push(c);
+            }
+        }
+    }
+    if quoted {
+        return Err(format!("value {raw:?} has an unclosed double quote"));
+    }
+    Ok(out)
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "yes" | "on" | "1" => Some(true),
+        "false" | "no" | "off" | "0" | "" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, Error> {
+        Config::parse(text, "cloud.conf")
+    }
+
+    fn error(text: &str) -> String {
+        parse(text).expect_err("the config is rejected").to_string()
+    }
+
+    #[test]
+    fn reads_every_global_key_case_insensitively() {
+        let config = parse(
+            r#"
+; upstream's own example, plus comments
+[global]
+Zone = us-west-2a
+vpc = vpc-123  # trailing comment
+SubnetID = "subnet-1"
+RouteTableID=rtb-9
+KubernetesClusterID = prod
+KubernetesClusterTag = prod
+RoleARN = arn:aws:iam::123456789012:role/ccm
+DisableSecurityGroupIngress = yes
+ElbSecurityGroup = sg-1
+NodeIPFamilies = ipv6
+NodeIPFamilies = ipv4
+"#,
+        )
+        .unwrap();
+        let g = &config.global;
+        assert_eq!(g.zone.as_deref(), Some("us-west-2a"));
+        assert_eq!(g.vpc.as_deref(), Some("vpc-123"));
+        assert_eq!(g.subnet_id.as_deref(), Some("subnet-1"));
+        assert_eq!(g.route_table_id.as_deref(), Some("rtb-9"));
+        assert_eq!(config.cluster_id(), Some("prod"));
+        assert_eq!(
+            g.role_arn.as_deref(),
+            Some("arn:aws:iam::123456789012:role/ccm")
+        );
+        assert!(g.disable_security_group_ingress);
+        assert_eq!(g.elb_security_group.as_deref(), Some("sg-1"));
+        assert_eq!(
+            g.node_ip_families,
+            vec![NodeIpFamily::Ipv6, NodeIpFamily::Ipv4]
+        );
+        assert_eq!(config.region().as_deref(), Some("us-west-2"));
+    }
+
+    #[test]
+    fn defaults_without_a_file_body() {
+        let config = parse("").unwrap();
+        assert_eq!(config.global.node_ip_families, vec![NodeIpFamily::Ipv4]);
+        assert_eq!(config.cluster_id(), None);
+        assert_eq!(config.region(), None);
+        assert!(!config.global.disable_security_group_ingress);
+    }
+
+    #[test]
+    fn legacy_cluster_tag_is_the_cluster_id_and_must_agree() {
+        let config = parse("[Global]\nKubernetesClusterTag = old\n").unwrap();
+        assert_eq!(config.cluster_id(), Some("old"));
+        let message = error("[Global]\nKubernetesClusterTag = a\nKubernetesClusterID = b\n");
+        assert!(
+            message.contains("KubernetesClusterTag \"a\" and KubernetesClusterID \"b\" differ"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn region_wins_over_zone() {
+        let config = parse("[Global]\nZone = eu-west-1b\nRegion = us-east-2\n").unwrap();
+        assert_eq!(config.region().as_deref(), Some("us-east-2"));
+    }
+
+    #[test]
+    fn service_overrides_as_upstream_writes_them() {
+        let config = parse(
+            r#"
+[Global]
+Region = us-west-2
+[ServiceOverride "1"]
+Service = ec2
+Region = us-west-2
+URL = http://127.0.0.1:5000
+SigningRegion = us-west-2
+[ServiceOverride "2"]
+Service = Elastic Load Balancing v2
+Region = us-west-2
+URL = http://127.0.0.1:5001
+SigningRegion = us-west-2
+SigningName = elasticloadbalancing
+SigningMethod = v4
+"#,
+        )
+        .unwrap();
+        let ec2 = config
+            .service_override(OverriddenService::Ec2, "us-west-2")
+            .unwrap();
+        assert_eq!(ec2.url, "http://127.0.0.1:5000");
+        let elbv2 = config
+            .service_override(OverriddenService::ElbV2, "us-west-2")
+            .unwrap();
+        assert_eq!(elbv2.url, "http://127.0.0.1:5001");
+        assert!(
+            config
+                .service_override(OverriddenService::Elb, "us-west-2")
+                .is_none()
+        );
+        assert!(
+            config
+                .service_override(OverriddenService::Ec2, "eu-west-1")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_line() {
+        let message = error("[Global]\nZone = a\nZoen = us-west-2a\n");
+        assert_eq!(
+            message,
+            "cloud-config cloud.conf, line 3: unknown key \"Zoen\" in [Global]"
+        );
+        let message = error("[ServiceOverride \"x\"]\nService = ec2\nEndpoint = http://h\n");
+        assert!(
+            message.contains("line 3") && message.contains("unknown key \"Endpoint\""),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn malformed_lines_and_values_are_named() {
+        for (text, expected) in [
+            (
+                "[Global\nZone = a\n",
+                "line 1: section header \"[Global\" has no closing ']'",
+            ),
+            ("[Globl]\n", "line 1: unknown section [Globl]"),
+            (
+                "[ServiceOverride]\n",
+                "line 1: section [ServiceOverride] needs a name",
+            ),
+            ("[ServiceOverride 1]\n", "must be double-quoted"),
+            (
+                "Zone = a\n",
+                "line 1: key \"Zone\" appears before any section",
+            ),
+            (
+                "[Global]\nDisableSecurityGroupIngress = maybe\n",
+                "line 2: [Global] DisableSecurityGroupIngress: \"maybe\" is not a boolean",
+            ),
+            (
+                "[Global]\nNodeIPFamilies = ipv5\n",
+                "line 2: [Global] NodeIPFamilies: \"ipv5\" is not an IP family",
+            ),
+            (
+                "[Global]\nNodeIPFamilies = ipv4\nNodeIPFamilies = IPv4\n",
+                "line 3: [Global] NodeIPFamilies: \"IPv4\" is listed twice",
+            ),
+            (
+                "[Global]\nZone = \"us-west-2a\n",
+                "line 2: value \"\\\"us-west-2a\" has an unclosed double quote",
+            ),
+            (
+                "[Global]\nZone = a\\qb\n",
+                "line 2: value \"a\\\\qb\": unknown escape \\q",
+            ),
+            (
+                "[Global]\nzo ne = a\n",
+                "line 2: \"zo ne\" is not a valid key name",
+            ),
+            (
+                "[Global]\nNLBSecurityGroupMode = Managed\n",
+                "line 2: [Global] NLBSecurityGroupMode is an upstream setting this provider does not implement",
+            ),
+        ] {
+            let message = error(text);
+            assert!(
+                message.contains(expected),
+                "{text:?}: {message:?} lacks {expected:?}"
+            );
+            assert!(
+                message.starts_with("cloud-config cloud.conf, line "),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn incomplete_or_duplicate_overrides_are_rejected() {
+        let base = "[ServiceOverride \"1\"]\nService = ec2\nRegion = r\nURL = http://127.0.0.1:1\nSigningRegion = r\n";
+        parse(base).unwrap();
+        for (drop, expected) in [
+            (
+                "\nService = ec2\n",
+                "service name is missing [Service is \"\"]",
+            ),
+            (
+                "\nRegion = r\n",
+                "service region is missing [Region is \"\"]",
+            ),
+            (
+                "\nURL = http://127.0.0.1:1\n",
+                "url is missing [URL is \"\"]",
+            ),
+            (
+                "\nSigningRegion = r\n",
+                "signingRegion is missing [SigningRegion is \"\"]",
+            ),
+        ] {
+            let message = error(&base.replace(drop, "\n"));
+            assert!(message.contains(expected), "{message}");
+            assert!(message.contains("[ServiceOverride \"1\"]"), "{message}");
+        }
+        let twice = format!("{base}{}", base.replace("\"1\"", "\"2\""));
+        let message = error(&twice);
+        assert!(
+            message
+                .contains("duplicate entry found for service override [2] (ec2 in r; also in [1])"),
+            "{message}"
+        );
+        let message = error(&base.replace("Service = ec2", "Service = s3"));
+        assert!(
+            message.contains("line 2") && message.contains("\"s3\" is not a service"),
+            "{message}"
+        );
+        let message = error(&base.replace("http://127.0.0.1:1", "127.0.0.1:1"));
+        assert!(
+            message.contains("line 4") && message.contains("is not an http:// or https:// URL"),
+            "{message}"
+        );
+        let message = error(&format!("{base}SigningName = s3\n"));
+        assert!(
+            message.contains("line 6") && message.contains("SigningName: \"s3\""),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn zone_to_region_strips_the_zone_letter() {
+        assert_eq!(zone_to_region("us-east-1a").as_deref(), Some("us-east-1"));
+        assert_eq!(zone_to_region("us-east-1"), None);
+        assert_eq!(zone_to_region(""), None);
+    }
+}

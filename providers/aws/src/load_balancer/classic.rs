@@ -1,0 +1,582 @@
+//! Classic ELBs: a security group `k8s-elb-<name>` with the source ranges (unless given one), TCP
+//! listeners to the node ports, the health check, registered instances, and the nodes' security groups
+//! opened to the load balancer's group.
+
+use aws_sdk_ec2::types::{Filter, IpPermission, ResourceType, TagSpecification, UserIdGroupPair};
+use aws_sdk_elasticloadbalancing::types::{
+    CrossZoneLoadBalancing, HealthCheck as ElbHealthCheck, Instance, Listener,
+    LoadBalancerAttributes, LoadBalancerDescription, Tag,
+};
+use k8s_openapi::api::core::v1::LoadBalancerStatus;
+
+use super::{
+    LoadBalancers, hostname_status,
+    spec::{LbSpec, TAG_CLUSTER_PREFIX},
+};
+use crate::{Error, error::Result, instances::InstanceInfo};
+
+/// The name of the security group upstream creates for a Classic ELB.
+pub fn security_group_name(lb_name: &str) -> String {
+    format!("k8s-elb-{lb_name}")
+}
+
+fn health_target(spec: &LbSpec) -> String {
+    let hc = &spec.health_check;
+    if hc.protocol.starts_with("HTTP") {
+        format!("{}:{}{}", hc.protocol, hc.port, hc.path)
+    } else {
+        format!("{}:{}", hc.protocol, hc.port)
+    }
+}
+
+impl LoadBalancers {
+    /// The Classic ELB named `name`, if any.
+    pub(super) async fn describe_classic(
+        &self,
+        name: &str,
+    ) -> Result<Option<LoadBalancerDescription>> {
+        let elb = &self.calls.clients.elb;
+        match self
+            .calls
+            .call("elb:DescribeLoadBalancers", || {
+                elb.describe_load_balancers()
+                    .load_balancer_names(name)
+                    .send()
+            })
+            .await
+        {
+            Ok(out) => Ok(out.load_balancer_descriptions().first().cloned()),
+            Err(e) if e.code() == Some("LoadBalancerNotFound") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The group `k8s-elb-<name>` in the VPC, created (tagged for the cluster) when missing.
+    async fn ensure_elb_security_group(&self, spec: &LbSpec, vpc_id: &str) -> Result<String> {
+        let ec2 = &self.calls.clients.ec2;
+        let name = security_group_name(&spec.name);
+        if let Some(id) = self.security_group_named(&name, vpc_id).await? {
+            return Ok(id);
+        }
+        let mut tags = TagSpecification::builder().resource_type(ResourceType::SecurityGroup);
+        for (k, v) in &spec.tags {
+            tags = tags.tags(aws_sdk_ec2::types::Tag::builder().key(k).value(v).build());
+        }
+        let tags = tags.build();
+        let description = format!(
+            "Security group for Kubernetes ELB {} ({})",
+            spec.name, spec.service_name
+        );
+        let out = self
+            .calls
+            .call("CreateSecurityGroup", || {
+                ec2.create_security_group()
+                    .group_name(&name)
+                    .description(&description)
+                    .vpc_id(vpc_id)
+                    .tag_specifications(tags.clone())
+                    .send()
+            })
+            .await?;
+        out.group_id().map(str::to_owned).ok_or(Error::Response {
+            operation: "CreateSecurityGroup",
+            missing: "group ID",
+        })
+    }
+
+    async fn security_group_named(&self, name: &str, vpc_id: &str) -> Result<Option<String>> {
+        let ec2 = &self.calls.clients.ec2;
+        let mut request = ec2
+            .describe_security_groups()
+            .filters(Filter::builder().name("group-name").values(name).build());
+        if !vpc_id.is_empty() {
+            request = request.filters(Filter::builder().name("vpc-id").values(vpc_id).build());
+        }
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || request.clone().send())
+            .await?;
+        Ok(out
+            .security_groups()
+            .first()
+            .and_then(|g| g.group_id())
+            .map(str::to_owned))
+    }
+
+    /// Creates or updates the Service's Classic ELB.
+    pub(super) async fn ensure_classic(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<LoadBalancerStatus> {
+        let elb = &self.calls.clients.elb;
+        let existing = self.describe_classic(&spec.name).await?;
+        let vpc_id = match existing.as_ref().and_then(|lb| lb.vpc_id()) {
+            Some(vpc) => vpc.to_owned(),
+            None => self.vpc_id(instances).await?,
+        };
+        // The security groups: the annotation's, else ElbSecurityGroup, else our own one.
+        let (mut groups, owned) = if !spec.security_groups.is_empty() {
+            (spec.security_groups.clone(), None)
+        } else if let Some(sg) = &self.config.global.elb_security_group {
+            (vec![sg.clone()], None)
+        } else {
+            let sg = self.ensure_elb_security_group(spec, &vpc_id).await?;
+            (vec![sg.clone()], Some(sg))
+        };
+        groups.extend(spec.extra_security_groups.iter().cloned());
+        if let Some(sg) = &owned {
+            let description = format!("kubernetes.io/rule/elb={}", spec.name);
+            let mut rules = Vec::new();
+            for p in &spec.ports {
+                for cidr in &spec.source_ranges {
+                    rules.push(("tcp".to_owned(), p.port, p.port, cidr.clone()));
+                }
+            }
+            // Path MTU discovery (ICMP type 3 code 4), as upstream allows.
+            for cidr in &spec.source_ranges {
+                rules.push(("icmp".to_owned(), 3, 4, cidr.clone()));
+            }
+            rules.sort();
+            rules.dedup();
+            self.sync_cidr_rules(sg, &description, &rules).await?;
+        }
+        let listeners: Vec<Listener> = spec
+            .ports
+            .iter()
+            .map(|p| {
+                Listener::builder()
+                    .protocol("TCP")
+                    .load_balancer_port(p.port)
+                    .instance_protocol("TCP")
+                    .instance_port(p.node_port)
+                    .build()
+            })
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::Setup(format!("listener: {e}")))?;
+        let lb = match existing {
+            Some(lb) => {
+                self.sync_classic_listeners(&lb, &listeners).await?;
+                let mut current: Vec<&str> =
+                    lb.security_groups().iter().map(String::as_str).collect();
+                current.sort();
+                let mut wanted: Vec<&str> = groups.iter().map(String::as_str).collect();
+                wanted.sort();
+                if current != wanted {
+                    self.calls
+                        .call("ApplySecurityGroupsToLoadBalancer", || {
+                            elb.apply_security_groups_to_load_balancer()
+                                .load_balancer_name(&spec.name)
+                                .set_security_groups(Some(groups.clone()))
+                                .send()
+                        })
+                        .await?;
+                }
+                lb
+            }
+            None => {
+                let subnets = self.subnets(spec, &vpc_id, cluster_id).await?;
+                let tags: Vec<Tag> = spec
+                    .tags
+                    .iter()
+                    .map(|(k, v)| Tag::builder().key(k).value(v).build())
+                    .collect::<std::result::Result<_, _>>()
+                    .map_err(|e| Error::Setup(format!("tag: {e}")))?;
+                tracing::info!(
+                    name = spec.name,
+                    service = spec.service_name,
+                    "creating Classic ELB"
+                );
+                self.calls
+                    .call("elb:CreateLoadBalancer", || {
+                        elb.create_load_balancer()
+                            .load_balancer_name(&spec.name)
+                            .set_listeners(Some(listeners.clone()))
+                            .set_subnets(Some(subnets.clone()))
+                            .set_security_groups(Some(groups.clone()))
+                            .set_scheme(spec.internal.then(|| "internal".to_owned()))
+                            .set_tags(Some(tags.clone()))
+                            .send()
+                    })
+                    .await?;
+                self.describe_classic(&spec.name)
+                    .await?
+                    .ok_or(Error::Response {
+                        operation: "elb:DescribeLoadBalancers",
+                        missing: "load balancer just created",
+                    })?
+            }
+        };
+        self.sync_classic_health_check(&lb, spec).await?;
+        if let Some(enabled) = spec.cross_zone {
+            self.sync_classic_cross_zone(&spec.name, enabled).await?;
+        }
+        self.sync_classic_instances(&lb, instances).await?;
+        if let (Some(sg), false) = (&owned, self.config.global.disable_security_group_ingress) {
+            self.sync_node_ingress(sg, instances, cluster_id, &vpc_id)
+                .await?;
+        }
+        Ok(hostname_status(lb.dns_name()))
+    }
+
+    async fn sync_classic_listeners(
+        &self,
+        lb: &LoadBalancerDescription,
+        wanted: &[Listener],
+    ) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let name = lb.load_balancer_name().unwrap_or_default();
+        let current: Vec<Listener> = lb
+            .listener_descriptions()
+            .iter()
+            .filter_map(|d| d.listener().cloned())
+            .collect();
+        let same = |a: &Listener, b: &Listener| {
+            a.load_balancer_port() == b.load_balancer_port()
+                && a.instance_port() == b.instance_port()
+                && a.protocol().eq_ignore_ascii_case(b.protocol())
+        };
+        let remove: Vec<i32> = current
+            .iter()
+            .filter(|c| !wanted.iter().any(|w| same(c, w)))
+            .map(|c| c.load_balancer_port())
+            .collect();
+        let add: Vec<Listener> = wanted
+            .iter()
+            .filter(|w| !current.iter().any(|c| same(c, w)))
+            .cloned()
+            .collect();
+        if !remove.is_empty() {
+            self.calls
+                .call("DeleteLoadBalancerListeners", || {
+                    elb.delete_load_balancer_listeners()
+                        .load_balancer_name(name)
+                        .set_load_balancer_ports(Some(remove.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        if !add.is_empty() {
+            self.calls
+                .call("CreateLoadBalancerListeners", || {
+                    elb.create_load_balancer_listeners()
+                        .load_balancer_name(name)
+                        .set_listeners(Some(add.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn sync_classic_health_check(
+        &self,
+        lb: &LoadBalancerDescription,
+        spec: &LbSpec,
+    ) -> Result<()> {
+        let hc = &spec.health_check;
+        let target = health_target(spec);
+        let current = lb.health_check();
+        let same = current.is_some_and(|c| {
+            c.target() == target
+                && c.interval() == hc.interval
+                && c.timeout() == hc.timeout
+                && c.healthy_threshold() == hc.healthy_threshold
+                && c.unhealthy_threshold() == hc.unhealthy_threshold
+        });
+        if same {
+            return Ok(());
+        }
+        let check = ElbHealthCheck::builder()
+            .target(&target)
+            .interval(hc.interval)
+            .timeout(hc.timeout)
+            .healthy_threshold(hc.healthy_threshold)
+            .unhealthy_threshold(hc.unhealthy_threshold)
+            .build()
+            .map_err(|e| Error::Setup(format!("health check: {e}")))?;
+        let elb = &self.calls.clients.elb;
+        self.calls
+            .call("ConfigureHealthCheck", || {
+                elb.configure_health_check()
+                    .load_balancer_name(&spec.name)
+                    .health_check(check.clone())
+                    .send()
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn sync_classic_cross_zone(&self, name: &str, enabled: bool) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let out = self
+            .calls
+            .call("elb:DescribeLoadBalancerAttributes", || {
+                elb.describe_load_balancer_attributes()
+                    .load_balancer_name(name)
+                    .send()
+            })
+            .await?;
+        let current = out
+            .load_balancer_attributes()
+            .and_then(|a| a.cross_zone_load_balancing())
+            .map(|c| c.enabled())
+            .unwrap_or(false);
+        if current == enabled {
+            return Ok(());
+        }
+        let cross = CrossZoneLoadBalancing::builder().enabled(enabled).build();
+        let attributes = LoadBalancerAttributes::builder()
+            .cross_zone_load_balancing(cross)
+            .build();
+        self.calls
+            .call("elb:ModifyLoadBalancerAttributes", || {
+                elb.modify_load_balancer_attributes()
+                    .load_balancer_name(name)
+                    .load_balancer_attributes(attributes.clone())
+                    .send()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Registers the instances not yet behind the ELB and deregisters the others; nothing else. (The
+    /// register and deregister responses are not read: moto's are empty.)
+    async fn sync_classic_instances(
+        &self,
+        lb: &LoadBalancerDescription,
+        instances: &[InstanceInfo],
+    ) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let name = lb.load_balancer_name().unwrap_or_default();
+        let current: Vec<&str> = lb
+            .instances()
+            .iter()
+            .filter_map(|i| i.instance_id())
+            .collect();
+        let add: Vec<Instance> = instances
+            .iter()
+            .filter(|i| !current.contains(&i.id.as_str()))
+            .map(|i| Instance::builder().instance_id(&i.id).build())
+            .collect();
+        let remove: Vec<Instance> = current
+            .iter()
+            .filter(|c| !instances.iter().any(|i| i.id == **c))
+            .map(|c| Instance::builder().instance_id(*c).build())
+            .collect();
+        if !add.is_empty() {
+            self.calls
+                .call("RegisterInstancesWithLoadBalancer", || {
+                    elb.register_instances_with_load_balancer()
+                        .load_balancer_name(name)
+                        .set_instances(Some(add.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        if !remove.is_empty() {
+            self.calls
+                .call("DeregisterInstancesFromLoadBalancer", || {
+                    elb.deregister_instances_from_load_balancer()
+                        .load_balancer_name(name)
+                        .set_instances(Some(remove.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Opens the backends' security groups to the ELB's group (all traffic from that group), and closes
+    /// the groups of former backends, as upstream does.
+    async fn sync_node_ingress(
+        &self,
+        lb_group: &str,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+        vpc_id: &str,
+    ) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let wanted = self.node_security_groups(instances, cluster_id).await?;
+        let referencing = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .filters(
+                        Filter::builder()
+                            .name("ip-permission.group-id")
+                            .values(lb_group)
+                            .build(),
+                    )
+                    .filters(Filter::builder().name("vpc-id").values(vpc_id).build())
+                    .send()
+            })
+            .await?;
+        let has: Vec<String> = referencing
+            .security_groups()
+            .iter()
+            .filter(|g| {
+                g.ip_permissions().iter().any(|p| {
+                    p.ip_protocol() == Some("-1")
+                        && p.user_id_group_pairs()
+                            .iter()
+                            .any(|u| u.group_id() == Some(lb_group))
+                })
+            })
+            .filter_map(|g| g.group_id().map(str::to_owned))
+            .collect();
+        let permission = IpPermission::builder()
+            .ip_protocol("-1")
+            .user_id_group_pairs(UserIdGroupPair::builder().group_id(lb_group).build())
+            .build();
+        for g in wanted.iter().filter(|g| !has.contains(g)) {
+            self.calls
+                .call("AuthorizeSecurityGroupIngress", || {
+                    ec2.authorize_security_group_ingress()
+                        .group_id(g)
+                        .ip_permissions(permission.clone())
+                        .send()
+                })
+                .await?;
+        }
+        for g in has.iter().filter(|g| !wanted.contains(g)) {
+            self.revoke_group_reference(g, lb_group).await?;
+        }
+        Ok(())
+    }
+
+    async fn revoke_group_reference(&self, group: &str, lb_group: &str) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let permission = IpPermission::builder()
+            .ip_protocol("-1")
+            .user_id_group_pairs(UserIdGroupPair::builder().group_id(lb_group).build())
+            .build();
+        match self
+            .calls
+            .call("RevokeSecurityGroupIngress", || {
+                ec2.revoke_security_group_ingress()
+                    .group_id(group)
+                    .ip_permissions(permission.clone())
+                    .send()
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("InvalidPermission.NotFound") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Backends of an existing Classic ELB follow `instances`: registration and node ingress.
+    pub(super) async fn update_classic_instances(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<()> {
+        let Some(lb) = self.describe_classic(&spec.name).await? else {
+            return Err(Error::Setup(format!(
+                "load balancer {} of {} not found",
+                spec.name, spec.service_name
+            )));
+        };
+        self.sync_classic_instances(&lb, instances).await?;
+        let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
+        let owned =
+            spec.security_groups.is_empty() && self.config.global.elb_security_group.is_none();
+        if owned
+            && !self.config.global.disable_security_group_ingress
+            && let Some(sg) = self
+                .security_group_named(&security_group_name(&spec.name), &vpc_id)
+                .await?
+        {
+            self.sync_node_ingress(&sg, instances, cluster_id, &vpc_id)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the Classic ELB named `name`, then our security group `k8s-elb-<name>` (when it carries
+    /// the cluster's tag) and every rule that refers to it.
+    pub(super) async fn delete_classic(&self, name: &str, cluster_id: &str) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let existing = self.describe_classic(name).await?;
+        let vpc_id = existing
+            .as_ref()
+            .and_then(|lb| lb.vpc_id())
+            .unwrap_or_default()
+            .to_owned();
+        if existing.is_some() {
+            tracing::info!(name, "deleting Classic ELB");
+            self.calls
+                .call("elb:DeleteLoadBalancer", || {
+                    elb.delete_load_balancer().load_balancer_name(name).send()
+                })
+                .await?;
+        }
+        let ec2 = &self.calls.clients.ec2;
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .filters(
+                        Filter::builder()
+                            .name("group-name")
+                            .values(security_group_name(name))
+                            .build(),
+                    )
+                    .filters(
+                        Filter::builder()
+                            .name("tag-key")
+                            .values(&cluster_tag)
+                            .build(),
+                    )
+                    .send()
+            })
+            .await?;
+        for g in out.security_groups() {
+            let Some(sg) = g.group_id() else { continue };
+            if !vpc_id.is_empty() && g.vpc_id() != Some(vpc_id.as_str()) {
+                continue;
+            }
+            let referencing = self
+                .calls
+                .call("DescribeSecurityGroups", || {
+                    ec2.describe_security_groups()
+                        .filters(
+                            Filter::builder()
+                                .name("ip-permission.group-id")
+                                .values(sg)
+                                .build(),
+                        )
+                        .send()
+                })
+                .await?;
+            for r in referencing.security_groups() {
+                if let Some(id) = r.group_id() {
+                    self.revoke_group_reference(id, sg).await?;
+                }
+            }
+            match self
+                .calls
+                .call("DeleteSecurityGroup", || {
+                    ec2.delete_security_group().group_id(sg).send()
+                })
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code() == Some("InvalidGroup.NotFound") => {}
+                // The ELB's network interfaces can hold the group for a while after the ELB is gone.
+                Err(e) if e.code() == Some("DependencyViolation") => {
+                    return Err(Error::StillInUse(format!(
+                        "security group {sg} of {name} is still in use ({e})"
+                    )));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

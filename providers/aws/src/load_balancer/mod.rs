@@ -1,0 +1,436 @@
+//! Service load balancers: Classic ELB by default, NLB with `aws-load-balancer-type: nlb`, named and
+//! tagged as cloud-provider-aws names and tags them, so a cluster that switches adopts what it has.
+//!
+//! Every step looks before it writes, so a sync that finds everything in place makes no AWS write, and a
+//! sync that failed half-way is finished by the next one (the load balancer and target groups are found
+//! by their deterministic names). Deletion finds what is left by name and by tag, so it also removes
+//! what a failed creation left behind.
+
+mod classic;
+mod nlb;
+pub mod spec;
+
+pub use nlb::target_group_name;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+use cloud_provider::{CloudResult, LoadBalancer, default_load_balancer_name};
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
+
+use crate::{
+    Config, Error,
+    error::Result,
+    instances::{Describer, InstanceInfo, Key},
+    sdk::Calls,
+};
+use spec::{Kind, LbSpec, TAG_CLUSTER_PREFIX};
+
+/// The load balancers of one provider.
+pub struct LoadBalancers {
+    calls: Calls,
+    describer: Arc<Describer>,
+    config: Arc<Config>,
+}
+
+impl LoadBalancers {
+    /// Load balancers through `calls`, finding instances with `describer`.
+    pub fn new(calls: Calls, describer: Arc<Describer>, config: Arc<Config>) -> Self {
+        Self {
+            calls,
+            describer,
+            config,
+        }
+    }
+
+    /// The cluster ID in tags: the cloud-config's, else the manager's `--cluster-name`.
+    fn cluster_id<'a>(&'a self, cluster_name: &'a str) -> &'a str {
+        self.config.cluster_id().unwrap_or(cluster_name)
+    }
+
+    fn spec(&self, cluster_name: &str, service: &Service) -> Result<LbSpec> {
+        LbSpec::from_service(
+            service,
+            self.cluster_id(cluster_name),
+            default_load_balancer_name(service),
+        )
+    }
+
+    /// The instances behind `nodes` (nodes whose instance is not found are left out).
+    async fn instances(&self, nodes: &[&Node]) -> Result<Vec<InstanceInfo>> {
+        let lookups = nodes.iter().map(|n| async move {
+            let key = Key::of(n)?;
+            self.describer.find(&key).await
+        });
+        let mut out: Vec<InstanceInfo> = futures::future::try_join_all(lookups)
+            .await?
+            .into_iter()
+            .flatten()
+            .filter(|i| !i.is_terminated())
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.dedup_by(|a, b| a.id == b.id);
+        Ok(out)
+    }
+
+    /// The VPC: `VPC` from the cloud-config, else the backends' VPC.
+    async fn vpc_id(&self, instances: &[InstanceInfo]) -> Result<String> {
+        if let Some(vpc) = &self.config.global.vpc {
+            return Ok(vpc.clone());
+        }
+        if let Some(subnet) = &self.config.global.subnet_id {
+            let ec2 = &self.calls.clients.ec2;
+            let out = self
+                .calls
+                .call("DescribeSubnets", || {
+                    ec2.describe_subnets().subnet_ids(subnet).send()
+                })
+                .await?;
+            if let Some(vpc) = out.subnets().first().and_then(|s| s.vpc_id()) {
+                return Ok(vpc.to_owned());
+            }
+        }
+        instances
+            .iter()
+            .map(|i| i.vpc_id.clone())
+            .find(|v| !v.is_empty())
+            .ok_or_else(|| {
+                Error::Setup(
+                    "cannot tell the cluster's VPC: set VPC in [Global] of the cloud-config, or give the Service backend nodes".into(),
+                )
+            })
+    }
+
+    /// The subnets: the annotation's (IDs, or `Name` tags), else one per zone among the VPC's subnets
+    /// tagged for the cluster, preferring the role tag (`kubernetes.io/role/elb`, or
+    /// `kubernetes.io/role/internal-elb` for internal load balancers), then the lowest ID.
+    async fn subnets(&self, spec: &LbSpec, vpc_id: &str, cluster_id: &str) -> Result<Vec<String>> {
+        let ec2 = &self.calls.clients.ec2;
+        let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
+        if !spec.subnets.is_empty() {
+            let (ids, names): (Vec<String>, Vec<String>) = spec
+                .subnets
+                .iter()
+                .cloned()
+                .partition(|s| s.starts_with("subnet-"));
+            let mut found = Vec::new();
+            for (filter, values) in [("subnet-id", ids), ("tag:Name", names)] {
+                if values.is_empty() {
+                    continue;
+                }
+                let f = Filter::builder()
+                    .name(filter)
+                    .set_values(Some(values.clone()))
+                    .build();
+                let out = self
+                    .calls
+                    .call("DescribeSubnets", || {
+                        ec2.describe_subnets()
+                            .filters(vpc_filter.clone())
+                            .filters(f.clone())
+                            .send()
+                    })
+                    .await?;
+                found.extend(
+                    out.subnets()
+                        .iter()
+                        .filter_map(|s| s.subnet_id().map(str::to_owned)),
+                );
+            }
+            if found.len() != spec.subnets.len() {
+                return Err(Error::Service {
+                    service: spec.service_name.clone(),
+                    field: spec::ANNOTATION_SUBNETS.to_owned(),
+                    message: format!(
+                        "{:?} match {} subnets in {vpc_id}, expected one each",
+                        spec.subnets,
+                        found.len()
+                    ),
+                });
+            }
+            found.sort();
+            return Ok(found);
+        }
+        let out = self
+            .calls
+            .call("DescribeSubnets", || {
+                ec2.describe_subnets().filters(vpc_filter.clone()).send()
+            })
+            .await?;
+        let role = if spec.internal {
+            "kubernetes.io/role/internal-elb"
+        } else {
+            "kubernetes.io/role/elb"
+        };
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let mut best: BTreeMap<String, (bool, String)> = BTreeMap::new();
+        for s in out.subnets() {
+            let tags: BTreeMap<&str, &str> = s
+                .tags()
+                .iter()
+                .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+                .collect();
+            if !tags.contains_key(cluster_tag.as_str()) {
+                continue;
+            }
+            let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else {
+                continue;
+            };
+            let has_role = tags.get(role).is_some_and(|v| v.is_empty() || *v == "1");
+            let candidate = (!has_role, id.to_owned());
+            let entry = best.entry(zone.to_owned()).or_insert(candidate.clone());
+            if candidate < *entry {
+                *entry = candidate;
+            }
+        }
+        if best.is_empty() {
+            return Err(Error::Setup(format!(
+                "could not find any suitable subnets for creating the ELB: none in {vpc_id} carries the tag {cluster_tag}"
+            )));
+        }
+        Ok(best.into_values().map(|(_, id)| id).collect())
+    }
+
+    /// The security group of each backend that load-balancer traffic is opened in: the instance's group
+    /// tagged for the cluster, else its first.
+    async fn node_security_groups(
+        &self,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        let mut all: Vec<String> = instances
+            .iter()
+            .flat_map(|i| i.security_groups.clone())
+            .collect();
+        all.sort();
+        all.dedup();
+        if all.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .set_group_ids(Some(all.clone()))
+                    .send()
+            })
+            .await?;
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let tagged: Vec<&str> = out
+            .security_groups()
+            .iter()
+            .filter(|g| {
+                g.tags()
+                    .iter()
+                    .any(|t| t.key() == Some(cluster_tag.as_str()))
+            })
+            .filter_map(|g| g.group_id())
+            .collect();
+        let mut groups: Vec<String> = instances
+            .iter()
+            .filter_map(|i| {
+                i.security_groups
+                    .iter()
+                    .find(|g| tagged.contains(&g.as_str()))
+                    .or(i.security_groups.first())
+                    .cloned()
+            })
+            .collect();
+        groups.sort();
+        groups.dedup();
+        Ok(groups)
+    }
+
+    /// Makes the ingress rules of `group` that carry `description` exactly `desired` (each a protocol, a
+    /// port range and a CIDR): authorizes the missing, revokes the extra, writes nothing when equal.
+    async fn sync_cidr_rules(
+        &self,
+        group: &str,
+        description: &str,
+        desired: &[(String, i32, i32, String)],
+    ) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups().group_ids(group).send()
+            })
+            .await?;
+        let mut existing = Vec::new();
+        for g in out.security_groups() {
+            for p in g.ip_permissions() {
+                for r in p.ip_ranges() {
+                    if r.description() == Some(description) {
+                        existing.push((
+                            p.ip_protocol().unwrap_or_default().to_owned(),
+                            p.from_port().unwrap_or(0),
+                            p.to_port().unwrap_or(0),
+                            r.cidr_ip().unwrap_or_default().to_owned(),
+                        ));
+                    }
+                }
+            }
+        }
+        let perm = |(proto, from, to, cidr): &(String, i32, i32, String)| {
+            IpPermission::builder()
+                .ip_protocol(proto)
+                .from_port(*from)
+                .to_port(*to)
+                .ip_ranges(
+                    IpRange::builder()
+                        .cidr_ip(cidr)
+                        .description(description)
+                        .build(),
+                )
+                .build()
+        };
+        let missing: Vec<IpPermission> = desired
+            .iter()
+            .filter(|d| !existing.contains(d))
+            .map(perm)
+            .collect();
+        let extra: Vec<IpPermission> = existing
+            .iter()
+            .filter(|e| !desired.contains(e))
+            .map(perm)
+            .collect();
+        if !missing.is_empty() {
+            self.calls
+                .call("AuthorizeSecurityGroupIngress", || {
+                    ec2.authorize_security_group_ingress()
+                        .group_id(group)
+                        .set_ip_permissions(Some(missing.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        if !extra.is_empty() {
+            self.calls
+                .call("RevokeSecurityGroupIngress", || {
+                    ec2.revoke_security_group_ingress()
+                        .group_id(group)
+                        .set_ip_permissions(Some(extra.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Revokes every ingress rule carrying `description` in every group of the VPCs the provider sees.
+    async fn revoke_described_rules(&self, description: &str) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups().send()
+            })
+            .await?;
+        for g in out.security_groups() {
+            let has = g.ip_permissions().iter().any(|p| {
+                p.ip_ranges()
+                    .iter()
+                    .any(|r| r.description() == Some(description))
+            });
+            if has && let Some(id) = g.group_id() {
+                self.sync_cidr_rules(id, description, &[]).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn hostname_status(dns_name: Option<&str>) -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: dns_name.filter(|d| !d.is_empty()).map(|d| {
+            vec![LoadBalancerIngress {
+                hostname: Some(d.to_owned()),
+                ..Default::default()
+            }]
+        }),
+    }
+}
+
+#[cloud_provider::async_trait]
+impl LoadBalancer for LoadBalancers {
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn get_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let name = default_load_balancer_name(service);
+        // The type annotation may be malformed; look for both kinds then.
+        let kind = self.spec(cluster_name, service).map(|s| s.kind).ok();
+        if kind != Some(Kind::Classic)
+            && let Some(lb) = self.describe_nlb(&name).await?
+        {
+            return Ok(Some(hostname_status(lb.dns_name())));
+        }
+        if kind != Some(Kind::Nlb)
+            && let Some(lb) = self.describe_classic(&name).await?
+        {
+            return Ok(Some(hostname_status(lb.dns_name())));
+        }
+        Ok(None)
+    }
+
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn ensure_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        let spec = self.spec(cluster_name, service)?;
+        let instances = self.instances(&spec.target_nodes(nodes)).await?;
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        Ok(match spec.kind {
+            Kind::Nlb => self.ensure_nlb(&spec, &instances, &cluster_id).await?,
+            Kind::Classic => self.ensure_classic(&spec, &instances, &cluster_id).await?,
+        })
+    }
+
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn update_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        let spec = self.spec(cluster_name, service)?;
+        let instances = self.instances(&spec.target_nodes(nodes)).await?;
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        match spec.kind {
+            Kind::Nlb => {
+                self.update_nlb_targets(&spec, &instances, &cluster_id)
+                    .await?
+            }
+            Kind::Classic => {
+                self.update_classic_instances(&spec, &instances, &cluster_id)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let name = default_load_balancer_name(service);
+        let service_name = format!(
+            "{}/{}",
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or_default()
+        );
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        // Both kinds: the Service's type annotation may have changed since its load balancer was made.
+        self.delete_nlb(&name, &service_name, &cluster_id).await?;
+        self.delete_classic(&name, &cluster_id).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,737 @@
+//! Network Load Balancers: one target group per port (instance targets on the node port), one listener
+//! per port, the health check on the target group, and client rules in the nodes' security groups.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use aws_sdk_elasticloadbalancingv2::types::{
+    Action, ActionTypeEnum, Listener, LoadBalancer as Elbv2LoadBalancer, LoadBalancerAttribute,
+    LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
+    TargetGroup, TargetTypeEnum,
+};
+use k8s_openapi::api::core::v1::LoadBalancerStatus;
+
+use super::{
+    LoadBalancers, hostname_status,
+    spec::{LbSpec, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
+};
+use crate::{Error, error::Result, instances::InstanceInfo};
+
+/// AWS's limit of resources per `DescribeTags` call.
+const TAGS_PER_CALL: usize = 20;
+
+/// Upstream's target group name: `k8s-<namespace[:8]>-<name[:8]>-<sha1[:10]>`, the hash over the
+/// cluster ID, namespace, name, port, node port, protocol, target type, health-check protocol and
+/// interval.
+pub fn target_group_name(
+    cluster_id: &str,
+    service_name: &str,
+    port: &Port,
+    hc_protocol: &str,
+    hc_interval: i32,
+) -> String {
+    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
+    let mut hasher = sha1_smol::Sha1::new();
+    for part in [
+        cluster_id,
+        namespace,
+        name,
+        &port.port.to_string(),
+        &port.node_port.to_string(),
+        &port.protocol,
+        "instance",
+        hc_protocol,
+        &hc_interval.to_string(),
+    ] {
+        hasher.update(part.as_bytes());
+    }
+    let hash = hasher.digest().to_string();
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(8)
+            .collect()
+    };
+    format!("k8s-{}-{}-{}", clean(namespace), clean(name), &hash[..10])
+}
+
+fn rule_description(kind: &str, lb_name: &str) -> String {
+    format!("kubernetes.io/rule/nlb/{kind}={lb_name}")
+}
+
+fn tags(spec: &LbSpec) -> Vec<Tag> {
+    spec.tags
+        .iter()
+        .map(|(k, v)| Tag::builder().key(k).value(v).build())
+        .collect()
+}
+
+impl LoadBalancers {
+    /// The NLB named `name`, if any.
+    pub(super) async fn describe_nlb(&self, name: &str) -> Result<Option<Elbv2LoadBalancer>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        match self
+            .calls
+            .call("elbv2:DescribeLoadBalancers", || {
+                elbv2.describe_load_balancers().names(name).send()
+            })
+            .await
+        {
+            Ok(out) => Ok(out
+                .load_balancers()
+                .iter()
+                .find(|lb| {
+                    lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none()
+                })
+                .cloned()),
+            Err(e) if e.code() == Some("LoadBalancerNotFound") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn target_groups_of(&self, lb_arn: &str) -> Result<Vec<TargetGroup>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        match self
+            .calls
+            .call("DescribeTargetGroups", || {
+                elbv2
+                    .describe_target_groups()
+                    .load_balancer_arn(lb_arn)
+                    .send()
+            })
+            .await
+        {
+            Ok(out) => Ok(out.target_groups().to_vec()),
+            // moto answers so for a load balancer without target groups (AWS answers an empty list).
+            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn target_group_named(&self, name: &str) -> Result<Option<TargetGroup>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        match self
+            .calls
+            .call("DescribeTargetGroups", || {
+                elbv2.describe_target_groups().names(name).send()
+            })
+            .await
+        {
+            Ok(out) => Ok(out.target_groups().first().cloned()),
+            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn listeners_of(&self, lb_arn: &str) -> Result<Vec<Listener>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let out = self
+            .calls
+            .call("DescribeListeners", || {
+                elbv2.describe_listeners().load_balancer_arn(lb_arn).send()
+            })
+            .await?;
+        Ok(out.listeners().to_vec())
+    }
+
+    /// Creates or updates the Service's NLB.
+    pub(super) async fn ensure_nlb(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<LoadBalancerStatus> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let lb = match self.describe_nlb(&spec.name).await? {
+            Some(lb) => lb,
+            None => {
+                let vpc = self.vpc_id(instances).await?;
+                let subnets = self.subnets(spec, &vpc, cluster_id).await?;
+                tracing::info!(
+                    name = spec.name,
+                    service = spec.service_name,
+                    "creating NLB"
+                );
+                let scheme = if spec.internal {
+                    LoadBalancerSchemeEnum::Internal
+                } else {
+                    LoadBalancerSchemeEnum::InternetFacing
+                };
+                let out = self
+                    .calls
+                    .call("elbv2:CreateLoadBalancer", || {
+                        elbv2
+                            .create_load_balancer()
+                            .name(&spec.name)
+                            .r#type(LoadBalancerTypeEnum::Network)
+                            .scheme(scheme.clone())
+                            .set_subnets(Some(subnets.clone()))
+                            .set_tags(Some(tags(spec)))
+                            .send()
+                    })
+                    .await?;
+                out.load_balancers()
+                    .first()
+                    .cloned()
+                    .ok_or(Error::Response {
+                        operation: "elbv2:CreateLoadBalancer",
+                        missing: "load balancer",
+                    })?
+            }
+        };
+        let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
+        let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
+        let attached = self.target_groups_of(&arn).await?;
+        let mut listeners = self.listeners_of(&arn).await?;
+        let mut wanted_groups = Vec::new();
+        for port in &spec.ports {
+            let hc = &spec.health_check;
+            let name = target_group_name(
+                cluster_id,
+                &spec.service_name,
+                port,
+                &hc.protocol,
+                hc.interval,
+            );
+            let existing = match attached
+                .iter()
+                .find(|g| g.target_group_name() == Some(name.as_str()))
+            {
+                Some(g) => Some(g.clone()),
+                None => self.target_group_named(&name).await?,
+            };
+            let group = match existing {
+                Some(g) => {
+                    self.sync_health_check(&g, spec).await?;
+                    g
+                }
+                None => self.create_target_group(&name, port, &vpc_id, spec).await?,
+            };
+            let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
+            self.sync_targets(&group_arn, port.node_port, instances)
+                .await?;
+            let protocol = ProtocolEnum::from(port.protocol.as_str());
+            let forward = Action::builder()
+                .r#type(ActionTypeEnum::Forward)
+                .target_group_arn(&group_arn)
+                .build();
+            match listeners.iter().position(|l| l.port() == Some(port.port)) {
+                Some(at) => {
+                    let l = listeners.remove(at);
+                    let forwards_here = l
+                        .default_actions()
+                        .iter()
+                        .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
+                    if l.protocol() != Some(&protocol) || !forwards_here {
+                        self.calls
+                            .call("ModifyListener", || {
+                                elbv2
+                                    .modify_listener()
+                                    .listener_arn(l.listener_arn().unwrap_or_default())
+                                    .protocol(protocol.clone())
+                                    .default_actions(forward.clone())
+                                    .send()
+                            })
+                            .await?;
+                    }
+                }
+                None => {
+                    self.calls
+                        .call("CreateListener", || {
+                            elbv2
+                                .create_listener()
+                                .load_balancer_arn(&arn)
+                                .port(port.port)
+                                .protocol(protocol.clone())
+                                .default_actions(forward.clone())
+                                .set_tags(Some(tags(spec)))
+                                .send()
+                        })
+                        .await?;
+                }
+            }
+            wanted_groups.push(group_arn);
+        }
+        // Listeners of ports the Service no longer has, then target groups no listener uses.
+        for l in listeners {
+            self.calls
+                .call("DeleteListener", || {
+                    elbv2
+                        .delete_listener()
+                        .listener_arn(l.listener_arn().unwrap_or_default())
+                        .send()
+                })
+                .await?;
+        }
+        for g in attached {
+            let g_arn = g.target_group_arn().unwrap_or_default();
+            if !wanted_groups.iter().any(|w| w == g_arn) {
+                self.delete_target_group(g_arn).await?;
+            }
+        }
+        if let Some(enabled) = spec.cross_zone {
+            self.sync_cross_zone(&arn, enabled).await?;
+        }
+        if !self.config.global.disable_security_group_ingress {
+            self.sync_nlb_rules(spec, instances, cluster_id, &vpc_id)
+                .await?;
+        }
+        Ok(hostname_status(lb.dns_name()))
+    }
+
+    async fn create_target_group(
+        &self,
+        name: &str,
+        port: &Port,
+        vpc_id: &str,
+        spec: &LbSpec,
+    ) -> Result<TargetGroup> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let hc = &spec.health_check;
+        tracing::info!(name, service = spec.service_name, "creating target group");
+        let out = self
+            .calls
+            .call("CreateTargetGroup", || {
+                elbv2
+                    .create_target_group()
+                    .name(name)
+                    .vpc_id(vpc_id)
+                    .port(port.node_port)
+                    .protocol(ProtocolEnum::from(port.protocol.as_str()))
+                    .target_type(TargetTypeEnum::Instance)
+                    .health_check_protocol(ProtocolEnum::from(hc.protocol.as_str()))
+                    .health_check_port(&hc.port)
+                    .set_health_check_path((!hc.path.is_empty()).then(|| hc.path.clone()))
+                    .health_check_interval_seconds(hc.interval)
+                    .health_check_timeout_seconds(hc.timeout)
+                    .healthy_threshold_count(hc.healthy_threshold)
+                    .unhealthy_threshold_count(hc.unhealthy_threshold)
+                    .set_tags(Some(tags(spec)))
+                    .send()
+            })
+            .await?;
+        out.target_groups().first().cloned().ok_or(Error::Response {
+            operation: "CreateTargetGroup",
+            missing: "target group",
+        })
+    }
+
+    /// Changes the health check of `group` only where it differs from the Service's.
+    async fn sync_health_check(&self, group: &TargetGroup, spec: &LbSpec) -> Result<()> {
+        let hc = &spec.health_check;
+        let same = group.health_check_port() == Some(hc.port.as_str())
+            && group.health_check_protocol().map(|p| p.as_str()) == Some(hc.protocol.as_str())
+            && (hc.path.is_empty() || group.health_check_path() == Some(hc.path.as_str()))
+            && group.healthy_threshold_count() == Some(hc.healthy_threshold)
+            && group.unhealthy_threshold_count() == Some(hc.unhealthy_threshold)
+            && group.health_check_timeout_seconds() == Some(hc.timeout);
+        if same {
+            return Ok(());
+        }
+        let elbv2 = &self.calls.clients.elbv2;
+        self.calls
+            .call("ModifyTargetGroup", || {
+                elbv2
+                    .modify_target_group()
+                    .target_group_arn(group.target_group_arn().unwrap_or_default())
+                    .health_check_protocol(ProtocolEnum::from(hc.protocol.as_str()))
+                    .health_check_port(&hc.port)
+                    .set_health_check_path((!hc.path.is_empty()).then(|| hc.path.clone()))
+                    .health_check_timeout_seconds(hc.timeout)
+                    .healthy_threshold_count(hc.healthy_threshold)
+                    .unhealthy_threshold_count(hc.unhealthy_threshold)
+                    .send()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Registers the instances not yet targets and deregisters those no longer wanted; nothing else.
+    async fn sync_targets(
+        &self,
+        group_arn: &str,
+        node_port: i32,
+        instances: &[InstanceInfo],
+    ) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let health = self
+            .calls
+            .call("DescribeTargetHealth", || {
+                elbv2
+                    .describe_target_health()
+                    .target_group_arn(group_arn)
+                    .send()
+            })
+            .await?;
+        let current: Vec<(String, i32)> = health
+            .target_health_descriptions()
+            .iter()
+            .filter_map(|d| d.target())
+            .filter_map(|t| Some((t.id()?.to_owned(), t.port().unwrap_or(node_port))))
+            .collect();
+        let wanted: Vec<(String, i32)> = instances
+            .iter()
+            .map(|i| (i.id.clone(), node_port))
+            .collect();
+        let target =
+            |(id, port): &(String, i32)| TargetDescription::builder().id(id).port(*port).build();
+        let add: Vec<TargetDescription> = wanted
+            .iter()
+            .filter(|w| !current.contains(w))
+            .map(target)
+            .collect();
+        let remove: Vec<TargetDescription> = current
+            .iter()
+            .filter(|c| !wanted.contains(c))
+            .map(target)
+            .collect();
+        if !add.is_empty() {
+            self.calls
+                .call("RegisterTargets", || {
+                    elbv2
+                        .register_targets()
+                        .target_group_arn(group_arn)
+                        .set_targets(Some(add.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        if !remove.is_empty() {
+            self.calls
+                .call("DeregisterTargets", || {
+                    elbv2
+                        .deregister_targets()
+                        .target_group_arn(group_arn)
+                        .set_targets(Some(remove.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn sync_cross_zone(&self, lb_arn: &str, enabled: bool) -> Result<()> {
+        const KEY: &str = "load_balancing.cross_zone.enabled";
+        let elbv2 = &self.calls.clients.elbv2;
+        let out = self
+            .calls
+            .call("elbv2:DescribeLoadBalancerAttributes", || {
+                elbv2
+                    .describe_load_balancer_attributes()
+                    .load_balancer_arn(lb_arn)
+                    .send()
+            })
+            .await?;
+        let current = out
+            .attributes()
+            .iter()
+            .find(|a| a.key() == Some(KEY))
+            .and_then(|a| a.value())
+            .map(|v| v == "true")
+            .unwrap_or(false);
+        if current == enabled {
+            return Ok(());
+        }
+        let attribute = LoadBalancerAttribute::builder()
+            .key(KEY)
+            .value(enabled.to_string())
+            .build();
+        self.calls
+            .call("elbv2:ModifyLoadBalancerAttributes", || {
+                elbv2
+                    .modify_load_balancer_attributes()
+                    .load_balancer_arn(lb_arn)
+                    .attributes(attribute.clone())
+                    .send()
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Client rules (the source ranges on each node port) and health-check rules (the VPC's CIDR on the
+    /// health-check port) in the backends' security groups, described as upstream describes them; the
+    /// same rules are removed from groups no backend uses any more.
+    async fn sync_nlb_rules(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+        vpc_id: &str,
+    ) -> Result<()> {
+        let groups = self.node_security_groups(instances, cluster_id).await?;
+        let client = rule_description("client", &spec.name);
+        let health = rule_description("health", &spec.name);
+        let mut client_rules = Vec::new();
+        for p in &spec.ports {
+            for cidr in &spec.source_ranges {
+                client_rules.push((
+                    p.protocol.to_ascii_lowercase(),
+                    p.node_port,
+                    p.node_port,
+                    cidr.clone(),
+                ));
+            }
+        }
+        let mut health_rules = Vec::new();
+        let hc_ports: Vec<i32> = match spec.health_check.port.parse::<i32>() {
+            Ok(port) => vec![port],
+            Err(_) => spec
+                .ports
+                .iter()
+                .filter(|p| p.protocol == "TCP")
+                .map(|p| p.node_port)
+                .collect(),
+        };
+        if !hc_ports.is_empty() {
+            let ec2 = &self.calls.clients.ec2;
+            let vpcs = self
+                .calls
+                .call("DescribeVpcs", || {
+                    ec2.describe_vpcs().vpc_ids(vpc_id).send()
+                })
+                .await?;
+            if let Some(cidr) = vpcs.vpcs().first().and_then(|v| v.cidr_block()) {
+                for port in hc_ports {
+                    health_rules.push(("tcp".to_owned(), port, port, cidr.to_owned()));
+                }
+            }
+        }
+        client_rules.sort();
+        client_rules.dedup();
+        health_rules.sort();
+        health_rules.dedup();
+        for g in &groups {
+            self.sync_cidr_rules(g, &client, &client_rules).await?;
+            self.sync_cidr_rules(g, &health, &health_rules).await?;
+        }
+        // Groups of former backends.
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .filters(
+                        aws_sdk_ec2::types::Filter::builder()
+                            .name("vpc-id")
+                            .values(vpc_id)
+                            .build(),
+                    )
+                    .send()
+            })
+            .await?;
+        for g in out.security_groups() {
+            let Some(id) = g.group_id() else { continue };
+            if groups.iter().any(|w| w == id) {
+                continue;
+            }
+            for description in [&client, &health] {
+                let has = g.ip_permissions().iter().any(|p| {
+                    p.ip_ranges()
+                        .iter()
+                        .any(|r| r.description() == Some(description.as_str()))
+                });
+                if has {
+                    self.sync_cidr_rules(id, description, &[]).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Backends of an existing NLB follow `instances`: targets and security-group rules.
+    pub(super) async fn update_nlb_targets(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<()> {
+        let Some(lb) = self.describe_nlb(&spec.name).await? else {
+            return Err(Error::Setup(format!(
+                "load balancer {} of {} not found",
+                spec.name, spec.service_name
+            )));
+        };
+        let arn = lb.load_balancer_arn().unwrap_or_default();
+        for g in self.target_groups_of(arn).await? {
+            let port = g.port().unwrap_or_default();
+            self.sync_targets(g.target_group_arn().unwrap_or_default(), port, instances)
+                .await?;
+        }
+        if !self.config.global.disable_security_group_ingress {
+            self.sync_nlb_rules(spec, instances, cluster_id, lb.vpc_id().unwrap_or_default())
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_target_group(&self, arn: &str) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
+        match self
+            .calls
+            .call("DeleteTargetGroup", || {
+                elbv2.delete_target_group().target_group_arn(arn).send()
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(()),
+            // AWS may still see the group in use just after its load balancer went: come back shortly.
+            Err(e) if e.code() == Some("ResourceInUse") => Err(Error::StillInUse(e.to_string())),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every target group tagged for this Service in this cluster (found even when no listener uses it).
+    async fn tagged_target_groups(
+        &self,
+        service_name: &str,
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let mut arns = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let out = self
+                .calls
+                .call("DescribeTargetGroups", || {
+                    elbv2
+                        .describe_target_groups()
+                        .set_marker(marker.clone())
+                        .send()
+                })
+                .await?;
+            arns.extend(
+                out.target_groups()
+                    .iter()
+                    .filter_map(|g| g.target_group_arn().map(str::to_owned)),
+            );
+            marker = out
+                .next_marker()
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned);
+            if marker.is_none() {
+                break;
+            }
+        }
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let mut ours = Vec::new();
+        for chunk in arns.chunks(TAGS_PER_CALL) {
+            let out = self
+                .calls
+                .call("elbv2:DescribeTags", || {
+                    elbv2
+                        .describe_tags()
+                        .set_resource_arns(Some(chunk.to_vec()))
+                        .send()
+                })
+                .await?;
+            for d in out.tag_descriptions() {
+                let tags: BTreeMap<&str, &str> = d
+                    .tags()
+                    .iter()
+                    .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+                    .collect();
+                if tags.get(TAG_SERVICE_NAME) == Some(&service_name)
+                    && tags.contains_key(cluster_tag.as_str())
+                {
+                    ours.extend(d.resource_arn().map(str::to_owned));
+                }
+            }
+        }
+        Ok(ours)
+    }
+
+    /// Deletes the NLB named `name` with its listeners and target groups, every target group tagged for
+    /// the Service, and the rules it added to security groups.
+    pub(super) async fn delete_nlb(
+        &self,
+        name: &str,
+        service_name: &str,
+        cluster_id: &str,
+    ) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let mut groups = Vec::new();
+        if let Some(lb) = self.describe_nlb(name).await? {
+            let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
+            for l in self.listeners_of(&arn).await? {
+                self.calls
+                    .call("DeleteListener", || {
+                        elbv2
+                            .delete_listener()
+                            .listener_arn(l.listener_arn().unwrap_or_default())
+                            .send()
+                    })
+                    .await?;
+            }
+            groups.extend(
+                self.target_groups_of(&arn)
+                    .await?
+                    .iter()
+                    .filter_map(|g| g.target_group_arn().map(str::to_owned)),
+            );
+            tracing::info!(name, service = service_name, "deleting NLB");
+            self.calls
+                .call("elbv2:DeleteLoadBalancer", || {
+                    elbv2.delete_load_balancer().load_balancer_arn(&arn).send()
+                })
+                .await?;
+        }
+        for g in self.tagged_target_groups(service_name, cluster_id).await? {
+            if !groups.contains(&g) {
+                groups.push(g);
+            }
+        }
+        for g in &groups {
+            let mut attempt = 0;
+            loop {
+                match self.delete_target_group(g).await {
+                    Err(Error::StillInUse(_)) if attempt < 5 => {
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    other => break other?,
+                }
+            }
+        }
+        if !self.config.global.disable_security_group_ingress {
+            self.revoke_described_rules(&rule_description("client", name))
+                .await?;
+            self.revoke_described_rules(&rule_description("health", name))
+                .await?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_group_names_follow_upstream() {
+        let port = Port {
+            port: 80,
+            protocol: "TCP".into(),
+            node_port: 30080,
+        };
+        let name = target_group_name("prod", "very-long-namespace/web.frontend", &port, "TCP", 30);
+        // k8s- + 8 + - + 8 + - + 10.
+        assert!(name.starts_with("k8s-very-lon-webfront-"), "{name}");
+        assert_eq!(name.len(), 4 + 8 + 1 + 8 + 1 + 10);
+        // The hash of the concatenated fields, as upstream writes them into sha1.
+        let digest =
+            sha1_smol::Sha1::from("prodvery-long-namespaceweb.frontend8030080TCPinstanceTCP30")
+                .digest()
+                .to_string();
+        assert!(name.ends_with(&digest[..10]), "{name} vs {digest}");
+        assert_ne!(
+            name,
+            target_group_name(
+                "prod",
+                "very-long-namespace/web.frontend",
+                &port,
+                "HTTP",
+                10
+            )
+        );
+    }
+}

@@ -1,0 +1,631 @@
+//! What a Service asks of its AWS load balancer, read with upstream's annotations and defaults.
+
+use std::collections::BTreeMap;
+
+use cloud_provider::service_helpers;
+use k8s_openapi::api::core::v1::{Node, Service};
+
+use crate::Error;
+
+/// `service.beta.kubernetes.io/aws-load-balancer-type`: `nlb` for a Network Load Balancer.
+pub const ANNOTATION_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
+/// `…-internal`: any value but `false` makes the load balancer internal.
+pub const ANNOTATION_INTERNAL: &str = "service.beta.kubernetes.io/aws-load-balancer-internal";
+/// `…-scheme`: `internal` or `internet-facing` (the AWS Load Balancer Controller's name for it).
+pub const ANNOTATION_SCHEME: &str = "service.beta.kubernetes.io/aws-load-balancer-scheme";
+/// `…-subnets`: subnet IDs or `Name` tags, comma-separated.
+pub const ANNOTATION_SUBNETS: &str = "service.beta.kubernetes.io/aws-load-balancer-subnets";
+/// `…-additional-resource-tags`: `k1=v1,k2=v2` added to every resource made for the Service.
+pub const ANNOTATION_ADDITIONAL_TAGS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags";
+/// `…-target-node-labels`: `k1=v1,k2=v2`; only nodes with all these labels are targets.
+pub const ANNOTATION_TARGET_NODE_LABELS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-node-labels";
+/// `…-cross-zone-load-balancing-enabled`: `true` or `false`.
+pub const ANNOTATION_CROSS_ZONE: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-cross-zone-load-balancing-enabled";
+/// `…-healthcheck-protocol`: `TCP`, `HTTP` or `HTTPS` (NLB; Classic: `TCP`, `HTTP`, `HTTPS`, `SSL`).
+pub const ANNOTATION_HC_PROTOCOL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-protocol";
+/// `…-healthcheck-port`: a port number or `traffic-port`.
+pub const ANNOTATION_HC_PORT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-port";
+/// `…-healthcheck-path`: the HTTP(S) path.
+pub const ANNOTATION_HC_PATH: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-path";
+/// `…-healthcheck-interval`: seconds.
+pub const ANNOTATION_HC_INTERVAL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-interval";
+/// `…-healthcheck-timeout`: seconds.
+pub const ANNOTATION_HC_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-timeout";
+/// `…-healthcheck-healthy-threshold`.
+pub const ANNOTATION_HC_HEALTHY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-healthy-threshold";
+/// `…-healthcheck-unhealthy-threshold`.
+pub const ANNOTATION_HC_UNHEALTHY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-healthcheck-unhealthy-threshold";
+/// `…-security-groups`: use these groups instead of creating one (Classic ELB).
+pub const ANNOTATION_SECURITY_GROUPS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-security-groups";
+/// `…-extra-security-groups`: groups added to the created one (Classic ELB).
+pub const ANNOTATION_EXTRA_SECURITY_GROUPS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
+
+/// The tag key prefix that marks a resource as the cluster's: `kubernetes.io/cluster/<id>`.
+pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
+/// The tag holding the Service's `namespace/name`.
+pub const TAG_SERVICE_NAME: &str = "kubernetes.io/service-name";
+
+/// Classic ELB or NLB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A Classic Load Balancer (the default).
+    Classic,
+    /// A Network Load Balancer (`aws-load-balancer-type: nlb`).
+    Nlb,
+}
+
+/// One Service port with its node port.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Port {
+    /// The Service (listener) port.
+    pub port: i32,
+    /// `TCP` or `UDP`.
+    pub protocol: String,
+    /// The node port traffic goes to.
+    pub node_port: i32,
+}
+
+/// A health check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthCheck {
+    /// `TCP`, `HTTP`, `HTTPS` (or `SSL`, Classic only).
+    pub protocol: String,
+    /// A node port, or `traffic-port` (NLB).
+    pub port: String,
+    /// The path for HTTP(S); empty for TCP.
+    pub path: String,
+    /// Seconds between checks.
+    pub interval: i32,
+    /// Seconds to wait for an answer.
+    pub timeout: i32,
+    /// Successes before healthy.
+    pub healthy_threshold: i32,
+    /// Failures before unhealthy.
+    pub unhealthy_threshold: i32,
+}
+
+/// Everything read from the Service.
+#[derive(Debug, Clone)]
+pub struct LbSpec {
+    /// `namespace/name`.
+    pub service_name: String,
+    /// The load balancer's name (`a` + the UID without dashes, 32 characters).
+    pub name: String,
+    /// Classic or NLB.
+    pub kind: Kind,
+    /// Internal (else internet-facing).
+    pub internal: bool,
+    /// The ports, by port number.
+    pub ports: Vec<Port>,
+    /// The health check.
+    pub health_check: HealthCheck,
+    /// The client CIDRs allowed.
+    pub source_ranges: Vec<String>,
+    /// Tags for every resource: the cluster's, the Service's name and the additional ones.
+    pub tags: BTreeMap<String, String>,
+    /// Only nodes with all these labels are targets.
+    pub target_node_labels: BTreeMap<String, String>,
+    /// Cross-zone load balancing, when the annotation sets it.
+    pub cross_zone: Option<bool>,
+    /// Subnet IDs or `Name` tags from the annotation.
+    pub subnets: Vec<String>,
+    /// Security groups to use instead of creating one (Classic).
+    pub security_groups: Vec<String>,
+    /// Security groups added to ours (Classic).
+    pub extra_security_groups: Vec<String>,
+}
+
+fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
+    service
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(|v| v.trim())
+}
+
+/// Parses `k1=v1,k2=v2` as upstream's `getKeyValuePropertiesFromAnnotation` (a key alone has an empty
+/// value; blanks are skipped).
+pub fn key_values(value: &str) -> BTreeMap<String, String> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|kv| !kv.is_empty())
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => (k.trim().to_owned(), v.trim().to_owned()),
+            None => (kv.to_owned(), String::new()),
+        })
+        .collect()
+}
+
+fn list(value: Option<&str>) -> Vec<String> {
+    value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+impl LbSpec {
+    /// Reads the Service; `cluster_id` names the cluster in tags.
+    pub fn from_service(service: &Service, cluster_id: &str, name: String) -> Result<Self, Error> {
+        let service_name = format!(
+            "{}/{}",
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or_default()
+        );
+        let bad = |field: &str, message: String| Error::Service {
+            service: service_name.clone(),
+            field: field.to_owned(),
+            message,
+        };
+        let kind = match annotation(service, ANNOTATION_TYPE) {
+            None | Some("") | Some("classic") | Some("elb") => Kind::Classic,
+            Some(t) if t.eq_ignore_ascii_case("nlb") => Kind::Nlb,
+            Some("external") | Some("nlb-ip") => {
+                return Err(bad(
+                    ANNOTATION_TYPE,
+                    "\"external\" and \"nlb-ip\" load balancers are implemented by the AWS Load Balancer Controller".into(),
+                ));
+            }
+            Some(other) => {
+                return Err(bad(
+                    ANNOTATION_TYPE,
+                    format!(
+                        "{other:?} is not a load balancer type (nlb, or unset for Classic ELB)"
+                    ),
+                ));
+            }
+        };
+        let internal = match (
+            annotation(service, ANNOTATION_INTERNAL),
+            annotation(service, ANNOTATION_SCHEME),
+        ) {
+            (Some(v), _) if !v.is_empty() => v != "false",
+            (_, Some("internal")) => true,
+            (_, Some("internet-facing") | None | Some("")) => false,
+            (_, Some(other)) => {
+                return Err(bad(
+                    ANNOTATION_SCHEME,
+                    format!("{other:?} is neither internal nor internet-facing"),
+                ));
+            }
+        };
+        let spec = service.spec.clone().unwrap_or_default();
+        if spec
+            .load_balancer_ip
+            .as_deref()
+            .is_some_and(|ip| !ip.is_empty())
+        {
+            return Err(bad(
+                "spec.loadBalancerIP",
+                "LoadBalancerIP cannot be specified for AWS ELB".into(),
+            ));
+        }
+        let mut ports = Vec::new();
+        for p in spec.ports.unwrap_or_default() {
+            let protocol = p.protocol.unwrap_or_else(|| "TCP".to_owned());
+            match (kind, protocol.as_str()) {
+                (_, "TCP") | (Kind::Nlb, "UDP") => {}
+                _ => {
+                    return Err(bad(
+                        "spec.ports",
+                        format!(
+                            "port {}: protocol {protocol} is not supported by this load balancer type",
+                            p.port
+                        ),
+                    ));
+                }
+            }
+            let Some(node_port) = p.node_port.filter(|n| *n != 0) else {
+                // Upstream ignores ports without a node port.
+                continue;
+            };
+            ports.push(Port {
+                port: p.port,
+                protocol,
+                node_port,
+            });
+        }
+        ports.sort();
+        if ports.is_empty() {
+            return Err(bad(
+                "spec.ports",
+                "requested load balancer with no ports".into(),
+            ));
+        }
+        let source_ranges = service_helpers::load_balancer_source_ranges(service)
+            .map_err(|e| bad("spec.loadBalancerSourceRanges", e.to_string()))?
+            .into_iter()
+            .map(|n| n.to_string())
+            .collect();
+        let mut tags = annotation(service, ANNOTATION_ADDITIONAL_TAGS)
+            .map(key_values)
+            .unwrap_or_default();
+        tags.insert(TAG_SERVICE_NAME.to_owned(), service_name.clone());
+        tags.insert(
+            format!("{TAG_CLUSTER_PREFIX}{cluster_id}"),
+            "owned".to_owned(),
+        );
+        let cross_zone = match annotation(service, ANNOTATION_CROSS_ZONE) {
+            None | Some("") => None,
+            Some(v) => Some(
+                parse_bool(v)
+                    .ok_or_else(|| bad(ANNOTATION_CROSS_ZONE, format!("{v:?} is not a boolean")))?,
+            ),
+        };
+        let health_check = health_check(service, kind, &ports, &bad)?;
+        Ok(Self {
+            service_name: service_name.clone(),
+            name,
+            kind,
+            internal,
+            ports,
+            health_check,
+            source_ranges,
+            tags,
+            target_node_labels: annotation(service, ANNOTATION_TARGET_NODE_LABELS)
+                .map(key_values)
+                .unwrap_or_default(),
+            cross_zone,
+            subnets: list(annotation(service, ANNOTATION_SUBNETS)),
+            security_groups: list(annotation(service, ANNOTATION_SECURITY_GROUPS)),
+            extra_security_groups: list(annotation(service, ANNOTATION_EXTRA_SECURITY_GROUPS)),
+        })
+    }
+
+    /// The nodes that are targets: those with every `target-node-labels` label.
+    pub fn target_nodes<'a>(&self, nodes: &'a [Node]) -> Vec<&'a Node> {
+        nodes
+            .iter()
+            .filter(|n| {
+                let labels = n.metadata.labels.clone().unwrap_or_default();
+                self.target_node_labels
+                    .iter()
+                    .all(|(k, v)| labels.get(k) == Some(v))
+            })
+            .collect()
+    }
+}
+
+/// Go's `strconv.ParseBool`.
+fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Some(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// The health check, as upstream builds it: NLB — TCP on the traffic port (interval 30 s, timeout
+/// 10 s, thresholds 3), or with `externalTrafficPolicy: Local` HTTP on the health-check node port at
+/// `/healthz` (10 s, 10 s, 2, 2); Classic — TCP on the first node port, or HTTP on the health-check node
+/// port (interval 10 s, timeout 5 s, healthy 2, unhealthy 6). The healthcheck-* annotations override.
+fn health_check(
+    service: &Service,
+    kind: Kind,
+    ports: &[Port],
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<HealthCheck, Error> {
+    let local = service_helpers::health_check_path_port(service);
+    let mut hc = match (kind, local) {
+        (Kind::Nlb, None) => HealthCheck {
+            protocol: "TCP".into(),
+            port: "traffic-port".into(),
+            path: String::new(),
+            interval: 30,
+            timeout: 10,
+            healthy_threshold: 3,
+            unhealthy_threshold: 3,
+        },
+        (Kind::Nlb, Some((path, port))) => HealthCheck {
+            protocol: "HTTP".into(),
+            port: port.to_string(),
+            path: path.into(),
+            interval: 10,
+            timeout: 10,
+            healthy_threshold: 2,
+            unhealthy_threshold: 2,
+        },
+        (Kind::Classic, local) => HealthCheck {
+            protocol: if local.is_some() { "HTTP" } else { "TCP" }.into(),
+            port: local
+                .map(|(_, p)| p)
+                .unwrap_or(ports.first().map(|p| p.node_port).unwrap_or(0))
+                .to_string(),
+            path: local.map(|(p, _)| p.to_owned()).unwrap_or_default(),
+            interval: 10,
+            timeout: 5,
+            healthy_threshold: 2,
+            unhealthy_threshold: 6,
+        },
+    };
+    if let Some(protocol) = annotation(service, ANNOTATION_HC_PROTOCOL).filter(|v| !v.is_empty()) {
+        let upper = protocol.to_ascii_uppercase();
+        let allowed: &[&str] = match kind {
+            Kind::Nlb => &["TCP", "HTTP", "HTTPS"],
+            Kind::Classic => &["TCP", "HTTP", "HTTPS", "SSL"],
+        };
+        if !allowed.contains(&upper.as_str()) {
+            return Err(bad(
+                ANNOTATION_HC_PROTOCOL,
+                format!("Unsupported health check protocol {protocol}"),
+            ));
+        }
+        if upper.starts_with("HTTP") && hc.path.is_empty() {
+            hc.path = "/".into();
+        }
+        if !upper.starts_with("HTTP") {
+            hc.path.clear();
+        }
+        hc.protocol = upper;
+    }
+    if hc.protocol.starts_with("HTTP")
+        && let Some(path) = annotation(service, ANNOTATION_HC_PATH).filter(|v| !v.is_empty())
+    {
+        hc.path = path.to_owned();
+    }
+    if let Some(port) = annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
+        if port == "traffic-port" {
+            hc.port = match kind {
+                Kind::Nlb => "traffic-port".into(),
+                Kind::Classic => ports.first().map(|p| p.node_port).unwrap_or(0).to_string(),
+            };
+        } else {
+            let n: u16 = port.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                bad(
+                    ANNOTATION_HC_PORT,
+                    format!("{port:?} is neither a port number nor traffic-port"),
+                )
+            })?;
+            hc.port = n.to_string();
+        }
+    }
+    for (key, field, range) in [
+        (ANNOTATION_HC_INTERVAL, &mut hc.interval, 5..=300),
+        (ANNOTATION_HC_TIMEOUT, &mut hc.timeout, 2..=120),
+        (ANNOTATION_HC_HEALTHY, &mut hc.healthy_threshold, 2..=10),
+        (ANNOTATION_HC_UNHEALTHY, &mut hc.unhealthy_threshold, 2..=10),
+    ] {
+        if let Some(v) = annotation(service, key).filter(|v| !v.is_empty()) {
+            let n: i32 = v
+                .parse()
+                .map_err(|_| bad(key, format!("{v:?} is not a whole number")))?;
+            if !range.contains(&n) {
+                return Err(bad(
+                    key,
+                    format!("{n} is outside {}..={}", range.start(), range.end()),
+                ));
+            }
+            *field = n;
+        }
+    }
+    Ok(hc)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+
+    use super::*;
+
+    fn service(annotations: &[(&str, &str)], local: bool) -> Service {
+        let mut s = Service::default();
+        s.metadata.name = Some("web".into());
+        s.metadata.namespace = Some("shop".into());
+        s.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s.spec = Some(ServiceSpec {
+            type_: Some("LoadBalancer".into()),
+            external_traffic_policy: Some(if local { "Local" } else { "Cluster" }.into()),
+            health_check_node_port: local.then_some(32000),
+            ports: Some(vec![
+                ServicePort {
+                    port: 443,
+                    node_port: Some(30443),
+                    ..Default::default()
+                },
+                ServicePort {
+                    port: 80,
+                    node_port: Some(30080),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        });
+        s
+    }
+
+    fn spec(annotations: &[(&str, &str)], local: bool) -> Result<LbSpec, Error> {
+        LbSpec::from_service(&service(annotations, local), "prod", "a123".into())
+    }
+
+    #[test]
+    fn defaults_are_a_public_classic_elb_with_upstreams_tags_and_tcp_check() {
+        let s = spec(&[], false).unwrap();
+        assert_eq!(s.kind, Kind::Classic);
+        assert!(!s.internal);
+        assert_eq!(
+            s.ports
+                .iter()
+                .map(|p| (p.port, p.node_port))
+                .collect::<Vec<_>>(),
+            [(80, 30080), (443, 30443)]
+        );
+        assert_eq!(s.tags["kubernetes.io/cluster/prod"], "owned");
+        assert_eq!(s.tags["kubernetes.io/service-name"], "shop/web");
+        assert_eq!(s.source_ranges, ["0.0.0.0/0"]);
+        assert_eq!(
+            (
+                s.health_check.protocol.as_str(),
+                s.health_check.port.as_str()
+            ),
+            ("TCP", "30080")
+        );
+        assert_eq!(
+            (
+                s.health_check.interval,
+                s.health_check.timeout,
+                s.health_check.healthy_threshold,
+                s.health_check.unhealthy_threshold
+            ),
+            (10, 5, 2, 6)
+        );
+    }
+
+    #[test]
+    fn nlb_health_checks_follow_the_traffic_policy() {
+        let s = spec(&[(ANNOTATION_TYPE, "nlb")], false).unwrap();
+        assert_eq!(s.kind, Kind::Nlb);
+        assert_eq!(
+            s.health_check,
+            HealthCheck {
+                protocol: "TCP".into(),
+                port: "traffic-port".into(),
+                path: String::new(),
+                interval: 30,
+                timeout: 10,
+                healthy_threshold: 3,
+                unhealthy_threshold: 3
+            }
+        );
+        let s = spec(&[(ANNOTATION_TYPE, "nlb")], true).unwrap();
+        assert_eq!(
+            s.health_check,
+            HealthCheck {
+                protocol: "HTTP".into(),
+                port: "32000".into(),
+                path: "/healthz".into(),
+                interval: 10,
+                timeout: 10,
+                healthy_threshold: 2,
+                unhealthy_threshold: 2
+            }
+        );
+    }
+
+    #[test]
+    fn annotations_override_as_upstream() {
+        let s = spec(
+            &[
+                (ANNOTATION_TYPE, "nlb"),
+                (ANNOTATION_INTERNAL, "true"),
+                (ANNOTATION_HC_PROTOCOL, "http"),
+                (ANNOTATION_HC_PATH, "/ready"),
+                (ANNOTATION_HC_PORT, "8080"),
+                (ANNOTATION_HC_INTERVAL, "10"),
+                (ANNOTATION_HC_HEALTHY, "5"),
+                (ANNOTATION_ADDITIONAL_TAGS, "team=a, cost = b"),
+                (ANNOTATION_TARGET_NODE_LABELS, "pool=lb"),
+                (ANNOTATION_CROSS_ZONE, "true"),
+                (ANNOTATION_SUBNETS, "subnet-1, public-a"),
+            ],
+            false,
+        )
+        .unwrap();
+        assert!(s.internal);
+        assert_eq!(
+            (
+                s.health_check.protocol.as_str(),
+                s.health_check.path.as_str(),
+                s.health_check.port.as_str()
+            ),
+            ("HTTP", "/ready", "8080")
+        );
+        assert_eq!(
+            (s.health_check.interval, s.health_check.healthy_threshold),
+            (10, 5)
+        );
+        assert_eq!(s.tags["team"], "a");
+        assert_eq!(s.tags["cost"], "b");
+        assert_eq!(s.target_node_labels["pool"], "lb");
+        assert_eq!(s.cross_zone, Some(true));
+        assert_eq!(s.subnets, ["subnet-1", "public-a"]);
+        assert!(
+            spec(&[(ANNOTATION_SCHEME, "internal")], false)
+                .unwrap()
+                .internal
+        );
+        assert!(
+            !spec(&[(ANNOTATION_INTERNAL, "false")], false)
+                .unwrap()
+                .internal
+        );
+    }
+
+    #[test]
+    fn bad_annotations_name_the_service_and_annotation() {
+        for (annotations, expected) in [
+            (
+                vec![(ANNOTATION_TYPE, "alb")],
+                "Service shop/web: service.beta.kubernetes.io/aws-load-balancer-type: \"alb\" is not a load balancer type",
+            ),
+            (
+                vec![(ANNOTATION_HC_INTERVAL, "often")],
+                "aws-load-balancer-healthcheck-interval: \"often\" is not a whole number",
+            ),
+            (
+                vec![(ANNOTATION_HC_TIMEOUT, "1")],
+                "aws-load-balancer-healthcheck-timeout: 1 is outside 2..=120",
+            ),
+            (
+                vec![(ANNOTATION_HC_PORT, "http")],
+                "aws-load-balancer-healthcheck-port: \"http\" is neither a port number nor traffic-port",
+            ),
+            (
+                vec![(ANNOTATION_HC_PROTOCOL, "UDP")],
+                "Unsupported health check protocol UDP",
+            ),
+            (
+                vec![(ANNOTATION_CROSS_ZONE, "yes")],
+                "cross-zone-load-balancing-enabled: \"yes\" is not a boolean",
+            ),
+            (
+                vec![(ANNOTATION_SCHEME, "public")],
+                "\"public\" is neither internal nor internet-facing",
+            ),
+            (
+                vec![(ANNOTATION_TYPE, "external")],
+                "implemented by the AWS Load Balancer Controller",
+            ),
+        ] {
+            let message = spec(&annotations, false).unwrap_err().to_string();
+            assert!(message.contains(expected), "{message:?} lacks {expected:?}");
+        }
+    }
+
+    #[test]
+    fn target_node_labels_select_nodes() {
+        let s = spec(&[(ANNOTATION_TARGET_NODE_LABELS, "pool=lb,edge")], false).unwrap();
+        let mut yes = Node::default();
+        yes.metadata.labels = Some(
+            [
+                ("pool".to_owned(), "lb".to_owned()),
+                ("edge".to_owned(), String::new()),
+            ]
+            .into(),
+        );
+        let mut no = Node::default();
+        no.metadata.labels = Some([("pool".to_owned(), "lb".to_owned())].into());
+        let nodes = [yes, no];
+        assert_eq!(s.target_nodes(&nodes).len(), 1);
+    }
+}

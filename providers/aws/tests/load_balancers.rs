@@ -1,0 +1,566 @@
+//! Load balancers against moto: NLB and Classic ELB creation, idempotent syncs, backend changes by
+//! difference, adoption of what cloud-provider-aws made, and deletion (also after a half-way failure)
+//! that leaves nothing carrying the cluster's tag.
+
+mod support;
+
+use aws_sdk_elasticloadbalancingv2::types::{
+    Action, ActionTypeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
+    TargetTypeEnum,
+};
+use cloud_provider::CloudProvider;
+use cloud_provider_aws::spec::{ANNOTATION_TYPE, Port};
+use k8s_openapi::api::core::v1::Node;
+use support::*;
+
+const UID: &str = "12345678-90ab-cdef-1234-567890abcdef";
+/// `a` + the UID without dashes, cut to 32 characters.
+const LB_NAME: &str = "a1234567890abcdef1234567890abcde";
+
+fn hostname(status: &k8s_openapi::api::core::v1::LoadBalancerStatus) -> String {
+    status
+        .ingress
+        .as_ref()
+        .and_then(|i| i.first())
+        .and_then(|i| i.hostname.clone())
+        .unwrap_or_default()
+}
+
+async fn nlb_targets(port: i32) -> Vec<(String, i32)> {
+    let v2 = elbv2();
+    let lb = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let arn = lb.load_balancers()[0]
+        .load_balancer_arn()
+        .unwrap()
+        .to_owned();
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(&arn)
+        .send()
+        .await
+        .unwrap();
+    let group = groups
+        .target_groups()
+        .iter()
+        .find(|g| g.port() == Some(port))
+        .unwrap_or_else(|| panic!("a target group on node port {port}"));
+    let health = v2
+        .describe_target_health()
+        .target_group_arn(group.target_group_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let mut targets: Vec<(String, i32)> = health
+        .target_health_descriptions()
+        .iter()
+        .filter_map(|d| d.target())
+        .filter_map(|t| Some((t.id()?.to_owned(), t.port().unwrap_or(0))))
+        .collect();
+    targets.sort();
+    targets
+}
+
+#[tokio::test]
+async fn an_nlb_gets_target_groups_listeners_and_targets_and_goes_away_completely() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 3).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let service = lb_service("web", UID, &[(ANNOTATION_TYPE, "nlb")]);
+
+    assert_eq!(
+        lb.get_load_balancer("kubernetes", &service).await.unwrap(),
+        None
+    );
+    let status = lb
+        .ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    let v2 = elbv2();
+    let described = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let nlb = &described.load_balancers()[0];
+    assert_eq!(nlb.r#type(), Some(&LoadBalancerTypeEnum::Network));
+    assert_eq!(
+        hostname(&status),
+        nlb.dns_name().unwrap(),
+        "the ingress hostname is the DNS name"
+    );
+    assert_eq!(
+        lb.get_load_balancer("kubernetes", &service).await.unwrap(),
+        Some(status.clone())
+    );
+
+    let arn = nlb.load_balancer_arn().unwrap();
+    let listeners = v2
+        .describe_listeners()
+        .load_balancer_arn(arn)
+        .send()
+        .await
+        .unwrap();
+    let mut ports: Vec<i32> = listeners
+        .listeners()
+        .iter()
+        .filter_map(|l| l.port())
+        .collect();
+    ports.sort();
+    assert_eq!(ports, [80, 443]);
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(arn)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(groups.target_groups().len(), 2, "one target group per port");
+    for g in groups.target_groups() {
+        assert_eq!(g.target_type(), Some(&TargetTypeEnum::Instance));
+        assert_eq!(g.health_check_protocol(), Some(&ProtocolEnum::Tcp));
+        assert_eq!(g.health_check_port(), Some("traffic-port"));
+        assert!(
+            g.target_group_name()
+                .unwrap()
+                .starts_with("k8s-default-web-")
+        );
+    }
+    let mut expected: Vec<(String, i32)> =
+        instances.iter().map(|i| (i.id.clone(), 30080)).collect();
+    expected.sort();
+    assert_eq!(nlb_targets(30080).await, expected);
+
+    // A second sync finds everything in place and writes nothing.
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+
+    // One node fewer: exactly one deregistration per target group, nothing recreated.
+    let before = cloud.api_metrics().requests();
+    lb.update_load_balancer("kubernetes", &service, &nodes[1..])
+        .await
+        .unwrap();
+    let calls = cloud.api_metrics().requests();
+    assert_eq!(
+        calls.get("DeregisterTargets").copied().unwrap_or(0)
+            - before.get("DeregisterTargets").copied().unwrap_or(0),
+        2
+    );
+    assert_eq!(calls.get("RegisterTargets"), before.get("RegisterTargets"));
+    assert_eq!(
+        calls.get("elbv2:CreateLoadBalancer"),
+        before.get("elbv2:CreateLoadBalancer")
+    );
+    assert_eq!(nlb_targets(30443).await.len(), 2);
+
+    // Client rules were added to the nodes' group; deletion removes them with everything else.
+    assert!(
+        cluster_resources()
+            .await
+            .iter()
+            .any(|r| r.contains("kubernetes.io/rule/nlb/client="))
+    );
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+    assert_eq!(
+        lb.get_load_balancer("kubernetes", &service).await.unwrap(),
+        None
+    );
+    // Deleting again is a no-op.
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn external_traffic_policy_local_checks_http_on_the_health_check_node_port() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let mut service = lb_service("local", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    let spec = service.spec.as_mut().unwrap();
+    spec.external_traffic_policy = Some("Local".into());
+    spec.health_check_node_port = Some(32100);
+    lb.ensure_load_balancer("kubernetes", &service, &[instance_node(&instances[0])])
+        .await
+        .unwrap();
+    let v2 = elbv2();
+    let described = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(described.load_balancers()[0].load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    for g in groups.target_groups() {
+        assert_eq!(g.health_check_protocol(), Some(&ProtocolEnum::Http));
+        assert_eq!(g.health_check_port(), Some("32100"));
+        assert_eq!(g.health_check_path(), Some("/healthz"));
+    }
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_classic_elb_gets_listeners_health_check_instances_and_security_groups_then_goes_away() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let mut service = lb_service("classic", UID, &[]);
+    service.spec.as_mut().unwrap().load_balancer_source_ranges =
+        Some(vec!["203.0.113.0/24".into()]);
+
+    let status = lb
+        .ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    let described = elb()
+        .describe_load_balancers()
+        .load_balancer_names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let d = &described.load_balancer_descriptions()[0];
+    assert_eq!(hostname(&status), d.dns_name().unwrap());
+    let mut listeners: Vec<(i32, i32)> = d
+        .listener_descriptions()
+        .iter()
+        .filter_map(|l| l.listener())
+        .map(|l| (l.load_balancer_port(), l.instance_port()))
+        .collect();
+    listeners.sort();
+    assert_eq!(listeners, [(80, 30080), (443, 30443)]);
+    assert_eq!(d.health_check().map(|h| h.target()), Some("TCP:30080"));
+    let mut registered: Vec<&str> = d
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id())
+        .collect();
+    registered.sort();
+    let mut ids: Vec<&str> = instances.iter().map(|i| i.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(registered, ids);
+    // Our group, with the source range on the listener ports.
+    let groups = ec2()
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-name")
+                .values(format!("k8s-elb-{LB_NAME}"))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let sg = &groups.security_groups()[0];
+    assert_eq!(d.security_groups(), [sg.group_id().unwrap().to_owned()]);
+    let cidrs: Vec<(i32, String)> = sg
+        .ip_permissions()
+        .iter()
+        .filter(|p| p.ip_protocol() == Some("tcp"))
+        .flat_map(|p| {
+            p.ip_ranges().iter().map(move |r| {
+                (
+                    p.from_port().unwrap_or(0),
+                    r.cidr_ip().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .collect();
+    assert!(
+        cidrs.contains(&(80, "203.0.113.0/24".to_owned()))
+            && cidrs.contains(&(443, "203.0.113.0/24".to_owned())),
+        "{cidrs:?}"
+    );
+    // The nodes' group lets the ELB's group in.
+    assert!(
+        cluster_resources()
+            .await
+            .iter()
+            .any(|r| r.starts_with("rule in") && r.contains(sg.group_id().unwrap()))
+    );
+
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        writes_since(&cloud, &before),
+        Vec::<String>::new(),
+        "an in-place sync writes nothing"
+    );
+
+    let before = cloud.api_metrics().requests();
+    lb.update_load_balancer("kubernetes", &service, &nodes[..1])
+        .await
+        .unwrap();
+    assert_eq!(
+        writes_since(&cloud, &before),
+        ["DeregisterInstancesFromLoadBalancer"]
+    );
+    let described = elb()
+        .describe_load_balancers()
+        .load_balancer_names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        described.load_balancer_descriptions()[0].instances().len(),
+        1
+    );
+
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn load_balancers_made_by_cloud_provider_aws_are_adopted_not_duplicated() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes = vec![instance_node(&instances[0])];
+    // What cloud-provider-aws leaves for this Service: its NLB, one target group per port named by its
+    // hash, listeners, all tagged kubernetes.io/cluster/<id>=owned and kubernetes.io/service-name.
+    let v2 = elbv2();
+    let tags = [
+        Tag::builder()
+            .key(format!("kubernetes.io/cluster/{CLUSTER_ID}"))
+            .value("owned")
+            .build(),
+        Tag::builder()
+            .key("kubernetes.io/service-name")
+            .value("default/adopt")
+            .build(),
+    ];
+    let created = v2
+        .create_load_balancer()
+        .name(LB_NAME)
+        .r#type(LoadBalancerTypeEnum::Network)
+        .subnets(&net.subnet_id)
+        .set_tags(Some(tags.to_vec()))
+        .send()
+        .await
+        .unwrap();
+    let lb_arn = created.load_balancers()[0]
+        .load_balancer_arn()
+        .unwrap()
+        .to_owned();
+    for (port, node_port) in [(80, 30080), (443, 30443)] {
+        let name = cloud_provider_aws::target_group_name(
+            CLUSTER_ID,
+            "default/adopt",
+            &Port {
+                port,
+                protocol: "TCP".into(),
+                node_port,
+            },
+            "TCP",
+            30,
+        );
+        let tg = v2
+            .create_target_group()
+            .name(name)
+            .vpc_id(&net.vpc_id)
+            .port(node_port)
+            .protocol(ProtocolEnum::Tcp)
+            .target_type(TargetTypeEnum::Instance)
+            .health_check_protocol(ProtocolEnum::Tcp)
+            .health_check_port("traffic-port")
+            .health_check_interval_seconds(30)
+            .health_check_timeout_seconds(10)
+            .healthy_threshold_count(3)
+            .unhealthy_threshold_count(3)
+            .set_tags(Some(tags.to_vec()))
+            .send()
+            .await
+            .unwrap();
+        let tg_arn = tg.target_groups()[0].target_group_arn().unwrap().to_owned();
+        v2.register_targets()
+            .target_group_arn(&tg_arn)
+            .targets(
+                TargetDescription::builder()
+                    .id(&instances[0].id)
+                    .port(node_port)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        v2.create_listener()
+            .load_balancer_arn(&lb_arn)
+            .port(port)
+            .protocol(ProtocolEnum::Tcp)
+            .default_actions(
+                Action::builder()
+                    .r#type(ActionTypeEnum::Forward)
+                    .target_group_arn(&tg_arn)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let service = lb_service("adopt", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    assert!(
+        lb.get_load_balancer("kubernetes", &service)
+            .await
+            .unwrap()
+            .is_some(),
+        "found before any sync"
+    );
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    let calls = cloud.api_metrics().requests();
+    for write in [
+        "elbv2:CreateLoadBalancer",
+        "CreateTargetGroup",
+        "CreateListener",
+        "ModifyListener",
+        "RegisterTargets",
+    ] {
+        assert_eq!(
+            calls.get(write),
+            None,
+            "{write} called on an adopted load balancer"
+        );
+    }
+    let all = v2.describe_load_balancers().send().await.unwrap();
+    assert_eq!(all.load_balancers().len(), 1, "no second load balancer");
+    let all = v2.describe_target_groups().send().await.unwrap();
+    assert_eq!(
+        all.target_groups().len(),
+        2,
+        "no second set of target groups"
+    );
+
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    // ELBv2 through a proxy that fails the first CreateListener: the NLB and a target group exist by then.
+    let proxy = throttle::ThrottlingProxy::with_fault(
+        moto().port,
+        throttle::Fault::FailAction("CreateListener", 1),
+    )
+    .await;
+    let config = format!(
+        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
+        default_config(),
+        proxy.port
+    );
+    let cloud = cloud(&config);
+    let lb = cloud.load_balancer().unwrap();
+    let service = lb_service("halfway", UID, &[(ANNOTATION_TYPE, "nlb")]);
+
+    let err = lb
+        .ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("CreateListener failed: ValidationError"),
+        "{err}"
+    );
+    let left = cluster_resources().await;
+    assert!(
+        left.iter().any(|r| r.contains("loadbalancer"))
+            && left.iter().any(|r| r.contains("targetgroup")),
+        "{left:?}"
+    );
+
+    // The retry finishes the job with what exists: still one load balancer, one group per port.
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+    let v2 = elbv2();
+    assert_eq!(
+        v2.describe_load_balancers()
+            .send()
+            .await
+            .unwrap()
+            .load_balancers()
+            .len(),
+        1
+    );
+    assert_eq!(
+        v2.describe_target_groups()
+            .send()
+            .await
+            .unwrap()
+            .target_groups()
+            .len(),
+        2
+    );
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+
+    // Failed half-way and then deleted without a successful sync: the orphaned target group (no
+    // listener points at it) is found by its tags and removed too.
+    let proxy = throttle::ThrottlingProxy::with_fault(
+        moto().port,
+        throttle::Fault::FailAction("CreateListener", 100),
+    )
+    .await;
+    let config = format!(
+        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
+        default_config(),
+        proxy.port
+    );
+    let cloud = support::cloud(&config);
+    let lb = cloud.load_balancer().unwrap();
+    assert!(
+        lb.ensure_load_balancer("kubernetes", &service, &nodes)
+            .await
+            .is_err()
+    );
+    assert!(!cluster_resources().await.is_empty());
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
