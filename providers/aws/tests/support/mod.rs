@@ -162,24 +162,34 @@ pub fn moto() -> &'static Moto {
 
 /// An SDK configuration for moto: static credentials, the test region, moto's endpoint.
 pub fn sdk_config() -> SdkConfig {
+    sdk_config_at(&moto().endpoint())
+}
+
+/// An SDK configuration for the moto at `endpoint` (a child process reaching its parent's moto).
+pub fn sdk_config_at(endpoint: &str) -> SdkConfig {
     SdkConfig::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(Region::new(REGION))
         .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
             "testing", "testing", None, None, "tests",
         )))
-        .endpoint_url(moto().endpoint())
+        .endpoint_url(endpoint)
         .http_client(cloud_provider_aws::https_client())
         .build()
 }
 
-/// The provider under test on a fresh moto, with quick retries.
+/// The provider under test on this binary's moto, with quick retries.
 pub fn cloud(config_text: &str) -> AwsCloud {
+    cloud_at(&moto().endpoint(), config_text)
+}
+
+/// The provider under test on the moto at `endpoint`, with quick retries.
+pub fn cloud_at(endpoint: &str, config_text: &str) -> AwsCloud {
     let config = Config::parse(config_text, "test.conf").expect("valid cloud-config");
     AwsCloud::new(
         config,
         Options {
-            sdk_config: Some(sdk_config()),
+            sdk_config: Some(sdk_config_at(endpoint)),
             retry: RetryPolicy {
                 max_attempts: 6,
                 base_delay: Duration::from_millis(20),
