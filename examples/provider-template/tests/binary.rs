@@ -12,9 +12,17 @@ fn manager() -> Manager {
 #[test]
 fn help_shows_the_binary_its_flags_and_its_controller() {
     let help = manager().command().unwrap().render_long_help().to_string();
-    assert!(help.contains("Usage: inventory-cloud-controller-manager"), "{help}");
-    let heading = help.find("Provider inventory:").expect("the provider's heading");
-    assert!(help[heading..].contains("--inventory-audit-period"), "{help}");
+    assert!(
+        help.contains("Usage: inventory-cloud-controller-manager"),
+        "{help}"
+    );
+    let heading = help
+        .find("Provider inventory:")
+        .expect("the provider's heading");
+    assert!(
+        help[heading..].contains("--inventory-audit-period"),
+        "{help}"
+    );
     assert!(help.contains(audit::NAME), "{help}");
 }
 
@@ -36,7 +44,13 @@ fn the_flags_parse_with_the_managers_and_reach_the_factory() {
     assert!(cloud_provider_inventory::new_provider(&config).is_ok());
 
     let err = manager()
-        .parse_from(["inventory-cloud-controller-manager", "--inventory-audit-period=0s"])
+        .parse_from([
+            "inventory-cloud-controller-manager",
+            "--inventory-audit-period=0s",
+        ])
         .unwrap_err();
-    assert!(err.to_string().contains("--inventory-audit-period"), "{err}");
+    assert!(
+        err.to_string().contains("--inventory-audit-period"),
+        "{err}"
+    );
 }

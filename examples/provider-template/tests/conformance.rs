@@ -7,10 +7,7 @@ use cloud_provider::{
 
 #[tokio::test]
 async fn inventory_provider_is_conformant() {
-    let config = CloudConfig::from_bytes(
-        None,
-        "worker-1 eu-west-1a m5.large\n",
-    );
+    let config = CloudConfig::from_bytes(None, "worker-1 eu-west-1a m5.large\n");
     let cloud = cloud_provider_inventory::new_provider(&config).unwrap();
     let report = run(
         cloud.as_ref(),
