@@ -67,6 +67,7 @@
 //! ```
 
 mod clusters;
+pub mod config_values;
 mod error;
 mod helpers;
 mod instances;
@@ -75,6 +76,7 @@ mod provider;
 mod registry;
 mod routes;
 pub mod service_helpers;
+mod watch;
 mod zones;
 
 #[cfg(feature = "conformance")]
@@ -94,6 +96,7 @@ pub use registry::{
     RegistryError, read_flags,
 };
 pub use routes::{Route, Routes};
+pub use watch::{panic_message, watch_cloud_config};
 pub use zones::{Zone, Zones};
 
 /// The `#[async_trait]` attribute the provider traits are written with, so a provider needs no

@@ -9,9 +9,10 @@ use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
     str::FromStr,
-    time::Duration,
 };
 
+pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
+use cloud_provider::panic_message;
 use serde::{Deserialize, Deserializer, de};
 
 /// Every method a failure can be injected into: upstream's method names in snake_case.
@@ -180,49 +181,6 @@ pub struct InstanceConfig {
     pub latency: GoDuration,
 }
 
-/// A node address.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AddressConfig {
-    /// `InternalIP`, `ExternalIP`, `Hostname`, `InternalDNS` or `ExternalDNS`.
-    #[serde(rename = "type")]
-    pub type_: AddressType,
-    /// The address.
-    pub address: String,
-}
-
-/// The node address types Kubernetes knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum AddressType {
-    /// `InternalIP`
-    #[serde(rename = "InternalIP")]
-    InternalIp,
-    /// `ExternalIP`
-    #[serde(rename = "ExternalIP")]
-    ExternalIp,
-    /// `Hostname`
-    Hostname,
-    /// `InternalDNS`
-    #[serde(rename = "InternalDNS")]
-    InternalDns,
-    /// `ExternalDNS`
-    #[serde(rename = "ExternalDNS")]
-    ExternalDns,
-}
-
-impl AddressType {
-    /// The name Kubernetes uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InternalIp => "InternalIP",
-            Self::ExternalIp => "ExternalIP",
-            Self::Hostname => "Hostname",
-            Self::InternalDns => "InternalDNS",
-            Self::ExternalDns => "ExternalDNS",
-        }
-    }
-}
-
 /// The life state of an instance.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -385,15 +343,6 @@ impl Config {
     }
 }
 
-/// The text of a panic's payload (a `&str` or a `String` for `panic!` with a message).
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".to_owned())
-}
-
 /// A method name in `failureRate`: one of [`METHODS`] or `all`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MethodName(pub String);
@@ -426,24 +375,6 @@ impl<'de> Deserialize<'de> for Probability {
                 "failure rate {p} is not between 0 and 1"
             )))
         }
-    }
-}
-
-/// A duration written as Go writes them: `20ms`, `1.5s`, `1m30s`, `0`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GoDuration(pub Duration);
-
-impl FromStr for GoDuration {
-    type Err = String;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        cloud_provider::parse_go_duration(text).map(Self)
-    }
-}
-
-impl<'de> Deserialize<'de> for GoDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(de::Error::custom)
     }
 }
 
@@ -528,6 +459,8 @@ impl<'de> Deserialize<'de> for IpPool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

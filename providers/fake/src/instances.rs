@@ -73,7 +73,7 @@ fn instance_by_name(config: &Config, node_name: &str) -> Instance {
             addresses: match &listed.addresses {
                 Some(addresses) => addresses
                     .iter()
-                    .map(|a| node_address(a.type_.as_str(), a.address.clone()))
+                    .map(cloud_provider::config_values::AddressConfig::to_node_address)
                     .collect(),
                 None => vec![node_address(
                     "InternalIP",

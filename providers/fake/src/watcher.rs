@@ -1,9 +1,8 @@
 //! Re-reads the cloud-config file when it changes, and writes what changed since the last write (call
 //! counts, and with `stateFileBatched` everything) to the state file.
 //!
-//! A plain polling thread: the file is tiny, a read every 200 ms costs nothing, and polling works on
-//! every filesystem (including the bind-mounted ConfigMaps and editors that replace files), where
-//! inotify-style watchers miss renames and symlink swaps.
+//! Both poll (the contract's `cloud_provider::watch_cloud_config` for the cloud-config): a read every
+//! 200 ms costs nothing and sees the renames and symlink swaps that inotify-style watchers miss.
 
 use std::{
     panic::AssertUnwindSafe,
@@ -12,7 +11,9 @@ use std::{
     time::Duration,
 };
 
-use crate::{Config, FakeCloud, Inner, config::panic_message};
+use cloud_provider::panic_message;
+
+use crate::{Config, FakeCloud, Inner};
 
 const POLL: Duration = Duration::from_millis(200);
 
@@ -29,56 +30,16 @@ pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>) {
     spawn_with(cloud, path, seen, parse_file);
 }
 
-/// [`spawn`] with the parser given. The watcher never dies of a bad edit: a parse error is logged and
-/// the edit ignored, and a panic while handling an edit (which no input should cause) is caught, logged
-/// and the edit ignored too; either way a later edit is read as usual.
-fn spawn_with(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>, parse: Parse) {
-    let spawned = std::thread::Builder::new()
-        .name("fake-cloud-watch".to_owned())
-        .spawn(move || {
-            while let Some(inner) = cloud.upgrade() {
-                let cloud = FakeCloud { inner };
-                // `seen` is updated before the edit is handled, so an edit that panics is not retried.
-                let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
-                    poll(&cloud, &path, &mut seen, parse);
-                }));
-                if let Err(panic) = polled {
-                    tracing::error!(
-                        path = %path.display(),
-                        panic = %panic_message(panic.as_ref()),
-                        "fake cloud: handling the changed cloud-config panicked; ignoring that edit, keeping the last good config and watching on"
-                    );
-                }
-                drop(cloud);
-                std::thread::sleep(POLL);
-            }
-        });
-    if let Err(err) = spawned {
-        tracing::warn!(error = %err, "fake cloud: cannot start the cloud-config watcher; changes will not be seen");
-    }
-}
-
-/// One look at the file: a changed one is parsed and, when good, put in force.
-fn poll(cloud: &FakeCloud, path: &Path, seen: &mut Vec<u8>, parse: Parse) {
-    match std::fs::read(path) {
-        Ok(contents) if contents != *seen => {
-            *seen = contents;
-            let applied = parse(seen, path)
-                .and_then(|config| cloud.try_set_config(config).map_err(|err| err.to_string()));
-            match applied {
-                Ok(()) => {
-                    tracing::info!(path = %path.display(), "fake cloud: cloud-config changed, reloaded");
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "fake cloud: ignoring the changed cloud-config, keeping the last good one");
-                }
-            }
-        }
-        Ok(_) => {}
-        Err(err) => {
-            tracing::debug!(path = %path.display(), error = %err, "fake cloud: cannot read the cloud-config");
-        }
-    }
+/// [`spawn`] with the parser given (`cloud_provider::watch_cloud_config`: a refused or panicking edit
+/// is logged and ignored, and a later one read as usual).
+fn spawn_with(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>, parse: Parse) {
+    let file = path.clone();
+    cloud_provider::watch_cloud_config("fake", cloud, path, seen, move |inner, contents| {
+        let config = parse(contents, &file)?;
+        FakeCloud { inner }
+            .try_set_config(config)
+            .map_err(|err| err.to_string())
+    });
 }
 
 /// Writes the state file when something changed since the last write, for as long as the cloud lives.

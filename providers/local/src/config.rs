@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
 use serde::{Deserialize, Deserializer, de};
 
 use crate::Error;
@@ -131,49 +132,6 @@ pub struct Machine {
     /// `running` (default) or `shutdown`.
     #[serde(default)]
     pub state: MachineState,
-}
-
-/// A node address.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AddressConfig {
-    /// `InternalIP`, `ExternalIP`, `Hostname`, `InternalDNS` or `ExternalDNS`.
-    #[serde(rename = "type")]
-    pub type_: AddressType,
-    /// The address (an IP for the `*IP` types).
-    pub address: String,
-}
-
-/// The node address types Kubernetes knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-pub enum AddressType {
-    /// `InternalIP`
-    #[serde(rename = "InternalIP")]
-    InternalIp,
-    /// `ExternalIP`
-    #[serde(rename = "ExternalIP")]
-    ExternalIp,
-    /// `Hostname`
-    Hostname,
-    /// `InternalDNS`
-    #[serde(rename = "InternalDNS")]
-    InternalDns,
-    /// `ExternalDNS`
-    #[serde(rename = "ExternalDNS")]
-    ExternalDns,
-}
-
-impl AddressType {
-    /// The name Kubernetes uses.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InternalIp => "InternalIP",
-            Self::ExternalIp => "ExternalIP",
-            Self::Hostname => "Hostname",
-            Self::InternalDns => "InternalDNS",
-            Self::ExternalDns => "ExternalDNS",
-        }
-    }
 }
 
 /// The power state of a machine.
@@ -463,18 +421,6 @@ impl Default for KubeletProbe {
             timeout: default_probe_timeout(),
             failure_threshold: three(),
         }
-    }
-}
-
-/// A duration written as Go writes them: `20ms`, `1.5s`, `1m30s`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct GoDuration(pub Duration);
-
-impl<'de> Deserialize<'de> for GoDuration {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        cloud_provider::parse_go_duration(&String::deserialize(d)?)
-            .map(Self)
-            .map_err(de::Error::custom)
     }
 }
 

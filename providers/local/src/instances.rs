@@ -242,7 +242,7 @@ fn metadata(
         Some(m) if !m.addresses.is_empty() => m
             .addresses
             .iter()
-            .map(|a| node_address(a.type_.as_str(), a.address.clone()))
+            .map(cloud_provider::config_values::AddressConfig::to_node_address)
             .collect(),
         _ => own_addresses(node, name),
     };

@@ -1,73 +1,40 @@
 //! Re-reads the cloud-config file when it changes.
 //!
-//! A polling thread, as the fake cloud's: the file is small, a read every 200 ms costs nothing, and
-//! polling sees the renames and symlink swaps of editors and mounted ConfigMaps that inotify misses.
-//! A malformed edit is ignored (the last good config stays), logged as an error and, once `initialize`
+//! The contract's polling watcher (`cloud_provider::watch_cloud_config`). A malformed edit is ignored (the last good config stays), logged as an error and, once `initialize`
 //! gave the cloud a client, recorded as a Warning event `CloudConfigRejected` in `kube-system`; a later
 //! edit is read as usual. Nothing else stops.
 
-use std::{
-    panic::AssertUnwindSafe,
-    path::{Path, PathBuf},
-    sync::Weak,
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Weak};
 
 use crate::{Config, Inner, LocalCloud};
 
-const POLL: Duration = Duration::from_millis(200);
-
-/// Watches `path` (whose contents were `seen` at start) for as long as the cloud lives.
-pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, mut seen: Vec<u8>) {
-    let spawned = std::thread::Builder::new()
-        .name("local-cloud-watch".to_owned())
-        .spawn(move || {
-            while let Some(inner) = cloud.upgrade() {
-                let cloud = LocalCloud { inner };
-                let polled =
-                    std::panic::catch_unwind(AssertUnwindSafe(|| poll(&cloud, &path, &mut seen)));
-                if polled.is_err() {
-                    tracing::error!(path = %path.display(), "local cloud: handling the changed cloud-config panicked; keeping the last good config");
-                }
-                drop(cloud);
-                std::thread::sleep(POLL);
+/// Watches `path` (whose contents were `seen` at start) for as long as the cloud lives
+/// (`cloud_provider::watch_cloud_config`): a good edit is put in force, a refused one is also reported
+/// as an event.
+pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>) {
+    let file = path.clone();
+    cloud_provider::watch_cloud_config("local", cloud, path, seen, move |inner, contents| {
+        let cloud = LocalCloud { inner };
+        let parsed = match std::str::from_utf8(contents) {
+            Ok(text) => Config::parse(text, Some(&file)).map_err(|e| e.to_string()),
+            Err(err) => Err(format!(
+                "cloud-config {} is not UTF-8 text: {err}",
+                file.display()
+            )),
+        };
+        match parsed {
+            Ok(config) => {
+                cloud.set_config(config);
+                Ok(())
             }
-        });
-    if let Err(err) = spawned {
-        tracing::warn!(error = %err, "local cloud: cannot start the cloud-config watcher; changes will not be seen");
-    }
-}
-
-/// One look at the file: a changed one is parsed and, when good, put in force.
-fn poll(cloud: &LocalCloud, path: &Path, seen: &mut Vec<u8>) {
-    match std::fs::read(path) {
-        Ok(contents) if contents != *seen => {
-            *seen = contents;
-            let parsed = match std::str::from_utf8(seen) {
-                Ok(text) => Config::parse(text, Some(path)).map_err(|e| e.to_string()),
-                Err(err) => Err(format!(
-                    "cloud-config {} is not UTF-8 text: {err}",
-                    path.display()
-                )),
-            };
-            match parsed {
-                Ok(config) => {
-                    cloud.set_config(config);
-                    tracing::info!(path = %path.display(), "local cloud: cloud-config changed, reloaded");
-                }
-                Err(err) => {
-                    tracing::error!(error = %err, "local cloud: ignoring the changed cloud-config, keeping the last good one");
-                    cloud.report_rejected_config(&format!(
-                        "the changed cloud-config was refused; the last good one stays in force: {err}"
-                    ));
-                }
+            Err(err) => {
+                cloud.report_rejected_config(&format!(
+                    "the changed cloud-config was refused; the last good one stays in force: {err}"
+                ));
+                Err(err)
             }
         }
-        Ok(_) => {}
-        Err(err) => {
-            tracing::debug!(path = %path.display(), error = %err, "local cloud: cannot read the cloud-config");
-        }
-    }
+    });
 }
 
 #[cfg(test)]
