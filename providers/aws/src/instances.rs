@@ -12,7 +12,13 @@ use cloud_provider::{CloudResult, InstanceMetadata, node_address};
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 use tokio::sync::watch;
 
-use crate::{Error, config::NodeIpFamily, error::Result, sdk::Calls};
+use crate::{
+    Error,
+    config::NodeIpFamily,
+    error::Result,
+    sdk::Calls,
+    zone_ids::{ZONE_ID_LABEL, ZoneIds},
+};
 
 /// The most values AWS accepts in one filter.
 const FILTER_VALUES_MAX: usize = 200;
@@ -391,18 +397,45 @@ impl Describer {
 /// InstancesV2 for the provider.
 pub struct Instances {
     describer: Arc<Describer>,
+    zone_ids: Arc<ZoneIds>,
     families: Vec<NodeIpFamily>,
     region: String,
 }
 
 impl Instances {
-    /// Instances answered through `describer`.
-    pub fn new(describer: Arc<Describer>, families: Vec<NodeIpFamily>, region: String) -> Self {
+    /// Instances answered through `describer`, with zone IDs from `zone_ids`.
+    pub fn new(
+        describer: Arc<Describer>,
+        zone_ids: Arc<ZoneIds>,
+        families: Vec<NodeIpFamily>,
+        region: String,
+    ) -> Self {
         Self {
             describer,
+            zone_ids,
             families,
             region,
         }
+    }
+
+    /// Upstream's additional labels: `topology.k8s.aws/zone-id` unless the node has it already.
+    /// (Upstream's network-topology labels, from `DescribeInstanceTopology`, are not set.)
+    async fn additional_labels(
+        &self,
+        node: &Node,
+        instance: &InstanceInfo,
+    ) -> Result<BTreeMap<String, String>> {
+        let mut labels = BTreeMap::new();
+        let labelled = node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(ZONE_ID_LABEL));
+        if !labelled && !instance.zone.is_empty() {
+            let id = self.zone_ids.zone_id(&instance.zone).await?;
+            labels.insert(ZONE_ID_LABEL.to_owned(), id);
+        }
+        Ok(labels)
     }
 
     async fn instance(&self, node: &Node) -> Result<Option<InstanceInfo>> {
@@ -434,13 +467,14 @@ impl cloud_provider::InstancesV2 for Instances {
         let Some(i) = self.instance(node).await?.filter(|i| !i.is_terminated()) else {
             return Err(cloud_provider::CloudError::InstanceNotFound);
         };
+        let additional_labels = self.additional_labels(node, &i).await?;
         Ok(Some(InstanceMetadata {
             provider_id: i.provider_id(),
             instance_type: i.instance_type.clone(),
             node_addresses: i.node_addresses(&self.families),
             zone: i.zone.clone(),
             region: self.region.clone(),
-            additional_labels: BTreeMap::new(),
+            additional_labels,
         }))
     }
 }

@@ -14,6 +14,7 @@ mod instances;
 mod load_balancer;
 mod routes;
 mod sdk;
+mod zone_ids;
 
 use std::{sync::Arc, time::Duration};
 
@@ -33,12 +34,14 @@ pub use instances::{
     InstanceInfo, instance_id_from_provider_id, instance_id_from_resource_name, is_instance_id,
 };
 pub use sdk::{ApiMetrics, Clients, RetryPolicy, https_client, is_throttling, load_sdk_config};
+pub use zone_ids::ZONE_ID_LABEL;
 
 use instances::{Describer, Instances, Key};
 use load_balancer::LoadBalancers;
 pub use load_balancer::{spec, target_group_name};
 use routes::RouteTables;
 use sdk::Calls;
+use zone_ids::ZoneIds;
 
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "aws";
@@ -133,6 +136,7 @@ impl AwsCloud {
                 let describer = Arc::new(Describer::new(calls.clone(), self.options.batch_window));
                 let instances = Instances::new(
                     describer.clone(),
+                    Arc::new(ZoneIds::new(calls.clone())),
                     self.config.global.node_ip_families.clone(),
                     region,
                 );
@@ -358,6 +362,7 @@ mod tests {
             include_str!("load_balancer/classic.rs"),
             include_str!("routes.rs"),
             include_str!("sdk.rs"),
+            include_str!("zone_ids.rs"),
         ];
         let docs = include_str!("../../../docs/aws-provider.md");
         let policy = docs

@@ -1,10 +1,14 @@
 //! InstancesV2 and Zones against moto: look-ups by private DNS name, provider ID and resource-based
-//! name; addresses, type, zone, region; stopped and terminated instances; batched DescribeInstances.
+//! name; addresses, type, zone, region, the zone-ID label; stopped and terminated instances; batched
+//! DescribeInstances and DescribeAvailabilityZones.
 
 mod support;
 
 use cloud_provider::{CloudError, CloudProvider};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use std::collections::BTreeMap;
+
+use cloud_provider_aws::ZONE_ID_LABEL;
 use support::*;
 
 fn node(name: &str, provider_id: Option<&str>) -> Node {
@@ -36,6 +40,19 @@ async fn a_node_named_by_private_dns_gets_its_instances_metadata() {
     assert_eq!(meta.instance_type, "t3.medium");
     assert_eq!(meta.zone, ZONE);
     assert_eq!(meta.region, REGION);
+    // Upstream's zone-ID label, from DescribeAvailabilityZones (moto's ID for us-west-2a).
+    assert_eq!(
+        meta.additional_labels,
+        BTreeMap::from([(ZONE_ID_LABEL.to_owned(), MOTO_ZONE_ID.to_owned())])
+    );
+    // A node that has the label already keeps its own (upstream's rule): none is offered.
+    let mut labelled = node(&instance.private_dns, None);
+    labelled.metadata.labels = Some(BTreeMap::from([(
+        ZONE_ID_LABEL.to_owned(),
+        "set-by-hand".to_owned(),
+    )]));
+    let meta_labelled = v2.instance_metadata(&labelled).await.unwrap().unwrap();
+    assert!(meta_labelled.additional_labels.is_empty());
     let addresses: Vec<(String, String)> = meta
         .node_addresses
         .iter()
@@ -140,7 +157,7 @@ async fn stopped_instances_are_shut_down_and_terminated_ones_do_not_exist() {
 }
 
 #[tokio::test]
-async fn concurrent_lookups_share_one_describe_instances_call() {
+async fn concurrent_lookups_share_one_describe_instances_call_and_one_zone_id_call() {
     let _serial = SERIAL.lock().await;
     moto().reset();
     let net = network().await;
@@ -173,6 +190,11 @@ async fn concurrent_lookups_share_one_describe_instances_call() {
     assert_eq!(
         calls, 2,
         "30 concurrent look-ups take one call per filter kind, not one per node"
+    );
+    assert_eq!(
+        cloud.api_metrics().requests()["DescribeAvailabilityZones"],
+        1,
+        "the zone IDs of 30 nodes take one DescribeAvailabilityZones, not one per node"
     );
 }
 

@@ -1,6 +1,6 @@
 //! The `aws` provider inside the real manager, against the test control plane's real API server and
-//! moto: nodes named by their instances' private DNS names are initialized with provider ID, labels and
-//! addresses; a stopped instance's NotReady node gets the shutdown taint; a terminated instance's node
+//! moto: nodes named by their instances' private DNS names are initialized with provider ID, labels
+//! (upstream's `topology.k8s.aws/zone-id` too) and addresses; a stopped instance's NotReady node gets the shutdown taint; a terminated instance's node
 //! is deleted.
 
 mod support;
@@ -10,6 +10,7 @@ use std::{sync::Arc, time::Duration};
 use clap::Parser;
 use cloud_controller_manager::{Manager, app::Options};
 use cloud_provider::Registry;
+use cloud_provider_aws::ZONE_ID_LABEL;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{
     Api,
@@ -72,8 +73,15 @@ fn taint_keys(node: &Node) -> Vec<String> {
 
 type ManagerTask = tokio::task::JoinHandle<Result<(), anyhow::Error>>;
 
-/// Runs the manager in-process on the `aws` provider (on moto) with these controllers.
-async fn start_manager(controllers: &str) -> (CancellationToken, ManagerTask) {
+/// Runs the manager in-process on the `aws` provider (on moto) with these controllers; the provider is
+/// returned too, for its call counts.
+async fn start_manager(
+    controllers: &str,
+) -> (
+    CancellationToken,
+    ManagerTask,
+    Arc<cloud_provider_aws::AwsCloud>,
+) {
     let cloud = Arc::new(cloud(&default_config()));
     let mut registry = Registry::new();
     let shared = cloud.clone();
@@ -99,7 +107,7 @@ async fn start_manager(controllers: &str) -> (CancellationToken, ManagerTask) {
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
     let task = tokio::spawn(async move { manager.run(options, token).await });
-    (shutdown, task)
+    (shutdown, task, cloud)
 }
 
 async fn stop_manager(shutdown: CancellationToken, task: ManagerTask) {
@@ -118,7 +126,7 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
     let net = network().await;
     let instances = run_instances(&net, 3).await;
 
-    let (shutdown, task) = start_manager("cloud-node,cloud-node-lifecycle").await;
+    let (shutdown, task, cloud) = start_manager("cloud-node,cloud-node-lifecycle").await;
 
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
@@ -145,6 +153,7 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
         );
         assert_eq!(label(&node, "topology.kubernetes.io/zone"), Some(ZONE));
         assert_eq!(label(&node, "topology.kubernetes.io/region"), Some(REGION));
+        assert_eq!(label(&node, ZONE_ID_LABEL), Some(MOTO_ZONE_ID));
         assert_eq!(
             label(&node, "node.kubernetes.io/instance-type"),
             Some("t3.medium")
@@ -166,6 +175,14 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
             "{addresses:?}"
         );
     }
+    assert_eq!(
+        cloud
+            .api_metrics()
+            .requests()
+            .get("DescribeAvailabilityZones"),
+        Some(&1),
+        "the zone IDs of all nodes come from one DescribeAvailabilityZones"
+    );
 
     // Stopped, and NotReady: the shutdown taint.
     stop(&instances[0].id).await;
@@ -217,7 +234,7 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let (shutdown, task) = start_manager("cloud-node,service").await;
+    let (shutdown, task, _cloud) = start_manager("cloud-node,service").await;
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
     for name in &names {

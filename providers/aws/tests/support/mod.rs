@@ -28,6 +28,8 @@ pub const MOTO_VERSION: &str = "5.2.5";
 pub const REGION: &str = "us-west-2";
 /// The zone fixtures are placed in.
 pub const ZONE: &str = "us-west-2a";
+/// The zone ID moto 5.2 gives [`ZONE`] (`DescribeAvailabilityZones`), for the `topology.k8s.aws/zone-id` label.
+pub const MOTO_ZONE_ID: &str = "usw2-az2";
 /// The cluster ID of the fixtures.
 pub const CLUSTER_ID: &str = "ccm-test";
 /// An AMI moto knows without `DescribeImages`.
