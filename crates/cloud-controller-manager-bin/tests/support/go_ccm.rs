@@ -95,11 +95,7 @@ impl GoCcm {
     /// The name the API server records as the field manager of its writes (client-go derives it from
     /// the binary's file name).
     pub fn field_manager() -> String {
-        binary()
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned()
+        binary().file_name().unwrap().to_string_lossy().into_owned()
     }
 
     /// Where its `/stats` (cloud call counts and load balancer backends, JSON) is served.
