@@ -11,7 +11,7 @@ use std::{future::Future, sync::Arc, time::Instant};
 use async_trait::async_trait;
 use cloud_provider::{
     CloudError, CloudProvider, CloudResult, Clusters, InitializeContext, InstanceMetadata,
-    Instances, InstancesV2, LoadBalancer, Route, Routes, Zone, Zones,
+    Instances, InstancesV2, LoadBalancer, LoadBalancerPreview, Route, Routes, Zone, Zones,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use prometheus_client::{
@@ -211,6 +211,19 @@ impl LoadBalancer for MeteredCloud {
         self.observe(
             "ensure_load_balancer_deleted",
             lb.ensure_load_balancer_deleted(cluster, service),
+        )
+        .await
+    }
+    async fn preview_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "preview_load_balancer",
+            lb.preview_load_balancer(cluster, service, nodes),
         )
         .await
     }

@@ -25,6 +25,7 @@ pub mod events;
 pub mod informers;
 pub mod metrics;
 pub(crate) mod request_metrics;
+pub mod shadow;
 pub(crate) mod well_known;
 
 #[cfg(test)]

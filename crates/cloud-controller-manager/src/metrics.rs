@@ -10,6 +10,7 @@ use crate::{
     cloud_metrics::CloudMetrics,
     controllers::{node::NodeMetrics, route::RouteMetrics, service::ServiceMetrics},
     request_metrics::RequestMetrics,
+    shadow::DryRunMetrics,
 };
 
 /// Every metric the manager exports. Cheap to clone.
@@ -26,6 +27,8 @@ pub struct Metrics {
     pub route: RouteMetrics,
     /// Per-method cloud API latency and errors.
     pub cloud: CloudMetrics,
+    /// Shadow mode's would-be writes (`--dry-run`).
+    pub dry_run: DryRunMetrics,
 }
 
 impl Default for Metrics {
@@ -43,6 +46,7 @@ impl Metrics {
         let service = ServiceMetrics::register(&mut registry);
         let route = RouteMetrics::register(&mut registry);
         let cloud = CloudMetrics::register(&mut registry);
+        let dry_run = DryRunMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -50,6 +54,7 @@ impl Metrics {
             service,
             route,
             cloud,
+            dry_run,
         }
     }
 

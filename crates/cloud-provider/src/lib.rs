@@ -89,7 +89,7 @@ pub use helpers::{
     parse_go_duration,
 };
 pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
-pub use load_balancer::LoadBalancer;
+pub use load_balancer::{LoadBalancer, LoadBalancerPreview};
 pub use provider::{CloudProvider, InitializeContext};
 pub use registry::{
     AddFlagsFn, CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry,

@@ -59,4 +59,49 @@ pub trait LoadBalancer: Send + Sync {
         cluster_name: &str,
         service: &Service,
     ) -> CloudResult<()>;
+
+    /// What [`LoadBalancer::ensure_load_balancer`] with these arguments would change, without changing
+    /// anything: the manager's shadow mode (`--dry-run`) reports it instead of calling `ensure` or
+    /// `update`.
+    ///
+    /// Read the cloud only. Compare what `ensure` would set (listeners, backends, and whatever else
+    /// the provider derives from the Service) with what the load balancer has, and answer
+    /// [`LoadBalancerPreview::UpToDate`] only when `ensure` would be a no-op. Name the backends that
+    /// would be added or removed, and say in `detail` what else differs. The default answers
+    /// [`LoadBalancerPreview::Unknown`], which the shadow reports as such, never as "up to date".
+    async fn preview_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        let _ = (cluster_name, service, nodes);
+        Ok(LoadBalancerPreview::Unknown)
+    }
+}
+
+/// What ensuring a load balancer would change ([`LoadBalancer::preview_load_balancer`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum LoadBalancerPreview {
+    /// The load balancer exists and matches: ensuring it would change nothing.
+    UpToDate,
+    /// There is no load balancer: ensuring would create one.
+    Create {
+        /// The backends it would have (node names, sorted).
+        backends: Vec<String>,
+    },
+    /// The load balancer exists and differs.
+    #[serde(rename_all = "camelCase")]
+    Change {
+        /// Backends (node names) that would be added, sorted.
+        backends_added: Vec<String>,
+        /// Backends (node names) that would be removed, sorted.
+        backends_removed: Vec<String>,
+        /// Anything else that would change, in words (empty when only the backends differ).
+        detail: String,
+    },
+    /// The provider cannot tell (it does not implement the preview).
+    Unknown,
 }

@@ -1,7 +1,9 @@
 //! Load balancers of the fake cloud.
 
 use async_trait::async_trait;
-use cloud_provider::{CloudError, CloudResult, LoadBalancer, default_load_balancer_name};
+use cloud_provider::{
+    CloudError, CloudResult, LoadBalancer, LoadBalancerPreview, default_load_balancer_name,
+};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{FakeCloud, LoadBalancerRecord, Mutable, PortRecord};
@@ -67,8 +69,70 @@ impl FakeCloud {
     }
 }
 
+/// What `ensure_load_balancer` would change on `record` (`None`: there is none) to give it `service`'s
+/// key and listeners and the backends `nodes`.
+fn preview(
+    record: Option<&LoadBalancerRecord>,
+    service: &str,
+    ports: &[PortRecord],
+    nodes: Vec<String>,
+) -> LoadBalancerPreview {
+    let Some(record) = record else {
+        return LoadBalancerPreview::Create { backends: nodes };
+    };
+    let missing = |from: &[String], other: &[String]| -> Vec<String> {
+        from.iter()
+            .filter(|n| !other.contains(n))
+            .cloned()
+            .collect()
+    };
+    let backends_added = missing(&nodes, &record.nodes);
+    let backends_removed = missing(&record.nodes, &nodes);
+    let mut detail = Vec::new();
+    if record.service != service {
+        detail.push(format!("service {} -> {service}", record.service));
+    }
+    if record.ports != ports {
+        let show = |ports: &[PortRecord]| {
+            ports
+                .iter()
+                .map(|p| format!("{}/{}->{}", p.port, p.protocol, p.node_port))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        detail.push(format!(
+            "ports [{}] -> [{}]",
+            show(&record.ports),
+            show(ports)
+        ));
+    }
+    if backends_added.is_empty() && backends_removed.is_empty() && detail.is_empty() {
+        return LoadBalancerPreview::UpToDate;
+    }
+    LoadBalancerPreview::Change {
+        backends_added,
+        backends_removed,
+        detail: detail.join("; "),
+    }
+}
+
 #[async_trait]
 impl LoadBalancer for FakeCloud {
+    async fn preview_load_balancer(
+        &self,
+        _cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        let key = service_key(service);
+        self.enter_for("preview_load_balancer", &key).await?;
+        let name = default_load_balancer_name(service);
+        self.refresh()?;
+        let cloud = self.inner.lock();
+        let record = Self::position(&cloud, &name).map(|i| &cloud.state.load_balancers[i]);
+        Ok(preview(record, &key, &ports_of(service), node_names(nodes)))
+    }
+
     async fn get_load_balancer(
         &self,
         _cluster: &str,
@@ -293,5 +357,58 @@ mod tests {
         assert_eq!(*record.nodes, vec!["b"]);
         assert_eq!(record.ports.len(), 1);
         assert_eq!(snapshot.calls_to("update_load_balancer"), 2);
+    }
+
+    #[tokio::test]
+    async fn the_preview_tells_create_change_and_up_to_date_apart_and_changes_nothing() {
+        let cloud = FakeCloud::from_yaml("").unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let web = conformance::load_balancer_service(
+            "default",
+            "web",
+            "55555555-5555-5555-5555-555555555555",
+        );
+        let (a, b) = (conformance::node("a"), conformance::node("b"));
+        let preview = lb
+            .preview_load_balancer("k", &web, &[b.clone(), a.clone()])
+            .await
+            .unwrap();
+        assert_eq!(
+            preview,
+            LoadBalancerPreview::Create {
+                backends: vec!["a".into(), "b".into()]
+            }
+        );
+        assert!(cloud.snapshot().load_balancers.is_empty());
+        lb.ensure_load_balancer("k", &web, &[a.clone()])
+            .await
+            .unwrap();
+        assert_eq!(
+            lb.preview_load_balancer("k", &web, &[a.clone()])
+                .await
+                .unwrap(),
+            LoadBalancerPreview::UpToDate
+        );
+        assert_eq!(
+            lb.preview_load_balancer("k", &web, &[b.clone()])
+                .await
+                .unwrap(),
+            LoadBalancerPreview::Change {
+                backends_added: vec!["b".into()],
+                backends_removed: vec!["a".into()],
+                detail: String::new(),
+            }
+        );
+        let mut wider = web.clone();
+        if let Some(ports) = wider.spec.as_mut().and_then(|s| s.ports.as_mut()) {
+            ports[0].port = 8080;
+        }
+        let LoadBalancerPreview::Change { detail, .. } =
+            lb.preview_load_balancer("k", &wider, &[a]).await.unwrap()
+        else {
+            panic!("a port change is a change");
+        };
+        assert_eq!(detail, "ports [80/TCP->30080] -> [8080/TCP->30080]");
+        assert_eq!(*cloud.snapshot().load_balancers[0].nodes, vec!["a"]);
     }
 }

@@ -9,7 +9,7 @@ use kube::{
 };
 
 use super::{options::ClientOptions, rate_limit::RateLimitLayer, write_fence::WriteFence};
-use crate::request_metrics::RequestMetrics;
+use crate::{request_metrics::RequestMetrics, shadow::DryRunLayer};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]
@@ -110,12 +110,14 @@ fn master_url(master: &str) -> Result<http::Uri, ClientError> {
 
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
 /// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
-/// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them.
+/// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them, and,
+/// with `dry_run` (shadow mode), only as recorded dry runs.
 pub fn build_client(
     config: Config,
     options: &ClientOptions,
     metrics: &RequestMetrics,
     fence: &WriteFence,
+    dry_run: Option<&DryRunLayer>,
 ) -> Result<Client, ClientError> {
     let host = format!(
         "{}{}",
@@ -127,15 +129,29 @@ pub fn build_client(
             .unwrap_or_default()
     );
     let base = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
-    // Innermost first: the fence is checked when a request is about to be sent, after any wait for a
-    // rate-limit token.
-    let builder = base.with_layer(fence).with_layer(&metrics.layer(&host));
-    Ok(
-        match RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst) {
-            Some(limit) => builder.with_layer(&limit).build(),
-            None => builder.build(),
-        },
-    )
+    // Innermost first: the fence is checked (and the dry run made) when a request is about to be sent,
+    // after any wait for a rate-limit token.
+    let metrics = metrics.layer(&host);
+    let limit = RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst);
+    Ok(match (dry_run, limit) {
+        (Some(dry_run), Some(limit)) => base
+            .with_layer(dry_run)
+            .with_layer(fence)
+            .with_layer(&metrics)
+            .with_layer(&limit)
+            .build(),
+        (Some(dry_run), None) => base
+            .with_layer(dry_run)
+            .with_layer(fence)
+            .with_layer(&metrics)
+            .build(),
+        (None, Some(limit)) => base
+            .with_layer(fence)
+            .with_layer(&metrics)
+            .with_layer(&limit)
+            .build(),
+        (None, None) => base.with_layer(fence).with_layer(&metrics).build(),
+    })
 }
 
 #[cfg(test)]

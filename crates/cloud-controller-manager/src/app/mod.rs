@@ -32,6 +32,7 @@ use crate::{
     controllers::ControllerContext,
     informers::{SharedNodes, SharedServices},
     metrics::Metrics,
+    shadow::{DryRunLayer, ShadowCloud, ShadowReport, ShadowView},
 };
 pub use client::ClientError;
 pub use command_line::CommandLine;
@@ -181,6 +182,16 @@ pub async fn run(
         cloud,
         metrics.cloud.clone(),
     ));
+    // Shadow mode: API writes become recorded dry runs, cloud writes recorded previews.
+    let shadow = options
+        .generic
+        .dry_run
+        .then(|| ShadowReport::new(metrics.dry_run.clone()));
+    let actual_cloud = cloud.clone();
+    let cloud: Arc<dyn CloudProvider> = match &shadow {
+        Some(report) => Arc::new(ShadowCloud::new(cloud, report.clone())),
+        None => cloud,
+    };
 
     let config = client::client_config(&options.client).await?;
     let url = config.cluster_url.to_string();
@@ -189,6 +200,7 @@ pub async fn run(
         options: options.client.clone(),
         metrics: metrics.clone(),
         fence: WriteFence::unenforced(),
+        dry_run: shadow.clone().map(DryRunLayer::new),
     };
     let client = clients.build()?;
     wait_for_api_server(&client, &url, &shutdown).await?;
@@ -198,6 +210,14 @@ pub async fn run(
 
     // The secure endpoint serves on every replica, leader or not, so probes work during standby.
     let health = Arc::new(Health::default());
+    let dry_run_view = shadow.map(|report| {
+        Arc::new(ShadowView {
+            report,
+            client: client.clone(),
+            cloud: actual_cloud,
+            cluster_name: options.cloud.cluster_name.clone(),
+        })
+    });
     serving::start(
         &options.serving,
         Arc::new(ServerState {
@@ -205,11 +225,18 @@ pub async fn run(
             metrics: metrics.clone(),
             auth: DelegatedAuth::new(client.clone()),
             always_allow: options.serving.authorization_always_allow_paths.clone(),
+            dry_run: dry_run_view.clone(),
         }),
         shutdown.clone(),
     )?;
 
-    let elector = if options.leader_election.leader_elect {
+    if dry_run_view.is_some() {
+        tracing::info!(
+            leader_elect = options.leader_election.leader_elect,
+            "--dry-run: leader election is off (a shadow writes nothing, so it needs no lease and must not take the acting manager's); every write is a recorded dry run, reported at /dry-run"
+        );
+    }
+    let elector = if options.leader_election.leader_elect && dry_run_view.is_none() {
         let elector = Arc::new(LeaderElector::new(
             client.clone(),
             &options.leader_election,
@@ -279,6 +306,7 @@ struct ClientFactory {
     options: options::ClientOptions,
     metrics: Metrics,
     fence: WriteFence,
+    dry_run: Option<DryRunLayer>,
 }
 
 impl ClientFactory {
@@ -288,6 +316,7 @@ impl ClientFactory {
             &self.options,
             &self.metrics.requests,
             &self.fence,
+            self.dry_run.as_ref(),
         )?)
     }
 }

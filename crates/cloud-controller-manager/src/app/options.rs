@@ -66,6 +66,14 @@ pub struct GenericOptions {
         allow_hyphen_values = true
     )]
     pub controllers: Vec<String>,
+
+    /// Shadow mode: run every enabled controller without leader election, beside the manager that acts
+    /// (the incumbent), and write nothing to the API server or the cloud. API writes are sent with
+    /// dryRun=All (validated, not stored); cloud writes become previews. Every would-be write is
+    /// logged, counted in /metrics (cloud_controller_manager_dry_run_*) and listed as JSON at
+    /// /dry-run on the secure port (same authorization as /metrics). Overrides --leader-elect.
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub dry_run: bool,
 }
 
 /// Leader election on a coordination.k8s.io Lease (upstream's flags and defaults).
@@ -405,6 +413,9 @@ mod tests {
         // SAFETY of the test: KUBECONFIG may be set in a developer's shell; only check what it can't touch.
         let options = parse(&[]).unwrap();
         assert_eq!(options.generic.controllers, ["*"]);
+        assert!(!options.generic.dry_run);
+        assert!(parse(&["--dry-run"]).unwrap().generic.dry_run);
+        assert!(!parse(&["--dry-run=false"]).unwrap().generic.dry_run);
         assert_eq!(options.cloud.cloud_provider, "");
         assert_eq!(options.cloud.cloud_config, "");
         assert!(!options.cloud.allow_untagged_cloud);

@@ -27,7 +27,7 @@ use super::{
     health::Health,
     options::ServingOptions,
 };
-use crate::metrics::Metrics;
+use crate::{metrics::Metrics, shadow::ShadowView};
 
 /// Why the endpoint could not start.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,8 @@ pub struct ServerState {
     pub auth: DelegatedAuth,
     /// Paths open to anyone.
     pub always_allow: Vec<String>,
+    /// Shadow mode's report (`/dry-run`), with `--dry-run`.
+    pub dry_run: Option<Arc<ShadowView>>,
 }
 
 /// The serving certificate: from `--tls-cert-file`/`--tls-private-key-file`, with the reloader that
@@ -137,6 +139,7 @@ pub fn start(
         shutdown.cancelled().await;
         stopper.graceful_shutdown(Some(Duration::from_secs(5)));
     });
+    let dry_run = state.dry_run.is_some();
     let app = Router::new().fallback(handle_request).with_state(state);
     let server = axum_server::from_tcp_rustls(listener, config)
         .map_err(|source| ServingError::Bind { address, source })?
@@ -146,7 +149,7 @@ pub fn start(
             tracing::error!(error = %err, "the secure endpoint stopped");
         }
     });
-    tracing::info!(address = %local, "serving /healthz, /livez, /readyz and /metrics over HTTPS");
+    tracing::info!(address = %local, dry_run, "serving /healthz, /livez, /readyz and /metrics (and /dry-run in shadow mode) over HTTPS");
     Ok(Some(local))
 }
 
@@ -203,6 +206,17 @@ async fn handle_request(
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
             state.metrics.encode(),
+        )
+            .into_response();
+    }
+    if path == "/dry-run"
+        && let Some(view) = &state.dry_run
+    {
+        let report = view.render().await;
+        return (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::to_string_pretty(&report).unwrap_or_default(),
         )
             .into_response();
     }

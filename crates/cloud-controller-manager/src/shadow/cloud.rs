@@ -1,0 +1,259 @@
+//! The shadow cloud: forwards every read to the provider and makes no write. `ensure` and `update` of a
+//! load balancer become previews ([`LoadBalancer::preview_load_balancer`]) and answer the status the
+//! load balancer has now (so the Service's status write is a no-op unless the Service's status itself
+//! differs); `delete` of a load balancer and `create`/`delete` of a route are recorded. Instances,
+//! zones and clusters are reads and go to the provider as they are.
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use cloud_provider::{
+    CloudProvider, CloudResult, Clusters, InitializeContext, Instances, InstancesV2, LoadBalancer,
+    LoadBalancerPreview, Route, Routes, Zones,
+};
+use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
+use serde_json::json;
+
+use super::report::{CloudObject, ShadowReport, preview_json};
+
+/// A provider that writes nothing and reports what it would have written.
+pub struct ShadowCloud {
+    inner: Arc<dyn CloudProvider>,
+    report: ShadowReport,
+    /// The last backend list asked for, shared by the entries that ask for the same (node sync asks
+    /// every load balancer for the same list).
+    last_nodes: Mutex<Option<Arc<Vec<Node>>>>,
+}
+
+impl ShadowCloud {
+    /// Wraps `inner`, recording into `report`.
+    pub fn new(inner: Arc<dyn CloudProvider>, report: ShadowReport) -> Self {
+        Self {
+            inner,
+            report,
+            last_nodes: Mutex::default(),
+        }
+    }
+
+    fn shared_nodes(&self, nodes: &[Node]) -> Arc<Vec<Node>> {
+        let mut last = self.last_nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let names = |nodes: &[Node]| -> Vec<Option<String>> {
+            nodes.iter().map(|n| n.metadata.name.clone()).collect()
+        };
+        match last.as_ref() {
+            Some(shared) if names(shared) == names(nodes) => shared.clone(),
+            _ => {
+                let shared = Arc::new(nodes.to_vec());
+                *last = Some(shared.clone());
+                shared
+            }
+        }
+    }
+
+    fn lb(&self) -> CloudResult<&dyn LoadBalancer> {
+        self.inner
+            .load_balancer()
+            .ok_or(cloud_provider::CloudError::NotImplemented)
+    }
+
+    fn routes_part(&self) -> CloudResult<&dyn Routes> {
+        self.inner
+            .routes()
+            .ok_or(cloud_provider::CloudError::NotImplemented)
+    }
+
+    /// Previews ensuring the load balancer and records it under `call`.
+    async fn preview(
+        &self,
+        call: &'static str,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        let preview = self
+            .lb()?
+            .preview_load_balancer(cluster, service, nodes)
+            .await?;
+        if preview == LoadBalancerPreview::Unknown {
+            tracing::debug!(
+                service = %service_key(service),
+                "dry run: the provider cannot preview load balancers; reported as unknown"
+            );
+        }
+        self.report.record_cloud(
+            lb_key(service),
+            call,
+            CloudObject::LoadBalancer {
+                service: Arc::new(service.clone()),
+                nodes: self.shared_nodes(nodes),
+                delete: false,
+            },
+            preview_json(&preview),
+        );
+        Ok(())
+    }
+}
+
+fn service_key(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn lb_key(service: &Service) -> String {
+    format!("loadBalancer {}", service_key(service))
+}
+
+#[async_trait]
+impl CloudProvider for ShadowCloud {
+    async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
+        self.inner.initialize(ctx).await
+    }
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        self.inner
+            .load_balancer()
+            .map(|_| self as &dyn LoadBalancer)
+    }
+    fn instances(&self) -> Option<&dyn Instances> {
+        self.inner.instances()
+    }
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        self.inner.instances_v2()
+    }
+    fn zones(&self) -> Option<&dyn Zones> {
+        self.inner.zones()
+    }
+    fn clusters(&self) -> Option<&dyn Clusters> {
+        self.inner.clusters()
+    }
+    fn routes(&self) -> Option<&dyn Routes> {
+        self.inner.routes().map(|_| self as &dyn Routes)
+    }
+    fn provider_name(&self) -> &str {
+        self.inner.provider_name()
+    }
+    fn has_cluster_id(&self) -> bool {
+        self.inner.has_cluster_id()
+    }
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.inner.register_metrics(registry);
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for ShadowCloud {
+    async fn get_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        self.lb()?.get_load_balancer(cluster, service).await
+    }
+    fn get_load_balancer_name(&self, cluster: &str, service: &Service) -> String {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.get_load_balancer_name(cluster, service))
+            .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
+    }
+    /// Previews, and answers the load balancer's current status (empty when there is none).
+    async fn ensure_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerStatus> {
+        self.preview("ensure_load_balancer", cluster, service, nodes)
+            .await?;
+        Ok(self
+            .lb()?
+            .get_load_balancer(cluster, service)
+            .await?
+            .unwrap_or_default())
+    }
+    async fn update_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<()> {
+        self.preview("update_load_balancer", cluster, service, nodes)
+            .await
+    }
+    async fn ensure_load_balancer_deleted(
+        &self,
+        cluster: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let exists = self
+            .lb()?
+            .get_load_balancer(cluster, service)
+            .await?
+            .is_some();
+        let preview = if exists {
+            json!({"kind": "delete"})
+        } else {
+            json!({"kind": "upToDate"})
+        };
+        self.report.record_cloud(
+            lb_key(service),
+            "ensure_load_balancer_deleted",
+            CloudObject::LoadBalancer {
+                service: Arc::new(service.clone()),
+                nodes: Arc::default(),
+                delete: true,
+            },
+            preview,
+        );
+        Ok(())
+    }
+    async fn preview_load_balancer(
+        &self,
+        cluster: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        self.lb()?
+            .preview_load_balancer(cluster, service, nodes)
+            .await
+    }
+}
+
+#[async_trait]
+impl Routes for ShadowCloud {
+    async fn list_routes(&self, cluster: &str) -> CloudResult<Vec<Route>> {
+        self.routes_part()?.list_routes(cluster).await
+    }
+    async fn create_route(
+        &self,
+        _cluster: &str,
+        _name_hint: &str,
+        route: &Route,
+    ) -> CloudResult<()> {
+        self.routes_part()?;
+        self.report.record_cloud(
+            format!("route {}", route.destination_cidr),
+            "create_route",
+            CloudObject::Route {
+                route: route.clone(),
+                create: true,
+            },
+            json!({"kind": "create", "destinationCIDR": route.destination_cidr, "targetNode": route.target_node}),
+        );
+        Ok(())
+    }
+    async fn delete_route(&self, _cluster: &str, route: &Route) -> CloudResult<()> {
+        self.routes_part()?;
+        self.report.record_cloud(
+            format!("route {}", route.destination_cidr),
+            "delete_route",
+            CloudObject::Route {
+                route: route.clone(),
+                create: false,
+            },
+            json!({"kind": "delete", "destinationCIDR": route.destination_cidr, "targetNode": route.target_node, "name": route.name}),
+        );
+        Ok(())
+    }
+}
