@@ -380,17 +380,17 @@ mod tests {
             }
         );
         assert!(cloud.snapshot().load_balancers.is_empty());
-        lb.ensure_load_balancer("k", &web, &[a.clone()])
+        lb.ensure_load_balancer("k", &web, std::slice::from_ref(&a))
             .await
             .unwrap();
         assert_eq!(
-            lb.preview_load_balancer("k", &web, &[a.clone()])
+            lb.preview_load_balancer("k", &web, std::slice::from_ref(&a))
                 .await
                 .unwrap(),
             LoadBalancerPreview::UpToDate
         );
         assert_eq!(
-            lb.preview_load_balancer("k", &web, &[b.clone()])
+            lb.preview_load_balancer("k", &web, std::slice::from_ref(&b))
                 .await
                 .unwrap(),
             LoadBalancerPreview::Change {
