@@ -157,7 +157,9 @@ impl LoadBalancer for ShadowCloud {
             .map(|lb| lb.get_load_balancer_name(cluster, service))
             .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
     }
-    /// Previews, and answers the load balancer's current status (empty when there is none).
+    /// Previews, and answers the load balancer's current status; without a load balancer, the
+    /// Service's own status (so the controller neither writes a status nor takes "no status" for an
+    /// error and retries).
     async fn ensure_load_balancer(
         &self,
         cluster: &str,
@@ -166,11 +168,16 @@ impl LoadBalancer for ShadowCloud {
     ) -> CloudResult<LoadBalancerStatus> {
         self.preview("ensure_load_balancer", cluster, service, nodes)
             .await?;
-        Ok(self
-            .lb()?
-            .get_load_balancer(cluster, service)
-            .await?
-            .unwrap_or_default())
+        if let Some(status) = self.lb()?.get_load_balancer(cluster, service).await? {
+            return Ok(status);
+        }
+        let mut own = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.clone())
+            .unwrap_or_default();
+        own.ingress.get_or_insert_with(Vec::new);
+        Ok(own)
     }
     async fn update_load_balancer(
         &self,
