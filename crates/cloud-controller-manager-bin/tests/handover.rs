@@ -406,6 +406,9 @@ async fn go_leads_ours_waits_then_takes_over_when_go_stops() {
             "one manager initialized the Node: {managers:?}"
         );
         assert!(!managers.contains(&GoCcm::field_manager()), "{managers:?}");
+        // Ours names itself as client-go does (the binary's name before the first `/` of its user
+        // agent), not `unknown`.
+        assert!(managers.contains(&our_field_manager()), "{managers:?}");
     }
 
     // At no point did both act: every write of ours came after it acquired the Lease, which was
@@ -455,6 +458,9 @@ async fn ours_leads_go_waits_then_takes_over(signal: &str) -> SignedDuration {
             "one manager initialized the Node: {managers:?}"
         );
         assert!(!managers.contains(&GoCcm::field_manager()), "{managers:?}");
+        // Ours names itself as client-go does (the binary's name before the first `/` of its user
+        // agent), not `unknown`.
+        assert!(managers.contains(&our_field_manager()), "{managers:?}");
     }
     assert_eq!(
         renewed_since(
@@ -573,4 +579,10 @@ async fn ours_leads_go_waits_then_takes_over_when_ours_is_killed() {
         took <= bound,
         "the Go CCM took over {took:#} after ours' last renewal, more than {bound:#}"
     );
+}
+
+/// The field manager of our manager's writes: the binary's name, as client-go's user agent makes
+/// upstream's `cloud-controller-manager`.
+fn our_field_manager() -> String {
+    "cloud-controller-manager".to_owned()
 }

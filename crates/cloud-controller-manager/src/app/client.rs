@@ -71,7 +71,42 @@ pub async fn client_config(options: &ClientOptions) -> Result<Config, ClientErro
     if !master.is_empty() {
         config.cluster_url = master_url(master)?;
     }
+    set_user_agent(&mut config, None);
     Ok(config)
+}
+
+/// client-go's user agent shape, `<binary>/v<version> (<os>/<arch>) ccm-rs[/<controller>]`. The
+/// API server names the field manager of a write without one after the part before the first `/`, so
+/// managedFields name the binary (`cloud-controller-manager`), as upstream's writes do, instead of
+/// `unknown`; the controller's name shows in audit logs, as upstream's `AddUserAgent` puts it there.
+pub fn set_user_agent(config: &mut Config, controller: Option<&str>) {
+    let binary = std::env::args_os()
+        .next()
+        .and_then(|argv0| {
+            std::path::Path::new(&argv0)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+        })
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "cloud-controller-manager".to_owned());
+    let mut agent = format!(
+        "{binary}/v{} ({}/{}) ccm-rs",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    );
+    if let Some(controller) = controller {
+        agent.push('/');
+        agent.push_str(controller);
+    }
+    config
+        .headers
+        .retain(|(name, _)| name != http::header::USER_AGENT);
+    // A name that is not a valid header value (a binary named with control characters) keeps the
+    // client's default rather than failing the start.
+    if let Ok(value) = http::HeaderValue::from_str(&agent) {
+        config.headers.push((http::header::USER_AGENT, value));
+    }
 }
 
 /// `--master` as the API server's URL: `http://` or `https://`, a host, and nothing the client would
@@ -157,6 +192,34 @@ pub fn build_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_user_agent_names_the_binary_first_and_the_controller_last() {
+        let mut config = Config::new(master_url("https://127.0.0.1:6443").unwrap());
+        set_user_agent(&mut config, None);
+        set_user_agent(&mut config, Some("cloud-node-controller"));
+        let agents: Vec<_> = config
+            .headers
+            .iter()
+            .filter(|(name, _)| name == http::header::USER_AGENT)
+            .map(|(_, value)| value.to_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(agents.len(), 1, "{agents:?}");
+        let binary = std::env::current_exe().unwrap();
+        let binary = binary.file_name().unwrap().to_string_lossy();
+        // The API server's field manager for a write is the part before the first `/`.
+        assert_eq!(agents[0].split('/').next().unwrap(), binary);
+        assert!(
+            agents[0].ends_with(&format!(
+                "/v{} ({}/{}) ccm-rs/cloud-node-controller",
+                env!("CARGO_PKG_VERSION"),
+                std::env::consts::OS,
+                std::env::consts::ARCH
+            )),
+            "{}",
+            agents[0]
+        );
+    }
 
     #[test]
     fn master_urls_need_an_http_scheme_and_a_host() {

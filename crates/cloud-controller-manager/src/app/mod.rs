@@ -311,8 +311,19 @@ struct ClientFactory {
 
 impl ClientFactory {
     fn build(&self) -> Result<kube::Client, AppError> {
+        self.build_with(self.config.clone())
+    }
+
+    /// A client whose user agent names `controller` (upstream's per-controller clients).
+    fn build_for(&self, controller: &str) -> Result<kube::Client, AppError> {
+        let mut config = self.config.clone();
+        client::set_user_agent(&mut config, Some(controller));
+        self.build_with(config)
+    }
+
+    fn build_with(&self, config: kube::Config) -> Result<kube::Client, AppError> {
         Ok(client::build_client(
-            self.config.clone(),
+            config,
             &self.options,
             &self.metrics.requests,
             &self.fence,
@@ -364,7 +375,7 @@ async fn run_controllers(
     let mut names = std::collections::HashMap::new();
     for (name, start) in configured {
         let context = ControllerContext {
-            client: clients.build()?,
+            client: clients.build_for(name)?,
             ..context.clone()
         };
         match start(context) {
