@@ -21,7 +21,8 @@ use std::{sync::Arc, time::Duration};
 use aws_config::SdkConfig;
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, CloudResult, InstanceMetadata, InstancesV2,
-    LoadBalancer, ProviderResult, Route, Routes, Zone, Zones, register_provider,
+    LoadBalancer, LoadBalancerPreview, ProviderResult, Route, Routes, Zone, Zones,
+    register_provider,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use tokio::sync::OnceCell;
@@ -266,6 +267,19 @@ impl LoadBalancer for AwsCloud {
         parts
             .load_balancers
             .ensure_load_balancer_deleted(cluster_name, service)
+            .await
+    }
+
+    async fn preview_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        let parts = self.parts().await?;
+        parts
+            .load_balancers
+            .preview_load_balancer(cluster_name, service, nodes)
             .await
     }
 }

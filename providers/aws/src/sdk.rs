@@ -270,6 +270,7 @@ pub struct Calls {
     pub clients: Clients,
     retry: RetryPolicy,
     metrics: ApiMetrics,
+    read_only: bool,
 }
 
 impl Calls {
@@ -279,6 +280,15 @@ impl Calls {
             clients,
             retry,
             metrics,
+            read_only: false,
+        }
+    }
+
+    /// The same call path refusing every operation but `Describe*` (for previews).
+    pub fn read_only(&self) -> Self {
+        Self {
+            read_only: true,
+            ..self.clone()
         }
     }
 
@@ -292,6 +302,11 @@ impl Calls {
         E: ProvideErrorMetadata + std::error::Error + 'static,
         R: std::fmt::Debug,
     {
+        if self.read_only && !operation.contains("Describe") {
+            return Err(Error::Setup(format!(
+                "AWS {operation} refused: a preview makes only Describe calls"
+            )));
+        }
         let mut delay = self.retry.base_delay;
         let mut attempt = 1;
         loop {

@@ -8,7 +8,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
     TargetTypeEnum,
 };
-use cloud_provider::CloudProvider;
+use cloud_provider::{CloudProvider, LoadBalancerPreview};
 use cloud_provider_aws::spec::{ANNOTATION_TYPE, Port};
 use k8s_openapi::api::core::v1::Node;
 use support::*;
@@ -563,4 +563,185 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
         .await
         .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+/// The shadow-mode preview, asserting it made no AWS write.
+async fn preview(
+    cloud: &cloud_provider_aws::AwsCloud,
+    service: &k8s_openapi::api::core::v1::Service,
+    nodes: &[Node],
+) -> LoadBalancerPreview {
+    let before = cloud.api_metrics().requests();
+    let preview = cloud
+        .load_balancer()
+        .unwrap()
+        .preview_load_balancer("kubernetes", service, nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        writes_since(cloud, &before),
+        Vec::<String>::new(),
+        "a preview makes Describe calls only"
+    );
+    preview
+}
+
+/// Deregisters `id` behind the load balancer straight through the SDK (the Classic ELB, or every
+/// target group of the NLB), as an operator or another controller would.
+async fn deregister_directly(nlb: bool, id: &str) {
+    if !nlb {
+        elb()
+            .deregister_instances_from_load_balancer()
+            .load_balancer_name(LB_NAME)
+            .instances(
+                aws_sdk_elasticloadbalancing::types::Instance::builder()
+                    .instance_id(id)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        return;
+    }
+    let v2 = elbv2();
+    let lb = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(lb.load_balancers()[0].load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    for g in groups.target_groups() {
+        v2.deregister_targets()
+            .target_group_arn(g.target_group_arn().unwrap())
+            .targets(
+                TargetDescription::builder()
+                    .id(id)
+                    .port(g.port().unwrap())
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+    }
+}
+
+/// Create before the first sync, up to date after it, the backend a new node or a direct
+/// deregistration would add, and a changed port in words: each answered without a write.
+async fn preview_follows_what_ensure_would_do(annotations: &[(&str, &str)]) {
+    let nlb = !annotations.is_empty();
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 3).await;
+    let all: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes = &all[..2];
+    let name = |n: &Node| n.metadata.name.clone().unwrap();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let service = lb_service("web", UID, annotations);
+
+    let mut backends: Vec<String> = nodes.iter().map(name).collect();
+    backends.sort();
+    assert_eq!(
+        preview(&cloud, &service, nodes).await,
+        LoadBalancerPreview::Create { backends }
+    );
+    assert_eq!(
+        cluster_resources().await,
+        Vec::<String>::new(),
+        "nothing made"
+    );
+
+    lb.ensure_load_balancer("kubernetes", &service, nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        preview(&cloud, &service, nodes).await,
+        LoadBalancerPreview::UpToDate
+    );
+
+    // A node more: only that backend.
+    assert_eq!(
+        preview(&cloud, &service, &all).await,
+        LoadBalancerPreview::Change {
+            backends_added: vec![name(&all[2])],
+            backends_removed: vec![],
+            detail: String::new(),
+        }
+    );
+    // A node fewer: only that backend.
+    assert_eq!(
+        preview(&cloud, &service, &nodes[..1]).await,
+        LoadBalancerPreview::Change {
+            backends_added: vec![],
+            backends_removed: vec![name(&nodes[1])],
+            detail: String::new(),
+        }
+    );
+
+    // Deregistered behind our back: ensure would register it again.
+    deregister_directly(nlb, &instances[0].id).await;
+    assert_eq!(
+        preview(&cloud, &service, nodes).await,
+        LoadBalancerPreview::Change {
+            backends_added: vec![name(&nodes[0])],
+            backends_removed: vec![],
+            detail: String::new(),
+        }
+    );
+    lb.ensure_load_balancer("kubernetes", &service, nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        preview(&cloud, &service, nodes).await,
+        LoadBalancerPreview::UpToDate,
+        "ensure restored what the preview said it would"
+    );
+
+    // Port 80 becomes 8080: said in words, backends unchanged.
+    let mut moved = service.clone();
+    moved.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 8080;
+    match preview(&cloud, &moved, nodes).await {
+        LoadBalancerPreview::Change {
+            backends_added,
+            backends_removed,
+            detail,
+        } => {
+            assert!(backends_added.is_empty() && backends_removed.is_empty());
+            assert!(detail.contains("8080"), "{detail}");
+            assert!(
+                detail.contains("port 80 would be deleted") || detail.contains("[80]"),
+                "{detail}"
+            );
+        }
+        other => panic!("expected a change, got {other:?}"),
+    }
+    lb.ensure_load_balancer("kubernetes", &moved, nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        preview(&cloud, &moved, nodes).await,
+        LoadBalancerPreview::UpToDate
+    );
+
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_classic_elb_preview_tells_create_up_to_date_and_changes_without_writing() {
+    let _serial = SERIAL.lock().await;
+    preview_follows_what_ensure_would_do(&[]).await;
+}
+
+#[tokio::test]
+async fn an_nlb_preview_tells_create_up_to_date_and_changes_without_writing() {
+    let _serial = SERIAL.lock().await;
+    preview_follows_what_ensure_would_do(&[(ANNOTATION_TYPE, "nlb")]).await;
 }

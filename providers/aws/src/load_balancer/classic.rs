@@ -51,12 +51,20 @@ impl LoadBalancers {
         }
     }
 
-    /// The group `k8s-elb-<name>` in the VPC, created (tagged for the cluster) when missing.
-    async fn ensure_elb_security_group(&self, spec: &LbSpec, vpc_id: &str) -> Result<String> {
+    /// The group `k8s-elb-<name>` in the VPC, created (tagged for the cluster) when missing; `None` in a
+    /// preview that would create it.
+    async fn ensure_elb_security_group(
+        &self,
+        spec: &LbSpec,
+        vpc_id: &str,
+    ) -> Result<Option<String>> {
         let ec2 = &self.calls.clients.ec2;
         let name = security_group_name(&spec.name);
         if let Some(id) = self.security_group_named(&name, vpc_id).await? {
-            return Ok(id);
+            return Ok(Some(id));
+        }
+        if self.previewed(|| format!("security group {name} would be created in {vpc_id}")) {
+            return Ok(None);
         }
         let mut tags = TagSpecification::builder().resource_type(ResourceType::SecurityGroup);
         for (k, v) in &spec.tags {
@@ -78,10 +86,12 @@ impl LoadBalancers {
                     .send()
             })
             .await?;
-        out.group_id().map(str::to_owned).ok_or(Error::Response {
-            operation: "CreateSecurityGroup",
-            missing: "group ID",
-        })
+        out.group_id()
+            .map(|g| Some(g.to_owned()))
+            .ok_or(Error::Response {
+                operation: "CreateSecurityGroup",
+                missing: "group ID",
+            })
     }
 
     async fn security_group_named(&self, name: &str, vpc_id: &str) -> Result<Option<String>> {
@@ -122,8 +132,11 @@ impl LoadBalancers {
         } else if let Some(sg) = &self.config.global.elb_security_group {
             (vec![sg.clone()], None)
         } else {
-            let sg = self.ensure_elb_security_group(spec, &vpc_id).await?;
-            (vec![sg.clone()], Some(sg))
+            match self.ensure_elb_security_group(spec, &vpc_id).await? {
+                Some(sg) => (vec![sg.clone()], Some(sg)),
+                // A preview: the group, its rules and the nodes' rules would all be new.
+                None => (vec![security_group_name(&spec.name)], None),
+            }
         };
         groups.extend(spec.extra_security_groups.iter().cloned());
         if let Some(sg) = &owned {
@@ -163,7 +176,11 @@ impl LoadBalancers {
                 current.sort();
                 let mut wanted: Vec<&str> = groups.iter().map(String::as_str).collect();
                 wanted.sort();
-                if current != wanted {
+                if current != wanted
+                    && !self.previewed(|| {
+                        format!("security groups would change from {current:?} to {wanted:?}")
+                    })
+                {
                     self.calls
                         .call("ApplySecurityGroupsToLoadBalancer", || {
                             elb.apply_security_groups_to_load_balancer()
@@ -176,6 +193,9 @@ impl LoadBalancers {
                 lb
             }
             None => {
+                if self.previewed(|| format!("Classic ELB {} would be created", spec.name)) {
+                    return Ok(LoadBalancerStatus::default());
+                }
                 let subnets = self.subnets(spec, &vpc_id, cluster_id).await?;
                 let tags: Vec<Tag> = spec
                     .tags
@@ -247,7 +267,9 @@ impl LoadBalancers {
             .filter(|w| !current.iter().any(|c| same(c, w)))
             .cloned()
             .collect();
-        if !remove.is_empty() {
+        if !remove.is_empty()
+            && !self.previewed(|| format!("listeners on ports {remove:?} would be deleted"))
+        {
             self.calls
                 .call("DeleteLoadBalancerListeners", || {
                     elb.delete_load_balancer_listeners()
@@ -257,7 +279,15 @@ impl LoadBalancers {
                 })
                 .await?;
         }
-        if !add.is_empty() {
+        if !add.is_empty()
+            && !self.previewed(|| {
+                let ports: Vec<String> = add
+                    .iter()
+                    .map(|l| format!("{}->{}", l.load_balancer_port(), l.instance_port()))
+                    .collect();
+                format!("listeners {} would be created", ports.join(", "))
+            })
+        {
             self.calls
                 .call("CreateLoadBalancerListeners", || {
                     elb.create_load_balancer_listeners()
@@ -286,6 +316,18 @@ impl LoadBalancers {
                 && c.unhealthy_threshold() == hc.unhealthy_threshold
         });
         if same {
+            return Ok(());
+        }
+        if self.previewed(|| {
+            format!(
+                "health check would change from {:?} to {target} (interval {}s, timeout {}s, thresholds {}/{})",
+                current.map(|c| c.target()).unwrap_or("none"),
+                hc.interval,
+                hc.timeout,
+                hc.healthy_threshold,
+                hc.unhealthy_threshold
+            )
+        }) {
             return Ok(());
         }
         let check = ElbHealthCheck::builder()
@@ -324,6 +366,9 @@ impl LoadBalancers {
             .map(|c| c.enabled())
             .unwrap_or(false);
         if current == enabled {
+            return Ok(());
+        }
+        if self.previewed(|| format!("cross-zone load balancing would be set to {enabled}")) {
             return Ok(());
         }
         let cross = CrossZoneLoadBalancing::builder().enabled(enabled).build();
@@ -365,6 +410,12 @@ impl LoadBalancers {
             .filter(|c| !instances.iter().any(|i| i.id == **c))
             .map(|c| Instance::builder().instance_id(*c).build())
             .collect();
+        if self.previewed_backends(
+            add.iter().filter_map(|i| i.instance_id()),
+            remove.iter().filter_map(|i| i.instance_id()),
+        ) {
+            return Ok(());
+        }
         if !add.is_empty() {
             self.calls
                 .call("RegisterInstancesWithLoadBalancer", || {
@@ -431,6 +482,11 @@ impl LoadBalancers {
             .user_id_group_pairs(UserIdGroupPair::builder().group_id(lb_group).build())
             .build();
         for g in wanted.iter().filter(|g| !has.contains(g)) {
+            if self
+                .previewed(|| format!("security group {g} would allow all traffic from {lb_group}"))
+            {
+                continue;
+            }
             self.calls
                 .call("AuthorizeSecurityGroupIngress", || {
                     ec2.authorize_security_group_ingress()
@@ -441,6 +497,11 @@ impl LoadBalancers {
                 .await?;
         }
         for g in has.iter().filter(|g| !wanted.contains(g)) {
+            if self.previewed(|| {
+                format!("security group {g} would no longer allow traffic from {lb_group}")
+            }) {
+                continue;
+            }
             self.revoke_group_reference(g, lb_group).await?;
         }
         Ok(())

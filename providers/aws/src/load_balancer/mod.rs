@@ -8,14 +8,18 @@
 
 mod classic;
 mod nlb;
+mod plan;
 pub mod spec;
 
 pub use nlb::target_group_name;
 
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, Mutex},
+};
 
 use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
-use cloud_provider::{CloudResult, LoadBalancer, default_load_balancer_name};
+use cloud_provider::{CloudResult, LoadBalancer, LoadBalancerPreview, default_load_balancer_name};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{
@@ -24,6 +28,7 @@ use crate::{
     instances::{Describer, InstanceInfo, Key},
     sdk::Calls,
 };
+use plan::Plan;
 use spec::{Kind, LbSpec, TAG_CLUSTER_PREFIX};
 
 /// The load balancers of one provider.
@@ -31,6 +36,8 @@ pub struct LoadBalancers {
     calls: Calls,
     describer: Arc<Describer>,
     config: Arc<Config>,
+    /// Set in a preview: writes are recorded here instead of made.
+    plan: Option<Arc<Mutex<Plan>>>,
 }
 
 impl LoadBalancers {
@@ -40,7 +47,90 @@ impl LoadBalancers {
             calls,
             describer,
             config,
+            plan: None,
         }
+    }
+
+    /// The same load balancers recording into a fresh plan what a sync would write (with a call path
+    /// that refuses writes, should a write site forget to ask [`Self::previewed`]).
+    fn previewing(&self) -> (Self, Arc<Mutex<Plan>>) {
+        let plan = Arc::new(Mutex::new(Plan::default()));
+        let this = Self {
+            calls: self.calls.read_only(),
+            describer: self.describer.clone(),
+            config: self.config.clone(),
+            plan: Some(plan.clone()),
+        };
+        (this, plan)
+    }
+
+    /// In a preview, records `change` and answers true: the caller skips its write. Otherwise false.
+    fn previewed(&self, change: impl FnOnce() -> String) -> bool {
+        match &self.plan {
+            Some(plan) => {
+                plan.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .change(change());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// In a preview, records backends (instance IDs) to register and deregister and answers true.
+    fn previewed_backends<'a>(
+        &self,
+        added: impl IntoIterator<Item = &'a str>,
+        removed: impl IntoIterator<Item = &'a str>,
+    ) -> bool {
+        match &self.plan {
+            Some(plan) => {
+                plan.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .backends(added, removed);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Node names for instance IDs: the node of `nodes` behind each, else the instance's private DNS
+    /// name (upstream's node name), else the ID itself.
+    async fn node_names(
+        &self,
+        ids: &std::collections::BTreeSet<String>,
+        nodes: &[(String, String)],
+    ) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        for id in ids {
+            if let Some((_, node)) = nodes.iter().find(|(i, _)| i == id) {
+                names.push(node.clone());
+                continue;
+            }
+            let found = self.describer.find(&Key::Id(id.clone())).await?;
+            names.push(
+                found
+                    .map(|i| i.private_dns)
+                    .filter(|d| !d.is_empty())
+                    .unwrap_or_else(|| id.clone()),
+            );
+        }
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// The instance ID behind each node of `nodes` that has one, with the node's name.
+    async fn node_instances(&self, nodes: &[&Node]) -> Result<Vec<(String, String)>> {
+        let mut out = Vec::new();
+        for n in nodes {
+            if let Some(i) = self.describer.find(&Key::of(n)?).await?
+                && !i.is_terminated()
+            {
+                out.push((i.id, n.metadata.name.clone().unwrap_or_default()));
+            }
+        }
+        Ok(out)
     }
 
     /// The cluster ID in tags: the cloud-config's, else the manager's `--cluster-name`.
@@ -295,7 +385,31 @@ impl LoadBalancers {
             .filter(|e| !desired.contains(e))
             .map(perm)
             .collect();
-        if !missing.is_empty() {
+        let words = |rules: &[IpPermission]| -> String {
+            rules
+                .iter()
+                .map(|p| {
+                    let cidrs: Vec<&str> =
+                        p.ip_ranges().iter().filter_map(|r| r.cidr_ip()).collect();
+                    format!(
+                        "{} {}-{} from {}",
+                        p.ip_protocol().unwrap_or_default(),
+                        p.from_port().unwrap_or(0),
+                        p.to_port().unwrap_or(0),
+                        cidrs.join(",")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !missing.is_empty()
+            && !self.previewed(|| {
+                format!(
+                    "security group {group} would allow {} ({description})",
+                    words(&missing)
+                )
+            })
+        {
             self.calls
                 .call("AuthorizeSecurityGroupIngress", || {
                     ec2.authorize_security_group_ingress()
@@ -305,7 +419,14 @@ impl LoadBalancers {
                 })
                 .await?;
         }
-        if !extra.is_empty() {
+        if !extra.is_empty()
+            && !self.previewed(|| {
+                format!(
+                    "security group {group} would no longer allow {} ({description})",
+                    words(&extra)
+                )
+            })
+        {
             self.calls
                 .call("RevokeSecurityGroupIngress", || {
                     ec2.revoke_security_group_ingress()
@@ -413,6 +534,49 @@ impl LoadBalancer for LoadBalancers {
             }
         }
         Ok(())
+    }
+
+    /// Runs the sync of [`LoadBalancer::ensure_load_balancer`] with every write recorded instead of made.
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn preview_load_balancer(
+        &self,
+        cluster_name: &str,
+        service: &Service,
+        nodes: &[Node],
+    ) -> CloudResult<LoadBalancerPreview> {
+        let spec = self.spec(cluster_name, service)?;
+        let targets = spec.target_nodes(nodes);
+        let named = self.node_instances(&targets).await?;
+        let exists = match spec.kind {
+            Kind::Nlb => self.describe_nlb(&spec.name).await?.is_some(),
+            Kind::Classic => self.describe_classic(&spec.name).await?.is_some(),
+        };
+        if !exists {
+            let mut backends: Vec<String> = named.into_iter().map(|(_, n)| n).collect();
+            backends.sort();
+            backends.dedup();
+            return Ok(LoadBalancerPreview::Create { backends });
+        }
+        let instances = self.instances(&targets).await?;
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        let (preview, plan) = self.previewing();
+        match spec.kind {
+            Kind::Nlb => preview.ensure_nlb(&spec, &instances, &cluster_id).await?,
+            Kind::Classic => {
+                preview
+                    .ensure_classic(&spec, &instances, &cluster_id)
+                    .await?
+            }
+        };
+        let plan = std::mem::take(&mut *plan.lock().unwrap_or_else(|e| e.into_inner()));
+        if plan.added.is_empty() && plan.removed.is_empty() && plan.changes.is_empty() {
+            return Ok(LoadBalancerPreview::UpToDate);
+        }
+        Ok(LoadBalancerPreview::Change {
+            backends_added: self.node_names(&plan.added, &named).await?,
+            backends_removed: self.node_names(&plan.removed, &named).await?,
+            detail: plan.changes.join("; "),
+        })
     }
 
     #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]

@@ -144,6 +144,9 @@ impl LoadBalancers {
         let lb = match self.describe_nlb(&spec.name).await? {
             Some(lb) => lb,
             None => {
+                if self.previewed(|| format!("NLB {} would be created", spec.name)) {
+                    return Ok(LoadBalancerStatus::default());
+                }
                 let vpc = self.vpc_id(instances).await?;
                 let subnets = self.subnets(spec, &vpc, cluster_id).await?;
                 tracing::info!(
@@ -204,7 +207,19 @@ impl LoadBalancers {
                     self.sync_health_check(&g, spec).await?;
                     g
                 }
-                None => self.create_target_group(&name, port, &vpc_id, spec).await?,
+                None => {
+                    if self.previewed(|| {
+                        format!(
+                            "target group {name} would be created for port {} (node port {}, {}) and the listener on port {} would forward to it",
+                            port.port, port.node_port, port.protocol, port.port
+                        )
+                    }) {
+                        // Its listener is accounted for; the group's targets would all be new.
+                        listeners.retain(|l| l.port() != Some(port.port));
+                        continue;
+                    }
+                    self.create_target_group(&name, port, &vpc_id, spec).await?
+                }
             };
             let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
             self.sync_targets(&group_arn, port.node_port, instances)
@@ -221,7 +236,15 @@ impl LoadBalancers {
                         .default_actions()
                         .iter()
                         .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
-                    if l.protocol() != Some(&protocol) || !forwards_here {
+                    if (l.protocol() != Some(&protocol) || !forwards_here)
+                        && !self.previewed(|| {
+                            format!(
+                                "the listener on port {} would change to {} forwarding to {group_arn}",
+                                port.port,
+                                protocol.as_str()
+                            )
+                        })
+                    {
                         self.calls
                             .call("ModifyListener", || {
                                 elbv2
@@ -235,6 +258,16 @@ impl LoadBalancers {
                     }
                 }
                 None => {
+                    if self.previewed(|| {
+                        format!(
+                            "a {} listener on port {} would be created",
+                            protocol.as_str(),
+                            port.port
+                        )
+                    }) {
+                        wanted_groups.push(group_arn);
+                        continue;
+                    }
                     self.calls
                         .call("CreateListener", || {
                             elbv2
@@ -253,6 +286,14 @@ impl LoadBalancers {
         }
         // Listeners of ports the Service no longer has, then target groups no listener uses.
         for l in listeners {
+            if self.previewed(|| {
+                format!(
+                    "the listener on port {} would be deleted",
+                    l.port().unwrap_or_default()
+                )
+            }) {
+                continue;
+            }
             self.calls
                 .call("DeleteListener", || {
                     elbv2
@@ -264,7 +305,14 @@ impl LoadBalancers {
         }
         for g in attached {
             let g_arn = g.target_group_arn().unwrap_or_default();
-            if !wanted_groups.iter().any(|w| w == g_arn) {
+            if !wanted_groups.iter().any(|w| w == g_arn)
+                && !self.previewed(|| {
+                    format!(
+                        "target group {} would be deleted",
+                        g.target_group_name().unwrap_or(g_arn)
+                    )
+                })
+            {
                 self.delete_target_group(g_arn).await?;
             }
         }
@@ -327,6 +375,20 @@ impl LoadBalancers {
         if same {
             return Ok(());
         }
+        if self.previewed(|| {
+            format!(
+                "the health check of target group {} would change to {}:{}{} (timeout {}s, thresholds {}/{})",
+                group.target_group_name().unwrap_or_default(),
+                hc.protocol,
+                hc.port,
+                hc.path,
+                hc.timeout,
+                hc.healthy_threshold,
+                hc.unhealthy_threshold
+            )
+        }) {
+            return Ok(());
+        }
         let elbv2 = &self.calls.clients.elbv2;
         self.calls
             .call("ModifyTargetGroup", || {
@@ -384,6 +446,12 @@ impl LoadBalancers {
             .filter(|c| !wanted.contains(c))
             .map(target)
             .collect();
+        if self.previewed_backends(
+            add.iter().filter_map(|t| t.id()),
+            remove.iter().filter_map(|t| t.id()),
+        ) {
+            return Ok(());
+        }
         if !add.is_empty() {
             self.calls
                 .call("RegisterTargets", || {
@@ -429,6 +497,9 @@ impl LoadBalancers {
             .map(|v| v == "true")
             .unwrap_or(false);
         if current == enabled {
+            return Ok(());
+        }
+        if self.previewed(|| format!("cross-zone load balancing would be set to {enabled}")) {
             return Ok(());
         }
         let attribute = LoadBalancerAttribute::builder()
