@@ -41,11 +41,18 @@ impl Harness {
     /// In a namespace that may exist already (the fake's failures are drawn per `namespace/name`, so a
     /// fixed namespace makes them the same on every run).
     async fn start_in(namespace: String, extra_cloud_config: &str) -> Self {
+        Self::start_with(namespace, extra_cloud_config, &[]).await
+    }
+
+    /// With flags added to `--controllers=service`.
+    async fn start_with(namespace: String, extra_cloud_config: &str, flags: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let state_file = dir.path().join("state.json");
+        let mut args = vec!["--controllers=service"];
+        args.extend_from_slice(flags);
         let manager = RunningManager::start(
             &format!("stateFile: {}\n{extra_cloud_config}", state_file.display()),
-            &["--controllers=service"],
+            &args,
         )
         .await;
         Self {
@@ -349,6 +356,64 @@ async fn node_changes_reach_only_the_load_balancers_whose_backends_change() {
     h.delete("b").await;
     eventually("no load balancers", WAIT, || async {
         (h.load_balancer("a").is_none() && h.load_balancer("b").is_none()).then_some(())
+    })
+    .await;
+    h.stop(3).await;
+}
+
+/// Each update of a pass gives the backends current when it starts: a node added while a pass is in the
+/// cloud reaches the load balancer that pass has not updated yet, and the next pass updates only the one
+/// it gave the older backends.
+#[tokio::test]
+async fn a_node_change_during_a_pass_reaches_the_load_balancers_it_has_not_updated_yet() {
+    let _serial = SERIAL.lock().await;
+    // One update at a time, 2 s each: the second node comes while the first update is in the cloud.
+    let namespace = unique_name("svc");
+    create_namespace(&namespace).await;
+    let h = Harness::start_with(
+        namespace,
+        "latency: 2s\n",
+        &["--concurrent-service-syncs=1"],
+    )
+    .await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    h.create("a", &[80]).await;
+    h.create("b", &[80]).await;
+    h.provisioned("a").await;
+    h.provisioned("b").await;
+    let updates = |h: &Harness| -> [u64; 2] {
+        let state = h.manager.cloud.snapshot();
+        ["a", "b"].map(|name| {
+            state.calls_about("update_load_balancer", &format!("{}/{name}", h.namespace))
+        })
+    };
+    let before = updates(&h);
+
+    create_node(&kubelet_node(&h.node_name(1))).await;
+    // The fake counts a call when it starts.
+    eventually("the pass to start", WAIT, || async {
+        (updates(&h) != before).then_some(())
+    })
+    .await;
+    create_node(&kubelet_node(&h.node_name(2))).await;
+    let all = [h.node_name(0), h.node_name(1), h.node_name(2)];
+    eventually("both load balancers with every node", WAIT, || async {
+        (h.backends("a") == all && h.backends("b") == all).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // another update would have started by now
+    let after = updates(&h);
+    let mut made = [after[0] - before[0], after[1] - before[1]];
+    made.sort();
+    assert_eq!(
+        made,
+        [1, 2],
+        "update_load_balancer calls of the Service updated second and first"
+    );
+    h.delete("a").await;
+    h.delete("b").await;
+    eventually("both Services gone", WAIT, || async {
+        (h.get("a").await.is_none() && h.get("b").await.is_none()).then_some(())
     })
     .await;
     h.stop(3).await;

@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Backends, Context, Tracked,
     events::{ServiceEvent, Step},
-    key,
     node_set::{BackendFacts, BackendSet},
     plan::wants_load_balancer,
 };
@@ -25,7 +24,9 @@ use crate::informers::Change;
 /// (the benchmark's 20 creations and 20 deletions: 21 to 39 ms in all, at most 9 ms apart). Kubelets
 /// registering new machines come seconds apart, which no wait here gathers. Every millisecond waited
 /// delays every change, and is what upstream saves by syncing at once (paying with a second update for
-/// the load balancers it updated mid-burst): hence 50 ms. A burst with a longer pause is two bursts.
+/// the load balancers it updated mid-burst): hence 50 ms. A burst with a longer pause is two bursts,
+/// and costs no more than upstream: the second reaches the load balancers the first one's pass has not
+/// updated yet, so only those it updated already get a second update.
 const NODE_SYNC_QUIET: Duration = Duration::from_millis(50);
 /// However long a burst goes on, its pass runs at most this long after its first change.
 const NODE_SYNC_MAX_WAIT: Duration = Duration::from_millis(500);
@@ -59,10 +60,12 @@ impl Burst {
 /// changed) updates the load balancers whose backends differ; other node updates (heartbeats, conditions,
 /// labels) do nothing. A burst of changes makes one pass, once the changes have paused for
 /// [`NODE_SYNC_QUIET`] (50 ms) or at most [`NODE_SYNC_MAX_WAIT`] (500 ms) after the first; so a lone
-/// change waits 50 ms, and each load balancer gets one update per burst. One pass at a time; changes
-/// during a pass are read as they come (so the shared node watch never waits for it) and start the next
-/// burst. A sync that ends with outdated backends asks for a pass, and one runs every
-/// [`NODE_SYNC_PERIOD`] in any case, with the backend list recomputed from the node cache.
+/// change waits 50 ms, and each load balancer gets one update per burst. One pass at a time: each of
+/// its updates gives the backends current when that update starts, so changes during a pass reach the
+/// load balancers not updated yet, and start the next burst, whose pass updates only the load balancers
+/// given older backends. Changes are read during a pass too, so the shared node watch never waits for
+/// it. A sync that ends with outdated backends asks for a pass, and one runs every [`NODE_SYNC_PERIOD`]
+/// in any case, with the backend list recomputed from the node cache.
 pub(super) async fn node_sync_loop(
     ctx: Arc<Context>,
     changes: impl Stream<Item = Change<Node>> + Send + 'static,
@@ -125,7 +128,8 @@ pub(super) async fn node_sync_loop(
                 () = shutdown.cancelled() => return,
             }
         }
-        // Changes during the pass are observed as they come, for the next pass.
+        // Changes during the pass are observed as they come: the updates not started yet give the new
+        // backends, and the next pass updates the load balancers given older ones.
         let pass = sync_nodes(&ctx);
         tokio::pin!(pass);
         loop {
@@ -144,19 +148,23 @@ pub(super) async fn node_sync_loop(
     }
 }
 
+/// Whether a load balancer needs `wanted` as its backends: the Service's last sync completed, it wants a
+/// load balancer, and its backends differ.
+fn outdated(tracked: &Tracked, wanted: &Arc<BackendSet>) -> bool {
+    tracked.synced
+        && wants_load_balancer(&tracked.service)
+        && !Arc::ptr_eq(&tracked.backends, wanted)
+        && tracked.backends != *wanted
+}
+
 async fn sync_nodes(ctx: &Arc<Context>) {
     let started = Instant::now();
     let Backends { nodes, set: wanted } = ctx.backends();
-    let stale: Vec<Tracked> = ctx
+    let stale: Vec<String> = ctx
         .tracked()
-        .values()
-        .filter(|t| {
-            t.synced
-                && wants_load_balancer(&t.service)
-                && !Arc::ptr_eq(&t.backends, &wanted)
-                && t.backends != wanted
-        })
-        .cloned()
+        .iter()
+        .filter(|(_, tracked)| outdated(tracked, &wanted))
+        .map(|(key, _)| key.clone())
         .collect();
     if stale.is_empty() {
         return;
@@ -167,29 +175,35 @@ async fn sync_nodes(ctx: &Arc<Context>) {
         "updating load balancer hosts"
     );
     futures::stream::iter(stale)
-        .for_each_concurrent(ctx.workers.max(1), |tracked| {
-            let nodes = &nodes;
-            let wanted = &wanted;
-            async move { update_hosts(ctx, tracked, nodes, wanted).await }
-        })
+        .for_each_concurrent(ctx.workers.max(1), |key| update_hosts(ctx, key))
         .await;
     ctx.metrics
         .nodesync_latency
         .observe(started.elapsed().as_secs_f64());
 }
 
-async fn update_hosts(ctx: &Context, tracked: Tracked, nodes: &[Node], wanted: &Arc<BackendSet>) {
-    let service = tracked.service;
-    let key = key(&service);
-    // Recorded before the cloud call: a failure is retried through a full sync, not here.
-    if let Some(entry) = ctx.tracked().get_mut(&key) {
-        entry.backends = wanted.clone();
-    }
+async fn update_hosts(ctx: &Context, key: String) {
+    // The backends as they are when this update starts, not when the pass started: a node change since
+    // then reaches this load balancer in this pass.
+    let Backends { nodes, set: wanted } = ctx.backends();
+    let service = {
+        let mut tracked = ctx.tracked();
+        let Some(entry) = tracked.get_mut(&key) else {
+            return;
+        };
+        // A sync since the pass started may have given it these backends, or be under way.
+        if !outdated(entry, &wanted) {
+            return;
+        }
+        // Recorded before the cloud call: a failure is retried through a full sync, not here.
+        entry.backends = wanted;
+        entry.service.clone()
+    };
     let Ok(lb) = ctx.load_balancer() else { return };
     let started = Instant::now();
     ctx.metrics.sync_total.inc();
     let result = lb
-        .update_load_balancer(&ctx.cluster_name, &service, nodes)
+        .update_load_balancer(&ctx.cluster_name, &service, &nodes)
         .await;
     ctx.metrics
         .host_update_latency
@@ -212,9 +226,12 @@ async fn update_hosts(ctx: &Context, tracked: Tracked, nodes: &[Node], wanted: &
                 return;
             }
             ctx.metrics.nodesync_errors.inc();
-            ServiceEvent::UpdateLoadBalancerFailed { nodes, error: &err }
-                .record(&ctx.events, &service)
-                .await;
+            ServiceEvent::UpdateLoadBalancerFailed {
+                nodes: &nodes,
+                error: &err,
+            }
+            .record(&ctx.events, &service)
+            .await;
             tracing::warn!(service = %key, error = %err, "updating load balancer hosts failed; retrying with a full sync");
             if let Some(entry) = ctx.tracked().get_mut(&key) {
                 entry.synced = false;
