@@ -547,11 +547,12 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
         let title = format!("{who} manager: node initialization, {count} nodes, {settings}");
         match stopped {
             Ok(data) => match profile::flame_graph(&data, &svg, &title).await {
-                Ok(samples) => {
+                Ok((samples, cut)) => {
                     result.flamegraph_file = Some(file_name(&svg));
                     result.flamegraph_samples = samples;
+                    result.flamegraph_cut_samples = cut;
                     eprintln!(
-                        "bench:   flame graph: {} ({samples} samples)",
+                        "bench:   flame graph: {} ({samples} samples, {cut} with cut stacks)",
                         svg.display()
                     );
                 }
@@ -752,8 +753,11 @@ async fn main() -> anyhow::Result<()> {
         )?;
     }
     let growth = beside_report(&args.out, "growth.png");
-    std::fs::write(&args.out, report::markdown(&results, &file_name(&growth)))?;
     let plot = args.out.with_extension("png");
+    std::fs::write(
+        &args.out,
+        report::markdown(&results, &file_name(&plot), &file_name(&growth)),
+    )?;
     report::plot(&plot, &results.inits)?;
     let mut wrote = vec![args.out.display().to_string(), plot.display().to_string()];
     if report::plot_growth(&growth, &results.inits)? {

@@ -30,6 +30,10 @@ pub(crate) struct ProfileResult {
     pub(crate) flamegraph_file: Option<String>,
     /// Samples behind the flame graph.
     pub(crate) flamegraph_samples: u64,
+    /// Of those, the ones whose stack perf could not unwind to the thread's start (deeper than the
+    /// 64 KiB it copies): drawn under `[unknown]`, from where the unwinding stopped.
+    #[serde(default)]
+    pub(crate) flamegraph_cut_samples: u64,
     /// What did not work (the run goes on without that profile).
     pub(crate) notes: Vec<String>,
 }
@@ -122,12 +126,14 @@ pub(crate) struct Perf {
 }
 
 impl Perf {
-    /// Samples `pid` at 99 Hz with DWARF call stacks (a release build keeps no frame pointers);
-    /// `data` is perf's output file, its log goes beside it.
+    /// Samples `pid` at 99 Hz with DWARF call stacks (a release build keeps no frame pointers), copying
+    /// the most perf allows of each stack (64 KiB less 8 bytes): a tokio worker's stack of nested futures
+    /// outgrows the default 8 KiB, and a cut stack is drawn as a root of its own; `data` is perf's
+    /// output file, its log goes beside it.
     pub(crate) fn start(pid: u32, data: &Path) -> anyhow::Result<Self> {
         let log = std::fs::File::create(data.with_extension("log"))?;
         let child = Command::new("perf")
-            .args(["record", "-F", "99", "--call-graph", "dwarf,16384", "-o"])
+            .args(["record", "-F", "99", "--call-graph", "dwarf,65528", "-o"])
             .arg(data)
             .args(["-p", &pid.to_string()])
             .stdin(Stdio::null())
@@ -176,17 +182,38 @@ impl Drop for Perf {
 }
 
 /// `perf script` of `data`, folded by `inferno-collapse-perf` and drawn by `inferno-flamegraph` into
-/// `svg`; returns the number of samples.
-pub(crate) async fn flame_graph(data: &Path, svg: &Path, title: &str) -> anyhow::Result<u64> {
+/// `svg`; returns the number of samples and of those whose stack was cut. Inlined functions get frames of their own (from the line
+/// tables of bench/run's release build) when perf resolves them within 10 minutes (it asks addr2line,
+/// about 25 s for 500 samples here); otherwise the graph is drawn without them.
+pub(crate) async fn flame_graph(
+    data: &Path,
+    svg: &Path,
+    title: &str,
+) -> anyhow::Result<(u64, u64)> {
     let script = data.with_extension("script");
     let folded = data.with_extension("folded");
-    run_to_file(
-        tokio::process::Command::new("perf")
-            .args(["script", "--no-inline", "-i"])
-            .arg(data),
-        &script,
+    // Without the period field, each sample counts 1 in the folded stacks (not its period in ns).
+    let perf_script = |inline: bool| {
+        let mut command = tokio::process::Command::new("perf");
+        command
+            .arg("script")
+            .arg(if inline { "--inline" } else { "--no-inline" })
+            .args(["-F", "comm,pid,tid,time,event,ip,sym,dso", "-i"])
+            .arg(data)
+            .kill_on_drop(true);
+        command
+    };
+    let inlined = tokio::time::timeout(
+        Duration::from_secs(600),
+        run_to_file(&mut perf_script(true), &script),
     )
-    .await?;
+    .await;
+    if !matches!(inlined, Ok(Ok(()))) {
+        eprintln!(
+            "bench:   perf script with inlined frames failed or took too long; drawing without them"
+        );
+        run_to_file(&mut perf_script(false), &script).await?;
+    }
     run_to_file(
         tokio::process::Command::new("inferno-collapse-perf")
             .arg("--all")
@@ -194,18 +221,36 @@ pub(crate) async fn flame_graph(data: &Path, svg: &Path, title: &str) -> anyhow:
         &folded,
     )
     .await?;
-    let samples = std::fs::read_to_string(&folded)?
-        .lines()
-        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<u64>().ok())
-        .sum();
+    let (mut samples, mut cut) = (0, 0);
+    for line in std::fs::read_to_string(&folded)?.lines() {
+        let Some((stack, n)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let n: u64 = n.parse().unwrap_or(0);
+        samples += n;
+        // "<thread>;[unknown];...": the unwinding stopped before the thread's start.
+        if stack.split(';').nth(1) == Some("[unknown]") {
+            cut += n;
+        }
+    }
+    // Frames narrower than half a pixel are left out: invisible anyway, and they would double the SVG.
     run_to_file(
         tokio::process::Command::new("inferno-flamegraph")
-            .args(["--title", title, "--width", "1600", "--colors", "rust"])
+            .args([
+                "--title",
+                title,
+                "--width",
+                "1600",
+                "--minwidth",
+                "0.5",
+                "--colors",
+                "rust",
+            ])
             .arg(&folded),
         svg,
     )
     .await?;
-    Ok(samples)
+    Ok((samples, cut))
 }
 
 async fn run_to_file(command: &mut tokio::process::Command, out: &Path) -> anyhow::Result<()> {

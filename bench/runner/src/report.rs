@@ -87,8 +87,8 @@ fn find<'a, T>(
     items.iter().find(|i| key(i) == (who, settings))
 }
 
-/// The report; `growth_png` names the growth plot beside it.
-pub(crate) fn markdown(results: &Results, growth_png: &str) -> String {
+/// The report; `delays_png` and `growth_png` name the plots beside it.
+pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) -> String {
     let Results {
         inits,
         lbs,
@@ -188,6 +188,11 @@ pub(crate) fn markdown(results: &Results, growth_png: &str) -> String {
         }
     }
 
+    let largest = inits.iter().map(|i| i.nodes).max().unwrap_or(0);
+    let _ = writeln!(
+        md,
+        "\nPer-node initialization delays at {largest} nodes, sorted ([{delays_png}]({delays_png})):\n\n![Per-node initialization delays]({delays_png})"
+    );
     api_work(&mut md, results);
     growth(&mut md, results, growth_png);
 
@@ -467,7 +472,7 @@ fn growth(md: &mut String, results: &Results, growth_png: &str) {
     let _ = writeln!(md, "\n## Growth with the node count\n");
     let _ = writeln!(
         md,
-        "The node-initialization runs above, by manager and settings, from {} to {} nodes (plotted in `{growth_png}` beside this file). *Per node*: the figure divided by the node count; a manager whose CPU grows at most linearly with the backlog keeps its CPU per node flat. *vs smallest*: CPU per node against the same manager's at the smallest count. Peak RSS is over the initialization only (the steady state below adds Services).\n",
+        "The node-initialization runs above, by manager and settings, from {} to {} nodes (plotted below, [{growth_png}]({growth_png})). *Per node*: the figure divided by the node count; a manager whose CPU grows at most linearly with the backlog keeps its CPU per node flat. *vs smallest*: CPU per node against the same manager's at the smallest count. Peak RSS is over the initialization only (the steady state below adds Services).\n",
         counts.first().copied().unwrap_or(0),
         counts.last().copied().unwrap_or(0)
     );
@@ -523,6 +528,7 @@ fn growth(md: &mut String, results: &Results, growth_png: &str) {
             );
         }
     }
+    let _ = writeln!(md, "\n![Growth with the node count]({growth_png})");
 }
 
 /// The profiles of the profiled run (`--profile`).
@@ -533,7 +539,7 @@ fn profiles(md: &mut String, results: &Results) {
     let _ = writeln!(md, "\n## Profiles\n");
     let _ = writeln!(
         md,
-        "Taken during the runs marked † above. The API server's CPU profile comes from its own pprof endpoint (`/debug/pprof/profile`), started with the first node creation and as long as said below, so it holds busy time only; the text is `go tool pprof -top` of it (cumulative, then flat), saved beside this file. Our manager's flame graph is `perf record -F 99 --call-graph dwarf` over the whole initialization, folded and drawn by inferno; open the SVG in a browser to zoom and search.\n"
+        "Taken during the runs marked † above. The API server's CPU profile comes from its own pprof endpoint (`/debug/pprof/profile`), from the first node creation for as long as said below (node count / 250 seconds, shorter than either manager's unthrottled run at 5,000 or 10,000 nodes, so it holds busy time); the text is `go tool pprof -top` of it (cumulative, then flat), saved beside this file. Our manager's flame graph is `perf record -F 99 --call-graph dwarf` over the whole initialization, folded and drawn by inferno (open the SVG in a browser to zoom and search). The upstream manager gets no flame graph: its binary is built stripped (`-ldflags=-s -w`), and it serves no pprof endpoint here.\n"
     );
     for p in &results.profiles {
         let _ = writeln!(
@@ -544,8 +550,10 @@ fn profiles(md: &mut String, results: &Results) {
         if let Some(file) = &p.flamegraph_file {
             let _ = writeln!(
                 md,
-                "Flame graph of the manager: [{file}]({file}) ({} samples).",
-                p.flamegraph_samples
+                "Flame graph of the manager: [{file}]({file}) ({} samples; {} of them, {:.0} %, with stacks deeper than the 64 KiB perf copies, drawn under `[unknown]` from where the unwinding stopped, mostly a tokio task's poll).",
+                p.flamegraph_samples,
+                p.flamegraph_cut_samples,
+                100.0 * p.flamegraph_cut_samples as f64 / p.flamegraph_samples.max(1) as f64
             );
         }
         if let Some(file) = &p.apiserver_file {
@@ -887,10 +895,6 @@ fn targets(md: &mut String, results: &Results) {
             check.missed_by
         );
     }
-    let _ = writeln!(
-        md,
-        "\nPer-node initialization delays: the PNG beside this file."
-    );
 }
 
 /// Ours in warm colors, upstream's in cool ones, the API limit in black: one color per line.
@@ -973,6 +977,22 @@ pub(crate) fn plot(path: &Path, inits: &[InitResult]) -> anyhow::Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// Ticks of a logarithmic axis from `lo` to `hi`: 1, 2 and 5 times the powers of ten.
+fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let mut ticks = Vec::new();
+    let mut exponent = lo.max(f64::MIN_POSITIVE).log10().floor() as i32;
+    while 10f64.powi(exponent) <= hi {
+        for mantissa in [1.0, 2.0, 5.0] {
+            let tick = mantissa * 10f64.powi(exponent);
+            if (lo..=hi).contains(&tick) {
+                ticks.push(tick);
+            }
+        }
+        exponent += 1;
+    }
+    ticks
 }
 
 /// Total time, peak RSS, manager CPU and API-server CPU against the node count, one line per manager
@@ -1059,21 +1079,24 @@ pub(crate) fn plot_growth(path: &Path, inits: &[InitResult]) -> anyhow::Result<b
             .x_label_area_size(45)
             .y_label_area_size(65)
             .build_cartesian_2d(
-                (min_nodes * 0.8..max_nodes * 1.25).log_scale(),
-                (min_y * 0.7..max_y * 1.4).log_scale(),
+                (min_nodes * 0.8..max_nodes * 1.25)
+                    .log_scale()
+                    .with_key_points(counts.iter().map(|&n| n as f64).collect()),
+                (min_y * 0.7..max_y * 1.4)
+                    .log_scale()
+                    .with_key_points(log_ticks(min_y * 0.7, max_y * 1.4)),
             )?;
         chart
             .configure_mesh()
             .x_desc("nodes")
             .y_desc(unit)
             .light_line_style(TRANSPARENT)
-            .y_labels(12)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_label_formatter(&|y| {
-                if *y >= 10.0 {
+                if *y >= 1.0 {
                     format!("{y:.0}")
                 } else {
-                    format!("{y:.1}")
+                    format!("{y}")
                 }
             })
             .label_style(("sans-serif", 14))
