@@ -79,14 +79,14 @@ impl Plane {
             .context("the API server reports no process_cpu_seconds_total")
     }
 
-    /// `apiserver_request_total` by (verb, resource/subresource), excluding watches and the runner's own
-    /// reads is impossible from here, so callers diff two snapshots around windows the runner keeps quiet.
-    pub(crate) async fn request_counts(&self) -> anyhow::Result<BTreeMap<(String, String), f64>> {
+    /// `apiserver_request_total` by (verb, resource/subresource, response code). The counters cannot tell
+    /// clients apart, so callers diff two snapshots around windows the runner keeps quiet.
+    pub(crate) async fn request_counts(&self) -> anyhow::Result<Counts> {
         let text = self
             .client
             .request_text(http::Request::get("/metrics").body(Vec::new())?)
             .await?;
-        let mut counts = BTreeMap::new();
+        let mut counts = Counts::new();
         for line in text
             .lines()
             .filter(|l| l.starts_with("apiserver_request_total{"))
@@ -94,8 +94,9 @@ impl Plane {
             let (labels, value) = line.rsplit_once(' ').context("a metric line")?;
             let label = |name: &str| {
                 labels
-                    .split(&format!("{name}=\""))
+                    .split(&format!(",{name}=\""))
                     .nth(1)
+                    .or_else(|| labels.split(&format!("{{{name}=\"")).nth(1))
                     .and_then(|rest| rest.split('"').next())
                     .unwrap_or_default()
                     .to_owned()
@@ -104,26 +105,50 @@ impl Plane {
                 "" => label("resource"),
                 sub => format!("{}/{sub}", label("resource")),
             };
-            *counts.entry((label("verb"), resource)).or_default() +=
-                value.parse::<f64>().unwrap_or(0.0);
+            *counts
+                .entry((label("verb"), resource, label("code")))
+                .or_default() += value.parse::<f64>().unwrap_or(0.0);
         }
         Ok(counts)
     }
 }
 
-/// Differences between two request-count snapshots, writes and reads, WATCH excluded.
-pub(crate) fn request_delta(
-    before: &BTreeMap<(String, String), f64>,
-    after: &BTreeMap<(String, String), f64>,
-) -> BTreeMap<(String, String), u64> {
+/// `apiserver_request_total` by (verb, resource/subresource, code).
+pub(crate) type Counts = BTreeMap<(String, String, String), f64>;
+
+/// Requests the API server makes to itself, which its counters include: its identity and
+/// leader-election leases (the managers run without leader election here) and its OpenAPI
+/// aggregation.
+pub(crate) fn is_background(resource: &str) -> bool {
+    resource == "leases" || resource.starts_with("/openapi")
+}
+
+/// Differences between two snapshots by (verb, resource, code): WATCH, non-resource requests (such as
+/// the runner's reads of /metrics) and the API server's own background requests excluded.
+pub(crate) fn count_delta(
+    before: &Counts,
+    after: &Counts,
+) -> BTreeMap<(String, String, String), u64> {
     after
         .iter()
-        .filter(|((verb, resource), _)| verb != "WATCH" && !resource.is_empty())
+        .filter(|((verb, resource, _), _)| {
+            verb != "WATCH" && !resource.is_empty() && !is_background(resource)
+        })
         .filter_map(|(key, value)| {
             let delta = value - before.get(key).copied().unwrap_or(0.0);
             (delta >= 1.0).then(|| (key.clone(), delta.round() as u64))
         })
         .collect()
+}
+
+/// Differences between two snapshots by (verb, resource), all response codes together (see
+/// [`count_delta`] for what is excluded).
+pub(crate) fn request_delta(before: &Counts, after: &Counts) -> BTreeMap<(String, String), u64> {
+    let mut requests = BTreeMap::new();
+    for ((verb, resource, _), n) in count_delta(before, after) {
+        *requests.entry((verb, resource)).or_default() += n;
+    }
+    requests
 }
 
 /// A Node as a real kubelet registers it with `--cloud-provider=external`: the uninitialized taint, a

@@ -5,6 +5,7 @@
 
 mod cluster;
 mod manager;
+mod profile;
 mod report;
 
 use std::{
@@ -26,18 +27,25 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use cluster::{
-    InitWatch, Plane, create_nodes, create_services, delete_nodes, request_delta,
+    InitWatch, Plane, count_delta, create_nodes, create_services, delete_nodes, request_delta,
     services_with_ingress,
 };
 use manager::{Binaries, Kind, Running, Settings};
+use profile::ProfileResult;
 
 /// Benchmarks both managers side by side.
 #[derive(Debug, Parser)]
+#[command(args_override_self = true)]
 struct Args {
-    /// Node counts for the initialization scenario; the last also sizes the steady state.
-    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    /// Node counts for the initialization scenario.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
     nodes: Vec<usize>,
-    /// LoadBalancer Services (load-balancer scenario and steady state).
+    /// Steady-state sizes, NODES:SERVICES: after each node-initialization run of NODES nodes, SERVICES
+    /// LoadBalancer Services are provisioned, then the idle window is measured. The RSS target is
+    /// checked at the smallest size.
+    #[arg(long, value_delimiter = ',', default_value = "5000:500,10000:1000", value_parser = parse_steady)]
+    steady: Vec<SteadySize>,
+    /// LoadBalancer Services of the load-balancer scenario.
     #[arg(long, default_value_t = 500)]
     services: usize,
     /// Nodes behind the load balancers in the load-balancer scenario.
@@ -52,16 +60,19 @@ struct Args {
     /// Simulated latency of every cloud call (Go duration syntax), the same for both.
     #[arg(long, default_value = "20ms")]
     latency: String,
+    /// Which managers to measure (one alone, to measure one change at a time).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "rust,go")]
+    managers: Vec<Kind>,
     /// The Rust manager binary.
-    #[arg(long, required_unless_present = "from_results")]
+    #[arg(long)]
     rust_bin: Option<PathBuf>,
     /// The Go manager binary (bench/go-ccm).
-    #[arg(long, required_unless_present = "from_results")]
+    #[arg(long)]
     go_bin: Option<PathBuf>,
     /// Where control planes, logs and cloud state go.
     #[arg(long, default_value = "target/bench")]
     work_dir: PathBuf,
-    /// The Markdown report to write (its PNG goes beside it).
+    /// The Markdown report to write (its PNGs and profiles go beside it).
     #[arg(long)]
     out: PathBuf,
     /// Which settings to run each scenario at.
@@ -72,13 +83,67 @@ struct Args {
         default_value = "defaults,equal,unthrottled"
     )]
     settings: Vec<Settings>,
+    /// `equal` settings are measured only at node counts up to this: there both managers sit on the same
+    /// token bucket, whose floor, (2N − burst) / QPS, fixes the time of larger runs.
+    #[arg(long, default_value_t = 5000)]
+    equal_max_nodes: usize,
+    /// Skip the API server's own limit (the minimal client's run at each node count).
+    #[arg(long)]
+    no_api_limit: bool,
+    /// Profile the `unthrottled` node-initialization run at NODES nodes (`--profile` alone: the largest
+    /// count; `--profile=off`: none, the default): a CPU profile of the API server for each manager (`go
+    /// tool pprof -top`, saved beside the report as <out>-apiserver-<manager>.txt) and a flame graph of
+    /// our manager (perf + inferno, <out>-flame-rust.svg).
+    #[arg(long, value_name = "NODES", num_args = 0..=1, default_value = "off", default_missing_value = "largest", value_parser = parse_profile)]
+    profile: ProfileAt,
     /// A label for the report (e.g. "smoke").
     #[arg(long, default_value = "full")]
     label: String,
-    /// Measure nothing: render the report (Markdown and PNG at `--out`) again from the raw results a run
-    /// saved beside its report (`<out>.json`).
+    /// Measure nothing: render the report (Markdown and PNGs at `--out`) again from the raw results a
+    /// run saved beside its report (`<out>.json`).
     #[arg(long, value_name = "JSON")]
     from_results: Option<PathBuf>,
+}
+
+/// Which run `--profile` profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ProfileAt {
+    Off,
+    Largest,
+    Nodes(usize),
+}
+
+fn parse_profile(value: &str) -> Result<ProfileAt, String> {
+    match value {
+        "off" => Ok(ProfileAt::Off),
+        "largest" => Ok(ProfileAt::Largest),
+        n => n
+            .parse()
+            .map(ProfileAt::Nodes)
+            .map_err(|_| format!("{value}: expected a node count, `largest` or `off`")),
+    }
+}
+
+/// A steady-state size (`--steady NODES:SERVICES`).
+#[derive(Debug, Clone, Copy)]
+struct SteadySize {
+    nodes: usize,
+    services: usize,
+}
+
+fn parse_steady(value: &str) -> Result<SteadySize, String> {
+    let (nodes, services) = value
+        .split_once(':')
+        .ok_or_else(|| format!("{value}: expected NODES:SERVICES, e.g. 5000:500"))?;
+    let number = |s: &str| {
+        s.trim()
+            .parse::<usize>()
+            .map_err(|e| format!("{value}: {e}"))
+    };
+    Ok(SteadySize {
+        nodes: number(nodes)?,
+        services: number(services)?,
+    })
 }
 
 /// Everything one run measured, saved beside the report so the report can be rendered again.
@@ -88,6 +153,7 @@ pub(crate) struct Results {
     pub(crate) machine: String,
     pub(crate) minutes: f64,
     pub(crate) latency: String,
+    /// Services of the load-balancer scenario.
     pub(crate) services: usize,
     pub(crate) lb_nodes: usize,
     pub(crate) churn: usize,
@@ -95,6 +161,8 @@ pub(crate) struct Results {
     pub(crate) inits: Vec<InitResult>,
     pub(crate) lbs: Vec<LbResult>,
     pub(crate) steadies: Vec<SteadyResult>,
+    #[serde(default)]
+    pub(crate) profiles: Vec<ProfileResult>,
 }
 
 /// One node-initialization measurement.
@@ -119,6 +187,23 @@ pub(crate) struct InitResult {
     /// CPU seconds the API server used meanwhile (node creations included).
     #[serde(default)]
     pub(crate) apiserver_cpu_seconds: f64,
+    /// The manager's requests by "VERB resource[/subresource]" over the same span, from the API
+    /// server's counters (the runner's node creations, watches and the API server's own background
+    /// requests excluded).
+    #[serde(default)]
+    pub(crate) requests: BTreeMap<String, u64>,
+    /// Of those, the ones answered with an error, by "VERB resource code" (409 Conflict, 429 Too Many
+    /// Requests, ...).
+    #[serde(default)]
+    pub(crate) errors: BTreeMap<String, u64>,
+    /// The manager's client-side token bucket (QPS, burst); 0 in results saved before it was kept.
+    #[serde(default)]
+    pub(crate) qps: f64,
+    #[serde(default)]
+    pub(crate) burst: f64,
+    /// The API server (and, for ours, perf) profiled this run: its numbers carry the profilers' cost.
+    #[serde(default)]
+    pub(crate) profiled: bool,
 }
 
 /// One load-balancer measurement.
@@ -141,6 +226,12 @@ pub(crate) struct LbResult {
 pub(crate) struct SteadyResult {
     pub(crate) who: String,
     pub(crate) settings: String,
+    /// Its size; 0 in results saved before sizes were kept (then: the largest node count, and the
+    /// load-balancer scenario's Services).
+    #[serde(default)]
+    pub(crate) nodes: usize,
+    #[serde(default)]
+    pub(crate) services: usize,
     pub(crate) peak_rss_mib: f64,
     pub(crate) idle_rss_mib: f64,
     pub(crate) idle_cpu_seconds: f64,
@@ -206,23 +297,60 @@ async fn wait_for(
     Ok(())
 }
 
-/// Nodes created while the manager runs; time until every one lost the uninitialized taint.
-/// With `settle_services`, then also provisions Services and measures the idle steady state.
-async fn node_init(
-    args: &Args,
-    bins: &Binaries,
+/// One node-initialization run: which manager (none: the minimal client of the API limit), at what
+/// settings and size, and what else to measure on it.
+struct InitRun {
     kind: Option<Kind>,
     settings: Settings,
     count: usize,
-    steady: bool,
-) -> anyhow::Result<(InitResult, Option<SteadyResult>)> {
+    /// Services to provision for the steady state after the initialization.
+    steady_services: Option<usize>,
+    /// Profile this run (the API server; for ours, perf too).
+    profile: bool,
+}
+
+/// What a node-initialization run measured.
+struct InitOutcome {
+    init: InitResult,
+    steady: Option<SteadyResult>,
+    profile: Option<ProfileResult>,
+}
+
+/// A file beside the report: `<out stem>-<suffix>`.
+fn beside_report(out: &std::path::Path, suffix: &str) -> PathBuf {
+    let stem = out
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "report".to_owned());
+    out.with_file_name(format!("{stem}-{suffix}"))
+}
+
+fn file_name(path: &std::path::Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Nodes created while the manager runs; time until every one lost the uninitialized taint. Then,
+/// with `steady_services`, Services are provisioned and the idle steady state measured.
+async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result<InitOutcome> {
+    let InitRun {
+        kind,
+        settings,
+        count,
+        steady_services,
+        profile,
+    } = run;
     let who = kind.map_or("API limit".to_owned(), |k| k.to_string());
     let dir = args
         .work_dir
         .join(format!("init-{who}-{count}-{settings:?}").replace(' ', "-"));
     std::fs::create_dir_all(&dir)?;
     let plane = Plane::up(&dir.join("cp")).await?;
-    eprintln!("bench: node init, {who}, {settings}, {count} nodes");
+    eprintln!(
+        "bench: node init, {who}, {settings}, {count} nodes{}",
+        if profile { " (profiled)" } else { "" }
+    );
     let watch = InitWatch::start(&plane.client);
     let mut running = match kind {
         Some(kind) => Some(Running::start(
@@ -243,9 +371,30 @@ async fn node_init(
     let (manager_cpu_before, apiserver_cpu_before) =
         (manager_cpu(running.as_ref()), plane.cpu_seconds().await?);
     let node_names = names("node", count);
+    let mut profile_result = profile.then(|| ProfileResult {
+        who: who.clone(),
+        settings: settings.to_string(),
+        nodes: count,
+        apiserver_seconds: profile::apiserver_seconds(count),
+        ..Default::default()
+    });
+    let apiserver_profile = profile_result
+        .as_ref()
+        .map(|p| profile::start_apiserver(&plane.client, p.apiserver_seconds));
+    let perf_data = dir.join("perf.data");
+    let mut perf = None;
+    if let (Some(result), Some(running)) = (profile_result.as_mut(), running.as_ref())
+        && running.kind == Kind::Rust
+    {
+        match profile::Perf::start(running.pid(), &perf_data) {
+            Ok(p) => perf = Some(p),
+            Err(e) => result.notes.push(format!("perf did not start: {e:#}")),
+        }
+    }
     let started = Instant::now();
     let created = create_nodes(&plane.client, &node_names, false, 32).await?;
-    // Upstream at its defaults (QPS 20, one worker) needs about 3 writes / 20 per second per node.
+    // Upstream at its defaults (QPS 20, one worker) needs about 3 writes / 20 per second per node: 25
+    // minutes for 10,000 nodes.
     let timeout = Duration::from_secs(120 + (count as u64 * 3) / 10);
     wait_for("all nodes initialized", timeout, async || {
         if let Some(running) = running.as_mut()
@@ -275,16 +424,27 @@ async fn node_init(
     let after = plane.request_counts().await?;
     let (manager_cpu_after, apiserver_cpu_after) =
         (manager_cpu(running.as_ref()), plane.cpu_seconds().await?);
-    let delta = request_delta(&before, &after);
+    let perf_stopped = perf.take().map(profile::Perf::stop);
+    let mut delta = request_delta(&before, &after);
+    // The runner's own node creations.
     let node_creates = delta
-        .get(&("POST".to_owned(), "nodes".to_owned()))
-        .copied()
+        .remove(&("POST".to_owned(), "nodes".to_owned()))
         .unwrap_or(0);
-    let manager_writes = writes(&delta).saturating_sub(node_creates);
+    if node_creates as usize != count {
+        eprintln!("bench:   note: {node_creates} node creations counted for {count} nodes");
+    }
+    let errors = count_delta(&before, &after)
+        .into_iter()
+        .filter(|((verb, resource, code), _)| {
+            code.parse::<u16>().is_ok_and(|c| c >= 400) && !(verb == "POST" && resource == "nodes")
+        })
+        .map(|((verb, resource, code), n)| (format!("{verb} {resource} {code}"), n))
+        .collect();
     let peak = running
         .as_ref()
         .map(|r| r.memory_mib().map(|m| m.0).unwrap_or(0.0))
         .unwrap_or(0.0);
+    let (qps, burst) = settings.token_bucket(kind);
     let result = InitResult {
         who: who.clone(),
         settings: settings.to_string(),
@@ -292,12 +452,20 @@ async fn node_init(
         total: last_done.saturating_duration_since(first_created),
         p50: percentile(&delays, 0.5),
         p99: percentile(&delays, 0.99),
-        writes_per_node: manager_writes as f64 / count as f64,
+        writes_per_node: writes(&delta) as f64 / count as f64,
         events_per_node: event_writes(&delta) as f64 / count as f64,
         delays,
         peak_rss_mib: peak,
         manager_cpu_seconds: manager_cpu_after - manager_cpu_before,
         apiserver_cpu_seconds: apiserver_cpu_after - apiserver_cpu_before,
+        requests: delta
+            .iter()
+            .map(|((verb, resource), n)| (format!("{verb} {resource}"), *n))
+            .collect(),
+        errors,
+        qps,
+        burst,
+        profiled: profile,
     };
     eprintln!(
         "bench:   {:?} total, p50 {:?}, p99 {:?}, {:.2} writes/node, CPU {:.1} s (API server {:.1} s)",
@@ -308,18 +476,39 @@ async fn node_init(
         result.manager_cpu_seconds,
         result.apiserver_cpu_seconds
     );
+    if let (Some(result), Some(task)) = (profile_result.as_mut(), apiserver_profile) {
+        let raw = dir.join(format!("apiserver-{who}.pprof"));
+        let summary = match task.await {
+            Ok(Ok(bytes)) => profile::summarize_apiserver(&bytes, &raw).await,
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(e.into()),
+        };
+        match summary {
+            Ok(text) => {
+                let path = beside_report(&args.out, &format!("apiserver-{who}.txt"));
+                std::fs::write(&path, &text)?;
+                result.apiserver_top = text;
+                result.apiserver_file = Some(file_name(&path));
+                eprintln!(
+                    "bench:   API server profile: {} (raw: {})",
+                    path.display(),
+                    raw.display()
+                );
+            }
+            Err(e) => result
+                .notes
+                .push(format!("the API server's CPU profile failed: {e:#}")),
+        }
+    }
 
     let mut steady_result = None;
-    if steady && let Some(running) = running.as_ref() {
-        eprintln!(
-            "bench: steady state, {who}, {settings}: {count} nodes + {} services",
-            args.services
-        );
-        create_services(&plane.client, &names("svc", args.services)).await?;
+    if let (Some(services), Some(running)) = (steady_services, running.as_ref()) {
+        eprintln!("bench: steady state, {who}, {settings}: {count} nodes + {services} services");
+        create_services(&plane.client, &names("svc", services)).await?;
         wait_for(
             "all services provisioned",
-            Duration::from_secs(600),
-            async || Ok(services_with_ingress(&plane.client).await? == args.services),
+            Duration::from_secs(300 + services as u64),
+            async || Ok(services_with_ingress(&plane.client).await? == services),
         )
         .await?;
         tokio::time::sleep(Duration::from_secs(10)).await;
@@ -331,20 +520,15 @@ async fn node_init(
         let cpu_after = running.cpu_seconds()?;
         let calls_after: u64 = running.cloud_stats().await?.calls.values().sum();
         let (peak, idle) = running.memory_mib()?;
-        let mut idle_requests = request_delta(&requests_before, &requests_after);
-        // The API server's own background requests (its identity lease, its OpenAPI aggregation), which
-        // it counts too; the managers run without leader election here.
-        let background = |verb: &str, resource: &str| {
-            (verb == "PUT" && resource == "leases") || resource.starts_with("/openapi")
-        };
-        idle_requests.retain(|(verb, resource), _| !background(verb, resource));
-        let idle_requests = idle_requests
+        let idle_requests = request_delta(&requests_before, &requests_after)
             .into_iter()
             .map(|((verb, resource), n)| (format!("{verb} {resource}"), n))
             .collect();
         steady_result = Some(SteadyResult {
             who: who.clone(),
             settings: settings.to_string(),
+            nodes: count,
+            services,
             peak_rss_mib: peak,
             idle_rss_mib: idle,
             idle_cpu_seconds: cpu_after - cpu_before,
@@ -357,7 +541,36 @@ async fn node_init(
     }
     drop(watch);
     plane.down();
-    Ok((result, steady_result))
+    // Drawn after the control plane is down, so perf script does not compete with a measurement.
+    if let (Some(result), Some(stopped)) = (profile_result.as_mut(), perf_stopped) {
+        let svg = beside_report(&args.out, &format!("flame-{who}.svg"));
+        let title = format!("{who} manager: node initialization, {count} nodes, {settings}");
+        match stopped {
+            Ok(data) => match profile::flame_graph(&data, &svg, &title).await {
+                Ok((samples, cut)) => {
+                    result.flamegraph_file = Some(file_name(&svg));
+                    result.flamegraph_samples = samples;
+                    result.flamegraph_cut_samples = cut;
+                    eprintln!(
+                        "bench:   flame graph: {} ({samples} samples, {cut} with cut stacks)",
+                        svg.display()
+                    );
+                }
+                Err(e) => result.notes.push(format!("the flame graph failed: {e:#}")),
+            },
+            Err(e) => result.notes.push(format!("perf record failed: {e:#}")),
+        }
+    }
+    if let Some(result) = &profile_result {
+        for note in &result.notes {
+            eprintln!("bench:   profile: {note}");
+        }
+    }
+    Ok(InitOutcome {
+        init: result,
+        steady: steady_result,
+        profile: profile_result,
+    })
 }
 
 /// The API server's own limit: the same writes a manager makes per node (one node patch, one status
@@ -427,11 +640,10 @@ async fn load_balancers(
     let before = plane.request_counts().await?;
     let started = Instant::now();
     create_services(&plane.client, &names("svc", args.services)).await?;
-    wait_for(
-        "all services provisioned",
-        Duration::from_secs(900),
-        async || Ok(services_with_ingress(&plane.client).await? == args.services),
-    )
+    let timeout = Duration::from_secs(300 + args.services as u64 * 6 / 5);
+    wait_for("all services provisioned", timeout, async || {
+        Ok(services_with_ingress(&plane.client).await? == args.services)
+    })
     .await?;
     let provision = started.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -470,15 +682,11 @@ async fn load_balancers(
     let started = Instant::now();
     create_nodes(&plane.client, &added, true, 32).await?;
     delete_nodes(&plane.client, &removed).await?;
-    wait_for(
-        "every backend set updated",
-        Duration::from_secs(900),
-        async || {
-            let stats = running.cloud_stats().await?;
-            Ok(stats.backends.len() == args.services
-                && stats.backends.values().all(|nodes| *nodes == wanted))
-        },
-    )
+    wait_for("every backend set updated", timeout, async || {
+        let stats = running.cloud_stats().await?;
+        Ok(stats.backends.len() == args.services
+            && stats.backends.values().all(|nodes| *nodes == wanted))
+    })
     .await?;
     let churn = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -519,12 +727,19 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => {
             let raw = std::fs::read(path)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-            serde_json::from_slice(&raw).map_err(|e| {
+            let mut results: Results = serde_json::from_slice(&raw).map_err(|e| {
                 anyhow::anyhow!(
                     "{} is not a results file of this runner: {e}",
                     path.display()
                 )
-            })?
+            })?;
+            // Results saved before steady-state sizes were kept ran it after the largest count, with
+            // the load-balancer scenario's Services.
+            let largest = results.inits.iter().map(|i| i.nodes).max().unwrap_or(0);
+            for steady in results.steadies.iter_mut().filter(|s| s.nodes == 0) {
+                (steady.nodes, steady.services) = (largest, results.services);
+            }
+            results
         }
         None => measure(&args).await?,
     };
@@ -537,19 +752,58 @@ async fn main() -> anyhow::Result<()> {
             serde_json::to_vec_pretty(&results)?,
         )?;
     }
-    std::fs::write(&args.out, report::markdown(&results))?;
+    let growth = beside_report(&args.out, "growth.png");
     let plot = args.out.with_extension("png");
+    std::fs::write(
+        &args.out,
+        report::markdown(&results, &file_name(&plot), &file_name(&growth)),
+    )?;
     report::plot(&plot, &results.inits)?;
-    eprintln!("bench: wrote {} and {}", args.out.display(), plot.display());
+    let mut wrote = vec![args.out.display().to_string(), plot.display().to_string()];
+    if report::plot_growth(&growth, &results.inits)? {
+        wrote.push(growth.display().to_string());
+    }
+    eprintln!("bench: wrote {}", wrote.join(", "));
     Ok(())
 }
 
 /// Every scenario, for each manager in turn.
 async fn measure(args: &Args) -> anyhow::Result<Results> {
-    let (Some(rust), Some(go)) = (args.rust_bin.clone(), args.go_bin.clone()) else {
-        bail!("--rust-bin and --go-bin are needed to measure");
+    let mut managers = args.managers.clone();
+    managers.dedup();
+    let bins = Binaries {
+        rust: args.rust_bin.clone(),
+        go: args.go_bin.clone(),
     };
-    let bins = Binaries { rust, go };
+    if managers.contains(&Kind::Rust) && bins.rust.is_none() {
+        bail!("--rust-bin is needed to measure the rust manager");
+    }
+    if managers.contains(&Kind::Go) && bins.go.is_none() {
+        bail!("--go-bin is needed to measure the go manager");
+    }
+    let largest = args.nodes.iter().copied().max().unwrap_or(0);
+    let profile_at = match args.profile {
+        ProfileAt::Off => None,
+        ProfileAt::Largest => Some(largest),
+        ProfileAt::Nodes(n) => Some(n),
+    };
+    if let Some(n) = profile_at {
+        if !args.nodes.contains(&n) || !args.settings.contains(&Settings::Unthrottled) {
+            eprintln!(
+                "bench: note: --profile={n} profiles nothing: it needs {n} among --nodes and unthrottled among --settings"
+            );
+        } else {
+            profile::check_tools(managers.contains(&Kind::Rust))?;
+        }
+    }
+    for steady in &args.steady {
+        if !args.nodes.contains(&steady.nodes) {
+            eprintln!(
+                "bench: note: no steady state at {} nodes: not among --nodes",
+                steady.nodes
+            );
+        }
+    }
     std::fs::create_dir_all(&args.work_dir)?;
     let started = Instant::now();
     let mut results = Results {
@@ -564,6 +818,7 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         inits: Vec::new(),
         lbs: Vec::new(),
         steadies: Vec::new(),
+        profiles: Vec::new(),
     };
     // What was measured so far goes to `<out>.partial.json` after every scenario, so a failure late in
     // an hour-long run loses only the scenario that failed (`--from-results` renders a partial file).
@@ -576,23 +831,54 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         std::fs::write(&partial, serde_json::to_vec_pretty(results)?)?;
         Ok(())
     };
-    let largest = args.nodes.iter().copied().max().unwrap_or(0);
     for &count in &args.nodes {
+        let steady_services = args
+            .steady
+            .iter()
+            .find(|s| s.nodes == count)
+            .map(|s| s.services);
         for &settings in &args.settings {
-            for kind in [Kind::Rust, Kind::Go] {
-                let (init, steady) =
-                    node_init(args, &bins, Some(kind), settings, count, count == largest).await?;
-                results.inits.push(init);
-                results.steadies.extend(steady);
+            if settings == Settings::Equal && count > args.equal_max_nodes {
+                continue;
+            }
+            for &kind in &managers {
+                let outcome = node_init(
+                    args,
+                    &bins,
+                    InitRun {
+                        kind: Some(kind),
+                        settings,
+                        count,
+                        steady_services,
+                        profile: profile_at == Some(count) && settings == Settings::Unthrottled,
+                    },
+                )
+                .await?;
+                results.inits.push(outcome.init);
+                results.steadies.extend(outcome.steady);
+                results.profiles.extend(outcome.profile);
                 save(&mut results)?;
             }
         }
-        let (limit, _) = node_init(args, &bins, None, Settings::Unthrottled, count, false).await?;
-        results.inits.push(limit);
-        save(&mut results)?;
+        if !args.no_api_limit {
+            let outcome = node_init(
+                args,
+                &bins,
+                InitRun {
+                    kind: None,
+                    settings: Settings::Unthrottled,
+                    count,
+                    steady_services: None,
+                    profile: false,
+                },
+            )
+            .await?;
+            results.inits.push(outcome.init);
+            save(&mut results)?;
+        }
     }
     for &settings in &args.settings {
-        for kind in [Kind::Rust, Kind::Go] {
+        for &kind in &managers {
             results
                 .lbs
                 .push(load_balancers(args, &bins, kind, settings).await?);

@@ -12,7 +12,7 @@ use std::{
 use anyhow::Context as _;
 
 /// Which manager.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Kind {
     /// This project's.
     Rust,
@@ -42,23 +42,37 @@ pub(crate) enum Settings {
     Unthrottled,
 }
 
+/// The client-side token bucket both managers get at [`Settings::Equal`].
+pub(crate) const EQUAL_QPS: f64 = 200.0;
+/// See [`EQUAL_QPS`].
+pub(crate) const EQUAL_BURST: f64 = 400.0;
+/// A client-side limit too high to bind ([`Settings::Unthrottled`]).
+const UNTHROTTLED: f64 = 100_000.0;
+
 impl Settings {
     /// The flags that differ from a manager's defaults.
-    fn flags(self) -> &'static [&'static str] {
-        match self {
-            Settings::Defaults => &[],
-            Settings::Equal => &[
-                "--kube-api-qps=200",
-                "--kube-api-burst=400",
-                "--concurrent-node-syncs=16",
-                "--concurrent-service-syncs=16",
-            ],
-            Settings::Unthrottled => &[
-                "--kube-api-qps=100000",
-                "--kube-api-burst=100000",
-                "--concurrent-node-syncs=16",
-                "--concurrent-service-syncs=16",
-            ],
+    fn flags(self) -> Vec<String> {
+        let (qps, burst) = match self {
+            Settings::Defaults => return Vec::new(),
+            Settings::Equal => (EQUAL_QPS, EQUAL_BURST),
+            Settings::Unthrottled => (UNTHROTTLED, UNTHROTTLED),
+        };
+        vec![
+            format!("--kube-api-qps={qps}"),
+            format!("--kube-api-burst={burst}"),
+            "--concurrent-node-syncs=16".to_owned(),
+            "--concurrent-service-syncs=16".to_owned(),
+        ]
+    }
+
+    /// The client-side token bucket (QPS, burst) `kind` runs with at these settings: what the
+    /// token-bucket floor of node initialization, (2N − burst) / QPS, is computed from.
+    pub(crate) fn token_bucket(self, kind: Option<Kind>) -> (f64, f64) {
+        match (self, kind) {
+            (Settings::Defaults, Some(Kind::Go)) => (20.0, 30.0),
+            (Settings::Defaults, _) => (200.0, 400.0),
+            (Settings::Equal, _) => (EQUAL_QPS, EQUAL_BURST),
+            (Settings::Unthrottled, _) => (UNTHROTTLED, UNTHROTTLED),
         }
     }
 }
@@ -73,11 +87,11 @@ impl fmt::Display for Settings {
     }
 }
 
-/// Paths to the two binaries.
+/// Paths to the two binaries (only those of the managers measured are needed).
 #[derive(Debug, Clone)]
 pub(crate) struct Binaries {
-    pub(crate) rust: PathBuf,
-    pub(crate) go: PathBuf,
+    pub(crate) rust: Option<PathBuf>,
+    pub(crate) go: Option<PathBuf>,
 }
 
 /// A running manager.
@@ -117,7 +131,7 @@ impl Running {
             "--leader-elect=false".to_owned(),
             "--secure-port=0".to_owned(),
         ];
-        args.extend(settings.flags().iter().map(|f| (*f).to_owned()));
+        args.extend(settings.flags());
         let mut command = match kind {
             Kind::Rust => {
                 let config = dir.join("rust-cloud-config.yaml");
@@ -130,7 +144,7 @@ impl Running {
                         state_file.display(),
                     ),
                 )?;
-                let mut command = Command::new(&bins.rust);
+                let mut command = Command::new(bins.rust.as_ref().context("--rust-bin is needed")?);
                 command
                     .args(&args)
                     .arg(format!("--cloud-config={}", config.display()));
@@ -138,7 +152,7 @@ impl Running {
                 command
             }
             Kind::Go => {
-                let mut command = Command::new(&bins.go);
+                let mut command = Command::new(bins.go.as_ref().context("--go-bin is needed")?);
                 command.args(&args).arg("--v=0");
                 command
                     .env("BENCH_LATENCY", latency)
