@@ -705,3 +705,110 @@ async fn shutdown_instances_are_tainted_until_the_node_is_ready_again() {
     manager.stop().await;
     delete_nodes(&[&name]).await;
 }
+
+/// Initialization is a PUT of the node's metadata and spec, and the shared cache decodes Nodes without
+/// their images and managed fields: every field the PUT does not carry must survive it (the status, the
+/// images, other managers' managed fields), and nothing but the initialization changes.
+#[tokio::test]
+async fn initialization_keeps_the_fields_the_cache_does_not_carry() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("kept");
+    let cloud = format!(
+        "instances:\n  {name}:\n    zone: zone-a\n    addresses: [{{type: InternalIP, address: 10.0.0.9}}]\n"
+    );
+    let mut node = kubelet_node(&name);
+    node.spec.as_mut().unwrap().unschedulable = Some(true);
+    node.spec.as_mut().unwrap().pod_cidr = Some("10.244.9.0/24".into());
+    create_node(&node).await;
+    let api = nodes().await;
+    // What a kubelet and another controller write: the image list and system info in the status, and
+    // an annotation and a label under a manager of their own (managed fields the cache never decodes).
+    let status = json!({ "status": {
+        "images": [
+            { "names": ["registry.example/app@sha256:0123", "registry.example/app:v1"], "sizeBytes": 123456789 },
+            { "names": ["registry.example/sidecar:v2"], "sizeBytes": 4567 },
+        ],
+        "nodeInfo": {
+            "machineID": "m", "systemUUID": "s", "bootID": "b", "kernelVersion": "6.1",
+            "osImage": "Debian", "containerRuntimeVersion": "containerd://2.0", "kubeletVersion": "v1.37.1",
+            "kubeProxyVersion": "", "operatingSystem": "linux", "architecture": "amd64",
+        },
+        "capacity": { "cpu": "4", "memory": "16Gi", "pods": "110" },
+    }});
+    api.patch_status(
+        &name,
+        &PatchParams::apply("kubelet-like").force(),
+        &Patch::Apply(&json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": { "name": name },
+            "status": status["status"],
+        })),
+    )
+    .await
+    .expect("status apply");
+    api.patch(
+        &name,
+        &PatchParams::apply("another-controller"),
+        &Patch::Apply(&json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": name, "annotations": { "example.com/owner": "team-a" }, "labels": { "example.com/tier": "gold" } },
+        })),
+    )
+    .await
+    .expect("metadata apply");
+    let before: serde_json::Value =
+        serde_json::to_value(api.get(&name).await.expect("node before")).unwrap();
+
+    let manager = RunningManager::start(&cloud, &["--controllers=cloud-node"]).await;
+    initialized(&name).await;
+    manager.stop().await;
+    let after: serde_json::Value =
+        serde_json::to_value(api.get(&name).await.expect("node after")).unwrap();
+
+    for path in [
+        "/status/images",
+        "/status/nodeInfo",
+        "/status/conditions",
+        "/status/capacity",
+        "/metadata/annotations",
+        "/metadata/uid",
+        "/metadata/creationTimestamp",
+        "/spec/unschedulable",
+        "/spec/podCIDR",
+    ] {
+        assert!(before.pointer(path).is_some(), "{path} set before");
+        assert_eq!(before.pointer(path), after.pointer(path), "{path} kept");
+    }
+    let before_labels = before["metadata"]["labels"].as_object().unwrap();
+    let after_labels = after["metadata"]["labels"].as_object().unwrap();
+    for (key, value) in before_labels {
+        assert_eq!(after_labels.get(key), Some(value), "label {key} kept");
+    }
+    assert_eq!(after_labels["topology.kubernetes.io/zone"], "zone-a");
+    assert_eq!(after["spec"]["providerID"], format!("fake://{name}"));
+    // The other managers' entries are kept as they were (the creator's shrinks by the removed taint);
+    // ours is added.
+    let after_entries = after["metadata"]["managedFields"].as_array().unwrap();
+    for manager in ["kubelet-like", "another-controller"] {
+        let entry = |node: &serde_json::Value| {
+            node["metadata"]["managedFields"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["manager"] == manager)
+                .map(|e| (e["operation"].clone(), e["fieldsV1"].clone()))
+        };
+        assert!(entry(&before).is_some(), "{manager} before");
+        assert_eq!(
+            entry(&before),
+            entry(&after),
+            "managed fields of {manager} kept"
+        );
+    }
+    assert!(
+        after_entries.iter().any(|e| e["operation"] == "Update"
+            && e.get("subresource").is_none()
+            && !e["fieldsV1"]["f:spec"]["f:providerID"].is_null()),
+        "the initialization is an Update of the node: {after_entries:#?}"
+    );
+    delete_nodes(&[&name]).await;
+}

@@ -24,12 +24,12 @@ use std::{
 };
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, Client, Resource,
     runtime::{
         WatchStreamExt,
-        reflector::{self, Store, store::Writer},
+        reflector::{self, ObjectRef, Store, store::Writer},
         utils::ResetTimerBackoff,
         watcher,
     },
@@ -37,6 +37,8 @@ use kube::{
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
+
+pub use crate::cached_node::CachedNode;
 
 /// How many changes a slow subscriber may lag behind before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -60,20 +62,14 @@ pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
     prune: fn(&mut K),
 }
 
-/// The shared Node cache.
-pub type SharedNodes = SharedInformer<Node>;
+/// The shared Node cache: slim Nodes, decoded without their images and managed fields
+/// ([`CachedNode`]).
+pub type SharedNodes = SharedInformer<CachedNode>;
 /// The shared Service cache.
 pub type SharedServices = SharedInformer<Service>;
 
-/// Drops what no controller reads from cached Nodes: managed fields and the container image list (the
-/// largest part of a kubelet's Node). The controllers only ever patch, never write a cached object back,
-/// so a pruned cache cannot lose data.
-pub fn prune_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
-    }
-}
+/// Nothing to drop: a [`CachedNode`] is decoded without what no controller reads.
+fn keep_node(_: &mut CachedNode) {}
 
 /// Drops managed fields from cached Services.
 pub fn prune_service(service: &mut Service) {
@@ -82,7 +78,7 @@ pub fn prune_service(service: &mut Service) {
 
 impl Default for SharedNodes {
     fn default() -> Self {
-        Self::new(prune_node)
+        Self::new(keep_node)
     }
 }
 
@@ -234,7 +230,13 @@ where
 {
     fn changes(&mut self, event: &watcher::Event<K>, store: &Store<K>) -> Vec<Change<K>> {
         match event {
-            watcher::Event::Apply(object) => vec![Change::Applied(Arc::new(object.clone()))],
+            // The cache's own copy, shared rather than cloned: a burst of changes queued for the
+            // subscribers then costs no memory of its own.
+            watcher::Event::Apply(object) => vec![Change::Applied(
+                store
+                    .get(&ObjectRef::from_obj(object))
+                    .unwrap_or_else(|| Arc::new(object.clone())),
+            )],
             watcher::Event::Delete(object) => vec![Change::Deleted(Arc::new(object.clone()))],
             // The cache still holds what it held before the list.
             watcher::Event::Init => {
@@ -250,7 +252,7 @@ where
                     .into_iter()
                     .filter(|old| {
                         store
-                            .get(&kube::runtime::reflector::ObjectRef::from_obj(old.as_ref()))
+                            .get(&ObjectRef::from_obj(old.as_ref()))
                             .is_none_or(|new| new.meta().uid != old.meta().uid)
                     })
                     .map(Change::Deleted)
@@ -264,32 +266,10 @@ where
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{ContainerImage, NodeStatus};
+    use k8s_openapi::api::core::v1::Node;
     use kube::api::ObjectMeta;
 
     use super::*;
-
-    #[test]
-    fn pruning_drops_only_what_no_controller_reads() {
-        let mut node = Node {
-            metadata: ObjectMeta {
-                name: Some("n".into()),
-                managed_fields: Some(vec![Default::default()]),
-                ..Default::default()
-            },
-            status: Some(NodeStatus {
-                images: Some(vec![ContainerImage::default()]),
-                addresses: Some(vec![Default::default()]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        prune_node(&mut node);
-        assert!(node.metadata.managed_fields.is_none());
-        let status = node.status.unwrap();
-        assert!(status.images.is_none());
-        assert_eq!(status.addresses.unwrap().len(), 1);
-    }
 
     fn node(name: &str, uid: &str) -> Node {
         Node {

@@ -18,6 +18,7 @@
 //! (`register_provider!(name, factory, flags = MyFlags)`).
 
 pub mod app;
+mod cached_node;
 pub(crate) mod cidrs;
 pub(crate) mod cloud_metrics;
 pub mod controllers;
@@ -28,6 +29,8 @@ pub(crate) mod request_metrics;
 pub mod shadow;
 pub(crate) mod well_known;
 
+#[cfg(test)]
+mod mock_api;
 #[cfg(test)]
 mod parsers_at_volume;
 

@@ -1,8 +1,8 @@
-//! Writes that must not overwrite concurrent changes: a JSON merge patch carrying the object's
-//! `resourceVersion`, re-planned from a fresh read on conflict (upstream retries its Node and Service
+//! Writes that must not overwrite concurrent changes: a write (a JSON merge patch, or a PUT) carrying the
+//! object's `resourceVersion`, re-planned from a fresh read on conflict (upstream retries its Node and Service
 //! updates the same way, 20 steps from 50 ms).
 
-use std::{fmt::Debug, time::Duration};
+use std::{fmt::Debug, future::Future, time::Duration};
 
 use kube::{
     Api, Resource, ResourceExt,
@@ -37,24 +37,44 @@ where
     F: Fn(&K, &str) -> Option<Value>,
 {
     let name = object.name_any();
+    write_with_retry(api, object, |current| {
+        let resource_version = current.resource_version().unwrap_or_default();
+        let patch = plan(current, &resource_version)?;
+        let name = &name;
+        Some(async move {
+            let params = PatchParams::default();
+            match target {
+                Target::Object => api.patch(name, &params, &Patch::Merge(&patch)).await,
+                Target::Status => api.patch_status(name, &params, &Patch::Merge(&patch)).await,
+            }
+        })
+    })
+    .await
+}
+
+/// Makes the write `write` returns for the object's current state (`None`: nothing to write), which
+/// must carry that state's `resourceVersion`; on a conflict, re-reads the object and asks again. Returns
+/// the updated object, or `None` when there was nothing to do (or the object is gone).
+pub async fn write_with_retry<K, F, Fut>(
+    api: &Api<K>,
+    object: &K,
+    write: F,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    F: Fn(&K) -> Option<Fut>,
+    Fut: Future<Output = Result<K, kube::Error>>,
+{
+    let name = object.name_any();
     let mut current = object.clone();
     let mut delay = FIRST_DELAY;
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let resource_version = current.resource_version().unwrap_or_default();
-        let Some(patch) = plan(&current, &resource_version) else {
+        let Some(written) = write(&current) else {
             return Ok(None);
         };
-        let params = PatchParams::default();
-        let result = match target {
-            Target::Object => api.patch(&name, &params, &Patch::Merge(&patch)).await,
-            Target::Status => {
-                api.patch_status(&name, &params, &Patch::Merge(&patch))
-                    .await
-            }
-        };
-        match result {
+        match written.await {
             Ok(updated) => return Ok(Some(updated)),
             Err(kube::Error::Api(status)) if status.code == 409 && attempt < ATTEMPTS => {
                 tracing::debug!(object = %name, attempt, "changed meanwhile; re-reading and re-planning");

@@ -21,6 +21,7 @@
 
 pub mod allocator;
 
+use crate::cached_node::CachedNode;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
@@ -133,7 +134,7 @@ struct Allocator {
     /// free them when the node goes, and to recognise a view of the node older than our write.
     held: BTreeMap<String, Held>,
     /// Nodes that could not get CIDRs yet (exhausted range, or a failed write).
-    waiting: BTreeMap<String, Arc<Node>>,
+    waiting: BTreeMap<String, Arc<CachedNode>>,
 }
 
 impl Allocator {
@@ -196,7 +197,7 @@ impl Allocator {
     }
 
     /// Gives `node` one CIDR per set, unless it has CIDRs already.
-    async fn allocate(&mut self, node: Arc<Node>) -> Allocation {
+    async fn allocate(&mut self, node: Arc<CachedNode>) -> Allocation {
         let name = node.name_any();
         if !pod_cidrs(&node).is_empty() {
             self.occupy(&node);
@@ -289,7 +290,7 @@ impl Allocator {
     /// the `CIDRAssignmentFailed` Warning, and a retry.
     async fn write_failed(
         &mut self,
-        node: Arc<Node>,
+        node: Arc<CachedNode>,
         ours: Vec<IpNet>,
         err: kube::Error,
     ) -> Allocation {
@@ -327,7 +328,7 @@ impl Allocator {
     }
 
     async fn retry_waiting(&mut self) {
-        let waiting: Vec<Arc<Node>> = self.waiting.values().cloned().collect();
+        let waiting: Vec<Arc<CachedNode>> = self.waiting.values().cloned().collect();
         for node in waiting {
             self.allocate(node).await;
         }
@@ -367,8 +368,8 @@ pub fn start(ctx: ControllerContext, sets: Vec<CidrSet>) -> Option<ControllerTas
 
 async fn run(
     mut allocator: Allocator,
-    existing: Vec<Arc<Node>>,
-    changes: impl Stream<Item = Change<Node>> + Send,
+    existing: Vec<Arc<CachedNode>>,
+    changes: impl Stream<Item = Change<CachedNode>> + Send,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     // What is taken first, from every node, so nothing is handed out twice after a restart.
@@ -444,42 +445,7 @@ mod tests {
         );
     }
 
-    type Requests = Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
-
-    /// A client whose API server is `respond` (method, path, body → status, body), with every request
-    /// logged.
-    fn mock_client(
-        respond: impl Fn(&str, &str, &serde_json::Value) -> (u16, serde_json::Value)
-        + Send
-        + Sync
-        + 'static,
-    ) -> (kube::Client, Requests) {
-        let requests = Requests::default();
-        let respond = Arc::new(respond);
-        let log = requests.clone();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let (respond, log) = (respond.clone(), log.clone());
-            async move {
-                let method = request.method().to_string();
-                let path = request.uri().path().to_owned();
-                let bytes = request
-                    .into_body()
-                    .collect_bytes()
-                    .await
-                    .unwrap_or_default();
-                let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-                let (status, answer) = respond(&method, &path, &body);
-                log.lock().unwrap().push((method, path, body));
-                http::Response::builder()
-                    .status(status)
-                    .header("content-type", "application/json")
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&answer).unwrap(),
-                    ))
-            }
-        });
-        (kube::Client::new(service, "default"), requests)
-    }
+    use crate::mock_api::{Requests, mock_client};
 
     fn node(name: &str, uid: &str, cidrs: &[&str]) -> serde_json::Value {
         let mut spec = json!({});
@@ -489,7 +455,7 @@ mod tests {
         json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name, "uid": uid }, "spec": spec })
     }
 
-    fn node_view(name: &str, uid: &str, cidrs: &[&str]) -> Arc<Node> {
+    fn node_view(name: &str, uid: &str, cidrs: &[&str]) -> Arc<CachedNode> {
         Arc::new(serde_json::from_value(node(name, uid, cidrs)).unwrap())
     }
 

@@ -2,13 +2,16 @@
 //! kubelet registered with `--cloud-provider=external`, reconciles their GA labels, and keeps their
 //! addresses fresh.
 //!
-//! Better than upstream where it is cheap to be: workers default to 16 instead of 1, initialization is
-//! one merge patch (not a full PUT of the Node), a node whose cloud lookup fails is retried on its own
-//! back-off without holding up the others, and a reconcile with nothing to change sends nothing.
+//! Better than upstream where it is cheap to be: workers default to 16 instead of 1, a node whose cloud
+//! lookup fails is retried on its own back-off without holding up the others, and a reconcile with
+//! nothing to change sends nothing. Initialization is one write, a PUT of the node's metadata and spec
+//! as upstream's `Update` (without the status upstream also sends, which the API server ignores there);
+//! a node with a field this build's types do not know gets a merge patch instead ([`write`]).
 
 pub(crate) mod cloud;
 pub mod plan;
 mod status;
+mod write;
 
 use std::{sync::Arc, time::Duration};
 
@@ -31,12 +34,8 @@ use self::{
     cloud::LookupError,
     plan::{NodeIpError, is_uninitialized, plan_initialization, plan_label_reconciliation},
 };
-use super::{
-    ControllerContext, ControllerTask,
-    backoff::PerObjectBackoff,
-    patch::{Target, patch_with_retry},
-};
-use crate::events::EventRecorder;
+use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff};
+use crate::{events::EventRecorder, informers::CachedNode};
 
 /// The event source, as upstream names it.
 pub(crate) const COMPONENT: &str = "cloud-node-controller";
@@ -103,7 +102,8 @@ pub(crate) enum NodeError {
 
 /// What the reconciler shares.
 struct Context {
-    api: Api<Node>,
+    api: Api<CachedNode>,
+    client: kube::Client,
     cloud: Arc<dyn CloudProvider>,
     events: EventRecorder,
     metrics: NodeMetrics,
@@ -146,6 +146,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     } = config;
     let context = Arc::new(Context {
         api: Api::all(ctx.client.clone()),
+        client: ctx.client.clone(),
         cloud: ctx.cloud.clone(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.node.clone(),
@@ -178,7 +179,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     }))
 }
 
-fn error_policy(node: Arc<Node>, err: &NodeError, ctx: Arc<Context>) -> Action {
+fn error_policy(node: Arc<CachedNode>, err: &NodeError, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let (failures, delay) = ctx.backoff.failed(&name);
     let write_error = match err {
@@ -217,7 +218,7 @@ fn needs_operator(err: &NodeError) -> bool {
 }
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
-async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, NodeError> {
+async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Action, NodeError> {
     let result = if is_uninitialized(&node) {
         initialize(&node, &ctx).await
     } else {
@@ -251,7 +252,7 @@ async fn reconcile_labels(node: &Node, ctx: &Context) -> Result<(), NodeError> {
     Ok(())
 }
 
-async fn initialize(node: &Node, ctx: &Context) -> Result<(), NodeError> {
+async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
     let name = node.name_any();
     let Some(metadata) = cloud::instance_metadata(ctx.cloud.as_ref(), node).await? else {
         tracing::info!(
@@ -286,7 +287,7 @@ async fn initialize(node: &Node, ctx: &Context) -> Result<(), NodeError> {
             })?;
     }
 
-    let updated = patch_with_retry(&ctx.api, node, Target::Object, |current, resource_version| {
+    let updated = write::initialize(&ctx.api, &ctx.client, node, |current| {
         if !is_uninitialized(current) {
             return None; // initialized meanwhile (by another replica, or a retry that did land)
         }
@@ -294,7 +295,7 @@ async fn initialize(node: &Node, ctx: &Context) -> Result<(), NodeError> {
         for (key, existing, wanted) in &plan.kept_labels {
             tracing::warn!(label = %key, %existing, %wanted, "not overwriting an existing label with the cloud's value");
         }
-        Some(plan.patch(resource_version))
+        Some(plan)
     })
     .await
     .map_err(|source| NodeError::Write {

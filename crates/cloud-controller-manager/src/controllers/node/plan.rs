@@ -119,7 +119,33 @@ pub fn plan_initialization(node: &Node, metadata: &InstanceMetadata) -> Initiali
 }
 
 impl Initialization {
-    /// The JSON merge patch that applies this plan. It carries the node's `resourceVersion`, so a
+    /// The Node to PUT that applies this plan (what upstream's `Update` sends, less the status): the
+    /// node's metadata, its `resourceVersion` included so a concurrent change (to its taints, say)
+    /// makes the write fail with a conflict instead of being overwritten, and its spec with the plan
+    /// applied. No status and no managed fields: a PUT of a Node keeps the stored ones.
+    pub fn apply(&self, node: &Node) -> Node {
+        let mut metadata = node.metadata.clone();
+        metadata.managed_fields = None;
+        if !self.labels.is_empty() {
+            metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .extend(self.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        let mut spec = node.spec.clone().unwrap_or_default();
+        spec.taints = Some(self.taints.clone());
+        if let Some(id) = &self.provider_id {
+            spec.provider_id = Some(id.clone());
+        }
+        Node {
+            metadata,
+            spec: Some(spec),
+            status: None,
+        }
+    }
+
+    /// The JSON merge patch that applies this plan (for a node with fields this build does not know,
+    /// which a PUT would erase). It carries the node's `resourceVersion`, so a
     /// concurrent change to the node (its taints, say) makes the write fail with a conflict instead of
     /// being overwritten; the caller re-reads and re-plans.
     pub fn patch(&self, resource_version: &str) -> Value {
@@ -497,6 +523,41 @@ mod tests {
         assert_eq!(patch["spec"]["providerID"], "fake://n1");
         assert_eq!(patch["spec"]["taints"], json!([]));
         assert_eq!(patch["metadata"]["labels"][LABEL_ZONE], "zone-b");
+    }
+
+    #[test]
+    fn the_put_body_is_the_node_with_the_plan_applied_and_without_status() {
+        let mut n = with_labels(node(), &[("team", "a")]);
+        n.metadata.managed_fields = Some(vec![Default::default()]);
+        n.spec
+            .as_mut()
+            .unwrap()
+            .taints
+            .as_mut()
+            .unwrap()
+            .push(taint("other", "NoExecute"));
+        let plan = plan_initialization(&n, &metadata());
+        let body = plan.apply(&n);
+        assert_eq!(body.metadata.resource_version.as_deref(), Some("42"));
+        assert_eq!(body.metadata.managed_fields, None);
+        assert!(body.status.is_none());
+        let labels = body.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["team"], "a");
+        assert_eq!(labels[LABEL_ZONE], "zone-b");
+        let spec = body.spec.as_ref().unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("fake://n1"));
+        assert_eq!(
+            spec.taints.as_deref(),
+            Some(&[taint("other", "NoExecute")][..])
+        );
+        // The same write as the merge patch, on everything the patch touches.
+        let patched = serde_json::to_value(&body).unwrap();
+        let patch = plan.patch("42");
+        assert_eq!(patched["spec"]["taints"], patch["spec"]["taints"]);
+        assert_eq!(patched["spec"]["providerID"], patch["spec"]["providerID"]);
+        for (key, value) in patch["metadata"]["labels"].as_object().unwrap() {
+            assert_eq!(&patched["metadata"]["labels"][key], value, "{key}");
+        }
     }
 
     #[test]

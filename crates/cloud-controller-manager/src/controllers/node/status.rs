@@ -1,6 +1,7 @@
 //! Node addresses: written right after initialization, and refreshed for every initialized node every
 //! `--node-status-update-frequency` by `--concurrent-node-status-updates` workers.
 
+use crate::cached_node::CachedNode;
 use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
@@ -51,7 +52,7 @@ pub(super) async fn update_addresses(ctx: &Context, node: &Node, cloud_addresses
 async fn refresh_all(
     ctx: &Context,
     cloud: &dyn CloudProvider,
-    store: &Store<Node>,
+    store: &Store<CachedNode>,
     workers: usize,
 ) {
     let nodes = store.state();

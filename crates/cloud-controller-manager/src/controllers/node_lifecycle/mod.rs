@@ -8,6 +8,7 @@
 
 pub mod plan;
 
+use crate::cached_node::CachedNode;
 use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
@@ -101,7 +102,7 @@ async fn run(
 }
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
-async fn monitor(ctx: &Context, node: Arc<Node>) {
+async fn monitor(ctx: &Context, node: Arc<CachedNode>) {
     if is_ready(&node) {
         if without_shutdown_taint(&node).is_some() {
             set_taints(

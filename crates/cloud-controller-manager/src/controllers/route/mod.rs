@@ -4,6 +4,7 @@
 
 pub mod plan;
 
+use crate::cached_node::CachedNode;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -126,7 +127,7 @@ async fn run(ctx: Context, nodes: Arc<SharedNodes>, period: Duration, shutdown: 
 }
 
 /// One pass: delete stale routes, create missing ones, then set the nodes' conditions.
-async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<Node>]) {
+async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]) {
     ctx.metrics.syncs.inc();
     let existing = match routes.list_routes(&ctx.cluster_name).await {
         Ok(existing) => existing,
@@ -199,7 +200,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<Node>]) {
     for ((node, _), action) in &actions {
         by_node.entry(node.clone()).or_default().push(*action);
     }
-    let targets: Vec<&Arc<Node>> = nodes
+    let targets: Vec<&Arc<CachedNode>> = nodes
         .iter()
         .filter(|n| {
             by_node.contains_key(&n.name_any()) || plan.route_targets.contains(&n.name_any())

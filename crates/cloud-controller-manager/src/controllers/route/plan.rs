@@ -1,6 +1,7 @@
 //! Pure planning for the route controller: which routes to keep, delete and create, and the
 //! `NetworkUnavailable` condition each node should carry.
 
+use crate::cached_node::CachedNode;
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,
@@ -36,7 +37,7 @@ pub struct RoutePlan {
     /// Routes to delete: inside a cluster CIDR and a blackhole, stale, or to be re-created.
     pub delete: Vec<Route>,
     /// Routes to create (node, pod CIDR).
-    pub create: Vec<(Arc<Node>, String)>,
+    pub create: Vec<(Arc<CachedNode>, String)>,
     /// Nodes some existing route points at.
     pub route_targets: HashSet<String>,
 }
@@ -62,7 +63,11 @@ fn same_addresses(a: &[NodeAddress], b: &[NodeAddress]) -> bool {
 
 /// Plans a pass (upstream's `reconcile`): every `spec.podCIDRs` entry of every node needs a route to the
 /// node; only routes inside a cluster CIDR are ever deleted.
-pub fn plan_routes(nodes: &[Arc<Node>], existing: &[Route], cluster_cidrs: &[IpNet]) -> RoutePlan {
+pub fn plan_routes(
+    nodes: &[Arc<CachedNode>],
+    existing: &[Route],
+    cluster_cidrs: &[IpNet],
+) -> RoutePlan {
     let mut by_node: HashMap<&str, Vec<&Route>> = HashMap::new();
     let mut plan = RoutePlan::default();
     for route in existing.iter().filter(|r| !r.target_node.is_empty()) {
@@ -174,8 +179,8 @@ mod tests {
 
     use super::*;
 
-    fn node(name: &str, cidrs: &[&str]) -> Arc<Node> {
-        Arc::new(Node {
+    fn node(name: &str, cidrs: &[&str]) -> Arc<CachedNode> {
+        Arc::new(CachedNode::from(Node {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 uid: Some(format!("uid-{name}")),
@@ -186,7 +191,7 @@ mod tests {
                 ..Default::default()
             }),
             status: Some(NodeStatus::default()),
-        })
+        }))
     }
 
     fn route(target: &str, cidr: &str, blackhole: bool) -> Route {
@@ -310,7 +315,7 @@ mod tests {
         let patch = condition_patch(&n, ConditionWanted::Created, now).unwrap();
         assert_eq!(patch["status"]["conditions"][0]["reason"], "RouteCreated");
         assert_eq!(patch["status"]["conditions"][0]["status"], "False");
-        let mut set = (*n).clone();
+        let mut set = n.node().clone();
         set.status.as_mut().unwrap().conditions = Some(vec![NodeCondition {
             type_: "NetworkUnavailable".into(),
             status: "False".into(),

@@ -22,6 +22,7 @@ mod node_sync;
 pub(crate) mod plan;
 mod sync;
 
+use crate::cached_node::CachedNode;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -117,7 +118,7 @@ struct Context {
     client: kube::Client,
     cloud: Arc<dyn CloudProvider>,
     cluster_name: String,
-    nodes: Store<Node>,
+    nodes: Store<CachedNode>,
     events: EventRecorder,
     metrics: ServiceMetrics,
     tracked: Mutex<HashMap<String, Tracked>>,
@@ -175,7 +176,7 @@ impl Context {
             .state()
             .iter()
             .filter(|n| is_backend(n))
-            .map(|n| (**n).clone())
+            .map(|n| n.node().clone())
             .collect();
         let backends = Backends {
             set: Arc::new(backend_set(&nodes)),
