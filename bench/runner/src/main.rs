@@ -30,7 +30,7 @@ use cluster::{
     InitWatch, Plane, count_delta, create_nodes, create_services, delete_nodes, request_delta,
     services_with_ingress,
 };
-use manager::{Binaries, Kind, Running, Settings};
+use manager::{Binaries, Kind, Running, Settings, StatsFreshness};
 use profile::ProfileResult;
 
 /// Benchmarks both managers side by side.
@@ -285,6 +285,20 @@ fn event_writes(delta: &BTreeMap<(String, String), u64>) -> u64 {
 async fn wait_for(
     what: &str,
     timeout: Duration,
+    done: impl AsyncFnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    wait_for_every(Duration::from_millis(200), what, timeout, done).await
+}
+
+/// How often the churn's settling is checked: its result is a time of about half a second, which a
+/// 200 ms poll would round up by as much as 40 %.
+const CHURN_POLL: Duration = Duration::from_millis(20);
+
+/// Checks `done` every `poll` until it holds, or fails after `timeout`.
+async fn wait_for_every(
+    poll: Duration,
+    what: &str,
+    timeout: Duration,
     mut done: impl AsyncFnMut() -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + timeout;
@@ -292,7 +306,7 @@ async fn wait_for(
         if Instant::now() > deadline {
             bail!("timed out after {timeout:?} waiting for {what}");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(poll).await;
     }
     Ok(())
 }
@@ -360,6 +374,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
             &plane.kubeconfig(),
             &dir,
             &args.latency,
+            StatsFreshness::Default,
         )?),
         None => {
             spawn_minimal_client(plane.client.clone());
@@ -635,6 +650,7 @@ async fn load_balancers(
         &plane.kubeconfig(),
         &dir,
         &args.latency,
+        StatsFreshness::Immediate,
     )?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = plane.request_counts().await?;
@@ -682,11 +698,16 @@ async fn load_balancers(
     let started = Instant::now();
     create_nodes(&plane.client, &added, true, 32).await?;
     delete_nodes(&plane.client, &removed).await?;
-    wait_for("every backend set updated", timeout, async || {
-        let stats = running.cloud_stats().await?;
-        Ok(stats.backends.len() == args.services
-            && stats.backends.values().all(|nodes| *nodes == wanted))
-    })
+    wait_for_every(
+        CHURN_POLL,
+        "every backend set updated",
+        timeout,
+        async || {
+            let stats = running.cloud_stats().await?;
+            Ok(stats.backends.len() == args.services
+                && stats.backends.values().all(|nodes| *nodes == wanted))
+        },
+    )
     .await?;
     let churn = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;

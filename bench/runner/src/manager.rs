@@ -94,6 +94,27 @@ pub(crate) struct Binaries {
     pub(crate) go: Option<PathBuf>,
 }
 
+/// How fresh the Rust fake cloud's counters and backends must be when the runner reads them (from its
+/// state file, which a background writer updates; the Go peer's are read from its memory).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum StatsFreshness {
+    /// The fake's default (200 ms): for the node-initialization and steady-state runs, where the state
+    /// file holds thousands of backends and is read only after the run.
+    Default,
+    /// Within 10 ms: for the load-balancer churn, whose settle time the runner measures by polling the
+    /// backends; a 200 ms writer would add up to 200 ms to ours and nothing to the Go peer's.
+    Immediate,
+}
+
+impl StatsFreshness {
+    fn flush_interval(self) -> &'static str {
+        match self {
+            Self::Default => "200ms",
+            Self::Immediate => "10ms",
+        }
+    }
+}
+
 /// A running manager.
 pub(crate) struct Running {
     pub(crate) kind: Kind,
@@ -117,6 +138,7 @@ impl Running {
         kubeconfig: &Path,
         dir: &Path,
         latency: &str,
+        stats: StatsFreshness,
     ) -> anyhow::Result<Self> {
         let state_file = dir.join(format!("{kind}-cloud-state.json"));
         let log = std::fs::File::create(dir.join(format!("{kind}-manager.log")))?;
@@ -140,8 +162,9 @@ impl Running {
                 std::fs::write(
                     &config,
                     format!(
-                        "stateFile: {}\nstateFileBatched: true\nlatency: {latency}\nloadBalancers: {{ipPool: 203.0.112.0/22}}\n",
+                        "stateFile: {}\nstateFileBatched: true\nstateFileFlushInterval: {}\nlatency: {latency}\nloadBalancers: {{ipPool: 203.0.112.0/22}}\n",
                         state_file.display(),
+                        stats.flush_interval(),
                     ),
                 )?;
                 let mut command = Command::new(bins.rust.as_ref().context("--rust-bin is needed")?);

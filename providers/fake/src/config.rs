@@ -9,6 +9,7 @@ use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
     str::FromStr,
+    time::Duration,
 };
 
 pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
@@ -39,6 +40,9 @@ pub const METHODS: &[&str] = &[
     "delete_route",
 ];
 
+/// How often the state file's background writer runs unless `stateFileFlushInterval` says otherwise.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(200);
+
 /// The parsed cloud-config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -46,11 +50,16 @@ pub struct Config {
     /// Where the cloud-side state is written as JSON after every change.
     #[serde(default)]
     pub state_file: Option<PathBuf>,
-    /// `true`: changes reach the state file within 200 ms (from a background writer, as call counts
-    /// always do) instead of before the call returns. For runs with thousands of load-balancer backends,
-    /// where rewriting the whole file on every change would cost more than the manager under test.
+    /// `true`: changes reach the state file within `stateFileFlushInterval` (from a background writer,
+    /// as call counts always do) instead of before the call returns. For runs with thousands of
+    /// load-balancer backends, where rewriting the whole file on every change would cost more than the
+    /// manager under test.
     #[serde(default)]
     pub state_file_batched: bool,
+    /// How often the background writer puts what changed (call counts; with `stateFileBatched`
+    /// everything) into the state file: 200ms by default. More than 0.
+    #[serde(default)]
+    pub state_file_flush_interval: Option<GoDuration>,
     /// `true`: the state file is the cloud, shared by every process that names it: read back at start
     /// (so the cloud outlives the manager) and re-read whenever another process changed it, with every
     /// change made under an exclusive lock on `<stateFile>.lock`. Needs `stateFile`; cannot be combined
@@ -99,6 +108,7 @@ impl Default for Config {
         Self {
             state_file: None,
             state_file_batched: false,
+            state_file_flush_interval: None,
             state_file_shared: false,
             latency: GoDuration::default(),
             failure_rate: BTreeMap::new(),
@@ -294,6 +304,12 @@ impl Config {
         Ok(config)
     }
 
+    /// How often the background writer flushes the state file (`stateFileFlushInterval`).
+    pub fn flush_interval(&self) -> Duration {
+        self.state_file_flush_interval
+            .map_or(DEFAULT_FLUSH_INTERVAL, |interval| interval.0)
+    }
+
     /// Checks what the types alone cannot: the state-file keys go together. [`Config::parse`] calls it;
     /// [`crate::FakeCloud::new`] calls it for a config built in code.
     pub fn validate(&self, path: Option<&Path>) -> Result<(), ConfigError> {
@@ -306,6 +322,14 @@ impl Config {
                 "stateFileShared and stateFileBatched cannot be combined: a shared state file is \
                  written under its lock before each change returns, a batched one later from a \
                  background writer; turn one of them off",
+            ));
+        }
+        if self
+            .state_file_flush_interval
+            .is_some_and(|interval| interval.0.is_zero())
+        {
+            return Err(malformed(
+                "stateFileFlushInterval must be more than 0 (the background writer would never rest)",
             ));
         }
         if self.state_file_shared && self.state_file.is_none() {
@@ -595,6 +619,29 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("out of range"), "{err}");
+    }
+
+    #[test]
+    fn the_flush_interval_defaults_to_200ms_and_must_be_more_than_0() {
+        assert_eq!(Config::default().flush_interval(), DEFAULT_FLUSH_INTERVAL);
+        let config = Config::parse("stateFileFlushInterval: 15ms\n", None).unwrap();
+        assert_eq!(config.flush_interval(), Duration::from_millis(15));
+        let err = Config::parse(
+            "stateFileFlushInterval: 0s\n",
+            Some(Path::new("/etc/c.yaml")),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with(
+                "malformed cloud-config /etc/c.yaml: stateFileFlushInterval must be more than 0"
+            ),
+            "{err}"
+        );
+        let err = Config::parse("stateFileFlushInterval: soon\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("stateFileFlushInterval"), "{err}");
     }
 
     #[test]

@@ -2,20 +2,18 @@
 //! counts, and with `stateFileBatched` everything) to the state file.
 //!
 //! Both poll (the contract's `cloud_provider::watch_cloud_config` for the cloud-config): a read every
-//! 200 ms costs nothing and sees the renames and symlink swaps that inotify-style watchers miss.
+//! 200 ms costs nothing and sees the renames and symlink swaps that inotify-style watchers miss. The
+//! state file is written every `stateFileFlushInterval` (200 ms by default), when something changed.
 
 use std::{
     panic::AssertUnwindSafe,
     path::{Path, PathBuf},
     sync::Weak,
-    time::Duration,
 };
 
 use cloud_provider::panic_message;
 
 use crate::{Config, FakeCloud, Inner};
-
-const POLL: Duration = Duration::from_millis(200);
 
 /// Turns the bytes of the cloud-config file into a config, or says why not.
 type Parse = fn(&[u8], &Path) -> Result<Config, String>;
@@ -55,8 +53,9 @@ pub(crate) fn spawn_flusher(cloud: Weak<Inner>) {
                 {
                     tracing::error!(panic = %panic_message(panic.as_ref()), "fake cloud: writing the state file panicked; trying again at the next poll");
                 }
+                let interval = inner.config().flush_interval();
                 drop(inner);
-                std::thread::sleep(POLL);
+                std::thread::sleep(interval);
             }
         });
     if let Err(err) = spawned {
