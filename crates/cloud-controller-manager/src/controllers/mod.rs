@@ -10,6 +10,7 @@ pub mod outage;
 mod patch;
 pub mod route;
 pub mod service;
+pub(crate) mod work_queue;
 
 use std::{future::Future, pin::Pin, sync::Arc};
 

@@ -2,7 +2,8 @@
 //! kubelet registered with `--cloud-provider=external`, reconciles their GA labels, and keeps their
 //! addresses fresh.
 //!
-//! Better than upstream where it is cheap to be: workers default to 16 instead of 1, a node whose cloud
+//! Nodes are initialized in the order they registered, as upstream's work queue hands them out (ours is
+//! [`work_queue`]). Better than upstream where it is cheap to be: workers default to 16 instead of 1, a node whose cloud
 //! lookup fails is retried on its own back-off without holding up the others, and a reconcile with
 //! nothing to change sends nothing. Initialization is one write, a PUT of the node's metadata and spec
 //! as upstream's `Update` (without the status upstream also sends, which the API server ignores there);
@@ -16,16 +17,11 @@ mod write;
 use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
-use futures::StreamExt;
 use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
-    runtime::{
-        Controller,
-        controller::{Action, Config as RuntimeConfig},
-        events::EventType,
-    },
+    runtime::events::EventType,
 };
 use prometheus_client::{metrics::histogram::Histogram, registry::Registry};
 use serde_json::json;
@@ -34,7 +30,11 @@ use self::{
     cloud::LookupError,
     plan::{NodeIpError, is_uninitialized, plan_initialization, plan_label_reconciliation},
 };
-use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff};
+use super::{
+    ControllerContext, ControllerTask,
+    backoff::PerObjectBackoff,
+    work_queue::{self, Next},
+};
 use crate::{events::EventRecorder, informers::CachedNode};
 
 /// The event source, as upstream names it.
@@ -161,25 +161,24 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             status_workers,
             shutdown.clone(),
         ));
-        Controller::for_shared_stream(changes, store)
-            .with_config(
-                RuntimeConfig::default().concurrency(u16::try_from(workers).unwrap_or(u16::MAX)),
-            )
-            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(reconcile, error_policy, context)
-            .for_each(|result| {
-                if let Err(err) = result {
-                    tracing::debug!(error = %err, "cloud-node reconcile did not finish");
-                }
-                std::future::ready(())
-            })
-            .await;
+        // Nodes are initialized in the order they registered (kube-runtime's Controller would take the
+        // backlog in hash order; see work_queue).
+        work_queue::run(
+            changes,
+            store,
+            workers,
+            reconcile,
+            error_policy,
+            context,
+            shutdown,
+        )
+        .await;
         let _ = status_loop.await;
         Ok(())
     }))
 }
 
-fn error_policy(node: Arc<CachedNode>, err: &NodeError, ctx: Arc<Context>) -> Action {
+fn error_policy(node: Arc<CachedNode>, err: &NodeError, ctx: Arc<Context>) -> Next {
     let name = node.name_any();
     let (failures, delay) = ctx.backoff.failed(&name);
     let write_error = match err {
@@ -199,7 +198,7 @@ fn error_policy(node: Arc<CachedNode>, err: &NodeError, ctx: Arc<Context>) -> Ac
             format!("Failed to initialize node: {err}"),
         );
     }
-    Action::requeue(delay)
+    Next::RequeueAfter(delay)
 }
 
 /// The Warning event of a node initialization that needs an operator (our own: upstream only logs).
@@ -218,7 +217,7 @@ fn needs_operator(err: &NodeError) -> bool {
 }
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
-async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Action, NodeError> {
+async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Next, NodeError> {
     let result = if is_uninitialized(&node) {
         initialize(&node, &ctx).await
     } else {
@@ -227,7 +226,7 @@ async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Action, N
     if result.is_ok() {
         ctx.backoff.succeeded(&node.name_any());
     }
-    result.map(|()| Action::await_change())
+    result.map(|()| Next::AwaitChange)
 }
 
 /// Sets GA labels from beta labels on an initialized node; no cloud call, no write when in sync.
