@@ -1,7 +1,9 @@
 //! The `aws` provider inside the real manager, against the test control plane's real API server and
 //! moto: nodes named by their instances' private DNS names are initialized with provider ID, labels
 //! (upstream's `topology.k8s.aws/zone-id` too) and addresses; a stopped instance's NotReady node gets the shutdown taint; a terminated instance's node
-//! is deleted.
+//! is deleted; LoadBalancer Services get an NLB or a Classic ELB whose targets follow the nodes (HTTP
+//! health checks on the `healthCheckNodePort` with `externalTrafficPolicy: Local`), and nothing tagged
+//! for the cluster is left once they are deleted; VPC routes follow the nodes' pod CIDRs.
 
 mod support;
 
@@ -77,11 +79,18 @@ type ManagerTask = tokio::task::JoinHandle<Result<(), anyhow::Error>>;
 /// returned too, for its call counts.
 async fn start_manager(
     controllers: &str,
+    extra_flags: &[&str],
 ) -> (
     CancellationToken,
     ManagerTask,
     Arc<cloud_provider_aws::AwsCloud>,
 ) {
+    // The manager's log, shown with a failing test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_ansi(false)
+        .with_env_filter("info")
+        .try_init();
     let cloud = Arc::new(cloud(&default_config()));
     let mut registry = Registry::new();
     let shared = cloud.clone();
@@ -90,7 +99,7 @@ async fn start_manager(
         .unwrap();
     let manager = Manager::with_registry(registry);
     test_control_plane::apply_shipped_rbac().await;
-    let argv = [
+    let mut argv = vec![
         "cloud-controller-manager".to_owned(),
         "--cloud-provider=aws".to_owned(),
         format!(
@@ -103,6 +112,7 @@ async fn start_manager(
         "--node-monitor-period=200ms".to_owned(),
         "--node-status-update-frequency=500ms".to_owned(),
     ];
+    argv.extend(extra_flags.iter().map(|flag| (*flag).to_owned()));
     let options = Options::try_parse_from(argv).expect("valid flags");
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
@@ -126,7 +136,7 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
     let net = network().await;
     let instances = run_instances(&net, 3).await;
 
-    let (shutdown, task, cloud) = start_manager("cloud-node,cloud-node-lifecycle").await;
+    let (shutdown, task, cloud) = start_manager("cloud-node,cloud-node-lifecycle", &[]).await;
 
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
@@ -233,83 +243,154 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
     let _serial = SERIAL.lock().await;
     moto().reset();
     let net = network().await;
-    let instances = run_instances(&net, 2).await;
-    let (shutdown, task, _cloud) = start_manager("cloud-node,service").await;
+    let instances = run_instances(&net, 3).await;
+    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
-        api.create(&PostParams::default(), &kubelet_node(name))
-            .await
-            .expect("node created");
     }
-    for name in &names {
-        eventually("the node initialized", || async {
-            api.get_opt(name).await.ok().flatten().filter(|n| {
-                n.spec
-                    .as_ref()
-                    .and_then(|s| s.provider_id.as_ref())
-                    .is_some()
+    let create_node = |name: String| {
+        let api = api.clone();
+        async move {
+            api.create(&PostParams::default(), &kubelet_node(&name))
+                .await
+                .expect("node created");
+            eventually("the node initialized", || async {
+                api.get_opt(&name).await.ok().flatten().filter(|n| {
+                    n.spec
+                        .as_ref()
+                        .and_then(|s| s.provider_id.as_ref())
+                        .is_some()
+                })
             })
-        })
-        .await;
+            .await;
+        }
+    };
+    // Two nodes first; the third joins later.
+    for name in &names[..2] {
+        create_node(name.clone()).await;
     }
 
     let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
-    let make = |name: &str, nlb: bool| -> Service {
+    let make = |name: &str, nlb: bool, local: bool| -> Service {
         let annotations = if nlb {
             json!({ "service.beta.kubernetes.io/aws-load-balancer-type": "nlb" })
         } else {
             json!({})
         };
+        let policy = if local { "Local" } else { "Cluster" };
         serde_json::from_value(json!({
             "metadata": { "name": name, "annotations": annotations },
-            "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "targetPort": 8080 }] }
+            "spec": {
+                "type": "LoadBalancer",
+                "externalTrafficPolicy": policy,
+                "ports": [{ "port": 80, "targetPort": 8080 }]
+            }
         }))
         .unwrap()
     };
-    for (name, nlb) in [("aws-nlb", true), ("aws-elb", false)] {
+    let all = [
+        ("aws-nlb", true, false),
+        ("aws-elb", false, false),
+        ("aws-nlb-local", true, true),
+    ];
+    for (name, nlb, local) in all {
         let _ = services.delete(name, &DeleteParams::default()).await;
         services
-            .create(&PostParams::default(), &make(name, nlb))
+            .create(&PostParams::default(), &make(name, nlb, local))
             .await
             .expect("service created");
     }
-    let nlb = eventually("the NLB hostname", || async {
-        services
-            .get_opt("aws-nlb")
+    let provisioned = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            eventually(&format!("{name}'s load-balancer hostname"), || async {
+                services
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|s| ingress_hostname(s).is_some())
+            })
             .await
-            .ok()
-            .flatten()
-            .filter(|s| ingress_hostname(s).is_some())
-    })
-    .await;
+        }
+    };
+    let nlb = provisioned("aws-nlb").await;
+    let elb_service = provisioned("aws-elb").await;
+    let local = provisioned("aws-nlb-local").await;
     let v2 = elbv2();
     let lbs = v2.describe_load_balancers().send().await.unwrap();
-    assert_eq!(lbs.load_balancers().len(), 1);
-    assert_eq!(
-        ingress_hostname(&nlb).as_deref(),
-        lbs.load_balancers()[0].dns_name()
-    );
-    let elb_service = eventually("the ELB hostname", || async {
-        services
-            .get_opt("aws-elb")
-            .await
-            .ok()
-            .flatten()
-            .filter(|s| ingress_hostname(s).is_some())
-    })
-    .await;
+    assert_eq!(lbs.load_balancers().len(), 2, "one NLB per NLB Service");
+    let arn_of = |service: &Service| -> String {
+        let hostname = ingress_hostname(service).unwrap();
+        lbs.load_balancers()
+            .iter()
+            .find(|lb| lb.dns_name() == Some(hostname.as_str()))
+            .unwrap_or_else(|| panic!("no NLB named {hostname} in {lbs:?}"))
+            .load_balancer_arn()
+            .unwrap()
+            .to_owned()
+    };
+    let lb_arn = arn_of(&nlb);
+    let local_arn = arn_of(&local);
     let classic = elb().describe_load_balancers().send().await.unwrap();
     assert_eq!(classic.load_balancer_descriptions().len(), 1);
     assert_eq!(
         ingress_hostname(&elb_service).as_deref(),
         classic.load_balancer_descriptions()[0].dns_name()
     );
-    let lb_arn = lbs.load_balancers()[0]
-        .load_balancer_arn()
-        .unwrap()
-        .to_owned();
+
+    // externalTrafficPolicy: Local: HTTP health checks of /healthz on the healthCheckNodePort the
+    // API server allocated; Cluster: TCP on the traffic port.
+    let health_check_node_port = local
+        .spec
+        .as_ref()
+        .and_then(|s| s.health_check_node_port)
+        .expect("the API server allocates a healthCheckNodePort for Local");
+    let checks = |arn: String| {
+        let v2 = v2.clone();
+        async move {
+            let groups = v2
+                .describe_target_groups()
+                .load_balancer_arn(arn)
+                .send()
+                .await
+                .unwrap();
+            groups
+                .target_groups()
+                .iter()
+                .map(|g| {
+                    (
+                        g.health_check_protocol().map(|p| p.as_str().to_owned()),
+                        g.health_check_port().map(str::to_owned),
+                        g.health_check_path().map(str::to_owned),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        checks(local_arn).await,
+        [(
+            Some("HTTP".to_owned()),
+            Some(health_check_node_port.to_string()),
+            Some("/healthz".to_owned())
+        )]
+    );
+    let cluster_checks = checks(lb_arn.clone()).await;
+    assert_eq!(cluster_checks.len(), 1, "{cluster_checks:?}");
+    assert_eq!(
+        cluster_checks[0].0.as_deref(),
+        Some("TCP"),
+        "{cluster_checks:?}"
+    );
+    assert_eq!(
+        cluster_checks[0].1.as_deref(),
+        Some("traffic-port"),
+        "{cluster_checks:?}"
+    );
+
     let targets = || async {
         let groups = v2
             .describe_target_groups()
@@ -328,29 +409,62 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
             .send()
             .await
             .ok()?;
-        Some(health.target_health_descriptions().len())
+        let mut ids: Vec<String> = health
+            .target_health_descriptions()
+            .iter()
+            .filter_map(|t| t.target()?.id().map(str::to_owned))
+            .collect();
+        ids.sort();
+        Some(ids)
+    };
+    let elb_instances = || async {
+        let d = elb().describe_load_balancers().send().await.ok()?;
+        let mut ids: Vec<String> = d
+            .load_balancer_descriptions()
+            .first()?
+            .instances()
+            .iter()
+            .filter_map(|i| i.instance_id().map(str::to_owned))
+            .collect();
+        ids.sort();
+        Some(ids)
+    };
+    let ids = |which: &[usize]| -> Vec<String> {
+        let mut ids: Vec<String> = which.iter().map(|i| instances[*i].id.clone()).collect();
+        ids.sort();
+        ids
     };
     eventually("both nodes as NLB targets", || async {
-        targets().await.filter(|n| *n == 2)
+        targets().await.filter(|t| *t == ids(&[0, 1]))
     })
     .await;
 
+    // Node churn: a node joins, its instance becomes a target of both load balancers; a node goes,
+    // its instance stops being one.
+    create_node(names[2].clone()).await;
+    eventually("the new node as an NLB target", || async {
+        targets().await.filter(|t| *t == ids(&[0, 1, 2]))
+    })
+    .await;
+    eventually("the new node as an ELB instance", || async {
+        elb_instances().await.filter(|t| *t == ids(&[0, 1, 2]))
+    })
+    .await;
     // Node churn: a node goes, its instance stops being a target of both load balancers.
     api.delete(&names[1], &DeleteParams::default())
         .await
         .unwrap();
-    eventually("one NLB target left", || async {
-        targets().await.filter(|n| *n == 1)
+    eventually("the deleted node's instance no NLB target", || async {
+        targets().await.filter(|t| *t == ids(&[0, 2]))
     })
     .await;
-    eventually("one ELB instance left", || async {
-        let d = elb().describe_load_balancers().send().await.ok()?;
-        (d.load_balancer_descriptions().first()?.instances().len() == 1).then_some(())
+    eventually("the deleted node's instance no ELB instance", || async {
+        elb_instances().await.filter(|t| *t == ids(&[0, 2]))
     })
     .await;
 
     // Deleting every Service leaves nothing that carries the cluster's tag.
-    for name in ["aws-nlb", "aws-elb"] {
+    for (name, _, _) in all {
         services
             .delete(name, &DeleteParams::default())
             .await
@@ -360,6 +474,85 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
         cluster_resources().await.is_empty().then_some(())
     })
     .await;
+    stop_manager(shutdown, task).await;
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+}
+
+/// A kubelet-registered node with this pod CIDR (as the node-IPAM controller or the kubelet sets it).
+fn node_with_pod_cidr(name: &str, cidr: &str) -> Node {
+    let mut node = kubelet_node(name);
+    let spec = node.spec.get_or_insert_with(Default::default);
+    spec.pod_cidr = Some(cidr.to_owned());
+    spec.pod_cidrs = Some(vec![cidr.to_owned()]);
+    node
+}
+
+#[tokio::test]
+async fn routes_follow_the_nodes_pod_cidrs_in_the_clusters_route_table() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let table_id = cluster_route_table(&net).await;
+    let instances = run_instances(&net, 3).await;
+    let (shutdown, task, _cloud) = start_manager(
+        "route",
+        &[
+            "--cluster-cidr=10.244.0.0/16",
+            "--route-reconciliation-period=300ms",
+        ],
+    )
+    .await;
+    let api = nodes().await;
+    let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
+    let cidrs = ["10.244.1.0/24", "10.244.2.0/24", "10.244.3.0/24"];
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+    let expected = |which: &[usize]| -> Vec<(String, String)> {
+        let mut routes: Vec<(String, String)> = which
+            .iter()
+            .map(|i| (cidrs[*i].to_owned(), instances[*i].id.clone()))
+            .collect();
+        routes.sort();
+        routes
+    };
+    for i in 0..2 {
+        api.create(
+            &PostParams::default(),
+            &node_with_pod_cidr(&names[i], cidrs[i]),
+        )
+        .await
+        .expect("node created");
+    }
+    eventually("a route per node", || async {
+        let routes = instance_routes(&table_id).await;
+        (routes == expected(&[0, 1])).then_some(())
+    })
+    .await;
+
+    // A node joins: its route is added; a node goes: its route is removed.
+    api.create(
+        &PostParams::default(),
+        &node_with_pod_cidr(&names[2], cidrs[2]),
+    )
+    .await
+    .expect("node created");
+    eventually("the new node's route", || async {
+        let routes = instance_routes(&table_id).await;
+        (routes == expected(&[0, 1, 2])).then_some(())
+    })
+    .await;
+    api.delete(&names[0], &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted node's route removed", || async {
+        let routes = instance_routes(&table_id).await;
+        (routes == expected(&[1, 2])).then_some(())
+    })
+    .await;
+
     stop_manager(shutdown, task).await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;

@@ -4,7 +4,6 @@
 
 mod support;
 
-use aws_sdk_ec2::types::{ResourceType, Tag, TagSpecification};
 use cloud_provider::{CloudProvider, Route};
 use support::*;
 
@@ -22,29 +21,7 @@ async fn routes_follow_pod_cidrs_in_the_clusters_route_table() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let table = ec2()
-        .create_route_table()
-        .vpc_id(&net.vpc_id)
-        .tag_specifications(
-            TagSpecification::builder()
-                .resource_type(ResourceType::RouteTable)
-                .tags(
-                    Tag::builder()
-                        .key(format!("kubernetes.io/cluster/{CLUSTER_ID}"))
-                        .value("owned")
-                        .build(),
-                )
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let table_id = table
-        .route_table()
-        .unwrap()
-        .route_table_id()
-        .unwrap()
-        .to_owned();
+    let table_id = cluster_route_table(&net).await;
 
     let cloud = cloud(&default_config());
     let routes = cloud.routes().unwrap();
@@ -74,20 +51,12 @@ async fn routes_follow_pod_cidrs_in_the_clusters_route_table() {
         attr.source_dest_check().and_then(|v| v.value()),
         Some(false)
     );
-    let described = ec2()
-        .describe_route_tables()
-        .route_table_ids(&table_id)
-        .send()
-        .await
-        .unwrap();
-    let in_table: Vec<(&str, &str)> = described.route_tables()[0]
-        .routes()
-        .iter()
-        .filter_map(|r| Some((r.destination_cidr_block()?, r.instance_id()?)))
-        .collect();
-    assert!(
-        in_table.contains(&("10.244.1.0/24", instances[0].id.as_str())),
-        "{in_table:?}"
+    assert_eq!(
+        instance_routes(&table_id).await,
+        [
+            ("10.244.1.0/24".to_owned(), instances[0].id.clone()),
+            ("10.244.2.0/24".to_owned(), instances[1].id.clone())
+        ]
     );
 
     let mut listed = routes.list_routes("kubernetes").await.unwrap();

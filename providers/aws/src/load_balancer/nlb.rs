@@ -19,10 +19,29 @@ use crate::{Error, error::Result, instances::InstanceInfo};
 /// AWS's limit of resources per `DescribeTags` call.
 const TAGS_PER_CALL: usize = 20;
 
+/// The target group name: upstream's (see [`upstream_target_group_name`]) with runs of hyphens made one,
+/// since ELBv2 refuses a name with two hyphens in a row: upstream names a Service `aws-nlb-local`'s
+/// group `k8s-default-aws-nlb--…` (its name cut to 8 characters ends in a hyphen), and creating it
+/// fails. Every name upstream can create is left as it is.
+pub fn target_group_name(
+    cluster_id: &str,
+    service_name: &str,
+    port: &Port,
+    hc_protocol: &str,
+    hc_interval: i32,
+) -> String {
+    upstream_target_group_name(cluster_id, service_name, port, hc_protocol, hc_interval)
+        .split('-')
+        .filter(|part| !part.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
 /// Upstream's target group name: `k8s-<namespace[:8]>-<name[:8]>-<sha1[:10]>`, the hash over the
 /// cluster ID, namespace, name, port, node port, protocol, target type, health-check protocol and
-/// interval.
-pub fn target_group_name(
+/// interval. Matched too when looking for a load balancer's groups, so a group upstream made is
+/// adopted whatever its name.
+pub fn upstream_target_group_name(
     cluster_id: &str,
     service_name: &str,
     port: &Port,
@@ -195,10 +214,17 @@ impl LoadBalancers {
                 &hc.protocol,
                 hc.interval,
             );
-            let existing = match attached
-                .iter()
-                .find(|g| g.target_group_name() == Some(name.as_str()))
-            {
+            let upstream_name = upstream_target_group_name(
+                cluster_id,
+                &spec.service_name,
+                port,
+                &hc.protocol,
+                hc.interval,
+            );
+            let existing = match attached.iter().find(|g| {
+                g.target_group_name()
+                    .is_some_and(|n| n == name || n == upstream_name)
+            }) {
                 Some(g) => Some(g.clone()),
                 None => self.target_group_named(&name).await?,
             };
@@ -776,6 +802,26 @@ impl LoadBalancers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_cut_to_end_in_a_hyphen_gives_a_group_name_elbv2_accepts() {
+        let port = Port {
+            port: 80,
+            protocol: "TCP".into(),
+            node_port: 30080,
+        };
+        let upstream =
+            upstream_target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
+        assert!(upstream.starts_with("k8s-default-aws-nlb--"), "{upstream}");
+        let ours = target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
+        assert_eq!(ours, upstream.replacen("--", "-", 1));
+        assert!(!ours.contains("--") && ours.len() <= 32, "{ours}");
+        // Names upstream can create are kept.
+        assert_eq!(
+            target_group_name("prod", "default/web", &port, "TCP", 30),
+            upstream_target_group_name("prod", "default/web", &port, "TCP", 30)
+        );
+    }
 
     #[test]
     fn target_group_names_follow_upstream() {

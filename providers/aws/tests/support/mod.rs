@@ -310,6 +310,45 @@ pub async fn run_instances(net: &Network, count: i32) -> Vec<InstanceInfo> {
     describe(&ids).await
 }
 
+/// A route table in the cluster's VPC, tagged for the cluster (so the provider finds it without
+/// `RouteTableID`); its ID.
+pub async fn cluster_route_table(net: &Network) -> String {
+    ec2()
+        .create_route_table()
+        .vpc_id(&net.vpc_id)
+        .tag_specifications(tagged(ResourceType::RouteTable, &[]))
+        .send()
+        .await
+        .expect("route table created")
+        .route_table()
+        .and_then(|t| t.route_table_id())
+        .expect("route table ID")
+        .to_owned()
+}
+
+/// The (destination CIDR, instance ID) of every route to an instance in this table.
+pub async fn instance_routes(table_id: &str) -> Vec<(String, String)> {
+    let described = ec2()
+        .describe_route_tables()
+        .route_table_ids(table_id)
+        .send()
+        .await
+        .expect("route table described");
+    let mut routes: Vec<(String, String)> = described
+        .route_tables()
+        .iter()
+        .flat_map(|t| t.routes())
+        .filter_map(|r| {
+            Some((
+                r.destination_cidr_block()?.to_owned(),
+                r.instance_id()?.to_owned(),
+            ))
+        })
+        .collect();
+    routes.sort();
+    routes
+}
+
 /// The instances with these IDs, as EC2 describes them now, in the order given.
 pub async fn describe(ids: &[String]) -> Vec<InstanceInfo> {
     let out = ec2()
