@@ -10,7 +10,7 @@ mod report;
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
+    path::{Path, PathBuf},
     time::{Duration, Instant},
 };
 
@@ -101,8 +101,12 @@ struct Args {
     label: String,
     /// Measure nothing: render the report (Markdown and PNGs at `--out`) again from the raw results a
     /// run saved beside its report (`<out>.json`).
-    #[arg(long, value_name = "JSON")]
+    #[arg(long, value_name = "JSON", conflicts_with = "resume")]
     from_results: Option<PathBuf>,
+    /// Continue a run that stopped part-way: start from the results it saved (`<out>.partial.json`) and
+    /// measure only the scenarios it lacks, with the same flags as the first try.
+    #[arg(long, value_name = "JSON")]
+    resume: Option<PathBuf>,
 }
 
 /// Which run `--profile` profiles.
@@ -163,6 +167,27 @@ pub(crate) struct Results {
     pub(crate) steadies: Vec<SteadyResult>,
     #[serde(default)]
     pub(crate) profiles: Vec<ProfileResult>,
+}
+
+/// Who the minimal client of the API server's own limit is, in the results.
+pub(crate) const API_LIMIT: &str = "API limit";
+
+impl Results {
+    /// Whether a node-initialization run of `who` at these settings and size is among the results.
+    fn has_init(&self, who: &str, settings: Settings, nodes: usize) -> bool {
+        let settings = settings.to_string();
+        self.inits
+            .iter()
+            .any(|i| i.who == who && i.settings == settings && i.nodes == nodes)
+    }
+
+    /// Whether the load-balancer run of `who` at these settings is among the results.
+    fn has_lb(&self, who: &str, settings: Settings) -> bool {
+        let settings = settings.to_string();
+        self.lbs
+            .iter()
+            .any(|l| l.who == who && l.settings == settings)
+    }
 }
 
 /// One node-initialization measurement.
@@ -355,7 +380,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
         steady_services,
         profile,
     } = run;
-    let who = kind.map_or("API limit".to_owned(), |k| k.to_string());
+    let who = kind.map_or(API_LIMIT.to_owned(), |k| k.to_string());
     let dir = args
         .work_dir
         .join(format!("init-{who}-{count}-{settings:?}").replace(' ', "-"));
@@ -741,27 +766,30 @@ async fn load_balancers(
     Ok(result)
 }
 
+/// The results a run saved (`<out>.json`, or `<out>.partial.json` of a run that stopped).
+fn read_results(path: &Path) -> anyhow::Result<Results> {
+    let raw =
+        std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let mut results: Results = serde_json::from_slice(&raw).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not a results file of this runner: {e}",
+            path.display()
+        )
+    })?;
+    // Results saved before steady-state sizes were kept ran it after the largest count, with the
+    // load-balancer scenario's Services.
+    let largest = results.inits.iter().map(|i| i.nodes).max().unwrap_or(0);
+    for steady in results.steadies.iter_mut().filter(|s| s.nodes == 0) {
+        (steady.nodes, steady.services) = (largest, results.services);
+    }
+    Ok(results)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let results = match &args.from_results {
-        Some(path) => {
-            let raw = std::fs::read(path)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
-            let mut results: Results = serde_json::from_slice(&raw).map_err(|e| {
-                anyhow::anyhow!(
-                    "{} is not a results file of this runner: {e}",
-                    path.display()
-                )
-            })?;
-            // Results saved before steady-state sizes were kept ran it after the largest count, with
-            // the load-balancer scenario's Services.
-            let largest = results.inits.iter().map(|i| i.nodes).max().unwrap_or(0);
-            for steady in results.steadies.iter_mut().filter(|s| s.nodes == 0) {
-                (steady.nodes, steady.services) = (largest, results.services);
-            }
-            results
-        }
+        Some(path) => read_results(path)?,
         None => measure(&args).await?,
     };
     if let Some(parent) = args.out.parent() {
@@ -827,7 +855,12 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
     }
     std::fs::create_dir_all(&args.work_dir)?;
     let started = Instant::now();
-    let mut results = Results {
+    let resumed = match &args.resume {
+        Some(path) => Some(read_results(path)?),
+        None => None,
+    };
+    let minutes_before = resumed.as_ref().map_or(0.0, |r| r.minutes);
+    let mut results = resumed.unwrap_or_else(|| Results {
         label: args.label.clone(),
         machine: report::machine_description(),
         minutes: 0.0,
@@ -840,12 +873,18 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         lbs: Vec::new(),
         steadies: Vec::new(),
         profiles: Vec::new(),
-    };
+    });
+    if args.resume.is_some() {
+        let here = report::machine_description();
+        if here != results.machine {
+            results.machine = format!("{}; resumed on {here}", results.machine);
+        }
+    }
     // What was measured so far goes to `<out>.partial.json` after every scenario, so a failure late in
     // an hour-long run loses only the scenario that failed (`--from-results` renders a partial file).
     let partial = args.out.with_extension("partial.json");
     let save = |results: &mut Results| -> anyhow::Result<()> {
-        results.minutes = started.elapsed().as_secs_f64() / 60.0;
+        results.minutes = minutes_before + started.elapsed().as_secs_f64() / 60.0;
         if let Some(parent) = partial.parent() {
             std::fs::create_dir_all(parent)?;
         }
@@ -863,6 +902,12 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                 continue;
             }
             for &kind in &managers {
+                if results.has_init(&kind.to_string(), settings, count) {
+                    eprintln!(
+                        "bench: resume: {kind} at {settings}, {count} nodes: measured already"
+                    );
+                    continue;
+                }
                 let outcome = node_init(
                     args,
                     &bins,
@@ -881,7 +926,7 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                 save(&mut results)?;
             }
         }
-        if !args.no_api_limit {
+        if !args.no_api_limit && !results.has_init(API_LIMIT, Settings::Unthrottled, count) {
             let outcome = node_init(
                 args,
                 &bins,
@@ -900,6 +945,10 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
     }
     for &settings in &args.settings {
         for &kind in &managers {
+            if results.has_lb(&kind.to_string(), settings) {
+                eprintln!("bench: resume: {kind} load balancers at {settings}: measured already");
+                continue;
+            }
             results
                 .lbs
                 .push(load_balancers(args, &bins, kind, settings).await?);
@@ -907,6 +956,6 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         }
     }
     let _ = std::fs::remove_file(&partial);
-    results.minutes = started.elapsed().as_secs_f64() / 60.0;
+    results.minutes = minutes_before + started.elapsed().as_secs_f64() / 60.0;
     Ok(results)
 }

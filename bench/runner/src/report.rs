@@ -6,7 +6,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path, time::Duration};
 use plotters::prelude::*;
 
 use crate::{
-    InitResult, Results,
+    API_LIMIT, InitResult, Results,
     manager::{EQUAL_BURST, EQUAL_QPS},
 };
 
@@ -67,7 +67,7 @@ fn settings_in(results: &Results) -> Vec<&str> {
     let runs = results
         .inits
         .iter()
-        .filter(|i| i.who != "API limit")
+        .filter(|i| i.who != API_LIMIT)
         .map(|i| i.settings.as_str())
         .chain(results.lbs.iter().map(|l| l.settings.as_str()));
     for s in runs {
@@ -137,7 +137,7 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
                 .find(|r| r.who == "go" && r.settings == settings);
             for row in rows
                 .iter()
-                .filter(|r| r.settings == settings && r.who != "API limit")
+                .filter(|r| r.settings == settings && r.who != API_LIMIT)
             {
                 let (total_ratio, p99_ratio) = match (row.who.as_str(), go) {
                     ("rust", Some(go)) => (
@@ -161,10 +161,10 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
                 );
             }
         }
-        if let Some(limit) = rows.iter().find(|r| r.who == "API limit") {
+        if let Some(limit) = rows.iter().find(|r| r.who == API_LIMIT) {
             let share = rows
                 .iter()
-                .filter(|r| r.who != "API limit")
+                .filter(|r| r.who != API_LIMIT)
                 .map(|r| {
                     format!(
                         "{} at {}: {:.0} %",
@@ -334,7 +334,7 @@ fn rows_in_order(results: &Results, count: usize) -> Vec<&InitResult> {
         results
             .inits
             .iter()
-            .find(|i| i.nodes == count && i.who == "API limit"),
+            .find(|i| i.nodes == count && i.who == API_LIMIT),
     );
     rows
 }
@@ -350,7 +350,7 @@ fn manager_ms_per_node(row: &InitResult) -> f64 {
 }
 
 fn settings_label(row: &InitResult) -> &str {
-    if row.who == "API limit" {
+    if row.who == API_LIMIT {
         "no limit"
     } else {
         &row.settings
@@ -490,7 +490,7 @@ fn growth(md: &mut String, results: &Results, growth_png: &str) {
             series.push((settings, who));
         }
     }
-    series.push(("equal, unthrottled", "API limit"));
+    series.push(("equal, unthrottled", API_LIMIT));
     for (settings, who) in series {
         let rows: Vec<&InitResult> = results
             .inits
@@ -699,7 +699,7 @@ fn targets(md: &mut String, results: &Results) {
                 });
             }
         }
-        let limit = init("API limit", "equal, unthrottled", count);
+        let limit = init(API_LIMIT, "equal, unthrottled", count);
         for settings in ["own defaults", "equal, unthrottled"] {
             if let (Some(rust), Some(limit)) = (init("rust", settings, count), limit) {
                 let share =
@@ -1018,10 +1018,10 @@ pub(crate) fn plot_growth(path: &Path, inits: &[InitResult]) -> anyhow::Result<b
     let panels: [(&str, &str, Metric); 4] = [
         ("Total time", "seconds", |r| Some(r.total.as_secs_f64())),
         ("Manager peak RSS", "MiB", |r| {
-            (r.who != "API limit" && r.peak_rss_mib > 0.0).then_some(r.peak_rss_mib)
+            (r.who != API_LIMIT && r.peak_rss_mib > 0.0).then_some(r.peak_rss_mib)
         }),
         ("Manager CPU", "CPU seconds", |r| {
-            (r.who != "API limit" && r.manager_cpu_seconds > 0.0).then_some(r.manager_cpu_seconds)
+            (r.who != API_LIMIT && r.manager_cpu_seconds > 0.0).then_some(r.manager_cpu_seconds)
         }),
         ("API-server CPU", "CPU seconds", |r| {
             (r.apiserver_cpu_seconds > 0.0).then_some(r.apiserver_cpu_seconds)
@@ -1040,8 +1040,8 @@ pub(crate) fn plot_growth(path: &Path, inits: &[InitResult]) -> anyhow::Result<b
     let mut x = 20;
     for key in &series {
         let color = color_of(&key.0, &key.1);
-        let label = if key.0 == "API limit" {
-            "API limit".to_owned()
+        let label = if key.0 == API_LIMIT {
+            API_LIMIT.to_owned()
         } else {
             format!("{} ({})", key.0, key.1)
         };
