@@ -181,6 +181,44 @@ impl Results {
             .any(|i| i.who == who && i.settings == settings && i.nodes == nodes)
     }
 
+    /// Whether a run with these flags may continue these results: every parameter the results record
+    /// must be the one the flags ask for, or the report would mix scenarios of different shapes.
+    fn check_resumable_with(&self, args: &Args) -> Result<(), String> {
+        let recorded = [
+            ("--label", self.label.clone(), args.label.clone()),
+            ("--latency", self.latency.clone(), args.latency.clone()),
+            (
+                "--services",
+                self.services.to_string(),
+                args.services.to_string(),
+            ),
+            (
+                "--lb-nodes",
+                self.lb_nodes.to_string(),
+                args.lb_nodes.to_string(),
+            ),
+            ("--churn", self.churn.to_string(), args.churn.to_string()),
+            (
+                "--idle-seconds",
+                self.idle_seconds.to_string(),
+                args.idle_seconds.to_string(),
+            ),
+        ];
+        let differing: Vec<String> = recorded
+            .into_iter()
+            .filter(|(_, was, now)| was != now)
+            .map(|(flag, was, now)| format!("{flag} was {was}, now {now}"))
+            .collect();
+        if differing.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "its results were measured with other flags ({}); pass the first try's flags",
+                differing.join("; ")
+            ))
+        }
+    }
+
     /// Whether the load-balancer run of `who` at these settings is among the results.
     fn has_lb(&self, who: &str, settings: Settings) -> bool {
         let settings = settings.to_string();
@@ -856,7 +894,13 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
     std::fs::create_dir_all(&args.work_dir)?;
     let started = Instant::now();
     let resumed = match &args.resume {
-        Some(path) => Some(read_results(path)?),
+        Some(path) => {
+            let results = read_results(path)?;
+            results
+                .check_resumable_with(args)
+                .map_err(|e| anyhow::anyhow!("cannot resume {}: {e}", path.display()))?;
+            Some(results)
+        }
         None => None,
     };
     let minutes_before = resumed.as_ref().map_or(0.0, |r| r.minutes);
@@ -958,4 +1002,62 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
     let _ = std::fs::remove_file(&partial);
     results.minutes = minutes_before + started.elapsed().as_secs_f64() / 60.0;
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["ccm-bench", "--out", "/tmp/report.md"];
+        argv.extend_from_slice(extra);
+        Args::parse_from(argv)
+    }
+
+    fn results_of(args: &Args) -> Results {
+        Results {
+            label: args.label.clone(),
+            machine: String::new(),
+            minutes: 1.0,
+            latency: args.latency.clone(),
+            services: args.services,
+            lb_nodes: args.lb_nodes,
+            churn: args.churn,
+            idle_seconds: args.idle_seconds,
+            inits: Vec::new(),
+            lbs: Vec::new(),
+            steadies: Vec::new(),
+            profiles: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn results_resume_only_with_the_flags_they_were_measured_with() {
+        let first = args(&["--services", "500", "--latency", "20ms"]);
+        let results = results_of(&first);
+        assert_eq!(results.check_resumable_with(&first), Ok(()));
+        let other = args(&["--services", "100", "--latency", "50ms"]);
+        let error = results.check_resumable_with(&other).unwrap_err();
+        assert!(error.contains("--services was 500, now 100"), "{error}");
+        assert!(error.contains("--latency was 20ms, now 50ms"), "{error}");
+        assert!(!error.contains("--churn"), "{error}");
+    }
+
+    #[test]
+    fn a_resumed_run_finds_the_scenarios_measured_already() {
+        let mut results = results_of(&args(&[]));
+        let measured: InitResult = serde_json::from_value(serde_json::json!({
+            "who": "rust", "settings": Settings::Equal.to_string(), "nodes": 1000,
+            "total": {"secs": 8, "nanos": 0}, "p50": {"secs": 2, "nanos": 0},
+            "p99": {"secs": 6, "nanos": 0}, "writes_per_node": 3.0, "events_per_node": 1.0,
+            "delays": [], "peak_rss_mib": 30.0
+        }))
+        .unwrap();
+        results.inits.push(measured);
+        assert!(results.has_init("rust", Settings::Equal, 1000));
+        assert!(!results.has_init("go", Settings::Equal, 1000));
+        assert!(!results.has_init("rust", Settings::Unthrottled, 1000));
+        assert!(!results.has_init("rust", Settings::Equal, 5000));
+        assert!(!results.has_lb("rust", Settings::Equal));
+    }
 }

@@ -2,12 +2,13 @@
 //! kubelet registered with `--cloud-provider=external`, reconciles their GA labels, and keeps their
 //! addresses fresh.
 //!
-//! Nodes are initialized in the order they registered, as upstream's work queue hands them out (ours is
-//! `controllers::work_queue`). Better than upstream where it is cheap to be: workers default to 16
-//! instead of 1, a node whose cloud lookup fails is retried on its own back-off without holding up the
-//! others, and a reconcile with nothing to change sends nothing. Initialization is one write, a PUT of the node's metadata and spec
-//! as upstream's `Update` (without the status upstream also sends, which the API server ignores there);
-//! a node with a field this build's types do not know gets a merge patch instead ([`write`]).
+//! Nodes are initialized in the order they registered, as upstream's work queue hands them out
+//! (ours is `controllers::work_queue`). Better than upstream where it is cheap to be: workers
+//! default to 16 instead of 1, a node whose cloud lookup fails is retried on its own back-off
+//! without holding up the others, and a reconcile with nothing to change sends nothing.
+//! Initialization is one write, a PUT of the node's metadata and spec as upstream's `Update`
+//! (without the status upstream also sends, which the API server ignores there); a node with a
+//! field this build's types do not know gets a merge patch instead ([`write`]).
 
 pub(crate) mod cloud;
 pub mod plan;
