@@ -1,50 +1,103 @@
 //! Optional, off by default: VIPs outside the loopback range put on a network interface of the leader's
-//! machine (with `ip address add`, which needs `CAP_NET_ADMIN`) while their load balancer runs, and taken
-//! off when it is deleted or the leader steps down, so the next leader can put them on its own machine.
+//! machine while their load balancer runs, and taken off when it is deleted or the leader steps down, so
+//! the next leader can put them on its own machine.
 //!
-//! Turned on by `loadBalancer.vipInterface`. Loopback VIPs (127.0.0.0/8, `::1`) are never touched: any
-//! process can bind them already.
+//! Turned on by `loadBalancer.vipInterface` (or `--local-vip-interface`). Loopback VIPs (127.0.0.0/8,
+//! `::1`) are never touched: any process can bind them already.
+//!
+//! The addresses go on and come off through rtnetlink (`RTM_NEWADDR` and `RTM_DELADDR`, what `ip address
+//! add|del` sends), which needs `CAP_NET_ADMIN` and no `ip` command, so it works from the distroless image.
+//! What the kernel answered is read from the errno, never from a message text: `EEXIST` on an add means
+//! the interface has the address already, and it is taken over (so a VIP left behind by a killed leader
+//! is taken back, and comes off with its load balancer); `EADDRNOTAVAIL` on a delete means it is gone
+//! already, which is what the delete wanted.
+//!
+//! All netlink work runs in order on one thread of its own (`vip-netlink`, started with the first
+//! request), on a small runtime of its own. So a request is carried out even when its caller is dropped
+//! half-way (an ensure abandoned after a lost lease), and taking every VIP off can be waited for from
+//! synchronous code, also while the manager's runtime shuts down
+//! ([`AddressManager::remove_all_now`]). After that, adds are refused until [`AddressManager::resume`]:
+//! a VIP put on by an ensure still running after the step-down would stay behind.
 
-use std::{collections::BTreeSet, net::IpAddr, path::PathBuf, sync::Mutex};
+use std::{
+    collections::BTreeSet,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Mutex,
+    time::Duration,
+};
+
+use futures::TryStreamExt;
+use rtnetlink::{
+    AddressMessageBuilder,
+    packet_route::address::{AddressHeaderFlags, AddressMessage},
+};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::instances::lock;
 
-/// Adds and removes VIPs on one interface, remembering what it added (and only removing that).
+/// How long one netlink request may take.
+const NETLINK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long [`AddressManager::remove_all_now`] waits for the VIPs to come off.
+const REMOVE_ALL_WAIT: Duration = Duration::from_secs(10);
+
+/// `ENODEV`: the kernel's answer for an interface name it does not know (`std::io::ErrorKind` has no
+/// kind for it; the value is the same on every Linux architecture).
+const ENODEV: i32 = 19;
+
+/// Adds and removes VIPs on one interface, remembering what it added or took over (and only removing
+/// that).
 #[derive(Debug)]
 pub(crate) struct AddressManager {
     interface: String,
-    /// The `ip` command (iproute2).
-    command: PathBuf,
-    added: Mutex<BTreeSet<IpAddr>>,
+    /// The queue of the `vip-netlink` thread, once started.
+    worker: Mutex<Option<mpsc::UnboundedSender<Job>>>,
 }
 
-/// The arguments of `ip` that add (`add`) or remove (`del`) `ip` on `interface`, as a host address.
-/// An IPv6 address is added with `nodad`: duplicate address detection would keep it "tentative", and
-/// unbindable, for a second or more after it is added.
-pub(crate) fn ip_arguments(action: &str, ip: IpAddr, interface: &str) -> Vec<String> {
-    let prefix = if ip.is_ipv4() { 32 } else { 128 };
-    let mut args = vec![
-        "address".to_owned(),
-        action.to_owned(),
-        format!("{ip}/{prefix}"),
-        "dev".to_owned(),
-        interface.to_owned(),
-    ];
-    if action == "add" && ip.is_ipv6() {
-        args.push("nodad".to_owned());
+/// A request to the `vip-netlink` thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// Put the VIP on the interface (refused after `RemoveAll` until `Resume`).
+    Add(IpAddr),
+    /// Take it off, if it was added.
+    Remove(IpAddr),
+    /// Take off every VIP added, and refuse further adds.
+    RemoveAll,
+    /// Accept adds again (a new leadership).
+    Resume,
+}
+
+#[derive(Debug)]
+struct Job {
+    op: Op,
+    reply: Reply,
+}
+
+/// Where the outcome of a job goes: an awaiting task, or a waiting thread.
+#[derive(Debug)]
+enum Reply {
+    Task(oneshot::Sender<Result<(), String>>),
+    Thread(std::sync::mpsc::SyncSender<Result<(), String>>),
+    None,
+}
+
+impl Reply {
+    fn send(self, result: Result<(), String>) {
+        // A caller that went away no longer wants the outcome; the work is done all the same.
+        match self {
+            Reply::Task(tx) => drop(tx.send(result)),
+            Reply::Thread(tx) => drop(tx.try_send(result)),
+            Reply::None => {}
+        }
     }
-    args
 }
-
-/// How long one `ip` command may take.
-const IP_COMMAND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl AddressManager {
-    pub(crate) fn new(interface: String, command: PathBuf) -> Self {
+    pub(crate) fn new(interface: String) -> Self {
         Self {
             interface,
-            command,
-            added: Mutex::new(BTreeSet::new()),
+            worker: Mutex::new(None),
         }
     }
 
@@ -58,151 +111,706 @@ impl AddressManager {
         !ip.is_loopback()
     }
 
-    async fn run(&self, action: &str, ip: IpAddr) -> Result<(), String> {
-        let args = ip_arguments(action, ip, &self.interface);
-        // The C locale, so "File exists" is matched whatever the host's language.
-        let output = tokio::process::Command::new(&self.command)
-            .args(&args)
-            .env("LC_ALL", "C")
-            .kill_on_drop(true)
-            .output();
-        let output = tokio::time::timeout(IP_COMMAND_TIMEOUT, output)
-            .await
-            .map_err(|_| {
-                format!(
-                    "{} {} did not finish within {IP_COMMAND_TIMEOUT:?}",
-                    self.command.display(),
-                    args.join(" ")
-                )
-            })?
-            .map_err(|err| format!("cannot run {}: {err}", self.command.display()))?;
-        if output.status.success() {
+    /// Puts `ip` on the interface unless it is loopback or already added by this manager. An address
+    /// the interface already has counts as added (and comes off with its load balancer).
+    pub(crate) async fn add(&self, ip: IpAddr) -> Result<(), String> {
+        if !Self::manages(ip) {
             return Ok(());
         }
-        Err(format!(
-            "{} {} failed ({}): {}",
-            self.command.display(),
-            args.join(" "),
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
+        self.request(Op::Add(ip)).await
     }
 
-    /// Puts `ip` on the interface unless it is loopback or already added by this manager. An address
-    /// the interface already has ("File exists") counts as added.
-    pub(crate) async fn add(&self, ip: IpAddr) -> Result<(), String> {
-        if !Self::manages(ip) || lock(&self.added).contains(&ip) {
+    /// Takes `ip` off the interface if this manager added it; a failure is logged (and the VIP is tried
+    /// again when the leader steps down).
+    pub(crate) async fn remove(&self, ip: IpAddr) {
+        if let Err(err) = self.request(Op::Remove(ip)).await {
+            tracing::warn!(%ip, interface = %self.interface, error = %err, "cannot remove the VIP from the interface");
+        }
+    }
+
+    /// Takes every address this manager added off the interface (the leader steps down), and refuses
+    /// adds from then on, until [`AddressManager::resume`]. Blocks the calling thread until that is done
+    /// (one netlink round trip per VIP, well under a millisecond each; at most [`REMOVE_ALL_WAIT`]), so
+    /// it can run where nothing can be awaited any more: in a task the runtime drops as it shuts down.
+    pub(crate) fn remove_all_now(&self) {
+        let Some(worker) = lock(&self.worker).clone() else {
+            return; // nothing was ever added
+        };
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let job = Job {
+            op: Op::RemoveAll,
+            reply: Reply::Thread(tx),
+        };
+        if worker.send(job).is_err() || rx.recv_timeout(REMOVE_ALL_WAIT).is_err() {
+            tracing::warn!(interface = %self.interface, wait = ?REMOVE_ALL_WAIT, "the VIPs may still be on the interface: the netlink thread did not confirm their removal");
+        }
+    }
+
+    /// Accepts adds again after [`AddressManager::remove_all_now`] (a new leadership of this process).
+    pub(crate) fn resume(&self) {
+        if let Some(worker) = lock(&self.worker).clone() {
+            let _ = worker.send(Job {
+                op: Op::Resume,
+                reply: Reply::None,
+            });
+        }
+    }
+
+    /// Runs `op` on the `vip-netlink` thread (started now if need be) and awaits its outcome.
+    async fn request(&self, op: Op) -> Result<(), String> {
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            op,
+            reply: Reply::Task(tx),
+        };
+        self.worker()?.send(job).map_err(|_| self.worker_gone())?;
+        rx.await.map_err(|_| self.worker_gone())?
+    }
+
+    fn worker_gone(&self) -> String {
+        format!(
+            "VIPs on interface {}: the netlink thread stopped",
+            self.interface
+        )
+    }
+
+    /// The queue of the `vip-netlink` thread, which is started on first use.
+    fn worker(&self) -> Result<mpsc::UnboundedSender<Job>, String> {
+        let mut worker = lock(&self.worker);
+        if let Some(sender) = worker.as_ref() {
+            return Ok(sender.clone());
+        }
+        let (sender, jobs) = mpsc::unbounded_channel();
+        let state = Worker {
+            interface: self.interface.clone(),
+            added: BTreeSet::new(),
+            stopped: false,
+        };
+        std::thread::Builder::new()
+            .name("vip-netlink".to_owned())
+            .spawn(move || state.run(jobs))
+            .map_err(|err| format!("cannot start the netlink thread: {err}"))?;
+        *worker = Some(sender.clone());
+        Ok(sender)
+    }
+}
+
+/// The state of the `vip-netlink` thread.
+struct Worker {
+    interface: String,
+    /// What this manager put on the interface, or found there and took over.
+    added: BTreeSet<IpAddr>,
+    /// Set by `RemoveAll`: adds are refused until `Resume`.
+    stopped: bool,
+}
+
+impl Worker {
+    /// Carries out the jobs in order until every sender is gone (the cloud was dropped).
+    fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(err) => {
+                let message = format!("cannot start the netlink thread's runtime: {err}");
+                while let Some(job) = jobs.blocking_recv() {
+                    job.reply.send(Err(message.clone()));
+                }
+                return;
+            }
+        };
+        runtime.block_on(async {
+            while let Some(job) = jobs.recv().await {
+                let result = match job.op {
+                    Op::Add(ip) => self.add(ip).await,
+                    Op::Remove(ip) => self.remove(ip).await,
+                    Op::RemoveAll => {
+                        self.remove_all().await;
+                        Ok(())
+                    }
+                    Op::Resume => {
+                        self.stopped = false;
+                        Ok(())
+                    }
+                };
+                job.reply.send(result);
+            }
+        });
+    }
+
+    async fn add(&mut self, ip: IpAddr) -> Result<(), String> {
+        if self.added.contains(&ip) {
             return Ok(());
         }
-        match self.run("add", ip).await {
-            Ok(()) => {}
-            Err(err) if err.contains("File exists") => {}
-            Err(err) => {
-                return Err(format!(
-                    "putting the VIP {ip} on interface {}: {err}",
-                    self.interface
-                ));
-            }
+        let interface = self.interface.as_str();
+        let fail = |what: String| format!("putting the VIP {ip} on interface {interface}: {what}");
+        if self.stopped {
+            return Err(fail(
+                "this manager is stepping down (its VIPs were taken off)".to_owned(),
+            ));
         }
-        tracing::info!(%ip, interface = %self.interface, "VIP added to the interface");
-        lock(&self.added).insert(ip);
+        let netlink = Netlink::open().map_err(fail)?;
+        let index = netlink
+            .index_of(interface)
+            .await
+            .map_err(fail)?
+            .ok_or_else(|| fail(format!("no interface named {interface}")))?;
+        match netlink.add(index, ip).await {
+            Ok(Added::New) => {
+                tracing::info!(%ip, %interface, "VIP added to the interface");
+            }
+            Ok(Added::AlreadyThere) => {
+                tracing::info!(%ip, %interface, "VIP already on the interface: taken over (it comes off with its load balancer)");
+            }
+            Err(Failure::NoAnswer(what)) => {
+                // The kernel may have added it: it comes off with the rest.
+                self.added.insert(ip);
+                return Err(fail(what));
+            }
+            Err(Failure::Refused(what)) => return Err(fail(what)),
+        }
+        self.added.insert(ip);
         Ok(())
     }
 
-    /// Takes `ip` off the interface if this manager added it; a failure is logged.
-    pub(crate) async fn remove(&self, ip: IpAddr) {
-        if !lock(&self.added).remove(&ip) {
-            return;
+    async fn remove(&mut self, ip: IpAddr) -> Result<(), String> {
+        if !self.added.contains(&ip) {
+            return Ok(());
         }
-        match self.run("del", ip).await {
-            Ok(()) => {
-                tracing::info!(%ip, interface = %self.interface, "VIP removed from the interface");
+        let interface = self.interface.as_str();
+        let fail = |what: String| format!("taking the VIP {ip} off interface {interface}: {what}");
+        let netlink = Netlink::open().map_err(fail)?;
+        match netlink.index_of(interface).await.map_err(fail)? {
+            None => {
+                tracing::info!(%ip, %interface, "the interface is gone, and the VIP with it");
             }
-            Err(err) => {
+            Some(index) => match netlink.delete(index, ip).await {
+                Ok(Removed::Now) => {
+                    tracing::info!(%ip, %interface, "VIP removed from the interface");
+                }
+                Ok(Removed::NotThere) => {
+                    tracing::info!(%ip, %interface, "VIP was not on the interface any more");
+                }
+                Err(Failure::NoAnswer(what) | Failure::Refused(what)) => return Err(fail(what)),
+            },
+        }
+        self.added.remove(&ip);
+        Ok(())
+    }
+
+    async fn remove_all(&mut self) {
+        self.stopped = true;
+        let all: Vec<IpAddr> = self.added.iter().copied().collect();
+        for ip in all {
+            if let Err(err) = self.remove(ip).await {
                 tracing::warn!(%ip, interface = %self.interface, error = %err, "cannot remove the VIP from the interface");
             }
         }
     }
+}
 
-    /// Takes every address this manager added off the interface (the leader steps down).
-    pub(crate) async fn remove_all(&self) {
-        let all: Vec<IpAddr> = lock(&self.added).iter().copied().collect();
-        for ip in all {
-            self.remove(ip).await;
+/// How an add ended well.
+#[derive(Debug, PartialEq, Eq)]
+enum Added {
+    New,
+    /// `EEXIST`: the interface had the address already.
+    AlreadyThere,
+}
+
+/// How a delete ended well.
+#[derive(Debug, PartialEq, Eq)]
+enum Removed {
+    Now,
+    /// `EADDRNOTAVAIL`: the interface did not have the address.
+    NotThere,
+}
+
+/// How a request failed.
+#[derive(Debug, PartialEq, Eq)]
+enum Failure {
+    /// The kernel refused it (or it was never sent): nothing changed.
+    Refused(String),
+    /// No answer in time: it may have been carried out.
+    NoAnswer(String),
+}
+
+/// A netlink connection of its own, driven by a task on the current runtime; the task ends when this is
+/// dropped.
+struct Netlink(rtnetlink::Handle);
+
+impl Netlink {
+    fn open() -> Result<Self, String> {
+        let (connection, handle, _) = rtnetlink::new_connection()
+            .map_err(|err| format!("cannot open a netlink socket: {err}"))?;
+        tokio::spawn(connection);
+        Ok(Self(handle))
+    }
+
+    /// The index of interface `name`; `None` when there is no such interface.
+    async fn index_of(&self, name: &str) -> Result<Option<u32>, String> {
+        let mut links = self.0.link().get().match_name(name.to_owned()).execute();
+        match tokio::time::timeout(NETLINK_TIMEOUT, links.try_next()).await {
+            Err(_) => Err(format!(
+                "looking the interface up: no answer within {NETLINK_TIMEOUT:?}"
+            )),
+            Ok(Ok(link)) => Ok(link.map(|link| link.header.index)),
+            Ok(Err(err)) if errno(&err) == Some(ENODEV) => Ok(None),
+            Ok(Err(err)) => Err(format!("looking the interface up: {}", describe(&err))),
+        }
+    }
+
+    async fn add(&self, index: u32, ip: IpAddr) -> Result<Added, Failure> {
+        let mut request = self.0.address().add(index, ip, host_prefix(ip));
+        *request.message_mut() = address_message(index, ip, true);
+        match tokio::time::timeout(NETLINK_TIMEOUT, request.execute()).await {
+            Err(_) => Err(Failure::NoAnswer(format!(
+                "no answer within {NETLINK_TIMEOUT:?}"
+            ))),
+            Ok(answer) => add_answer(answer),
+        }
+    }
+
+    async fn delete(&self, index: u32, ip: IpAddr) -> Result<Removed, Failure> {
+        let request = self.0.address().del(address_message(index, ip, false));
+        match tokio::time::timeout(NETLINK_TIMEOUT, request.execute()).await {
+            Err(_) => Err(Failure::NoAnswer(format!(
+                "no answer within {NETLINK_TIMEOUT:?}"
+            ))),
+            Ok(answer) => delete_answer(answer),
+        }
+    }
+}
+
+/// The prefix length of `ip` as a host address: `/32` or `/128`.
+fn host_prefix(ip: IpAddr) -> u8 {
+    if ip.is_ipv4() { 32 } else { 128 }
+}
+
+/// The message that adds (`adding`) or deletes `ip` as a host address on interface `index`, as `ip
+/// address add|del <ip>/32|128 dev <interface>` sends it. An IPv6 address is added with `IFA_F_NODAD`
+/// (iproute2's `nodad`): duplicate address detection would keep it "tentative", and unbindable, for a
+/// second or more after it is added.
+fn address_message(index: u32, ip: IpAddr, adding: bool) -> AddressMessage {
+    let prefix = host_prefix(ip);
+    match ip {
+        IpAddr::V4(ip) => AddressMessageBuilder::<Ipv4Addr>::new()
+            .index(index)
+            .address(ip, prefix)
+            .build(),
+        IpAddr::V6(ip) => {
+            let mut message = AddressMessageBuilder::<Ipv6Addr>::new()
+                .index(index)
+                .address(ip, prefix)
+                .build();
+            if adding {
+                message.header.flags = AddressHeaderFlags::Nodad;
+            }
+            message
+        }
+    }
+}
+
+/// The errno the kernel answered a request with, if it answered with one.
+fn errno(err: &rtnetlink::Error) -> Option<i32> {
+    match err {
+        rtnetlink::Error::NetlinkError(message) => message.code.map(|code| code.get().abs()),
+        _ => None,
+    }
+}
+
+/// What went wrong, in words: for a kernel answer the errno's meaning and number (the C library's text
+/// for it, not a message of the kernel's), with what to do about a permission error.
+fn describe(err: &rtnetlink::Error) -> String {
+    let Some(code) = errno(err) else {
+        return err.to_string();
+    };
+    let error = io::Error::from_raw_os_error(code);
+    let text = error.to_string();
+    let meaning = text
+        .strip_suffix(&format!(" (os error {code})"))
+        .unwrap_or(&text);
+    if error.kind() == io::ErrorKind::PermissionDenied {
+        format!("{meaning} (CAP_NET_ADMIN is needed)")
+    } else {
+        format!("{meaning} (errno {code})")
+    }
+}
+
+/// The outcome of an add, from the kernel's answer: `EEXIST` means the address is there already.
+fn add_answer(answer: Result<(), rtnetlink::Error>) -> Result<Added, Failure> {
+    match answer {
+        Ok(()) => Ok(Added::New),
+        Err(err) => match errno(&err).map(|code| io::Error::from_raw_os_error(code).kind()) {
+            Some(io::ErrorKind::AlreadyExists) => Ok(Added::AlreadyThere),
+            _ => Err(Failure::Refused(describe(&err))),
+        },
+    }
+}
+
+/// The outcome of a delete, from the kernel's answer: `EADDRNOTAVAIL` means the address is not there.
+fn delete_answer(answer: Result<(), rtnetlink::Error>) -> Result<Removed, Failure> {
+    match answer {
+        Ok(()) => Ok(Removed::Now),
+        Err(err) => match errno(&err).map(|code| io::Error::from_raw_os_error(code).kind()) {
+            Some(io::ErrorKind::AddrNotAvailable) => Ok(Removed::NotThere),
+            _ => Err(Failure::Refused(describe(&err))),
+        },
+    }
+}
+
+/// A throw-away interface for tests that put real addresses on one.
+#[cfg(test)]
+pub(crate) mod test_interface {
+    use std::net::IpAddr;
+
+    use futures::TryStreamExt;
+    use rtnetlink::{
+        LinkBridge, LinkDummy,
+        packet_route::address::{AddressAttribute, AddressFlags},
+    };
+
+    /// An interface of the host's network namespace named `ccmt<pid % 10000><suffix>`, deleted (with
+    /// its addresses) when this is dropped, also when an assertion failed. A `dummy` interface, or a
+    /// bridge without ports where the kernel has no dummy driver (as CI's machine). Creating it needs
+    /// root (`CAP_NET_ADMIN`): a test that is not root fails and says so.
+    pub(crate) struct TestInterface {
+        name: String,
+        index: u32,
+    }
+
+    /// One address of an interface, as the kernel lists it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) struct Listed {
+        pub(crate) ip: IpAddr,
+        pub(crate) prefix: u8,
+        pub(crate) nodad: bool,
+    }
+
+    /// Runs `f` with a netlink handle of its own, on a thread and runtime of its own (so it works from
+    /// synchronous code, from `Drop`, and from within a test's runtime).
+    pub(crate) fn with_netlink<T, F, Fut>(f: F) -> T
+    where
+        T: Send,
+        F: FnOnce(rtnetlink::Handle) -> Fut + Send,
+        Fut: Future<Output = T>,
+    {
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    runtime.block_on(async {
+                        let (connection, handle, _) = rtnetlink::new_connection().unwrap();
+                        tokio::spawn(connection);
+                        f(handle).await
+                    })
+                })
+                .join()
+                .unwrap()
+        })
+    }
+
+    fn is_permission_error(err: &rtnetlink::Error) -> bool {
+        super::errno(err).is_some_and(|code| {
+            std::io::Error::from_raw_os_error(code).kind() == std::io::ErrorKind::PermissionDenied
+        })
+    }
+
+    impl TestInterface {
+        pub(crate) fn create(suffix: &str) -> Self {
+            let name = format!("ccmt{}{suffix}", std::process::id() % 10_000);
+            let created = with_netlink(|handle| {
+                let name = name.clone();
+                async move {
+                    // One left by an earlier run that was killed (and had this process ID).
+                    if let Ok(Some(link)) = handle
+                        .link()
+                        .get()
+                        .match_name(name.clone())
+                        .execute()
+                        .try_next()
+                        .await
+                    {
+                        let _ = handle.link().del(link.header.index).execute().await;
+                    }
+                    let dummy = handle
+                        .link()
+                        .add(LinkDummy::new(&name).up().build())
+                        .execute()
+                        .await;
+                    match dummy {
+                        Err(err) if !is_permission_error(&err) => {
+                            // No dummy driver in this kernel: a bridge without ports serves as well.
+                            handle
+                                .link()
+                                .add(LinkBridge::new(&name).up().build())
+                                .execute()
+                                .await
+                        }
+                        other => other,
+                    }?;
+                    let link = handle
+                        .link()
+                        .get()
+                        .match_name(name.clone())
+                        .execute()
+                        .try_next()
+                        .await?
+                        .expect("the interface just created");
+                    Ok::<_, rtnetlink::Error>(link.header.index)
+                }
+            });
+            match created {
+                Ok(index) => Self { name, index },
+                Err(err) if is_permission_error(&err) => panic!(
+                    "this test needs root (CAP_NET_ADMIN in the host network namespace): it creates the network interface {name} and puts test addresses on it; run it as root, as CI does ({err})"
+                ),
+                Err(err) => panic!("cannot create the test interface {name}: {err}"),
+            }
+        }
+
+        pub(crate) fn name(&self) -> &str {
+            &self.name
+        }
+
+        /// The interface's addresses (IPv6 link-local ones left out).
+        pub(crate) fn addresses(&self) -> Vec<Listed> {
+            let index = self.index;
+            with_netlink(|handle| async move {
+                let messages: Vec<_> = handle
+                    .address()
+                    .get()
+                    .set_link_index_filter(index)
+                    .execute()
+                    .try_collect()
+                    .await
+                    .unwrap();
+                messages
+                    .into_iter()
+                    .filter_map(|message| {
+                        let ip = message.attributes.iter().find_map(|a| match a {
+                            AddressAttribute::Local(ip) => Some(*ip),
+                            _ => None,
+                        });
+                        let ip = ip.or_else(|| {
+                            message.attributes.iter().find_map(|a| match a {
+                                AddressAttribute::Address(ip) => Some(*ip),
+                                _ => None,
+                            })
+                        })?;
+                        let nodad = message.attributes.iter().any(|a| {
+                            matches!(a, AddressAttribute::Flags(f) if f.contains(AddressFlags::Nodad))
+                        });
+                        let link_local = matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+                        (!link_local).then_some(Listed {
+                            ip,
+                            prefix: message.header.prefix_len,
+                            nodad,
+                        })
+                    })
+                    .collect()
+            })
+        }
+
+        /// Whether the interface has `ip` (with any prefix).
+        pub(crate) fn has(&self, ip: IpAddr) -> bool {
+            self.addresses().iter().any(|a| a.ip == ip)
+        }
+
+        /// Puts `ip` on the interface as a host address, as someone else would.
+        pub(crate) fn put(&self, ip: IpAddr) {
+            let index = self.index;
+            with_netlink(|handle| async move {
+                handle
+                    .address()
+                    .add(index, ip, super::host_prefix(ip))
+                    .execute()
+                    .await
+            })
+            .unwrap();
+        }
+
+        /// Takes `ip` off the interface, as someone else would.
+        pub(crate) fn take_off(&self, ip: IpAddr) {
+            let index = self.index;
+            with_netlink(|handle| async move {
+                handle
+                    .address()
+                    .del(super::address_message(index, ip, false))
+                    .execute()
+                    .await
+            })
+            .unwrap();
+        }
+    }
+
+    impl Drop for TestInterface {
+        fn drop(&mut self) {
+            let index = self.index;
+            let deleted =
+                with_netlink(|handle| async move { handle.link().del(index).execute().await });
+            if let Err(err) = deleted {
+                eprintln!("cannot delete the test interface {}: {err}", self.name);
+            }
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::num::NonZeroI32;
+
+    use rtnetlink::packet_core::ErrorMessage;
+
+    use super::{test_interface::TestInterface, *};
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    /// The kernel's answer `-errno`.
+    fn answer(errno: i32) -> Result<(), rtnetlink::Error> {
+        let mut message = ErrorMessage::default();
+        message.code = NonZeroI32::new(-errno);
+        Err(rtnetlink::Error::NetlinkError(message))
+    }
 
     #[test]
     fn host_addresses_of_both_families() {
+        let v4 = address_message(7, ip("192.0.2.7"), true);
         assert_eq!(
-            ip_arguments("add", "192.0.2.7".parse().unwrap(), "eth0").join(" "),
-            "address add 192.0.2.7/32 dev eth0"
+            (v4.header.index, v4.header.prefix_len, v4.header.flags),
+            (7, 32, AddressHeaderFlags::empty())
         );
+        let v6 = address_message(3, ip("2001:db8::7"), true);
         assert_eq!(
-            ip_arguments("del", "2001:db8::7".parse().unwrap(), "br0").join(" "),
-            "address del 2001:db8::7/128 dev br0"
+            (v6.header.index, v6.header.prefix_len, v6.header.flags),
+            (3, 128, AddressHeaderFlags::Nodad),
+            "IPv6 VIPs are added with nodad"
         );
-        assert_eq!(
-            ip_arguments("add", "2001:db8::7".parse().unwrap(), "br0").join(" "),
-            "address add 2001:db8::7/128 dev br0 nodad"
-        );
-        assert!(!AddressManager::manages("127.240.0.1".parse().unwrap()));
-        assert!(!AddressManager::manages("::1".parse().unwrap()));
-        assert!(AddressManager::manages("192.0.2.7".parse().unwrap()));
+        let v6 = address_message(3, ip("2001:db8::7"), false);
+        assert_eq!(v6.header.flags, AddressHeaderFlags::empty());
+        assert!(!AddressManager::manages(ip("127.240.0.1")));
+        assert!(!AddressManager::manages(ip("::1")));
+        assert!(AddressManager::manages(ip("192.0.2.7")));
     }
 
-    /// A stand-in for `ip` that records its arguments (and fails for one address).
-    fn recording_ip(dir: &std::path::Path) -> (PathBuf, PathBuf) {
-        use std::os::unix::fs::PermissionsExt;
-        let log = dir.join("calls");
-        let script = dir.join("ip");
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\necho \"$@\" >> {}\ncase \"$3\" in 192.0.2.66/32) echo 'RTNETLINK answers: Operation not permitted' >&2; exit 2;; esac\n",
-                log.display()
-            ),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-        (script, log)
+    #[test]
+    fn answers_are_read_from_the_errno() {
+        // EEXIST (17) on an add: there already (what iproute2 prints as "File exists" or, newer,
+        // "Address already assigned"); EADDRNOTAVAIL (99) on a delete: not there.
+        assert_eq!(add_answer(Ok(())), Ok(Added::New));
+        assert_eq!(add_answer(answer(17)), Ok(Added::AlreadyThere));
+        assert_eq!(delete_answer(Ok(())), Ok(Removed::Now));
+        assert_eq!(delete_answer(answer(99)), Ok(Removed::NotThere));
+        // Not the other way round.
+        assert!(matches!(add_answer(answer(99)), Err(Failure::Refused(_))));
+        assert!(matches!(
+            delete_answer(answer(17)),
+            Err(Failure::Refused(_))
+        ));
+        assert_eq!(
+            add_answer(answer(1)),
+            Err(Failure::Refused(
+                "Operation not permitted (CAP_NET_ADMIN is needed)".to_owned()
+            ))
+        );
+        assert_eq!(
+            delete_answer(answer(13)),
+            Err(Failure::Refused(
+                "Permission denied (CAP_NET_ADMIN is needed)".to_owned()
+            ))
+        );
+        assert_eq!(
+            describe(&answer(22).unwrap_err()),
+            "Invalid argument (errno 22)"
+        );
+        assert_eq!(errno(&answer(ENODEV).unwrap_err()), Some(ENODEV));
+        assert_eq!(errno(&rtnetlink::Error::RequestFailed), None);
     }
 
+    /// On a real interface (so this needs root, as CI runs): VIPs of both families go on and come off,
+    /// an address the interface had already is taken over and comes off too, removing what is not there
+    /// is no error, an unknown interface is named, and after `remove_all_now` adds are refused until
+    /// `resume`. The addresses are from TEST-NET-2 (198.51.100.0/24) and 2001:db8::/32: 192.0.2.0/24 is
+    /// the network of CI's own machine (its gateway is 192.0.2.1).
     #[tokio::test]
-    async fn adds_once_removes_what_it_added_and_reports_failures() {
-        let dir = tempfile::tempdir().unwrap();
-        let (script, log) = recording_ip(dir.path());
-        let manager = AddressManager::new("test0".to_owned(), script);
-        let vip: IpAddr = "192.0.2.1".parse().unwrap();
-        manager.add(vip).await.unwrap();
-        manager.add(vip).await.unwrap();
-        manager.add("127.240.0.1".parse().unwrap()).await.unwrap();
-        let err = manager
-            .add("192.0.2.66".parse().unwrap())
+    async fn vips_go_on_a_real_interface_and_come_off() {
+        let interface = TestInterface::create("a");
+        let manager = AddressManager::new(interface.name().to_owned());
+        let (v4, v6) = (ip("198.51.100.65"), ip("2001:db8::65"));
+
+        manager.add(v4).await.unwrap();
+        manager.add(v4).await.unwrap();
+        manager.add(v6).await.unwrap();
+        manager.add(ip("127.240.0.1")).await.unwrap();
+        let mut listed = interface.addresses();
+        listed.sort_by_key(|a| a.ip);
+        assert_eq!(
+            listed,
+            [
+                test_interface::Listed {
+                    ip: v4,
+                    prefix: 32,
+                    nodad: false
+                },
+                test_interface::Listed {
+                    ip: v6,
+                    prefix: 128,
+                    nodad: true
+                },
+            ],
+            "loopback VIPs are not put on the interface"
+        );
+
+        // Left behind by a killed leader: taken over without an error, and removed with the rest.
+        let leftover = ip("198.51.100.66");
+        interface.put(leftover);
+        manager.add(leftover).await.unwrap();
+        // Gone already (someone else removed it): no error.
+        let vanished = ip("198.51.100.67");
+        manager.add(vanished).await.unwrap();
+        interface.take_off(vanished);
+        manager.request(Op::Remove(vanished)).await.unwrap();
+        // Never added: nothing is done.
+        manager
+            .request(Op::Remove(ip("198.51.100.99")))
             .await
-            .unwrap_err();
+            .unwrap();
+
+        manager.remove(v6).await;
+        assert!(!interface.has(v6));
+        assert!(interface.has(v4) && interface.has(leftover));
+
+        // The leader steps down: every VIP comes off, and adds are refused from then on.
+        manager.remove_all_now();
+        assert_eq!(interface.addresses(), []);
+        let err = manager.add(v4).await.unwrap_err();
         assert!(
-            err.contains("192.0.2.66") && err.contains("Operation not permitted"),
+            err.contains("198.51.100.65") && err.contains("stepping down"),
             "{err}"
         );
-        manager.add("2001:db8::1".parse().unwrap()).await.unwrap();
-        manager.remove("192.0.2.99".parse().unwrap()).await;
-        manager.remove_all().await;
-        let calls = std::fs::read_to_string(&log).unwrap();
+        assert!(!interface.has(v4));
+        manager.resume();
+        manager.add(v4).await.unwrap();
+        assert!(interface.has(v4));
+        manager.remove(v4).await;
+        assert_eq!(interface.addresses(), []);
+
+        // An interface that is not there.
+        let missing = format!("ccmt{}none", std::process::id() % 10_000);
+        let err = AddressManager::new(missing.clone())
+            .add(v4)
+            .await
+            .unwrap_err();
         assert_eq!(
-            calls.lines().collect::<Vec<_>>(),
-            [
-                "address add 192.0.2.1/32 dev test0",
-                "address add 192.0.2.66/32 dev test0",
-                "address add 2001:db8::1/128 dev test0 nodad",
-                "address del 192.0.2.1/32 dev test0",
-                "address del 2001:db8::1/128 dev test0",
-            ]
+            err,
+            format!(
+                "putting the VIP 198.51.100.65 on interface {missing}: no interface named {missing}"
+            )
         );
     }
 }

@@ -303,18 +303,29 @@ pub struct LoadBalancerConfig {
     /// How long a connection to a backend may take to open (default 5s).
     #[serde(default = "default_connect")]
     pub connect_timeout: GoDuration,
-    /// Off by default. When set, VIPs outside the loopback range are put on this interface (`ip address
-    /// add <vip>/32 dev <interface>`, which needs `CAP_NET_ADMIN`) while their load balancer runs, and
-    /// taken off when it is deleted or the leader steps down.
+    /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
+    /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
+    /// command) while their load balancer runs, and taken off when it is deleted or the leader steps
+    /// down.
     #[serde(default)]
     pub vip_interface: Option<String>,
-    /// The iproute2 `ip` command used with `vipInterface` (default `ip`, found on `PATH`).
-    #[serde(default = "default_ip_command")]
-    pub ip_command: String,
+    /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
+    /// a config that still sets it is refused, naming the key, rather than read as if it did something.
+    #[serde(default, deserialize_with = "refuse_ip_command")]
+    ip_command: Removed,
 }
 
-fn default_ip_command() -> String {
-    "ip".to_owned()
+/// The value of a key that is refused when set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Removed;
+
+/// What a config that sets `loadBalancer.ipCommand` is told.
+pub(crate) const IP_COMMAND_REMOVED: &str = "loadBalancer.ipCommand is no longer supported: VIPs are put \
+     on loadBalancer.vipInterface through netlink now (no `ip` command is run; CAP_NET_ADMIN is all it \
+     needs); remove the ipCommand key";
+
+fn refuse_ip_command<'de, D: Deserializer<'de>>(_: D) -> Result<Removed, D::Error> {
+    Err(de::Error::custom(IP_COMMAND_REMOVED))
 }
 
 fn default_kube_proxy_port() -> u16 {
@@ -339,7 +350,7 @@ impl Default for LoadBalancerConfig {
             udp_idle_timeout: default_udp_idle(),
             connect_timeout: default_connect(),
             vip_interface: None,
-            ip_command: default_ip_command(),
+            ip_command: Removed,
         }
     }
 }
@@ -497,9 +508,8 @@ impl Config {
             .vip_interface
             .as_ref()
             .is_some_and(|i| i.trim().is_empty())
-            || self.load_balancer.ip_command.trim().is_empty()
         {
-            return Err("loadBalancer: vipInterface and ipCommand cannot be empty".to_owned());
+            return Err("loadBalancer.vipInterface cannot be empty".to_owned());
         }
         if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
             return Err("kubeletProbe.timeout must be above 0".to_owned());
@@ -647,6 +657,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `machine`"), "{err}");
+    }
+
+    #[test]
+    fn ip_command_is_refused_with_what_to_do() {
+        for text in [
+            "loadBalancer:\n  vipInterface: eth0\n  ipCommand: ip\n",
+            "loadBalancer: {ipCommand: /sbin/ip}\n",
+        ] {
+            let err = Config::parse(text, Some(Path::new("/etc/local.yaml")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("malformed cloud-config /etc/local.yaml:")
+                    && err.contains(IP_COMMAND_REMOVED),
+                "{err}"
+            );
+            assert!(!err.contains("unknown field"), "{err}");
+        }
+        let err = Config::parse(
+            "loadBalancer:\n  vipInterface: eth0\n  ipCommand: ip\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("line 3"), "{err}");
+        let err = Config::parse("loadBalancer: {vipInterface: ' '}\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("loadBalancer.vipInterface cannot be empty"),
+            "{err}"
+        );
+        let config = Config::parse("loadBalancer: {vipInterface: eth0}\n", None).unwrap();
+        assert_eq!(config.load_balancer.vip_interface.as_deref(), Some("eth0"));
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub const ANNOTATION_LOAD_BALANCER_IPS: &str = "local.ccm.rs/load-balancer-ips";
 pub const ANNOTATION_ADDRESS_POOL: &str = "local.ccm.rs/address-pool";
 
 /// `v2`: the data plane sends a PROXY protocol v2 header to the backends before the client's bytes
-/// (TCP ports), and the ingress is reported with `ipMode: Proxy`.
+/// (TCP ports).
 pub const ANNOTATION_PROXY_PROTOCOL: &str = "local.ccm.rs/proxy-protocol";
 
 /// The finalizer of the service controller: a Service that carries it may still own a load balancer.
@@ -72,25 +72,25 @@ struct Record {
     uid: Option<String>,
     /// The VIPs, primary family first.
     ips: Vec<IpAddr>,
-    /// Whether the ingress is reported with `ipMode: Proxy`.
-    proxy: bool,
     /// What the data plane runs for it; `None` for a Service whose addresses were only reserved (at
     /// start) or whose load balancer the data plane could not run yet.
     applied: Option<LoadBalancerSpec>,
 }
 
 impl Record {
+    /// Every VIP is reported with `ipMode: Proxy`: the data plane terminates the client's connection on
+    /// the VIP and opens its own to a node's `InternalIP:NodePort`, which is what `Proxy` tells
+    /// kube-proxy. With `VIP`, kube-proxy would install the VIP on every node it runs on and DNAT
+    /// traffic to it straight to the endpoints: the data plane (health checks, source ranges, PROXY
+    /// protocol, metrics) would be bypassed for in-cluster clients and clients on a node, and a 127.x
+    /// VIP would stop working altogether (a connection from 127.0.0.1 DNAT'ed to a pod is dropped:
+    /// the kernel does not route a loopback source off `lo`), as a real kubelet and kube-proxy showed.
     fn status(&self) -> LoadBalancerStatus {
-        let mode = if self.proxy {
-            IpMode::Proxy
-        } else {
-            IpMode::Vip
-        };
         LoadBalancerStatus {
             ingress: Some(
                 self.ips
                     .iter()
-                    .map(|ip| ingress_for_ip(*ip, mode))
+                    .map(|ip| ingress_for_ip(*ip, IpMode::Proxy))
                     .collect(),
             ),
         }
@@ -428,7 +428,6 @@ impl Allocations {
             .or_insert_with(|| Record {
                 uid: uid.map(str::to_owned),
                 ips: Vec::new(),
-                proxy: false,
                 applied: None,
             });
         record.ips = ips.clone();
@@ -462,7 +461,7 @@ impl Allocations {
 
     /// Reserves the addresses a Service's status carries (at start). An address another Service
     /// already holds is not taken (and logged).
-    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr], proxy: bool) {
+    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr]) {
         let mut mine = Vec::new();
         for ip in ips {
             match self.owners.get(ip) {
@@ -481,7 +480,6 @@ impl Allocations {
                 Record {
                     uid: uid.map(str::to_owned),
                     ips: mine,
-                    proxy,
                     applied: None,
                 },
             );
@@ -594,18 +592,7 @@ impl LocalCloud {
             if ips.is_empty() {
                 continue;
             }
-            let proxy = service
-                .status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .is_some_and(|i| i.iter().any(|i| i.ip_mode.as_deref() == Some("Proxy")));
-            allocations.reserve(
-                &key_of(service),
-                service.metadata.uid.as_deref(),
-                &ips,
-                proxy,
-            );
+            allocations.reserve(&key_of(service), service.metadata.uid.as_deref(), &ips);
             reserved += ips.len();
         }
         tracing::info!(
@@ -643,13 +630,10 @@ impl LocalCloud {
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
             let spec = build_spec(&key, &vips, &wanted, &backends);
-            let record = allocations.services.get_mut(&key);
-            let unchanged = record
-                .as_ref()
+            let unchanged = allocations
+                .services
+                .get(&key)
                 .is_some_and(|r| r.applied.as_ref() == Some(&spec));
-            if let Some(record) = record {
-                record.proxy = wanted.proxy_protocol;
-            }
             (previous, vips, unchanged, spec)
         };
         if !unchanged {
@@ -1059,7 +1043,7 @@ mod tests {
             ..Default::default()
         });
         // Reserved at start: another Service cannot get it.
-        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]), false);
+        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]));
         let other = svc(json!({"metadata": {"name": "other", "uid": "u2"}}));
         let wanted = read_service(&other, &config).unwrap();
         assert_eq!(
@@ -1197,56 +1181,52 @@ mod tests {
         assert!(applied(&cloud).is_none());
     }
 
+    /// On a real interface (so this needs root, as CI runs). The pool is in TEST-NET-2: 192.0.2.0/24 is
+    /// the network of CI's own machine.
     #[tokio::test]
     async fn with_a_vip_interface_vips_go_on_it_and_come_off_with_their_load_balancer() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().unwrap();
-        let log = dir.path().join("calls");
-        let script = dir.path().join("ip");
-        std::fs::write(
-            &script,
-            format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
-        )
-        .unwrap();
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        use crate::addresses::test_interface::TestInterface;
+        let interface = TestInterface::create("l");
         let cloud = LocalCloud::new(
             config(&format!(
-                "addressPools: [{{name: lan, addresses: [192.0.2.0/29]}}]\nloadBalancer: {{vipInterface: test0, ipCommand: {}}}\n",
-                script.display()
+                "addressPools: [{{name: lan, addresses: [198.51.100.0/29]}}]\nloadBalancer: {{vipInterface: {}}}\n",
+                interface.name()
             )),
             None,
         );
         let service = svc(
             json!({"spec": {"ports": [{"port": 18443, "nodePort": 30443, "protocol": "TCP"}]}}),
         );
-        // The stand-in `ip` adds nothing, so the listener may not bind: only the calls matter here.
-        let _ = cloud.ensure_load_balancer("c", &service, &[]).await;
-        assert_eq!(
-            std::fs::read_to_string(&log).unwrap(),
-            "address add 192.0.2.1/32 dev test0\n"
-        );
+        let vip: IpAddr = "198.51.100.1".parse().unwrap();
+        // The VIP goes on before the listener binds it (which would fail without it).
+        cloud
+            .ensure_load_balancer("c", &service, &[])
+            .await
+            .unwrap();
+        assert!(interface.has(vip));
+        assert!(cloud.data_plane().state("ns/web").is_some());
         cloud
             .ensure_load_balancer_deleted("c", &service)
             .await
             .unwrap();
-        assert_eq!(
-            std::fs::read_to_string(&log).unwrap(),
-            "address add 192.0.2.1/32 dev test0\naddress del 192.0.2.1/32 dev test0\n"
-        );
+        assert!(!interface.has(vip));
         // Loopback VIPs are never touched.
         let loopback = LocalCloud::new(
             config(&format!(
-                "loadBalancer: {{vipInterface: test0, ipCommand: {}}}\n",
-                script.display()
+                "loadBalancer: {{vipInterface: {}}}\n",
+                interface.name()
             )),
             None,
         );
-        let _ = loopback.ensure_load_balancer("c", &service, &[]).await;
+        loopback
+            .ensure_load_balancer("c", &service, &[])
+            .await
+            .unwrap();
+        assert_eq!(interface.addresses(), []);
         loopback
             .ensure_load_balancer_deleted("c", &service)
             .await
             .unwrap();
-        assert_eq!(std::fs::read_to_string(&log).unwrap().lines().count(), 2);
     }
 
     #[test]

@@ -163,6 +163,17 @@ async fn tcp_and_udp_bytes_flow_through_the_vip() {
         vip.to_string().starts_with("127.101.0."),
         "the VIP {vip} is from the pool"
     );
+    // The data plane carries the traffic, so kube-proxy must leave the VIP alone: `ipMode: Proxy`,
+    // with or without PROXY protocol.
+    let status = services(&s.namespace)
+        .await
+        .get("dns")
+        .await
+        .unwrap()
+        .status;
+    let ingress = status.unwrap().load_balancer.unwrap().ingress.unwrap();
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    assert_eq!(ingress[0].ip_mode.as_deref(), Some("Proxy"), "{ingress:?}");
     let names = s.names();
     wait_for_backends(
         "both nodes behind the VIP",
