@@ -8,7 +8,12 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
 };
 
-use super::{options::ClientOptions, rate_limit::RateLimitLayer, write_fence::WriteFence};
+use super::{
+    options::ClientOptions,
+    rate_limit::RateLimitLayer,
+    service_account_credentials::{ServiceAccountAuthLayer, TokenSource},
+    write_fence::WriteFence,
+};
 use crate::{request_metrics::RequestMetrics, shadow::DryRunLayer};
 
 /// Why no client could be built.
@@ -109,6 +114,20 @@ pub fn set_user_agent(config: &mut Config, controller: Option<&str>) {
     }
 }
 
+/// `config` without any credential (upstream `restclient.AnonymousClientConfig`): the server, how to
+/// verify it (CA, server name, insecure flag), the proxy, the timeouts and the user agent stay; the client
+/// certificate and key, the bearer token (or token file), basic auth, exec and auth-provider plugins and
+/// impersonation go. A controller's client under `--use-service-account-credentials` is built from it, so
+/// it presents its ServiceAccount's token and nothing of the manager's.
+pub fn anonymous_config(config: &Config) -> Config {
+    let mut anonymous = config.clone();
+    anonymous.auth_info = kube::config::AuthInfo::default();
+    anonymous.headers.retain(|(name, _)| {
+        name != http::header::AUTHORIZATION && !name.as_str().starts_with("impersonate-")
+    });
+    anonymous
+}
+
 /// `--master` as the API server's URL: `http://` or `https://`, a host, and nothing the client would
 /// choke on later (a URL without a scheme made kube's connector panic; another scheme was retried
 /// forever).
@@ -146,13 +165,15 @@ fn master_url(master: &str) -> Result<http::Uri, ClientError> {
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
 /// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
 /// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them, and,
-/// with `dry_run` (shadow mode), only as recorded dry runs.
-pub fn build_client(
+/// with `dry_run` (shadow mode), only as recorded dry runs. With `token`, every request carries that
+/// ServiceAccount's token (`config` is then an [`anonymous_config`]).
+pub(crate) fn build_client(
     config: Config,
     options: &ClientOptions,
     metrics: &RequestMetrics,
     fence: &WriteFence,
     dry_run: Option<&DryRunLayer>,
+    token: Option<&TokenSource>,
 ) -> Result<Client, ClientError> {
     let host = format!(
         "{}{}",
@@ -163,9 +184,11 @@ pub fn build_client(
             .map(|p| format!(":{p}"))
             .unwrap_or_default()
     );
-    let base = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
-    // Innermost first: the fence is checked (and the dry run made) when a request is about to be sent,
-    // after any wait for a rate-limit token.
+    // Innermost first: the ServiceAccount's token is put on a request, and the fence checked (and the dry
+    // run made), when it is about to be sent, after any wait for a rate-limit token.
+    let base = ClientBuilder::try_from(config)
+        .map_err(ClientError::Build)?
+        .with_layer(&ServiceAccountAuthLayer::new(token.cloned()));
     let metrics = metrics.layer(&host);
     let limit = RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst);
     Ok(match (dry_run, limit) {
@@ -219,6 +242,52 @@ mod tests {
             "{}",
             agents[0]
         );
+    }
+
+    #[test]
+    fn the_anonymous_config_keeps_the_server_and_its_ca_and_drops_every_credential() {
+        let mut config = Config::new(master_url("https://10.0.0.1:6443").unwrap());
+        config.root_cert = Some(vec![b"ca".to_vec()]);
+        config.tls_server_name = Some("kubernetes".to_owned());
+        config.auth_info = kube::config::AuthInfo {
+            token: Some("the-managers-token".to_owned().into()),
+            token_file: Some("/var/run/secrets/token".to_owned()),
+            client_certificate_data: Some("cert".to_owned()),
+            client_key_data: Some("key".to_owned().into()),
+            username: Some("admin".to_owned()),
+            password: Some("secret".to_owned().into()),
+            impersonate: Some("someone".to_owned()),
+            ..Default::default()
+        };
+        config.headers.push((
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("Bearer x"),
+        ));
+        config.headers.push((
+            http::HeaderName::from_static("impersonate-user"),
+            http::HeaderValue::from_static("someone"),
+        ));
+        set_user_agent(&mut config, Some("service-lb-controller"));
+        let anonymous = anonymous_config(&config);
+        assert_eq!(anonymous.cluster_url, config.cluster_url);
+        assert_eq!(anonymous.root_cert, config.root_cert);
+        assert_eq!(anonymous.tls_server_name, config.tls_server_name);
+        assert_eq!(anonymous.accept_invalid_certs, config.accept_invalid_certs);
+        let auth = &anonymous.auth_info;
+        assert!(
+            auth.token.is_none()
+                && auth.token_file.is_none()
+                && auth.client_certificate_data.is_none()
+                && auth.client_key_data.is_none()
+                && auth.username.is_none()
+                && auth.password.is_none()
+                && auth.impersonate.is_none()
+                && auth.exec.is_none()
+                && auth.auth_provider.is_none(),
+            "{auth:?}"
+        );
+        let headers: Vec<&str> = anonymous.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(headers, ["user-agent"]);
     }
 
     #[test]

@@ -52,6 +52,7 @@ impl ControllerName {
 #[derive(Clone)]
 pub struct ControllerSpec {
     name: ControllerName,
+    client_name: Option<&'static str>,
     configure: ConfigureFn,
     flags: Option<cloud_provider::AddFlagsFn>,
 }
@@ -60,6 +61,7 @@ impl fmt::Debug for ControllerSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ControllerSpec")
             .field("name", &self.name)
+            .field("service_account", &self.service_account())
             .finish_non_exhaustive()
     }
 }
@@ -106,6 +108,7 @@ impl ControllerSpec {
                 alias: None,
                 enabled_by_default: true,
             },
+            client_name: None,
             flags: None,
             configure: Arc::new(move |cfg| {
                 Ok(config(cfg)?
@@ -118,6 +121,22 @@ impl ControllerSpec {
     pub fn alias(mut self, alias: &'static str) -> Self {
         self.name.alias = Some(alias);
         self
+    }
+
+    /// The name of its API client (upstream's `ClientName`), which is also the name of the ServiceAccount
+    /// in `kube-system` it authenticates as under `--use-service-account-credentials`. Without it, the
+    /// controller's name. Controllers may share one (the node controllers share `node-controller`). The
+    /// manager's identity may request tokens only for the ServiceAccounts its role names
+    /// (`deploy/rbac.yaml`: the built-in ones): a controller of a provider's needs a rule of its own
+    /// there, and a role bound to its ServiceAccount.
+    pub fn client_name(mut self, client_name: &'static str) -> Self {
+        self.client_name = Some(client_name);
+        self
+    }
+
+    /// The name of its API client and ServiceAccount (see [`ControllerSpec::client_name`]).
+    pub fn service_account(&self) -> &'static str {
+        self.client_name.unwrap_or(self.name.name)
     }
 
     /// `*` does not enable it; only naming it in `--controllers` does.
@@ -208,20 +227,36 @@ impl<'a> ConfigureContext<'a> {
     }
 }
 
-/// The built-in controllers, in the order the manager starts them.
+/// The built-in controllers, in the order the manager starts them, with upstream's client names
+/// (`DefaultInitFuncConstructors` in k8s.io/cloud-provider/app/controllermanager.go): the ServiceAccounts
+/// that `--use-service-account-credentials` uses, which the API server's bootstrap roles
+/// (`system:controller:<name>`) bind.
 pub fn builtin_controllers() -> Vec<ControllerSpec> {
     vec![
-        ControllerSpec::new(node::COMPONENT, node_config, node::start).alias("cloud-node"),
+        // The cloud-node controller shares `node-controller` with the lifecycle controller "for
+        // historical reasons" (upstream, kubernetes/kubernetes#72764).
+        ControllerSpec::new(node::COMPONENT, node_config, node::start)
+            .alias("cloud-node")
+            .client_name("node-controller"),
         ControllerSpec::new(
             node_lifecycle::COMPONENT,
             node_lifecycle_config,
             node_lifecycle::start,
         )
-        .alias("cloud-node-lifecycle"),
+        .alias("cloud-node-lifecycle")
+        .client_name("node-controller"),
         ControllerSpec::new("service-lb-controller", service_config, service::start)
-            .alias("service"),
-        ControllerSpec::new("node-route-controller", route_config, route::start).alias("route"),
-        ControllerSpec::new("node-ipam-controller", ipam_config, ipam::start).alias("nodeipam"),
+            .alias("service")
+            .client_name("service-controller"),
+        ControllerSpec::new("node-route-controller", route_config, route::start)
+            .alias("route")
+            .client_name("route-controller"),
+        // Upstream's CCM has no node-IPAM controller; kube-controller-manager's node-ipam controller
+        // (cmd/kube-controller-manager/app/core.go, newNodeIpamController) builds its client with
+        // `controllerContext.NewClient("node-controller")`, and so does ours.
+        ControllerSpec::new("node-ipam-controller", ipam_config, ipam::start)
+            .alias("nodeipam")
+            .client_name("node-controller"),
     ]
 }
 

@@ -2,6 +2,7 @@
 
 pub(crate) mod certificate_reload;
 pub(crate) mod client;
+pub(crate) mod client_factory;
 pub mod command_line;
 pub mod controller_table;
 pub mod controllers_flag;
@@ -11,6 +12,7 @@ pub(crate) mod leader_election;
 pub(crate) mod logging;
 pub mod options;
 pub(crate) mod rate_limit;
+pub(crate) mod service_account_credentials;
 pub(crate) mod serving;
 pub(crate) mod write_fence;
 
@@ -28,6 +30,8 @@ use cloud_provider::{
 };
 use tokio_util::sync::CancellationToken;
 
+use client_factory::{ClientFactory, controller_clients};
+
 use crate::{
     controllers::ControllerContext,
     informers::{SharedNodes, SharedServices},
@@ -42,6 +46,7 @@ use delegated_auth::DelegatedAuth;
 use health::Health;
 use leader_election::{LeaderElector, LeadershipLost};
 pub use options::Options;
+pub use service_account_credentials::CredentialsError;
 use serving::{ServerState, ServingError};
 use write_fence::WriteFence;
 
@@ -76,6 +81,9 @@ pub enum AppError {
     /// The client could not be configured.
     #[error(transparent)]
     Client(#[from] ClientError),
+    /// `--use-service-account-credentials`: a controller's ServiceAccount or its token could not be had.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
     /// The API server did not answer.
     #[error("cannot reach the API server at {url} within {}s: {source}", API_SERVER_WAIT.as_secs())]
     ApiServer {
@@ -168,7 +176,11 @@ pub async fn run(
         .filter(|c| selection.is_enabled(c.name()))
     {
         match spec.configure(&configure).map_err(AppError::Flag)? {
-            Some(start) => configured.push((spec.name().name, start)),
+            Some(start) => configured.push(Configured {
+                name: spec.name().name,
+                service_account: spec.service_account(),
+                start,
+            }),
             None => tracing::info!(
                 controller = spec.name().name,
                 "controller is enabled but its configuration leaves it off"
@@ -201,6 +213,7 @@ pub async fn run(
         metrics: metrics.clone(),
         fence: WriteFence::unenforced(),
         dry_run: shadow.clone().map(DryRunLayer::new),
+        service_account_credentials: options.generic.use_service_account_credentials,
     };
     let client = clients.build()?;
     wait_for_api_server(&client, &url, &shutdown).await?;
@@ -299,44 +312,19 @@ pub async fn run(
     Ok(())
 }
 
-/// Builds API clients, each with its own `--kube-api-qps`/`--kube-api-burst` bucket, all recording into
-/// the manager's request metrics and writing only while `fence` allows.
-struct ClientFactory {
-    config: kube::Config,
-    options: options::ClientOptions,
-    metrics: Metrics,
-    fence: WriteFence,
-    dry_run: Option<DryRunLayer>,
-}
-
-impl ClientFactory {
-    fn build(&self) -> Result<kube::Client, AppError> {
-        self.build_with(self.config.clone())
-    }
-
-    /// A client whose user agent names `controller` (upstream's per-controller clients).
-    fn build_for(&self, controller: &str) -> Result<kube::Client, AppError> {
-        let mut config = self.config.clone();
-        client::set_user_agent(&mut config, Some(controller));
-        self.build_with(config)
-    }
-
-    fn build_with(&self, config: kube::Config) -> Result<kube::Client, AppError> {
-        Ok(client::build_client(
-            config,
-            &self.options,
-            &self.metrics.requests,
-            &self.fence,
-            self.dry_run.as_ref(),
-        )?)
-    }
+/// An enabled controller, configured, not yet started.
+struct Configured {
+    name: &'static str,
+    /// Its client name: the ServiceAccount of `--use-service-account-credentials`.
+    service_account: &'static str,
+    start: StartFn,
 }
 
 /// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
 /// leadership was `lost`) or one of them fails.
 #[allow(clippy::too_many_arguments)]
 async fn run_controllers(
-    configured: Vec<(&'static str, StartFn)>,
+    configured: Vec<Configured>,
     provider_name: &str,
     cloud: Arc<dyn CloudProvider>,
     clients: &ClientFactory,
@@ -347,8 +335,17 @@ async fn run_controllers(
 ) -> Result<(), AppError> {
     // As upstream: the shared informers, the event sink and each controller have a client (and so a
     // client-side rate limit) of their own, so events and one busy controller do not starve another.
+    // The informers' client (upstream's `shared-informers`) keeps the manager's own identity.
     let client = clients.build()?;
     let events_client = clients.build()?;
+    let credentials = clients.service_account_credentials(&stop)?;
+    // Names only across the awaits (a start function is `Send` but not `Sync`).
+    let names = configured
+        .iter()
+        .map(|c| (c.name, c.service_account))
+        .collect();
+    let per_controller =
+        controller_clients(names, clients, credentials.as_ref(), &events_client).await?;
     cloud
         .initialize(InitializeContext {
             client: client.clone(),
@@ -364,7 +361,7 @@ async fn run_controllers(
     let services = Arc::new(SharedServices::default());
     let context = ControllerContext {
         client: client.clone(),
-        events_client,
+        events_client: events_client.clone(),
         cloud,
         shutdown: stop.clone(),
         nodes: nodes.clone(),
@@ -373,9 +370,10 @@ async fn run_controllers(
     };
     let mut running = tokio::task::JoinSet::new();
     let mut names = std::collections::HashMap::new();
-    for (name, start) in configured {
+    for (Configured { name, start, .. }, own) in configured.into_iter().zip(per_controller) {
         let context = ControllerContext {
-            client: clients.build_for(name)?,
+            client: own.client,
+            events_client: own.events_client,
             ..context.clone()
         };
         match start(context) {

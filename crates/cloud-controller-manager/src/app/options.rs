@@ -74,6 +74,15 @@ pub struct GenericOptions {
     /// /dry-run on the secure port (same authorization as /metrics). Overrides --leader-elect.
     #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub dry_run: bool,
+
+    /// If true, use individual service account credentials for each controller: each controller's API
+    /// client authenticates with a token of its own ServiceAccount in kube-system (node-controller,
+    /// service-controller, route-controller; a provider's controller: its own name), requested with the
+    /// TokenRequest API and refreshed before it expires. The manager's identity creates a missing
+    /// ServiceAccount (never with --dry-run) and needs the rules of deploy/rbac.yaml for it; the caches
+    /// and leader election keep the manager's identity.
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub use_service_account_credentials: bool,
 }
 
 /// Leader election on a coordination.k8s.io Lease (upstream's flags and defaults).
@@ -416,6 +425,22 @@ mod tests {
         assert!(!options.generic.dry_run);
         assert!(parse(&["--dry-run"]).unwrap().generic.dry_run);
         assert!(!parse(&["--dry-run=false"]).unwrap().generic.dry_run);
+        assert!(!options.generic.use_service_account_credentials);
+        for (text, want) in [
+            ("--use-service-account-credentials", true),
+            ("--use-service-account-credentials=true", true),
+            ("--use-service-account-credentials=T", true),
+            ("--use-service-account-credentials=1", true),
+            ("--use-service-account-credentials=false", false),
+            ("--use-service-account-credentials=0", false),
+        ] {
+            let options = parse(&[text]).unwrap();
+            assert_eq!(
+                options.generic.use_service_account_credentials, want,
+                "{text}"
+            );
+        }
+        assert!(parse(&["--use-service-account-credentials=yes"]).is_err());
         assert_eq!(options.cloud.cloud_provider, "");
         assert_eq!(options.cloud.cloud_config, "");
         assert!(!options.cloud.allow_untagged_cloud);

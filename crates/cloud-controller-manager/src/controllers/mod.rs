@@ -25,9 +25,12 @@ use crate::{
 /// What every controller gets from the manager.
 #[derive(Clone)]
 pub struct ControllerContext {
-    /// This controller's API client, with its own `--kube-api-qps` / `--kube-api-burst` bucket.
+    /// This controller's API client, with its own `--kube-api-qps` / `--kube-api-burst` bucket. With
+    /// `--use-service-account-credentials` it authenticates as the controller's ServiceAccount
+    /// ([`crate::ControllerSpec::client_name`]), else as the manager.
     pub client: kube::Client,
-    /// The client events are written through (a bucket of its own, as upstream's event sink).
+    /// The client events are written through (a bucket of its own, as upstream's event sink), with the
+    /// same identity as `client`.
     pub events_client: kube::Client,
     /// The cloud.
     pub cloud: Arc<dyn CloudProvider>,
