@@ -1,0 +1,669 @@
+//! The Helm chart (`deploy/helm/cloud-controller-manager`): with default values it renders exactly the
+//! objects of `kubectl kustomize deploy/overlays/local`, and with `kind=DaemonSet` exactly those of
+//! `deploy/overlays/local-daemonset`; its RBAC and default cloud-config are the kustomize files
+//! themselves (symbolic links), also in a packaged chart; `helm lint --strict` passes; values that do
+//! not apply are refused with a clear message; each override changes what it says and nothing else; the
+//! render passes a server-side dry run on the test control plane.
+//!
+//! helm is built from its Go module on first use by `hack/helm` (cached under `~/.cache/ccm-rs/helm`).
+
+use std::{
+    io::Write,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+};
+
+use serde_json::{Value, json};
+use test_control_plane::{control_plane, workspace_root};
+
+const CHART: &str = "deploy/helm/cloud-controller-manager";
+const CONTAINER: &str = "cloud-controller-manager";
+
+fn chart() -> PathBuf {
+    workspace_root().join(CHART)
+}
+
+/// Runs a command offline (no kubeconfig, proxy or helm namespace from the environment), feeding it
+/// `stdin`.
+fn run(program: &Path, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env_remove("KUBECONFIG")
+        .env_remove("HELM_NAMESPACE")
+        .env_remove("HELM_KUBECONTEXT")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .spawn()
+        .unwrap_or_else(|err| panic!("cannot run {}: {err}", program.display()));
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// Runs `program args`, panicking with its stderr when it fails; returns its stdout.
+fn succeed(program: &Path, args: &[&str], stdin: Option<&str>) -> String {
+    let output = run(program, args, stdin);
+    assert!(
+        output.status.success(),
+        "{} {}: {}\n{}",
+        program.display(),
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// helm, through `hack/helm` (which builds it on first use).
+fn helm(args: &[&str]) -> Output {
+    run(&workspace_root().join("hack/helm"), args, None)
+}
+
+fn kubectl(args: &[&str], stdin: Option<&str>) -> String {
+    succeed(Path::new("kubectl"), args, stdin)
+}
+
+fn parse(yaml: &str, what: &str) -> Vec<Value> {
+    let documents: Vec<Option<Value>> =
+        serde_saphyr::from_multiple(yaml).unwrap_or_else(|err| panic!("{what}: {err}"));
+    let mut objects: Vec<Value> = documents.into_iter().flatten().collect();
+    objects.sort_by_key(key);
+    objects
+}
+
+fn key(object: &Value) -> (String, String, String) {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    (
+        text(&object["kind"]),
+        text(&object["metadata"]["namespace"]),
+        text(&object["metadata"]["name"]),
+    )
+}
+
+/// `kubectl kustomize DIR`, sorted by (kind, namespace, name).
+fn kustomize(dir: &str) -> Vec<Value> {
+    let path = workspace_root().join(dir);
+    let yaml = kubectl(&["kustomize", path.to_str().unwrap()], None);
+    parse(&yaml, &format!("kubectl kustomize {dir}"))
+}
+
+/// `helm template` of `chart` (the chart directory or a packaged chart) with `values`, as YAML.
+fn template_yaml(chart: &Path, values: &[&str]) -> String {
+    let mut args = vec!["template", "ccm", chart.to_str().unwrap()];
+    args.extend_from_slice(values);
+    let output = helm(&args);
+    assert!(
+        output.status.success(),
+        "helm {}: {}\n{}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// The chart's objects for `values`, sorted by (kind, namespace, name).
+fn template(values: &[&str]) -> Vec<Value> {
+    parse(
+        &template_yaml(&chart(), values),
+        &format!("helm template {}", values.join(" ")),
+    )
+}
+
+/// The message of a render that must fail.
+fn refused(values: &[&str]) -> String {
+    let mut args = vec!["template", "ccm", CHART];
+    args.extend_from_slice(values);
+    let output = helm(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "helm {} succeeded; it must fail:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout)
+    );
+    stderr
+}
+
+/// A line diff of two texts (`-` expected, `+` actual) with three lines of context.
+fn diff(expected: &str, actual: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (expected.lines().collect(), actual.lines().collect());
+    // Longest common subsequence, from the ends.
+    let mut lcs = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for i in (0..a.len()).rev() {
+        for j in (0..b.len()).rev() {
+            lcs[i][j] = if a[i] == b[j] {
+                lcs[i + 1][j + 1] + 1
+            } else {
+                lcs[i + 1][j].max(lcs[i][j + 1])
+            };
+        }
+    }
+    let mut lines = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() || j < b.len() {
+        if i < a.len() && j < b.len() && a[i] == b[j] {
+            lines.push((' ', a[i]));
+            i += 1;
+            j += 1;
+        } else if i < a.len() && (j == b.len() || lcs[i + 1][j] >= lcs[i][j + 1]) {
+            lines.push(('-', a[i]));
+            i += 1;
+        } else {
+            lines.push(('+', b[j]));
+            j += 1;
+        }
+    }
+    let near_change = |k: usize| {
+        lines[k.saturating_sub(3)..(k + 4).min(lines.len())]
+            .iter()
+            .any(|(tag, _)| *tag != ' ')
+    };
+    let mut out = String::new();
+    let mut skipped = false;
+    for (k, (tag, line)) in lines.iter().enumerate() {
+        if near_change(k) {
+            out.push_str(&format!("{tag} {line}\n"));
+            skipped = false;
+        } else if !skipped {
+            out.push_str("  ...\n");
+            skipped = true;
+        }
+    }
+    out
+}
+
+/// Asserts `actual == expected` (both sorted by [`key`]), showing on failure a line diff of the JSON
+/// of each object that differs, and the objects only one side has.
+fn assert_same(actual: &[Value], expected: &[Value], what: &str) {
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).unwrap();
+    let name = |v: &Value| {
+        let (kind, namespace, name) = key(v);
+        format!("{kind} {namespace}/{name}")
+    };
+    let explain = || {
+        let mut out = String::new();
+        for object in expected {
+            match actual.iter().find(|a| key(a) == key(object)) {
+                None => out.push_str(&format!("missing: {}\n", name(object))),
+                Some(a) if a != object => out.push_str(&format!(
+                    "{} (- expected, + actual):\n{}",
+                    name(object),
+                    diff(&pretty(object), &pretty(a))
+                )),
+                Some(_) => {}
+            }
+        }
+        for object in actual {
+            if !expected.iter().any(|e| key(e) == key(object)) {
+                out.push_str(&format!(
+                    "unexpected: {}\n{}\n",
+                    name(object),
+                    pretty(object)
+                ));
+            }
+        }
+        out
+    };
+    // Not assert_eq!: its Debug dump of every object would bury the diff.
+    assert!(actual == expected, "{what}:\n{}", explain());
+}
+
+/// The one Deployment or DaemonSet among `objects`.
+fn workload(objects: &mut [Value]) -> &mut Value {
+    let mut found = objects
+        .iter_mut()
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet");
+    let workload = found.next().expect("a Deployment or a DaemonSet");
+    assert!(found.next().is_none(), "more than one workload");
+    workload
+}
+
+fn container(objects: &mut [Value]) -> &mut Value {
+    let containers = workload(objects)
+        .pointer_mut("/spec/template/spec/containers")
+        .and_then(Value::as_array_mut)
+        .unwrap();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    assert_eq!(containers[0]["name"], CONTAINER);
+    &mut containers[0]
+}
+
+fn args(objects: &mut [Value]) -> &mut Vec<Value> {
+    container(objects)["args"].as_array_mut().unwrap()
+}
+
+/// Asserts that rendering with `values` gives the render with `base` values changed by `change`,
+/// and nothing else.
+fn assert_override(base: &[&str], values: &[&str], change: impl FnOnce(&mut Vec<Value>)) {
+    let mut expected = template(base);
+    change(&mut expected);
+    let all = [base, values].concat();
+    assert_same(
+        &template(&all),
+        &expected,
+        &format!("helm template {}", all.join(" ")),
+    );
+}
+
+#[test]
+fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomize_files() {
+    let chart_yaml: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
+            .unwrap();
+    assert_eq!(chart_yaml["apiVersion"], "v2");
+    assert_eq!(chart_yaml["name"], "cloud-controller-manager");
+    assert_eq!(chart_yaml["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(chart_yaml["appVersion"], env!("CARGO_PKG_VERSION"));
+    // Relative symbolic links into deploy/, so the chart cannot drift from the kustomize files.
+    for (link, target) in [
+        ("templates/rbac.yaml", "../../../base/rbac.yaml"),
+        (
+            "files/cloud-config.yaml",
+            "../../../overlays/local/cloud-config.yaml",
+        ),
+    ] {
+        let path = chart().join(link);
+        assert_eq!(
+            std::fs::read_link(&path)
+                .unwrap_or_else(|err| panic!("{link} is not a symbolic link: {err}")),
+            Path::new(target),
+            "{link}"
+        );
+        assert_eq!(
+            std::fs::canonicalize(&path).unwrap(),
+            std::fs::canonicalize(chart().join(link).parent().unwrap().join(target)).unwrap()
+        );
+    }
+}
+
+#[test]
+fn helm_lint_strict_passes_for_both_kinds() {
+    for values in [&[][..], &["--set", "kind=DaemonSet"][..]] {
+        let mut args = vec!["lint", "--strict", CHART];
+        args.extend_from_slice(values);
+        let output = helm(&args);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "helm {}: {}\n{stdout}\n{}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(stdout.contains("0 chart(s) failed"), "{stdout}");
+        // Both symbolic links were followed (helm says so on stderr).
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("templates/rbac.yaml resolves to")
+                && stderr.contains("files/cloud-config.yaml resolves to"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn default_values_render_exactly_the_local_overlay() {
+    assert_same(
+        &template(&[]),
+        &kustomize("deploy/overlays/local"),
+        "helm template (default values) vs kubectl kustomize deploy/overlays/local",
+    );
+}
+
+#[test]
+fn kind_daemonset_renders_exactly_the_local_daemonset_overlay() {
+    assert_same(
+        &template(&["--set", "kind=DaemonSet"]),
+        &kustomize("deploy/overlays/local-daemonset"),
+        "helm template --set kind=DaemonSet vs kubectl kustomize deploy/overlays/local-daemonset",
+    );
+}
+
+#[test]
+fn a_packaged_chart_holds_the_linked_files_and_renders_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = helm(&["package", CHART, "-d", dir.path().to_str().unwrap()]);
+    assert!(
+        output.status.success(),
+        "helm package: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let package = dir.path().join("cloud-controller-manager-0.1.0.tgz");
+    assert!(
+        package.is_file(),
+        "{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    for (values, overlay) in [
+        (&[][..], "deploy/overlays/local"),
+        (
+            &["--set", "kind=DaemonSet"][..],
+            "deploy/overlays/local-daemonset",
+        ),
+    ] {
+        assert_same(
+            &parse(&template_yaml(&package, values), "helm template PACKAGE"),
+            &kustomize(overlay),
+            &format!("the packaged chart {} vs {overlay}", values.join(" ")),
+        );
+    }
+}
+
+#[test]
+fn values_that_do_not_apply_are_refused_with_a_clear_message() {
+    // An unknown kind: refused by values.schema.json, and by the template when the schema is skipped.
+    let message = refused(&["--set", "kind=StatefulSet"]);
+    assert!(
+        message.contains("at '/kind': value must be one of 'Deployment', 'DaemonSet'"),
+        "{message}"
+    );
+    let message = refused(&["--skip-schema-validation", "--set", "kind=StatefulSet"]);
+    assert!(
+        message.contains("kind must be Deployment or DaemonSet, not StatefulSet"),
+        "{message}"
+    );
+    // replicas with a DaemonSet, even 0.
+    for replicas in ["replicas=3", "replicas=0"] {
+        let message = refused(&["--set", "kind=DaemonSet", "--set", replicas]);
+        assert!(
+            message.contains("applies to kind Deployment only"),
+            "{message}"
+        );
+    }
+    // Unknown keys, at the top and nested, and wrong types.
+    let message = refused(&["--set", "replica=3"]);
+    assert!(
+        message.contains("at '': additional properties 'replica' not allowed"),
+        "{message}"
+    );
+    let message = refused(&["--set", "image.name=x"]);
+    assert!(
+        message.contains("at '/image': additional properties 'name' not allowed"),
+        "{message}"
+    );
+    let message = refused(&["--set", "privilegedPorts=yes"]);
+    assert!(
+        message.contains("at '/privilegedPorts': got string, want boolean"),
+        "{message}"
+    );
+    let message = refused(&["--set", "image.pullPolicy=Sometimes"]);
+    assert!(message.contains("at '/image/pullPolicy'"), "{message}");
+    // Capabilities the kernel would drop (a non-root user's, at execve).
+    let message = refused(&[
+        "--set",
+        "privilegedPorts=false",
+        "--set",
+        "capabilities.add={NET_ADMIN}",
+    ]);
+    assert!(
+        message.contains("capabilities.add (NET_ADMIN) needs privilegedPorts=true"),
+        "{message}"
+    );
+    // A flag a value owns, in args.
+    let message = refused(&["--set", "args={--cluster-cidr=10.0.0.0/8}"]);
+    assert!(
+        message.contains(
+            "args: --cluster-cidr=10.0.0.0/8 sets a flag the chart owns: set the value clusterCIDR instead"
+        ),
+        "{message}"
+    );
+    let message = refused(&["--set", "args={--cloud-provider=aws}"]);
+    assert!(
+        message.contains("this chart runs the `local` provider only"),
+        "{message}"
+    );
+    // Node IPAM without the pod network.
+    let message = refused(&["--set", "kind=DaemonSet", "--set", "clusterCIDR="]);
+    assert!(
+        message.contains("allocateNodeCIDRs needs clusterCIDR"),
+        "{message}"
+    );
+}
+
+#[test]
+fn image_args_and_cloud_config_overrides_change_only_their_fields() {
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "image.repository=ghcr.io/example/ccm",
+            "--set",
+            "image.tag=v9.9.9",
+            "--set",
+            "image.pullPolicy=Always",
+        ],
+        |objects| {
+            let container = container(objects);
+            container["image"] = json!("ghcr.io/example/ccm:v9.9.9");
+            container["imagePullPolicy"] = json!("Always");
+        },
+    );
+    // Extra arguments go after the chart's own, in order.
+    for kind in ["kind=Deployment", "kind=DaemonSet"] {
+        assert_override(
+            &["--set", kind],
+            &["--set", "args={--v=2,--concurrent-service-syncs=4}"],
+            |objects| {
+                let args = args(objects);
+                assert_eq!(
+                    args.last().unwrap(),
+                    "--cloud-config=/etc/cloud/cloud-config"
+                );
+                args.extend([json!("--v=2"), json!("--concurrent-service-syncs=4")]);
+            },
+        );
+    }
+    // The cloud-config, from a file.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let cloud_config = "# mine\nunlistedNodes: ignore\nmachines:\n  node-a:\n    zone: rack-1\n\naddressPools:\n  - name: lan\n    addresses: [192.168.1.240/28]\n";
+    std::fs::write(file.path(), cloud_config).unwrap();
+    let set_file = format!("cloudConfig={}", file.path().display());
+    assert_override(&[], &["--set-file", &set_file], |objects| {
+        let config_map = objects
+            .iter_mut()
+            .find(|o| o["kind"] == "ConfigMap")
+            .unwrap();
+        assert_eq!(config_map["metadata"]["name"], "cloud-config");
+        config_map["data"] = json!({ "cloud-config": cloud_config });
+    });
+}
+
+#[test]
+fn security_overrides_change_only_the_containers_security_context() {
+    // privilegedPorts=false: the base's non-root container, exactly.
+    let base: Vec<Value> = parse(
+        &std::fs::read_to_string(workspace_root().join("deploy/deployment.yaml")).unwrap(),
+        "deploy/deployment.yaml",
+    );
+    let base_security =
+        base[0]["spec"]["template"]["spec"]["containers"][0]["securityContext"].clone();
+    assert_eq!(base_security["runAsNonRoot"], true, "{base_security}");
+    for kind in ["kind=Deployment", "kind=DaemonSet"] {
+        assert_override(
+            &["--set", kind],
+            &["--set", "privilegedPorts=false"],
+            |objects| container(objects)["securityContext"] = base_security.clone(),
+        );
+    }
+    // capabilities.add: after NET_BIND_SERVICE, which is not repeated.
+    assert_override(
+        &[],
+        &["--set", "capabilities.add={NET_ADMIN,NET_BIND_SERVICE}"],
+        |objects| {
+            container(objects)["securityContext"]["capabilities"]["add"] =
+                json!(["NET_BIND_SERVICE", "NET_ADMIN"]);
+        },
+    );
+}
+
+#[test]
+fn kind_defaults_and_scheduling_overrides_change_only_their_fields() {
+    let daemonset = ["--set", "kind=DaemonSet"];
+    let cluster_cidr = json!("--cluster-cidr=10.244.0.0/16");
+    let extra = [
+        json!("--use-service-account-credentials=true"),
+        json!("--allocate-node-cidrs=true"),
+    ];
+    assert_override(&[], &["--set", "replicas=3"], |objects| {
+        workload(objects)["spec"]["replicas"] = json!(3)
+    });
+    assert_override(&[], &["--set", "replicas=0"], |objects| {
+        workload(objects)["spec"]["replicas"] = json!(0)
+    });
+    // The DaemonSet's two flags on a Deployment, in the DaemonSet's place; and off on a DaemonSet.
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "useServiceAccountCredentials=true",
+            "--set",
+            "allocateNodeCIDRs=true",
+        ],
+        |objects| {
+            let args = args(objects);
+            let at = args.iter().position(|a| *a == cluster_cidr).unwrap() + 1;
+            args.splice(at..at, extra.clone());
+        },
+    );
+    assert_override(
+        &daemonset,
+        &["--set", "useServiceAccountCredentials=false"],
+        |objects| args(objects).retain(|a| *a != extra[0]),
+    );
+    assert_override(
+        &daemonset,
+        &["--set", "allocateNodeCIDRs=false"],
+        |objects| args(objects).retain(|a| *a != extra[1]),
+    );
+    // The pod network: replaced, or (without node IPAM) left out.
+    assert_override(
+        &daemonset,
+        &["--set", "clusterCIDR=10.0.0.0/8"],
+        |objects| {
+            for arg in args(objects).iter_mut() {
+                if *arg == cluster_cidr {
+                    *arg = json!("--cluster-cidr=10.0.0.0/8");
+                }
+            }
+        },
+    );
+    assert_override(&[], &["--set", "clusterCIDR="], |objects| {
+        args(objects).retain(|a| *a != cluster_cidr)
+    });
+    // Scheduling: maps merge with the defaults (a key set to null is removed), lists replace them.
+    let pod = |objects: &mut Vec<Value>| -> Value {
+        workload(objects)
+            .pointer("/spec/template/spec")
+            .unwrap()
+            .clone()
+    };
+    let set_pod = |objects: &mut Vec<Value>, spec: Value| {
+        *workload(objects)
+            .pointer_mut("/spec/template/spec")
+            .unwrap() = spec;
+    };
+    assert_override(
+        &daemonset,
+        &["--set", "nodeSelector.kubernetes\\.io/os=linux"],
+        |objects| {
+            let mut spec = pod(objects);
+            spec["nodeSelector"]["kubernetes.io/os"] = json!("linux");
+            set_pod(objects, spec);
+        },
+    );
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "nodeSelector.node-role\\.kubernetes\\.io/control-plane=null",
+        ],
+        |objects| {
+            let mut spec = pod(objects);
+            spec.as_object_mut().unwrap().remove("nodeSelector");
+            set_pod(objects, spec);
+        },
+    );
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "tolerations[0].operator=Exists",
+            "--set",
+            "tolerations[0].key=dedicated",
+        ],
+        |objects| {
+            let mut spec = pod(objects);
+            spec["tolerations"] = json!([{ "key": "dedicated", "operator": "Exists" }]);
+            set_pod(objects, spec);
+        },
+    );
+    assert_override(
+        &[],
+        &["--set", "priorityClassName=system-node-critical"],
+        |objects| {
+            let mut spec = pod(objects);
+            spec["priorityClassName"] = json!("system-node-critical");
+            set_pod(objects, spec);
+        },
+    );
+    assert_override(&[], &["--set", "priorityClassName="], |objects| {
+        let mut spec = pod(objects);
+        spec.as_object_mut().unwrap().remove("priorityClassName");
+        set_pod(objects, spec);
+    });
+    assert_override(
+        &daemonset,
+        &["--set", "resources.limits.memory=200Mi"],
+        |objects| {
+            container(objects)["resources"]["limits"] = json!({ "memory": "200Mi" });
+        },
+    );
+}
+
+#[test]
+fn the_default_render_of_both_kinds_passes_a_server_side_dry_run() {
+    let kubeconfig = control_plane().admin_kubeconfig();
+    for values in [&[][..], &["--set", "kind=DaemonSet"][..]] {
+        let yaml = template_yaml(&chart(), values);
+        let output = kubectl(
+            &[
+                "--kubeconfig",
+                kubeconfig.to_str().unwrap(),
+                "apply",
+                "--server-side",
+                "--field-manager=helm-chart-test",
+                "--dry-run=server",
+                "-f",
+                "-",
+            ],
+            Some(&yaml),
+        );
+        let kind = if values.is_empty() {
+            "deployment.apps"
+        } else {
+            "daemonset.apps"
+        };
+        for object in [
+            format!("{kind}/cloud-controller-manager serverside-applied (server dry run)"),
+            "configmap/cloud-config serverside-applied (server dry run)".to_owned(),
+            "clusterrole.rbac.authorization.k8s.io/system:cloud-controller-manager serverside-applied (server dry run)".to_owned(),
+        ] {
+            assert!(output.contains(&object), "{object} not in:\n{output}");
+        }
+    }
+}
