@@ -387,3 +387,84 @@ async fn the_aws_overlay_applies_with_its_cloud_config_and_nothing_privileged() 
     // Nothing else differs from the base: the same non-root user, no capabilities, read-only root.
     assert_eq!(deployment, shipped_deployment());
 }
+
+#[tokio::test]
+async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
+    let _serial = SERIAL.lock().await;
+    let (_, local) = render("deploy/overlays/local");
+    let (yaml, objects) = render("deploy/overlays/local-daemonset");
+    // The same RBAC and cloud-config, a DaemonSet instead of the Deployment, nothing else.
+    assert_eq!(
+        rbac_objects(&objects),
+        shipped_rbac(),
+        "deploy/overlays/local-daemonset: the RBAC objects differ from deploy/rbac.yaml"
+    );
+    let kinds: Vec<String> = objects
+        .iter()
+        .filter(|o| !is_rbac(o))
+        .map(|o| o["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["ConfigMap", "DaemonSet"], "{kinds:?}");
+    assert_eq!(the(&objects, "ConfigMap"), the(&local, "ConfigMap"));
+    let copy = std::fs::read_to_string(
+        workspace_root().join("deploy/overlays/local-daemonset/cloud-config.yaml"),
+    )
+    .unwrap();
+    let original =
+        std::fs::read_to_string(workspace_root().join("deploy/overlays/local/cloud-config.yaml"))
+            .unwrap();
+    assert_eq!(
+        copy, original,
+        "overlays/local-daemonset/cloud-config.yaml must stay a copy of overlays/local's"
+    );
+
+    // The pod is the Deployment's, but for what a DaemonSet changes: no anti-affinity (one pod per
+    // node already), and upstream's example's two flags, before the cloud-config's.
+    let mut daemonset = the(&objects, "DaemonSet").clone();
+    let mut deployment = the(&local, "Deployment").clone();
+    let args = container(&mut daemonset)["args"].as_array_mut().unwrap();
+    let at = args
+        .iter()
+        .position(|a| a == CLOUD_CONFIG_FLAG)
+        .expect("the cloud-config flag");
+    assert_eq!(
+        args.drain(at - 2..at).collect::<Vec<_>>(),
+        [
+            json!("--use-service-account-credentials=true"),
+            json!("--allocate-node-cidrs=true")
+        ]
+    );
+    let pod = deployment
+        .pointer_mut("/spec/template/spec")
+        .and_then(Value::as_object_mut)
+        .unwrap();
+    assert!(pod.remove("affinity").is_some());
+    assert_eq!(
+        daemonset["spec"]["template"], deployment["spec"]["template"],
+        "the DaemonSet's pod drifted from the Deployment's"
+    );
+    assert_eq!(
+        daemonset["spec"]["selector"],
+        deployment["spec"]["selector"]
+    );
+    assert_eq!(daemonset["metadata"], deployment["metadata"]);
+
+    // The API server takes it.
+    let dry_run = kubectl_admin(
+        &[
+            "apply",
+            "--server-side",
+            "--field-manager=test-control-plane",
+            "--dry-run=server",
+            "-f",
+            "-",
+        ],
+        Some(&yaml),
+    );
+    assert!(
+        dry_run.contains(
+            "daemonset.apps/cloud-controller-manager serverside-applied (server dry run)"
+        ),
+        "{dry_run}"
+    );
+}

@@ -1,0 +1,404 @@
+//! Support for the tests on a real cluster: `hack/cluster` (kubelets, kube-proxy, containerd and pods on
+//! this machine), with the manager running in it as a Pod from the image `hack/image` builds.
+//!
+//! The cluster must be up before the tests run: `hack/test-cluster` brings it up, imports the image,
+//! runs these tests with `CCM_TEST_CLUSTER=DIR`, and takes it down. Without the variable, or with a
+//! cluster that is not up, every test fails with the reason: nothing skips.
+//!
+//! Tests share the cluster, one at a time (run them with `--test-threads=1`); each makes its own
+//! namespace ([`Namespace`]) and leaves the cluster as it found it: every node up, a manager deployed.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    process::{Command, Output},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU32, Ordering},
+    },
+    time::Duration,
+};
+
+use kube::{
+    Client, Config,
+    config::{KubeConfigOptions, Kubeconfig},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpStream, UdpSocket},
+};
+
+/// The environment variable that names the running cluster's directory (`hack/cluster up --dir DIR`).
+pub const ENV_VAR: &str = "CCM_TEST_CLUSTER";
+
+/// The manager's namespace, workload name and Lease.
+pub const MANAGER_NAMESPACE: &str = "kube-system";
+/// The name of the manager's Deployment or DaemonSet, and of its Lease.
+pub const MANAGER_NAME: &str = "cloud-controller-manager";
+
+/// The workspace root (where `hack/` is).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .expect("crates/cluster-tests is two levels below the workspace root")
+        .to_owned()
+}
+
+/// The running cluster of this test run.
+#[derive(Debug)]
+pub struct Cluster {
+    dir: PathBuf,
+    nodes: usize,
+}
+
+/// The cluster `CCM_TEST_CLUSTER` names, checked to be up (every node Ready).
+pub fn cluster() -> &'static Cluster {
+    static CLUSTER: OnceLock<Cluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let dir = std::env::var_os(ENV_VAR).map(PathBuf::from).unwrap_or_else(|| {
+            panic!(
+                "{ENV_VAR} is not set: these tests need a running hack/cluster (hack/test-cluster brings one up, runs them and takes it down)"
+            )
+        });
+        let status = Command::new(workspace_root().join("hack/cluster"))
+            .args(["status", "--dir"])
+            .arg(&dir)
+            .output()
+            .expect("cannot run hack/cluster");
+        assert!(
+            status.status.success(),
+            "{ENV_VAR}={}: no cluster with every node Ready runs there (hack/cluster status): {}",
+            dir.display(),
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let nodes = std::fs::read_to_string(dir.join("state/nodes"))
+            .ok()
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{}: no state/nodes", dir.display()));
+        Cluster { dir, nodes }
+    })
+}
+
+/// How the manager is deployed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagerForm {
+    /// `deploy/overlays/local`: a Deployment of two replicas on the control-plane nodes.
+    Deployment,
+    /// `deploy/overlays/local-daemonset`: a DaemonSet on the control-plane nodes, in the shape of
+    /// upstream's example, with `--use-service-account-credentials`.
+    DaemonSet,
+    /// The Helm chart `deploy/helm/cloud-controller-manager` (kind Deployment), installed with
+    /// `hack/helm` as the release `kube-system/cloud-controller-manager`.
+    Helm,
+}
+
+impl Cluster {
+    /// The directory it runs from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The node names, `ccm-node-1` first.
+    pub fn nodes(&self) -> Vec<String> {
+        (1..=self.nodes).map(|i| format!("ccm-node-{i}")).collect()
+    }
+
+    /// A node's address on the bridge.
+    pub fn node_ip(&self, node: &str) -> IpAddr {
+        let index: u8 = node
+            .strip_prefix("ccm-node-")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("not a node of hack/cluster: {node}"));
+        IpAddr::from([10, 89, 0, 10 + index])
+    }
+
+    /// The host's address on the bridge: where clients on the host come from.
+    pub fn host_ip(&self) -> IpAddr {
+        IpAddr::from([10, 89, 0, 1])
+    }
+
+    /// The cluster-admin kubeconfig.
+    pub fn admin_kubeconfig(&self) -> PathBuf {
+        self.dir.join("admin.kubeconfig")
+    }
+
+    /// The API server's audit log (writes of the manager's user and of kube-system's ServiceAccounts).
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("cp/logs/audit.log")
+    }
+
+    /// A client with cluster-admin rights.
+    pub async fn client(&self) -> Client {
+        let path = self.admin_kubeconfig();
+        let parsed = Kubeconfig::read_from(&path)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", path.display()));
+        let config = Config::from_custom_kubeconfig(parsed, &KubeConfigOptions::default())
+            .await
+            .unwrap_or_else(|err| panic!("cannot use {}: {err}", path.display()));
+        Client::try_from(config).expect("a client for the cluster")
+    }
+
+    /// Runs `hack/cluster VERB --dir DIR ARGS...` and returns its standard output; panics with its
+    /// standard error when it fails.
+    pub fn script(&self, verb: &str, args: &[&str]) -> String {
+        let output = Command::new(workspace_root().join("hack/cluster"))
+            .arg(verb)
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(args)
+            .output()
+            .expect("cannot run hack/cluster");
+        assert!(
+            output.status.success(),
+            "hack/cluster {verb} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// `kubectl` as cluster-admin; panics with its standard error when it fails.
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let output = self.kubectl_output(args, stdin);
+        assert!(
+            output.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// `kubectl` as cluster-admin, whatever it answers.
+    pub fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.admin_kubeconfig())
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("cannot run kubectl");
+        let mut input = child.stdin.take().expect("kubectl's stdin");
+        if let Some(stdin) = stdin {
+            input
+                .write_all(stdin.as_bytes())
+                .expect("writing kubectl's stdin");
+        }
+        drop(input);
+        child.wait_with_output().expect("kubectl's output")
+    }
+
+    /// Applies YAML as cluster-admin (server-side).
+    pub fn apply(&self, yaml: &str) {
+        self.kubectl(
+            &[
+                "apply",
+                "--server-side",
+                "--field-manager=cluster-tests",
+                "-f",
+                "-",
+            ],
+            Some(yaml),
+        );
+    }
+
+    /// Runs a command inside a node (its network and mount namespaces): `hack/cluster exec`.
+    pub fn exec_on_node(&self, node: &str, command: &[&str]) -> Output {
+        Command::new(workspace_root().join("hack/cluster"))
+            .arg("exec")
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(["--node", node, "--"])
+            .args(command)
+            .output()
+            .expect("cannot run hack/cluster exec")
+    }
+
+    /// `curl` from inside a node: the body, or the error curl printed.
+    pub fn curl_on_node(&self, node: &str, url: &str) -> Result<String, String> {
+        let output = self.exec_on_node(node, &["curl", "-sS", "--max-time", "3", url]);
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        }
+    }
+
+    /// Deploys the manager in `form` from the image imported on the nodes (`hack/cluster manager`),
+    /// replacing the other form if it runs, and waits until it is rolled out, holds its Lease and every
+    /// node is initialized.
+    pub async fn ensure_manager(&self, form: ManagerForm) {
+        let (kind, args): (&str, &[&str]) = match form {
+            ManagerForm::Deployment => ("deployment", &[]),
+            ManagerForm::DaemonSet => ("daemonset", &["--daemonset"]),
+            ManagerForm::Helm => ("deployment", &["--helm"]),
+        };
+        let running = self.kubectl_output(
+            &[
+                "-n",
+                MANAGER_NAMESPACE,
+                "get",
+                kind,
+                MANAGER_NAME,
+                "-o",
+                r#"jsonpath={.metadata.annotations.meta\.helm\.sh/release-name}"#,
+            ],
+            None,
+        );
+        let helm_release = !running.stdout.is_empty();
+        // A Deployment from the chart is the local overlay's (tests/helm_chart.rs proves they render
+        // the same), so it serves the Deployment form too.
+        let deployed = running.status.success() && (form != ManagerForm::Helm || helm_release);
+        if !deployed {
+            self.script("manager", args);
+        }
+        let client = self.client().await;
+        eventually(
+            "the manager holds its Lease and every node is initialized",
+            Duration::from_secs(90),
+            || {
+                let client = client.clone();
+                async move {
+                    let lease = manager_lease_holder(&client).await?;
+                    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client);
+                    let list = nodes.list(&Default::default()).await.ok()?;
+                    list.items
+                        .iter()
+                        .all(|n| {
+                            n.spec
+                                .as_ref()
+                                .and_then(|s| s.provider_id.as_deref())
+                                .is_some_and(|id| id.starts_with("local://"))
+                        })
+                        .then_some(lease)
+                }
+            },
+        )
+        .await;
+    }
+}
+
+/// The holder of the manager's Lease, if it is held.
+pub async fn manager_lease_holder(client: &Client) -> Option<String> {
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(client.clone(), MANAGER_NAMESPACE);
+    let lease = leases.get_opt(MANAGER_NAME).await.ok()??;
+    lease
+        .spec?
+        .holder_identity
+        .filter(|holder| !holder.is_empty())
+}
+
+/// A namespace of a test's own, deleted (without waiting) when dropped.
+#[derive(Debug)]
+pub struct Namespace {
+    name: String,
+}
+
+impl Namespace {
+    /// Creates `<prefix>-<unique suffix>`.
+    pub fn new(prefix: &str) -> Self {
+        let name = unique_name(prefix);
+        cluster().kubectl(&["create", "namespace", &name], None);
+        Self { name }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ =
+            cluster().kubectl_output(&["delete", "namespace", &self.name, "--wait=false"], None);
+    }
+}
+
+/// A name no other test (or earlier run) uses, valid as a DNS-1123 label.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{prefix}-{n}-{:x}", nanos % 0xfffff)
+}
+
+/// Polls `check` every 250 ms until it gives a value; panics naming `what` after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// `GET path` over HTTP/1.0 from the host: the body, or what went wrong.
+pub async fn http_get(address: SocketAddr, path: &str) -> Result<String, String> {
+    let exchange = async {
+        let mut stream = TcpStream::connect(address)
+            .await
+            .map_err(|err| format!("connect {address}: {err}"))?;
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+            .await
+            .map_err(|err| format!("send to {address}: {err}"))?;
+        let mut response = String::new();
+        stream
+            .read_to_string(&mut response)
+            .await
+            .map_err(|err| format!("read from {address}: {err}"))?;
+        let (head, body) = response
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| format!("{address}: not an HTTP response: {response:?}"))?;
+        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+            return Err(format!(
+                "{address}{path}: {}",
+                head.lines().next().unwrap_or_default()
+            ));
+        }
+        Ok(body.trim().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(3), exchange)
+        .await
+        .map_err(|_| format!("{address}{path}: no answer within 3s"))?
+}
+
+/// Sends one datagram from the host and returns the answer, or what went wrong.
+pub async fn udp_ask(address: SocketAddr, payload: &str) -> Result<String, String> {
+    let exchange = async {
+        let socket = UdpSocket::bind("0.0.0.0:0")
+            .await
+            .map_err(|err| format!("bind: {err}"))?;
+        socket
+            .send_to(payload.as_bytes(), address)
+            .await
+            .map_err(|err| format!("send to {address}: {err}"))?;
+        let mut buffer = [0u8; 2048];
+        let (n, _) = socket
+            .recv_from(&mut buffer)
+            .await
+            .map_err(|err| format!("receive from {address}: {err}"))?;
+        Ok(String::from_utf8_lossy(&buffer[..n]).trim().to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .map_err(|_| format!("{address}: no UDP answer within 2s"))?
+}
