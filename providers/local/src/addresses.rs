@@ -12,6 +12,13 @@
 //! is taken back, and comes off with its load balancer); `EADDRNOTAVAIL` on a delete means it is gone
 //! already, which is what the delete wanted.
 //!
+//! A VIP put on (or taken over) is announced to the link's neighbours ([`crate::announce`]: gratuitous
+//! ARP, unsolicited neighbour advertisement), so they stop sending it to the host that held it before:
+//! one round at once, [`announce::ROUNDS`] in all, [`announce::INTERVAL`] apart, the later ones in the
+//! background and stopped when the VIP comes off. Announcing needs `CAP_NET_RAW`; without it (or on
+//! any other failure) the VIP stays on all the same, the failure is logged once per VIP as a warning,
+//! and the add returns it for the caller to report.
+//!
 //! All netlink work runs in order on one thread of its own (`vip-netlink`, started with the first
 //! request), on a small runtime of its own. So a request is carried out even when its caller is dropped
 //! half-way (an ensure abandoned after a lost lease), and taking every VIP off can be waited for from
@@ -20,7 +27,7 @@
 //! a VIP put on by an ensure still running after the step-down would stay behind.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::Mutex,
@@ -34,7 +41,7 @@ use rtnetlink::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use crate::instances::lock;
+use crate::{announce, instances::lock};
 
 /// How long one netlink request may take.
 const NETLINK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,7 +60,12 @@ pub(crate) struct AddressManager {
     interface: String,
     /// The queue of the `vip-netlink` thread, once started.
     worker: Mutex<Option<mpsc::UnboundedSender<Job>>>,
+    /// Sends a round of announcements ([`announce::announce`]; another function in tests).
+    announce: announce::Announce,
 }
+
+/// What a job ended with: for an add, the warning of a VIP put on but not announced.
+type Outcome = Result<Option<String>, String>;
 
 /// A request to the `vip-netlink` thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,13 +89,13 @@ struct Job {
 /// Where the outcome of a job goes: an awaiting task, or a waiting thread.
 #[derive(Debug)]
 enum Reply {
-    Task(oneshot::Sender<Result<(), String>>),
-    Thread(std::sync::mpsc::SyncSender<Result<(), String>>),
+    Task(oneshot::Sender<Outcome>),
+    Thread(std::sync::mpsc::SyncSender<Outcome>),
     None,
 }
 
 impl Reply {
-    fn send(self, result: Result<(), String>) {
+    fn send(self, result: Outcome) {
         // A caller that went away no longer wants the outcome; the work is done all the same.
         match self {
             Reply::Task(tx) => drop(tx.send(result)),
@@ -98,7 +110,15 @@ impl AddressManager {
         Self {
             interface,
             worker: Mutex::new(None),
+            announce: announce::announce,
         }
+    }
+
+    /// This manager, sending its announcements with `announce` (a test's stand-in).
+    #[cfg(test)]
+    pub(crate) fn with_announcer(mut self, announce: announce::Announce) -> Self {
+        self.announce = announce;
+        self
     }
 
     /// The interface the VIPs go on.
@@ -112,10 +132,12 @@ impl AddressManager {
     }
 
     /// Puts `ip` on the interface unless it is loopback or already added by this manager. An address
-    /// the interface already has counts as added (and comes off with its load balancer).
-    pub(crate) async fn add(&self, ip: IpAddr) -> Result<(), String> {
+    /// the interface already has counts as added (and comes off with its load balancer). Either way it
+    /// is announced to the link's neighbours; `Ok(Some(warning))` when that failed (the VIP is on all
+    /// the same): what was not sent, why, and what follows, for the caller to report.
+    pub(crate) async fn add(&self, ip: IpAddr) -> Result<Option<String>, String> {
         if !Self::manages(ip) {
-            return Ok(());
+            return Ok(None);
         }
         self.request(Op::Add(ip)).await
     }
@@ -157,7 +179,7 @@ impl AddressManager {
     }
 
     /// Runs `op` on the `vip-netlink` thread (started now if need be) and awaits its outcome.
-    async fn request(&self, op: Op) -> Result<(), String> {
+    async fn request(&self, op: Op) -> Outcome {
         let (tx, rx) = oneshot::channel();
         let job = Job {
             op,
@@ -185,6 +207,9 @@ impl AddressManager {
             interface: self.interface.clone(),
             added: BTreeSet::new(),
             stopped: false,
+            announce: self.announce,
+            repeats: BTreeMap::new(),
+            warned: BTreeSet::new(),
         };
         std::thread::Builder::new()
             .name("vip-netlink".to_owned())
@@ -202,6 +227,13 @@ struct Worker {
     added: BTreeSet<IpAddr>,
     /// Set by `RemoveAll`: adds are refused until `Resume`.
     stopped: bool,
+    announce: announce::Announce,
+    /// The rounds of announcements still to come, by VIP (tasks on this thread's runtime), aborted when
+    /// the VIP comes off: a later round would point the neighbours back at this host.
+    repeats: BTreeMap<IpAddr, tokio::task::AbortHandle>,
+    /// The VIPs whose announcement failed and was logged as a warning (once per VIP; again only after
+    /// one was sent).
+    warned: BTreeSet<IpAddr>,
 }
 
 impl Worker {
@@ -224,14 +256,14 @@ impl Worker {
             while let Some(job) = jobs.recv().await {
                 let result = match job.op {
                     Op::Add(ip) => self.add(ip).await,
-                    Op::Remove(ip) => self.remove(ip).await,
+                    Op::Remove(ip) => self.remove(ip).await.map(|()| None),
                     Op::RemoveAll => {
                         self.remove_all().await;
-                        Ok(())
+                        Ok(None)
                     }
                     Op::Resume => {
                         self.stopped = false;
-                        Ok(())
+                        Ok(None)
                     }
                 };
                 job.reply.send(result);
@@ -239,9 +271,9 @@ impl Worker {
         });
     }
 
-    async fn add(&mut self, ip: IpAddr) -> Result<(), String> {
+    async fn add(&mut self, ip: IpAddr) -> Outcome {
         if self.added.contains(&ip) {
-            return Ok(());
+            return Ok(None);
         }
         let interface = self.interface.as_str();
         let fail = |what: String| format!("putting the VIP {ip} on interface {interface}: {what}");
@@ -271,10 +303,44 @@ impl Worker {
             Err(Failure::Refused(what)) => return Err(fail(what)),
         }
         self.added.insert(ip);
-        Ok(())
+        Ok(self.announce(ip))
+    }
+
+    /// Announces `ip`, just put on the interface or taken over: one round now, the others in the
+    /// background until done or `ip` comes off. The warning when the round was not sent.
+    fn announce(&mut self, ip: IpAddr) -> Option<String> {
+        let interface = self.interface.as_str();
+        match (self.announce)(interface, ip) {
+            Ok(announce::Sent::Announced) => {
+                tracing::debug!(%ip, %interface, "VIP announced to the link's neighbours");
+                self.warned.remove(&ip);
+                let repeat =
+                    tokio::spawn(announce::repeat(self.announce, interface.to_owned(), ip));
+                if let Some(earlier) = self.repeats.insert(ip, repeat.abort_handle()) {
+                    earlier.abort();
+                }
+                None
+            }
+            Ok(announce::Sent::NoLinkLayer) => {
+                tracing::debug!(%ip, %interface, "the interface has no link-layer address: nothing to announce");
+                None
+            }
+            Err(not_sent) => {
+                let warning = not_sent.warning();
+                if self.warned.insert(ip) {
+                    tracing::warn!(%ip, %interface, "{warning}");
+                } else {
+                    tracing::debug!(%ip, %interface, "{warning}");
+                }
+                Some(warning)
+            }
+        }
     }
 
     async fn remove(&mut self, ip: IpAddr) -> Result<(), String> {
+        if let Some(repeat) = self.repeats.remove(&ip) {
+            repeat.abort();
+        }
         if !self.added.contains(&ip) {
             return Ok(());
         }
@@ -466,17 +532,23 @@ pub(crate) mod test_interface {
 
     use futures::TryStreamExt;
     use rtnetlink::{
-        LinkBridge, LinkDummy,
-        packet_route::address::{AddressAttribute, AddressFlags},
+        LinkBridge, LinkDummy, LinkUnspec, LinkVeth,
+        packet_route::{
+            address::{AddressAttribute, AddressFlags},
+            link::LinkAttribute,
+        },
     };
 
     /// An interface of the host's network namespace named `ccmt<pid % 10000><suffix>`, deleted (with
     /// its addresses) when this is dropped, also when an assertion failed. A `dummy` interface, or a
-    /// bridge without ports where the kernel has no dummy driver (as CI's machine). Creating it needs
-    /// root (`CAP_NET_ADMIN`): a test that is not root fails and says so.
+    /// bridge without ports where the kernel has no dummy driver (as CI's machine); or one end of a
+    /// veth pair, whose other end hears what is sent on it ([`TestInterface::create_veth`]). Creating
+    /// it needs root (`CAP_NET_ADMIN`): a test that is not root fails and says so.
     pub(crate) struct TestInterface {
         name: String,
         index: u32,
+        /// The other end of a veth pair (deleted with this end).
+        peer: Option<String>,
     }
 
     /// One address of an interface, as the kernel lists it.
@@ -517,6 +589,15 @@ pub(crate) mod test_interface {
         super::errno(err).is_some_and(|code| {
             std::io::Error::from_raw_os_error(code).kind() == std::io::ErrorKind::PermissionDenied
         })
+    }
+
+    fn not_created(name: &str, err: &rtnetlink::Error) -> ! {
+        if is_permission_error(err) {
+            panic!(
+                "this test needs root (CAP_NET_ADMIN in the host network namespace): it creates the network interface {name} and puts test addresses on it; run it as root, as CI does ({err})"
+            )
+        }
+        panic!("cannot create the test interface {name}: {err}")
     }
 
     impl TestInterface {
@@ -564,16 +645,97 @@ pub(crate) mod test_interface {
                 }
             });
             match created {
-                Ok(index) => Self { name, index },
-                Err(err) if is_permission_error(&err) => panic!(
-                    "this test needs root (CAP_NET_ADMIN in the host network namespace): it creates the network interface {name} and puts test addresses on it; run it as root, as CI does ({err})"
-                ),
-                Err(err) => panic!("cannot create the test interface {name}: {err}"),
+                Ok(index) => Self {
+                    name,
+                    index,
+                    peer: None,
+                },
+                Err(err) => not_created(&name, &err),
+            }
+        }
+
+        /// A veth pair, both ends up: this end `ccmt<pid % 10000><suffix>`, the other (its
+        /// [`TestInterface::peer`]) the same name and `p`.
+        pub(crate) fn create_veth(suffix: &str) -> Self {
+            let name = format!("ccmt{}{suffix}", std::process::id() % 10_000);
+            let peer = format!("{name}p");
+            let created = with_netlink(|handle| {
+                let (name, peer) = (name.clone(), peer.clone());
+                async move {
+                    // A pair left by an earlier run that was killed (and had this process ID).
+                    for stale in [&name, &peer] {
+                        if let Ok(Some(link)) = handle
+                            .link()
+                            .get()
+                            .match_name(stale.clone())
+                            .execute()
+                            .try_next()
+                            .await
+                        {
+                            let _ = handle.link().del(link.header.index).execute().await;
+                        }
+                    }
+                    handle
+                        .link()
+                        .add(LinkVeth::new(&name, &peer).up().build())
+                        .execute()
+                        .await?;
+                    handle
+                        .link()
+                        .set(LinkUnspec::new_with_name(&peer).up().build())
+                        .execute()
+                        .await?;
+                    let link = handle
+                        .link()
+                        .get()
+                        .match_name(name.clone())
+                        .execute()
+                        .try_next()
+                        .await?
+                        .expect("the interface just created");
+                    Ok::<_, rtnetlink::Error>(link.header.index)
+                }
+            });
+            match created {
+                Ok(index) => Self {
+                    name,
+                    index,
+                    peer: Some(peer),
+                },
+                Err(err) => not_created(&name, &err),
             }
         }
 
         pub(crate) fn name(&self) -> &str {
             &self.name
+        }
+
+        /// The other end of a veth pair.
+        pub(crate) fn peer(&self) -> &str {
+            self.peer.as_deref().expect("a veth pair")
+        }
+
+        /// The interface's MAC address.
+        pub(crate) fn mac(&self) -> [u8; 6] {
+            let index = self.index;
+            let link = with_netlink(|handle| async move {
+                handle
+                    .link()
+                    .get()
+                    .match_index(index)
+                    .execute()
+                    .try_next()
+                    .await
+            })
+            .unwrap()
+            .expect("the test interface");
+            link.attributes
+                .iter()
+                .find_map(|a| match a {
+                    LinkAttribute::Address(mac) => mac.as_slice().try_into().ok(),
+                    _ => None,
+                })
+                .expect("an Ethernet address")
         }
 
         /// The interface's addresses (IPv6 link-local ones left out).
@@ -659,13 +821,31 @@ pub(crate) mod test_interface {
     }
 }
 
+/// A stand-in for [`announce::announce`] that fails as it does without `CAP_NET_RAW`.
+#[cfg(test)]
+pub(crate) fn announce_without_cap_net_raw(
+    interface: &str,
+    ip: IpAddr,
+) -> Result<announce::Sent, announce::NotSent> {
+    Err(announce::NotSent::new(
+        ip,
+        interface,
+        &io::Error::from_raw_os_error(1),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroI32;
+    use std::{
+        num::NonZeroI32,
+        sync::Arc,
+        time::{Duration, Instant},
+    };
 
     use rtnetlink::packet_core::ErrorMessage;
 
     use super::{test_interface::TestInterface, *};
+    use crate::announce::capture::{Capture, Heard};
 
     fn ip(text: &str) -> IpAddr {
         text.parse().unwrap()
@@ -812,5 +992,207 @@ mod tests {
                 "putting the VIP 198.51.100.65 on interface {missing}: no interface named {missing}"
             )
         );
+    }
+
+    /// On a veth pair (so this needs root, as CI runs): a VIP put on one end is announced, as heard on
+    /// the other end, three times, 500 ms apart: for IPv4 a gratuitous ARP request and reply from the
+    /// end's MAC, for IPv6 an unsolicited neighbour advertisement with the override flag. So is an
+    /// address the interface had already (taken over); a VIP that comes off is announced no more, and
+    /// one added again while on is not announced again.
+    #[tokio::test]
+    async fn vips_put_on_an_interface_are_announced_to_its_neighbours() {
+        let link = TestInterface::create_veth("n");
+        let mac = link.mac();
+        let capture = Capture::on(link.peer(), mac);
+        let manager = AddressManager::new(link.name().to_owned());
+        let (v4, v6) = (ip("198.51.100.200"), ip("2001:db8::200"));
+        let added = Instant::now();
+        assert_eq!(manager.add(v4).await, Ok(None));
+        assert_eq!(manager.add(v6).await, Ok(None));
+        assert!(link.has(v4) && link.has(v6));
+
+        let heard = capture.wait_for(v4, 6, Duration::from_secs(5));
+        let (IpAddr::V4(v4_octets), IpAddr::V6(v6_octets)) = (v4, v6) else {
+            unreachable!()
+        };
+        let request = Heard::Arp {
+            operation: 1,
+            ethernet_source: mac,
+            ethernet_destination: [0xff; 6],
+            sender_mac: mac,
+            sender_ip: v4_octets,
+            target_mac: [0xff; 6],
+            target_ip: v4_octets,
+        };
+        let reply = Heard::Arp {
+            operation: 2,
+            ethernet_source: mac,
+            ethernet_destination: [0xff; 6],
+            sender_mac: mac,
+            sender_ip: v4_octets,
+            target_mac: mac,
+            target_ip: v4_octets,
+        };
+        assert_eq!(
+            heard,
+            [&request, &reply, &request, &reply, &request, &reply].map(Clone::clone),
+            "three rounds of a gratuitous ARP request and reply"
+        );
+        let advertisement = Heard::NeighbourAdvertisement {
+            ethernet_source: mac,
+            ethernet_destination: [0x33, 0x33, 0, 0, 0, 1],
+            source: v6_octets,
+            destination: "ff02::1".parse().unwrap(),
+            hop_limit: 255,
+            router: false,
+            solicited: false,
+            override_: true,
+            target: v6_octets,
+            target_link_layer_address: Some(mac),
+        };
+        assert_eq!(
+            capture.wait_for(v6, 3, Duration::from_secs(5)),
+            [&advertisement, &advertisement, &advertisement].map(Clone::clone),
+            "three unsolicited neighbour advertisements"
+        );
+        // The first round at once, the others 500 ms apart (with room for a loaded machine: the
+        // capture's clock reads when its thread gets the frame).
+        let times: Vec<Instant> = capture.about(v4).iter().map(|(at, _)| *at).collect();
+        assert!(
+            times[0] - added < Duration::from_secs(1),
+            "the first round came {:?} after the add",
+            times[0] - added
+        );
+        let spread = times[5] - times[0];
+        assert!(
+            spread >= Duration::from_millis(700) && spread < Duration::from_secs(3),
+            "the rounds spread over {spread:?}"
+        );
+
+        // On already: not announced again.
+        assert_eq!(manager.add(v4).await, Ok(None));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(capture.about(v4).len(), 6);
+
+        // Left behind by a killed leader and taken over: announced.
+        let leftover = ip("198.51.100.201");
+        link.put(leftover);
+        assert_eq!(manager.add(leftover).await, Ok(None));
+        assert_eq!(
+            capture.wait_for(leftover, 2, Duration::from_secs(5)).len(),
+            2,
+            "the VIP taken over was not announced"
+        );
+
+        // Off again at once: the first round only, no later one pointing the neighbours back here.
+        let brief = ip("198.51.100.202");
+        assert_eq!(manager.add(brief).await, Ok(None));
+        manager.remove(brief).await;
+        tokio::time::sleep(2 * announce::INTERVAL + Duration::from_millis(500)).await;
+        assert_eq!(
+            capture.about(brief).len(),
+            2,
+            "a VIP that came off was announced again"
+        );
+        // Nor after the leader stepped down.
+        manager.remove_all_now();
+        manager.resume();
+        assert_eq!(manager.add(brief).await, Ok(None));
+        manager.remove_all_now();
+        tokio::time::sleep(2 * announce::INTERVAL + Duration::from_millis(500)).await;
+        assert_eq!(capture.about(brief).len(), 4);
+        assert_eq!(link.addresses(), []);
+    }
+
+    /// Without `CAP_NET_RAW` (a stand-in announcer fails as the kernel does), a VIP still goes on, and
+    /// the add returns the warning, each time the VIP is put on. Needs root: a real interface.
+    #[tokio::test]
+    async fn a_vip_not_announced_is_on_all_the_same_and_the_add_says_why() {
+        let interface = TestInterface::create("w");
+        let manager = AddressManager::new(interface.name().to_owned())
+            .with_announcer(announce_without_cap_net_raw);
+        let vip = ip("198.51.100.203");
+        let warning = manager.add(vip).await.unwrap();
+        assert_eq!(
+            warning.as_deref(),
+            Some(
+                format!(
+                    "gratuitous ARP for 198.51.100.203 on {} not sent: Operation not permitted (CAP_NET_RAW is needed); neighbours keep the previous holder's MAC until their caches expire",
+                    interface.name()
+                )
+                .as_str()
+            )
+        );
+        assert!(interface.has(vip));
+        assert_eq!(manager.add(vip).await, Ok(None), "on already: nothing sent");
+        manager.remove(vip).await;
+        assert!(!interface.has(vip));
+        assert_eq!(manager.add(vip).await, Ok(warning), "put on again");
+        manager.remove_all_now();
+        assert_eq!(interface.addresses(), []);
+    }
+
+    /// The warning is logged once per VIP (later failures at debug level), and again only after an
+    /// announcement of that VIP was sent.
+    #[test]
+    fn a_failed_announcement_is_logged_as_a_warning_once_per_vip() {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl io::Write for Log {
+            fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        fn announced(_: &str, _: IpAddr) -> Result<announce::Sent, announce::NotSent> {
+            Ok(announce::Sent::NoLinkLayer)
+        }
+        let mut worker = Worker {
+            interface: "eth9".to_owned(),
+            added: BTreeSet::new(),
+            stopped: false,
+            announce: announce_without_cap_net_raw,
+            repeats: BTreeMap::new(),
+            warned: BTreeSet::new(),
+        };
+        let (a, b) = (ip("198.51.100.204"), ip("2001:db8::204"));
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(worker.announce(a).is_some());
+            assert!(worker.announce(a).is_some());
+            assert!(worker.announce(b).is_some());
+        });
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        let warnings: Vec<&str> = text.lines().filter(|l| l.contains(" WARN ")).collect();
+        assert_eq!(warnings.len(), 2, "{text}");
+        assert!(
+            warnings[0].contains("gratuitous ARP for 198.51.100.204 on eth9 not sent: Operation not permitted (CAP_NET_RAW is needed); neighbours keep the previous holder's MAC until their caches expire"),
+            "{text}"
+        );
+        assert!(
+            warnings[1]
+                .contains("unsolicited neighbour advertisement for 2001:db8::204 on eth9 not sent"),
+            "{text}"
+        );
+        assert_eq!(
+            text.lines().filter(|l| l.contains("DEBUG")).count(),
+            1,
+            "{text}"
+        );
+        // Not warned again until one is sent (no link layer counts as nothing to send).
+        worker.announce = announced;
+        assert!(worker.announce(a).is_none());
+        assert!(worker.warned.contains(&a), "nothing was sent yet");
     }
 }

@@ -306,7 +306,8 @@ pub struct LoadBalancerConfig {
     /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
     /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
     /// command) while their load balancer runs, and taken off when it is deleted or the leader steps
-    /// down.
+    /// down. Each VIP put on is announced to the link's neighbours (gratuitous ARP, unsolicited
+    /// neighbour advertisement), which needs `CAP_NET_RAW`.
     #[serde(default)]
     pub vip_interface: Option<String>,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
@@ -321,8 +322,8 @@ struct Removed;
 
 /// What a config that sets `loadBalancer.ipCommand` is told.
 pub(crate) const IP_COMMAND_REMOVED: &str = "loadBalancer.ipCommand is no longer supported: VIPs are put \
-     on loadBalancer.vipInterface through netlink now (no `ip` command is run; CAP_NET_ADMIN is all it \
-     needs); remove the ipCommand key";
+     on loadBalancer.vipInterface through netlink now (no `ip` command is run; CAP_NET_ADMIN puts them \
+     on, CAP_NET_RAW announces them); remove the ipCommand key";
 
 fn refuse_ip_command<'de, D: Deserializer<'de>>(_: D) -> Result<Removed, D::Error> {
     Err(de::Error::custom(IP_COMMAND_REMOVED))

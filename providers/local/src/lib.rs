@@ -15,6 +15,7 @@
 //! Linking this crate registers the provider under the name `local`.
 
 mod addresses;
+mod announce;
 mod config;
 pub mod instances;
 pub mod load_balancer;
@@ -42,6 +43,11 @@ use crate::instances::{ProbeFailures, lock};
 /// Where the event about a refused cloud-config edit is recorded (it concerns no object).
 pub const EVENT_NAMESPACE: &str = "kube-system";
 
+/// The reason of the Warning event on a Service whose VIP was put on `vipInterface` but not announced
+/// to the link's neighbours (gratuitous ARP or unsolicited neighbour advertisement; usually for want
+/// of `CAP_NET_RAW`). The load balancer is served all the same.
+pub const EVENT_VIP_NOT_ANNOUNCED: &str = "VIPNotAnnounced";
+
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "local";
 
@@ -49,7 +55,8 @@ pub const PROVIDER_NAME: &str = "local";
 /// ConfigMap) cannot carry.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct LocalFlags {
-    /// The host interface this replica puts non-loopback VIPs on while it leads (needs CAP_NET_ADMIN).
+    /// The host interface this replica puts non-loopback VIPs on while it leads (needs CAP_NET_ADMIN),
+    /// and announces them on (gratuitous ARP, unsolicited neighbour advertisement: needs CAP_NET_RAW).
     /// Overrides the cloud-config's `loadBalancer.vipInterface`: interface names differ from host to
     /// host.
     #[arg(long, value_name = "INTERFACE")]
@@ -113,6 +120,18 @@ impl From<Error> for CloudError {
     fn from(err: Error) -> Self {
         CloudError::other(err.to_string())
     }
+}
+
+/// What a Warning event of the provider's is about.
+struct WarningEvent<'a> {
+    /// Where it is recorded (the namespace of what it regards).
+    namespace: &'a str,
+    /// The start of its name (the API server adds a random end).
+    name_prefix: String,
+    /// The object it regards, if any.
+    regarding: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    reason: &'static str,
+    action: &'static str,
 }
 
 /// The `local` cloud. Cheap to clone; clones share one cloud.
@@ -249,6 +268,46 @@ impl LocalCloud {
     /// `CloudConfigRejected` in `kube-system`, once `initialize` has given the cloud a client (so only
     /// the leader reports). Best effort: a failed write is logged.
     fn report_rejected_config(&self, message: &str) {
+        self.record_warning(
+            WarningEvent {
+                namespace: EVENT_NAMESPACE,
+                name_prefix: "local-cloud-config-".to_owned(),
+                regarding: None,
+                reason: "CloudConfigRejected",
+                action: "ReloadCloudConfig",
+            },
+            message,
+        );
+    }
+
+    /// Reports a VIP put on `vipInterface` for `service` but not announced to the link's neighbours
+    /// (`warning` says what was not sent, why, and what follows) as a Warning event
+    /// [`EVENT_VIP_NOT_ANNOUNCED`] on the Service. The load balancer is served all the same, so the
+    /// ensure does not fail for it (which would retry it and record `SyncLoadBalancerFailed`).
+    pub(crate) fn report_unannounced_vip(
+        &self,
+        service: &k8s_openapi::api::core::v1::Service,
+        warning: &str,
+    ) {
+        use kube::Resource;
+        self.record_warning(
+            WarningEvent {
+                namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
+                name_prefix: format!(
+                    "{}.vip-",
+                    service.metadata.name.as_deref().unwrap_or("service")
+                ),
+                regarding: Some(service.object_ref(&())),
+                reason: EVENT_VIP_NOT_ANNOUNCED,
+                action: "AnnounceVIP",
+            },
+            warning,
+        );
+    }
+
+    /// Records a Warning event, once `initialize` has given the cloud a client (so only the leader
+    /// reports). Best effort: a failed write is logged.
+    fn record_warning(&self, what: WarningEvent<'_>, message: &str) {
         let Some((client, runtime)) = lock(&self.inner.reporter).clone() else {
             return;
         };
@@ -257,28 +316,31 @@ impl LocalCloud {
             .ok()
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| format!("pid-{}", std::process::id()));
+        let reason = what.reason;
         let event = k8s_openapi::api::events::v1::Event {
             metadata: kube::api::ObjectMeta {
-                generate_name: Some("local-cloud-config-".to_owned()),
-                namespace: Some(EVENT_NAMESPACE.to_owned()),
+                generate_name: Some(what.name_prefix),
+                namespace: Some(what.namespace.to_owned()),
                 ..Default::default()
             },
             event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
                 k8s_openapi::jiff::Timestamp::now(),
             )),
             type_: Some("Warning".to_owned()),
-            reason: Some("CloudConfigRejected".to_owned()),
-            action: Some("ReloadCloudConfig".to_owned()),
+            reason: Some(reason.to_owned()),
+            action: Some(what.action.to_owned()),
             note: Some(note),
+            regarding: what.regarding,
             reporting_controller: Some("cloud-provider-local".to_owned()),
             reporting_instance: Some(instance.chars().take(128).collect()),
             ..Default::default()
         };
+        let namespace = what.namespace.to_owned();
         runtime.spawn(async move {
             let events: kube::Api<k8s_openapi::api::events::v1::Event> =
-                kube::Api::namespaced(client, EVENT_NAMESPACE);
+                kube::Api::namespaced(client, &namespace);
             if let Err(err) = events.create(&Default::default(), &event).await {
-                tracing::warn!(error = %err, "local cloud: cannot record the CloudConfigRejected event");
+                tracing::warn!(error = %err, "local cloud: cannot record the {reason} event");
             }
         });
     }

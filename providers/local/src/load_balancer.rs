@@ -12,7 +12,10 @@
 //!
 //! **Errors** (a malformed annotation, an exhausted pool, a requested address another Service holds, a
 //! port that cannot be bound) are returned from `ensure_load_balancer`, which the service controller
-//! turns into a `SyncLoadBalancerFailed` Warning event on that Service; no other Service is touched.
+//! turns into a `SyncLoadBalancerFailed` Warning event on that Service; no other Service is touched. A
+//! VIP put on `vipInterface` but not announced to the link's neighbours (no `CAP_NET_RAW`) is no error:
+//! the load balancer serves, and the provider records a Warning event
+//! [`EVENT_VIP_NOT_ANNOUNCED`](crate::EVENT_VIP_NOT_ANNOUNCED) on the Service itself.
 //!
 //! **Idempotence.** An ensure that finds the data plane already running the same load balancer makes no
 //! data-plane call.
@@ -639,7 +642,10 @@ impl LocalCloud {
         if !unchanged {
             if let Some(addresses) = &self.inner.addresses {
                 for vip in &vips {
-                    addresses.add(*vip).await.map_err(bad)?;
+                    // A VIP on but not announced is served all the same: reported, not failed.
+                    if let Some(warning) = addresses.add(*vip).await.map_err(bad)? {
+                        self.report_unannounced_vip(service, &warning);
+                    }
                 }
             }
             tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
@@ -1227,6 +1233,102 @@ mod tests {
             .ensure_load_balancer_deleted("c", &service)
             .await
             .unwrap();
+    }
+
+    /// A VIP put on `vipInterface` but not announced (a stand-in announcer fails as without
+    /// `CAP_NET_RAW`) is served all the same: the ensure succeeds, and the warning is a Warning event
+    /// `VIPNotAnnounced` on the Service, written with the manager's own (RBAC-limited) identity. Needs
+    /// root (a real interface) and the test control plane.
+    #[tokio::test]
+    async fn a_vip_not_announced_is_served_and_a_warning_event_on_its_service() {
+        use crate::addresses::{
+            AddressManager, announce_without_cap_net_raw, test_interface::TestInterface,
+        };
+        let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+        let interface = TestInterface::create("e");
+        let mut cloud = LocalCloud::new(
+            config(&format!(
+                "addressPools: [{{name: lan, addresses: [198.51.100.210/32]}}]\nloadBalancer: {{vipInterface: {}}}\n",
+                interface.name()
+            )),
+            None,
+        );
+        std::sync::Arc::get_mut(&mut cloud.inner)
+            .expect("no other handle yet")
+            .addresses = Some(
+            AddressManager::new(interface.name().to_owned())
+                .with_announcer(announce_without_cap_net_raw),
+        );
+        test_control_plane::apply_shipped_rbac().await;
+        let client = test_control_plane::control_plane().ccm_client().await;
+        *lock(&cloud.inner.reporter) = Some((client, tokio::runtime::Handle::current()));
+
+        let name = test_control_plane::unique_name("unannounced");
+        let service = svc(json!({
+            "metadata": {"name": name, "namespace": "default", "uid": name},
+            "spec": {"ports": [{"port": 18445, "nodePort": 30445, "protocol": "TCP"}]}
+        }));
+        let vip: IpAddr = "198.51.100.210".parse().unwrap();
+        let status = cloud
+            .ensure_load_balancer("c", &service, &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            status.ingress.unwrap()[0].ip.as_deref(),
+            Some("198.51.100.210")
+        );
+        assert!(interface.has(vip));
+        assert!(
+            cloud
+                .data_plane()
+                .state(&format!("default/{name}"))
+                .is_some()
+        );
+
+        let admin = test_control_plane::control_plane().admin_client().await;
+        let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(admin, "default");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let event = loop {
+            let found = events
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(crate::EVENT_VIP_NOT_ANNOUNCED)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(name.as_str())
+                });
+            if let Some(event) = found {
+                break event;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no VIPNotAnnounced event on Service default/{name}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(event.type_.as_deref(), Some("Warning"));
+        assert_eq!(event.action.as_deref(), Some("AnnounceVIP"));
+        let regarding = event.regarding.unwrap();
+        assert_eq!(
+            (regarding.kind.as_deref(), regarding.namespace.as_deref()),
+            (Some("Service"), Some("default"))
+        );
+        assert_eq!(
+            event.note.unwrap(),
+            format!(
+                "gratuitous ARP for 198.51.100.210 on {} not sent: Operation not permitted (CAP_NET_RAW is needed); neighbours keep the previous holder's MAC until their caches expire",
+                interface.name()
+            )
+        );
+
+        cloud
+            .ensure_load_balancer_deleted("c", &service)
+            .await
+            .unwrap();
+        assert!(!interface.has(vip));
     }
 
     #[test]
