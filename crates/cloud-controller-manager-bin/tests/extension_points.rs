@@ -15,6 +15,7 @@ use std::{
 use cloud_controller_manager::{
     ControllerSpec, Manager,
     controllers::{ControllerContext, ControllerTask},
+    informers::wait_for_cache_sync,
 };
 use cloud_provider::{
     CloudConfig, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderResult,
@@ -27,7 +28,7 @@ use kube::{
 };
 use serde_json::json;
 use support::{SERIAL, create_node, delete_nodes, eventually, free_port, get_node, https_get};
-use test_control_plane::{control_plane, kubelet_node};
+use test_control_plane::{control_plane, kubelet_node, unique_name};
 use tokio_util::sync::CancellationToken;
 
 /// The provider's flags.
@@ -95,12 +96,13 @@ static GREETER_FINISHED: AtomicBool = AtomicBool::new(false);
 /// A controller of the provider's own: annotates every node in the shared cache; at shutdown it takes
 /// half a second to finish, which the manager must wait for.
 fn start_greeter(ctx: ControllerContext, flags: GreeterFlags) -> Option<ControllerTask> {
+    // Asked for before the task is returned: the manager starts it, whatever else runs.
+    let nodes = ctx.informers.nodes();
     Some(Box::pin(async move {
-        let store = ctx.nodes.store();
+        let store = nodes.store();
         let api: Api<Node> = Api::all(ctx.client.clone());
-        tokio::select! {
-            () = ctx.nodes.wait_until_synced() => {}
-            () = ctx.shutdown.cancelled() => return Ok(()),
+        if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+            return Ok(());
         }
         loop {
             for node in store.state() {
@@ -246,4 +248,28 @@ async fn controllers_turns_a_providers_controller_off() {
         .expect("no panic")
         .expect("no error");
     delete_nodes(&["ungreeted-1"]).await;
+}
+
+#[tokio::test]
+async fn a_providers_controller_alone_gets_the_node_cache_it_asks_for() {
+    let _serial = SERIAL.lock().await;
+    let name = unique_name("greeted-alone");
+    let (shutdown, task, port) = run(&["--controllers=node-greeter"]).await;
+    create_node(&kubelet_node(&name)).await;
+    // No built-in controller runs, so nothing else asked for the Node cache.
+    eventually("the greeting", Duration::from_secs(20), || async {
+        let node = get_node(&name).await?;
+        (node.annotations().get(GREETED).map(String::as_str) == Some("hello")).then_some(())
+    })
+    .await;
+    let (_, body) = https_get(port, "/healthz?verbose", None).await;
+    assert!(body.contains("[+]node-greeter ok"), "{body}");
+    assert!(!body.contains("cloud-node-controller"), "{body}");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
+    delete_nodes(&[&name]).await;
 }

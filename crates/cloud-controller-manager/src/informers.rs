@@ -1,6 +1,18 @@
-//! Shared caches: one watch per resource for every controller that needs it (upstream's shared informer
-//! factory). Started after all controllers subscribed, as upstream starts informers after constructing
-//! the controllers.
+//! Shared caches: one watch per resource for every controller that needs it, with client-go's
+//! shared informer factory's contract.
+//!
+//! - **Asked for, then started.** A controller asks the [`InformerFactory`] for each cache it reads
+//!   ([`InformerFactory::nodes`], [`InformerFactory::services`]) in its start function, before it
+//!   returns its task (client-go's `InformerFor`). Once every enabled controller has started, the
+//!   manager starts every cache that was asked for, each with one list and watch (client-go's
+//!   `factory.Start`), and none that was not. A cache first asked for later, from a running task,
+//!   starts at once. Reading a cache ([`SharedInformer::store`], [`SharedInformer::subscribe`]) never
+//!   decides whether it runs.
+//! - **Waited for.** A controller waits for the caches it reads with [`wait_for_cache_sync`]
+//!   (client-go's `cache.WaitForCacheSync`), which also returns on shutdown.
+//! - **Subscribed to at any time.** A subscriber gets every change after it subscribed, and first
+//!   every object the cache holds then (client-go's `AddEventHandler` replays the cache the same way):
+//!   one that subscribes before the cache starts gets the first full list as changes.
 //!
 //! The fan-out to subscribers is ours rather than kube-runtime's `store_shared`/`subscribe` (unstable in
 //! kube 5): its subscriber stream can stall when an object is deleted before the subscriber reads it
@@ -16,10 +28,7 @@
 
 use std::{
     fmt::Debug,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -43,23 +52,17 @@ pub use crate::cached_node::CachedNode;
 /// How many changes a slow subscriber may lag behind before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// A change a subscriber sees.
 #[derive(Debug, Clone)]
 pub enum Change<K> {
-    /// The object was added or changed (after the first full list: every object once).
+    /// The object was added or changed (and, at subscription, every object the cache held then).
     Applied(Arc<K>),
     /// The object was deleted (its last state).
     Deleted(Arc<K>),
-}
-
-/// A shared cache of one resource, with change subscriptions.
-pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
-    store: Store<K>,
-    writer: Mutex<Option<Writer<K>>>,
-    subscribers: Mutex<Vec<mpsc::Sender<Change<K>>>>,
-    used: AtomicBool,
-    synced: watch::Sender<bool>,
-    prune: fn(&mut K),
 }
 
 /// The shared Node cache: slim Nodes, decoded without their images and managed fields
@@ -76,16 +79,185 @@ pub fn prune_service(service: &mut Service) {
     service.metadata.managed_fields = None;
 }
 
-impl Default for SharedNodes {
-    fn default() -> Self {
-        Self::new(keep_node)
+/// The manager's shared caches (upstream's shared informer factory): every controller's
+/// [`ControllerContext`](crate::controllers::ControllerContext) holds the same one.
+///
+/// Ask for the caches a controller reads in its start function, before it returns its task: the
+/// manager starts every cache asked for once all controllers have started, so each resource is listed
+/// and watched once, for all of them. A cache asked for later (from inside a running task) starts at
+/// once. A controller waits for its caches with [`wait_for_cache_sync`].
+///
+/// ```
+/// use cloud_controller_manager::{
+///     controllers::{ControllerContext, ControllerTask},
+///     informers::wait_for_cache_sync,
+/// };
+///
+/// fn start(ctx: ControllerContext, _: ()) -> Option<ControllerTask> {
+///     // Asked for now, so the manager starts it with the others.
+///     let nodes = ctx.informers.nodes();
+///     Some(Box::pin(async move {
+///         if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+///             return Ok(()); // shut down first
+///         }
+///         for node in nodes.store().state() {
+///             let _ = node.metadata.name.as_deref();
+///         }
+///         Ok(())
+///     }))
+/// }
+/// ```
+#[derive(Clone)]
+pub struct InformerFactory {
+    state: Arc<Mutex<FactoryState>>,
+}
+
+#[derive(Default)]
+struct FactoryState {
+    nodes: Option<Arc<SharedNodes>>,
+    services: Option<Arc<SharedServices>>,
+    /// Set by [`InformerFactory::start`]: what a cache asked for from then on starts with.
+    started: Option<(Client, CancellationToken)>,
+}
+
+impl InformerFactory {
+    /// A factory with no cache asked for and none started.
+    pub(crate) fn new() -> Self {
+        Self {
+            state: Arc::default(),
+        }
+    }
+
+    /// The shared Node cache, asked for: it starts once every controller has started (at once, when
+    /// they have already). Every call returns the same cache.
+    pub fn nodes(&self) -> Arc<SharedNodes> {
+        let mut state = lock(&self.state);
+        let FactoryState { nodes, started, .. } = &mut *state;
+        informer_for(nodes, started, keep_node)
+    }
+
+    /// The shared Service cache, asked for: as [`InformerFactory::nodes`].
+    pub fn services(&self) -> Arc<SharedServices> {
+        let mut state = lock(&self.state);
+        let FactoryState {
+            services, started, ..
+        } = &mut *state;
+        informer_for(services, started, prune_service)
+    }
+
+    /// Starts every cache asked for so far, with `client`; those asked for later start when they are.
+    /// They stop when `shutdown` is cancelled. Called once, after every controller has started.
+    pub(crate) fn start(&self, client: Client, shutdown: CancellationToken) {
+        let mut state = lock(&self.state);
+        if let Some(nodes) = &state.nodes {
+            nodes.start(client.clone(), shutdown.clone());
+        }
+        if let Some(services) = &state.services {
+            services.start(client.clone(), shutdown.clone());
+        }
+        state.started = Some((client, shutdown));
     }
 }
 
-impl Default for SharedServices {
-    fn default() -> Self {
-        Self::new(prune_service)
+/// The cache in `slot`, made (with `prune`) if no one asked for it before, and started if the factory
+/// has started.
+fn informer_for<K>(
+    slot: &mut Option<Arc<SharedInformer<K>>>,
+    started: &Option<(Client, CancellationToken)>,
+    prune: fn(&mut K),
+) -> Arc<SharedInformer<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let informer = slot.get_or_insert_with(|| Arc::new(SharedInformer::new(prune)));
+    if let Some((client, shutdown)) = started {
+        informer.start(client.clone(), shutdown.clone());
     }
+    informer.clone()
+}
+
+/// Whether a cache holds its first full list (client-go's `InformerSynced`), from
+/// [`SharedInformer::synced`], for [`wait_for_cache_sync`].
+#[derive(Debug, Clone)]
+pub struct CacheSynced(watch::Receiver<bool>);
+
+impl CacheSynced {
+    /// Whether the cache has synced.
+    pub fn is_synced(&self) -> bool {
+        *self.0.borrow()
+    }
+}
+
+/// Waits until every one of `caches` holds its first full list (client-go's `cache.WaitForCacheSync`):
+/// `true` then, `false` when `shutdown` is cancelled first.
+pub async fn wait_for_cache_sync(
+    shutdown: &CancellationToken,
+    caches: impl IntoIterator<Item = CacheSynced>,
+) -> bool {
+    let all_synced = async {
+        for CacheSynced(mut synced) in caches {
+            // An error means the cache is gone: it never syncs, and shutdown decides.
+            if synced.wait_for(|synced| *synced).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        () = shutdown.cancelled() => false,
+        () = all_synced => true,
+    }
+}
+
+/// The subscribers of one cache, fed by its watch.
+struct Fanout<K> {
+    subscribers: Mutex<Vec<mpsc::Sender<Change<K>>>>,
+}
+
+impl<K> Default for Fanout<K> {
+    fn default() -> Self {
+        Self {
+            subscribers: Mutex::default(),
+        }
+    }
+}
+
+impl<K> Fanout<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    /// A new subscriber: every object `store` holds now, then every change the watch passes on after.
+    fn subscribe(&self, store: &Store<K>) -> impl Stream<Item = Change<K>> + Send + 'static {
+        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
+        // The watch applies a change to the store before it reads the subscribers under this lock, so a
+        // change the snapshot misses reaches the channel (one it holds may come twice: no harm, as a
+        // change is the object's state, not a delta).
+        let held = {
+            let mut subscribers = lock(&self.subscribers);
+            subscribers.push(tx);
+            store.state()
+        };
+        futures::stream::iter(held.into_iter().map(Change::Applied))
+            .chain(futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|change| (change, rx))
+            }))
+    }
+
+    /// The subscribers to pass a change to (those whose stream was dropped are forgotten).
+    fn subscribers(&self) -> Vec<mpsc::Sender<Change<K>>> {
+        let mut subscribers = lock(&self.subscribers);
+        subscribers.retain(|subscriber| !subscriber.is_closed());
+        subscribers.clone()
+    }
+}
+
+/// A shared cache of one resource, with change subscriptions. Get it from the [`InformerFactory`].
+pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Mutex<Option<Writer<K>>>,
+    fanout: Arc<Fanout<K>>,
+    synced: watch::Sender<bool>,
+    prune: fn(&mut K),
 }
 
 impl<K> SharedInformer<K>
@@ -93,35 +265,25 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     /// A cache that is not watching yet; `prune` trims each object before it is cached.
-    pub fn new(prune: fn(&mut K)) -> Self {
+    fn new(prune: fn(&mut K)) -> Self {
         let (store, writer) = reflector::store();
         Self {
             store,
             writer: Mutex::new(Some(writer)),
-            subscribers: Mutex::default(),
-            used: AtomicBool::new(false),
+            fanout: Arc::default(),
             synced: watch::Sender::new(false),
             prune,
         }
     }
 
-    /// The cache (empty until synced; see [`SharedInformer::wait_until_synced`]).
+    /// The cache (empty until synced; see [`wait_for_cache_sync`]).
     pub fn store(&self) -> Store<K> {
-        self.used.store(true, Ordering::Relaxed);
         self.store.clone()
     }
 
-    /// Every change, as the cache holds it. Subscribe before [`SharedInformer::start`].
+    /// Every object the cache holds now, then every change after; at any time (see the module docs).
     pub fn subscribe_changes(&self) -> impl Stream<Item = Change<K>> + Send + 'static {
-        self.used.store(true, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(SUBSCRIBER_BUFFER);
-        self.subscribers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tx);
-        futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|change| (change, rx))
-        })
+        self.fanout.subscribe(&self.store)
     }
 
     /// Every object that is added or changed (deletions left out), e.g. as a controller's trigger.
@@ -134,33 +296,27 @@ where
         })
     }
 
-    /// Waits until the cache holds the first full list.
-    pub async fn wait_until_synced(&self) {
-        let mut synced = self.synced.subscribe();
-        // An error means the sender is gone, which cannot happen while `self` lives.
-        let _ = synced.wait_for(|synced| *synced).await;
+    /// Whether the cache holds its first full list, for [`wait_for_cache_sync`].
+    pub fn synced(&self) -> CacheSynced {
+        CacheSynced(self.synced.subscribe())
     }
 
-    /// Starts the watch if any controller uses the cache; it stops when `shutdown` is cancelled.
-    pub fn start(&self, client: Client, shutdown: CancellationToken) {
-        if !self.used.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some(writer) = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    /// Starts the watch, unless it has started already; it stops when `shutdown` is cancelled.
+    fn start(&self, client: Client, shutdown: CancellationToken) {
+        let Some(writer) = lock(&self.writer).take() else {
             return;
         };
-        let subscribers =
-            std::mem::take(&mut *self.subscribers.lock().unwrap_or_else(|e| e.into_inner()));
+        let fanout = self.fanout.clone();
         let synced = self.synced.clone();
         let store = self.store.clone();
         let kind = K::kind(&()).into_owned();
+        tracing::debug!(kind = %kind, "starting the shared cache");
         let mut tracker = ChangeTracker::default();
         let events = watcher(Api::<K>::all(client), watcher::Config::default())
             .backoff(watch_backoff())
             .modify(self.prune)
             .reflect(writer)
             .for_each(move |event| {
-                let subscribers = subscribers.clone();
                 let changes: Vec<Change<K>> = match event {
                     Ok(event) => {
                         if matches!(event, watcher::Event::InitDone) {
@@ -172,6 +328,12 @@ where
                         tracing::warn!(kind = %kind, error = %err, "watch failed; retrying");
                         Vec::new()
                     }
+                };
+                // Read after the change reached the store (see `Fanout::subscribe`).
+                let subscribers = if changes.is_empty() {
+                    Vec::new()
+                } else {
+                    fanout.subscribers()
                 };
                 async move {
                     for change in changes {
@@ -267,7 +429,7 @@ where
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::Node;
-    use kube::api::ObjectMeta;
+    use kube::{ResourceExt, api::ObjectMeta};
 
     use super::*;
 
@@ -303,6 +465,127 @@ mod tests {
     ) -> Vec<Change<Node>> {
         writer.apply_watcher_event(&event);
         tracker.changes(&event, store)
+    }
+
+    /// An API server that lists one Node (`a`) and no Services, and logs the paths asked for.
+    fn api_server() -> (Client, crate::mock_api::Requests) {
+        crate::mock_api::mock_client(|_, path, _| {
+            let answer = match path {
+                "/api/v1/nodes" => serde_json::json!({
+                    "apiVersion": "v1", "kind": "NodeList", "metadata": { "resourceVersion": "1" },
+                    "items": [{ "metadata": { "name": "a", "uid": "a1", "resourceVersion": "1" } }],
+                }),
+                _ => serde_json::json!({
+                    "apiVersion": "v1", "kind": "ServiceList", "metadata": { "resourceVersion": "1" },
+                    "items": [],
+                }),
+            };
+            (200, answer)
+        })
+    }
+
+    fn paths(requests: &crate::mock_api::Requests) -> Vec<String> {
+        let mut paths: Vec<String> = requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, path, _)| path.clone())
+            .collect();
+        paths.dedup();
+        paths
+    }
+
+    #[tokio::test]
+    async fn only_the_caches_asked_for_start_and_not_before_the_factory_does() {
+        let (client, requests) = api_server();
+        let shutdown = CancellationToken::new();
+        let factory = InformerFactory::new();
+        let nodes = factory.nodes();
+        assert!(
+            Arc::ptr_eq(&nodes, &factory.nodes()),
+            "one cache per resource"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(paths(&requests).is_empty(), "asked for, not started");
+        assert!(!nodes.synced().is_synced());
+
+        factory.start(client, shutdown.clone());
+        assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
+        assert_eq!(paths(&requests), ["/api/v1/nodes"], "no Service cache");
+        let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
+        assert_eq!(names, ["a"]);
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_cache_asked_for_after_the_start_starts_at_once_and_late_subscribers_get_its_objects()
+    {
+        let (client, requests) = api_server();
+        let shutdown = CancellationToken::new();
+        let factory = InformerFactory::new();
+        factory.start(client, shutdown.clone());
+        let nodes = factory.nodes();
+        let services = factory.services();
+        assert!(
+            wait_for_cache_sync(&shutdown, [nodes.synced(), services.synced()]).await,
+            "both started at once"
+        );
+        assert!(paths(&requests).contains(&"/api/v1/services".to_owned()));
+
+        // Subscribed after the first list: the cache's objects come first.
+        let mut changes = Box::pin(nodes.subscribe_changes());
+        match changes.next().await {
+            Some(Change::Applied(node)) => assert_eq!(node.name_any(), "a"),
+            other => panic!("expected node a, got {other:?}"),
+        }
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn waiting_for_a_cache_ends_on_shutdown() {
+        let factory = InformerFactory::new();
+        let nodes = factory.nodes();
+        let shutdown = CancellationToken::new();
+        let canceller = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            canceller.cancel();
+        });
+        assert!(!wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_misses_no_change_made_while_it_subscribes() {
+        let (store, mut writer) = reflector::store::<Node>();
+        let fanout = Fanout::default();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a", "a1")),
+            watcher::Event::InitDone,
+        ] {
+            writer.apply_watcher_event(&event);
+        }
+        let early = fanout.subscribe(&store);
+        // A change applied to the store after the subscription is passed on through the channel.
+        let b = node("b", "b1");
+        writer.apply_watcher_event(&watcher::Event::Apply(b.clone()));
+        let b = Arc::new(b);
+        for subscriber in fanout.subscribers() {
+            subscriber.send(Change::Applied(b.clone())).await.unwrap();
+        }
+        let late = fanout.subscribe(&store);
+        drop(fanout);
+        let seen = |changes: Vec<Change<Node>>| summary(&changes);
+        assert_eq!(
+            seen(early.collect().await),
+            ["applied a1", "applied b1"],
+            "the held object, then the change"
+        );
+        assert_eq!(
+            seen(late.collect().await),
+            ["applied a1", "applied b1"],
+            "everything held at subscription"
+        );
     }
 
     #[test]

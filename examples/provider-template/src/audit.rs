@@ -3,8 +3,8 @@
 //! (`NotInInventory`) on each one the inventory does not list, once per Node.
 //!
 //! As a row of the manager's controller table it can be turned off with
-//! `--controllers=*,-inventory-audit`, shares the manager's Node cache and event sink, shows in
-//! `/healthz`, and is awaited at shutdown.
+//! `--controllers=*,-inventory-audit` (or run alone with `--controllers=inventory-audit`), shares the
+//! manager's Node cache and event sink, shows in `/healthz`, and is awaited at shutdown.
 
 use std::collections::BTreeSet;
 
@@ -12,6 +12,7 @@ use cloud_controller_manager::{
     ControllerSpec,
     controllers::{ControllerContext, ControllerTask},
     events::EventRecorder,
+    informers::wait_for_cache_sync,
     kube::{ResourceExt, runtime::events::EventType},
 };
 
@@ -28,13 +29,15 @@ pub fn controller() -> ControllerSpec {
 /// Starts the controller; `None` when the cloud offers no instances to audit against.
 pub fn start(ctx: ControllerContext, flags: InventoryFlags) -> Option<ControllerTask> {
     ctx.cloud.instances_v2()?;
+    // Ask for the shared caches the task reads here, before returning it: the manager starts every
+    // cache asked for once all controllers have started, whichever of them `--controllers` selects.
+    let nodes = ctx.informers.nodes();
     Some(Box::pin(async move {
         let events = EventRecorder::new(ctx.events_client.clone(), NAME);
-        let store = ctx.nodes.store();
-        tokio::select! {
-            () = ctx.nodes.wait_until_synced() => {}
-            () = ctx.shutdown.cancelled() => return Ok(()),
+        if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+            return Ok(()); // shut down before the cache synced
         }
+        let store = nodes.store();
         let mut reported = BTreeSet::new();
         let mut ticks = tokio::time::interval(flags.inventory_audit_period);
         loop {

@@ -74,9 +74,17 @@ impl ControllerSpec {
     /// `Err` with a message naming the flag at fault to stop the manager, or `Ok(None)` (after logging
     /// why) when the flags turn the controller off.
     ///
+    /// `start` asks for the shared caches the controller reads (`ctx.informers.nodes()`, ...) before
+    /// it returns the task: the manager starts them once every controller has started
+    /// ([`crate::informers::InformerFactory`]).
+    ///
     /// ```
     /// use clap::Args;
-    /// use cloud_controller_manager::{ControllerSpec, controllers::ControllerContext};
+    /// use cloud_controller_manager::{
+    ///     ControllerSpec,
+    ///     controllers::{ControllerContext, ControllerTask},
+    ///     informers::wait_for_cache_sync,
+    /// };
     ///
     /// #[derive(Debug, Clone, Args)]
     /// struct TaggerFlags {
@@ -85,10 +93,14 @@ impl ControllerSpec {
     ///     tagger_tag: String,
     /// }
     ///
-    /// fn start(ctx: ControllerContext, flags: TaggerFlags) -> Option<cloud_controller_manager::controllers::ControllerTask> {
+    /// fn start(ctx: ControllerContext, flags: TaggerFlags) -> Option<ControllerTask> {
+    ///     let nodes = ctx.informers.nodes();
     ///     Some(Box::pin(async move {
+    ///         if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+    ///             return Ok(());
+    ///         }
+    ///         let _ = (nodes.store().state(), flags.tagger_tag);
     ///         ctx.shutdown.cancelled().await;
-    ///         let _ = flags.tagger_tag;
     ///         Ok(())
     ///     }))
     /// }

@@ -34,7 +34,7 @@ use client_factory::{ClientFactory, controller_clients};
 
 use crate::{
     controllers::ControllerContext,
-    informers::{SharedNodes, SharedServices},
+    informers::InformerFactory,
     metrics::Metrics,
     shadow::{DryRunLayer, ShadowCloud, ShadowReport, ShadowView},
 };
@@ -357,15 +357,14 @@ async fn run_controllers(
             source,
         })?;
 
-    let nodes = Arc::new(SharedNodes::default());
-    let services = Arc::new(SharedServices::default());
+    // Each controller asks for the caches it reads as it starts; they start together afterwards.
+    let informers = InformerFactory::new();
     let context = ControllerContext {
         client: client.clone(),
         events_client: events_client.clone(),
         cloud,
         shutdown: stop.clone(),
-        nodes: nodes.clone(),
-        services: services.clone(),
+        informers: informers.clone(),
         metrics: metrics.clone(),
     };
     let mut running = tokio::task::JoinSet::new();
@@ -390,9 +389,9 @@ async fn run_controllers(
         }
     }
 
-    // Caches start once every controller has subscribed.
-    nodes.start(client.clone(), stop.clone());
-    services.start(client, stop.clone());
+    // Every cache a controller asked for starts now that all have (upstream's `InformerFactory.Start`
+    // after the controllers are built); one asked for later starts when it is.
+    informers.start(client, stop.clone());
 
     // Run until stopped; a controller that fails (or panics) stops the manager with its error.
     while !stop.is_cancelled() {

@@ -17,10 +17,7 @@ use std::{future::Future, pin::Pin, sync::Arc};
 use cloud_provider::CloudProvider;
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    informers::{SharedNodes, SharedServices},
-    metrics::Metrics,
-};
+use crate::{informers::InformerFactory, metrics::Metrics};
 
 /// What every controller gets from the manager.
 #[derive(Clone)]
@@ -36,10 +33,11 @@ pub struct ControllerContext {
     pub cloud: Arc<dyn CloudProvider>,
     /// Cancelled on shutdown: stop taking new work, finish what is in flight.
     pub shutdown: CancellationToken,
-    /// The shared Node cache.
-    pub nodes: Arc<SharedNodes>,
-    /// The shared Service cache.
-    pub services: Arc<SharedServices>,
+    /// The shared caches: ask for the ones the controller reads (`informers.nodes()`,
+    /// `informers.services()`) in its start function, before it returns its task, and the manager starts
+    /// them with every other controller's once all have started; wait for them in the task with
+    /// [`crate::informers::wait_for_cache_sync`].
+    pub informers: InformerFactory,
     /// The manager's metrics.
     pub metrics: Metrics,
 }

@@ -36,7 +36,11 @@ use serde_json::json;
 
 use self::allocator::CidrSet;
 use super::{ControllerContext, ControllerTask};
-use crate::{cidrs::is_v4, events::EventRecorder, informers::Change};
+use crate::{
+    cidrs::is_v4,
+    events::EventRecorder,
+    informers::{Change, wait_for_cache_sync},
+};
 
 /// The event source, as upstream's range allocator names it.
 pub const COMPONENT: &str = "cidrAllocator";
@@ -346,8 +350,8 @@ fn outcome_known(err: &kube::Error) -> bool {
 
 /// Starts the controller on CIDR sets from [`Config::cidr_sets`].
 pub fn start(ctx: ControllerContext, sets: Vec<CidrSet>) -> Option<ControllerTask> {
-    let changes = ctx.nodes.subscribe_changes();
-    let nodes = ctx.nodes.clone();
+    let nodes = ctx.informers.nodes();
+    let changes = nodes.subscribe_changes();
     let allocator = Allocator {
         api: Api::all(ctx.client.clone()),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
@@ -357,9 +361,8 @@ pub fn start(ctx: ControllerContext, sets: Vec<CidrSet>) -> Option<ControllerTas
     };
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
-        tokio::select! {
-            () = nodes.wait_until_synced() => {}
-            () = shutdown.cancelled() => return Ok(()),
+        if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+            return Ok(());
         }
         run(allocator, nodes.store().state(), changes, shutdown).await;
         Ok(())

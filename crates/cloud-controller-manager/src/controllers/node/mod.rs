@@ -137,9 +137,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         );
         return None;
     }
-    let changes = ctx.nodes.subscribe();
-    let store = ctx.nodes.store();
-    let nodes = ctx.nodes.clone();
+    let nodes = ctx.informers.nodes();
+    let changes = nodes.subscribe();
+    let store = nodes.store();
     let Config {
         workers,
         status_workers,

@@ -14,7 +14,7 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::informers::SharedNodes;
+use crate::informers::{SharedNodes, wait_for_cache_sync};
 
 use super::{
     Context, cloud,
@@ -76,9 +76,8 @@ pub(super) async fn run(
     workers: usize,
     shutdown: CancellationToken,
 ) {
-    tokio::select! {
-        () = nodes.wait_until_synced() => {}
-        () = shutdown.cancelled() => return,
+    if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+        return;
     }
     let cloud = ctx.cloud.clone();
     let store = nodes.store();

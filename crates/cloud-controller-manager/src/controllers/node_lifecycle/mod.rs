@@ -28,7 +28,10 @@ use super::{
     node::cloud,
     patch::{Target, patch_with_retry},
 };
-use crate::{events::EventRecorder, informers::SharedNodes};
+use crate::{
+    events::EventRecorder,
+    informers::{SharedNodes, wait_for_cache_sync},
+};
 
 /// The event source, as upstream names it.
 pub const COMPONENT: &str = "cloud-node-lifecycle-controller";
@@ -57,7 +60,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         );
         return None;
     }
-    let nodes = ctx.nodes.clone();
+    let nodes = ctx.informers.nodes();
     let Config { period, workers } = config;
     let context = Context {
         api: Api::all(ctx.client.clone()),
@@ -78,9 +81,8 @@ async fn run(
     workers: usize,
     shutdown: CancellationToken,
 ) {
-    tokio::select! {
-        () = nodes.wait_until_synced() => {}
-        () = shutdown.cancelled() => return,
+    if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+        return;
     }
     let store = nodes.store();
     tracing::debug!(

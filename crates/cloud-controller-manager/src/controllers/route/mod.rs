@@ -25,7 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
 use super::{ControllerContext, ControllerTask};
-use crate::{events::EventRecorder, informers::SharedNodes};
+use crate::{
+    events::EventRecorder,
+    informers::{SharedNodes, wait_for_cache_sync},
+};
 
 /// The event source, as upstream names it (with an underscore).
 pub const COMPONENT: &str = "route_controller";
@@ -94,9 +97,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.route.clone(),
     };
-    let nodes = ctx.nodes.clone();
-    // Touch the store now, so the shared cache knows it is needed before it starts.
-    let _ = nodes.store();
+    let nodes = ctx.informers.nodes();
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
         run(context, nodes, period, shutdown).await;
@@ -105,9 +106,8 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
 }
 
 async fn run(ctx: Context, nodes: Arc<SharedNodes>, period: Duration, shutdown: CancellationToken) {
-    tokio::select! {
-        () = nodes.wait_until_synced() => {}
-        () = shutdown.cancelled() => return,
+    if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+        return;
     }
     let store = nodes.store();
     // Start to start, like upstream's non-sliding loop.

@@ -46,7 +46,7 @@ use self::{
     plan::wants_load_balancer,
 };
 use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff};
-use crate::events::EventRecorder;
+use crate::{events::EventRecorder, informers::wait_for_cache_sync};
 
 /// The event source, as upstream names it.
 pub(crate) const COMPONENT: &str = "service-controller";
@@ -210,11 +210,11 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         );
         return None;
     }
-    let service_changes = ctx.services.subscribe_changes();
-    let node_changes = ctx.nodes.subscribe_changes();
-    let services = ctx.services.store();
-    let nodes = ctx.nodes.clone();
-    let shared_services = ctx.services.clone();
+    let shared_services = ctx.informers.services();
+    let nodes = ctx.informers.nodes();
+    let service_changes = shared_services.subscribe_changes();
+    let node_changes = nodes.subscribe_changes();
+    let services = shared_services.store();
     let (retry, retries) = mpsc::unbounded_channel();
     let Config {
         cluster_name,
@@ -237,9 +237,8 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
         // Load balancers are given the cluster's nodes: wait until both caches hold them.
-        tokio::select! {
-            () = async { nodes.wait_until_synced().await; shared_services.wait_until_synced().await } => {}
-            () = shutdown.cancelled() => return Ok(()),
+        if !wait_for_cache_sync(&shutdown, [nodes.synced(), shared_services.synced()]).await {
+            return Ok(());
         }
         let (triggers, deletions) = deletion::split_changes(service_changes);
         let deleted = tokio::spawn(deletion::handle_deletions(
