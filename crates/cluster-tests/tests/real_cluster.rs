@@ -766,3 +766,118 @@ async fn the_helm_chart_installs_the_manager() {
     let answered = steady_answers("the VIP answers", SocketAddr::new(vip, 80), 20).await;
     assert_eq!(answered.len(), 2, "{answered:?}");
 }
+
+/// The MAC address of a node's eth0.
+fn node_mac(node: &str) -> String {
+    let output = cluster().exec_on_node(node, &["cat", "/sys/class/net/eth0/address"]);
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// The host's neighbour entry for `ip` on the bridge: (MAC, state).
+fn host_neighbour(ip: std::net::IpAddr) -> Option<(String, String)> {
+    let output = std::process::Command::new("ip")
+        .args(["neigh", "show", &ip.to_string(), "dev", "ccm-br0"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mac = words
+        .iter()
+        .position(|w| *w == "lladdr")
+        .and_then(|i| words.get(i + 1))?;
+    Some((mac.to_string(), words.last()?.to_string()))
+}
+
+#[tokio::test]
+async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
+    let _serial = SERIAL.lock().await;
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Deployment).await;
+    let client = c.client().await;
+    let ns = Namespace::new("failover");
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&format!(
+            "{}---\n{}",
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", "")
+        )),
+    );
+    wait_rollout(ns.name(), "echo").await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    let http = SocketAddr::new(vip, 80);
+    steady_answers("the VIP answers", http, 10).await;
+    let old = leader_node().await;
+    let (mac, _) = host_neighbour(vip).expect("the host has resolved the VIP");
+    assert_eq!(
+        mac,
+        node_mac(&old),
+        "the host reaches the VIP at the leader's node"
+    );
+
+    // The leader's pod deleted (SIGTERM): it takes its VIPs off and releases the Lease; the other
+    // replica takes both, puts the VIP on its node and announces it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
+    let leader_pod = pods
+        .list(&ListParams::default().labels("k8s-app=cloud-controller-manager"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(old.as_str()))
+        .and_then(|p| p.metadata.name)
+        .expect("the leader's pod");
+    let deleted_at = std::time::Instant::now();
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "delete",
+            "pod",
+            &leader_pod,
+            "--wait=false",
+        ],
+        None,
+    );
+    let new = eventually("another replica leads", LONG, || {
+        let client = client.clone();
+        let old = old.clone();
+        async move {
+            let holder = manager_lease_holder(&client).await?;
+            let node = holder.split('_').next()?.to_owned();
+            (node != old).then_some(node)
+        }
+    })
+    .await;
+    steady_answers("the VIP answers from the new leader", http, 10).await;
+    println!(
+        "the VIP answered from {new} {:.1}s after the leader's pod on {old} was deleted",
+        deleted_at.elapsed().as_secs_f64()
+    );
+    // The host learnt the new holder from the announcement: its entry names the new node's MAC (with
+    // the old MAC it would still be sending to the old node, which forwards and drops).
+    let (mac, state) = host_neighbour(vip).expect("the host's entry for the VIP");
+    assert_eq!(
+        mac,
+        node_mac(&new),
+        "the host's neighbour entry for {vip} ({state}) is not the new leader's"
+    );
+    let on_old = c.exec_on_node(&old, &["ip", "-4", "-o", "addr", "show", "dev", "eth0"]);
+    assert!(
+        !String::from_utf8_lossy(&on_old.stdout).contains(&format!(" {vip}/")),
+        "the old leader's node still holds {vip}"
+    );
+    // The Deployment replaces the deleted pod; the cluster is as the test found it.
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/cloud-controller-manager",
+            "--timeout=120s",
+        ],
+        None,
+    );
+}
