@@ -52,7 +52,8 @@ pub struct Cluster {
     nodes: usize,
 }
 
-/// The cluster `CCM_TEST_CLUSTER` names, checked to be up (every node Ready).
+/// The cluster `CCM_TEST_CLUSTER` names, checked to be up (`hack/cluster status`: every node registered;
+/// they are Ready once a manager has allocated their pod CIDRs).
 pub fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
@@ -68,7 +69,7 @@ pub fn cluster() -> &'static Cluster {
             .expect("cannot run hack/cluster");
         assert!(
             status.status.success(),
-            "{ENV_VAR}={}: no cluster with every node Ready runs there (hack/cluster status): {}",
+            "{ENV_VAR}={}: no cluster runs there (hack/cluster status): {}",
             dir.display(),
             String::from_utf8_lossy(&status.stderr)
         );
