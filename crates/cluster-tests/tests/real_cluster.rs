@@ -767,11 +767,18 @@ async fn the_helm_chart_installs_the_manager() {
     assert_eq!(answered.len(), 2, "{answered:?}");
 }
 
-/// The MAC address of a node's eth0.
+/// The MAC address of a node's eth0 (from netlink: a node's /sys is the host's).
 fn node_mac(node: &str) -> String {
-    let output = cluster().exec_on_node(node, &["cat", "/sys/class/net/eth0/address"]);
+    let output = cluster().exec_on_node(node, &["ip", "-o", "link", "show", "dev", "eth0"]);
     assert!(output.status.success(), "{output:?}");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    let text = String::from_utf8_lossy(&output.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .iter()
+        .position(|w| *w == "link/ether")
+        .and_then(|i| words.get(i + 1))
+        .unwrap_or_else(|| panic!("no MAC address in {text:?}"))
+        .to_string()
 }
 
 /// The host's neighbour entry for `ip` on the bridge: (MAC, state).
