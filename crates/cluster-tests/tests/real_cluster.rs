@@ -824,7 +824,10 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
     );
 
     // The leader's pod deleted (SIGTERM): it takes its VIPs off and releases the Lease; the other
-    // replica takes both, puts the VIP on its node and announces it.
+    // replica takes both, puts the VIP on its node and announces it. The leader's node is cordoned
+    // first, or the Deployment's replacement pod, started there at once, may win the Lease and the VIP
+    // would not move.
+    c.kubectl(&["cordon", &old], None);
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
     let leader_pod = pods
         .list(&ListParams::default().labels("k8s-app=cloud-controller-manager"))
@@ -876,6 +879,7 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
         "the old leader's node still holds {vip}"
     );
     // The Deployment replaces the deleted pod; the cluster is as the test found it.
+    c.kubectl(&["uncordon", &old], None);
     c.kubectl(
         &[
             "-n",
