@@ -763,8 +763,13 @@ async fn the_helm_chart_installs_the_manager() {
     );
     wait_rollout(ns.name(), "echo").await;
     let (vip, _) = ingress(ns.name(), "web").await;
-    let answered = steady_answers("the VIP answers", SocketAddr::new(vip, 80), 20).await;
-    assert_eq!(answered.len(), 2, "{answered:?}");
+    let http = SocketAddr::new(vip, 80);
+    // Both pods answer, once every kube-proxy has the second endpoint.
+    eventually("both pods answer through the VIP", LONG, || async move {
+        let names: BTreeSet<String> = answers(http, 20).await.ok()?.into_iter().collect();
+        (names.len() == 2).then_some(())
+    })
+    .await;
 }
 
 /// The MAC address of a node's eth0 (from netlink: a node's /sys is the host's).
