@@ -69,6 +69,18 @@ spec:
     )
 }
 
+/// A namespace of the test's own with `documents` applied in it (the echo app among them), once the app
+/// is rolled out.
+async fn deploy(prefix: &str, documents: &[String]) -> Namespace {
+    let ns = Namespace::new(prefix);
+    cluster().kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&documents.join("---\n")),
+    );
+    wait_rollout(ns.name(), "echo").await;
+    ns
+}
+
 async fn wait_rollout(namespace: &str, name: &str) {
     let c = cluster();
     c.kubectl(
@@ -281,12 +293,7 @@ async fn nodes_registered_by_real_kubelets_are_initialized_by_the_manager_pod() 
     }
 
     // The scheduler places pods on the initialized nodes: one per node.
-    let ns = Namespace::new("placed");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&echo_app("echo", 3, true, None)),
-    );
-    wait_rollout(ns.name(), "echo").await;
+    let ns = deploy("placed", &[echo_app("echo", 3, true, None)]).await;
     let on: BTreeSet<String> = pods_of(ns.name(), "echo")
         .await
         .into_iter()
@@ -300,17 +307,15 @@ async fn a_load_balancer_in_front_of_a_deployment_is_answered_by_pods_on_every_n
     let _serial = SERIAL.lock().await;
     let c = cluster();
     c.ensure_manager(ManagerForm::Deployment).await;
-    let ns = Namespace::new("spread");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}---\n{}",
+    let ns = deploy(
+        "spread",
+        &[
             echo_app("echo", 3, true, None),
             load_balancer("web", "echo", "", ""),
-            load_balancer("web-proxied", "echo", "", "local.ccm.rs/proxy-protocol: v2")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web-proxied", "echo", "", "local.ccm.rs/proxy-protocol: v2"),
+        ],
+    )
+    .await;
     let pods: BTreeSet<String> = pods_of(ns.name(), "echo")
         .await
         .into_iter()
@@ -382,17 +387,15 @@ async fn external_traffic_policy_local_sends_only_to_the_node_with_a_ready_endpo
     let _serial = SERIAL.lock().await;
     let c = cluster();
     c.ensure_manager(ManagerForm::Deployment).await;
-    let ns = Namespace::new("local-policy");
     let target = "ccm-node-3";
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}",
+    let ns = deploy(
+        "local-policy",
+        &[
             echo_app("echo", 1, false, Some(target)),
-            load_balancer("web", "echo", "externalTrafficPolicy: Local", "")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web", "echo", "externalTrafficPolicy: Local", ""),
+        ],
+    )
+    .await;
     let (vip, _) = ingress(ns.name(), "web").await;
     let services: Api<Service> = Api::namespaced(c.client().await, ns.name());
     let service = services.get("web").await.unwrap();
@@ -458,16 +461,14 @@ async fn traffic_goes_on_through_a_deleted_pod_a_stopped_kubelet_and_a_stopped_n
     let c = cluster();
     c.ensure_manager(ManagerForm::Deployment).await;
     let client = c.client().await;
-    let ns = Namespace::new("failures");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}",
+    let ns = deploy(
+        "failures",
+        &[
             echo_app("echo", 3, true, None),
-            load_balancer("web", "echo", "", "")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
     let (vip, _) = ingress(ns.name(), "web").await;
     let http = SocketAddr::new(vip, 80);
     steady_answers("the VIP answers", http, 10).await;
@@ -695,16 +696,14 @@ async fn the_daemonset_form_writes_with_each_controllers_own_service_account() {
     );
 
     // A new load balancer: its status is written as service-controller, and it answers.
-    let ns = Namespace::new("daemonset");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}",
+    let ns = deploy(
+        "daemonset",
+        &[
             echo_app("echo", 2, true, None),
-            load_balancer("web", "echo", "", "")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
     let (vip, _) = ingress(ns.name(), "web").await;
     steady_answers("the VIP answers", SocketAddr::new(vip, 80), 10).await;
     let writers = writers_since(mark, "services", Some("status"), "web");
@@ -752,16 +751,14 @@ async fn the_helm_chart_installs_the_manager() {
         .count();
     assert_eq!(running, 2, "the chart's Deployment runs two replicas");
     leader_node().await;
-    let ns = Namespace::new("helm");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}",
+    let ns = deploy(
+        "helm",
+        &[
             echo_app("echo", 2, true, None),
-            load_balancer("web", "echo", "", "")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
     let (vip, _) = ingress(ns.name(), "web").await;
     let http = SocketAddr::new(vip, 80);
     // Both pods answer, once every kube-proxy has the second endpoint.
@@ -807,16 +804,14 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
     let c = cluster();
     c.ensure_manager(ManagerForm::Deployment).await;
     let client = c.client().await;
-    let ns = Namespace::new("failover");
-    c.kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&format!(
-            "{}---\n{}",
+    let ns = deploy(
+        "failover",
+        &[
             echo_app("echo", 3, true, None),
-            load_balancer("web", "echo", "", "")
-        )),
-    );
-    wait_rollout(ns.name(), "echo").await;
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
     let (vip, _) = ingress(ns.name(), "web").await;
     let http = SocketAddr::new(vip, 80);
     steady_answers("the VIP answers", http, 10).await;
