@@ -4,11 +4,18 @@
 //! Recording never blocks a reconcile: events go to a queue that a background task delivers, retrying
 //! a failed write with back-off (1 s doubling to 10 s, 12 tries: about a minute and a half, as
 //! client-go's broadcaster tries 12 times), so an API outage does not lose them. A full queue drops
-//! the newest event with a log line, as client-go's does. An object whose name is too long for the
-//! recorder's `<name>.<hex time>` event name gets an event whose name is cut to fit.
+//! the newest event, as client-go's does, with one log line per [`DROP_LOG_EVERY`] that counts them (a
+//! line per dropped event made 78,358 lines in 9.5 minutes at a low QPS). An object whose name is too
+//! long for the recorder's `<name>.<hex time>` event name gets an event whose name is cut to fit.
+//!
+//! A note longer than the API server takes ([`NOTE_LIMIT`] bytes) is cut to fit, keeping its start and
+//! saying how much was cut ([`fit_note`]), rather than being refused and lost.
+//!
+//! An event about no object ([`EventRecorder::queue_unattached`], e.g. a pod-CIDR range that is full)
+//! is written to `kube-system` without `regarding`, as the API server allows there.
 
 use std::{
-    sync::{Arc, OnceLock},
+    sync::{Arc, Mutex, OnceLock},
     time::Duration,
 };
 
@@ -38,6 +45,15 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest object name that fits the recorder's event name: a name may have 253 characters, and
 /// the recorder appends `.` and the time in hex nanoseconds (16 digits).
 const LONGEST_NAME: usize = 253 - 17;
+/// The longest note the API server takes: `NoteLengthLimit` in k8s.io/kubernetes
+/// `pkg/apis/core/validation/events.go` (v1.37.1), which the events.k8s.io/v1 `note` is checked against
+/// (as the core Event's `message`) with Go's `len`: **bytes**, not characters.
+pub const NOTE_LIMIT: usize = 1024;
+/// Where events about no object are recorded (the API server takes an event without `regarding` only
+/// in `default` and `kube-system`).
+pub const UNATTACHED_NAMESPACE: &str = "kube-system";
+/// At most one "event queue full" log line per this long, counting the events dropped since the last.
+pub const DROP_LOG_EVERY: Duration = Duration::from_secs(10);
 
 /// Records events as one controller.
 #[derive(Clone)]
@@ -55,11 +71,20 @@ struct Delivery {
     recorder: Recorder,
     /// Events queued and not yet delivered or given up on.
     undelivered: tokio::sync::watch::Sender<usize>,
+    /// Events dropped on a full queue, and when that was last logged.
+    drops: Mutex<DropLog>,
 }
 
 struct Pending {
     event: Event,
-    reference: ObjectReference,
+    /// The object the event is about; `None`: about no object (in [`UNATTACHED_NAMESPACE`]).
+    reference: Option<ObjectReference>,
+}
+
+impl Pending {
+    fn object(&self) -> Option<&str> {
+        self.reference.as_ref().and_then(|r| r.name.as_deref())
+    }
 }
 
 /// This process's host name, for the events' reporting instance.
@@ -84,6 +109,7 @@ impl EventRecorder {
                 client,
                 reporter,
                 undelivered: tokio::sync::watch::Sender::new(0),
+                drops: Mutex::default(),
             }),
             queue: Arc::default(),
         }
@@ -111,16 +137,23 @@ impl EventRecorder {
         action: &str,
         note: String,
     ) {
-        let pending = Pending {
-            event: Event {
-                type_,
-                reason: reason.to_owned(),
-                note: Some(note),
-                action: action.to_owned(),
-                secondary: None,
-            },
-            reference: object.object_ref(&()),
-        };
+        self.enqueue(Pending {
+            event: event(type_, reason, action, note),
+            reference: Some(object.object_ref(&())),
+        });
+    }
+
+    /// Records an event about no object (about the cluster: a pod-CIDR range that is full, say), in
+    /// [`UNATTACHED_NAMESPACE`] without `regarding`; `kubectl get events -n kube-system` shows it. Queued
+    /// like [`EventRecorder::queue`]; never aggregated into a series.
+    pub fn queue_unattached(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        self.enqueue(Pending {
+            event: event(type_, reason, action, note),
+            reference: None,
+        });
+    }
+
+    fn enqueue(&self, pending: Pending) {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::channel(QUEUE);
             tokio::spawn(deliver_all(self.inner.clone(), receiver));
@@ -129,11 +162,20 @@ impl EventRecorder {
         self.inner.undelivered.send_modify(|n| *n += 1);
         if let Err(mpsc::error::TrySendError::Full(dropped)) = queue.try_send(pending) {
             self.inner.undelivered.send_modify(|n| *n -= 1);
-            tracing::warn!(
-                reason = dropped.event.reason,
-                object = ?dropped.reference.name,
-                "event queue full; dropping an event"
-            );
+            let report = self
+                .inner
+                .drops
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .dropped(tokio::time::Instant::now());
+            if let Some(count) = report {
+                tracing::warn!(
+                    reason = dropped.event.reason,
+                    object = ?dropped.object(),
+                    dropped = count,
+                    "event queue full; dropping events (one line per {DROP_LOG_EVERY:?} at most)"
+                );
+            }
         }
     }
 
@@ -141,6 +183,82 @@ impl EventRecorder {
     pub async fn flush(&self) {
         let mut undelivered = self.inner.undelivered.subscribe();
         let _ = undelivered.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// The event to queue, its note cut to what the API server takes.
+fn event(type_: EventType, reason: &str, action: &str, note: String) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(fit_note(note)),
+        action: action.to_owned(),
+        secondary: None,
+    }
+}
+
+/// `note`, cut to at most [`NOTE_LIMIT`] bytes when longer: its start, then `… (cut: N more bytes)`,
+/// where N is how many bytes of `note` were left out. Never splits a UTF-8 character (the start ends on
+/// a character boundary, so it may keep a few bytes less than would fit).
+pub fn fit_note(note: String) -> String {
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let total = note.len();
+    // The marker grows with the number it carries, and that number shrinks as more of the note is
+    // kept: start from the longest marker (everything cut) and keep more while the shorter marker
+    // lets it fit. Each step keeps at least as much, and every step fits.
+    let mut end = floor_char_boundary(&note, NOTE_LIMIT - cut_marker(total).len());
+    loop {
+        let more = floor_char_boundary(&note, NOTE_LIMIT - cut_marker(total - end).len());
+        if more <= end {
+            break;
+        }
+        end = more;
+    }
+    let mut cut = note;
+    let marker = cut_marker(total - end);
+    cut.truncate(end);
+    cut.push_str(&marker);
+    cut
+}
+
+/// What ends a cut note: how many bytes were left out.
+fn cut_marker(bytes: usize) -> String {
+    format!("… (cut: {bytes} more bytes)")
+}
+
+/// The largest character boundary of `text` at or before byte `index`.
+fn floor_char_boundary(text: &str, index: usize) -> usize {
+    let mut end = index.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}
+
+/// Counts events dropped on a full queue, to log them at most once per [`DROP_LOG_EVERY`].
+#[derive(Debug, Default)]
+struct DropLog {
+    /// When the last line was logged.
+    logged: Option<tokio::time::Instant>,
+    /// Dropped since then, not yet logged.
+    unlogged: u64,
+}
+
+impl DropLog {
+    /// One more event dropped at `now`: `Some(count)` when a line is due (the first drop, or the first
+    /// after [`DROP_LOG_EVERY`]), with how many were dropped since the last line, this one included.
+    fn dropped(&mut self, now: tokio::time::Instant) -> Option<u64> {
+        self.unlogged += 1;
+        let due = self
+            .logged
+            .is_none_or(|last| now.duration_since(last) >= DROP_LOG_EVERY);
+        if !due {
+            return None;
+        }
+        self.logged = Some(now);
+        Some(std::mem::take(&mut self.unlogged))
     }
 }
 
@@ -166,13 +284,11 @@ async fn deliver(inner: &Delivery, pending: &Pending) {
     let mut delay = FIRST_RETRY;
     for attempt in 1..=TRIES {
         let write = async {
-            if too_long(&pending.reference) {
-                create_with_cut_name(inner, pending).await
-            } else {
-                inner
-                    .recorder
-                    .publish(&pending.event, &pending.reference)
-                    .await
+            match &pending.reference {
+                Some(reference) if !too_long(reference) => {
+                    inner.recorder.publish(&pending.event, reference).await
+                }
+                _ => create_unaggregated(inner, pending).await,
             }
         };
         let err = match tokio::time::timeout(WRITE_TIMEOUT, write).await {
@@ -181,10 +297,10 @@ async fn deliver(inner: &Delivery, pending: &Pending) {
             Err(_) => DeliveryError::TimedOut,
         };
         if !err.retryable() || attempt == TRIES {
-            tracing::warn!(reason = pending.event.reason, object = ?pending.reference.name, attempt, error = %err, "could not record an event");
+            tracing::warn!(reason = pending.event.reason, object = ?pending.object(), attempt, error = %err, "could not record an event");
             return;
         }
-        tracing::debug!(reason = pending.event.reason, object = ?pending.reference.name, attempt, error = %err, "recording an event failed; retrying");
+        tracing::debug!(reason = pending.event.reason, object = ?pending.object(), attempt, error = %err, "recording an event failed; retrying");
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(MAX_RETRY);
     }
@@ -214,21 +330,30 @@ fn too_long(reference: &ObjectReference) -> bool {
         .is_some_and(|n| n.len() > LONGEST_NAME)
 }
 
-/// The event the recorder would write, named `<name cut to fit>.<hex time>` (no series aggregation:
-/// such names are rare).
-async fn create_with_cut_name(inner: &Delivery, pending: &Pending) -> Result<(), kube::Error> {
-    let reference = &pending.reference;
+/// The event the recorder would write, without series aggregation (such events are rare): about an
+/// object whose name is too long, named `<name cut to fit>.<hex time>`; about no object, named
+/// `<controller>.<hex time>` in [`UNATTACHED_NAMESPACE`].
+async fn create_unaggregated(inner: &Delivery, pending: &Pending) -> Result<(), kube::Error> {
     let now = Timestamp::now();
-    let name = reference.name.as_deref().unwrap_or_default();
+    let (namespace, prefix) = match &pending.reference {
+        Some(reference) => (
+            reference.namespace.as_deref().unwrap_or("default"),
+            cut_name(reference.name.as_deref().unwrap_or_default()).to_owned(),
+        ),
+        None => (
+            UNATTACHED_NAMESPACE,
+            name_prefix(&inner.reporter.controller),
+        ),
+    };
     let event = KubeEvent {
         action: Some(pending.event.action.clone()),
         reason: Some(pending.event.reason.clone()),
         event_time: Some(MicroTime(now)),
-        regarding: Some(reference.clone()),
+        regarding: pending.reference.clone(),
         note: pending.event.note.clone(),
         metadata: ObjectMeta {
-            namespace: reference.namespace.clone(),
-            name: Some(format!("{}.{:x}", cut_name(name), now.as_nanosecond())),
+            namespace: Some(namespace.to_owned()),
+            name: Some(format!("{prefix}.{:x}", now.as_nanosecond())),
             ..Default::default()
         },
         reporting_controller: Some(inner.reporter.controller.clone()),
@@ -245,11 +370,28 @@ async fn create_with_cut_name(inner: &Delivery, pending: &Pending) -> Result<(),
         }),
         ..Default::default()
     };
-    let namespace = reference.namespace.as_deref().unwrap_or("default");
     Api::<KubeEvent>::namespaced(inner.client.clone(), namespace)
         .create(&PostParams::default(), &event)
         .await
         .map(drop)
+}
+
+/// A controller's name as the start of an event name (a DNS subdomain: lower case, digits, `-`, `.`):
+/// `cidrAllocator` → `cidrallocator`.
+fn name_prefix(controller: &str) -> String {
+    let prefix: String = controller
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    let prefix = cut_name(&prefix).trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
+    if prefix.is_empty() {
+        "event".to_owned()
+    } else {
+        prefix.to_owned()
+    }
 }
 
 /// `name` cut to [`LONGEST_NAME`], ending in an alphanumeric character as a DNS subdomain must.
@@ -275,6 +417,108 @@ mod tests {
         assert_eq!(cut_name("node-a"), "node-a");
         let dotted = format!("{}.x", "a".repeat(LONGEST_NAME - 1));
         assert_eq!(cut_name(&dotted), "a".repeat(LONGEST_NAME - 1));
+    }
+
+    /// The cut note's kept start and the number its marker carries.
+    fn parts(cut: &str) -> (&str, usize) {
+        let (kept, marker) = cut.rsplit_once("… (cut: ").expect("a cut marker");
+        let bytes = marker
+            .strip_suffix(" more bytes)")
+            .expect("the marker's end");
+        (kept, bytes.parse().unwrap())
+    }
+
+    #[test]
+    fn notes_within_the_limit_are_kept_whole() {
+        for note in [
+            String::new(),
+            "Node n status is now: CIDRNotAvailable".to_owned(),
+            "a".repeat(NOTE_LIMIT),
+            // Exactly at the limit in bytes with multi-byte characters (341 × 3 + 1 = 1024).
+            format!("{}a", "€".repeat(341)),
+        ] {
+            assert_eq!(fit_note(note.clone()), note);
+        }
+    }
+
+    #[test]
+    fn long_notes_are_cut_to_the_limit_keeping_the_start_and_saying_how_much() {
+        // (note, bytes kept, bytes the marker says were cut)
+        let cases: Vec<(String, usize, usize)> = vec![
+            // One byte over: the marker ("… (cut: 25 more bytes)", 24 bytes) takes its own room.
+            ("a".repeat(NOTE_LIMIT + 1), 1000, 25),
+            ("a".repeat(10_000), 998, 9002),
+            ("x".repeat(100_000), 997, 99_003),
+        ];
+        for (note, kept, said) in cases {
+            let cut = fit_note(note.clone());
+            assert_eq!(cut.len(), NOTE_LIMIT, "ASCII fills the limit exactly");
+            let (start, bytes) = parts(&cut);
+            assert_eq!((start.len(), bytes), (kept, said));
+            assert_eq!(
+                start.len() + bytes,
+                note.len(),
+                "the marker counts what is missing"
+            );
+            assert!(note.starts_with(start));
+        }
+    }
+
+    #[test]
+    fn a_multi_byte_character_at_the_boundary_is_left_out_whole() {
+        for (width, ch) in [(2, 'é'), (3, '€'), (4, '🦀')] {
+            for shift in 0..width {
+                // The note's characters straddle the cut point at every offset.
+                let note = format!("{}{}", "a".repeat(shift), ch.to_string().repeat(5000));
+                let cut = fit_note(note.clone());
+                assert!(cut.len() <= NOTE_LIMIT, "{width}/{shift}: {}", cut.len());
+                assert!(
+                    cut.len() > NOTE_LIMIT - width,
+                    "{width}/{shift}: wasted room"
+                );
+                let (start, bytes) = parts(&cut);
+                assert!(note.starts_with(start));
+                assert!(start.ends_with(ch));
+                assert_eq!(start.len() + bytes, note.len());
+            }
+        }
+        // A 10,000-character annotation value as an attacker would write it.
+        let note = format!("invalid annotation {:?}", "ß".repeat(10_000));
+        let cut = fit_note(note.clone());
+        assert!(cut.len() <= NOTE_LIMIT);
+        assert!(cut.starts_with("invalid annotation \"ßß"));
+    }
+
+    #[test]
+    fn queue_full_lines_come_at_most_once_per_period_with_the_count() {
+        let start = tokio::time::Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let mut log = DropLog::default();
+        // (time in ms, the line's count if one is due)
+        let table = [
+            (0, Some(1)),
+            (1, None),
+            (5_000, None),
+            (9_999, None),
+            // The drops at 1, 5,000, 9,999 and 10,000 ms.
+            (10_000, Some(4)),
+            (10_001, None),
+            (60_000, Some(2)),
+        ];
+        for (ms, want) in table {
+            assert_eq!(log.dropped(at(ms)), want, "at {ms} ms");
+        }
+    }
+
+    #[test]
+    fn events_about_no_object_get_a_valid_name() {
+        assert_eq!(name_prefix("cidrAllocator"), "cidrallocator");
+        assert_eq!(
+            name_prefix("cloud-node-controller"),
+            "cloud-node-controller"
+        );
+        assert_eq!(name_prefix("_x_"), "x");
+        assert_eq!(name_prefix("__"), "event");
     }
 
     #[test]

@@ -12,8 +12,42 @@ pub struct CidrSet {
     cluster: IpNet,
     mask: u8,
     used: Vec<bool>,
+    /// How many of `used` are `false`.
+    free: usize,
     /// Where the next search starts, so released CIDRs are not handed out again at once.
     next: usize,
+}
+
+/// No node CIDR is left in a cluster CIDR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no /{mask} node CIDR left in {cluster} ({total} in all)")]
+pub struct Exhausted {
+    /// The cluster CIDR that is full.
+    pub cluster: IpNet,
+    /// The node CIDRs' prefix length.
+    pub mask: u8,
+    /// How many node CIDRs it has in all.
+    pub total: usize,
+}
+
+/// One node CIDR from each of `sets` (a node's CIDRs, one per family), or none at all: when one set is
+/// full, nothing is taken and the error names it.
+pub fn take_one_each(sets: &mut [CidrSet]) -> Result<Vec<IpNet>, Exhausted> {
+    if let Some(full) = sets.iter().find(|set| set.free() == 0) {
+        return Err(full.exhausted());
+    }
+    Ok(sets
+        .iter_mut()
+        .map(|set| {
+            set.allocate()
+                .expect("a set with a free node CIDR allocates")
+        })
+        .collect())
+}
+
+/// Whether every one of `sets` has a node CIDR free (a node could get its CIDRs).
+pub fn has_room(sets: &[CidrSet]) -> bool {
+    sets.iter().all(|set| set.free() > 0)
 }
 
 impl CidrSet {
@@ -35,6 +69,7 @@ impl CidrSet {
             cluster,
             mask,
             used: vec![false; 1usize << extra],
+            free: 1usize << extra,
             next: 0,
         })
     }
@@ -46,7 +81,16 @@ impl CidrSet {
 
     /// How many node CIDRs are free.
     pub fn free(&self) -> usize {
-        self.used.iter().filter(|u| !**u).count()
+        self.free
+    }
+
+    /// The error saying this set is full.
+    pub fn exhausted(&self) -> Exhausted {
+        Exhausted {
+            cluster: self.cluster,
+            mask: self.mask,
+            total: self.used.len(),
+        }
     }
 
     fn offset(&self, ip: std::net::IpAddr) -> Option<u128> {
@@ -87,11 +131,15 @@ impl CidrSet {
 
     /// The next free node CIDR, or `None` when the range is exhausted.
     pub fn allocate(&mut self) -> Option<IpNet> {
+        if self.free == 0 {
+            return None;
+        }
         let count = self.used.len();
         let index = (0..count)
             .map(|i| (self.next + i) % count)
             .find(|i| !self.used[*i])?;
         self.used[index] = true;
+        self.free -= 1;
         self.next = (index + 1) % count;
         Some(self.cidr_at(index))
     }
@@ -130,7 +178,14 @@ impl CidrSet {
             return false;
         };
         for slot in &mut self.used[first..=last] {
-            *slot = used;
+            if *slot != used {
+                *slot = used;
+                if used {
+                    self.free -= 1;
+                } else {
+                    self.free += 1;
+                }
+            }
         }
         true
     }
@@ -198,6 +253,48 @@ mod tests {
         assert_eq!(set.allocate(), Some(net("10.0.1.0/24")));
         assert!(!set.occupy(&net("192.168.0.0/24")), "outside the range");
         assert!(!set.occupy(&net("fd00::/64")), "another family");
+    }
+
+    #[test]
+    fn the_free_count_follows_every_change() {
+        let mut set = CidrSet::new(net("10.0.0.0/22"), 24).unwrap();
+        let count = |set: &CidrSet| set.used.iter().filter(|u| !**u).count();
+        assert!(set.occupy(&net("10.0.0.0/23")));
+        assert!(
+            set.occupy(&net("10.0.1.0/24")),
+            "occupied twice counts once"
+        );
+        assert_eq!((set.free(), count(&set)), (2, 2));
+        set.allocate();
+        assert!(
+            set.release(&net("10.0.3.0/24")),
+            "releasing a free one counts nothing"
+        );
+        assert_eq!((set.free(), count(&set)), (1, 1));
+        assert!(set.release(&net("10.0.0.0/22")));
+        assert_eq!((set.free(), count(&set)), (4, 4));
+    }
+
+    #[test]
+    fn one_cidr_per_set_or_none_at_all() {
+        let mut sets = vec![
+            CidrSet::new(net("10.0.0.0/23"), 24).unwrap(),
+            CidrSet::new(net("fd00::/63"), 64).unwrap(),
+        ];
+        assert!(sets[1].occupy(&net("fd00::/64")));
+        assert!(has_room(&sets));
+        assert_eq!(
+            take_one_each(&mut sets),
+            Ok(vec![net("10.0.0.0/24"), net("fd00:0:0:1::/64")])
+        );
+        assert!(!has_room(&sets));
+        let err = take_one_each(&mut sets).unwrap_err();
+        assert_eq!(err.cluster, net("fd00::/63"));
+        assert_eq!(
+            err.to_string(),
+            "no /64 node CIDR left in fd00::/63 (2 in all)"
+        );
+        assert_eq!(sets[0].free(), 1, "the IPv4 set gave nothing");
     }
 
     #[test]
