@@ -172,6 +172,132 @@ subjects: [{{kind: ServiceAccount, name: prometheus, namespace: {namespace}}}]
     delete_nodes(&[&node]).await;
 }
 
+/// Anyone who reaches the secure port can ask for reviews: a flood of requests nobody authorized (new
+/// paths anonymously, new bearer tokens) must never cost the leader its Lease nor stall its controllers
+/// (issue #32: at `--kube-api-qps=5` it cost the Lease in 10.2 s). Reviews have a client and a rate of
+/// their own, new paths share one cached answer, and the reviews in flight are bounded.
+#[tokio::test]
+async fn a_flood_of_unauthorized_requests_costs_the_leader_neither_its_lease_nor_its_controllers() {
+    let _serial = SERIAL.lock().await;
+    let lease_name = "cloud-controller-manager";
+    let _ = Api::<Lease>::namespaced(admin().await, "kube-system")
+        .delete(lease_name, &Default::default())
+        .await;
+    let port = free_port();
+    let port_arg = format!("--secure-port={port}");
+    let manager = RunningManager::start(
+        "",
+        &[
+            &port_arg,
+            "--bind-address=127.0.0.1",
+            "--leader-elect=true",
+            "--controllers=cloud-node",
+            "--kube-api-qps=5",
+            "--kube-api-burst=10",
+        ],
+    )
+    .await;
+    let identity = eventually("the lease", Duration::from_secs(30), || async {
+        lease(lease_name)
+            .await
+            .map(|l| holder(&l))
+            .filter(|h| !h.is_empty())
+    })
+    .await;
+
+    // 20 s (twice the renew deadline) of requests, half anonymous with a new path each, half with a
+    // new token each, 64 at once; one curl with a block of options per request.
+    let flood_file = tempfile::NamedTempFile::new().unwrap();
+    let mut blocks = String::new();
+    for i in 0..60_000 {
+        if i > 0 {
+            blocks.push_str("next\n");
+        }
+        // `next` starts a block without the options before it: each block has its own.
+        blocks.push_str(&format!(
+            "url = \"https://127.0.0.1:{port}/flood/{i}\"\noutput = \"/dev/null\"\n\
+             insecure\nsilent\nmax-time = 10\nwrite-out = \"%{{http_code}}\\n\"\n"
+        ));
+        if i % 2 == 1 {
+            blocks.push_str(&format!("header = \"Authorization: Bearer flood-{i}\"\n"));
+        }
+    }
+    std::fs::write(flood_file.path(), blocks).unwrap();
+    let mut flood = tokio::process::Command::new("curl")
+        .args([
+            "--parallel",
+            "--parallel-max",
+            "64",
+            "--no-progress-meter",
+            "-K",
+        ])
+        .arg(flood_file.path())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("curl runs");
+    let stdout = flood.stdout.take().unwrap();
+    let codes = tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let mut codes = std::collections::BTreeMap::<String, u32>::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            *codes.entry(line).or_default() += 1;
+        }
+        codes
+    });
+    let started = Instant::now();
+
+    // Meanwhile a node joins: the controllers keep working.
+    let node = unique_name("flood");
+    create_node(&kubelet_node(&node)).await;
+    eventually(
+        "the node initialized during the flood",
+        Duration::from_secs(15),
+        || async {
+            get_node(&node).await.filter(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.provider_id.as_ref())
+                    .is_some()
+            })
+        },
+    )
+    .await;
+    // The lease stays this replica's and keeps being renewed, every 5 s checked.
+    while started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let now = lease(lease_name).await.expect("the lease");
+        assert_eq!(holder(&now), identity, "the leader lost its lease");
+        let renewed = now.spec.and_then(|s| s.renew_time).expect("a renew time").0;
+        let age = k8s_openapi::jiff::Timestamp::now().duration_since(renewed);
+        assert!(
+            age.as_secs_f64() < 5.0,
+            "the lease was last renewed {age:?} ago, during the flood"
+        );
+    }
+    let _ = flood.start_kill();
+    let _ = flood.wait().await;
+    let codes = codes.await.unwrap();
+    let answered: u32 = codes.values().sum();
+    let rate = f64::from(answered) / started.elapsed().as_secs_f64();
+    println!("flood: {answered} requests answered ({rate:.0}/s): {codes:?}");
+    assert!(
+        rate > 200.0,
+        "the flood was too thin to prove anything: {codes:?}"
+    );
+    // Each is refused: 403 (anonymous), 401 (a token that is no token) or 429 (no review slot free).
+    for code in codes.keys() {
+        assert!(
+            ["401", "403", "429"].contains(&code.as_str()),
+            "a flood request answered {code}: {codes:?}"
+        );
+    }
+    // Still the leader: it stops without a lost-lease error.
+    manager.stop().await;
+    delete_nodes(&[&node]).await;
+}
+
 /// One replica acts, the other waits; SIGKILL of the leader hands over within the lease duration, and
 /// SIGTERM of the next leader hands over in seconds (it releases the lease).
 #[tokio::test]

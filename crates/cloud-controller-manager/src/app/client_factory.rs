@@ -1,5 +1,6 @@
-//! The API clients the manager builds: its own (the caches, leader election, `/metrics`, the provider),
-//! and each controller's, with `--use-service-account-credentials` authenticating as the controller's
+//! The API clients the manager builds: its own (the caches, the provider, shadow mode's view), the
+//! leader elector's and the secure endpoint's reviews' (each apart, so a flood of reviews or a
+//! controller's burst never delays a Lease renewal), and each controller's, with `--use-service-account-credentials` authenticating as the controller's
 //! ServiceAccount. Every client has its own `--kube-api-qps`/`--kube-api-burst` bucket, records into the
 //! request metrics, writes only while the leader's fence allows, and in shadow mode writes only dry runs.
 
@@ -13,6 +14,10 @@ use super::{
     write_fence::WriteFence,
 };
 use crate::{metrics::Metrics, shadow::DryRunLayer};
+
+/// The delegated-auth client's rate (upstream's).
+const REVIEW_QPS: f32 = 200.0;
+const REVIEW_BURST: u32 = 400;
 
 /// Builds API clients, each with its own `--kube-api-qps`/`--kube-api-burst` bucket, all recording into
 /// the manager's request metrics and writing only while `fence` allows.
@@ -30,6 +35,34 @@ impl ClientFactory {
     /// A client with the manager's own identity.
     pub(super) fn build(&self) -> Result<kube::Client, AppError> {
         self.build_with(self.config.clone(), self.dry_run.as_ref(), None)
+    }
+
+    /// The leader elector's client: the manager's identity and a bucket of its own, so that nothing else
+    /// the manager asks of the API server (a flood of reviews, a controller's burst) delays a renewal.
+    pub(super) fn build_for_leader_election(&self) -> Result<kube::Client, AppError> {
+        self.build_for("leader-election")
+    }
+
+    /// The client of the secure endpoint's TokenReviews and SubjectAccessReviews: the manager's
+    /// identity, and a bucket of its own at upstream's rate for delegated authn/authz (200 QPS, burst
+    /// 400, `DelegatingAuthenticationOptions`), whatever `--kube-api-qps` says, apart from the elector's
+    /// and the controllers'. Never fenced nor dry run: a review stores nothing, and every replica serves.
+    pub(super) fn build_for_reviews(&self) -> Result<kube::Client, AppError> {
+        let mut config = self.config.clone();
+        client::set_user_agent(&mut config, Some("delegated-auth"));
+        let options = options::ClientOptions {
+            kube_api_qps: REVIEW_QPS,
+            kube_api_burst: REVIEW_BURST,
+            ..self.options.clone()
+        };
+        Ok(client::build_client(
+            config,
+            &options,
+            &self.metrics.requests,
+            &WriteFence::unenforced(),
+            None,
+            None,
+        )?)
     }
 
     /// A client whose user agent names `controller` (upstream's per-controller clients), with the

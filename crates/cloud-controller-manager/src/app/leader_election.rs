@@ -71,6 +71,7 @@ pub struct LeaderElector {
     renew_deadline: Duration,
     retry_period: Duration,
     observed: Mutex<Option<Observed>>,
+    /// When the last successful acquire or renew attempt started (what the fence counts from).
     last_renewal: Mutex<Option<Instant>>,
     fence: WriteFence,
 }
@@ -187,6 +188,9 @@ impl LeaderElector {
         match tokio::time::timeout(within, self.try_acquire_or_renew()).await {
             Ok(Ok(true)) => {
                 self.fence.allow_until(started + self.renew_deadline);
+                // The renewal counts from when it was asked for, as the fence does: an answer that
+                // came late (a slow API server, a wait for a rate-limit token) renewed nothing later.
+                *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
                 Ok(true)
             }
             Ok(Ok(false)) => Ok(false),
@@ -266,7 +270,7 @@ impl LeaderElector {
             };
             return match self.api.create(&PostParams::default(), &lease).await {
                 Ok(_) => {
-                    self.renewed(&lease);
+                    self.observe_lease(&lease);
                     Ok(true)
                 }
                 Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
@@ -305,7 +309,7 @@ impl LeaderElector {
             .await
         {
             Ok(updated) => {
-                self.renewed(&updated);
+                self.observe_lease(&updated);
                 Ok(true)
             }
             Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
@@ -343,11 +347,10 @@ impl LeaderElector {
         }
     }
 
-    fn renewed(&self, lease: &Lease) {
+    fn observe_lease(&self, lease: &Lease) {
         if let Some(spec) = &lease.spec {
             self.observe(spec);
         }
-        *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
     }
 }
 

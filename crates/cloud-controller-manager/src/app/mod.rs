@@ -12,6 +12,8 @@ pub(crate) mod leader_election;
 pub(crate) mod logging;
 pub mod options;
 pub(crate) mod rate_limit;
+pub(crate) mod review_cache;
+pub(crate) mod review_slots;
 pub(crate) mod service_account_credentials;
 pub(crate) mod serving;
 pub(crate) mod write_fence;
@@ -236,7 +238,7 @@ pub async fn run(
         Arc::new(ServerState {
             health: health.clone(),
             metrics: metrics.clone(),
-            auth: DelegatedAuth::new(client.clone()),
+            auth: DelegatedAuth::new(clients.build_for_reviews()?),
             always_allow: options.serving.authorization_always_allow_paths.clone(),
             dry_run: dry_run_view.clone(),
         }),
@@ -251,7 +253,7 @@ pub async fn run(
     }
     let elector = if options.leader_election.leader_elect && dry_run_view.is_none() {
         let elector = Arc::new(LeaderElector::new(
-            client.clone(),
+            clients.build_for_leader_election()?,
             &options.leader_election,
             leader_election::new_identity(),
         ));

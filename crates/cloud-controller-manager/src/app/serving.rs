@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     certificate_reload::{CertKeyFiles, CertificateReloader, DynamicServingCertificate},
-    delegated_auth::{Decision, DelegatedAuth},
+    delegated_auth::{Decision, DelegatedAuth, RequestAttributes},
     health::Health,
     options::ServingOptions,
 };
@@ -160,6 +160,30 @@ fn always_allowed(path: &str, allow: &[String]) -> bool {
     })
 }
 
+/// Whether the endpoint answers `method` on `path` with content (`/metrics`, `/dry-run` in shadow mode,
+/// a health endpoint or one of its checks): the requests whose authorization is reviewed per path; every
+/// other request shares one review per user (see `delegated_auth`).
+fn serves(state: &ServerState, method: &Method, path: &str) -> bool {
+    if method != Method::GET && method != Method::HEAD {
+        return false;
+    }
+    if path == "/metrics" || (path == "/dry-run" && state.dry_run.is_some()) {
+        return true;
+    }
+    let (endpoint, subpath) = health_endpoint(path);
+    matches!(endpoint, "healthz" | "livez" | "readyz")
+        && state.health.answer(endpoint, subpath, false, &[]).is_some()
+}
+
+/// A health path's endpoint and check (`/readyz/leaderElection` is `("readyz", "leaderElection")`).
+fn health_endpoint(path: &str) -> (&str, &str) {
+    let mut parts = path.trim_start_matches('/').splitn(2, '/');
+    (
+        parts.next().unwrap_or_default(),
+        parts.next().unwrap_or_default(),
+    )
+}
+
 fn text(code: u16, body: String) -> Response {
     let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (
@@ -185,10 +209,23 @@ async fn handle_request(
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         let verb = method.as_str().to_lowercase();
-        match state.auth.decide(token, path, &verb).await {
+        let request = RequestAttributes {
+            verb: &verb,
+            path,
+            served: serves(&state, &method, path),
+        };
+        match state.auth.decide(token, &request).await {
             Decision::Allowed => {}
             Decision::Unauthenticated => return text(401, "Unauthorized".to_owned()),
             Decision::Forbidden(message) => return text(403, message),
+            Decision::TooManyRequests => {
+                return (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, "1")],
+                    "Too many requests, please try again later.",
+                )
+                    .into_response();
+            }
             Decision::Failed(message) => {
                 tracing::warn!(%path, error = %message, "could not authorize a request");
                 return text(500, "Internal Server Error".to_owned());
@@ -220,9 +257,7 @@ async fn handle_request(
         )
             .into_response();
     }
-    let mut parts = path.trim_start_matches('/').splitn(2, '/');
-    let endpoint = parts.next().unwrap_or_default();
-    let subpath = parts.next().unwrap_or_default();
+    let (endpoint, subpath) = health_endpoint(path);
     if matches!(endpoint, "healthz" | "livez" | "readyz") {
         let verbose = query.iter().any(|(k, _)| k == "verbose");
         let exclude: Vec<String> = query
