@@ -1,5 +1,13 @@
 //! The leader's write fence: once this replica's leadership may have ended, its API clients refuse to
-//! send writes, so a leader cut off from the API server can never write after a standby took over.
+//! send writes.
+//!
+//! What it guarantees, exactly: **no write is started after the renew deadline**. A write started
+//! before it can still arrive after a standby took over: its bytes may sit in a frozen process's socket
+//! or in a network that delivers them late (issue #32 saw 1 to 11 such writes in 4 of 7 runs). So the
+//! writes that can race a takeover carry a precondition: node and Service status patches, finalizer,
+//! taint and initialization writes name the `resourceVersion` they were planned from, and a late one
+//! fails (409) when the object changed since, as it has if the new leader wrote it. Events carry none
+//! (a late event is a duplicate report, not a wrong state).
 //!
 //! Leadership is valid until the renew deadline has passed since the start of the last successful
 //! renewal (the start, not the answer: the server may have stored the renewal any time in between). A

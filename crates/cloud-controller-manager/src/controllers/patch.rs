@@ -14,6 +14,24 @@ use serde_json::Value;
 const ATTEMPTS: u32 = 20;
 const FIRST_DELAY: Duration = Duration::from_millis(50);
 
+/// `patch` with `metadata.resourceVersion` set: the API server applies it only to that version of the
+/// object (409 otherwise), so a write planned from an older state, or one a deposed leader sent before
+/// its renew deadline and the network delivered late, fails instead of overwriting what came after.
+pub fn with_resource_version(mut patch: Value, resource_version: &str) -> Value {
+    if let Some(object) = patch.as_object_mut() {
+        let metadata = object
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(metadata) = metadata.as_object_mut() {
+            metadata.insert(
+                "resourceVersion".to_owned(),
+                Value::String(resource_version.to_owned()),
+            );
+        }
+    }
+    patch
+}
+
 /// Where a patch goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
@@ -86,6 +104,34 @@ where
                 }
             }
             Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn the_resource_version_joins_the_patch_s_metadata() {
+        let table = [
+            (
+                json!({ "status": { "addresses": [] } }),
+                json!({ "metadata": { "resourceVersion": "7" }, "status": { "addresses": [] } }),
+            ),
+            (
+                json!({ "metadata": { "labels": { "a": "b" } } }),
+                json!({ "metadata": { "labels": { "a": "b" }, "resourceVersion": "7" } }),
+            ),
+            (
+                json!({ "metadata": { "resourceVersion": "6" } }),
+                json!({ "metadata": { "resourceVersion": "7" } }),
+            ),
+        ];
+        for (patch, want) in table {
+            assert_eq!(with_resource_version(patch.clone(), "7"), want, "{patch}");
         }
     }
 }

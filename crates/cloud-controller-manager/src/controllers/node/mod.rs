@@ -34,6 +34,7 @@ use self::{
 use super::{
     ControllerContext, ControllerTask,
     backoff::PerObjectBackoff,
+    patch::with_resource_version,
     work_queue::{self, Next},
 };
 use crate::{events::EventRecorder, informers::CachedNode};
@@ -274,11 +275,15 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
             ?addresses,
             "the node's status repeats an address; writing its addresses first"
         );
+        let resource_version = node.resource_version().unwrap_or_default();
         ctx.api
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(&plan::addresses_patch(&addresses)),
+                &Patch::Merge(&with_resource_version(
+                    plan::addresses_patch(&addresses),
+                    &resource_version,
+                )),
             )
             .await
             .map_err(|source| NodeError::Write {

@@ -6,15 +6,14 @@ use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Node, NodeAddress};
-use kube::{
-    ResourceExt,
-    api::{Patch, PatchParams},
-    runtime::reflector::Store,
-};
+use k8s_openapi::api::core::v1::NodeAddress;
+use kube::{ResourceExt, runtime::reflector::Store};
 use tokio_util::sync::CancellationToken;
 
-use crate::informers::{SharedNodes, wait_for_cache_sync};
+use crate::{
+    controllers::patch::{Target, patch_with_retry, with_resource_version},
+    informers::{SharedNodes, wait_for_cache_sync},
+};
 
 use super::{
     Context, cloud,
@@ -22,26 +21,35 @@ use super::{
 };
 
 /// Writes the cloud's addresses to the node's status if they differ. Errors are logged, as upstream's.
-pub(super) async fn update_addresses(ctx: &Context, node: &Node, cloud_addresses: &[NodeAddress]) {
-    let addresses = match plan_addresses(node, cloud_addresses) {
-        Ok(Some(addresses)) => addresses,
+/// The write carries the node's `resourceVersion` and is re-planned from a fresh read on a conflict.
+pub(super) async fn update_addresses(
+    ctx: &Context,
+    node: &CachedNode,
+    cloud_addresses: &[NodeAddress],
+) {
+    match plan_addresses(node, cloud_addresses) {
+        Ok(Some(_)) => {}
         Ok(None) => return,
         Err(err) => {
             tracing::warn!(node = %node.name_any(), error = %err, "not updating node addresses");
             return;
         }
-    };
-    let patch = addresses_patch(&addresses);
-    match ctx
-        .api
-        .patch_status(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => tracing::debug!(node = %node.name_any(), ?addresses, "node addresses updated"),
+    }
+    let written = patch_with_retry(
+        &ctx.api,
+        node,
+        Target::Status,
+        |current, resource_version| {
+            let addresses = plan_addresses(current, cloud_addresses).ok().flatten()?;
+            Some(with_resource_version(
+                addresses_patch(&addresses),
+                resource_version,
+            ))
+        },
+    )
+    .await;
+    match written {
+        Ok(_) => tracing::debug!(node = %node.name_any(), "node addresses updated"),
         Err(err) => {
             tracing::warn!(node = %node.name_any(), error = %err, "could not update node addresses")
         }

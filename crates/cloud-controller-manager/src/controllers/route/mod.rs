@@ -24,7 +24,7 @@ use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio_util::sync::CancellationToken;
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
-use super::{ControllerContext, ControllerTask};
+use super::{ControllerContext, ControllerTask, patch::with_resource_version};
 use crate::{
     events::EventRecorder,
     informers::{SharedNodes, wait_for_cache_sync},
@@ -217,10 +217,13 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
         .await;
 }
 
+/// The write carries the node's `resourceVersion`: a conflict (the node changed since the cache saw it)
+/// leaves the condition to the next pass, which plans from the newer node.
 async fn set_condition(ctx: &Context, node: &Node, wanted: ConditionWanted) {
     let Some(patch) = condition_patch(node, wanted, Timestamp::now()) else {
         return; // already as wanted: no write
     };
+    let patch = with_resource_version(patch, &node.resource_version().unwrap_or_default());
     if let Err(err) = ctx
         .api
         .patch_status(

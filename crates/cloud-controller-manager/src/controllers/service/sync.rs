@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cloud_provider::CloudError;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service};
-use kube::{ResourceExt, runtime::controller::Action};
+use kube::runtime::controller::Action;
 
 use super::{
     Backends, Context, ServiceError, Tracked,
@@ -19,7 +19,7 @@ use super::{
 };
 use crate::controllers::{
     outage,
-    patch::{Target, patch_with_retry},
+    patch::{Target, patch_with_retry, with_resource_version},
 };
 
 pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) -> Action {
@@ -241,21 +241,30 @@ fn mark_synced(ctx: &Context, service: &Arc<Service>) {
     }
 }
 
+/// The write carries the Service's `resourceVersion` and is re-planned from a fresh read on a conflict
+/// (nothing is written when the fresh Service has that status already).
 async fn write_status(
     ctx: &Context,
     service: &Service,
     status: &LoadBalancerStatus,
 ) -> Result<(), ServiceError> {
-    let patch = status_patch(status);
-    match ctx
-        .api(service)
-        .patch_status(
-            &service.name_any(),
-            &Default::default(),
-            &kube::api::Patch::Merge(&patch),
-        )
-        .await
-    {
+    let written = patch_with_retry(
+        &ctx.api(service),
+        service,
+        Target::Status,
+        |current, resource_version| {
+            let wanted = status.ingress.clone().unwrap_or_default();
+            let has = current
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.clone())
+                .unwrap_or_default();
+            (has != wanted).then(|| with_resource_version(status_patch(status), resource_version))
+        },
+    )
+    .await;
+    match written {
         Ok(_) => Ok(()),
         // The Service went away once its finalizer was removed.
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
