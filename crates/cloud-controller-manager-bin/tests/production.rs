@@ -298,6 +298,107 @@ async fn a_flood_of_unauthorized_requests_costs_the_leader_neither_its_lease_nor
     delete_nodes(&[&node]).await;
 }
 
+/// The secure endpoint's connections are bounded (issue #32): a connection that never finishes its TLS
+/// handshake is closed after 10 s, one whose request headers never finish after the header-read timeout
+/// (32 s), and a client holding 1,000 connections (a slowloris) gets at most its address's share
+/// (128), so `/healthz` keeps answering everyone else.
+#[tokio::test]
+async fn slow_and_idle_connections_are_closed_and_a_slowloris_leaves_health_checks_answering() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let _serial = SERIAL.lock().await;
+    let port = free_port();
+    let port_arg = format!("--secure-port={port}");
+    let manager = RunningManager::start(
+        "",
+        &[
+            &port_arg,
+            "--bind-address=127.0.0.1",
+            "--controllers=cloud-node",
+        ],
+    )
+    .await;
+    eventually("the endpoint", Duration::from_secs(20), || async {
+        (https_get(port, "/healthz", None).await.0 == 200).then_some(())
+    })
+    .await;
+
+    // A slowloris: 1,000 connections from 127.0.0.1 that never say anything.
+    let mut held = Vec::new();
+    for _ in 0..1000 {
+        held.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect"),
+        );
+    }
+    // Meanwhile a probe from another address is answered, every time.
+    for _ in 0..5 {
+        let output = tokio::process::Command::new("curl")
+            .args([
+                "-sk",
+                "--max-time",
+                "5",
+                "--interface",
+                "127.0.0.2",
+                "-o",
+                "/dev/null",
+            ])
+            .args(["-w", "%{http_code}"])
+            .arg(format!("https://127.0.0.1:{port}/healthz"))
+            .output()
+            .await
+            .expect("curl runs");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "200");
+    }
+    // All but the address's share were closed at once; the rest when their handshake times out.
+    let started = Instant::now();
+    let closed_at = futures::future::join_all(held.into_iter().map(|mut connection| async move {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(20), connection.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "a connection that never started its handshake is still open after 20 s"
+        );
+        started.elapsed()
+    }))
+    .await;
+    let at_once = closed_at
+        .iter()
+        .filter(|t| **t < Duration::from_secs(1))
+        .count();
+    println!(
+        "slowloris: {at_once} of 1,000 connections closed at once, the rest within {:?}",
+        closed_at.iter().max().unwrap()
+    );
+    assert!(at_once >= 1000 - 128, "{at_once} closed at once");
+
+    // Half a request after the handshake: closed after the header-read timeout.
+    let mut client = tokio::process::Command::new("openssl")
+        .args(["s_client", "-quiet", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("openssl runs");
+    let mut stdin = client.stdin.take().unwrap();
+    stdin
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let exited = tokio::time::timeout(Duration::from_secs(45), client.wait()).await;
+    assert!(
+        exited.is_ok(),
+        "a connection with half its headers was still open after 45 s"
+    );
+    println!("half-sent headers: closed after {:?}", started.elapsed());
+    drop(stdin);
+    manager.stop().await;
+}
+
 /// One replica acts, the other waits; SIGKILL of the leader hands over within the lease duration, and
 /// SIGTERM of the next leader hands over in seconds (it releases the lease).
 #[tokio::test]

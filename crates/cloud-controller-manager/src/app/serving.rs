@@ -17,12 +17,14 @@ use axum::{
     http::{HeaderMap, Method, StatusCode, Uri, header},
     response::{IntoResponse, Response},
 };
-use axum_server::tls_rustls::RustlsConfig;
+use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
+use hyper_util::rt::TokioTimer;
 use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
 use tokio_util::sync::CancellationToken;
 
 use super::{
     certificate_reload::{CertKeyFiles, CertificateReloader, DynamicServingCertificate},
+    connection_guard::{ConnectionLimits, GuardedAcceptor, HEADER_READ_TIMEOUT},
     delegated_auth::{Decision, DelegatedAuth, RequestAttributes},
     health::Health,
     options::ServingOptions,
@@ -141,9 +143,19 @@ pub fn start(
     });
     let dry_run = state.dry_run.is_some();
     let app = Router::new().fallback(handle_request).with_state(state);
-    let server = axum_server::from_tcp_rustls(listener, config)
+    // TLS over the connection guard: the caps and the idle timeout (connection_guard), then hyper's
+    // header-read timeout.
+    let acceptor =
+        RustlsAcceptor::new(config).acceptor(GuardedAcceptor::new(ConnectionLimits::default()));
+    let mut server = axum_server::from_tcp(listener)
         .map_err(|source| ServingError::Bind { address, source })?
+        .acceptor(acceptor)
         .handle(handle);
+    server
+        .http_builder()
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     tokio::spawn(async move {
         if let Err(err) = server.serve(app.into_make_service()).await {
             tracing::error!(error = %err, "the secure endpoint stopped");
