@@ -1141,3 +1141,61 @@ async fn an_active_udp_flow_leaves_an_unhealthy_backend_and_a_tightened_source_r
         "a refused source still got a reply"
     );
 }
+
+/// Both sides of a relayed connection probe their peer (keepalive after 60 s idle, 10 s apart), so a
+/// client that vanished without a FIN or reset is closed within about 2 minutes, not kept for good with
+/// its two descriptors (issue #32). Read from the kernel's own view of the sockets (`ss`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_sides_of_a_relayed_connection_have_keepalive() {
+    let t = 43;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut stream = TcpStream::connect((vip(t), 8080))
+        .await
+        .expect("connect to the VIP");
+    assert_eq!(read_id(&mut stream).await, "n1");
+    let client = stream.local_addr().unwrap();
+
+    // `ss -tno`: one line per socket, with `timer:(keepalive,…)` when keepalive is on.
+    let output = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .expect("ss runs");
+    let sockets = String::from_utf8_lossy(&output.stdout);
+    let line = |local: &str, peer: &str| {
+        sockets
+            .lines()
+            .find(|l| {
+                let fields: Vec<&str> = l.split_whitespace().collect();
+                fields.len() >= 4 && fields[2] == local && fields[3] == peer
+            })
+            .map(str::to_owned)
+    };
+    // The proxy's side toward the client: local VIP:8080, peer the client.
+    let toward_client = line(&format!("{}:8080", vip(t)), &client.to_string())
+        .unwrap_or_else(|| panic!("no socket for the client's connection in:\n{sockets}"));
+    assert!(toward_client.contains("keepalive"), "{toward_client}");
+    // The proxy's side toward the backend: peer node:NodePort, from the proxy's own address.
+    let backend = format!("{}:{NODE_PORT}", node_ip(t, 1));
+    let toward_backend = sockets
+        .lines()
+        .find(|l| {
+            let fields: Vec<&str> = l.split_whitespace().collect();
+            fields.len() >= 4 && fields[3] == backend
+        })
+        .unwrap_or_else(|| panic!("no socket toward {backend} in:\n{sockets}"));
+    assert!(toward_backend.contains("keepalive"), "{toward_backend}");
+    // The client's own socket (not the proxy's) has none: the check tells them apart.
+    let own = line(&client.to_string(), &format!("{}:8080", vip(t))).expect("the client's socket");
+    assert!(!own.contains("keepalive"), "{own}");
+    drop(stream);
+    plane.shutdown().await;
+}
