@@ -32,6 +32,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+mod budget;
 mod error;
 mod health;
 pub mod metrics;
@@ -60,6 +61,8 @@ pub struct DataPlane {
 #[derive(Debug)]
 pub(crate) struct Inner {
     settings: Settings,
+    /// The descriptors the listeners share (see `budget`).
+    budget: Arc<budget::Budget>,
     probes: ProbeRegistry,
     load_balancers: Mutex<HashMap<String, Arc<LoadBalancer>>>,
 }
@@ -140,6 +143,7 @@ impl DataPlane {
     pub fn new(settings: Settings) -> Self {
         DataPlane {
             inner: Arc::new(Inner {
+                budget: budget::Budget::for_limit(settings.open_files_limit),
                 probes: ProbeRegistry::new(settings.health_check.clone()),
                 settings,
                 load_balancers: Mutex::new(HashMap::new()),
@@ -263,7 +267,12 @@ impl DataPlane {
                     running.shared.set_config(config);
                     continue;
                 }
-                let shared = Arc::new(ListenerShared::new(lb.name.clone(), *listener, config));
+                let shared = Arc::new(ListenerShared::new(
+                    lb.name.clone(),
+                    *listener,
+                    config,
+                    budget::ListenerBudget::new(self.inner.budget.clone()),
+                ));
                 match self.start_listener(shared) {
                     Ok(running) => {
                         info!(listener = %listener, "listening");

@@ -23,12 +23,18 @@ pub mod names {
     pub const BYTES_IN: &str = "local_lb_bytes_in";
     /// Counter: bytes received from backends (and relayed to clients).
     pub const BYTES_OUT: &str = "local_lb_bytes_out";
-    /// Counter: connections or flows refused, labelled by `reason` (`source_range`, `no_healthy_backend`).
+    /// Counter: connections or flows refused, labelled by `reason` (`source_range`,
+    /// `no_healthy_backend`, `descriptor_budget`).
     pub const REFUSED: &str = "local_lb_refused_connections";
     /// Counter: failed connection attempts to backends.
     pub const BACKEND_CONNECT_ERRORS: &str = "local_lb_backend_connect_errors";
     /// Gauge: 1 if the backend gets new connections, else 0.
     pub const BACKEND_HEALTHY: &str = "local_lb_backend_healthy";
+    /// Gauge: file descriptors the data plane's connections and flows hold.
+    pub const DESCRIPTORS_IN_USE: &str = "local_lb_descriptors_in_use";
+    /// Gauge: the most file descriptors the data plane's connections and flows may hold (the
+    /// open-files limit less the manager's reserve).
+    pub const DESCRIPTORS_BUDGET: &str = "local_lb_descriptors_budget";
 }
 
 /// Reads one counter of a listener.
@@ -41,10 +47,25 @@ pub(crate) struct DataPlaneCollector {
 
 impl Collector for DataPlaneCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let listeners: Vec<Arc<ListenerShared>> = match self.inner.upgrade() {
-            Some(inner) => inner.all_listeners(),
-            None => Vec::new(),
+        let Some(inner) = self.inner.upgrade() else {
+            return Ok(());
         };
+        let listeners: Vec<Arc<ListenerShared>> = inner.all_listeners();
+        for (name, help, value) in [
+            (
+                names::DESCRIPTORS_IN_USE,
+                "File descriptors the data plane's connections and flows hold.",
+                inner.budget.used(),
+            ),
+            (
+                names::DESCRIPTORS_BUDGET,
+                "The most file descriptors the data plane's connections and flows may hold.",
+                inner.budget.total(),
+            ),
+        ] {
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
+                .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+        }
         let counters: [(&str, &str, ReadStat); 4] = [
             (
                 names::CONNECTIONS,
@@ -101,6 +122,7 @@ impl Collector for DataPlaneCollector {
                 for (reason, value) in [
                     ("source_range", &listener.stats.refused_source),
                     ("no_healthy_backend", &listener.stats.refused_no_backend),
+                    ("descriptor_budget", &listener.stats.refused_budget),
                 ] {
                     let labels = [
                         ("load_balancer", &*listener.load_balancer),

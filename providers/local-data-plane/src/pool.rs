@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::budget::ListenerBudget;
 use crate::health::Probe;
 use crate::spec::ListenerSpec;
 
@@ -74,6 +75,8 @@ pub(crate) struct Stats {
     pub(crate) bytes_out: AtomicU64,
     pub(crate) refused_source: AtomicU64,
     pub(crate) refused_no_backend: AtomicU64,
+    /// Refused for want of descriptors (the client address's, the listener's or the data plane's).
+    pub(crate) refused_budget: AtomicU64,
     pub(crate) backend_connect_errors: AtomicU64,
 }
 
@@ -87,10 +90,17 @@ pub(crate) struct ListenerShared {
     next: AtomicUsize,
     affinity: Mutex<AffinityTable>,
     pub(crate) stats: Stats,
+    /// This listener's part of the descriptors.
+    pub(crate) budget: Arc<ListenerBudget>,
 }
 
 impl ListenerShared {
-    pub(crate) fn new(load_balancer: Arc<str>, spec: ListenerSpec, config: ListenerConfig) -> Self {
+    pub(crate) fn new(
+        load_balancer: Arc<str>,
+        spec: ListenerSpec,
+        config: ListenerConfig,
+        budget: Arc<ListenerBudget>,
+    ) -> Self {
         ListenerShared {
             load_balancer,
             label: spec.to_string(),
@@ -99,6 +109,7 @@ impl ListenerShared {
             next: AtomicUsize::new(0),
             affinity: Mutex::new(AffinityTable::default()),
             stats: Stats::default(),
+            budget,
         }
     }
 

@@ -82,8 +82,23 @@ pub(crate) async fn serve(
             reset(client);
             continue;
         }
+        // Two descriptors (this one and the backend's) from the client's, the listener's and the data
+        // plane's share, held until the connection ends.
+        let Some(claim) = shared.budget.claim(peer.ip(), 2) else {
+            shared.stats.refused_budget.fetch_add(1, Ordering::Relaxed);
+            debug!(%peer, "no descriptors left in this client's or listener's share: refused");
+            reset(client);
+            continue;
+        };
         let span = tracing::debug_span!("connection", %peer);
-        connections.spawn(handle(client, peer, shared.clone(), connect_timeout).instrument(span));
+        let shared = shared.clone();
+        connections.spawn(
+            async move {
+                handle(client, peer, shared, connect_timeout).await;
+                drop(claim);
+            }
+            .instrument(span),
+        );
     }
     connections
 }

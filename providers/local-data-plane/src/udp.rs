@@ -14,6 +14,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
+use crate::budget::Claim;
 use crate::pool::{ActiveGuard, BackendEntry, ListenerConfig, ListenerShared};
 
 const MAX_DATAGRAM: usize = 64 * 1024;
@@ -55,6 +56,8 @@ struct Flow {
     /// Ends the flow's reply task at once (eviction, or a backend or source range that no longer
     /// holds).
     cancel: CancellationToken,
+    /// Its upstream socket's descriptor, from the budget.
+    _claim: Claim,
 }
 
 /// A flow as the receive loop tracks it: with the listener config and the backend it was last checked
@@ -161,6 +164,13 @@ pub(crate) async fn serve(
                         .fetch_add(1, Ordering::Relaxed);
                     continue;
                 };
+                if flows.len() >= MAX_FLOWS_PER_LISTENER {
+                    evict_one(&mut flows);
+                }
+                let Some(claim) = shared.budget.claim(peer.ip(), 1) else {
+                    shared.stats.refused_budget.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                };
                 let upstream = match connect_upstream(backend.addr).await {
                     Ok(upstream) => Arc::new(upstream),
                     Err(error) => {
@@ -177,10 +187,8 @@ pub(crate) async fn serve(
                     last_active: AtomicU64::new(millis_since(epoch)),
                     closed: AtomicBool::new(false),
                     cancel: stop.child_token(),
+                    _claim: claim,
                 });
-                if flows.len() >= MAX_FLOWS_PER_LISTENER {
-                    evict_one(&mut flows);
-                }
                 flows.insert(
                     peer,
                     FlowEntry {

@@ -172,6 +172,8 @@ impl LocalCloud {
             drain_timeout: lb.drain_timeout.0,
             udp_idle_timeout: lb.udp_idle_timeout.0,
             connect_timeout: lb.connect_timeout.0,
+            // The process's own limit: the descriptors are shared out from it.
+            open_files_limit: None,
         };
         if let Some(path) = path {
             tracing::info!(path = %path.display(), machines = config.machines.len(), pools = config.address_pools.len(), "local cloud: cloud-config read");

@@ -56,6 +56,7 @@ pub fn fast_settings() -> Settings {
         drain_timeout: Duration::from_millis(500),
         udp_idle_timeout: Duration::from_millis(500),
         connect_timeout: Duration::from_millis(500),
+        open_files_limit: None,
     }
 }
 
