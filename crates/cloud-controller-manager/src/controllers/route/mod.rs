@@ -24,7 +24,10 @@ use prometheus_client::{metrics::counter::Counter, registry::Registry};
 use tokio_util::sync::CancellationToken;
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
-use super::{ControllerContext, ControllerTask, patch::with_resource_version};
+use super::{
+    ControllerContext, ControllerTask,
+    patch::{with_resource_version, write_with_retry},
+};
 use crate::{
     events::EventRecorder,
     informers::{SharedNodes, wait_for_cache_sync},
@@ -217,22 +220,22 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
         .await;
 }
 
-/// The write carries the node's `resourceVersion`: a conflict (the node changed since the cache saw it)
-/// leaves the condition to the next pass, which plans from the newer node.
+/// The write carries the node's `resourceVersion` and is re-planned from a fresh read on a conflict (the
+/// node changed since the cache saw it); a strategic merge patch, so the other conditions stay.
 async fn set_condition(ctx: &Context, node: &Node, wanted: ConditionWanted) {
-    let Some(patch) = condition_patch(node, wanted, Timestamp::now()) else {
-        return; // already as wanted: no write
-    };
-    let patch = with_resource_version(patch, &node.resource_version().unwrap_or_default());
-    if let Err(err) = ctx
-        .api
-        .patch_status(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Strategic(&patch),
-        )
-        .await
-    {
+    let now = Timestamp::now();
+    let written = write_with_retry(&ctx.api, node, |current| {
+        let patch = condition_patch(current, wanted, now)?;
+        let patch = with_resource_version(patch, &current.resource_version().unwrap_or_default());
+        let name = current.name_any();
+        Some(async move {
+            ctx.api
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+                .await
+        })
+    })
+    .await;
+    if let Err(err) = written {
         tracing::warn!(node = %node.name_any(), error = %err, "could not update the NetworkUnavailable condition");
     }
 }
