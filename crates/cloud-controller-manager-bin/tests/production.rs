@@ -68,25 +68,26 @@ async fn service_account_token(namespace: &str, name: &str) -> String {
         .expect("a token")
 }
 
-#[tokio::test]
-async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_callers_only() {
-    let _serial = SERIAL.lock().await;
+/// A manager serving its HTTPS endpoint on a free loopback port, with `args` besides, once `/healthz`
+/// answers there.
+async fn manager_serving(args: &[&str]) -> (RunningManager, u16) {
     let port = free_port();
     let port_arg = format!("--secure-port={port}");
-    let manager = RunningManager::start(
-        "",
-        &[
-            &port_arg,
-            "--bind-address=127.0.0.1",
-            "--leader-elect=true",
-            "--controllers=cloud-node",
-        ],
-    )
-    .await;
+    let mut all = vec![port_arg.as_str(), "--bind-address=127.0.0.1"];
+    all.extend_from_slice(args);
+    let manager = RunningManager::start("", &all).await;
     eventually("the endpoint", Duration::from_secs(20), || async {
         (https_get(port, "/healthz", None).await.0 == 200).then_some(())
     })
     .await;
+    (manager, port)
+}
+
+#[tokio::test]
+async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_callers_only() {
+    let _serial = SERIAL.lock().await;
+    let (manager, port) =
+        manager_serving(&["--leader-elect=true", "--controllers=cloud-node"]).await;
     assert_eq!(
         https_get(port, "/healthz", None).await,
         (200, "ok".to_owned())
@@ -183,19 +184,12 @@ async fn a_flood_of_unauthorized_requests_costs_the_leader_neither_its_lease_nor
     let _ = Api::<Lease>::namespaced(admin().await, "kube-system")
         .delete(lease_name, &Default::default())
         .await;
-    let port = free_port();
-    let port_arg = format!("--secure-port={port}");
-    let manager = RunningManager::start(
-        "",
-        &[
-            &port_arg,
-            "--bind-address=127.0.0.1",
-            "--leader-elect=true",
-            "--controllers=cloud-node",
-            "--kube-api-qps=5",
-            "--kube-api-burst=10",
-        ],
-    )
+    let (manager, port) = manager_serving(&[
+        "--leader-elect=true",
+        "--controllers=cloud-node",
+        "--kube-api-qps=5",
+        "--kube-api-burst=10",
+    ])
     .await;
     let identity = eventually("the lease", Duration::from_secs(30), || async {
         lease(lease_name)
@@ -307,21 +301,7 @@ async fn slow_and_idle_connections_are_closed_and_a_slowloris_leaves_health_chec
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     let _serial = SERIAL.lock().await;
-    let port = free_port();
-    let port_arg = format!("--secure-port={port}");
-    let manager = RunningManager::start(
-        "",
-        &[
-            &port_arg,
-            "--bind-address=127.0.0.1",
-            "--controllers=cloud-node",
-        ],
-    )
-    .await;
-    eventually("the endpoint", Duration::from_secs(20), || async {
-        (https_get(port, "/healthz", None).await.0 == 200).then_some(())
-    })
-    .await;
+    let (manager, port) = manager_serving(&["--controllers=cloud-node"]).await;
 
     // A slowloris: 1,000 connections from 127.0.0.1 that never say anything.
     let mut held = Vec::new();
