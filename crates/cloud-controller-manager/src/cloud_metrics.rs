@@ -5,13 +5,23 @@
 //! - `cloudprovider_api_request_duration_seconds{provider, request}` (histogram)
 //! - `cloudprovider_api_request_errors_total{provider, request, kind}` (counter; `kind` is the
 //!   `CloudError` variant, so "instance not found" answers are told apart from failures)
+//!
+//! The same wrapper keeps calls within leadership: each call runs in a `cloud_provider::leadership`
+//! scope backed by the leader's write fence, and is dropped at its next await once the fence closed, so
+//! a leader that froze in the middle of a call and resumed after a standby took over does not go on
+//! changing the cloud (issue #32: it leaked the load balancer of a Service deleted meanwhile). A step
+//! already sent can still land; the service controller's sweep of orphaned load balancers is the
+//! backstop for that.
 
 use std::{future::Future, sync::Arc, time::Instant};
 
+use crate::app::write_fence::WriteFence;
+
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudError, CloudProvider, CloudResult, Clusters, InitializeContext, InstanceMetadata,
-    Instances, InstancesV2, LoadBalancer, LoadBalancerPreview, Route, Routes, Zone, Zones,
+    CloudError, CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InitializeContext,
+    InstanceMetadata, Instances, InstancesV2, LoadBalancer, LoadBalancerPreview, Route, Routes,
+    Zone, Zones, leadership::Leadership,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, NodeAddress, Service};
 use prometheus_client::{
@@ -89,21 +99,24 @@ impl CloudMetrics {
     }
 }
 
-/// A provider whose every call is measured. It offers exactly the parts the inner provider offers.
+/// A provider whose every call is measured and kept within leadership. It offers exactly the parts the
+/// inner provider offers.
 pub struct MeteredCloud {
     inner: Arc<dyn CloudProvider>,
     metrics: CloudMetrics,
     name: String,
+    fence: WriteFence,
 }
 
 impl MeteredCloud {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn CloudProvider>, metrics: CloudMetrics) -> Self {
+    /// Wraps `inner`; its calls run while `fence` (the leader's, or an unenforced one) is open.
+    pub fn new(inner: Arc<dyn CloudProvider>, metrics: CloudMetrics, fence: WriteFence) -> Self {
         let name = inner.provider_name().to_owned();
         Self {
             inner,
             metrics,
             name,
+            fence,
         }
     }
 
@@ -112,7 +125,24 @@ impl MeteredCloud {
         request: &str,
         call: impl Future<Output = CloudResult<T>>,
     ) -> CloudResult<T> {
-        self.metrics.observe(&self.name, request, call).await
+        let leadership = Leadership::new(Arc::new(self.fence.clone()));
+        let fenced = async {
+            if let Some(lapsed) = self.fence.closed_for() {
+                return Err(CloudError::LeadershipLost { lapsed });
+            }
+            tokio::select! {
+                // The fence first: a call resuming after a freeze finds it closed before it goes on.
+                biased;
+                lapsed = self.fence.closed() => {
+                    tracing::warn!(request, ?lapsed, "cloud call dropped: leadership lapsed while it ran");
+                    Err(CloudError::LeadershipLost { lapsed })
+                }
+                result = call => result,
+            }
+        };
+        self.metrics
+            .observe(&self.name, request, leadership.scope(fenced))
+            .await
     }
 }
 
@@ -224,6 +254,23 @@ impl LoadBalancer for MeteredCloud {
         self.observe(
             "preview_load_balancer",
             lb.preview_load_balancer(cluster, service, nodes),
+        )
+        .await
+    }
+    async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe("list_load_balancers", lb.list_load_balancers(cluster))
+            .await
+    }
+    async fn delete_orphaned_load_balancer(
+        &self,
+        cluster: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "delete_orphaned_load_balancer",
+            lb.delete_orphaned_load_balancer(cluster, load_balancer),
         )
         .await
     }
@@ -373,11 +420,50 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_call_is_dropped_when_leadership_lapses_while_it_runs() {
+        let mut registry = Registry::default();
+        let metrics = CloudMetrics::register(&mut registry);
+        let fake = FakeCloud::from_yaml("latency: 300ms\n").unwrap();
+        let fence = WriteFence::default();
+        let cloud = MeteredCloud::new(Arc::new(fake.clone()), metrics, fence.clone());
+        let mut service = Service::default();
+        service.metadata.namespace = Some("shop".into());
+        service.metadata.name = Some("web".into());
+        service.metadata.uid = Some("11111111-1111-1111-1111-111111111111".into());
+        let lb = cloud.load_balancer().unwrap();
+
+        // Never acquired: refused before the provider is called.
+        let err = lb
+            .ensure_load_balancer("k", &service, &[])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CloudError::LeadershipLost { .. }), "{err}");
+        assert_eq!(fake.snapshot().calls_to("ensure_load_balancer"), 0);
+
+        // Leading for 100 ms of the call's 300: dropped at the deadline, nothing created.
+        fence.allow_until(std::time::Instant::now() + std::time::Duration::from_millis(100));
+        let started = std::time::Instant::now();
+        let err = lb
+            .ensure_load_balancer("k", &service, &[])
+            .await
+            .unwrap_err();
+        assert!(matches!(err, CloudError::LeadershipLost { .. }), "{err}");
+        assert!(started.elapsed() < std::time::Duration::from_millis(300));
+        tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+        assert!(fake.snapshot().load_balancers.is_empty());
+
+        // Leading throughout: the call completes.
+        fence.allow_until(std::time::Instant::now() + std::time::Duration::from_secs(60));
+        lb.ensure_load_balancer("k", &service, &[]).await.unwrap();
+        assert_eq!(fake.snapshot().load_balancers.len(), 1);
+    }
+
+    #[tokio::test]
     async fn every_call_is_timed_and_errors_counted_by_kind() {
         let mut registry = Registry::default();
         let metrics = CloudMetrics::register(&mut registry);
         let fake = FakeCloud::from_yaml("instances:\n  gone: {state: gone}\nfailureRate: {list_routes: 1}\nloadBalancers: {enabled: false}\n").unwrap();
-        let cloud = MeteredCloud::new(Arc::new(fake), metrics);
+        let cloud = MeteredCloud::new(Arc::new(fake), metrics, WriteFence::unenforced());
         assert!(
             cloud.load_balancer().is_none(),
             "offers what the inner cloud offers"

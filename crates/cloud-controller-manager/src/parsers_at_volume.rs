@@ -91,7 +91,11 @@ const DURATION_FLAGS: &[&str] = &[
     "node-status-update-frequency",
     "node-monitor-period",
     "route-reconciliation-period",
+    "orphaned-load-balancer-sweep-period",
 ];
+
+/// The duration flags where `0s` means "off" rather than being refused.
+const ZERO_MEANS_OFF: &[&str] = &["orphaned-load-balancer-sweep-period"];
 
 fn duration_field(options: &Options, flag: &str) -> Duration {
     match flag {
@@ -101,6 +105,9 @@ fn duration_field(options: &Options, flag: &str) -> Duration {
         "node-status-update-frequency" => options.node.node_status_update_frequency,
         "node-monitor-period" => options.node.node_monitor_period,
         "route-reconciliation-period" => options.route.route_reconciliation_period,
+        "orphaned-load-balancer-sweep-period" => {
+            options.service.orphaned_load_balancer_sweep_period
+        }
         other => unreachable!("not a duration flag: {other}"),
     }
 }
@@ -180,8 +187,8 @@ fn parse_one<T: Clone + Send + Sync + 'static>(
 proptest! {
     #![proptest_config(config(CASES))]
 
-    /// Every duration flag takes exactly what `parse_go_duration` takes, minus zero; any other value is an
-    /// error that names the flag. (Each flag's own clap `Arg`; `command_lines` parses them in full
+    /// Every duration flag takes exactly what `parse_go_duration` takes, minus zero (except where zero
+    /// means "off"); any other value is an error that names the flag. (Each flag's own clap `Arg`; `command_lines` parses them in full
     /// command lines.)
     #[test]
     fn duration_flags(flag in prop::sample::select(DURATION_FLAGS), text in duration_text(), spaced in any::<bool>()) {
@@ -190,7 +197,9 @@ proptest! {
         } else {
             argv([format!("--{flag}={text}")])
         };
-        let expected = cloud_provider::parse_go_duration(&text).ok().filter(|d| !d.is_zero());
+        let expected = cloud_provider::parse_go_duration(&text)
+            .ok()
+            .filter(|d| !d.is_zero() || ZERO_MEANS_OFF.contains(&flag));
         match (parse_one::<Duration>(flag, &args), expected) {
             (Ok(values), Some(expected)) => prop_assert_eq!(values, vec![expected]),
             (Err(err), None) => {
@@ -241,6 +250,7 @@ async fn the_longest_durations_do_not_overflow_later() {
         options.node.node_monitor_period,
         options.route.route_reconciliation_period,
         options.node.node_status_update_frequency,
+        options.service.orphaned_load_balancer_sweep_period,
         le.leader_elect_retry_period,
     ] {
         let mut ticks = tokio::time::interval(period);
@@ -262,6 +272,8 @@ async fn the_longest_durations_do_not_overflow_later() {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Kind {
     Duration,
+    /// A duration where `0s` means "off".
+    DurationOrZero,
     Bool,
     /// An integer in this range (clap's type range or the flag's own).
     Int(i128, i128),
@@ -303,6 +315,7 @@ const FLAGS: &[(&str, Kind)] = &[
     ("node-status-update-frequency", Kind::Duration),
     ("node-monitor-period", Kind::Duration),
     ("concurrent-service-syncs", Kind::Int(1, u16::MAX as i128)),
+    ("orphaned-load-balancer-sweep-period", Kind::DurationOrZero),
     ("configure-cloud-routes", Kind::Bool),
     ("route-reconciliation-period", Kind::Duration),
     ("allocate-node-cidrs", Kind::Bool),
@@ -322,7 +335,7 @@ const FLAGS: &[(&str, Kind)] = &[
 /// A valid value for a flag of this kind.
 fn valid_value(kind: Kind) -> BoxedStrategy<String> {
     match kind {
-        Kind::Duration => prop_oneof![
+        Kind::Duration | Kind::DurationOrZero => prop_oneof![
             (
                 "[1-9][0-9]{0,3}",
                 prop::sample::select(vec!["ms", "s", "m", "h"])
@@ -367,6 +380,7 @@ fn valid_value(kind: Kind) -> BoxedStrategy<String> {
 fn is_valid(kind: Kind, value: &str) -> bool {
     match kind {
         Kind::Duration => cloud_provider::parse_go_duration(value).is_ok_and(|d| !d.is_zero()),
+        Kind::DurationOrZero => cloud_provider::parse_go_duration(value).is_ok(),
         // Go's strconv.ParseBool spellings, as upstream's flags take.
         Kind::Bool => GO_BOOLS.contains(&value),
         // clap reads integers as i64 (Rust's syntax: an optional sign, ASCII digits), then checks the range.
@@ -461,7 +475,7 @@ proptest! {
             (Ok(options), None) => {
                 after_parse(options);
                 for (i, value, _) in &flags {
-                    if FLAGS[*i].1 == Kind::Duration {
+                    if matches!(FLAGS[*i].1, Kind::Duration | Kind::DurationOrZero) {
                         let expected = cloud_provider::parse_go_duration(value).unwrap();
                         prop_assert_eq!(duration_field(options, FLAGS[*i].0), expected);
                     }

@@ -9,8 +9,10 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// The first variants are upstream's sentinel errors (`cloudprovider.InstanceNotFound`, `NotImplemented`,
 /// `DiskNotFound`, `ImplementedElsewhere`) and `api.RetryError`; their messages are upstream's texts.
-/// Controllers match on the variant, never on the text.
+/// Controllers match on the variant, never on the text. The enum is `#[non_exhaustive]`: match it with a
+/// wildcard arm, as later versions may add variants.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CloudError {
     /// The instance does not exist. The node-lifecycle controller treats it as "gone" and deletes the Node,
     /// so return it only when the cloud is sure; a stopped instance still exists.
@@ -39,6 +41,16 @@ pub enum CloudError {
         message: String,
         /// How long to wait before the retry.
         retry_after: Duration,
+    },
+
+    /// This replica may no longer be the leader, so it must not change the cloud: the manager's
+    /// leadership lapsed (its Lease was not renewed within the renew deadline) while the call ran.
+    /// Return it from [`crate::leadership::check`] between the steps of a call that changes the cloud;
+    /// the manager never retries it (the process is about to step down).
+    #[error("not changing the cloud: this replica's leadership lapsed {lapsed:?} ago")]
+    LeadershipLost {
+        /// How long ago leadership lapsed.
+        lapsed: Duration,
     },
 
     /// Anything else: what failed, with the underlying cause when there is one.
@@ -108,6 +120,7 @@ impl CloudError {
             Self::DiskNotFound => "disk_not_found",
             Self::ImplementedElsewhere => "implemented_elsewhere",
             Self::RetryAfter { .. } => "retry_after",
+            Self::LeadershipLost { .. } => "leadership_lost",
             Self::Other { .. } => "other",
         }
     }

@@ -71,6 +71,7 @@ pub mod config_values;
 mod error;
 mod helpers;
 mod instances;
+pub mod leadership;
 mod load_balancer;
 mod provider;
 mod registry;
@@ -89,7 +90,7 @@ pub use helpers::{
     parse_go_duration,
 };
 pub use instances::{InstanceMetadata, Instances, InstancesV2, node_address};
-pub use load_balancer::{LoadBalancer, LoadBalancerPreview};
+pub use load_balancer::{ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef};
 pub use provider::{CloudProvider, InitializeContext};
 pub use registry::{
     AddFlagsFn, CloudConfig, ProviderFactoryFn, ProviderResult, Registration, Registry,

@@ -78,6 +78,108 @@ pub trait LoadBalancer: Send + Sync {
         let _ = (cluster_name, service, nodes);
         Ok(LoadBalancerPreview::Unknown)
     }
+
+    /// Every load balancer this provider made for Services of the cluster `cluster_name`, for the
+    /// service controller's sweep of load balancers whose Service is gone
+    /// (`--orphaned-load-balancer-sweep-period`).
+    ///
+    /// List only what [`LoadBalancer::ensure_load_balancer`] created for this cluster (by its tags, or
+    /// whatever marks ownership in the cloud), never a load balancer made by hand or by another cluster:
+    /// the sweep deletes every listed one whose [`ClusterLoadBalancer::name`] is not
+    /// [`LoadBalancer::get_load_balancer_name`] of a Service that exists. The default answers
+    /// [`CloudError::NotImplemented`](crate::CloudError::NotImplemented): no sweep.
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        let _ = cluster_name;
+        Err(crate::CloudError::NotImplemented)
+    }
+
+    /// Deletes a load balancer [`LoadBalancer::list_load_balancers`] reported, whose Service no
+    /// longer exists; succeeds when it is already gone. The Service itself is gone, so everything the
+    /// deletion needs must come from the cloud (the load balancer's name, tags and kind).
+    async fn delete_orphaned_load_balancer(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let _ = (cluster_name, load_balancer);
+        Err(crate::CloudError::NotImplemented)
+    }
+}
+
+/// A load balancer a provider made for a Service of the cluster
+/// ([`LoadBalancer::list_load_balancers`]).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterLoadBalancer {
+    /// Its cloud-side name: [`LoadBalancer::get_load_balancer_name`] of the Service it was made for.
+    pub name: String,
+    /// The Service it was made for, when the cloud records it (a tag, say): named in the sweep's log
+    /// and event.
+    pub service: Option<ServiceRef>,
+    /// Anything else the provider needs to delete it (an ARN, a kind), opaque to the manager.
+    pub handle: String,
+}
+
+impl ClusterLoadBalancer {
+    /// The load balancer named `name`, made for `service` when known.
+    pub fn new(name: impl Into<String>, service: Option<ServiceRef>) -> Self {
+        Self {
+            name: name.into(),
+            service,
+            handle: String::new(),
+        }
+    }
+
+    /// With the provider's own `handle` (see [`ClusterLoadBalancer::handle`]).
+    pub fn with_handle(mut self, handle: impl Into<String>) -> Self {
+        self.handle = handle.into();
+        self
+    }
+}
+
+/// A Service by namespace and name (and UID when known).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+    /// Its UID, when known.
+    pub uid: Option<String>,
+}
+
+impl ServiceRef {
+    /// The Service `namespace/name`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: None,
+        }
+    }
+
+    /// With its UID.
+    pub fn with_uid(mut self, uid: impl Into<String>) -> Self {
+        self.uid = Some(uid.into());
+        self
+    }
+
+    /// Parses `namespace/name` (as cloud tags often hold it); `None` for anything else.
+    pub fn parse(namespaced_name: &str) -> Option<Self> {
+        let (namespace, name) = namespaced_name.split_once('/')?;
+        (!namespace.is_empty() && !name.is_empty() && !name.contains('/'))
+            .then(|| Self::new(namespace, name))
+    }
+}
+
+impl std::fmt::Display for ServiceRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 /// What ensuring a load balancer would change ([`LoadBalancer::preview_load_balancer`]).

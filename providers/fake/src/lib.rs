@@ -388,7 +388,12 @@ impl FakeCloud {
     /// Runs `change` on the cloud state and writes the state file (or, with `stateFileBatched`, leaves
     /// it to the background writer). With a shared state file, `change` runs under the file lock on the
     /// state as the file holds it, and the file is written before the lock is released.
+    ///
+    /// Refused with `LeadershipLost` once the manager's leadership lapsed, as a real provider checks
+    /// between steps: a leader that froze during a call's latency and resumed after a takeover changes
+    /// nothing.
     fn change<T>(&self, change: impl FnOnce(&mut Mutable) -> CloudResult<T>) -> CloudResult<T> {
+        cloud_provider::leadership::check()?;
         if let Some(shared) = &self.inner.shared {
             return self.inner.with_shared_file(shared, change);
         }

@@ -2,7 +2,8 @@
 
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudError, CloudResult, LoadBalancer, LoadBalancerPreview, default_load_balancer_name,
+    CloudError, CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef,
+    default_load_balancer_name,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
@@ -252,6 +253,40 @@ impl LoadBalancer for FakeCloud {
             Ok(())
         })
     }
+
+    /// Every load balancer the fake holds (it holds one cluster's).
+    async fn list_load_balancers(&self, _cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        self.enter_for("list_load_balancers", "").await?;
+        self.refresh()?;
+        let cloud = self.inner.lock();
+        Ok(cloud
+            .state
+            .load_balancers
+            .iter()
+            .map(|lb| ClusterLoadBalancer::new(&lb.name, ServiceRef::parse(&lb.service)))
+            .collect())
+    }
+
+    async fn delete_orphaned_load_balancer(
+        &self,
+        _cluster: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let object = load_balancer
+            .service
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        self.enter_for("delete_orphaned_load_balancer", &object)
+            .await?;
+        self.change(|cloud| {
+            cloud
+                .state
+                .load_balancers
+                .retain(|lb| lb.name != load_balancer.name);
+            Ok(())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -259,6 +294,65 @@ mod tests {
     use cloud_provider::{CloudProvider, conformance};
 
     use super::*;
+
+    #[tokio::test]
+    async fn load_balancers_are_listed_and_an_orphan_deleted_by_name() {
+        let cloud = FakeCloud::from_yaml("{}").unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let web = conformance::load_balancer_service(
+            "shop",
+            "web",
+            "11111111-1111-1111-1111-111111111111",
+        );
+        lb.ensure_load_balancer("k", &web, &[conformance::node("n1")])
+            .await
+            .unwrap();
+        let listed = lb.list_load_balancers("k").await.unwrap();
+        let name = lb.get_load_balancer_name("k", &web);
+        assert_eq!(
+            listed,
+            vec![ClusterLoadBalancer::new(
+                &name,
+                Some(ServiceRef::new("shop", "web"))
+            )]
+        );
+        lb.delete_orphaned_load_balancer("k", &listed[0])
+            .await
+            .unwrap();
+        assert!(lb.list_load_balancers("k").await.unwrap().is_empty());
+        // Already gone: still a success.
+        lb.delete_orphaned_load_balancer("k", &listed[0])
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn nothing_changes_once_leadership_lapsed() {
+        use cloud_provider::leadership::{Leadership, LeadershipSource};
+        struct Lapsed;
+        impl LeadershipSource for Lapsed {
+            fn lapsed(&self) -> Option<std::time::Duration> {
+                Some(std::time::Duration::from_secs(1))
+            }
+        }
+        let cloud = FakeCloud::from_yaml("{}").unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let web = conformance::load_balancer_service(
+            "shop",
+            "web",
+            "11111111-1111-1111-1111-111111111111",
+        );
+        let nodes = [conformance::node("n1")];
+        let refused = Leadership::new(std::sync::Arc::new(Lapsed))
+            .scope(lb.ensure_load_balancer("k", &web, &nodes))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, CloudError::LeadershipLost { .. }),
+            "{refused}"
+        );
+        assert!(lb.list_load_balancers("k").await.unwrap().is_empty());
+    }
 
     #[tokio::test]
     async fn ensure_records_ports_nodes_and_a_stable_ip() {

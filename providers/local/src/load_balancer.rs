@@ -27,7 +27,7 @@ use std::{
 };
 
 use cloud_provider::{
-    CloudResult, LoadBalancer, async_trait,
+    CloudResult, ClusterLoadBalancer, LoadBalancer, ServiceRef, async_trait,
     service_helpers::{
         IpFamily, IpMode, health_check_path_port, ingress_for_ip, ip_families, is_allow_all,
         load_balancer_source_ranges, port_groups, requests_only_local_traffic,
@@ -756,6 +756,7 @@ impl LoadBalancer for LocalCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<LoadBalancerStatus> {
+        cloud_provider::leadership::check()?;
         let span = tracing::info_span!("ensure_load_balancer", service = %key_of(service));
         Ok(self.ensure(service, nodes).instrument(span).await?)
     }
@@ -766,6 +767,7 @@ impl LoadBalancer for LocalCloud {
         service: &Service,
         nodes: &[Node],
     ) -> CloudResult<()> {
+        cloud_provider::leadership::check()?;
         let span = tracing::info_span!("update_load_balancer", service = %key_of(service));
         self.update_backends(service, nodes)
             .instrument(span)
@@ -803,6 +805,44 @@ impl LoadBalancer for LocalCloud {
         .instrument(span)
         .await;
         Ok(())
+    }
+
+    /// Every load balancer this process holds addresses for, by the UID of its Service.
+    async fn list_load_balancers(
+        &self,
+        _cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        let allocations = lock(&self.inner.load_balancers);
+        Ok(allocations
+            .services
+            .iter()
+            .filter_map(|(key, record)| {
+                let uid = record.uid.as_deref()?;
+                let (namespace, name) = key.split_once('/')?;
+                let mut service = Service::default();
+                service.metadata.uid = Some(uid.to_owned());
+                Some(ClusterLoadBalancer::new(
+                    cloud_provider::default_load_balancer_name(&service),
+                    Some(ServiceRef::new(namespace, name).with_uid(uid)),
+                ))
+            })
+            .collect())
+    }
+
+    async fn delete_orphaned_load_balancer(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let Some(reference) = &load_balancer.service else {
+            return Ok(()); // `list_load_balancers` names the Service of every load balancer it lists
+        };
+        let mut service = Service::default();
+        service.metadata.namespace = Some(reference.namespace.clone());
+        service.metadata.name = Some(reference.name.clone());
+        service.metadata.uid = reference.uid.clone();
+        self.ensure_load_balancer_deleted(cluster_name, &service)
+            .await
     }
 }
 
@@ -1132,6 +1172,38 @@ mod tests {
 
     /// The node sync hands `update_load_balancer` the copy of the Service it last synced: it may be
     /// older than the last ensure, or than the Service's deletion.
+    #[tokio::test]
+    async fn load_balancers_are_listed_by_their_service_s_uid_and_an_orphan_deleted() {
+        let cloud = LocalCloud::new(Config::default(), None);
+        let web = svc(
+            json!({"spec": {"ports": [{"port": 18778, "nodePort": 30778, "protocol": "TCP"}]}}),
+        );
+        cloud
+            .ensure_load_balancer("c", &web, &[adopted_node("n1", "127.0.9.1")])
+            .await
+            .unwrap();
+        let listed = cloud.list_load_balancers("c").await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].name, cloud.get_load_balancer_name("c", &web));
+        let reference = listed[0].service.clone().unwrap();
+        assert_eq!(
+            (reference.namespace.as_str(), reference.name.as_str()),
+            (
+                web.metadata.namespace.as_deref().unwrap_or("default"),
+                web.metadata.name.as_deref().unwrap()
+            )
+        );
+        cloud
+            .delete_orphaned_load_balancer("c", &listed[0])
+            .await
+            .unwrap();
+        assert!(cloud.list_load_balancers("c").await.unwrap().is_empty());
+        assert!(
+            applied(&cloud).is_none(),
+            "the data plane no longer runs it"
+        );
+    }
+
     #[tokio::test]
     async fn an_update_changes_only_backends_and_never_revives_a_deleted_load_balancer() {
         let cloud = LocalCloud::new(Config::default(), None);

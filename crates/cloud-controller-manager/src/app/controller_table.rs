@@ -295,6 +295,8 @@ fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>,
     Ok(Some(service::Config {
         cluster_name: cfg.cluster_name().to_owned(),
         workers: usize::from(cfg.options().service.concurrent_service_syncs),
+        orphan_sweep_period: Some(cfg.options().service.orphaned_load_balancer_sweep_period)
+            .filter(|period| !period.is_zero()),
     }))
 }
 

@@ -91,8 +91,14 @@ fn jittered(period: Duration) -> Duration {
 }
 
 impl LeaderElector {
-    /// A candidate named `identity` for the Lease the options name.
-    pub fn new(client: Client, options: &LeaderElectionOptions, identity: String) -> Self {
+    /// A candidate named `identity` for the Lease the options name, which opens `fence` (a closed
+    /// [`WriteFence::default`]) while it leads.
+    pub fn new(
+        client: Client,
+        options: &LeaderElectionOptions,
+        identity: String,
+        fence: WriteFence,
+    ) -> Self {
         Self {
             api: Api::namespaced(client, &options.leader_elect_resource_namespace),
             name: options.leader_elect_resource_name.clone(),
@@ -103,7 +109,7 @@ impl LeaderElector {
             retry_period: options.leader_elect_retry_period,
             observed: Mutex::default(),
             last_renewal: Mutex::default(),
-            fence: WriteFence::default(),
+            fence,
         }
     }
 

@@ -192,10 +192,20 @@ pub async fn run(
     }
     drop(configure);
     metrics.register_provider(cloud.as_ref());
-    // Every call the controllers make to the cloud is timed and its errors counted.
+    // With leader election, the API writes and the cloud calls of the controllers go on only while this
+    // fence, which the elector opens and extends, allows.
+    let leading = options.leader_election.leader_elect && !options.generic.dry_run;
+    let fence = if leading {
+        WriteFence::default()
+    } else {
+        WriteFence::unenforced()
+    };
+    // Every call the controllers make to the cloud is timed, its errors counted, and kept within
+    // leadership.
     let cloud: Arc<dyn CloudProvider> = Arc::new(crate::cloud_metrics::MeteredCloud::new(
         cloud,
         metrics.cloud.clone(),
+        fence.clone(),
     ));
     // Shadow mode: API writes become recorded dry runs, cloud writes recorded previews.
     let shadow = options
@@ -252,11 +262,12 @@ pub async fn run(
             "--dry-run: leader election is off (a shadow writes nothing, so it needs no lease and must not take the acting manager's); every write is a recorded dry run, reported at /dry-run"
         );
     }
-    let elector = if options.leader_election.leader_elect && dry_run_view.is_none() {
+    let elector = if leading {
         let elector = Arc::new(LeaderElector::new(
             clients.build_for_leader_election()?,
             &options.leader_election,
             leader_election::new_identity(),
+            fence,
         ));
         health.watch_leader(elector.clone());
         if !elector.acquire(&shutdown).await {

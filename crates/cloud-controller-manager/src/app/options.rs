@@ -238,6 +238,13 @@ pub struct ServiceControllerOptions {
     /// change. Upstream's default is 1; 16 keeps many Services from queueing behind one slow cloud call.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrent_service_syncs: u16,
+
+    /// How often the service controller looks for load balancers the cloud holds for this cluster whose
+    /// Service no longer exists (left by a leader that froze during a call, or by anything else) and
+    /// deletes them; `0s` turns the sweep off. Not in upstream. Needs a provider that lists its load
+    /// balancers (`fake`, `local` and `aws` do; for others the sweep says once that it cannot run).
+    #[arg(long, default_value = "5m", value_parser = go_duration_or_zero)]
+    pub orphaned_load_balancer_sweep_period: Duration,
 }
 
 /// The node-route controller.
@@ -295,6 +302,11 @@ fn go_bool(text: &str) -> Result<bool, String> {
 }
 
 /// A positive duration in Go's syntax (`5s`, `1m30s`).
+/// A Go duration where `0s` means "off".
+fn go_duration_or_zero(text: &str) -> Result<Duration, String> {
+    cloud_provider::parse_go_duration(text)
+}
+
 fn go_duration(text: &str) -> Result<Duration, String> {
     let duration = cloud_provider::parse_go_duration(text)?;
     if duration.is_zero() {
@@ -454,6 +466,10 @@ mod tests {
         );
         assert_eq!(options.node.node_monitor_period, Duration::from_secs(5));
         assert_eq!(options.service.concurrent_service_syncs, 16);
+        assert_eq!(
+            options.service.orphaned_load_balancer_sweep_period,
+            Duration::from_secs(300)
+        );
         let le = &options.leader_election;
         assert!(le.leader_elect);
         assert_eq!(

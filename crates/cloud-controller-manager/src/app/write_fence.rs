@@ -83,8 +83,26 @@ impl WriteFence {
         *self.lock()
     }
 
+    /// Resolves once the fence is closed (never for an unenforced one), with how long ago it closed:
+    /// the manager drops a cloud call in flight at that moment (see `cloud_metrics`).
+    pub async fn closed(&self) -> Duration {
+        if !self.enforced {
+            return std::future::pending().await;
+        }
+        loop {
+            match self.closed_for() {
+                Some(ago) => return ago,
+                // A renewal may have moved the deadline meanwhile: look again when this one passes.
+                None => match self.valid_until() {
+                    Some(until) => tokio::time::sleep_until(until.into()).await,
+                    None => return Duration::ZERO,
+                },
+            }
+        }
+    }
+
     /// How long ago the fence closed, or `None` while writes are allowed.
-    fn closed_for(&self) -> Option<Duration> {
+    pub fn closed_for(&self) -> Option<Duration> {
         if !self.enforced {
             return None;
         }
@@ -98,6 +116,13 @@ impl WriteFence {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
         self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A provider's `cloud_provider::leadership::check` consults the fence.
+impl cloud_provider::leadership::LeadershipSource for WriteFence {
+    fn lapsed(&self) -> Option<Duration> {
+        self.closed_for()
     }
 }
 
@@ -196,6 +221,28 @@ mod tests {
 
         let open = WriteFence::unenforced();
         assert!(send(&open, Method::DELETE).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn closed_resolves_at_the_deadline_as_renewals_move_it() {
+        let fence = WriteFence::default();
+        let started = Instant::now();
+        fence.allow_until(started + Duration::from_millis(60));
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.closed().await }
+        });
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        fence.allow_until(started + Duration::from_millis(150)); // a renewal
+        waiting.await.unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(150));
+        let unenforced = WriteFence::unenforced();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), unenforced.closed())
+                .await
+                .is_err(),
+            "an unenforced fence never closes"
+        );
     }
 
     #[tokio::test]

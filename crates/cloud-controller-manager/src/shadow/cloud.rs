@@ -1,15 +1,16 @@
 //! The shadow cloud: forwards every read to the provider and makes no write. `ensure` and `update` of a
 //! load balancer become previews ([`LoadBalancer::preview_load_balancer`]) and answer the status the
 //! load balancer has now (so the Service's status write is a no-op unless the Service's status itself
-//! differs); `delete` of a load balancer and `create`/`delete` of a route are recorded. Instances,
+//! differs); `delete` of a load balancer (an orphan's too) and `create`/`delete` of a route are
+//! recorded. Instances,
 //! zones and clusters are reads and go to the provider as they are.
 
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use cloud_provider::{
-    CloudProvider, CloudResult, Clusters, InitializeContext, Instances, InstancesV2, LoadBalancer,
-    LoadBalancerPreview, Route, Routes, Zones,
+    CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InitializeContext, Instances,
+    InstancesV2, LoadBalancer, LoadBalancerPreview, Route, Routes, Zones,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use serde_json::json;
@@ -224,6 +225,32 @@ impl LoadBalancer for ShadowCloud {
         self.lb()?
             .preview_load_balancer(cluster, service, nodes)
             .await
+    }
+    async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        self.lb()?.list_load_balancers(cluster).await
+    }
+    async fn delete_orphaned_load_balancer(
+        &self,
+        _cluster: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        self.lb()?;
+        let mut service = Service::default();
+        if let Some(reference) = &load_balancer.service {
+            service.metadata.namespace = Some(reference.namespace.clone());
+            service.metadata.name = Some(reference.name.clone());
+        }
+        self.report.record_cloud(
+            format!("loadBalancer {}", load_balancer.name),
+            "delete_orphaned_load_balancer",
+            CloudObject::LoadBalancer {
+                service: Arc::new(service),
+                nodes: Arc::default(),
+                delete: true,
+            },
+            json!({"kind": "delete", "name": load_balancer.name, "reason": "its Service no longer exists"}),
+        );
+        Ok(())
     }
 }
 

@@ -55,6 +55,12 @@ pub(crate) enum ServiceEvent<'a> {
     DeletedLoadBalancer,
     /// Deleting the load balancer of a deleted Service failed.
     DeleteLoadBalancerFailed(&'a CloudError),
+    /// The sweep deleted a load balancer whose Service no longer exists (not in upstream): recorded on
+    /// the Service it was made for, so `kubectl get events -n <its namespace>` shows it.
+    DeletedOrphanedLoadBalancer {
+        /// The load balancer's cloud-side name.
+        name: &'a str,
+    },
     /// A load balancer was given the current backend nodes.
     UpdatedLoadBalancer,
     /// Giving a load balancer the current backend nodes failed (it is retried through a full sync).
@@ -74,6 +80,7 @@ impl ServiceEvent<'_> {
             | Self::EnsuredLoadBalancer
             | Self::DeletingLoadBalancer
             | Self::DeletedLoadBalancer
+            | Self::DeletedOrphanedLoadBalancer { .. }
             | Self::UpdatedLoadBalancer => EventType::Normal,
             Self::NoAvailableNodes(_)
             | Self::SyncLoadBalancerFailed(_)
@@ -92,6 +99,7 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer => "DeletingLoadBalancer",
             Self::DeletedLoadBalancer => "DeletedLoadBalancer",
             Self::DeleteLoadBalancerFailed(_) => "DeleteLoadBalancerFailed",
+            Self::DeletedOrphanedLoadBalancer { .. } => "DeletedOrphanedLoadBalancer",
             Self::UpdatedLoadBalancer => "UpdatedLoadBalancer",
             Self::UpdateLoadBalancerFailed { .. } => "UpdateLoadBalancerFailed",
         }
@@ -105,7 +113,8 @@ impl ServiceEvent<'_> {
             Self::SyncLoadBalancerFailed(_) => Step::Sync,
             Self::DeletingLoadBalancer
             | Self::DeletedLoadBalancer
-            | Self::DeleteLoadBalancerFailed(_) => Step::Delete,
+            | Self::DeleteLoadBalancerFailed(_)
+            | Self::DeletedOrphanedLoadBalancer { .. } => Step::Delete,
             Self::UpdatedLoadBalancer | Self::UpdateLoadBalancerFailed { .. } => Step::Update,
         }
     }
@@ -120,6 +129,9 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer => "Deleting load balancer".to_owned(),
             Self::DeletedLoadBalancer => "Deleted load balancer".to_owned(),
             Self::DeleteLoadBalancerFailed(err) => format!("Error deleting load balancer: {err}"),
+            Self::DeletedOrphanedLoadBalancer { name } => format!(
+                "Deleted load balancer {name}: the cloud still held it although its Service no longer exists"
+            ),
             Self::UpdatedLoadBalancer => "Updated load balancer with new hosts".to_owned(),
             Self::UpdateLoadBalancerFailed { nodes, error } => {
                 let names: Vec<&str> = nodes
@@ -231,6 +243,13 @@ mod tests {
                 "DeleteLoadBalancerFailed",
                 "DeleteLoadBalancer",
                 "Error deleting load balancer: unimplemented".into(),
+            ),
+            (
+                ServiceEvent::DeletedOrphanedLoadBalancer { name: "a1b2" },
+                Normal,
+                "DeletedOrphanedLoadBalancer",
+                "DeleteLoadBalancer",
+                "Deleted load balancer a1b2: the cloud still held it although its Service no longer exists".into(),
             ),
             (
                 ServiceEvent::UpdatedLoadBalancer,

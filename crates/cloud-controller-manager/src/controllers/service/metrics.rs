@@ -18,6 +18,8 @@ pub struct ServiceMetrics {
     pub(super) host_update_latency: Histogram,
     /// The load balancers the controller believes exist.
     pub(super) load_balancers: Gauge,
+    /// Load balancers the sweep deleted because their Service no longer existed (not in upstream).
+    pub(super) orphans_deleted: Counter,
 }
 
 impl ServiceMetrics {
@@ -33,6 +35,7 @@ impl ServiceMetrics {
             nodesync_latency: buckets(),
             host_update_latency: buckets(),
             load_balancers: Gauge::default(),
+            orphans_deleted: Counter::default(),
         };
         let sub = registry.sub_registry_with_prefix("service_controller");
         sub.register(
@@ -59,6 +62,11 @@ impl ServiceMetrics {
             "load_balancers",
             "The number of load balancers this controller believes exist.",
             metrics.load_balancers.clone(),
+        );
+        sub.register(
+            "orphaned_load_balancers_deleted",
+            "Load balancers the sweep deleted because their Service no longer existed.",
+            metrics.orphans_deleted.clone(),
         );
         metrics
     }

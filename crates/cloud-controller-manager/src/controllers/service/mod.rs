@@ -11,8 +11,8 @@
 //!
 //! The parts: `plan` decides what a sync does (pure, table-tested), `sync` executes it, `node_sync` gives
 //! load balancers the current nodes, `deletion` cleans up after Services that vanished without our
-//! finalizer, `events` names every event recorded, [`node_set`] says which nodes are backends, and
-//! `metrics` holds the metrics.
+//! finalizer, `sweep` deletes load balancers whose Service no longer exists, `events` names every event
+//! recorded, [`node_set`] says which nodes are backends, and `metrics` holds the metrics.
 
 mod deletion;
 mod events;
@@ -20,6 +20,7 @@ mod metrics;
 pub mod node_set;
 mod node_sync;
 pub(crate) mod plan;
+mod sweep;
 mod sync;
 
 use crate::cached_node::CachedNode;
@@ -68,6 +69,15 @@ pub(crate) enum ServiceError {
         /// The cloud's error.
         #[source]
         source: CloudError,
+    },
+    /// A read from the API server failed.
+    #[error("{what}: {source}")]
+    Read {
+        /// What was being read.
+        what: &'static str,
+        /// The API error.
+        #[source]
+        source: kube::Error,
     },
     /// The API server refused a write.
     #[error("{what}: {source}")]
@@ -199,6 +209,9 @@ pub struct Config {
     /// Services synced at once, and load balancers updated at once after a node change
     /// (`--concurrent-service-syncs`).
     pub workers: usize,
+    /// How often load balancers whose Service no longer exists are looked for and deleted
+    /// (`--orphaned-load-balancer-sweep-period`; `None`: never).
+    pub orphan_sweep_period: Option<Duration>,
 }
 
 /// Starts the controller: `None` (with a warning) when the cloud offers no load balancers.
@@ -219,6 +232,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     let Config {
         cluster_name,
         workers,
+        orphan_sweep_period,
     } = config;
     let context = Arc::new(Context {
         client: ctx.client.clone(),
@@ -251,6 +265,14 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             node_changes,
             shutdown.clone(),
         ));
+        let sweep = orphan_sweep_period.map(|period| {
+            tokio::spawn(sweep::sweep_loop(
+                context.clone(),
+                services.clone(),
+                period,
+                shutdown.clone(),
+            ))
+        });
         let retries =
             futures::stream::unfold(
                 retries,
@@ -270,6 +292,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             .await;
         let _ = deleted.await;
         let _ = node_sync.await;
+        if let Some(sweep) = sweep {
+            let _ = sweep.await;
+        }
         Ok(())
     }))
 }
