@@ -75,6 +75,9 @@ pub enum Error {
     /// the call is asked again after a fixed delay.
     #[error("{0}")]
     StillInUse(String),
+    /// The manager's leadership lapsed: no further AWS write is made (`cloud_provider::leadership`).
+    #[error("not changing AWS: this replica's leadership lapsed {0:?} ago")]
+    LeadershipLost(std::time::Duration),
 }
 
 impl Error {
@@ -112,6 +115,7 @@ impl From<Error> for CloudError {
             Error::StillInUse(message) => {
                 CloudError::retry_after(message, std::time::Duration::from_secs(10))
             }
+            Error::LeadershipLost(lapsed) => CloudError::LeadershipLost { lapsed },
             other => CloudError::Other {
                 message: other.to_string(),
                 source: None,

@@ -282,6 +282,26 @@ impl LoadBalancer for AwsCloud {
             .preview_load_balancer(cluster_name, service, nodes)
             .await
     }
+
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<cloud_provider::ClusterLoadBalancer>> {
+        let parts = self.parts().await?;
+        parts.load_balancers.list_load_balancers(cluster_name).await
+    }
+
+    async fn delete_orphaned_load_balancer(
+        &self,
+        cluster_name: &str,
+        load_balancer: &cloud_provider::ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let parts = self.parts().await?;
+        parts
+            .load_balancers
+            .delete_orphaned_load_balancer(cluster_name, load_balancer)
+            .await
+    }
 }
 
 #[cloud_provider::async_trait]

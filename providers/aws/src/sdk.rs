@@ -307,6 +307,14 @@ impl Calls {
                 "AWS {operation} refused: a preview makes only Describe calls"
             )));
         }
+        // Each write is a step the manager's leadership must still cover (a leader that froze and
+        // resumed after a takeover makes no further change).
+        if !operation.contains("Describe")
+            && let Err(cloud_provider::CloudError::LeadershipLost { lapsed }) =
+                cloud_provider::leadership::check()
+        {
+            return Err(Error::LeadershipLost(lapsed));
+        }
         let mut delay = self.retry.base_delay;
         let mut attempt = 1;
         loop {

@@ -40,4 +40,11 @@ async fn the_aws_provider_passes_the_conformance_suite() {
     let report = run(&cloud, &fixtures).await;
     report.assert_passed();
     assert!(report.passed().len() >= 10, "{:?}", report.results);
+    assert!(
+        report
+            .passed()
+            .iter()
+            .any(|r| r.name == "load_balancer_is_listed_and_deleted_as_an_orphan"),
+        "the sweep's contract is checked, not skipped"
+    );
 }

@@ -745,3 +745,100 @@ async fn an_nlb_preview_tells_create_up_to_date_and_changes_without_writing() {
     let _serial = SERIAL.lock().await;
     preview_follows_what_ensure_would_do(&[(ANNOTATION_TYPE, "nlb")]).await;
 }
+
+/// The sweep's two calls: every Classic ELB and NLB tagged for the cluster is listed with the Service
+/// its tag names (one made by hand without the tag is not), and deleting them as orphans leaves nothing
+/// carrying the cluster's tag; a call whose leadership lapsed makes no AWS write.
+#[tokio::test]
+async fn the_cluster_s_load_balancers_are_listed_and_orphans_deleted() {
+    use cloud_provider::{
+        CloudError, ServiceRef,
+        leadership::{Leadership, LeadershipSource},
+    };
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let nlb = lb_service("web", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    let classic = lb_service("legacy", "fedcba98-7654-3210-fedc-ba9876543210", &[]);
+    lb.ensure_load_balancer("kubernetes", &nlb, &nodes)
+        .await
+        .unwrap();
+    lb.ensure_load_balancer("kubernetes", &classic, &nodes)
+        .await
+        .unwrap();
+    // Made by hand in the same account: never the cluster's to delete.
+    elbv2()
+        .create_load_balancer()
+        .name("by-hand")
+        .r#type(LoadBalancerTypeEnum::Network)
+        .subnets(&net.subnet_id)
+        .send()
+        .await
+        .unwrap();
+
+    let mut listed = lb.list_load_balancers("kubernetes").await.unwrap();
+    listed.sort_by(|a, b| a.name.cmp(&b.name));
+    let summary: Vec<(String, Option<ServiceRef>, String)> = listed
+        .iter()
+        .map(|l| (l.name.clone(), l.service.clone(), l.handle.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (
+                LB_NAME.to_owned(),
+                Some(ServiceRef::new("default", "web")),
+                "nlb".to_owned()
+            ),
+            (
+                lb.get_load_balancer_name("kubernetes", &classic),
+                Some(ServiceRef::new("default", "legacy")),
+                "classic".to_owned()
+            ),
+        ]
+    );
+
+    // Leadership lapsed: the deletion is refused before its first write.
+    struct Lapsed;
+    impl LeadershipSource for Lapsed {
+        fn lapsed(&self) -> Option<std::time::Duration> {
+            Some(std::time::Duration::from_secs(2))
+        }
+    }
+    let refused = Leadership::new(std::sync::Arc::new(Lapsed))
+        .scope(lb.delete_orphaned_load_balancer("kubernetes", &listed[0]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(refused, CloudError::LeadershipLost { .. }),
+        "{refused}"
+    );
+    assert_eq!(lb.list_load_balancers("kubernetes").await.unwrap().len(), 2);
+
+    for orphan in &listed {
+        lb.delete_orphaned_load_balancer("kubernetes", orphan)
+            .await
+            .unwrap();
+    }
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+    assert!(
+        lb.list_load_balancers("kubernetes")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let left: Vec<String> = elbv2()
+        .describe_load_balancers()
+        .send()
+        .await
+        .unwrap()
+        .load_balancers()
+        .iter()
+        .filter_map(|l| l.load_balancer_name().map(str::to_owned))
+        .collect();
+    assert_eq!(left, ["by-hand"]);
+}

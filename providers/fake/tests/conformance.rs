@@ -20,6 +20,13 @@ async fn fake_cloud_with_instances_v2_is_conformant() {
             .any(|r| r.name == "instances_v2_report_a_shut_down_instance"),
         "{report}"
     );
+    assert!(
+        report
+            .passed()
+            .iter()
+            .any(|r| r.name == "load_balancer_is_listed_and_deleted_as_an_orphan"),
+        "the sweep's contract is checked, not skipped"
+    );
 }
 
 #[tokio::test]

@@ -60,6 +60,7 @@ pub(super) const ALL: &[(&str, Check)] = &[
     check!(load_balancer_ensure_is_idempotent_and_get_agrees),
     check!(load_balancer_update_and_delete_are_idempotent),
     check!(load_balancer_serves_local_traffic_policy_and_source_ranges),
+    check!(load_balancer_is_listed_and_deleted_as_an_orphan),
     check!(routes_round_trip),
 ];
 
@@ -441,6 +442,58 @@ async fn load_balancer_update_and_delete_are_idempotent(
             "deleting a load balancer that is already gone must succeed, got: {err}"
         ))),
     }
+}
+
+/// The sweep's contract: an ensured load balancer is listed under the name `get_load_balancer_name`
+/// gives, and deleting it as an orphan makes it gone (twice is fine). Skipped when the provider does
+/// not list its load balancers.
+async fn load_balancer_is_listed_and_deleted_as_an_orphan(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
+    let name = lb.get_load_balancer_name(&f.cluster_name, &f.service);
+    let before = match lb.list_load_balancers(&f.cluster_name).await {
+        Err(CloudError::NotImplemented) => return skip("list_load_balancers"),
+        other => call("list_load_balancers", other)?,
+    };
+    ensure!(
+        !before.iter().any(|l| l.name == name),
+        "list_load_balancers() lists {name} before it was ensured"
+    );
+    call(
+        "ensure_load_balancer",
+        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
+            .await,
+    )?;
+    let listed = call(
+        "list_load_balancers",
+        lb.list_load_balancers(&f.cluster_name).await,
+    )?;
+    let Some(ours) = listed.iter().find(|l| l.name == name) else {
+        let names: Vec<&str> = listed.iter().map(|l| l.name.as_str()).collect();
+        return Err(Stop::Fail(format!(
+            "list_load_balancers() after ensure_load_balancer() lacks {name} (get_load_balancer_name): {names:?}"
+        )));
+    };
+    for _ in 0..2 {
+        call(
+            "delete_orphaned_load_balancer",
+            lb.delete_orphaned_load_balancer(&f.cluster_name, ours)
+                .await,
+        )?;
+    }
+    let got = call(
+        "get_load_balancer(after delete_orphaned_load_balancer)",
+        lb.get_load_balancer(&f.cluster_name, &f.service).await,
+    )?;
+    ensure!(
+        got.is_none(),
+        "get_load_balancer() = {got:?} after delete_orphaned_load_balancer()"
+    );
+    Ok(())
 }
 
 /// The fixture's Service as the helpers in `service_helpers` read it in the cases they exist for:

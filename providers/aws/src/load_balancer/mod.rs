@@ -7,6 +7,7 @@
 //! what a failed creation left behind.
 
 mod classic;
+mod inventory;
 mod nlb;
 mod plan;
 pub mod spec;
@@ -19,7 +20,9 @@ use std::{
 };
 
 use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
-use cloud_provider::{CloudResult, LoadBalancer, LoadBalancerPreview, default_load_balancer_name};
+use cloud_provider::{
+    CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, default_load_balancer_name,
+};
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{
@@ -595,6 +598,37 @@ impl LoadBalancer for LoadBalancers {
         // Both kinds: the Service's type annotation may have changed since its load balancer was made.
         self.delete_nlb(&name, &service_name, &cluster_id).await?;
         self.delete_classic(&name, &cluster_id).await?;
+        Ok(())
+    }
+
+    /// Every Classic ELB and NLB tagged for the cluster (`kubernetes.io/cluster/<id>`).
+    async fn list_load_balancers(
+        &self,
+        cluster_name: &str,
+    ) -> CloudResult<Vec<ClusterLoadBalancer>> {
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        Ok(self.cluster_load_balancers(&cluster_id).await?)
+    }
+
+    #[tracing::instrument(skip_all, fields(load_balancer = load_balancer.name))]
+    async fn delete_orphaned_load_balancer(
+        &self,
+        cluster_name: &str,
+        load_balancer: &ClusterLoadBalancer,
+    ) -> CloudResult<()> {
+        let cluster_id = self.cluster_id(cluster_name).to_owned();
+        let service_name = load_balancer
+            .service
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        if load_balancer.handle == inventory::NLB {
+            self.delete_nlb(&load_balancer.name, &service_name, &cluster_id)
+                .await?;
+        } else {
+            self.delete_classic(&load_balancer.name, &cluster_id)
+                .await?;
+        }
         Ok(())
     }
 }
