@@ -1,6 +1,7 @@
 //! A TCP proxy in front of the API server that can go silent: while cut, it reads and discards
 //! everything in both directions and accepts new connections that then hear nothing, as a network
-//! partition that drops packets looks to both ends. Its connections to the API server come from
+//! partition that drops packets looks to both ends; while held, it delivers nothing but keeps every
+//! byte, and delivers them all once released, as a network that buffers a partition's traffic does. Its connections to the API server come from
 //! another loopback address, so the API server's audit log tells its requests apart.
 
 use std::{
@@ -21,6 +22,7 @@ use tokio::{
 pub struct BlackholeProxy {
     address: SocketAddr,
     cut: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
     task: JoinHandle<()>,
 }
 
@@ -35,22 +37,29 @@ impl BlackholeProxy {
         let listener = TcpListener::bind(listen).await.unwrap();
         let address = listener.local_addr().unwrap();
         let cut = Arc::new(AtomicBool::new(false));
-        let flag = cut.clone();
+        let held = Arc::new(AtomicBool::new(false));
+        let (flag, hold) = (cut.clone(), held.clone());
         let task = tokio::spawn(async move {
             let mut connections = JoinSet::new();
             while let Ok((client, _)) = listener.accept().await {
                 let cut = flag.clone();
+                let held = hold.clone();
                 connections.spawn(async move {
                     let socket = TcpSocket::new_v4().unwrap();
                     socket.bind(SocketAddr::new(source, 0)).unwrap();
                     let Ok(server) = socket.connect(upstream).await else {
                         return;
                     };
-                    forward(client, server, cut).await;
+                    forward(client, server, cut, held).await;
                 });
             }
         });
-        Self { address, cut, task }
+        Self {
+            address,
+            cut,
+            held,
+            task,
+        }
     }
 
     /// The address clients connect to.
@@ -62,6 +71,11 @@ impl BlackholeProxy {
     pub fn set_cut(&self, cut: bool) {
         self.cut.store(cut, Ordering::SeqCst);
     }
+
+    /// Starts (`true`) or ends (`false`) holding every byte back, to deliver them all at the end.
+    pub fn set_held(&self, held: bool) {
+        self.held.store(held, Ordering::SeqCst);
+    }
 }
 
 impl Drop for BlackholeProxy {
@@ -70,20 +84,30 @@ impl Drop for BlackholeProxy {
     }
 }
 
-async fn forward(client: TcpStream, server: TcpStream, cut: Arc<AtomicBool>) {
+async fn forward(
+    client: TcpStream,
+    server: TcpStream,
+    cut: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
+) {
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
+    // Towards the API server, a client that closed its end (it exited) still has its held bytes
+    // delivered: that direction ends the connection only once it has written everything.
+    let upstream = tokio::spawn(pump(client_read, server_write, cut.clone(), held.clone()));
+    let downstream = pump(server_read, client_write, cut, held);
     tokio::select! {
-        () = pump(client_read, server_write, cut.clone()) => {}
-        () = pump(server_read, client_write, cut) => {}
+        _ = upstream => {}
+        () = downstream => {}
     }
 }
 
-/// Copies `from` to `to`, dropping what arrives while cut.
+/// Copies `from` to `to`, dropping what arrives while cut and keeping back what arrives while held.
 async fn pump(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     cut: Arc<AtomicBool>,
+    held: Arc<AtomicBool>,
 ) {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
@@ -93,6 +117,9 @@ async fn pump(
         };
         if cut.load(Ordering::SeqCst) {
             continue;
+        }
+        while held.load(Ordering::SeqCst) {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         if to.write_all(&buffer[..n]).await.is_err() {
             return;

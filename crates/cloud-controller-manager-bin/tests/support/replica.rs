@@ -81,6 +81,16 @@ impl Replica {
         )
     }
 
+    /// Like [`Replica::start_on_cloud`], reaching the API server through `kubeconfig`.
+    pub fn start_on_cloud_through(
+        cloud_config: &Path,
+        state_file: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+    ) -> Self {
+        Self::spawn(cloud_config, state_file.to_owned(), kubeconfig, args)
+    }
+
     fn spawn(config: &Path, state_file: PathBuf, kubeconfig: &Path, args: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .arg("--cloud-provider=fake")
