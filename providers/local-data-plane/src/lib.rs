@@ -357,7 +357,10 @@ impl DataPlane {
                     socket,
                     shared.clone(),
                     stop.clone(),
-                    self.inner.settings.connect_timeout,
+                    tcp::Timeouts {
+                        connect: self.inner.settings.connect_timeout,
+                        idle: self.inner.settings.tcp_idle_timeout,
+                    },
                 );
                 (local_addr, tokio::spawn(task.instrument(span)))
             }

@@ -28,6 +28,8 @@ pub mod names {
     pub const REFUSED: &str = "local_lb_refused_connections";
     /// Counter: failed connection attempts to backends.
     pub const BACKEND_CONNECT_ERRORS: &str = "local_lb_backend_connect_errors";
+    /// Counter: TCP connections closed because no byte moved either way for the idle timeout.
+    pub const IDLE_TIMEOUTS: &str = "local_lb_idle_timeouts";
     /// Gauge: 1 if the backend gets new connections, else 0.
     pub const BACKEND_HEALTHY: &str = "local_lb_backend_healthy";
     /// Gauge: file descriptors the data plane's connections and flows hold.
@@ -66,7 +68,7 @@ impl Collector for DataPlaneCollector {
             ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
                 .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
         }
-        let counters: [(&str, &str, ReadStat); 4] = [
+        let counters: [(&str, &str, ReadStat); 5] = [
             (
                 names::CONNECTIONS,
                 "Connections (TCP) or flows (UDP) relayed to a backend.",
@@ -82,6 +84,11 @@ impl Collector for DataPlaneCollector {
                 names::BACKEND_CONNECT_ERRORS,
                 "Failed connection attempts to backends.",
                 |l| l.stats.backend_connect_errors.load(Ordering::Relaxed),
+            ),
+            (
+                names::IDLE_TIMEOUTS,
+                "TCP connections closed after the idle timeout without a byte either way.",
+                |l| l.stats.idle_timeouts.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, value) in counters {

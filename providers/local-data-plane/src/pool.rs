@@ -78,6 +78,8 @@ pub(crate) struct Stats {
     /// Refused for want of descriptors (the client address's, the listener's or the data plane's).
     pub(crate) refused_budget: AtomicU64,
     pub(crate) backend_connect_errors: AtomicU64,
+    /// TCP connections closed by the idle timeout.
+    pub(crate) idle_timeouts: AtomicU64,
 }
 
 /// Shared between a listener's accept loop, its connections, `apply` and the metrics.

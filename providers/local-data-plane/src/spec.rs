@@ -18,6 +18,9 @@ pub struct Settings {
     pub udp_idle_timeout: Duration,
     /// How long a connection to a backend may take before the next healthy backend is tried.
     pub connect_timeout: Duration,
+    /// A relayed TCP connection with no byte either way for this long is closed (both sides); `None`
+    /// (the default) leaves idle connections open, as long as keepalive finds both peers alive.
+    pub tcp_idle_timeout: Option<Duration>,
     /// The open-files limit the data plane shares its descriptors out from (see the crate's docs):
     /// `None` reads the process's soft `RLIMIT_NOFILE` when the data plane is created.
     pub open_files_limit: Option<u64>,
@@ -31,6 +34,7 @@ impl Default for Settings {
             drain_timeout: Duration::from_secs(10),
             udp_idle_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(3),
+            tcp_idle_timeout: None,
             open_files_limit: None,
         }
     }

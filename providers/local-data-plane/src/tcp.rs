@@ -49,7 +49,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
-    connect_timeout: Duration,
+    timeouts: Timeouts,
 ) -> JoinSet<()> {
     let mut connections = JoinSet::new();
     loop {
@@ -94,7 +94,7 @@ pub(crate) async fn serve(
         let shared = shared.clone();
         connections.spawn(
             async move {
-                handle(client, peer, shared, connect_timeout).await;
+                handle(client, peer, shared, timeouts).await;
                 drop(claim);
             }
             .instrument(span),
@@ -133,12 +133,22 @@ fn reset(stream: TcpStream) {
     drop(stream);
 }
 
+/// The timeouts of a listener's connections.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// For a connection to a backend.
+    pub(crate) connect: Duration,
+    /// Without a byte either way, a relayed connection is closed (`None`: never).
+    pub(crate) idle: Option<Duration>,
+}
+
 async fn handle(
     client: TcpStream,
     peer: SocketAddr,
     shared: Arc<ListenerShared>,
-    connect_timeout: Duration,
+    timeouts: Timeouts,
 ) {
+    let connect_timeout = timeouts.connect;
     let config = shared.config();
     let mut tried = Vec::new();
     let (backend, upstream) = loop {
@@ -180,8 +190,58 @@ async fn handle(
         let _ = stream.set_nodelay(true);
         keep_alive(stream);
     }
-    if let Err(error) = relay(client, peer, upstream, &shared, proxy_protocol).await {
+    if let Err(error) = relay(
+        client,
+        peer,
+        upstream,
+        &shared,
+        proxy_protocol,
+        timeouts.idle,
+    )
+    .await
+    {
+        if error.kind() == io::ErrorKind::TimedOut {
+            shared.stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+        }
         debug!(backend = %backend.addr, %error, "connection ended with an error");
+    }
+}
+
+/// When a relayed connection last moved a byte, in milliseconds since it started (one relaxed store per
+/// read: no lock, no allocation).
+struct Activity {
+    started: tokio::time::Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves (with `TimedOut`) once nothing moved for `idle`; never without an idle timeout.
+    async fn idle_for(&self, idle: Option<Duration>) -> io::Result<()> {
+        let Some(idle) = idle else {
+            return std::future::pending().await;
+        };
+        loop {
+            let last = self.started + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            if tokio::time::Instant::now() >= last + idle {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no byte either way for {idle:?}: closed"),
+                ));
+            }
+            tokio::time::sleep_until(last + idle).await;
+        }
     }
 }
 
@@ -191,6 +251,7 @@ async fn relay(
     upstream: TcpStream,
     shared: &ListenerShared,
     proxy_protocol: bool,
+    idle_timeout: Option<Duration>,
 ) -> io::Result<()> {
     if proxy_protocol {
         let local = client.local_addr()?;
@@ -198,23 +259,32 @@ async fn relay(
     }
     let client_done = AtomicBool::new(false);
     let upstream_done = AtomicBool::new(false);
-    tokio::try_join!(
-        pump(
-            &client,
-            &upstream,
-            &shared.stats.bytes_in,
-            &client_done,
-            &upstream_done
-        ),
-        pump(
-            &upstream,
-            &client,
-            &shared.stats.bytes_out,
-            &upstream_done,
-            &client_done
-        ),
-    )?;
-    Ok(())
+    let activity = Activity::new();
+    let both_ways = async {
+        tokio::try_join!(
+            pump(
+                &client,
+                &upstream,
+                &shared.stats.bytes_in,
+                &client_done,
+                &upstream_done,
+                &activity,
+            ),
+            pump(
+                &upstream,
+                &client,
+                &shared.stats.bytes_out,
+                &upstream_done,
+                &client_done,
+                &activity,
+            ),
+        )
+        .map(|_| ())
+    };
+    tokio::select! {
+        result = both_ways => result,
+        timed_out = activity.idle_for(idle_timeout) => timed_out,
+    }
 }
 
 /// Copies one direction until its end, then half-closes the other side, like `copy_bidirectional`
@@ -231,6 +301,7 @@ async fn pump(
     counter: &AtomicU64,
     done: &AtomicBool,
     other_done: &AtomicBool,
+    activity: &Activity,
 ) -> io::Result<()> {
     let mut buf: Vec<u8> = Vec::new();
     loop {
@@ -263,6 +334,7 @@ async fn pump(
             }
             Ok(n) => {
                 counter.fetch_add(n as u64, Ordering::Relaxed);
+                activity.touch();
                 write_all(to, &buf).await?;
             }
             // Spurious readiness (a newly accepted socket is reported readable at once).

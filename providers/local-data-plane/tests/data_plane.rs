@@ -1199,3 +1199,72 @@ async fn both_sides_of_a_relayed_connection_have_keepalive() {
     drop(stream);
     plane.shutdown().await;
 }
+
+/// With `tcp_idle_timeout`, a relayed connection with no byte either way for that long is closed (and
+/// counted), while one that keeps talking stays open; without it, an idle connection stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_connection_is_closed_after_the_idle_timeout_and_a_busy_one_is_not() {
+    let t = 44;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let idle_timeout = Duration::from_millis(600);
+    let plane = DataPlane::new(Settings {
+        tcp_idle_timeout: Some(idle_timeout),
+        ..fast_settings()
+    });
+    let mut registry = prometheus_client::registry::Registry::default();
+    plane.register_metrics(&mut registry);
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut idle = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut idle).await, "n1");
+    let mut busy = TcpStream::connect((vip(t), 8080)).await.expect("connect");
+    assert_eq!(read_id(&mut busy).await, "n1");
+    let started = std::time::Instant::now();
+    // The busy one talks every 200 ms for 1.8 s, three idle timeouts.
+    for _ in 0..9 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            round_trip(&mut busy, b"x").await,
+            b"x",
+            "the busy connection stays open"
+        );
+    }
+    assert!(
+        closed_promptly(&mut idle, Duration::from_millis(100)).await,
+        "the idle connection is closed"
+    );
+    eprintln!(
+        "idle timeout {idle_timeout:?}: idle connection closed, busy one open after {:?}",
+        started.elapsed()
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let expected = format!(
+        "local_lb_idle_timeouts_total{{load_balancer=\"lb\",listener=\"127.{t}.0.1:8080/TCP\"}} 1"
+    );
+    assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+    drop(busy);
+    plane.shutdown().await;
+
+    // Without the setting an idle connection stays open.
+    let plane = DataPlane::new(fast_settings());
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8081)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+    let mut idle = TcpStream::connect((vip(t), 8081)).await.expect("connect");
+    assert_eq!(read_id(&mut idle).await, "n1");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(round_trip(&mut idle, b"still").await, b"still");
+    plane.shutdown().await;
+}

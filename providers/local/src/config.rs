@@ -303,6 +303,10 @@ pub struct LoadBalancerConfig {
     /// How long a connection to a backend may take to open (default 5s).
     #[serde(default = "default_connect")]
     pub connect_timeout: GoDuration,
+    /// A relayed TCP connection with no byte either way for this long is closed (default `0s`: never;
+    /// keepalive still closes one whose peer vanished).
+    #[serde(default)]
+    pub tcp_idle_timeout: GoDuration,
     /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
     /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
     /// command) while their load balancer runs, and taken off when it is deleted or the leader steps
@@ -350,6 +354,7 @@ impl Default for LoadBalancerConfig {
             drain_timeout: default_drain(),
             udp_idle_timeout: default_udp_idle(),
             connect_timeout: default_connect(),
+            tcp_idle_timeout: GoDuration(Duration::ZERO),
             vip_interface: None,
             ip_command: Removed,
         }
@@ -640,6 +645,15 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("line 1"), "{err}");
+        let idle = Config::parse("loadBalancer:\n  tcpIdleTimeout: 5m\n", None).unwrap();
+        assert_eq!(
+            idle.load_balancer.tcp_idle_timeout.0,
+            Duration::from_secs(300)
+        );
+        assert!(
+            Config::default().load_balancer.tcp_idle_timeout.0.is_zero(),
+            "off by default"
+        );
         let err = Config::parse("loadBalancer:\n  drainTimeout: soon\n", None)
             .unwrap_err()
             .to_string();

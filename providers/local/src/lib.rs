@@ -172,6 +172,7 @@ impl LocalCloud {
             drain_timeout: lb.drain_timeout.0,
             udp_idle_timeout: lb.udp_idle_timeout.0,
             connect_timeout: lb.connect_timeout.0,
+            tcp_idle_timeout: Some(lb.tcp_idle_timeout.0).filter(|idle| !idle.is_zero()),
             // The process's own limit: the descriptors are shared out from it.
             open_files_limit: None,
         };

@@ -56,6 +56,7 @@ pub fn fast_settings() -> Settings {
         drain_timeout: Duration::from_millis(500),
         udp_idle_timeout: Duration::from_millis(500),
         connect_timeout: Duration::from_millis(500),
+        tcp_idle_timeout: None,
         open_files_limit: None,
     }
 }
