@@ -356,3 +356,147 @@ async fn a_route_the_cloud_refuses_is_an_event_and_a_network_unavailable_node() 
     r.manager.stop().await;
     delete_nodes(&[&name]).await;
 }
+
+/// Writes to `events` by the manager's user received within `[from, to)`, from the audit log.
+fn audited_event_writes(from: std::time::SystemTime, to: std::time::SystemTime) -> usize {
+    let log = std::fs::read_to_string(
+        test_control_plane::control_plane()
+            .dir()
+            .join("logs/audit.log"),
+    )
+    .expect("the test control plane writes an audit log");
+    let from = k8s_openapi::jiff::Timestamp::try_from(from).unwrap();
+    let to = k8s_openapi::jiff::Timestamp::try_from(to).unwrap();
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["resource"] == "events")
+        .filter(|e| e["user"]["username"] == "system:cloud-controller-manager")
+        .filter(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
+                .is_some_and(|t| t >= from && t < to)
+        })
+        .count()
+}
+
+/// 200 nodes wait on a full range (issue #32 item 4): the events and log lines they cost per second are
+/// bounded by their back-off (5 s doubling to 5 min per node), not one per node every 5 s; a CIDR freed
+/// later goes to a waiting node at once. Prints the figures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_nodes_waiting_on_a_full_range_cost_bounded_events_and_logs() {
+    use futures::StreamExt;
+    use support::replica::{LEASE, Replica, delete_lease};
+    const WAITING: usize = 200;
+    const WINDOW: Duration = Duration::from_secs(60);
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    delete_lease(LEASE).await;
+    // Nodes already in the cluster get CIDRs from a wide range first (see the test above).
+    let filler = ipam_manager("10.204.0.0/16", &[]).await;
+    eventually("every node to hold a CIDR", WAIT, || async {
+        let all = support::nodes()
+            .await
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items;
+        all.iter().all(|n| !pod_cidrs(n).is_empty()).then_some(())
+    })
+    .await;
+    filler.stop().await;
+
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let tiny = format!("10.{}.{}.0/23", 192 + nanos % 64, (nanos / 64 % 128) * 2);
+    let dir = tempfile::tempdir().unwrap();
+    let state_file = dir.path().join("state.json");
+    let config = dir.path().join("cloud.yaml");
+    std::fs::write(&config, format!("stateFile: {}\n", state_file.display())).unwrap();
+    let cidr = format!("--cluster-cidr={tiny}");
+    let replica = Replica::start_on_cloud(
+        &config,
+        &state_file,
+        &[
+            "--controllers=nodeipam",
+            "--allocate-node-cidrs=true",
+            &cidr,
+        ],
+    );
+    let holders: Vec<String> = (0..2)
+        .map(|i| unique_name(&format!("holder-{i}")))
+        .collect();
+    for name in &holders {
+        create_node(&kubelet_node(name)).await;
+    }
+    let held = cidrs_of(&holders, 1).await;
+    let waiting: Vec<String> = (0..WAITING)
+        .map(|i| unique_name(&format!("waiting-{i:03}")))
+        .collect();
+    let from = std::time::SystemTime::now();
+    let lines_before = replica.log().lines().count();
+    futures::stream::iter(waiting.clone())
+        .for_each_concurrent(16, |name| async move {
+            create_node(&kubelet_node(&name)).await;
+        })
+        .await;
+    tokio::time::sleep(WINDOW).await;
+    let to = std::time::SystemTime::now();
+    let log = replica.log();
+    let window_lines: Vec<&str> = log.lines().skip(lines_before).collect();
+    let events = audited_event_writes(from, to);
+    let per_second = |n: usize| n as f64 / WINDOW.as_secs_f64();
+    eprintln!(
+        "full range: {WAITING} nodes waiting for {WINDOW:?}: {events} event writes ({:.1}/s), {} log lines ({:.2}/s)",
+        per_second(events),
+        window_lines.len(),
+        per_second(window_lines.len())
+    );
+    // Back-off steps at 0, 5, 15 and 35 s (then 75 s) fall in the window: at most 4 events per node and
+    // the range's one, where a retry every 5 s would have cost 12 per node.
+    assert!(
+        events <= WAITING * 4 + 10,
+        "{events} event writes for {WAITING} waiting nodes in {WINDOW:?}"
+    );
+    assert!(
+        window_lines.len() <= 20,
+        "log lines in the window:\n{}",
+        window_lines.join("\n")
+    );
+    for name in waiting.iter().take(3) {
+        assert!(pod_cidrs(&get_node(name).await.unwrap()).is_empty());
+    }
+
+    // A CIDR freed now goes to a waiting node at once, not at its next back-off step (up to 40 s away).
+    let freed_at = std::time::Instant::now();
+    delete_nodes(&[&holders[0]]).await;
+    let taker = eventually("a waiting node to get the freed CIDR", WAIT, || async {
+        let all = support::nodes()
+            .await
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items;
+        all.into_iter().find(|n| {
+            n.metadata
+                .name
+                .as_ref()
+                .is_some_and(|name| waiting.contains(name))
+                && pod_cidrs(n) == held[0]
+        })
+    })
+    .await;
+    eprintln!(
+        "full range: the freed CIDR went to {} {:?} after the deletion",
+        taker.metadata.name.unwrap_or_default(),
+        freed_at.elapsed()
+    );
+    assert!(freed_at.elapsed() < Duration::from_secs(5));
+    drop(replica);
+    let mut all: Vec<&str> = waiting.iter().map(String::as_str).collect();
+    all.push(&holders[1]);
+    delete_nodes(&all).await;
+    delete_lease(LEASE).await;
+}
