@@ -231,6 +231,18 @@ async fn a_load_balancer_service_gets_a_finalizer_a_load_balancer_and_an_ingress
         metrics.contains("service_controller_loadbalancer_sync_total 1"),
         "{metrics}"
     );
+    // client-go's work-queue series, labelled with the controller's name.
+    for series in [
+        r#"workqueue_adds_total{name="service-lb-controller"}"#,
+        r#"workqueue_depth{name="service-lb-controller"} 0"#,
+        r#"workqueue_work_duration_seconds_count{name="service-lb-controller"}"#,
+        r#"workqueue_queue_duration_seconds_bucket{le="10.0",name="service-lb-controller"}"#,
+        r#"workqueue_retries_total{name="service-lb-controller"}"#,
+        r#"workqueue_unfinished_work_seconds{name="service-lb-controller"}"#,
+        r#"workqueue_longest_running_processor_seconds{name="service-lb-controller"}"#,
+    ] {
+        assert!(metrics.contains(series), "missing {series} in:\n{metrics}");
+    }
 
     // Changing ports updates the load balancer; an annotation change re-syncs it too.
     h.patch("web", json!({ "spec": { "ports": [{ "name": "p8080", "port": 8080, "targetPort": 8080, "protocol": "TCP" }] } }))

@@ -8,7 +8,10 @@ use prometheus_client::{encoding::text::encode, registry::Registry};
 
 use crate::{
     cloud_metrics::CloudMetrics,
-    controllers::{node::NodeMetrics, route::RouteMetrics, service::ServiceMetrics},
+    controllers::{
+        node::NodeMetrics, queue_metrics::WorkQueueMetrics, route::RouteMetrics,
+        service::ServiceMetrics,
+    },
     request_metrics::RequestMetrics,
     shadow::DryRunMetrics,
 };
@@ -29,6 +32,8 @@ pub struct Metrics {
     pub cloud: CloudMetrics,
     /// Shadow mode's would-be writes (`--dry-run`).
     pub dry_run: DryRunMetrics,
+    /// The controllers' work queues (client-go's `workqueue_*`).
+    pub work_queues: WorkQueueMetrics,
 }
 
 impl Default for Metrics {
@@ -47,6 +52,7 @@ impl Metrics {
         let route = RouteMetrics::register(&mut registry);
         let cloud = CloudMetrics::register(&mut registry);
         let dry_run = DryRunMetrics::register(&mut registry);
+        let work_queues = WorkQueueMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -55,6 +61,7 @@ impl Metrics {
             route,
             cloud,
             dry_run,
+            work_queues,
         }
     }
 

@@ -6,12 +6,13 @@ use std::sync::{
 };
 
 use super::leader_election::LeaderElector;
+use crate::controllers::controller_health::ControllerHealth;
 
 /// What the health endpoints report.
 #[derive(Default)]
 pub struct Health {
     leader: Mutex<Option<Arc<LeaderElector>>>,
-    controllers: Mutex<Vec<&'static str>>,
+    controllers: Mutex<Vec<(&'static str, ControllerHealth)>>,
     shutting_down: AtomicBool,
 }
 
@@ -24,12 +25,13 @@ impl Health {
         *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = Some(leader);
     }
 
-    /// Adds a ping check named after a started controller (upstream adds them once controllers run).
-    pub fn controller_started(&self, name: &'static str) {
+    /// Adds a check named after a started controller (upstream adds them once controllers run): it
+    /// fails while the controller's reconciles keep panicking.
+    pub fn controller_started(&self, name: &'static str, health: ControllerHealth) {
         self.controllers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(name);
+            .push((name, health));
     }
 
     /// From now on `/readyz` fails, so load balancers in front of replicas stop sending traffic here.
@@ -47,13 +49,13 @@ impl Health {
         {
             checks.push(("leaderElection".to_owned(), leader.check()));
         }
-        for name in self
+        for (name, health) in self
             .controllers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
         {
-            checks.push(((*name).to_owned(), Ok(())));
+            checks.push(((*name).to_owned(), health.check()));
         }
         if readiness {
             let result = if self.shutting_down.load(Ordering::Relaxed) {
@@ -115,7 +117,7 @@ mod tests {
     #[test]
     fn healthz_in_upstream_format() {
         let health = Health::default();
-        health.controller_started("cloud-node-controller");
+        health.controller_started("cloud-node-controller", ControllerHealth::default());
         assert_eq!(
             health.answer("healthz", "", false, &[]),
             Some((200, "ok".into()))

@@ -380,6 +380,8 @@ async fn run_controllers(
         shutdown: stop.clone(),
         informers: informers.clone(),
         metrics: metrics.clone(),
+        name: "",
+        health: Default::default(),
     };
     let mut running = tokio::task::JoinSet::new();
     let mut names = std::collections::HashMap::new();
@@ -387,14 +389,17 @@ async fn run_controllers(
         let context = ControllerContext {
             client: own.client,
             events_client: own.events_client,
+            name,
+            health: Default::default(),
             ..context.clone()
         };
+        let controller_health = context.health.clone();
         match start(context) {
             Some(task) => {
                 tracing::info!(controller = name, "starting controller");
                 let handle = running.spawn(async move { (name, task.await) });
                 names.insert(handle.id(), name);
-                health.controller_started(name);
+                health.controller_started(name, controller_health);
             }
             None => tracing::info!(
                 controller = name,

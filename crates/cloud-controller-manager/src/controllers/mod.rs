@@ -3,11 +3,13 @@
 //! [`crate::app::controller_table`].
 
 mod backoff;
+pub mod controller_health;
 pub mod ipam;
 pub mod node;
 pub mod node_lifecycle;
 pub mod outage;
 mod patch;
+pub mod queue_metrics;
 pub mod route;
 pub mod service;
 pub(crate) mod work_queue;
@@ -40,6 +42,10 @@ pub struct ControllerContext {
     pub informers: InformerFactory,
     /// The manager's metrics.
     pub metrics: Metrics,
+    /// The controller's name in the table (`--controllers`): its work queue's `name` label.
+    pub name: &'static str,
+    /// The controller's health check behind `/healthz` (reconciles that keep panicking fail it).
+    pub health: controller_health::ControllerHealth,
 }
 
 /// A running controller: resolves when the controller stops, with an error message if it failed.

@@ -15,6 +15,11 @@
 //! - [`WorkQueue::add_after`] queues a key after a delay; a later, longer delay for a key already waiting
 //!   keeps the earlier deadline, and an [`WorkQueue::add`] meanwhile queues it at once (the delayed add
 //!   is then dropped: the reconcile it asked for has happened).
+//!
+//! It exports client-go's `workqueue_*` metrics under the controller's name (see `queue_metrics`), and
+//! [`run`] survives a reconcile that panics: the panic is logged, counted (`workqueue_panics_total`),
+//! recorded as a Warning event on the object and in the controller's health, and the key is retried on
+//! its own back-off, while the other keys go on.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -24,11 +29,19 @@ use std::{
     time::Duration,
 };
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use kube::{
     Resource,
-    runtime::reflector::{ObjectRef, Store},
+    runtime::{
+        events::EventType,
+        reflector::{ObjectRef, Store},
+    },
 };
+
+use super::{
+    backoff::PerObjectBackoff, controller_health::ControllerHealth, queue_metrics::QueueMetrics,
+};
+use crate::events::EventRecorder;
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -51,6 +64,10 @@ struct State<T> {
     processing: HashSet<T>,
     /// Keys with a delayed add pending, and its deadline.
     delayed: HashMap<T, Instant>,
+    /// When each key in `dirty` was added (for `workqueue_queue_duration_seconds`).
+    added_at: HashMap<T, Instant>,
+    /// When a worker took each key in `processing` (for the work-duration metrics).
+    started_at: HashMap<T, Instant>,
     shutting_down: bool,
 }
 
@@ -58,20 +75,24 @@ struct State<T> {
 pub(crate) struct WorkQueue<T> {
     state: Mutex<State<T>>,
     ready: Notify,
+    metrics: QueueMetrics,
 }
 
 impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
-    /// An empty queue.
-    pub(crate) fn new() -> Arc<Self> {
+    /// An empty queue reporting into `metrics`.
+    pub(crate) fn new(metrics: QueueMetrics) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(State {
                 queue: VecDeque::new(),
                 dirty: HashSet::new(),
                 processing: HashSet::new(),
                 delayed: HashMap::new(),
+                added_at: HashMap::new(),
+                started_at: HashMap::new(),
                 shutting_down: false,
             }),
             ready: Notify::new(),
+            metrics,
         })
     }
 
@@ -84,19 +105,26 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
     pub(crate) fn add(&self, key: T) {
         let mut state = self.state();
         state.delayed.remove(&key);
-        Self::add_locked(&mut state, key, &self.ready);
+        self.add_locked(&mut state, key);
     }
 
-    fn add_locked(state: &mut State<T>, key: T, ready: &Notify) {
+    /// client-go's `Add`: the metrics count a key once per time it becomes dirty.
+    fn add_locked(&self, state: &mut State<T>, key: T) {
         if state.shutting_down || state.dirty.contains(&key) {
             return;
         }
+        self.metrics.adds.inc();
+        self.metrics.depth.inc();
+        state
+            .added_at
+            .entry(key.clone())
+            .or_insert_with(Instant::now);
         state.dirty.insert(key.clone());
         if state.processing.contains(&key) {
             return;
         }
         state.queue.push_back(key);
-        ready.notify_one();
+        self.ready.notify_one();
     }
 
     /// Queues `key` after `delay`, unless it is due sooner already.
@@ -110,6 +138,8 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
             if state.shutting_down {
                 return;
             }
+            // client-go counts every delayed add as a retry.
+            self.metrics.retries.inc();
             match state.delayed.get(&key) {
                 Some(due) if *due <= deadline => return,
                 _ => state.delayed.insert(key.clone(), deadline),
@@ -124,7 +154,7 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
             let mut state = queue.state();
             if state.delayed.get(&key) == Some(&deadline) {
                 state.delayed.remove(&key);
-                Self::add_locked(&mut state, key, &queue.ready);
+                queue.add_locked(&mut state, key);
             }
         });
     }
@@ -144,6 +174,14 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
                 if let Some(key) = state.queue.pop_front() {
                     state.dirty.remove(&key);
                     state.processing.insert(key.clone());
+                    let now = Instant::now();
+                    self.metrics.depth.dec();
+                    if let Some(added) = state.added_at.remove(&key) {
+                        self.metrics
+                            .queue_duration
+                            .observe((now - added).as_secs_f64());
+                    }
+                    state.started_at.insert(key.clone(), now);
                     // More work waiting: pass the wake-up on to another idle worker.
                     if !state.queue.is_empty() {
                         self.ready.notify_one();
@@ -159,6 +197,11 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
     pub(crate) fn done(&self, key: &T) {
         let mut state = self.state();
         state.processing.remove(key);
+        if let Some(started) = state.started_at.remove(key) {
+            self.metrics
+                .work_duration
+                .observe(started.elapsed().as_secs_f64());
+        }
         if state.dirty.contains(key) && !state.shutting_down {
             state.queue.push_back(key.clone());
             self.ready.notify_one();
@@ -171,6 +214,20 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
         self.ready.notify_waiters();
     }
 
+    /// Sets `workqueue_unfinished_work_seconds` and `workqueue_longest_running_processor_seconds`
+    /// from the keys being processed now (client-go does so every 500 ms).
+    fn update_unfinished_work(&self) {
+        let now = Instant::now();
+        let (total, longest) = self
+            .state()
+            .started_at
+            .values()
+            .map(|started| (now - *started).as_secs_f64())
+            .fold((0.0, 0.0f64), |(sum, max), s| (sum + s, max.max(s)));
+        self.metrics.unfinished.set(total);
+        self.metrics.longest.set(longest);
+    }
+
     /// How many keys wait for a worker.
     #[cfg(test)]
     fn len(&self) -> usize {
@@ -178,11 +235,28 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
     }
 }
 
+/// What [`run`] reports to: the queue's metrics, the controller's health, and where a panic's event
+/// goes.
+pub(crate) struct Reporting {
+    /// The queue's `workqueue_*` series (labelled with the controller's name).
+    pub(crate) metrics: QueueMetrics,
+    /// The controller's health check.
+    pub(crate) health: ControllerHealth,
+    /// Records the Warning event on an object whose reconcile panicked.
+    pub(crate) events: EventRecorder,
+}
+
+/// A panicking key's first retry; each further panic doubles it, up to [`PANIC_RETRY_MAX`].
+const PANIC_RETRY_MIN: Duration = Duration::from_secs(5);
+/// The longest wait before retrying a key whose reconcile keeps panicking.
+const PANIC_RETRY_MAX: Duration = Duration::from_secs(300);
+
 /// Runs a controller on the queue: every object `changes` yields is queued by its key, and `workers`
 /// workers reconcile the queued objects in order, as the cache holds them when their turn comes (an
 /// object gone from the cache by then is skipped). `reconcile`'s answer, or on error
 /// `error_policy`'s, says whether to reconcile the object again after a delay. On `shutdown`, no new
 /// reconcile starts and the ones under way finish before this returns.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn run<K, C, E, R, RFut, P>(
     changes: impl Stream<Item = Arc<K>> + Send + 'static,
     store: Store<K>,
@@ -190,6 +264,7 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     reconcile: R,
     error_policy: P,
     ctx: Arc<C>,
+    reporting: Reporting,
     shutdown: CancellationToken,
 ) where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
@@ -198,7 +273,24 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     RFut: Future<Output = Result<Next, E>> + Send + 'static,
     P: Fn(Arc<K>, &E, Arc<C>) -> Next + Send + Sync + 'static,
 {
-    let queue: Arc<WorkQueue<ObjectRef<K>>> = WorkQueue::new();
+    let Reporting {
+        metrics,
+        health,
+        events,
+    } = reporting;
+    let queue: Arc<WorkQueue<ObjectRef<K>>> = WorkQueue::new(metrics.clone());
+    let unfinished = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                ticks.tick().await;
+                queue.update_unfinished_work();
+            }
+        })
+    };
+    let panics = Arc::new(PerObjectBackoff::new(PANIC_RETRY_MIN, PANIC_RETRY_MAX));
+    let reported = Arc::new((metrics, health, events));
     let feed = {
         let queue = queue.clone();
         let shutdown = shutdown.clone();
@@ -228,12 +320,43 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
         .map(|_| {
             let (queue, store, ctx) = (queue.clone(), store.clone(), ctx.clone());
             let (reconcile, error_policy) = (reconcile.clone(), error_policy.clone());
+            let (panics, reported) = (panics.clone(), reported.clone());
             tokio::spawn(async move {
                 while let Some(key) = queue.next().await {
                     if let Some(object) = store.get(&key) {
-                        let next = match reconcile(object.clone(), ctx.clone()).await {
-                            Ok(next) => next,
-                            Err(err) => error_policy(object, &err, ctx.clone()),
+                        // The reconcile runs in this worker's task: a panic is caught here, so the key
+                        // is marked done and retried, and the worker goes on with the next key.
+                        let attempt = std::panic::AssertUnwindSafe(reconcile(
+                            object.clone(),
+                            ctx.clone(),
+                        ))
+                        .catch_unwind()
+                        .await;
+                        let next = match attempt {
+                            Ok(Ok(next)) => {
+                                panics.succeeded(&key.to_string());
+                                next
+                            }
+                            Ok(Err(err)) => {
+                                panics.succeeded(&key.to_string());
+                                error_policy(object, &err, ctx.clone())
+                            }
+                            Err(panic) => {
+                                let (metrics, health, events) = reported.as_ref();
+                                let message = cloud_provider::panic_message(panic.as_ref());
+                                let (count, delay) = panics.failed(&key.to_string());
+                                metrics.panics.inc();
+                                health.panicked();
+                                tracing::error!(object = %key, panics = count, retry_in = ?delay, "reconcile panicked: {message}");
+                                events.queue(
+                                    object.as_ref(),
+                                    EventType::Warning,
+                                    "ReconcilePanicked",
+                                    "Reconcile",
+                                    format!("The controller panicked reconciling this object ({message}); retrying in {delay:?}"),
+                                );
+                                Next::RequeueAfter(delay)
+                            }
                         };
                         if let Next::RequeueAfter(delay) = next {
                             queue.add_after(key.clone(), delay);
@@ -251,6 +374,7 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     }
     feed.abort();
     stop.abort();
+    unfinished.abort();
 }
 
 #[cfg(test)]
@@ -265,10 +389,36 @@ mod tests {
     };
 
     use super::*;
+    use crate::controllers::queue_metrics::WorkQueueMetrics;
+
+    fn test_metrics() -> QueueMetrics {
+        WorkQueueMetrics::register(&mut prometheus_client::registry::Registry::default())
+            .queue("test")
+    }
+
+    /// Reporting into a registry of its own and a mock API server (the events' requests are logged).
+    fn test_reporting() -> (
+        Reporting,
+        prometheus_client::registry::Registry,
+        crate::mock_api::Requests,
+    ) {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = WorkQueueMetrics::register(&mut registry).queue("test-controller");
+        let (client, requests) = crate::mock_api::mock_client(|_, _, body| (201, body.clone()));
+        (
+            Reporting {
+                metrics,
+                health: ControllerHealth::default(),
+                events: EventRecorder::new(client, "test-controller"),
+            },
+            registry,
+            requests,
+        )
+    }
 
     #[tokio::test]
     async fn keys_come_out_in_the_order_they_went_in_and_a_waiting_key_is_not_queued_twice() {
-        let queue = WorkQueue::new();
+        let queue = WorkQueue::new(test_metrics());
         for key in ["c", "a", "b", "a", "c"] {
             queue.add(key);
         }
@@ -283,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_added_while_processed_is_queued_again_once_after_it_is_done() {
-        let queue = WorkQueue::new();
+        let queue = WorkQueue::new(test_metrics());
         queue.add("a");
         let key = queue.next().await.unwrap();
         queue.add("a");
@@ -298,7 +448,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_delayed_add_fires_after_its_delay_and_the_earlier_deadline_wins() {
-        let queue = WorkQueue::new();
+        let queue = WorkQueue::new(test_metrics());
         queue.add_after("a", Duration::from_secs(10));
         queue.add_after("a", Duration::from_secs(30));
         queue.add_after("b", Duration::from_secs(30));
@@ -315,7 +465,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_immediate_add_supersedes_a_delayed_one() {
-        let queue = WorkQueue::new();
+        let queue = WorkQueue::new(test_metrics());
         queue.add_after("a", Duration::from_secs(10));
         queue.add("a");
         assert_eq!(queue.next().await, Some("a"));
@@ -326,7 +476,7 @@ mod tests {
 
     #[tokio::test]
     async fn shutting_down_ends_every_waiting_worker() {
-        let queue: Arc<WorkQueue<&str>> = WorkQueue::new();
+        let queue: Arc<WorkQueue<&str>> = WorkQueue::new(test_metrics());
         let waiting = tokio::spawn({
             let queue = queue.clone();
             async move { queue.next().await }
@@ -390,6 +540,7 @@ mod tests {
             },
             |_, _, _| Next::AwaitChange,
             seen.clone(),
+            test_reporting().0,
             shutdown.clone(),
         ));
         for name in &names {
@@ -439,6 +590,7 @@ mod tests {
             },
             |_, _, _| Next::AwaitChange,
             seen.clone(),
+            test_reporting().0,
             shutdown.clone(),
         ));
         for _ in 0..200 {
@@ -454,6 +606,80 @@ mod tests {
         assert!(
             seen.running.lock().unwrap().values().all(|n| *n == 0),
             "no reconcile is cut off by the shutdown"
+        );
+    }
+
+    /// A reconcile that panics on one key: the key is retried on its back-off, the panic is counted,
+    /// told in an event on the object and in the controller's health, and the other keys go on.
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_key_is_retried_counted_and_reported_while_the_others_go_on() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for name in ["good-1", "poison", "good-2"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(config_map(name, "1")));
+        }
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Arc<ConfigMap>>();
+        let seen = Arc::new(Seen::default());
+        let (reporting, registry, requests) = test_reporting();
+        let health = reporting.health.clone();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(run(
+            rx,
+            store,
+            1,
+            |object: Arc<ConfigMap>, seen: Arc<Seen>| async move {
+                let name = object.name_any();
+                seen.order.lock().unwrap().push(name.clone());
+                if name == "poison" {
+                    panic!("cannot handle {name}");
+                }
+                Ok::<_, std::convert::Infallible>(Next::AwaitChange)
+            },
+            |_, _, _| Next::AwaitChange,
+            seen.clone(),
+            reporting,
+            shutdown.clone(),
+        ));
+        for name in ["good-1", "poison", "good-2"] {
+            tx.unbounded_send(Arc::new(config_map(name, "1"))).unwrap();
+        }
+        // Retried after 5 s, then 10 s: three attempts within 16 s.
+        tokio::time::sleep(Duration::from_secs(16)).await;
+        let order = seen.order.lock().unwrap().clone();
+        assert_eq!(order, ["good-1", "poison", "good-2", "poison", "poison"]);
+        assert!(
+            health.check().is_ok(),
+            "three panics of one key are not a sick controller"
+        );
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for expected in [
+            r#"workqueue_panics_total{name="test-controller"} 3"#,
+            r#"workqueue_adds_total{name="test-controller"} 5"#,
+            r#"workqueue_retries_total{name="test-controller"} 3"#, // the third is scheduled
+            r#"workqueue_depth{name="test-controller"} 0"#,
+            r#"workqueue_work_duration_seconds_count{name="test-controller"} 5"#,
+            r#"workqueue_queue_duration_seconds_count{name="test-controller"} 5"#,
+            r#"workqueue_longest_running_processor_seconds{name="test-controller"} 0"#,
+            r#"workqueue_unfinished_work_seconds{name="test-controller"} 0"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected} in:\n{text}");
+        }
+        shutdown.cancel();
+        run.await.unwrap();
+        tokio::time::sleep(Duration::from_secs(2)).await; // the events are delivered
+        let events: Vec<String> = requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(method, _, _)| method == "POST")
+            .map(|(_, _, body)| body["note"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert!(
+            events.first().is_some_and(
+                |note| note.contains("cannot handle poison") && note.contains("retrying in 5s")
+            ),
+            "{events:?}"
         );
     }
 }

@@ -155,6 +155,11 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         backoff: backoff(),
     });
     let shutdown = ctx.shutdown.clone();
+    let reporting = work_queue::Reporting {
+        metrics: ctx.metrics.work_queues.queue(ctx.name),
+        health: ctx.health.clone(),
+        events: context.events.clone(),
+    };
     Some(Box::pin(async move {
         let status_loop = tokio::spawn(status::run(
             context.clone(),
@@ -172,6 +177,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             reconcile,
             error_policy,
             context,
+            reporting,
             shutdown,
         )
         .await;

@@ -31,13 +31,10 @@ use std::{
 };
 
 use cloud_provider::{CloudError, CloudProvider, LoadBalancer};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{
     Api, ResourceExt,
-    runtime::{
-        Controller, controller::Config as RuntimeConfig, reflector::ObjectRef, reflector::Store,
-    },
+    runtime::{reflector::ObjectRef, reflector::Store},
 };
 use tokio::sync::mpsc;
 
@@ -46,7 +43,9 @@ use self::{
     node_set::{BackendSet, backend_set, is_backend},
     plan::wants_load_balancer,
 };
-use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff};
+use futures::StreamExt;
+
+use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff, work_queue};
 use crate::{events::EventRecorder, informers::wait_for_cache_sync};
 
 /// The event source, as upstream names it.
@@ -249,6 +248,11 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         node_sync_wanted: tokio::sync::Notify::new(),
     });
     let shutdown = ctx.shutdown.clone();
+    let reporting = work_queue::Reporting {
+        metrics: ctx.metrics.work_queues.queue(ctx.name),
+        health: ctx.health.clone(),
+        events: context.events.clone(),
+    };
     Some(Box::pin(async move {
         // Load balancers are given the cluster's nodes: wait until both caches hold them.
         if !wait_for_cache_sync(&shutdown, [nodes.synced(), shared_services.synced()]).await {
@@ -273,23 +277,27 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
                 shutdown.clone(),
             ))
         });
-        let retries =
+        // Syncs the node sync asks for (a load balancer whose backends changed during its ensure)
+        // join the Services' own changes on the one work queue.
+        let retries = {
+            let services = services.clone();
             futures::stream::unfold(
                 retries,
                 |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
-            );
-        Controller::for_shared_stream(triggers, services)
-            .reconcile_on(retries)
-            .with_config(RuntimeConfig::default().concurrency(workers as u16))
-            .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-            .run(sync::reconcile, sync::error_policy, context)
-            .for_each(|result| {
-                if let Err(err) = result {
-                    tracing::debug!(error = %err, "service reconcile did not finish");
-                }
-                std::future::ready(())
-            })
-            .await;
+            )
+            .filter_map(move |key: ObjectRef<Service>| std::future::ready(services.get(&key)))
+        };
+        work_queue::run(
+            futures::stream::select(triggers, retries),
+            services,
+            workers,
+            sync::reconcile,
+            sync::error_policy,
+            context,
+            reporting,
+            shutdown.clone(),
+        )
+        .await;
         let _ = deleted.await;
         let _ = node_sync.await;
         if let Some(sweep) = sweep {

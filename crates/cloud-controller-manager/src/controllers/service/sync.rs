@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use cloud_provider::CloudError;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service};
-use kube::runtime::controller::Action;
 
 use super::{
     Backends, Context, ServiceError, Tracked,
@@ -20,9 +19,10 @@ use super::{
 use crate::controllers::{
     outage,
     patch::{Target, patch_with_retry, with_resource_version},
+    work_queue::Next,
 };
 
-pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) -> Action {
+pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) -> Next {
     let key = key(&service);
     // A RetryAfter from the cloud is a fixed delay; it does not grow the back-off.
     let delay = err.retry_delay().unwrap_or_else(|| {
@@ -34,14 +34,14 @@ pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<C
         outage::retry_delay(delay, write_error)
     });
     tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to sync load balancer");
-    Action::requeue(delay)
+    Next::RequeueAfter(delay)
 }
 
 #[tracing::instrument(skip_all, fields(service = %key(&service)))]
 pub(super) async fn reconcile(
     service: Arc<Service>,
     ctx: Arc<Context>,
-) -> Result<Action, ServiceError> {
+) -> Result<Next, ServiceError> {
     let result = sync(&service, &ctx).await;
     if let Err(err) = &result {
         ServiceEvent::SyncLoadBalancerFailed(err)
@@ -51,7 +51,7 @@ pub(super) async fn reconcile(
         ctx.backoff.succeeded(&key(&service));
     }
     ctx.update_gauge();
-    result.map(|()| Action::await_change())
+    result.map(|()| Next::AwaitChange)
 }
 
 async fn sync(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceError> {

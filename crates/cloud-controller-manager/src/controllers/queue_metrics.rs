@@ -1,0 +1,130 @@
+//! The work queues' metrics, with client-go's names, labels and buckets (`k8s.io/component-base/metrics/
+//! prometheus/workqueue`), so dashboards and alerts written for upstream's managers work here: each
+//! series is labelled `name` (the queue's, which is its controller's name).
+//!
+//! - `workqueue_depth` (gauge), `workqueue_adds_total`, `workqueue_retries_total` (counters)
+//! - `workqueue_queue_duration_seconds`, `workqueue_work_duration_seconds` (histograms, 1 ns to 10 s ×
+//!   10, as client-go's)
+//! - `workqueue_unfinished_work_seconds`, `workqueue_longest_running_processor_seconds` (gauges,
+//!   refreshed every 500 ms while the queue runs, as client-go refreshes them)
+//!
+//! Beyond client-go: `workqueue_panics_total`, reconciles that panicked (the key is retried on its
+//! back-off, and a controller that keeps panicking fails its health check).
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+use std::sync::atomic::AtomicU64;
+
+/// The `name` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueName {
+    name: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The queue metrics of every controller (one family per metric, one series per queue).
+#[derive(Clone)]
+pub struct WorkQueueMetrics {
+    depth: Family<QueueName, Gauge>,
+    adds: Family<QueueName, Counter>,
+    retries: Family<QueueName, Counter>,
+    panics: Family<QueueName, Counter>,
+    queue_duration: Family<QueueName, Histogram>,
+    work_duration: Family<QueueName, Histogram>,
+    unfinished: Family<QueueName, FloatGauge>,
+    longest: Family<QueueName, FloatGauge>,
+}
+
+/// client-go's buckets: `ExponentialBuckets(10e-9, 10, 10)`, 10 ns to 10 s.
+fn duration_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        10e-9, 10.0, 10,
+    ))
+}
+
+impl WorkQueueMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            depth: Family::default(),
+            adds: Family::default(),
+            retries: Family::default(),
+            panics: Family::default(),
+            queue_duration: Family::new_with_constructor(duration_histogram),
+            work_duration: Family::new_with_constructor(duration_histogram),
+            unfinished: Family::default(),
+            longest: Family::default(),
+        };
+        let sub = registry.sub_registry_with_prefix("workqueue");
+        sub.register("depth", "Current depth of workqueue", metrics.depth.clone());
+        sub.register(
+            "adds",
+            "Total number of adds handled by workqueue",
+            metrics.adds.clone(),
+        );
+        sub.register(
+            "retries",
+            "Total number of retries handled by workqueue",
+            metrics.retries.clone(),
+        );
+        sub.register(
+            "panics",
+            "Total number of reconciles that panicked (the key is retried on its back-off)",
+            metrics.panics.clone(),
+        );
+        sub.register(
+            "queue_duration_seconds",
+            "How long in seconds an item stays in workqueue before being requested",
+            metrics.queue_duration.clone(),
+        );
+        sub.register(
+            "work_duration_seconds",
+            "How long in seconds processing an item from workqueue takes",
+            metrics.work_duration.clone(),
+        );
+        sub.register(
+            "unfinished_work_seconds",
+            "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases",
+            metrics.unfinished.clone(),
+        );
+        sub.register(
+            "longest_running_processor_seconds",
+            "How many seconds has the longest running processor for workqueue been running",
+            metrics.longest.clone(),
+        );
+        metrics
+    }
+
+    /// The series of the queue `name`.
+    pub(crate) fn queue(&self, name: &str) -> QueueMetrics {
+        let label = QueueName {
+            name: name.to_owned(),
+        };
+        QueueMetrics {
+            depth: self.depth.get_or_create(&label).clone(),
+            adds: self.adds.get_or_create(&label).clone(),
+            retries: self.retries.get_or_create(&label).clone(),
+            panics: self.panics.get_or_create(&label).clone(),
+            queue_duration: self.queue_duration.get_or_create(&label).clone(),
+            work_duration: self.work_duration.get_or_create(&label).clone(),
+            unfinished: self.unfinished.get_or_create(&label).clone(),
+            longest: self.longest.get_or_create(&label).clone(),
+        }
+    }
+}
+
+/// One queue's series (handles into the families; cheap to clone).
+#[derive(Clone)]
+pub(crate) struct QueueMetrics {
+    pub(crate) depth: Gauge,
+    pub(crate) adds: Counter,
+    pub(crate) retries: Counter,
+    pub(crate) panics: Counter,
+    pub(crate) queue_duration: Histogram,
+    pub(crate) work_duration: Histogram,
+    pub(crate) unfinished: FloatGauge,
+    pub(crate) longest: FloatGauge,
+}
