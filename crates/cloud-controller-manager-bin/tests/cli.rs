@@ -245,6 +245,25 @@ fn malformed_flags_are_rejected() {
         1,
         &["invalid --master"],
     );
+    // Upstream's --feature-gates: an unknown gate, a malformed pair, and a gate at a value this manager
+    // does not implement are each refused, naming the gate.
+    assert_fails_with(
+        &["--feature-gates=NoSuchGate=true"],
+        2,
+        &["--feature-gates", "unrecognized feature gate: NoSuchGate"],
+    );
+    assert_fails_with(
+        &["--feature-gates=ContextualLogging"],
+        2,
+        &["missing bool value for ContextualLogging"],
+    );
+    assert_fails_with(
+        &["--feature-gates=CloudControllerManagerWebhook=true"],
+        2,
+        &[
+            "CloudControllerManagerWebhook=true is not supported: this manager serves no admission webhooks",
+        ],
+    );
 }
 
 /// A `--master` without a scheme made the client panic on a runtime worker (and the manager retry

@@ -193,15 +193,20 @@ struct Routing {
 
 impl Routing {
     async fn start(cloud: &str) -> Self {
+        Self::start_with(cloud, &["--route-reconciliation-period=300ms"]).await
+    }
+
+    async fn start_with(cloud: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let state_file = dir.path().join("state.json");
+        let mut args = vec![
+            "--controllers=route",
+            "--cluster-cidr=10.210.0.0/16,fd00:210::/56",
+        ];
+        args.extend_from_slice(extra);
         let manager = RunningManager::start(
             &format!("stateFile: {}\n{cloud}", state_file.display()),
-            &[
-                "--controllers=route",
-                "--cluster-cidr=10.210.0.0/16,fd00:210::/56",
-                "--route-reconciliation-period=300ms",
-            ],
+            &args,
         )
         .await;
         Self {
@@ -313,7 +318,7 @@ routes:
         r.manager
             .metrics
             .encode()
-            .contains("route_controller_route_sync_total")
+            .contains(r#"route_controller_route_sync_total{trigger="periodic",outcome="success"}"#)
     );
 
     // A deleted node's route goes.
@@ -499,4 +504,71 @@ async fn two_hundred_nodes_waiting_on_a_full_range_cost_bounded_events_and_logs(
     all.push(&holders[1]);
     delete_nodes(&all).await;
     delete_lease(LEASE).await;
+}
+
+/// With `CloudControllerManagerWatchBasedRoutesReconciliation` (KEP-5237) a pod CIDR given to a node is
+/// routed at once, not at the next period (an hour here); a heartbeat-like change (a label) starts no
+/// pass; each pass is counted with its trigger.
+#[tokio::test]
+async fn watch_based_routes_follow_a_node_change_without_waiting_for_the_period() {
+    let _serial = SERIAL.lock().await;
+    let r = Routing::start_with(
+        "",
+        &[
+            "--route-reconciliation-period=1h",
+            "--feature-gates=CloudControllerManagerWatchBasedRoutesReconciliation=true",
+        ],
+    )
+    .await;
+    let name = unique_name("watched");
+    create_node(&kubelet_node(&name)).await;
+    // The first pass (the period's first tick) has run.
+    eventually("the first pass", WAIT, || async {
+        (r.calls("list_routes") >= 1).then_some(())
+    })
+    .await;
+    // Past upstream's 10 s between passes started by node changes, so the next one is not held back.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let lists = r.calls("list_routes");
+
+    // A label changes nothing routes depend on: no pass.
+    let nodes = support::nodes().await;
+    nodes
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"labels": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(r.calls("list_routes"), lists, "a label started a pass");
+
+    // A pod CIDR: routed at once.
+    let given = std::time::Instant::now();
+    nodes
+        .patch(
+            &name,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"podCIDR": "10.210.77.0/24", "podCIDRs": ["10.210.77.0/24"]}})),
+        )
+        .await
+        .unwrap();
+    eventually("the route, long before the 1 h period", WAIT, || async {
+        r.has_route(&name, "10.210.77.0/24").then_some(())
+    })
+    .await;
+    eprintln!(
+        "watch-based routes: routed {:?} after the pod CIDR was set",
+        given.elapsed()
+    );
+    let metrics = r.manager.metrics.encode();
+    assert!(
+        metrics.contains(
+            r#"route_controller_route_sync_total{trigger="node_change",outcome="success"}"#
+        ),
+        "{metrics}"
+    );
+    r.manager.stop().await;
+    delete_nodes(&[&name]).await;
 }

@@ -320,6 +320,10 @@ fn route_config(cfg: &ConfigureContext<'_>) -> Result<Option<route::Config>, Str
         cluster_name: cfg.cluster_name().to_owned(),
         cluster_cidrs: cluster_cidrs.to_vec(),
         period: options.route.route_reconciliation_period,
+        watch_based: options
+            .generic
+            .feature_gates()
+            .enabled(super::feature_gates::WATCH_BASED_ROUTES),
     }))
 }
 

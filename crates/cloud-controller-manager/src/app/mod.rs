@@ -8,6 +8,7 @@ pub(crate) mod connection_guard;
 pub mod controller_table;
 pub mod controllers_flag;
 pub(crate) mod delegated_auth;
+pub mod feature_gates;
 pub(crate) mod health;
 pub(crate) mod leader_election;
 pub(crate) mod logging;

@@ -83,6 +83,25 @@ pub struct GenericOptions {
     /// and leader election keep the manager's identity.
     #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub use_service_account_credentials: bool,
+
+    /// Feature gates, upstream's syntax: `Gate=true,Other=false` (repeatable; a later setting wins). An
+    /// unknown gate is refused, and so is a known gate at a value this manager does not implement.
+    #[arg(long, action = ArgAction::Append, value_parser = feature_gates_value, long_help = super::feature_gates::help())]
+    pub feature_gates: Vec<String>,
+}
+
+/// One `--feature-gates` value, checked as it is read.
+fn feature_gates_value(text: &str) -> Result<String, String> {
+    super::feature_gates::FeatureGates::parse([text])?;
+    Ok(text.to_owned())
+}
+
+impl GenericOptions {
+    /// The gates `--feature-gates` set (each value was checked as it was read).
+    pub fn feature_gates(&self) -> super::feature_gates::FeatureGates {
+        super::feature_gates::FeatureGates::parse(self.feature_gates.iter().map(String::as_str))
+            .unwrap_or_default()
+    }
 }
 
 /// Leader election on a coordination.k8s.io Lease (upstream's flags and defaults).
@@ -293,7 +312,7 @@ pub struct NodeIpamOptions {
 
 /// A boolean as Go's `strconv.ParseBool` reads it (upstream's flags): `1`, `t`, `T`, `TRUE`, `true`,
 /// `True`, and `0`, `f`, `F`, `FALSE`, `false`, `False`.
-fn go_bool(text: &str) -> Result<bool, String> {
+pub(crate) fn go_bool(text: &str) -> Result<bool, String> {
     match text {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),

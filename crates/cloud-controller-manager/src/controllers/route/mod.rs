@@ -1,8 +1,11 @@
 //! The node-route controller (`node-route-controller`, alias `route`): every
-//! `--route-reconciliation-period`, makes the cloud's routes match the nodes' `spec.podCIDRs` within
-//! `--cluster-cidr`, and reports the result in each node's `NetworkUnavailable` condition.
+//! `--route-reconciliation-period` (or, with the `CloudControllerManagerWatchBasedRoutesReconciliation`
+//! gate, as soon as a node changes in a way routes depend on: see `triggers`), makes the cloud's routes
+//! match the nodes' `spec.podCIDRs` within `--cluster-cidr`, and reports the result in each node's
+//! `NetworkUnavailable` condition.
 
 pub mod plan;
+pub mod triggers;
 
 use crate::cached_node::CachedNode;
 use std::{
@@ -20,8 +23,14 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::events::EventType,
 };
-use prometheus_client::{metrics::counter::Counter, registry::Registry};
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family},
+    registry::Registry,
+};
 use tokio_util::sync::CancellationToken;
+
+use self::triggers::{MIN_INTERVAL, NodeViews, Trigger};
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
 use super::{
@@ -30,7 +39,7 @@ use super::{
 };
 use crate::{
     events::EventRecorder,
-    informers::{SharedNodes, wait_for_cache_sync},
+    informers::{Change, SharedNodes, wait_for_cache_sync},
 };
 
 /// The event source, as upstream names it (with an underscore).
@@ -39,16 +48,24 @@ pub const COMPONENT: &str = "route_controller";
 /// At most this many cloud route calls in flight (upstream's limit).
 const MAX_IN_FLIGHT: usize = 200;
 
-/// The controller's metric (upstream's name).
+/// The labels of `route_controller_route_sync_total` (1.37's): what started the pass, and how it
+/// ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SyncLabels {
+    trigger: &'static str,
+    outcome: &'static str,
+}
+
+/// The controller's metric (upstream's name and labels).
 #[derive(Clone)]
 pub struct RouteMetrics {
-    syncs: Counter,
+    syncs: Family<SyncLabels, Counter>,
 }
 
 impl RouteMetrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
-            syncs: Counter::default(),
+            syncs: Family::default(),
         };
         registry.register(
             "route_controller_route_sync",
@@ -56,6 +73,15 @@ impl RouteMetrics {
             metrics.syncs.clone(),
         );
         metrics
+    }
+
+    fn synced(&self, trigger: Trigger, succeeded: bool) {
+        self.syncs
+            .get_or_create(&SyncLabels {
+                trigger: trigger.label(),
+                outcome: if succeeded { "success" } else { "error" },
+            })
+            .inc();
     }
 }
 
@@ -75,8 +101,11 @@ pub struct Config {
     pub cluster_name: String,
     /// The pod CIDRs of the cluster (`--cluster-cidr`): routes outside them are not ours.
     pub cluster_cidrs: Vec<IpNet>,
-    /// How often routes are reconciled (`--route-reconciliation-period`).
+    /// How often routes are reconciled (`--route-reconciliation-period`); a safety net in
+    /// watch-based mode.
     pub period: Duration,
+    /// Reconcile on node changes (`CloudControllerManagerWatchBasedRoutesReconciliation`).
+    pub watch_based: bool,
 }
 
 /// Starts the controller: `None` (logged) when the cloud offers no routes.
@@ -91,6 +120,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cluster_name,
         cluster_cidrs,
         period,
+        watch_based,
     } = config;
     let context = Context {
         api: Api::all(ctx.client.clone()),
@@ -101,42 +131,84 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         metrics: ctx.metrics.route.clone(),
     };
     let nodes = ctx.informers.nodes();
+    // Subscribed as the controller is built, so no change after the caches start is missed.
+    let changes = watch_based.then(|| nodes.subscribe_changes());
     let shutdown = ctx.shutdown.clone();
     Some(Box::pin(async move {
-        run(context, nodes, period, shutdown).await;
+        run(context, nodes, period, changes, shutdown).await;
         Ok(())
     }))
 }
 
-async fn run(ctx: Context, nodes: Arc<SharedNodes>, period: Duration, shutdown: CancellationToken) {
+async fn run(
+    ctx: Context,
+    nodes: Arc<SharedNodes>,
+    period: Duration,
+    changes: Option<impl futures::Stream<Item = Change<CachedNode>> + Send + 'static>,
+    shutdown: CancellationToken,
+) {
     if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
         return;
     }
     let store = nodes.store();
+    // Node changes that matter ask for a pass; the flag holds the ask until the rate limit allows it.
+    let wanted = Arc::new(tokio::sync::Notify::new());
+    let watching = changes.map(|changes| {
+        let wanted = wanted.clone();
+        tokio::spawn(async move {
+            let mut views = NodeViews::default();
+            let mut changes = std::pin::pin!(changes);
+            while let Some(change) = changes.next().await {
+                if views.matters(&change) {
+                    wanted.notify_one();
+                }
+            }
+        })
+    });
     // Start to start, like upstream's non-sliding loop.
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_pass: Option<tokio::time::Instant> = None;
     loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = shutdown.cancelled() => return,
+        let trigger = tokio::select! {
+            _ = ticks.tick() => Trigger::Periodic,
+            () = wanted.notified(), if watching.is_some() => Trigger::NodeChange,
+            () = shutdown.cancelled() => break,
+        };
+        if trigger == Trigger::NodeChange
+            && let Some(last) = last_pass
+        {
+            // Upstream's rate limiter: at most one pass per MIN_INTERVAL for node changes.
+            tokio::select! {
+                () = tokio::time::sleep_until(last + MIN_INTERVAL) => {}
+                () = shutdown.cancelled() => break,
+            }
         }
         let Some(routes) = ctx.cloud.routes() else {
             tracing::warn!("the cloud stopped offering routes; skipping this pass");
             continue;
         };
-        reconcile(&ctx, routes, &store.state()).await;
+        last_pass = Some(tokio::time::Instant::now());
+        let succeeded = reconcile(&ctx, routes, &store.state()).await;
+        ctx.metrics.synced(trigger, succeeded);
+        if !succeeded && watching.is_some() {
+            // A failed pass is asked for again (rate-limited), as upstream re-queues it.
+            wanted.notify_one();
+        }
+    }
+    if let Some(watching) = watching {
+        watching.abort();
     }
 }
 
-/// One pass: delete stale routes, create missing ones, then set the nodes' conditions.
-async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]) {
-    ctx.metrics.syncs.inc();
+/// One pass: delete stale routes, create missing ones, then set the nodes' conditions. `false` when
+/// the routes could not be listed (nothing was done).
+async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]) -> bool {
     let existing = match routes.list_routes(&ctx.cluster_name).await {
         Ok(existing) => existing,
         Err(err) => {
             tracing::warn!(error = %err, "could not list routes; skipping this pass");
-            return;
+            return false;
         }
     };
     let plan = plan_routes(nodes, &existing, &ctx.cluster_cidrs);
@@ -218,6 +290,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
             async move { set_condition(ctx, node, wanted_condition(node_actions)).await }
         })
         .await;
+    true
 }
 
 /// The write carries the node's `resourceVersion` and is re-planned from a fresh read on a conflict (the
