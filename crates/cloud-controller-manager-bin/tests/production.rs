@@ -521,3 +521,47 @@ async fn in_flight_work_finishes_after_a_stop_signal_while_the_lease_is_renewed(
     .unwrap();
     delete_nodes(&[&node]).await;
 }
+
+/// `leader_election_master_status{name}` (client-go's) is 1 on the leader and 0 on a standby, and flips
+/// when the leader steps down and the standby takes over.
+#[tokio::test]
+async fn leader_election_master_status_flips_on_failover() {
+    let _serial = SERIAL.lock().await;
+    let lease_name = "cloud-controller-manager";
+    let _ = Api::<Lease>::namespaced(admin().await, "kube-system")
+        .delete(lease_name, &Default::default())
+        .await;
+    let args = [
+        "--leader-elect=true",
+        "--controllers=cloud-node",
+        "--leader-elect-lease-duration=4s",
+        "--leader-elect-renew-deadline=3s",
+        "--leader-elect-retry-period=1s",
+    ];
+    let status = |metrics: &cloud_controller_manager::metrics::Metrics| {
+        metrics.encode().lines().find_map(|l| {
+            l.strip_prefix(r#"leader_election_master_status{name="cloud-controller-manager"} "#)
+                .map(str::to_owned)
+        })
+    };
+    let first = RunningManager::start("", &args).await;
+    eventually("the first to lead", Duration::from_secs(30), || async {
+        (status(&first.metrics).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    let second = RunningManager::start("", &args).await;
+    eventually(
+        "the standby to report 0",
+        Duration::from_secs(30),
+        || async { (status(&second.metrics).as_deref() == Some("0")).then_some(()) },
+    )
+    .await;
+    let first_metrics = first.metrics.clone();
+    first.stop().await; // releases the Lease
+    assert_eq!(status(&first_metrics).as_deref(), Some("0"), "stepped down");
+    eventually("the standby to lead", Duration::from_secs(30), || async {
+        (status(&second.metrics).as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    second.stop().await;
+}

@@ -4,7 +4,11 @@
 use std::sync::{Arc, Mutex};
 
 use cloud_provider::CloudProvider;
-use prometheus_client::{encoding::text::encode, registry::Registry};
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
 
 use crate::{
     cloud_metrics::CloudMetrics,
@@ -34,6 +38,41 @@ pub struct Metrics {
     pub dry_run: DryRunMetrics,
     /// The controllers' work queues (client-go's `workqueue_*`).
     pub work_queues: WorkQueueMetrics,
+    /// `leader_election_master_status{name}`: 1 while this replica leads, else 0 (client-go's).
+    pub leader_election: LeaderElectionMetrics,
+}
+
+/// The `name` label of `leader_election_master_status` (the Lease's name).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LeaseName {
+    name: String,
+}
+
+/// client-go's leader-election metric.
+#[derive(Clone)]
+pub struct LeaderElectionMetrics {
+    status: Family<LeaseName, Gauge>,
+}
+
+impl LeaderElectionMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let status = Family::<LeaseName, Gauge>::default();
+        registry.register(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
+            status.clone(),
+        );
+        Self { status }
+    }
+
+    /// Reports whether this replica leads the Lease `name`.
+    pub fn set_leading(&self, name: &str, leading: bool) {
+        self.status
+            .get_or_create(&LeaseName {
+                name: name.to_owned(),
+            })
+            .set(i64::from(leading));
+    }
 }
 
 impl Default for Metrics {
@@ -53,6 +92,7 @@ impl Metrics {
         let cloud = CloudMetrics::register(&mut registry);
         let dry_run = DryRunMetrics::register(&mut registry);
         let work_queues = WorkQueueMetrics::register(&mut registry);
+        let leader_election = LeaderElectionMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -62,6 +102,7 @@ impl Metrics {
             cloud,
             dry_run,
             work_queues,
+            leader_election,
         }
     }
 

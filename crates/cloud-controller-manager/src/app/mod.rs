@@ -271,9 +271,12 @@ pub async fn run(
             fence,
         ));
         health.watch_leader(elector.clone());
+        let lease = &options.leader_election.leader_elect_resource_name;
+        metrics.leader_election.set_leading(lease, false);
         if !elector.acquire(&shutdown).await {
             return Ok(()); // shut down while waiting: nothing was started
         }
+        metrics.leader_election.set_leading(lease, true);
         // Every client built from here on writes only while this replica's leadership is valid.
         clients.fence = elector.fence().clone();
         Some(elector)
@@ -288,17 +291,21 @@ pub async fn run(
     // shutdown signal: the leader's writes are fenced at its renew deadline, and a graceful stop may
     // take longer than that.
     let stop_renewing = CancellationToken::new();
+    let lease = options.leader_election.leader_elect_resource_name.clone();
     let renewing = elector.clone().map(|elector| {
         let (stop, lost, stop_renewing) = (stop.clone(), lost.clone(), stop_renewing.clone());
+        let (status, lease) = (metrics.leader_election.clone(), lease.clone());
         tokio::spawn(async move {
             let result = elector.keep_renewing(&stop_renewing).await;
             if result.is_err() {
+                status.set_leading(&lease, false);
                 lost.store(true, Ordering::Relaxed);
                 stop.cancel();
             }
             result
         })
     });
+    let leader_status = metrics.leader_election.clone();
 
     let result = run_controllers(
         configured,
@@ -323,6 +330,7 @@ pub async fn run(
     if let Some(elector) = elector {
         // In-flight work is done: hand over now rather than make the next leader wait out the lease.
         elector.release().await;
+        leader_status.set_leading(&lease, false);
     }
     Ok(())
 }
