@@ -273,3 +273,142 @@ async fn a_providers_controller_alone_gets_the_node_cache_it_asks_for() {
         .expect("no error");
     delete_nodes(&[&name]).await;
 }
+
+const CHECKED: &str = "checker.example.com/checked";
+
+/// A controller of the provider's own on the manager's work-queue runner, with a metric of its own: it
+/// marks every node, and its reconcile panics on the node named `poison-*`.
+fn start_checker(ctx: ControllerContext, _: ()) -> Option<ControllerTask> {
+    use cloud_controller_manager::{
+        controllers::{Next, run_on_work_queue},
+        informers::CachedNode,
+    };
+    use cloud_provider::prometheus_client::metrics::counter::Counter;
+    let nodes = ctx.informers.nodes();
+    let changes = nodes.subscribe();
+    let checked = Counter::<u64>::default();
+    ctx.metrics.register_with(|registry| {
+        registry.register("node_checker_checked", "Nodes marked.", checked.clone())
+    });
+    Some(Box::pin(async move {
+        if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+            return Ok(());
+        }
+        let api: Api<Node> = Api::all(ctx.client.clone());
+        let reconcile = move |node: Arc<CachedNode>, checked: Arc<Counter<u64>>| {
+            let api = api.clone();
+            async move {
+                let name = node.name_any();
+                if name.starts_with("poison-") {
+                    panic!("the checker cannot handle {name}");
+                }
+                if node.annotations().get(CHECKED).is_none() {
+                    let patch = json!({ "metadata": { "annotations": { CHECKED: "yes" } } });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                    checked.inc();
+                }
+                Ok::<_, kube::Error>(Next::AwaitChange)
+            }
+        };
+        run_on_work_queue(
+            &ctx,
+            changes,
+            nodes.store(),
+            2,
+            reconcile,
+            |_, _, _| Next::RequeueAfter(Duration::from_secs(1)),
+            Arc::new(checked),
+        )
+        .await;
+        Ok(())
+    }))
+}
+
+/// A provider's controller on the manager's work-queue runner: a reconcile that panics on one node is
+/// retried on its back-off, counted in `workqueue_panics_total{name="node-checker"}` and told in an event
+/// on that node, while the other nodes are handled; the controller's own metric is served with the
+/// manager's.
+#[tokio::test]
+async fn a_providers_controller_on_the_work_queue_survives_a_panicking_key() {
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    let good = [unique_name("checked-a"), unique_name("checked-b")];
+    let poison = unique_name("poison");
+    for name in good.iter().chain([&poison]) {
+        create_node(&kubelet_node(name)).await;
+    }
+    let mut registry = Registry::new();
+    registry.register("zoned", new_zoned).unwrap();
+    registry.register_flags("zoned", <ZoneFlags as clap::Args>::augment_args);
+    let manager = Manager::with_registry(registry).with_controller(ControllerSpec::new(
+        "node-checker",
+        |_| Ok(Some(())),
+        start_checker,
+    ));
+    let metrics = manager.metrics().clone();
+    let kubeconfig = control_plane().ccm_kubeconfig();
+    let argv = vec![
+        "cloud-controller-manager".to_owned(),
+        "--cloud-provider=zoned".to_owned(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--leader-elect=false".to_owned(),
+        "--secure-port=0".to_owned(),
+        "--controllers=node-checker".to_owned(),
+    ];
+    let command_line = manager.parse_from(argv).expect("valid flags");
+    let shutdown = CancellationToken::new();
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move { manager.run(command_line, token).await });
+
+    for name in &good {
+        eventually("the good nodes marked", Duration::from_secs(30), || async {
+            let node = get_node(name).await?;
+            node.annotations().get(CHECKED).map(|_| ())
+        })
+        .await;
+    }
+    // Retried after 5 s: a second panic.
+    let text = eventually(
+        "the poison key retried",
+        Duration::from_secs(30),
+        || async {
+            let text = metrics.encode();
+            let panics = text.lines().find_map(|l| {
+                l.strip_prefix(r#"workqueue_panics_total{name="node-checker"} "#)?
+                    .parse::<u64>()
+                    .ok()
+            })?;
+            (panics >= 2).then_some(text)
+        },
+    )
+    .await;
+    assert!(text.contains("node_checker_checked_total"), "{text}");
+    assert!(
+        text.contains(r#"workqueue_adds_total{name="node-checker"}"#),
+        "{text}"
+    );
+    eventually("the panic's event", Duration::from_secs(30), || async {
+        let events = support::events_for(&poison, "ReconcilePanicked").await;
+        events.first().and_then(|e| {
+            e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("the checker cannot handle"))
+                .then_some(())
+        })
+    })
+    .await;
+    assert_eq!(
+        get_node(&poison).await.unwrap().annotations().get(CHECKED),
+        None
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
+    let mut all: Vec<&str> = good.iter().map(String::as_str).collect();
+    all.push(&poison);
+    delete_nodes(&all).await;
+}

@@ -106,6 +106,13 @@ impl Metrics {
         }
     }
 
+    /// Registers metrics of a controller of the provider's own (`register` gets the manager's registry,
+    /// so they are served on `/metrics` with the manager's).
+    pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
+        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        register(&mut registry);
+    }
+
     /// Adds the provider's own metrics ([`CloudProvider::register_metrics`]).
     pub fn register_provider(&self, cloud: &dyn CloudProvider) {
         let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());

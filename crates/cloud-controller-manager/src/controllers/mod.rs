@@ -14,6 +14,8 @@ pub mod route;
 pub mod service;
 pub(crate) mod work_queue;
 
+pub use work_queue::{Next, run_on_work_queue};
+
 use std::{future::Future, pin::Pin, sync::Arc};
 
 use cloud_provider::CloudProvider;

@@ -47,7 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 /// What a reconcile (or its error policy) asks for next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Next {
+pub enum Next {
     /// Nothing until the object changes again.
     AwaitChange,
     /// Reconcile the object again after this delay (or sooner, if it changes).
@@ -244,6 +244,70 @@ pub(crate) struct Reporting {
     pub(crate) health: ControllerHealth,
     /// Records the Warning event on an object whose reconcile panicked.
     pub(crate) events: EventRecorder,
+}
+
+/// Runs a controller on the manager's work queue, as the built-in cloud-node and service controllers
+/// run: every object `changes` yields is queued by its key (FIFO, a key waiting once, never worked on
+/// by two workers at once), `workers` workers reconcile the queued objects as `store` holds them when
+/// their turn comes (an object gone by then is skipped), and `reconcile`'s answer, or on error
+/// `error_policy`'s, says whether to come back to the object after a delay.
+///
+/// The queue reports client-go's `workqueue_*` metrics labelled with the controller's name; a
+/// reconcile that panics is logged, counted (`workqueue_panics_total`), told in a `ReconcilePanicked`
+/// Warning event on the object and in the controller's `/healthz` check, and retried on its own
+/// back-off (5 s doubling to 5 min) while the other objects go on. Returns once `ctx.shutdown` is
+/// cancelled and the reconciles under way have finished.
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use cloud_controller_manager::{controllers::{ControllerContext, ControllerTask, Next, run_on_work_queue}, informers::{wait_for_cache_sync, CachedNode}};
+/// fn start(ctx: ControllerContext) -> Option<ControllerTask> {
+///     let nodes = ctx.informers.nodes(); // asked for while the controller is built
+///     let changes = nodes.subscribe();
+///     Some(Box::pin(async move {
+///         if !wait_for_cache_sync(&ctx.shutdown, [nodes.synced()]).await {
+///             return Ok(());
+///         }
+///         let reconcile = |node: Arc<CachedNode>, _: Arc<()>| async move {
+///             tracing::info!(node = node.metadata.name.as_deref(), "seen");
+///             Ok::<_, std::convert::Infallible>(Next::AwaitChange)
+///         };
+///         run_on_work_queue(&ctx, changes, nodes.store(), 4, reconcile, |_, _, _| Next::AwaitChange, Arc::new(())).await;
+///         Ok(())
+///     }))
+/// }
+/// ```
+pub async fn run_on_work_queue<K, C, E, R, RFut, P>(
+    ctx: &super::ControllerContext,
+    changes: impl Stream<Item = Arc<K>> + Send + 'static,
+    store: Store<K>,
+    workers: usize,
+    reconcile: R,
+    error_policy: P,
+    data: Arc<C>,
+) where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<C>) -> RFut + Send + Sync + 'static,
+    RFut: Future<Output = Result<Next, E>> + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<C>) -> Next + Send + Sync + 'static,
+{
+    let reporting = Reporting {
+        metrics: ctx.metrics.work_queues.queue(ctx.name),
+        health: ctx.health.clone(),
+        events: EventRecorder::new(ctx.events_client.clone(), ctx.name),
+    };
+    run(
+        changes,
+        store,
+        workers,
+        reconcile,
+        error_policy,
+        data,
+        reporting,
+        ctx.shutdown.clone(),
+    )
+    .await;
 }
 
 /// A panicking key's first retry; each further panic doubles it, up to [`PANIC_RETRY_MAX`].
