@@ -147,7 +147,7 @@ async fn run(
     args: &[&str],
 ) -> (
     CancellationToken,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
+    tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
     u16,
 ) {
     test_control_plane::apply_shipped_rbac().await;

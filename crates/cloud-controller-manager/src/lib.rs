@@ -47,8 +47,25 @@ use app::controller_table::builtin_controllers;
 pub use app::{
     CommandLine,
     command_line::BinaryIdentity,
-    controller_table::{ConfigureContext, ControllerSpec},
+    controller_table::{ConfigureContext, ConfigureError, ControllerSpec},
 };
+
+/// Why [`Manager::command`] or [`Manager::run`] failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManagerError {
+    /// The manager was put together wrongly (a controller name taken twice, a provider registered
+    /// twice, ...), said in words.
+    #[error("{0}")]
+    Setup(String),
+    /// The command line could not be built.
+    #[error(transparent)]
+    Command(#[from] clap::Error),
+    /// The manager stopped with an error (a flag, the cloud-config, the provider, the API server, a
+    /// lost Lease, a failed controller): the message names what is at fault.
+    #[error(transparent)]
+    Run(#[from] app::AppError),
+}
 use metrics::Metrics;
 
 /// The manager: a provider registry, the controller table, and the app that runs them.
@@ -201,13 +218,10 @@ impl Manager {
     }
 
     /// The whole command: the manager's flags, the linked providers' flags, the controller table.
-    pub fn command(&self) -> Result<clap::Command, anyhow::Error> {
+    pub fn command(&self) -> Result<clap::Command, ManagerError> {
         self.check_setup()?;
-        Ok(app::command_line::command(
-            &self.registry,
-            &self.controllers,
-            self.identity.as_ref(),
-        )?)
+        app::command_line::command(&self.registry, &self.controllers, self.identity.as_ref())
+            .map_err(|clash| ManagerError::Setup(clash.to_string()))
     }
 
     /// Parses a command line (the binary's name first), the linked providers' flags included.
@@ -224,9 +238,9 @@ impl Manager {
         )
     }
 
-    fn check_setup(&self) -> Result<(), anyhow::Error> {
+    fn check_setup(&self) -> Result<(), ManagerError> {
         match &self.setup_error {
-            Some(err) => Err(anyhow::anyhow!("{err}")),
+            Some(err) => Err(ManagerError::Setup(err.clone())),
             None => Ok(()),
         }
     }
@@ -237,7 +251,7 @@ impl Manager {
         &self,
         command_line: impl Into<CommandLine>,
         shutdown: CancellationToken,
-    ) -> Result<(), anyhow::Error> {
+    ) -> Result<(), ManagerError> {
         self.check_setup()?;
         app::run(
             command_line.into(),

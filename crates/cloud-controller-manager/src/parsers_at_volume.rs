@@ -445,7 +445,9 @@ fn known_controllers() -> Vec<ControllerName> {
 /// The node-IPAM controller's CIDR sets from its flags, as the manager builds them at start.
 fn cidr_sets(cloud: &CloudProviderOptions, ipam: &NodeIpamOptions) -> Result<Vec<CidrSet>, String> {
     let clusters = parse_cidr_list("--cluster-cidr", &cloud.cluster_cidr)?;
-    node_ipam_config(ipam, &clusters)?.cidr_sets()
+    node_ipam_config(ipam, &clusters)
+        .map_err(|err| err.to_string())?
+        .cidr_sets()
 }
 
 /// What runs after a successful parse at start: the cross-flag checks, the rate limiter, `--controllers`

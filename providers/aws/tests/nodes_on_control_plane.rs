@@ -73,7 +73,7 @@ fn taint_keys(node: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
-type ManagerTask = tokio::task::JoinHandle<Result<(), anyhow::Error>>;
+type ManagerTask = tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>;
 
 /// Runs the manager in-process on the `aws` provider (on moto) with these controllers; the provider is
 /// returned too, for its call counts.

@@ -32,7 +32,7 @@ pub struct RunningManager {
     pub cloud: FakeCloud,
     pub metrics: Metrics,
     shutdown: CancellationToken,
-    task: JoinHandle<Result<(), anyhow::Error>>,
+    task: JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
 }
 
 impl RunningManager {

@@ -28,7 +28,26 @@ use crate::{
 pub type StartFn = Box<dyn FnOnce(ControllerContext) -> Option<ControllerTask> + Send>;
 
 type ConfigureFn =
-    Arc<dyn Fn(&ConfigureContext<'_>) -> Result<Option<StartFn>, String> + Send + Sync>;
+    Arc<dyn Fn(&ConfigureContext<'_>) -> Result<Option<StartFn>, ConfigureError> + Send + Sync>;
+
+/// Why a controller's configuration was refused: a message naming the flag at fault. The manager
+/// stops at start with it (exit 1, `error: <message>`). `?` and `.into()` turn a `String` or `&str`
+/// into one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigureError(String);
+
+impl From<String> for ConfigureError {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<&str> for ConfigureError {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
+}
 
 /// A controller the manager knows: its names and whether `*` enables it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +130,10 @@ impl ControllerSpec {
     /// ```
     pub fn new<C: Send + 'static>(
         name: &'static str,
-        config: impl Fn(&ConfigureContext<'_>) -> Result<Option<C>, String> + Send + Sync + 'static,
+        config: impl Fn(&ConfigureContext<'_>) -> Result<Option<C>, ConfigureError>
+        + Send
+        + Sync
+        + 'static,
         start: fn(ControllerContext, C) -> Option<ControllerTask>,
     ) -> Self {
         Self {
@@ -175,7 +197,10 @@ impl ControllerSpec {
     }
 
     /// Builds its config from the command line; `Ok(None)` when the flags turn it off.
-    pub(crate) fn configure(&self, cfg: &ConfigureContext<'_>) -> Result<Option<StartFn>, String> {
+    pub(crate) fn configure(
+        &self,
+        cfg: &ConfigureContext<'_>,
+    ) -> Result<Option<StartFn>, ConfigureError> {
         (self.configure)(cfg)
     }
 }
@@ -206,13 +231,13 @@ impl<'a> ConfigureContext<'a> {
     /// Flags a provider added to the command line (see `cloud_provider::register_provider!`), read
     /// into their clap type. A command line built from [`Options`] alone gives every such flag its
     /// default.
-    pub fn flags<T: clap::Args>(&self) -> Result<T, String> {
+    pub fn flags<T: clap::Args>(&self) -> Result<T, ConfigureError> {
         if self.matches.ids().next().is_none() {
             return CloudConfig::none()
                 .flags::<T>()
-                .map_err(|err| err.to_string());
+                .map_err(|err| ConfigureError(err.to_string()));
         }
-        cloud_provider::read_flags::<T>(self.matches).map_err(|err| err.to_string())
+        cloud_provider::read_flags::<T>(self.matches).map_err(|err| ConfigureError(err.to_string()))
     }
 
     /// The cloud the manager runs against.
@@ -227,11 +252,11 @@ impl<'a> ConfigureContext<'a> {
 
     /// `--cluster-cidr`, parsed once for every controller that needs it; an error when it is empty or
     /// malformed.
-    pub fn cluster_cidrs(&self) -> Result<&[IpNet], String> {
+    pub fn cluster_cidrs(&self) -> Result<&[IpNet], ConfigureError> {
         self.cluster_cidrs
             .get_or_init(|| parse_cidr_list("--cluster-cidr", &self.options.cloud.cluster_cidr))
             .as_deref()
-            .map_err(Clone::clone)
+            .map_err(|err| ConfigureError(err.clone()))
     }
 
     fn options(&self) -> &Options {
@@ -272,7 +297,7 @@ pub fn builtin_controllers() -> Vec<ControllerSpec> {
     ]
 }
 
-fn node_config(cfg: &ConfigureContext<'_>) -> Result<Option<node::Config>, String> {
+fn node_config(cfg: &ConfigureContext<'_>) -> Result<Option<node::Config>, ConfigureError> {
     let node = &cfg.options().node;
     Ok(Some(node::Config {
         workers: usize::from(node.concurrent_node_syncs),
@@ -283,7 +308,7 @@ fn node_config(cfg: &ConfigureContext<'_>) -> Result<Option<node::Config>, Strin
 
 fn node_lifecycle_config(
     cfg: &ConfigureContext<'_>,
-) -> Result<Option<node_lifecycle::Config>, String> {
+) -> Result<Option<node_lifecycle::Config>, ConfigureError> {
     let node = &cfg.options().node;
     Ok(Some(node_lifecycle::Config {
         period: node.node_monitor_period,
@@ -291,7 +316,7 @@ fn node_lifecycle_config(
     }))
 }
 
-fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>, String> {
+fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>, ConfigureError> {
     Ok(Some(service::Config {
         cluster_name: cfg.cluster_name().to_owned(),
         workers: usize::from(cfg.options().service.concurrent_service_syncs),
@@ -301,7 +326,7 @@ fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>,
 }
 
 /// Upstream: a route controller with routes supported and no valid `--cluster-cidr` is fatal.
-fn route_config(cfg: &ConfigureContext<'_>) -> Result<Option<route::Config>, String> {
+fn route_config(cfg: &ConfigureContext<'_>) -> Result<Option<route::Config>, ConfigureError> {
     let options = cfg.options();
     if !options.route.configure_cloud_routes {
         tracing::info!("node-route-controller not started: --configure-cloud-routes is false");
@@ -329,21 +354,21 @@ fn route_config(cfg: &ConfigureContext<'_>) -> Result<Option<route::Config>, Str
 
 fn ipam_config(
     cfg: &ConfigureContext<'_>,
-) -> Result<Option<Vec<ipam::allocator::CidrSet>>, String> {
+) -> Result<Option<Vec<ipam::allocator::CidrSet>>, ConfigureError> {
     let options = cfg.options();
     if !options.ipam.allocate_node_cidrs {
         tracing::info!("node-ipam-controller not started: --allocate-node-cidrs is false");
         return Ok(None);
     }
     let config = node_ipam_config(&options.ipam, cfg.cluster_cidrs()?)?;
-    config.cidr_sets().map(Some)
+    Ok(config.cidr_sets().map(Some)?)
 }
 
 /// The node-IPAM controller's config from its flags and the parsed `--cluster-cidr`.
 pub fn node_ipam_config(
     ipam: &NodeIpamOptions,
     cluster_cidrs: &[IpNet],
-) -> Result<ipam::Config, String> {
+) -> Result<ipam::Config, ConfigureError> {
     let service_ranges = if ipam.service_cluster_ip_range.trim().is_empty() {
         Vec::new()
     } else {

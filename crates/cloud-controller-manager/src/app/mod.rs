@@ -116,12 +116,13 @@ pub enum AppError {
     #[error(transparent)]
     LeadershipLost(LeadershipLost),
     /// A controller stopped with an error.
-    #[error("controller {name} failed: {message}")]
+    #[error("controller {name} failed: {source}")]
     Controller {
         /// The controller.
         name: &'static str,
         /// Its error.
-        message: String,
+        #[source]
+        source: crate::controllers::ControllerError,
     },
 }
 
@@ -179,7 +180,10 @@ pub async fn run(
         .iter()
         .filter(|c| selection.is_enabled(c.name()))
     {
-        match spec.configure(&configure).map_err(AppError::Flag)? {
+        match spec
+            .configure(&configure)
+            .map_err(|err| AppError::Flag(err.to_string()))?
+        {
             Some(start) => configured.push(Configured {
                 name: spec.name().name,
                 service_account: spec.service_account(),
@@ -433,10 +437,10 @@ async fn run_controllers(
                         tracing::warn!(controller = name, "controller stopped on its own");
                         None
                     }
-                    Ok((name, Err(message))) => Some(AppError::Controller { name, message }),
+                    Ok((name, Err(source))) => Some(AppError::Controller { name, source }),
                     Err(err) => Some(AppError::Controller {
                         name: names.get(&err.id()).copied().unwrap_or("unknown"),
-                        message: format!("it panicked: {err}"),
+                        source: format!("it panicked: {err}").into(),
                     }),
                 };
                 if let Some(failure) = failure {

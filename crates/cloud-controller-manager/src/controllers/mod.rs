@@ -50,5 +50,34 @@ pub struct ControllerContext {
     pub health: controller_health::ControllerHealth,
 }
 
-/// A running controller: resolves when the controller stops, with an error message if it failed.
-pub type ControllerTask = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+/// A running controller: resolves when the controller stops, with its error if it failed (which stops
+/// the manager, naming the controller).
+pub type ControllerTask = Pin<Box<dyn Future<Output = Result<(), ControllerError>> + Send>>;
+
+/// Why a controller stopped with an error. `?` converts the API client's and the cloud's errors, and
+/// a message (`String`, `&str`) becomes [`ControllerError::Failed`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControllerError {
+    /// An API server call failed for good.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// A cloud call failed for good.
+    #[error(transparent)]
+    Cloud(#[from] cloud_provider::CloudError),
+    /// Anything else, said in words.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<String> for ControllerError {
+    fn from(message: String) -> Self {
+        Self::Failed(message)
+    }
+}
+
+impl From<&str> for ControllerError {
+    fn from(message: &str) -> Self {
+        Self::Failed(message.to_owned())
+    }
+}

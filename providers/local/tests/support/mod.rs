@@ -47,7 +47,7 @@ pub struct RunningManager {
     /// The manager's metrics: what its `/metrics` serves.
     pub metrics: cloud_controller_manager::metrics::Metrics,
     shutdown: CancellationToken,
-    task: JoinHandle<Result<(), anyhow::Error>>,
+    task: JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
 }
 
 impl RunningManager {
