@@ -56,9 +56,8 @@ pub struct Options {
 #[command(next_help_heading = "Generic")]
 pub struct GenericOptions {
     /// Controllers to enable: '*' enables all on-by-default controllers, 'foo' enables the controller
-    /// named 'foo', '-foo' disables it. The first mention of a controller wins. Known names:
-    /// cloud-node-controller (cloud-node), cloud-node-lifecycle-controller (cloud-node-lifecycle),
-    /// service-lb-controller (service), node-route-controller (route), node-ipam-controller (nodeipam; runs only with --allocate-node-cidrs).
+    /// named 'foo', '-foo' disables it. The first mention of a controller wins. (`--help` lists the
+    /// names from the controller table.)
     #[arg(
         long,
         value_delimiter = ',',

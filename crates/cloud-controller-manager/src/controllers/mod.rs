@@ -35,7 +35,9 @@ pub struct ControllerContext {
     pub events_client: kube::Client,
     /// The cloud.
     pub cloud: Arc<dyn CloudProvider>,
-    /// Cancelled on shutdown: stop taking new work, finish what is in flight.
+    /// The stop token: cancelled on a graceful shutdown (stop taking new work; the manager waits for
+    /// the task, so finish what is in flight) and also when this replica loses its leadership (then the
+    /// manager exits at once and in-flight work is abandoned; its writes are fenced).
     pub shutdown: CancellationToken,
     /// The shared caches: ask for the ones the controller reads (`informers.nodes()`,
     /// `informers.services()`) in its start function, before it returns its task, and the manager starts
