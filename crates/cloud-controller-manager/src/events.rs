@@ -14,8 +14,9 @@
 //! An event about no object ([`EventRecorder::queue_unattached`], e.g. a pod-CIDR range that is full)
 //! is written to `kube-system` without `regarding`, as the API server allows there.
 
+use parking_lot::Mutex;
 use std::{
-    sync::{Arc, Mutex, OnceLock},
+    sync::{Arc, OnceLock},
     time::Duration,
 };
 
@@ -162,12 +163,7 @@ impl EventRecorder {
         self.inner.undelivered.send_modify(|n| *n += 1);
         if let Err(mpsc::error::TrySendError::Full(dropped)) = queue.try_send(pending) {
             self.inner.undelivered.send_modify(|n| *n -= 1);
-            let report = self
-                .inner
-                .drops
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .dropped(tokio::time::Instant::now());
+            let report = self.inner.drops.lock().dropped(tokio::time::Instant::now());
             if let Some(count) = report {
                 tracing::warn!(
                     reason = dropped.event.reason,

@@ -26,11 +26,8 @@
 //! fault tests measured up to 48 s of recovery at 500 nodes with the default). One list request per
 //! resource every 5 s during an outage is no load for an API server.
 
-use std::{
-    fmt::Debug,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use parking_lot::{Mutex, MutexGuard};
+use std::{fmt::Debug, sync::Arc, time::Duration};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
@@ -53,7 +50,7 @@ pub use crate::cached_node::CachedNode;
 const SUBSCRIBER_BUFFER: usize = 1024;
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
+    mutex.lock()
 }
 
 /// A change a subscriber sees.
@@ -487,7 +484,6 @@ mod tests {
     fn paths(requests: &crate::mock_api::Requests) -> Vec<String> {
         let mut paths: Vec<String> = requests
             .lock()
-            .unwrap()
             .iter()
             .map(|(_, path, _)| path.clone())
             .collect();

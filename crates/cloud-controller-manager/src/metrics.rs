@@ -1,7 +1,8 @@
 //! The manager's metrics: one `prometheus-client` registry that every part registers into, with
 //! upstream's metric names where upstream has them.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use cloud_provider::CloudProvider;
 use prometheus_client::{
@@ -109,20 +110,20 @@ impl Metrics {
     /// Registers metrics of a controller of the provider's own (`register` gets the manager's registry,
     /// so they are served on `/metrics` with the manager's).
     pub fn register_with(&self, register: impl FnOnce(&mut Registry)) {
-        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.registry.lock();
         register(&mut registry);
     }
 
     /// Adds the provider's own metrics ([`CloudProvider::register_metrics`]).
     pub fn register_provider(&self, cloud: &dyn CloudProvider) {
-        let mut registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut registry = self.registry.lock();
         cloud.register_metrics(&mut registry);
     }
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let registry = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let registry = self.registry.lock();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 /// The requests made: (method, path, JSON body).
-pub(crate) type Requests = Arc<std::sync::Mutex<Vec<(String, String, serde_json::Value)>>>;
+pub(crate) type Requests = Arc<parking_lot::Mutex<Vec<(String, String, serde_json::Value)>>>;
 
 /// A client whose API server is `respond` (method, path, body → status, body), with every request
 /// logged.
@@ -26,7 +26,7 @@ pub(crate) fn mock_client(
                 .unwrap_or_default();
             let body = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
             let (status, answer) = respond(&method, &path, &body);
-            log.lock().unwrap().push((method, path, body));
+            log.lock().push((method, path, body));
             http::Response::builder()
                 .status(status)
                 .header("content-type", "application/json")

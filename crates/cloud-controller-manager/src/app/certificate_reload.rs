@@ -14,10 +14,11 @@
 //! is still racy). A `stat` of two files once a second follows symlinks, sees renames (new inode) and
 //! in-place writes (size, mtime, ctime), costs next to nothing, and needs no extra crate or descriptors.
 
+use parking_lot::RwLock;
 use std::{
     fmt,
     path::{Path, PathBuf},
-    sync::{Arc, RwLock},
+    sync::Arc,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -169,15 +170,12 @@ impl DynamicServingCertificate {
 
     /// The pair in force.
     pub fn current(&self) -> Arc<CertifiedKey> {
-        self.current
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.current.read().clone()
     }
 
     /// Serves `certified` to every new connection.
     pub fn set(&self, certified: CertifiedKey) {
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(certified);
+        *self.current.write() = Arc::new(certified);
     }
 }
 

@@ -17,13 +17,14 @@
 //! axum-server has the TLS handshake's timeout (10 s) but none of these, and hyper has no idle timeout,
 //! hence this small wrapper.
 
+use parking_lot::Mutex;
 use std::{
     collections::HashMap,
     future::{Future, Ready},
     io,
     net::IpAddr,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll},
     time::Duration,
 };
@@ -87,7 +88,7 @@ impl GuardedAcceptor {
 
     /// A place for a connection from `address`, or `None` when a cap is reached.
     fn admit(&self, address: IpAddr) -> Option<Admission> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock();
         let from_address = open.by_address.get(&address).copied().unwrap_or(0);
         if open.total >= self.limits.max_connections || from_address >= self.limits.max_per_address
         {
@@ -104,7 +105,7 @@ impl GuardedAcceptor {
     /// How many connections are open.
     #[cfg(test)]
     fn open(&self) -> usize {
-        self.open.lock().unwrap_or_else(|e| e.into_inner()).total
+        self.open.lock().total
     }
 }
 
@@ -117,7 +118,7 @@ struct Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let mut open = self.open.lock();
         open.total = open.total.saturating_sub(1);
         if let Some(count) = open.by_address.get_mut(&self.address) {
             *count -= 1;

@@ -1,7 +1,8 @@
 //! Health checks behind `/healthz`, `/livez` and `/readyz` (upstream's healthz handler format).
 
+use parking_lot::Mutex;
 use std::sync::{
-    Arc, Mutex,
+    Arc,
     atomic::{AtomicBool, Ordering},
 };
 
@@ -22,16 +23,13 @@ pub type Answer = (u16, String);
 impl Health {
     /// Adds the `leaderElection` watchdog check.
     pub fn watch_leader(&self, leader: Arc<LeaderElector>) {
-        *self.leader.lock().unwrap_or_else(|e| e.into_inner()) = Some(leader);
+        *self.leader.lock() = Some(leader);
     }
 
     /// Adds a check named after a started controller (upstream adds them once controllers run): it
     /// fails while the controller's reconciles keep panicking.
     pub fn controller_started(&self, name: &'static str, health: ControllerHealth) {
-        self.controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((name, health));
+        self.controllers.lock().push((name, health));
     }
 
     /// From now on `/readyz` fails, so load balancers in front of replicas stop sending traffic here.
@@ -41,20 +39,10 @@ impl Health {
 
     fn checks(&self, readiness: bool) -> Vec<(String, Result<(), String>)> {
         let mut checks = vec![("ping".to_owned(), Ok(()))];
-        if let Some(leader) = self
-            .leader
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-        {
+        if let Some(leader) = self.leader.lock().as_ref() {
             checks.push(("leaderElection".to_owned(), leader.check()));
         }
-        for (name, health) in self
-            .controllers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-        {
+        for (name, health) in self.controllers.lock().iter() {
             checks.push(((*name).to_owned(), health.check()));
         }
         if readiness {

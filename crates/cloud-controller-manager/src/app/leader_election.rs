@@ -17,10 +17,8 @@
 //! - **release** on graceful shutdown: the holder is cleared, so another replica takes over at once
 //!   (upstream's manager waits out the lease instead).
 
-use std::{
-    sync::Mutex,
-    time::{Duration, Instant},
-};
+use parking_lot::Mutex;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -147,7 +145,7 @@ impl LeaderElector {
 
     /// When the lease last seen held by another candidate runs out, by local observation.
     fn observed_expiry(&self) -> Option<Instant> {
-        let observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+        let observed = self.observed.lock();
         observed
             .as_ref()
             .filter(|o| !o.holder.is_empty() && o.holder != self.identity)
@@ -196,7 +194,7 @@ impl LeaderElector {
                 self.fence.allow_until(started + self.renew_deadline);
                 // The renewal counts from when it was asked for, as the fence does: an answer that
                 // came late (a slow API server, a wait for a rate-limit token) renewed nothing later.
-                *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner()) = Some(started);
+                *self.last_renewal.lock() = Some(started);
                 Ok(true)
             }
             Ok(Ok(false)) => Ok(false),
@@ -208,7 +206,7 @@ impl LeaderElector {
     /// Closes the fence and says why leadership is lost.
     fn lost(&self) -> LeadershipLost {
         self.fence.close();
-        let last = *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner());
+        let last = *self.last_renewal.lock();
         LeadershipLost {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
@@ -237,13 +235,13 @@ impl LeaderElector {
             Ok(_) => tracing::info!(identity = %self.identity, "released the leader lease"),
             Err(err) => tracing::warn!(error = %err, "could not release the leader lease"),
         }
-        *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.last_renewal.lock() = None;
     }
 
     /// The `leaderElection` health check: failing when this candidate leads but has not renewed for
     /// longer than the lease duration plus 20 s.
     pub fn check(&self) -> Result<(), String> {
-        let last = *self.last_renewal.lock().unwrap_or_else(|e| e.into_inner());
+        let last = *self.last_renewal.lock();
         match last {
             Some(at) if at.elapsed() > self.lease_duration + WATCHDOG_SLACK => Err(format!(
                 "failed election to renew leadership on lease {}/{}: last renewed {:?} ago",
@@ -325,7 +323,7 @@ impl LeaderElector {
 
     /// Records what the Lease says, returning when (locally) it last changed.
     fn observe(&self, spec: &LeaseSpec) -> Instant {
-        let mut observed = self.observed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut observed = self.observed.lock();
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let renew_time = spec.renew_time.as_ref().map(|t| t.0);
         let transitions = spec.lease_transitions.unwrap_or(0);

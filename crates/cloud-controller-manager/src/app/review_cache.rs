@@ -5,10 +5,10 @@
 //! inserted in is the order they expire in: a queue of insertions is enough to drop the expired ones and,
 //! when the cache is full, the oldest (upstream's webhook authorizer keeps an LRU of 8,192 entries).
 
+use parking_lot::Mutex;
 use std::{
     collections::{HashMap, VecDeque},
     hash::Hash,
-    sync::Mutex,
     time::{Duration, Instant},
 };
 
@@ -42,7 +42,7 @@ impl<K: Hash + Eq + Clone, V: Clone> ExpiringCache<K, V> {
 
     /// The answer stored for `key`, unless it is older than the TTL.
     pub fn get(&self, key: &K) -> Option<V> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.entries.lock();
         entries
             .map
             .get(key)
@@ -53,7 +53,7 @@ impl<K: Hash + Eq + Clone, V: Clone> ExpiringCache<K, V> {
     /// Stores `value` for `key`, dropping expired answers and, when full, the oldest.
     pub fn insert(&self, key: K, value: V) {
         let now = Instant::now();
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.lock();
         let Entries { map, order } = &mut *entries;
         while let Some((at, _)) = order.front() {
             let expired = now.saturating_duration_since(*at) >= self.ttl;
@@ -73,11 +73,7 @@ impl<K: Hash + Eq + Clone, V: Clone> ExpiringCache<K, V> {
     /// How many answers are stored (expired ones included until an insert drops them).
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .map
-            .len()
+        self.entries.lock().map.len()
     }
 }
 

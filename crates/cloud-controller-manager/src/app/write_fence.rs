@@ -19,10 +19,11 @@
 //! Upstream client-go has no such fence (it relies on the process exiting on `OnStoppedLeading`);
 //! kube-rs has none either, hence this small tower layer.
 
+use parking_lot::Mutex;
 use std::{
     future::Future,
     pin::Pin,
-    sync::{Arc, Mutex},
+    sync::Arc,
     task::{Context, Poll},
     time::{Duration, Instant},
 };
@@ -114,8 +115,8 @@ impl WriteFence {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Option<Instant>> {
+        self.valid_until.lock()
     }
 }
 

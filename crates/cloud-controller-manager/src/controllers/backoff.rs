@@ -3,11 +3,8 @@
 //! consecutive failures, the delay doubles from `base` with each one up to `max`, and a success forgets
 //! the object so its next failure starts again from `base`.
 
-use std::{
-    collections::HashMap,
-    sync::{Mutex, MutexGuard},
-    time::Duration,
-};
+use parking_lot::{Mutex, MutexGuard};
+use std::{collections::HashMap, time::Duration};
 
 /// Consecutive failures per object key and the delay they earn: `base` after the first, doubling with
 /// each further one, never more than `max`.
@@ -53,7 +50,7 @@ impl PerObjectBackoff {
     }
 
     fn failures(&self) -> MutexGuard<'_, HashMap<String, u32>> {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner())
+        self.failures.lock()
     }
 }
 

@@ -2,9 +2,10 @@
 //! `/healthz`, instead of running on silently degraded (a kubelet's liveness probe then restarts the
 //! manager).
 
+use parking_lot::Mutex;
 use std::{
     collections::VecDeque,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -28,7 +29,7 @@ impl ControllerHealth {
     }
 
     fn record(&self, at: Instant) {
-        let mut panics = self.panics.lock().unwrap_or_else(|e| e.into_inner());
+        let mut panics = self.panics.lock();
         panics.push_back(at);
         Self::forget_old(&mut panics, at);
     }
@@ -48,7 +49,7 @@ impl ControllerHealth {
     }
 
     fn check_at(&self, now: Instant) -> Result<(), String> {
-        let mut panics = self.panics.lock().unwrap_or_else(|e| e.into_inner());
+        let mut panics = self.panics.lock();
         Self::forget_old(&mut panics, now);
         if panics.len() >= PANICS_FOR_UNHEALTHY {
             return Err(format!(

@@ -21,11 +21,12 @@
 //! recorded as a Warning event on the object and in the controller's health, and the key is retried on
 //! its own back-off, while the other keys go on.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::{
     collections::{HashMap, HashSet, VecDeque},
     future::Future,
     hash::Hash,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::Arc,
     time::Duration,
 };
 
@@ -97,7 +98,7 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
     }
 
     fn state(&self) -> MutexGuard<'_, State<T>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Queues `key` at the back, unless it is waiting already; while a worker has it, it is queued
@@ -591,15 +592,15 @@ mod tests {
             |object: Arc<ConfigMap>, seen: Arc<Seen>| async move {
                 let name = object.name_any();
                 let at_once = {
-                    let mut running = seen.running.lock().unwrap();
+                    let mut running = seen.running.lock();
                     let n = running.entry(name.clone()).or_default();
                     *n += 1;
                     *n
                 };
                 seen.most_at_once.fetch_max(at_once, Ordering::SeqCst);
                 tokio::task::yield_now().await;
-                *seen.running.lock().unwrap().get_mut(&name).unwrap() -= 1;
-                seen.order.lock().unwrap().push(name);
+                *seen.running.lock().get_mut(&name).unwrap() -= 1;
+                seen.order.lock().push(name);
                 Ok::<_, std::convert::Infallible>(Next::AwaitChange)
             },
             |_, _, _| Next::AwaitChange,
@@ -611,10 +612,10 @@ mod tests {
             tx.unbounded_send(Arc::new(config_map(name, "1"))).unwrap();
         }
         let wanted: Vec<String> = names.iter().filter(|n| *n != "cm-07").cloned().collect();
-        while seen.order.lock().unwrap().len() < wanted.len() {
+        while seen.order.lock().len() < wanted.len() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        assert_eq!(*seen.order.lock().unwrap(), wanted);
+        assert_eq!(*seen.order.lock(), wanted);
         assert_eq!(seen.most_at_once.load(Ordering::SeqCst), 1);
         shutdown.cancel();
         run.await.unwrap();
@@ -639,14 +640,14 @@ mod tests {
                     async move {
                         let name = object.name_any();
                         let at_once = {
-                            let mut running = seen.running.lock().unwrap();
+                            let mut running = seen.running.lock();
                             let n = running.entry(name.clone()).or_default();
                             *n += 1;
                             *n
                         };
                         seen.most_at_once.fetch_max(at_once, Ordering::SeqCst);
                         tokio::time::sleep(Duration::from_millis(2)).await;
-                        *seen.running.lock().unwrap().get_mut(&name).unwrap() -= 1;
+                        *seen.running.lock().get_mut(&name).unwrap() -= 1;
                         finished.fetch_add(1, Ordering::SeqCst);
                         Ok::<_, std::convert::Infallible>(Next::AwaitChange)
                     }
@@ -668,7 +669,7 @@ mod tests {
         run.await.unwrap();
         assert_eq!(seen.most_at_once.load(Ordering::SeqCst), 1);
         assert!(
-            seen.running.lock().unwrap().values().all(|n| *n == 0),
+            seen.running.lock().values().all(|n| *n == 0),
             "no reconcile is cut off by the shutdown"
         );
     }
@@ -692,7 +693,7 @@ mod tests {
             1,
             |object: Arc<ConfigMap>, seen: Arc<Seen>| async move {
                 let name = object.name_any();
-                seen.order.lock().unwrap().push(name.clone());
+                seen.order.lock().push(name.clone());
                 if name == "poison" {
                     panic!("cannot handle {name}");
                 }
@@ -708,7 +709,7 @@ mod tests {
         }
         // Retried after 5 s, then 10 s: three attempts within 16 s.
         tokio::time::sleep(Duration::from_secs(16)).await;
-        let order = seen.order.lock().unwrap().clone();
+        let order = seen.order.lock().clone();
         assert_eq!(order, ["good-1", "poison", "good-2", "poison", "poison"]);
         assert!(
             health.check().is_ok(),
@@ -734,7 +735,6 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await; // the events are delivered
         let events: Vec<String> = requests
             .lock()
-            .unwrap()
             .iter()
             .filter(|(method, _, _)| method == "POST")
             .map(|(_, _, body)| body["note"].as_str().unwrap_or_default().to_owned())

@@ -5,7 +5,8 @@
 //! recorded. Instances,
 //! zones and clusters are reads and go to the provider as they are.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use cloud_provider::{
@@ -37,7 +38,7 @@ impl ShadowCloud {
     }
 
     fn shared_nodes(&self, nodes: &[Node]) -> Arc<Vec<Node>> {
-        let mut last = self.last_nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = self.last_nodes.lock();
         let names = |nodes: &[Node]| -> Vec<Option<String>> {
             nodes.iter().map(|n| n.metadata.name.clone()).collect()
         };

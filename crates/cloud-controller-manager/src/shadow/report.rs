@@ -2,9 +2,10 @@
 //! controllers requeue and resync), and its JSON form at `/dry-run`, classified against the current
 //! state of the cluster and the cloud.
 
+use parking_lot::Mutex;
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::Arc,
 };
 
 use cloud_provider::{CloudProvider, LoadBalancerPreview, Route};
@@ -163,8 +164,8 @@ impl ShadowReport {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Entries> {
+        self.entries.lock()
     }
 
     /// Records a would-be API write to `key`; logs it at info when it is new or differs from the last one

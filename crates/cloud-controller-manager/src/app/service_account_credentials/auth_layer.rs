@@ -125,11 +125,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::{
-        convert::Infallible,
-        sync::{Arc, Mutex},
-        time::Duration,
-    };
+    use std::{convert::Infallible, sync::Arc, time::Duration};
 
     use k8s_openapi::jiff::{SignedDuration, Timestamp};
     use tokio_util::sync::CancellationToken;
@@ -159,7 +155,7 @@ mod tests {
 
     /// A server answering 401 to token `t1` and 200 to the rest, logging the Authorization headers.
     fn server(
-        seen: Arc<Mutex<Vec<Option<String>>>>,
+        seen: Arc<parking_lot::Mutex<Vec<Option<String>>>>,
     ) -> impl Service<Request<()>, Response = Response<()>, Error = Infallible, Future: Send + 'static>
     {
         tower::service_fn(move |request: Request<()>| {
@@ -167,7 +163,7 @@ mod tests {
                 .headers()
                 .get(AUTHORIZATION)
                 .map(|v| v.to_str().unwrap().to_owned());
-            seen.lock().unwrap().push(auth.clone());
+            seen.lock().push(auth.clone());
             let status = if auth.as_deref() == Some("Bearer t1") {
                 401
             } else {
@@ -209,7 +205,7 @@ mod tests {
             .unwrap();
         assert_eq!(second.status(), 200);
         assert_eq!(
-            *seen.lock().unwrap(),
+            *seen.lock(),
             [Some("Bearer t1".to_owned()), Some("Bearer t2".to_owned())],
             "the ServiceAccount's token replaces any other"
         );
@@ -228,9 +224,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(answer.status(), 200);
-        assert_eq!(
-            *seen.lock().unwrap(),
-            [Some("Bearer the-managers-own".to_owned())]
-        );
+        assert_eq!(*seen.lock(), [Some("Bearer the-managers-own".to_owned())]);
     }
 }

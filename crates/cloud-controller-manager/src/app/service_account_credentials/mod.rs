@@ -299,7 +299,6 @@ mod tests {
     fn calls(requests: &crate::mock_api::Requests) -> Vec<String> {
         requests
             .lock()
-            .unwrap()
             .iter()
             .map(|(method, path, _)| format!("{method} {path}"))
             .collect()
@@ -335,12 +334,7 @@ mod tests {
                 "POST /api/v1/namespaces/kube-system/serviceaccounts/service-controller/token",
             ]
         );
-        let bodies: Vec<Value> = requests
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|r| r.2.clone())
-            .collect();
+        let bodies: Vec<Value> = requests.lock().iter().map(|r| r.2.clone()).collect();
         assert_eq!(bodies[2]["metadata"]["name"], "service-controller");
         assert_eq!(bodies[3]["spec"]["expirationSeconds"], 3600);
         // A second controller with the same ServiceAccount shares the source: no new request.

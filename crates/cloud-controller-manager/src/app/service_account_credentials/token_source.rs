@@ -8,11 +8,12 @@
 //! server answers 401 drops the token it carried (unless a newer one replaced it meanwhile) and has the
 //! task request a new one at once; requests wait for it (at most [`TOKEN_WAIT`]).
 
+use parking_lot::Mutex;
 use std::{
     future::Future,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicU64, Ordering},
     },
     time::Duration,
@@ -246,8 +247,8 @@ impl Shared {
         Ok(())
     }
 
-    fn lock_error(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.last_error.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock_error(&self) -> parking_lot::MutexGuard<'_, Option<String>> {
+        self.last_error.lock()
     }
 }
 

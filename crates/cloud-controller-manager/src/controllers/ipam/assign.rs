@@ -407,7 +407,6 @@ mod tests {
     fn node_requests(requests: &Requests) -> Vec<String> {
         requests
             .lock()
-            .unwrap()
             .iter()
             .filter(|(_, path, _)| path.starts_with("/api/v1/nodes"))
             .map(|(method, _, _)| method.clone())
@@ -420,7 +419,6 @@ mod tests {
         loop {
             let found = requests
                 .lock()
-                .unwrap()
                 .iter()
                 .find(|(_, path, body)| path.contains("/events") && body["reason"] == reason)
                 .map(|(_, _, body)| body.clone());

@@ -1,10 +1,8 @@
 //! The controller's loop on a mock API server, in virtual time: what nodes waiting on a full range cost
 //! in events and log lines, and how soon a freed CIDR reaches one.
 
-use std::{
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{sync::Arc, time::Duration};
 
 use futures::channel::mpsc;
 use serde_json::json;
@@ -31,18 +29,18 @@ impl<S: tracing::Subscriber> Layer<S> for Lines {
             let mut message = Message(String::new());
             event.record(&mut message);
             let line = format!("{}: {}", event.metadata().target(), message.0);
-            self.0.lock().unwrap().push(line);
+            self.0.lock().push(line);
         }
     }
 }
 
 impl Lines {
     fn count(&self) -> usize {
-        self.0.lock().unwrap().len()
+        self.0.lock().len()
     }
 
     fn since(&self, from: usize) -> Vec<String> {
-        self.0.lock().unwrap()[from..].to_vec()
+        self.0.lock()[from..].to_vec()
     }
 }
 
@@ -83,7 +81,6 @@ fn api() -> (kube::Client, Requests) {
 fn event_writes(requests: &Requests) -> Vec<serde_json::Value> {
     requests
         .lock()
-        .unwrap()
         .iter()
         .filter(|(_, path, _)| path.contains("/events"))
         .map(|(_, path, body)| json!({ "path": path, "body": body }))
@@ -94,7 +91,6 @@ fn event_writes(requests: &Requests) -> Vec<serde_json::Value> {
 fn patches(requests: &Requests) -> Vec<(String, serde_json::Value)> {
     requests
         .lock()
-        .unwrap()
         .iter()
         .filter(|(method, path, _)| method == "PATCH" && path.starts_with("/api/v1/nodes/"))
         .map(|(_, path, body)| {

@@ -107,7 +107,7 @@ mod tests {
         let api = Api::all(client.clone());
         let written = initialize(&api, &client, node, plan).await.unwrap();
         assert!(written.is_some());
-        let requests = requests.lock().unwrap();
+        let requests = requests.lock();
         requests
             .iter()
             .map(|(method, path, body)| {

@@ -8,9 +8,10 @@ pub mod plan;
 pub mod triggers;
 
 use crate::cached_node::CachedNode;
+use parking_lot::Mutex;
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -245,7 +246,6 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
                         tracing::info!(node = %route.target_node, %cidr, "created route");
                         actions
                             .lock()
-                            .unwrap_or_else(|e| e.into_inner())
                             .insert((route.target_node.clone(), cidr.clone()), Action::Keep);
                     }
                     Err(err) => {
@@ -270,7 +270,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
         })
         .await;
 
-    let actions = actions.into_inner().unwrap_or_else(|e| e.into_inner());
+    let actions = actions.into_inner();
     let mut by_node: HashMap<String, Vec<Action>> = HashMap::new();
     for ((node, _), action) in &actions {
         by_node.entry(node.clone()).or_default().push(*action);

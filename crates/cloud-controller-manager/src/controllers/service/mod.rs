@@ -24,11 +24,8 @@ mod sweep;
 mod sync;
 
 use crate::cached_node::CachedNode;
-use std::{
-    collections::HashMap,
-    sync::{Arc, Mutex},
-    time::Duration,
-};
+use parking_lot::Mutex;
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use cloud_provider::{CloudError, CloudProvider, LoadBalancer};
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -161,8 +158,8 @@ impl Context {
         self.cloud.load_balancer().ok_or(ServiceError::Unsupported)
     }
 
-    fn tracked(&self) -> std::sync::MutexGuard<'_, HashMap<String, Tracked>> {
-        self.tracked.lock().unwrap_or_else(|e| e.into_inner())
+    fn tracked(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Tracked>> {
+        self.tracked.lock()
     }
 
     fn update_gauge(&self) {
@@ -176,7 +173,7 @@ impl Context {
 
     /// The nodes that back load balancers now (cached until the node sync sees them change).
     fn backends(&self) -> Backends {
-        let mut cache = self.backends.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.backends.lock();
         if let Some(backends) = cache.as_ref() {
             return backends.clone();
         }
@@ -196,7 +193,7 @@ impl Context {
     }
 
     fn forget_backends(&self) {
-        *self.backends.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.backends.lock() = None;
     }
 }
 
