@@ -160,10 +160,13 @@ async fn ensure(
     ServiceEvent::EnsuringLoadBalancer
         .record(&ctx.events, service)
         .await;
-    // The finalizer first: no cloud load balancer may exist without it.
+    // The finalizer first: no cloud load balancer may exist without it. The Service as that write left
+    // it is what the status write is planned from: its resourceVersion is the current one, so the status
+    // write does not meet a certain conflict (a 409, a re-read and a second write per new Service).
+    let mut written_service: Option<Service> = None;
     if add_finalizer {
         // Re-planned from the current Service on a conflict.
-        patch_with_retry(
+        written_service = patch_with_retry(
             &ctx.api(service),
             service.as_ref(),
             Target::Status,
@@ -217,7 +220,7 @@ async fn ensure(
         .record(&ctx.events, service)
         .await;
     if after == StatusAfterEnsure::Update {
-        write_status(ctx, service, &status).await?;
+        write_status(ctx, written_service.as_ref().unwrap_or(service), &status).await?;
     }
     mark_synced(ctx, service);
     Ok(())
