@@ -107,13 +107,18 @@ pub struct FeatureGates {
 }
 
 impl FeatureGates {
-    /// Whether `name` is on.
+    /// Whether `name` is on in this manager: as set, else the implemented gate's upstream default, else
+    /// what the manager does (a gate it does not implement is fixed at that value, whatever upstream's
+    /// default).
     pub fn enabled(&self, name: &str) -> bool {
         self.set.get(name).copied().unwrap_or_else(|| {
             KNOWN
                 .iter()
                 .find(|g| g.name == name)
-                .is_some_and(|g| g.default)
+                .is_some_and(|g| match g.support {
+                    Support::Implemented => g.default,
+                    Support::FixedAt(value) => value,
+                })
         })
     }
 
@@ -143,13 +148,13 @@ fn parse_one(value: &str) -> Result<Vec<(&'static str, bool)>, String> {
         let (name, text) = (name.trim(), text.trim());
         let on = super::options::go_bool(text)
             .map_err(|err| format!("invalid value of {name}={text}, err: {err}"))?;
+        // Upstream sets every alpha (beta) gate to the value given, which would turn on gates this
+        // manager does not implement or off ones it always follows: refused at either value.
         if matches!(name, "AllAlpha" | "AllBeta") {
-            if on {
-                return Err(format!(
-                    "{name}=true is not supported by this manager: name each gate you want instead"
-                ));
-            }
-            continue;
+            return Err(format!(
+                "{name}={on} is not supported by this manager: it would set every {} gate at once; name each gate you want instead",
+                if name == "AllAlpha" { "alpha" } else { "beta" }
+            ));
         }
         let Some(gate) = KNOWN.iter().find(|g| g.name == name) else {
             return Err(format!("unrecognized feature gate: {name}"));
@@ -216,7 +221,8 @@ mod tests {
                 ],
                 Ok(false),
             ),
-            (&["AllAlpha=false"], Ok(false)),
+            (&["AllAlpha=false"], Err("AllAlpha=false is not supported")),
+            (&["AllBeta=false"], Err("AllBeta=false is not supported")),
             (
                 &["NoSuchGate=true"],
                 Err("unrecognized feature gate: NoSuchGate"),
@@ -258,6 +264,8 @@ mod tests {
     fn defaults_are_upstream_s_for_gates_not_set() {
         let gates = FeatureGates::default();
         assert!(gates.enabled("ContextualLogging"));
+        // Upstream's default is true; this manager does not stream its lists.
+        assert!(!gates.enabled("WatchListClient"));
         assert!(!gates.enabled(WATCH_BASED_ROUTES));
         assert!(!gates.enabled("NoSuchGate"));
         assert!(help().contains(
