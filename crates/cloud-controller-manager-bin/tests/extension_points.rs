@@ -150,6 +150,18 @@ async fn run(
     tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
     u16,
 ) {
+    run_manager(manager(), args).await
+}
+
+/// Runs `manager` on the zoned cloud with `args`, serving on a free port.
+async fn run_manager(
+    manager: Manager,
+    args: &[&str],
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
+    u16,
+) {
     test_control_plane::apply_shipped_rbac().await;
     let port = free_port();
     let kubeconfig = control_plane().ccm_kubeconfig();
@@ -162,7 +174,6 @@ async fn run(
         format!("--secure-port={port}"),
     ];
     argv.extend(args.iter().map(|a| a.to_string()));
-    let manager = manager();
     let command_line = manager.parse_from(argv).expect("valid flags");
     let shutdown = CancellationToken::new();
     let token = shutdown.clone();
@@ -338,28 +349,13 @@ async fn a_providers_controller_on_the_work_queue_survives_a_panicking_key() {
     for name in good.iter().chain([&poison]) {
         create_node(&kubelet_node(name)).await;
     }
-    let mut registry = Registry::new();
-    registry.register("zoned", new_zoned).unwrap();
-    registry.register_flags("zoned", <ZoneFlags as clap::Args>::augment_args);
-    let manager = Manager::with_registry(registry).with_controller(ControllerSpec::new(
+    let manager = manager().with_controller(ControllerSpec::new(
         "node-checker",
         |_| Ok(Some(())),
         start_checker,
     ));
     let metrics = manager.metrics().clone();
-    let kubeconfig = control_plane().ccm_kubeconfig();
-    let argv = vec![
-        "cloud-controller-manager".to_owned(),
-        "--cloud-provider=zoned".to_owned(),
-        format!("--kubeconfig={}", kubeconfig.display()),
-        "--leader-elect=false".to_owned(),
-        "--secure-port=0".to_owned(),
-        "--controllers=node-checker".to_owned(),
-    ];
-    let command_line = manager.parse_from(argv).expect("valid flags");
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let task = tokio::spawn(async move { manager.run(command_line, token).await });
+    let (shutdown, task, _port) = run_manager(manager, &["--controllers=node-checker"]).await;
 
     for name in &good {
         eventually("the good nodes marked", Duration::from_secs(30), || async {

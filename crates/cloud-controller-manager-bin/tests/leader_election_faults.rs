@@ -34,9 +34,9 @@ fn api_server() -> SocketAddr {
         .unwrap()
 }
 
-/// Writes by the manager's user that reached the API server from `source` at or after `after`
-/// (from the audit log: `verb resource/name at time`).
-fn audited_writes_from(source: &str, after: SystemTime) -> Vec<String> {
+/// The audit events of writes by the manager's user that reached the API server from `source` at or
+/// after `after` (the audit policy logs only writes).
+fn audited_writes(source: &str, after: SystemTime) -> Vec<serde_json::Value> {
     let log = std::fs::read_to_string(control_plane().dir().join("logs/audit.log"))
         .expect("the test control plane writes an audit log (hack/control-plane)");
     let after = k8s_openapi::jiff::Timestamp::try_from(after).unwrap();
@@ -53,16 +53,23 @@ fn audited_writes_from(source: &str, after: SystemTime) -> Vec<String> {
                 .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
                 .is_some_and(|t| t >= after)
         })
-        .map(|event| {
-            format!(
-                "{} {}/{} at {}",
-                event["verb"].as_str().unwrap_or("?"),
-                event["objectRef"]["resource"].as_str().unwrap_or("?"),
-                event["objectRef"]["name"].as_str().unwrap_or("?"),
-                event["requestReceivedTimestamp"].as_str().unwrap_or("?"),
-            )
-        })
         .collect()
+}
+
+/// An audit event as `verb resource/name at time`.
+fn describe(event: &serde_json::Value) -> String {
+    format!(
+        "{} {}/{} at {}",
+        event["verb"].as_str().unwrap_or("?"),
+        event["objectRef"]["resource"].as_str().unwrap_or("?"),
+        event["objectRef"]["name"].as_str().unwrap_or("?"),
+        event["requestReceivedTimestamp"].as_str().unwrap_or("?"),
+    )
+}
+
+/// Writes from `source` at or after `after`, described.
+fn audited_writes_from(source: &str, after: SystemTime) -> Vec<String> {
+    audited_writes(source, after).iter().map(describe).collect()
 }
 
 /// Waits for the replica to exit; returns its code and how long after `since` it exited.
@@ -237,34 +244,15 @@ enum Freeze {
     HeldBytes,
 }
 
-/// Writes by the manager's user from `source` received at or after `after`, with the response code
-/// (from the audit log's ResponseComplete stage): `(verb resource/name at time, code)`.
+/// Writes from `source` received at or after `after` that completed, with their resource and response
+/// code: `(verb resource/name at time, resource, code)`.
 fn audited_writes_with_codes(source: &str, after: SystemTime) -> Vec<(String, String, i64)> {
-    let log = std::fs::read_to_string(control_plane().dir().join("logs/audit.log")).unwrap();
-    let after = k8s_openapi::jiff::Timestamp::try_from(after).unwrap();
-    log.lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+    audited_writes(source, after)
+        .iter()
         .filter(|event| event["stage"] == "ResponseComplete")
-        .filter(|event| {
-            event["sourceIPs"]
-                .as_array()
-                .is_some_and(|ips| ips.iter().any(|ip| ip == source))
-        })
-        .filter(|event| {
-            event["requestReceivedTimestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .is_some_and(|t| t >= after)
-        })
         .map(|event| {
             (
-                format!(
-                    "{} {}/{} at {}",
-                    event["verb"].as_str().unwrap_or("?"),
-                    event["objectRef"]["resource"].as_str().unwrap_or("?"),
-                    event["objectRef"]["name"].as_str().unwrap_or("?"),
-                    event["requestReceivedTimestamp"].as_str().unwrap_or("?"),
-                ),
+                describe(event),
                 event["objectRef"]["resource"]
                     .as_str()
                     .unwrap_or("?")

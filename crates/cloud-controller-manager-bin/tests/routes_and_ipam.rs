@@ -50,6 +50,29 @@ async fn ipam_manager(cluster_cidr: &str, extra: &[&str]) -> RunningManager {
     RunningManager::start("", &args).await
 }
 
+/// A /23 (two /24s) that no earlier run used, for a test that exhausts it; nodes already in the cluster
+/// (other tests', or an earlier run's) first get CIDRs from `wide`, so the tiny range serves only the
+/// test's own nodes. `second` picks the first octet's neighbourhood (`10.<second + 0..64>.x.0/23`).
+async fn tiny_range_for_this_test(wide: &str, second: u32) -> String {
+    let filler = ipam_manager(wide, &[]).await;
+    eventually("every node to hold a CIDR", WAIT, || async {
+        let all = support::nodes()
+            .await
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items;
+        all.iter().all(|n| !pod_cidrs(n).is_empty()).then_some(())
+    })
+    .await;
+    filler.stop().await;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("10.{}.{}.0/23", second + nanos % 64, (nanos / 64 % 128) * 2)
+}
+
 async fn cidrs_of(names: &[String], families: usize) -> Vec<Vec<String>> {
     let mut all = Vec::new();
     for name in names {
@@ -143,26 +166,7 @@ async fn ipam_dual_stack_gives_one_cidr_per_family() {
 #[tokio::test]
 async fn an_exhausted_range_is_an_event_and_a_deleted_node_frees_its_cidr() {
     let _serial = SERIAL.lock().await;
-    // Nodes already in the cluster (other tests', or an earlier run's) get CIDRs from a wide range
-    // first, so the tiny range below serves only this test's nodes.
-    let filler = ipam_manager("10.203.0.0/16", &[]).await;
-    eventually("every node to hold a CIDR", WAIT, || async {
-        let all = support::nodes()
-            .await
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items;
-        all.iter().all(|n| !pod_cidrs(n).is_empty()).then_some(())
-    })
-    .await;
-    filler.stop().await;
-    // Two /24s in a /23 that no earlier run used.
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let tiny = format!("10.{}.{}.0/23", 128 + nanos % 64, (nanos / 64 % 128) * 2);
+    let tiny = tiny_range_for_this_test("10.203.0.0/16", 128).await;
     let manager = ipam_manager(&tiny, &[]).await;
     let names: Vec<String> = (0..3).map(|i| unique_name(&format!("full-{i}"))).collect();
     for name in &names[..2] {
@@ -397,25 +401,7 @@ async fn two_hundred_nodes_waiting_on_a_full_range_cost_bounded_events_and_logs(
     let _serial = SERIAL.lock().await;
     test_control_plane::apply_shipped_rbac().await;
     delete_lease(LEASE).await;
-    // Nodes already in the cluster get CIDRs from a wide range first (see the test above).
-    let filler = ipam_manager("10.204.0.0/16", &[]).await;
-    eventually("every node to hold a CIDR", WAIT, || async {
-        let all = support::nodes()
-            .await
-            .list(&Default::default())
-            .await
-            .ok()?
-            .items;
-        all.iter().all(|n| !pod_cidrs(n).is_empty()).then_some(())
-    })
-    .await;
-    filler.stop().await;
-
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    let tiny = format!("10.{}.{}.0/23", 192 + nanos % 64, (nanos / 64 % 128) * 2);
+    let tiny = tiny_range_for_this_test("10.204.0.0/16", 192).await;
     let dir = tempfile::tempdir().unwrap();
     let state_file = dir.path().join("state.json");
     let config = dir.path().join("cloud.yaml");

@@ -24,7 +24,7 @@ pub(super) const NLB: &str = "nlb";
 /// The load balancer named `name` with `tags`, when they mark it as the cluster's.
 fn owned(
     name: &str,
-    tags: &BTreeMap<&str, &str>,
+    tags: &BTreeMap<String, String>,
     cluster_tag: &str,
     handle: &str,
 ) -> Option<ClusterLoadBalancer> {
@@ -85,10 +85,10 @@ impl LoadBalancers {
                 })
                 .await?;
             for d in out.tag_descriptions() {
-                let tags: BTreeMap<&str, &str> = d
+                let tags: BTreeMap<String, String> = d
                     .tags()
                     .iter()
-                    .map(|t| (t.key(), t.value().unwrap_or_default()))
+                    .map(|t| (t.key().to_owned(), t.value().unwrap_or_default().to_owned()))
                     .collect();
                 if let Some(name) = d.load_balancer_name()
                     && let Some(lb) = owned(name, &tags, cluster_tag, CLASSIC)
@@ -131,31 +131,12 @@ impl LoadBalancers {
             }
         }
         let arns: Vec<String> = by_arn.keys().cloned().collect();
-        let mut found = Vec::new();
-        for chunk in arns.chunks(TAGS_PER_CALL) {
-            let out = self
-                .calls
-                .call("elbv2:DescribeTags", || {
-                    elbv2
-                        .describe_tags()
-                        .set_resource_arns(Some(chunk.to_vec()))
-                        .send()
-                })
-                .await?;
-            for d in out.tag_descriptions() {
-                let tags: BTreeMap<&str, &str> = d
-                    .tags()
-                    .iter()
-                    .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
-                    .collect();
-                if let Some(name) = d.resource_arn().and_then(|arn| by_arn.get(arn))
-                    && let Some(lb) = owned(name, &tags, cluster_tag, NLB)
-                {
-                    found.push(lb);
-                }
-            }
-        }
-        Ok(found)
+        Ok(self
+            .elbv2_tags(&arns)
+            .await?
+            .into_iter()
+            .filter_map(|(arn, tags)| owned(by_arn.get(&arn)?, &tags, cluster_tag, NLB))
+            .collect())
     }
 }
 
@@ -166,20 +147,26 @@ mod tests {
     #[test]
     fn only_load_balancers_tagged_for_the_cluster_are_listed() {
         let tag = "kubernetes.io/cluster/k";
-        let ours = BTreeMap::from([(tag, "owned"), (TAG_SERVICE_NAME, "shop/web")]);
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let ours = map(&[(tag, "owned"), (TAG_SERVICE_NAME, "shop/web")]);
         let lb = owned("a1", &ours, tag, NLB).unwrap();
         assert_eq!(lb.name, "a1");
         assert_eq!(lb.handle, NLB);
         assert_eq!(lb.service, Some(ServiceRef::new("shop", "web")));
 
-        let untagged_service = BTreeMap::from([(tag, "shared")]);
+        let untagged_service = map(&[(tag, "shared")]);
         assert_eq!(
             owned("a2", &untagged_service, tag, CLASSIC)
                 .unwrap()
                 .service,
             None
         );
-        let other_cluster = BTreeMap::from([
+        let other_cluster = map(&[
             ("kubernetes.io/cluster/other", "owned"),
             (TAG_SERVICE_NAME, "a/b"),
         ]);

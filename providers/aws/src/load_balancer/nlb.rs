@@ -710,7 +710,25 @@ impl LoadBalancers {
             }
         }
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        let mut ours = Vec::new();
+        Ok(self
+            .elbv2_tags(&arns)
+            .await?
+            .into_iter()
+            .filter(|(_, tags)| {
+                tags.get(TAG_SERVICE_NAME).map(String::as_str) == Some(service_name)
+                    && tags.contains_key(&cluster_tag)
+            })
+            .map(|(arn, _)| arn)
+            .collect())
+    }
+
+    /// The tags of ELBv2 resources (load balancers, target groups) by ARN, 20 ARNs per DescribeTags.
+    pub(super) async fn elbv2_tags(
+        &self,
+        arns: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, String>)>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let mut tagged = Vec::new();
         for chunk in arns.chunks(TAGS_PER_CALL) {
             let out = self
                 .calls
@@ -722,19 +740,20 @@ impl LoadBalancers {
                 })
                 .await?;
             for d in out.tag_descriptions() {
-                let tags: BTreeMap<&str, &str> = d
+                let tags = d
                     .tags()
                     .iter()
-                    .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+                    .filter_map(|t| {
+                        Some((
+                            t.key()?.to_owned(),
+                            t.value().unwrap_or_default().to_owned(),
+                        ))
+                    })
                     .collect();
-                if tags.get(TAG_SERVICE_NAME) == Some(&service_name)
-                    && tags.contains_key(cluster_tag.as_str())
-                {
-                    ours.extend(d.resource_arn().map(str::to_owned));
-                }
+                tagged.extend(d.resource_arn().map(|arn| (arn.to_owned(), tags)));
             }
         }
-        Ok(ours)
+        Ok(tagged)
     }
 
     /// Deletes the NLB named `name` with its listeners and target groups, every target group tagged for
