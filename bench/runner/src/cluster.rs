@@ -30,6 +30,11 @@ pub(crate) struct Plane {
 
 impl Plane {
     pub(crate) async fn up(dir: &Path) -> anyhow::Result<Self> {
+        Self::up_with(dir, &[]).await
+    }
+
+    /// A control plane whose API server gets `apiserver_args` added to its command line.
+    pub(crate) async fn up_with(dir: &Path, apiserver_args: &[&str]) -> anyhow::Result<Self> {
         let script = test_control_plane::workspace_root().join("hack/control-plane");
         let _ = Command::new(&script)
             .args(["down", "--dir"])
@@ -38,6 +43,11 @@ impl Plane {
         let output = Command::new(&script)
             .args(["up", "--dir"])
             .arg(dir)
+            .args(
+                apiserver_args
+                    .iter()
+                    .map(|a| format!("--apiserver-arg={a}")),
+            )
             .output()?;
         if !output.status.success() {
             bail!(
@@ -55,6 +65,16 @@ impl Plane {
         })
     }
 
+    /// The API server's process ID.
+    pub(crate) fn apiserver_pid(&self) -> anyhow::Result<u32> {
+        let path = self.dir.join("run/kube-apiserver.pid");
+        std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{} holds no process ID", path.display()))
+    }
+
     pub(crate) fn kubeconfig(&self) -> PathBuf {
         self.dir.join("admin.kubeconfig")
     }
@@ -67,12 +87,17 @@ impl Plane {
             .output();
     }
 
-    /// The API server's CPU seconds so far (its own `process_cpu_seconds_total`).
-    pub(crate) async fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let text = self
+    /// The API server's `/metrics`.
+    pub(crate) async fn metrics_text(&self) -> anyhow::Result<String> {
+        Ok(self
             .client
             .request_text(http::Request::get("/metrics").body(Vec::new())?)
-            .await?;
+            .await?)
+    }
+
+    /// The API server's CPU seconds so far (its own `process_cpu_seconds_total`).
+    pub(crate) async fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let text = self.metrics_text().await?;
         text.lines()
             .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
             .and_then(|v| v.trim().parse().ok())
@@ -82,10 +107,7 @@ impl Plane {
     /// `apiserver_request_total` by (verb, resource/subresource, response code). The counters cannot tell
     /// clients apart, so callers diff two snapshots around windows the runner keeps quiet.
     pub(crate) async fn request_counts(&self) -> anyhow::Result<Counts> {
-        let text = self
-            .client
-            .request_text(http::Request::get("/metrics").body(Vec::new())?)
-            .await?;
+        let text = self.metrics_text().await?;
         let mut counts = Counts::new();
         for line in text
             .lines()

@@ -3,6 +3,7 @@
 //! the steady state; plus the API server's own limit for the same writes. Writes a Markdown report and a
 //! PNG of per-node initialization delays. See bench/README.md.
 
+mod cache_start;
 mod cluster;
 mod manager;
 mod profile;
@@ -30,7 +31,7 @@ use cluster::{
     InitWatch, Plane, count_delta, create_nodes, create_services, delete_nodes, request_delta,
     services_with_ingress,
 };
-use manager::{Binaries, Kind, Running, Settings, StatsFreshness};
+use manager::{Binaries, Extra, Kind, Running, Settings, StatsFreshness};
 use profile::ProfileResult;
 
 /// Benchmarks both managers side by side.
@@ -96,6 +97,23 @@ struct Args {
     /// our manager (perf + inferno, <out>-flame-rust.svg).
     #[arg(long, value_name = "NODES", num_args = 0..=1, default_value = "off", default_missing_value = "largest", value_parser = parse_profile)]
     profile: ProfileAt,
+    /// Which scenarios to run: node initialization (with the steady states and the API limit),
+    /// load balancers, cache start.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "init,load-balancers,cache-start"
+    )]
+    scenarios: Vec<Scenario>,
+    /// Nodes the API server holds in the cache-start scenario (each manager's caches started with a
+    /// streaming list, a paged list, and a streaming list the API server refuses); 0 skips it.
+    #[arg(long, default_value_t = 10_000)]
+    cache_start_nodes: usize,
+    /// How long the API server is watched after the manager starts in the cache-start scenario (the
+    /// first lists of 10,000 nodes take a few seconds either way).
+    #[arg(long, default_value_t = 20)]
+    cache_start_seconds: u64,
     /// A label for the report (e.g. "smoke").
     #[arg(long, default_value = "full")]
     label: String,
@@ -107,6 +125,14 @@ struct Args {
     /// measure only the scenarios it lacks, with the same flags as the first try.
     #[arg(long, value_name = "JSON")]
     resume: Option<PathBuf>,
+}
+
+/// A scenario of the benchmark (`--scenarios`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    Init,
+    LoadBalancers,
+    CacheStart,
 }
 
 /// Which run `--profile` profiles.
@@ -167,6 +193,8 @@ pub(crate) struct Results {
     pub(crate) steadies: Vec<SteadyResult>,
     #[serde(default)]
     pub(crate) profiles: Vec<ProfileResult>,
+    #[serde(default)]
+    pub(crate) cache_starts: Vec<cache_start::CacheStartResult>,
 }
 
 /// Who the minimal client of the API server's own limit is, in the results.
@@ -438,6 +466,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
             &dir,
             &args.latency,
             StatsFreshness::Default,
+            &Extra::default(),
         )?),
         None => {
             spawn_minimal_client(plane.client.clone());
@@ -714,6 +743,7 @@ async fn load_balancers(
         &dir,
         &args.latency,
         StatsFreshness::Immediate,
+        &Extra::default(),
     )?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = plane.request_counts().await?;
@@ -917,6 +947,7 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         lbs: Vec::new(),
         steadies: Vec::new(),
         profiles: Vec::new(),
+        cache_starts: Vec::new(),
     });
     if args.resume.is_some() {
         let here = report::machine_description();
@@ -935,7 +966,12 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
         std::fs::write(&partial, serde_json::to_vec_pretty(results)?)?;
         Ok(())
     };
-    for &count in &args.nodes {
+    let node_counts: &[usize] = if args.scenarios.contains(&Scenario::Init) {
+        &args.nodes
+    } else {
+        &[]
+    };
+    for &count in node_counts {
         let steady_services = args
             .steady
             .iter()
@@ -987,7 +1023,12 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
             save(&mut results)?;
         }
     }
-    for &settings in &args.settings {
+    let lb_settings: &[Settings] = if args.scenarios.contains(&Scenario::LoadBalancers) {
+        &args.settings
+    } else {
+        &[]
+    };
+    for &settings in lb_settings {
         for &kind in &managers {
             if results.has_lb(&kind.to_string(), settings) {
                 eprintln!("bench: resume: {kind} load balancers at {settings}: measured already");
@@ -997,6 +1038,28 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                 .lbs
                 .push(load_balancers(args, &bins, kind, settings).await?);
             save(&mut results)?;
+        }
+    }
+    if args.cache_start_nodes > 0 && args.scenarios.contains(&Scenario::CacheStart) {
+        for &kind in &managers {
+            for how in cache_start::FirstLists::ALL {
+                if results
+                    .cache_starts
+                    .iter()
+                    .any(|r| r.who == kind.to_string() && r.first_lists == how.label())
+                {
+                    eprintln!(
+                        "bench: resume: {kind} cache start, {}: measured already",
+                        how.label()
+                    );
+                    continue;
+                }
+                results.cache_starts.push(
+                    cache_start::cache_start(args, &bins, kind, how, args.cache_start_nodes)
+                        .await?,
+                );
+                save(&mut results)?;
+            }
         }
     }
     let _ = std::fs::remove_file(&partial);
@@ -1028,6 +1091,7 @@ mod tests {
             lbs: Vec::new(),
             steadies: Vec::new(),
             profiles: Vec::new(),
+            cache_starts: Vec::new(),
         }
     }
 

@@ -115,6 +115,13 @@ impl StatsFreshness {
     }
 }
 
+/// Flags and environment a run adds to a manager's.
+#[derive(Debug, Default)]
+pub(crate) struct Extra<'a> {
+    pub(crate) args: &'a [&'a str],
+    pub(crate) env: &'a [(&'a str, &'a str)],
+}
+
 /// A running manager.
 pub(crate) struct Running {
     pub(crate) kind: Kind,
@@ -131,6 +138,9 @@ pub(crate) struct CloudStats {
 }
 
 impl Running {
+    /// Starts `kind` at `settings`, with `extra` flags and environment added (`--controllers=...`
+    /// replaces the default selection: cloud-node, cloud-node-lifecycle and service).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         kind: Kind,
         settings: Settings,
@@ -139,6 +149,7 @@ impl Running {
         dir: &Path,
         latency: &str,
         stats: StatsFreshness,
+        extra: &Extra,
     ) -> anyhow::Result<Self> {
         let state_file = dir.join(format!("{kind}-cloud-state.json"));
         let log = std::fs::File::create(dir.join(format!("{kind}-manager.log")))?;
@@ -149,11 +160,14 @@ impl Running {
         let mut args = vec![
             "--cloud-provider=fake".to_owned(),
             format!("--kubeconfig={}", kubeconfig.display()),
-            "--controllers=cloud-node,cloud-node-lifecycle,service".to_owned(),
             "--leader-elect=false".to_owned(),
             "--secure-port=0".to_owned(),
         ];
+        if !extra.args.iter().any(|a| a.starts_with("--controllers=")) {
+            args.push("--controllers=cloud-node,cloud-node-lifecycle,service".to_owned());
+        }
         args.extend(settings.flags());
+        args.extend(extra.args.iter().map(|a| a.to_string()));
         let mut command = match kind {
             Kind::Rust => {
                 let config = dir.join("rust-cloud-config.yaml");
@@ -184,6 +198,7 @@ impl Running {
             }
         };
         let child = command
+            .envs(extra.env.iter().copied())
             .stdout(log.try_clone()?)
             .stderr(log)
             .stdin(Stdio::null())

@@ -290,6 +290,7 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
             }
         }
     }
+    crate::cache_start::section(&mut md, &results.cache_starts);
     profiles(&mut md, results);
     targets(&mut md, results);
     md

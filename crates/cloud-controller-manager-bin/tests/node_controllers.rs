@@ -564,7 +564,7 @@ async fn a_no_op_resync_makes_zero_writes() {
     // Settle, then count: several address refreshes (500 ms) and lifecycle passes (200 ms) go by, and
     // every node gets an update event that changes nothing the controllers care about.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let writes_before = manager.metrics.requests.writes();
+    let writes_before = manager.metrics.api_writes();
     let calls_before = manager.cloud.snapshot().calls_to("instance_metadata");
     for name in &names {
         let patch = json!({ "metadata": { "annotations": { "test/touched": "yes" } } });
@@ -576,7 +576,7 @@ async fn a_no_op_resync_makes_zero_writes() {
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        manager.metrics.requests.writes(),
+        manager.metrics.api_writes(),
         writes_before,
         "a no-op resync wrote to the API server"
     );

@@ -305,7 +305,7 @@ routes:
         r.calls("delete_route"),
         r.calls("list_routes"),
     );
-    let writes = r.manager.metrics.requests.writes();
+    let writes = r.manager.metrics.api_writes();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(r.calls("list_routes") >= lists + 3, "passes ran");
     assert_eq!(
@@ -314,7 +314,7 @@ routes:
         "a no-op pass wrote to the cloud"
     );
     assert_eq!(
-        r.manager.metrics.requests.writes(),
+        r.manager.metrics.api_writes(),
         writes,
         "a no-op pass wrote to the API server"
     );

@@ -487,7 +487,7 @@ async fn start_error(args: &[&str]) -> String {
         "--secure-port=0",
     ];
     argv.extend_from_slice(args);
-    let options = <cloud_controller_manager::app::Options as clap::Parser>::try_parse_from(argv)
+    let options = <cloud_controller_manager::Options as clap::Parser>::try_parse_from(argv)
         .expect("valid flags");
     let manager = cloud_controller_manager::Manager::with_registry(registry);
     tokio::time::timeout(

@@ -20,6 +20,15 @@
 //! wakes only the last of several concurrent waiters. A bounded channel per subscriber and a watch flag
 //! avoid all three.
 //!
+//! - **Streamed first lists.** A cache fetches its first full list with a streaming list (a watch with
+//!   `sendInitialEvents`, KEP-3157), as client-go's reflectors do by default since 1.35: the API server
+//!   sends the objects from its watch cache one by one instead of building one large list response,
+//!   which is what costs an API server memory when many clients start at once. An API server that
+//!   does not serve streaming lists (the `WatchList` feature gate off, or older than 1.27: either answers
+//!   the request 400 or 422) gets a paged list and a watch instead, from then on, as client-go falls
+//!   back. `KUBE_FEATURE_WatchListClient=false` in the manager's environment (client-go's gate, which
+//!   an out-of-tree manager reads from there, not from `--feature-gates`) turns streaming lists off.
+//!
 //! A failed watch is retried 0.8–1.6 s after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
 //! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
 //! restart, every cache then reconnects within 5 s of the server's return instead of up to 30 s (the
@@ -72,8 +81,19 @@ pub type SharedServices = SharedInformer<Service>;
 fn keep_node(_: &mut CachedNode) {}
 
 /// Drops managed fields from cached Services.
-pub fn prune_service(service: &mut Service) {
+pub(crate) fn prune_service(service: &mut Service) {
     service.metadata.managed_fields = None;
+}
+
+/// How a cache fetches its first full list (and a new one after its watch expired).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum InitialList {
+    /// A streaming list (`sendInitialEvents`), falling back to [`InitialList::ListThenWatch`] for good
+    /// when the API server refuses it: client-go's default since 1.35.
+    #[default]
+    Streaming,
+    /// A paged list, then a watch from its resource version (`KUBE_FEATURE_WatchListClient=false`).
+    ListThenWatch,
 }
 
 /// The manager's shared caches (upstream's shared informer factory): every controller's
@@ -114,7 +134,15 @@ struct FactoryState {
     nodes: Option<Arc<SharedNodes>>,
     services: Option<Arc<SharedServices>>,
     /// Set by [`InformerFactory::start`]: what a cache asked for from then on starts with.
-    started: Option<(Client, CancellationToken)>,
+    started: Option<Start>,
+}
+
+/// What every cache starts with.
+#[derive(Clone)]
+struct Start {
+    client: Client,
+    shutdown: CancellationToken,
+    initial_list: InitialList,
 }
 
 impl InformerFactory {
@@ -142,17 +170,28 @@ impl InformerFactory {
         informer_for(services, started, prune_service)
     }
 
-    /// Starts every cache asked for so far, with `client`; those asked for later start when they are.
-    /// They stop when `shutdown` is cancelled. Called once, after every controller has started.
-    pub(crate) fn start(&self, client: Client, shutdown: CancellationToken) {
+    /// Starts every cache asked for so far, with `client`, each fetching its first list as
+    /// `initial_list` says; those asked for later start when they are. They stop when `shutdown` is
+    /// cancelled. Called once, after every controller has started.
+    pub(crate) fn start(
+        &self,
+        client: Client,
+        shutdown: CancellationToken,
+        initial_list: InitialList,
+    ) {
+        let start = Start {
+            client,
+            shutdown,
+            initial_list,
+        };
         let mut state = lock(&self.state);
         if let Some(nodes) = &state.nodes {
-            nodes.start(client.clone(), shutdown.clone());
+            nodes.start(start.clone());
         }
         if let Some(services) = &state.services {
-            services.start(client.clone(), shutdown.clone());
+            services.start(start.clone());
         }
-        state.started = Some((client, shutdown));
+        state.started = Some(start);
     }
 }
 
@@ -160,15 +199,15 @@ impl InformerFactory {
 /// has started.
 fn informer_for<K>(
     slot: &mut Option<Arc<SharedInformer<K>>>,
-    started: &Option<(Client, CancellationToken)>,
+    started: &Option<Start>,
     prune: fn(&mut K),
 ) -> Arc<SharedInformer<K>>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let informer = slot.get_or_insert_with(|| Arc::new(SharedInformer::new(prune)));
-    if let Some((client, shutdown)) = started {
-        informer.start(client.clone(), shutdown.clone());
+    if let Some(start) = started {
+        informer.start(start.clone());
     }
     informer.clone()
 }
@@ -299,40 +338,62 @@ where
     }
 
     /// Starts the watch, unless it has started already; it stops when `shutdown` is cancelled.
-    fn start(&self, client: Client, shutdown: CancellationToken) {
-        let Some(writer) = lock(&self.writer).take() else {
+    fn start(&self, start: Start) {
+        let Some(mut writer) = lock(&self.writer).take() else {
             return;
         };
+        let Start {
+            client,
+            shutdown,
+            mut initial_list,
+        } = start;
         let fanout = self.fanout.clone();
         let synced = self.synced.clone();
         let store = self.store.clone();
+        let prune = self.prune;
         let kind = K::kind(&()).into_owned();
-        tracing::debug!(kind = %kind, "starting the shared cache");
-        let mut tracker = ChangeTracker::default();
-        let events = watcher(Api::<K>::all(client), watcher::Config::default())
-            .backoff(watch_backoff())
-            .modify(self.prune)
-            .reflect(writer)
-            .for_each(move |event| {
-                let changes: Vec<Change<K>> = match event {
-                    Ok(event) => {
-                        if matches!(event, watcher::Event::InitDone) {
-                            synced.send_replace(true);
+        tracing::debug!(kind = %kind, ?initial_list, "starting the shared cache");
+        let api = Api::<K>::all(client);
+        let watching = async move {
+            let mut tracker = ChangeTracker::default();
+            // Left (to list and watch instead) when the API server refuses streaming lists.
+            loop {
+                let config = match initial_list {
+                    InitialList::Streaming => watcher::Config::default().streaming_lists(),
+                    InitialList::ListThenWatch => watcher::Config::default(),
+                };
+                let mut events = std::pin::pin!(
+                    watcher(api.clone(), config)
+                        .backoff(watch_backoff())
+                        .modify(prune)
+                );
+                while let Some(event) = events.next().await {
+                    let changes: Vec<Change<K>> = match event {
+                        Ok(event) => {
+                            writer.apply_watcher_event(&event);
+                            if matches!(event, watcher::Event::InitDone) {
+                                synced.send_replace(true);
+                            }
+                            tracker.changes(&event, &store)
                         }
-                        tracker.changes(&event, &store)
+                        Err(err)
+                            if initial_list == InitialList::Streaming
+                                && refuses_streaming(&err) =>
+                        {
+                            tracing::info!(kind = %kind, error = %err, "the API server does not serve streaming lists; listing and watching instead");
+                            initial_list = InitialList::ListThenWatch;
+                            break;
+                        }
+                        Err(err) => {
+                            tracing::warn!(kind = %kind, error = %err, "watch failed; retrying");
+                            Vec::new()
+                        }
+                    };
+                    // Read after the change reached the store (see `Fanout::subscribe`).
+                    if changes.is_empty() {
+                        continue;
                     }
-                    Err(err) => {
-                        tracing::warn!(kind = %kind, error = %err, "watch failed; retrying");
-                        Vec::new()
-                    }
-                };
-                // Read after the change reached the store (see `Fanout::subscribe`).
-                let subscribers = if changes.is_empty() {
-                    Vec::new()
-                } else {
-                    fanout.subscribers()
-                };
-                async move {
+                    let subscribers = fanout.subscribers();
                     for change in changes {
                         for subscriber in &subscribers {
                             // A subscriber that stopped (its controller ended) just misses out.
@@ -340,14 +401,22 @@ where
                         }
                     }
                 }
-            });
+            }
+        };
         tokio::spawn(async move {
             tokio::select! {
-                () = events => {}
+                () = watching => {}
                 () = shutdown.cancelled() => {}
             }
         });
     }
+}
+
+/// Whether a failed watch is the API server refusing a streaming list: it answers 400 (Bad Request)
+/// or 422 (Invalid) to `sendInitialEvents` when its `WatchList` feature gate is off, and to
+/// `resourceVersionMatch` on a watch when it predates streaming lists.
+fn refuses_streaming(err: &watcher::Error) -> bool {
+    matches!(err, watcher::Error::WatchStartFailed(kube::Error::Api(status)) if status.code == 400 || status.code == 422)
 }
 
 /// The longest wait before a failed watch is retried.
@@ -505,7 +574,7 @@ mod tests {
         assert!(paths(&requests).is_empty(), "asked for, not started");
         assert!(!nodes.synced().is_synced());
 
-        factory.start(client, shutdown.clone());
+        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         assert_eq!(paths(&requests), ["/api/v1/nodes"], "no Service cache");
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
@@ -519,7 +588,7 @@ mod tests {
         let (client, requests) = api_server();
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
-        factory.start(client, shutdown.clone());
+        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
         let nodes = factory.nodes();
         let services = factory.services();
         assert!(
@@ -534,6 +603,126 @@ mod tests {
             Some(Change::Applied(node)) => assert_eq!(node.name_any(), "a"),
             other => panic!("expected node a, got {other:?}"),
         }
+        shutdown.cancel();
+    }
+
+    /// An API server that holds Node `a` and answers streaming lists as `streaming` says: with the
+    /// node and the end-of-initial-events bookmark, or 422 as one with the `WatchList` gate off. Plain
+    /// lists get the node; any other watch gets 500 (so the watcher backs off, the test does not spin).
+    fn streaming_api_server(streaming: bool) -> (Client, crate::mock_api::Requests) {
+        let node = serde_json::json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": { "name": "a", "uid": "a1", "resourceVersion": "7" },
+        });
+        crate::mock_api::mock_client_with_query(move |_, uri, _| {
+            let status = |code: u16, message: &str| {
+                serde_json::to_vec(&serde_json::json!({
+                    "apiVersion": "v1", "kind": "Status", "status": "Failure",
+                    "code": code, "message": message,
+                }))
+                .unwrap()
+            };
+            if uri.contains("sendInitialEvents=true") {
+                if !streaming {
+                    return (
+                        422,
+                        status(
+                            422,
+                            "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled",
+                        ),
+                    );
+                }
+                let events = [
+                    serde_json::json!({ "type": "ADDED", "object": node }),
+                    serde_json::json!({ "type": "BOOKMARK", "object": {
+                        "apiVersion": "v1", "kind": "Node",
+                        "metadata": {
+                            "resourceVersion": "7",
+                            "annotations": { "k8s.io/initial-events-end": "true" },
+                        },
+                    }}),
+                ];
+                let lines: Vec<String> = events.iter().map(|e| e.to_string()).collect();
+                return (200, (lines.join("\n") + "\n").into_bytes());
+            }
+            if uri.contains("watch=true") {
+                return (500, status(500, "no more watching in this test"));
+            }
+            let list = serde_json::json!({
+                "apiVersion": "v1", "kind": "NodeList", "metadata": { "resourceVersion": "7" },
+                "items": [node],
+            });
+            (200, serde_json::to_vec(&list).unwrap())
+        })
+    }
+
+    /// The requests made, as "list" (a plain or paged list), "stream" (a streaming list) or "watch".
+    fn request_kinds(requests: &crate::mock_api::Requests) -> Vec<&'static str> {
+        let mut kinds: Vec<&'static str> = requests
+            .lock()
+            .iter()
+            .map(|(_, uri, _)| {
+                if uri.contains("sendInitialEvents=true") {
+                    "stream"
+                } else if uri.contains("watch=true") {
+                    "watch"
+                } else {
+                    "list"
+                }
+            })
+            .collect();
+        kinds.dedup();
+        kinds
+    }
+
+    #[tokio::test]
+    async fn a_streaming_list_fills_the_cache_without_a_list_request() {
+        let (client, requests) = streaming_api_server(true);
+        let shutdown = CancellationToken::new();
+        let factory = InformerFactory::new();
+        let nodes = factory.nodes();
+        factory.start(client, shutdown.clone(), InitialList::Streaming);
+        assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
+        let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
+        assert_eq!(names, ["a"]);
+        assert_eq!(request_kinds(&requests)[0], "stream");
+        assert!(
+            !request_kinds(&requests).contains(&"list"),
+            "{:?}",
+            requests.lock()
+        );
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn an_api_server_that_refuses_streaming_lists_is_listed_and_not_asked_again() {
+        let (client, requests) = streaming_api_server(false);
+        let shutdown = CancellationToken::new();
+        let factory = InformerFactory::new();
+        let nodes = factory.nodes();
+        factory.start(client, shutdown.clone(), InitialList::Streaming);
+        assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
+        let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
+        assert_eq!(names, ["a"]);
+        // Let the watch fail and retry a few times: the streaming list is never asked for again.
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        let kinds = request_kinds(&requests);
+        assert_eq!(&kinds[..2], ["stream", "list"], "{:?}", requests.lock());
+        assert_eq!(kinds.iter().filter(|k| **k == "stream").count(), 1);
+        assert!(kinds[2..].iter().all(|k| *k == "watch"), "{kinds:?}");
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn with_streaming_lists_off_the_cache_lists_first() {
+        let (client, requests) = streaming_api_server(true);
+        let shutdown = CancellationToken::new();
+        let factory = InformerFactory::new();
+        let nodes = factory.nodes();
+        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
+        assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
+        assert_eq!(request_kinds(&requests)[0], "list");
+        assert!(!request_kinds(&requests).contains(&"stream"));
         shutdown.cancel();
     }
 

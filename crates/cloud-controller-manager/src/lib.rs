@@ -17,7 +17,7 @@
 //! ([`Manager::named`]); flags of its own come with its registration
 //! (`register_provider!(name, factory, flags = MyFlags)`).
 
-pub mod app;
+pub(crate) mod app;
 mod cached_node;
 pub(crate) mod cidrs;
 pub(crate) mod cloud_metrics;
@@ -26,7 +26,7 @@ pub mod events;
 pub mod informers;
 pub mod metrics;
 pub(crate) mod request_metrics;
-pub mod shadow;
+pub(crate) mod shadow;
 pub(crate) mod well_known;
 
 #[cfg(test)]
@@ -45,10 +45,19 @@ use tokio_util::sync::CancellationToken;
 
 use app::controller_table::builtin_controllers;
 pub use app::{
-    CommandLine,
+    AppError, CommandLine, Options,
     command_line::BinaryIdentity,
-    controller_table::{ConfigureContext, ConfigureError, ControllerSpec},
+    controller_table::{ConfigureContext, ConfigureError, ControllerName, ControllerSpec},
 };
+
+/// The errors [`AppError`] is made of, each naming what is at fault.
+pub mod error {
+    pub use crate::app::{
+        ClientError, CredentialsError, LeadershipLost, ServingError, UnknownController,
+    };
+    pub use crate::controllers::ControllerError;
+    pub use cloud_provider::RegistryError;
+}
 
 /// Why [`Manager::command`] or [`Manager::run`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -246,7 +255,7 @@ impl Manager {
     }
 
     /// Runs the manager with `command_line` (from [`Manager::parse_from`], or the manager's own
-    /// [`app::Options`]) until `shutdown` is cancelled.
+    /// [`Options`]) until `shutdown` is cancelled.
     pub async fn run(
         &self,
         command_line: impl Into<CommandLine>,

@@ -26,21 +26,23 @@ use crate::{
 pub struct Metrics {
     registry: Arc<Mutex<Registry>>,
     /// API requests (`rest_client_requests_total`, `rest_client_request_duration_seconds`).
-    pub requests: RequestMetrics,
+    pub(crate) requests: RequestMetrics,
     /// The cloud-node controller's delay histograms.
-    pub node: NodeMetrics,
+    pub(crate) node: NodeMetrics,
     /// The service-lb controller's metrics.
-    pub service: ServiceMetrics,
+    pub(crate) service: ServiceMetrics,
     /// The node-route controller's metric.
-    pub route: RouteMetrics,
+    pub(crate) route: RouteMetrics,
     /// Per-method cloud API latency and errors.
-    pub cloud: CloudMetrics,
+    pub(crate) cloud: CloudMetrics,
     /// Shadow mode's would-be writes (`--dry-run`).
-    pub dry_run: DryRunMetrics,
+    pub(crate) dry_run: DryRunMetrics,
     /// The controllers' work queues (client-go's `workqueue_*`).
-    pub work_queues: WorkQueueMetrics,
+    pub(crate) work_queues: WorkQueueMetrics,
     /// `leader_election_master_status{name}`: 1 while this replica leads, else 0 (client-go's).
-    pub leader_election: LeaderElectionMetrics,
+    pub(crate) leader_election: LeaderElectionMetrics,
+    /// The periodic controllers' passes (`periodic_*`).
+    pub(crate) periodic: crate::controllers::periodic::PeriodicMetrics,
 }
 
 /// The `name` label of `leader_election_master_status` (the Lease's name).
@@ -51,7 +53,7 @@ struct LeaseName {
 
 /// client-go's leader-election metric.
 #[derive(Clone)]
-pub struct LeaderElectionMetrics {
+pub(crate) struct LeaderElectionMetrics {
     status: Family<LeaseName, Gauge>,
 }
 
@@ -94,6 +96,7 @@ impl Metrics {
         let dry_run = DryRunMetrics::register(&mut registry);
         let work_queues = WorkQueueMetrics::register(&mut registry);
         let leader_election = LeaderElectionMetrics::register(&mut registry);
+        let periodic = crate::controllers::periodic::PeriodicMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -104,7 +107,13 @@ impl Metrics {
             dry_run,
             work_queues,
             leader_election,
+            periodic,
         }
+    }
+
+    /// How many writes (POST, PUT, PATCH, DELETE) the manager has sent to the API server since it started.
+    pub fn api_writes(&self) -> u64 {
+        self.requests.writes()
     }
 
     /// Registers metrics of a controller of the provider's own (`register` gets the manager's registry,

@@ -16,7 +16,7 @@ use std::{
 };
 
 use clap::Parser;
-use cloud_controller_manager::{Manager, app::Options};
+use cloud_controller_manager::{Manager, Options};
 use cloud_provider::Registry;
 use k8s_openapi::api::{
     coordination::v1::Lease,

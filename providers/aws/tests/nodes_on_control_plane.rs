@@ -10,7 +10,7 @@ mod support;
 use std::{sync::Arc, time::Duration};
 
 use clap::Parser;
-use cloud_controller_manager::{Manager, app::Options};
+use cloud_controller_manager::{Manager, Options};
 use cloud_provider::Registry;
 use cloud_provider_aws::ZONE_ID_LABEL;
 use k8s_openapi::api::core::v1::{Node, Service};

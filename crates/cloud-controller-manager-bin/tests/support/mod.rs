@@ -10,7 +10,7 @@ pub mod replica;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use clap::Parser;
-use cloud_controller_manager::{Manager, app::Options, metrics::Metrics};
+use cloud_controller_manager::{Manager, Options, metrics::Metrics};
 use cloud_provider::Registry;
 use cloud_provider_fake::{Config, FakeCloud};
 use k8s_openapi::api::{core::v1::Node, events::v1::Event};

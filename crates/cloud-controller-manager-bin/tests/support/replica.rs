@@ -81,6 +81,22 @@ impl Replica {
         )
     }
 
+    /// Like [`Replica::start_on_cloud`], with `env` added to the process's environment.
+    pub fn start_on_cloud_with_env(
+        cloud_config: &Path,
+        state_file: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
+        Self::spawn_with_env(
+            cloud_config,
+            state_file.to_owned(),
+            &control_plane().ccm_kubeconfig(),
+            args,
+            env,
+        )
+    }
+
     /// Like [`Replica::start_on_cloud`], reaching the API server through `kubeconfig`.
     pub fn start_on_cloud_through(
         cloud_config: &Path,
@@ -92,6 +108,16 @@ impl Replica {
     }
 
     fn spawn(config: &Path, state_file: PathBuf, kubeconfig: &Path, args: &[&str]) -> Self {
+        Self::spawn_with_env(config, state_file, kubeconfig, args, &[])
+    }
+
+    fn spawn_with_env(
+        config: &Path,
+        state_file: PathBuf,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(BIN)
             .arg("--cloud-provider=fake")
             .arg(format!("--cloud-config={}", config.display()))
@@ -101,6 +127,7 @@ impl Replica {
             .args(args)
             .env_remove("RUST_LOG")
             .env_remove("KUBECONFIG")
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();

@@ -76,6 +76,7 @@ impl ControllerSelection {
     }
 
     /// The enabled controllers among `known`, in their order.
+    #[cfg(test)]
     pub fn enabled<'a>(&self, known: &'a [ControllerName]) -> Vec<&'a ControllerName> {
         known.iter().filter(|c| self.is_enabled(c)).collect()
     }

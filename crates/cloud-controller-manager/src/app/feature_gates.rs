@@ -1,9 +1,17 @@
-//! `--feature-gates`, with upstream's syntax (`Gate=true,Other=false`, repeatable) and upstream's
-//! refusals (`unrecognized feature gate: X`), for the gates a 1.37 cloud-controller-manager knows.
+//! Feature gates, as upstream's cloud-controller-manager of 1.37 reads them:
+//!
+//! - `--feature-gates`, with upstream's syntax (`Gate=true,Other=false`, repeatable) and upstream's
+//!   refusals (`unrecognized feature gate: X`), for exactly the gates upstream's manager lists: its own
+//!   (k8s.io/cloud-provider, k8s.io/controller-manager), logging's and metrics', and the API server
+//!   library's it embeds for its secure port.
+//! - client-go's gates, which an out-of-tree manager does not list in `--feature-gates` (upstream
+//!   refuses `--feature-gates=WatchListClient=false` as unrecognized): client-go reads them from
+//!   `KUBE_FEATURE_<Gate>` environment variables ([`ClientFeatures::from_env`]).
 //!
 //! A gate this manager implements changes its behaviour. A gate it knows but does not implement is
 //! accepted at the value that matches what this manager does, and refused out loud at the other, so a
-//! manifest written for upstream never silently runs without what it asked for.
+//! manifest written for upstream never silently runs without what it asked for. Where client-go logs a
+//! malformed or unknown `KUBE_FEATURE_` variable and goes on, this manager refuses to start.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +22,8 @@ pub enum Stage {
     Alpha,
     /// Beta.
     Beta,
+    /// Generally available (client-go's `InOrderInformers`, `InformerResourceVersion`).
+    Ga,
 }
 
 /// What this manager does with a gate.
@@ -39,66 +49,299 @@ struct Gate {
 /// Watch-based route reconciliation (KEP-5237).
 pub const WATCH_BASED_ROUTES: &str = "CloudControllerManagerWatchBasedRoutesReconciliation";
 
-/// The gates of a 1.37 cloud-controller-manager (k8s.io/controller-manager and k8s.io/cloud-provider,
-/// and client-go's and logging's that every component registers).
-const KNOWN: &[Gate] = &[
+/// Streaming lists for the shared caches (client-go's gate, KEP-3157): `KUBE_FEATURE_WatchListClient`.
+pub const WATCH_LIST_CLIENT: &str = "WatchListClient";
+
+/// What a gate of the API server library means here: upstream's manager registers them because it
+/// serves its secure port with that library; this manager's port is its own.
+const SERVING_LIBRARY: &str = "a gate of the API server library upstream's manager embeds for its secure port; this manager's port follows the default";
+
+/// A gate of the API server library, fixed at upstream's default.
+const fn serving(name: &'static str, stage: Stage, default: bool) -> Gate {
+    Gate {
+        name,
+        stage,
+        default,
+        support: Support::FixedAt(default),
+        note: SERVING_LIBRARY,
+    }
+}
+
+/// A gate this manager does not implement, fixed at `value`, with why.
+const fn fixed(
+    name: &'static str,
+    stage: Stage,
+    default: bool,
+    value: bool,
+    note: &'static str,
+) -> Gate {
+    Gate {
+        name,
+        stage,
+        default,
+        support: Support::FixedAt(value),
+        note,
+    }
+}
+
+use Stage::{Alpha, Beta, Ga};
+
+/// The gates `--feature-gates` of upstream's 1.37 manager (k8s.io/cloud-provider's app) lists, but
+/// `AllAlpha` and `AllBeta` (refused: see [`parse_one`]), in its order.
+const COMPONENT: &[Gate] = &[
+    fixed(
+        "APIResponseCompression",
+        Beta,
+        true,
+        false,
+        "this manager's secure port does not compress its responses",
+    ),
+    serving("APIServerIdentity", Beta, true),
+    serving("APIServerWebhookAuthenticationToken", Alpha, false),
+    serving("APIServingWithRoutine", Alpha, false),
+    serving("AllowParsingUserUIDFromCertAuth", Beta, true),
+    serving("AllowUnsafeMalformedObjectDeletion", Beta, true),
+    serving("CBORServingAndStorage", Alpha, false),
     Gate {
         name: WATCH_BASED_ROUTES,
-        stage: Stage::Alpha,
+        stage: Alpha,
         default: false,
         support: Support::Implemented,
         note: "",
     },
+    fixed(
+        "CloudControllerManagerWebhook",
+        Alpha,
+        false,
+        false,
+        "this manager serves no admission webhooks",
+    ),
+    fixed(
+        "ComponentFlagz",
+        Beta,
+        true,
+        false,
+        "this manager serves no /flagz endpoint",
+    ),
+    fixed(
+        "ComponentStatusz",
+        Beta,
+        true,
+        false,
+        "this manager serves no /statusz endpoint",
+    ),
+    serving("ConcurrentWatchObjectDecode", Beta, true),
+    serving("ConsistentListFromCacheSkipTimeoutFallback", Alpha, false),
+    serving("ConstrainedImpersonation", Beta, true),
+    fixed(
+        "ContextualLogging",
+        Beta,
+        true,
+        true,
+        "this manager's log lines always carry their context (tracing spans)",
+    ),
+    fixed(
+        "ControllerManagerReleaseLeaderElectionLockOnExit",
+        Alpha,
+        false,
+        true,
+        "this manager always releases its Lease on a graceful exit",
+    ),
+    fixed(
+        "CoordinatedLeaderElection",
+        Beta,
+        false,
+        false,
+        "this manager's leader election is a plain Lease, without coordinated leader election",
+    ),
+    serving("DeclarativeValidationBeta", Beta, true),
+    serving("DetectCacheInconsistency", Beta, true),
+    serving("EtcdRangeStream", Beta, true),
+    serving("ExcludeAdmissionWebhookVirtualResources", Beta, true),
+    serving("ListFromCacheSnapshot", Beta, true),
+    fixed(
+        "LoggingAlphaOptions",
+        Alpha,
+        false,
+        false,
+        "this manager has no alpha logging options",
+    ),
+    fixed(
+        "LoggingBetaOptions",
+        Beta,
+        true,
+        true,
+        "this manager's logging options are always on",
+    ),
+    serving("ManifestBasedAdmissionControlConfig", Beta, true),
+    fixed(
+        "NativeHistograms",
+        Beta,
+        true,
+        false,
+        "this manager's /metrics exposes classic histograms only",
+    ),
+    serving("OpenAPIEnums", Beta, true),
+    serving("RemoteRequestHeaderUID", Beta, true),
+    serving("ShardedListAndWatch", Alpha, false),
+    serving("SizeBasedListCostEstimate", Beta, true),
+    serving("StorageVersionAPI", Alpha, false),
+    serving("StorageVersionHash", Beta, true),
+    serving(
+        "StructuredAuthenticationConfigurationEgressSelector",
+        Beta,
+        true,
+    ),
+    serving(
+        "StructuredAuthenticationConfigurationJWKSMetrics",
+        Beta,
+        true,
+    ),
+    serving("TokenRequestServiceAccountUIDValidation", Beta, true),
+    serving("UnknownVersionInteroperabilityProxy", Beta, true),
+    serving("WatchList", Beta, true),
+    serving("WatchListCompression", Beta, true),
+    serving("WebhookRoundTripLoadBalancing", Beta, true),
+];
+
+/// client-go's 1.37 gates (`KUBE_FEATURE_<Gate>`).
+const CLIENT: &[Gate] = &[
+    fixed(
+        "AtomicFIFO",
+        Beta,
+        true,
+        true,
+        "this manager's caches apply a re-list to the cache as one replacement",
+    ),
+    fixed(
+        "ClientsAllowCARotation",
+        Beta,
+        true,
+        false,
+        "this manager's client reads its CA bundle once, at start",
+    ),
+    fixed(
+        "ClientsAllowCBOR",
+        Alpha,
+        false,
+        false,
+        "this manager's client speaks JSON",
+    ),
+    fixed(
+        "ClientsAllowTLSCacheGC",
+        Beta,
+        true,
+        true,
+        "this manager keeps no TLS transport cache to collect",
+    ),
+    fixed(
+        "ClientsPreferCBOR",
+        Alpha,
+        false,
+        false,
+        "this manager's client speaks JSON",
+    ),
+    fixed(
+        "InOrderInformers",
+        Ga,
+        true,
+        true,
+        "this manager's caches deliver events in order",
+    ),
+    fixed(
+        "InOrderInformersBatchProcess",
+        Beta,
+        true,
+        true,
+        "this manager's caches hand each subscriber its changes as they come, in order",
+    ),
+    fixed(
+        "InformerResourceVersion",
+        Ga,
+        true,
+        true,
+        "this manager's caches track the last resource version they synced",
+    ),
+    fixed(
+        "UnlockWhileProcessingFIFO",
+        Beta,
+        true,
+        true,
+        "this manager's caches never hold a lock while a controller handles a change",
+    ),
     Gate {
-        name: "CloudControllerManagerWebhook",
-        stage: Stage::Alpha,
-        default: false,
-        support: Support::FixedAt(false),
-        note: "this manager serves no admission webhooks",
-    },
-    Gate {
-        name: "ControllerManagerReleaseLeaderElectionLockOnExit",
-        stage: Stage::Alpha,
-        default: false,
-        support: Support::FixedAt(true),
-        note: "this manager always releases its Lease on a graceful exit",
-    },
-    Gate {
-        name: "WatchListClient",
-        stage: Stage::Beta,
+        name: WATCH_LIST_CLIENT,
+        stage: Beta,
         default: true,
-        support: Support::FixedAt(false),
-        note: "this manager's caches start with paginated lists, not streaming lists",
-    },
-    Gate {
-        name: "InOrderInformers",
-        stage: Stage::Beta,
-        default: true,
-        support: Support::FixedAt(true),
-        note: "this manager's caches deliver events in order",
-    },
-    Gate {
-        name: "ContextualLogging",
-        stage: Stage::Beta,
-        default: true,
-        support: Support::FixedAt(true),
-        note: "this manager's log lines always carry their context (tracing spans)",
-    },
-    Gate {
-        name: "LoggingAlphaOptions",
-        stage: Stage::Alpha,
-        default: false,
-        support: Support::FixedAt(false),
-        note: "this manager has no alpha logging options",
-    },
-    Gate {
-        name: "LoggingBetaOptions",
-        stage: Stage::Beta,
-        default: true,
-        support: Support::FixedAt(true),
-        note: "this manager's logging options are always on",
+        support: Support::Implemented,
+        note: "",
     },
 ];
+
+/// The value of an implemented gate left unset, or of a gate fixed at what this manager does.
+fn effective_default(gates: &[Gate], name: &str) -> bool {
+    gates
+        .iter()
+        .find(|g| g.name == name)
+        .is_some_and(|g| match g.support {
+            Support::Implemented => g.default,
+            Support::FixedAt(value) => value,
+        })
+}
+
+/// `name=on` checked against `gate`'s support.
+fn check(gate: &Gate, on: bool) -> Result<(), String> {
+    match gate.support {
+        Support::FixedAt(fixed) if on != fixed => Err(format!(
+            "{}={on} is not supported: {} ({:?} gate, upstream default {})",
+            gate.name, gate.note, gate.stage, gate.default
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// client-go's gates as the environment set them (`KUBE_FEATURE_<Gate>=true|false`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClientFeatures {
+    set: BTreeMap<&'static str, bool>,
+}
+
+impl ClientFeatures {
+    /// Reads every `KUBE_FEATURE_` variable of `vars` (the process's: `std::env::vars_os()`), with
+    /// client-go's syntax (Go booleans). A gate client-go does not know, a value that is not a boolean,
+    /// or a value this manager does not implement is an error that names the variable.
+    pub fn from_env(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Self, String> {
+        const PREFIX: &str = "KUBE_FEATURE_";
+        let mut features = Self::default();
+        for (key, value) in vars {
+            let Some(name) = key.to_str().and_then(|k| k.strip_prefix(PREFIX)) else {
+                continue;
+            };
+            let value = value.to_string_lossy();
+            let Some(gate) = CLIENT.iter().find(|g| g.name == name) else {
+                return Err(format!(
+                    "{PREFIX}{name}: client-go has no feature gate {name:?} (known: {})",
+                    CLIENT.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+                ));
+            };
+            let on = super::options::go_bool(&value)
+                .map_err(|err| format!("{PREFIX}{name}={value}: {err}"))?;
+            check(gate, on).map_err(|err| format!("{PREFIX}{err}"))?;
+            features.set.insert(gate.name, on);
+        }
+        Ok(features)
+    }
+
+    /// Whether client-go's gate `name` is on in this manager (as set, else its default here).
+    pub fn enabled(&self, name: &str) -> bool {
+        self.set
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| effective_default(CLIENT, name))
+    }
+}
 
 /// The gates as the command line set them (upstream's defaults for the rest).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,15 +354,10 @@ impl FeatureGates {
     /// what the manager does (a gate it does not implement is fixed at that value, whatever upstream's
     /// default).
     pub fn enabled(&self, name: &str) -> bool {
-        self.set.get(name).copied().unwrap_or_else(|| {
-            KNOWN
-                .iter()
-                .find(|g| g.name == name)
-                .is_some_and(|g| match g.support {
-                    Support::Implemented => g.default,
-                    Support::FixedAt(value) => value,
-                })
-        })
+        self.set
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| effective_default(COMPONENT, name))
     }
 
     /// Every `--feature-gates` value, in order (a later setting of a gate wins, as upstream's map flag).
@@ -156,17 +394,10 @@ fn parse_one(value: &str) -> Result<Vec<(&'static str, bool)>, String> {
                 if name == "AllAlpha" { "alpha" } else { "beta" }
             ));
         }
-        let Some(gate) = KNOWN.iter().find(|g| g.name == name) else {
+        let Some(gate) = COMPONENT.iter().find(|g| g.name == name) else {
             return Err(format!("unrecognized feature gate: {name}"));
         };
-        if let Support::FixedAt(fixed) = gate.support
-            && on != fixed
-        {
-            return Err(format!(
-                "{name}={on} is not supported: {} ({:?} gate, upstream default {})",
-                gate.note, gate.stage, gate.default
-            ));
-        }
+        check(gate, on)?;
         out.push((gate.name, on));
     }
     Ok(out)
@@ -177,7 +408,7 @@ pub(crate) fn help() -> String {
     let mut text = String::from(
         "A set of key=value pairs that describe feature gates for alpha/experimental features. Options are:",
     );
-    for gate in KNOWN {
+    for gate in COMPONENT {
         let support = match gate.support {
             Support::Implemented => String::new(),
             Support::FixedAt(value) => format!(", only ={value}: {}", gate.note),
@@ -188,6 +419,7 @@ pub(crate) fn help() -> String {
             match gate.stage {
                 Stage::Alpha => "ALPHA",
                 Stage::Beta => "BETA",
+                Stage::Ga => "GA",
             },
             gate.default
         ));
@@ -242,9 +474,16 @@ mod tests {
                 ),
             ),
             (&["CloudControllerManagerWebhook=false"], Ok(false)),
+            // client-go's gates are not --feature-gates of an out-of-tree manager (upstream: the same).
             (
-                &["WatchListClient=true"],
-                Err("WatchListClient=true is not supported"),
+                &["WatchListClient=false"],
+                Err("unrecognized feature gate: WatchListClient"),
+            ),
+            // The API server library's gates: upstream's default accepted, the other value refused.
+            (&["WatchList=true,EtcdRangeStream=true"], Ok(false)),
+            (
+                &["WatchList=false"],
+                Err("WatchList=false is not supported: a gate of the API server library"),
             ),
             (&["AllAlpha=true"], Err("AllAlpha=true is not supported")),
         ];
@@ -264,12 +503,56 @@ mod tests {
     fn defaults_are_upstream_s_for_gates_not_set() {
         let gates = FeatureGates::default();
         assert!(gates.enabled("ContextualLogging"));
-        // Upstream's default is true; this manager does not stream its lists.
-        assert!(!gates.enabled("WatchListClient"));
+        // Upstream's default is true; this manager serves no /flagz.
+        assert!(!gates.enabled("ComponentFlagz"));
+        assert!(gates.enabled("WatchList"));
         assert!(!gates.enabled(WATCH_BASED_ROUTES));
         assert!(!gates.enabled("NoSuchGate"));
         assert!(help().contains(
             "CloudControllerManagerWatchBasedRoutesReconciliation=true|false (ALPHA, default=false)"
         ));
+    }
+
+    #[test]
+    fn client_go_gates_come_from_the_environment_and_what_is_not_implemented_is_refused() {
+        let env = |pairs: &[(&str, &str)]| {
+            ClientFeatures::from_env(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .chain([("PATH".into(), "/bin".into())]),
+            )
+        };
+        type Case<'a> = (&'a [(&'a str, &'a str)], Result<bool, &'a str>);
+        let cases: &[Case] = &[
+            (&[], Ok(true)),
+            (&[("KUBE_FEATURE_WatchListClient", "false")], Ok(false)),
+            (&[("KUBE_FEATURE_WatchListClient", "0")], Ok(false)),
+            (&[("KUBE_FEATURE_WatchListClient", "True")], Ok(true)),
+            (
+                &[("KUBE_FEATURE_WatchListClient", "no")],
+                Err("KUBE_FEATURE_WatchListClient=no: not a boolean"),
+            ),
+            (&[("KUBE_FEATURE_InOrderInformers", "true")], Ok(true)),
+            (
+                &[("KUBE_FEATURE_ClientsPreferCBOR", "true")],
+                Err(
+                    "KUBE_FEATURE_ClientsPreferCBOR=true is not supported: this manager's client speaks JSON",
+                ),
+            ),
+            (
+                &[("KUBE_FEATURE_NoSuchGate", "true")],
+                Err("KUBE_FEATURE_NoSuchGate: client-go has no feature gate \"NoSuchGate\""),
+            ),
+        ];
+        for (pairs, expected) in cases {
+            match (env(pairs), expected) {
+                (Ok(features), Ok(on)) => {
+                    assert_eq!(features.enabled(WATCH_LIST_CLIENT), *on, "{pairs:?}")
+                }
+                (Err(err), Err(start)) => assert!(err.starts_with(start), "{pairs:?}: {err}"),
+                (got, _) => panic!("{pairs:?}: {got:?}, expected {expected:?}"),
+            }
+        }
     }
 }

@@ -38,7 +38,7 @@ use client_factory::{ClientFactory, controller_clients};
 
 use crate::{
     controllers::ControllerContext,
-    informers::InformerFactory,
+    informers::{InformerFactory, InitialList},
     metrics::Metrics,
     shadow::{DryRunLayer, ShadowCloud, ShadowReport, ShadowView},
 };
@@ -48,10 +48,12 @@ use controller_table::{ConfigureContext, ControllerName, ControllerSpec, StartFn
 pub use controllers_flag::{ControllerSelection, UnknownController};
 use delegated_auth::DelegatedAuth;
 use health::Health;
-use leader_election::{LeaderElector, LeadershipLost};
+use leader_election::LeaderElector;
+pub use leader_election::LeadershipLost;
 pub use options::Options;
 pub use service_account_credentials::CredentialsError;
-use serving::{ServerState, ServingError};
+use serving::ServerState;
+pub use serving::ServingError;
 use write_fence::WriteFence;
 
 /// How long the manager waits for the API server to answer at start.
@@ -109,6 +111,9 @@ pub enum AppError {
     /// A flag value is not acceptable.
     #[error("{0}")]
     Flag(String),
+    /// A `KUBE_FEATURE_` environment variable (client-go's feature gates) is not acceptable.
+    #[error("{0}")]
+    Environment(String),
     /// The secure endpoint could not start.
     #[error(transparent)]
     Serving(#[from] ServingError),
@@ -168,6 +173,8 @@ pub async fn run(
     let known: Vec<ControllerName> = controllers.iter().map(|c| *c.name()).collect();
     let selection = ControllerSelection::parse(&options.generic.controllers, &known)?;
     options.validate().map_err(AppError::Flag)?;
+    let client_features = feature_gates::ClientFeatures::from_env(std::env::vars_os())
+        .map_err(AppError::Environment)?;
     let cloud = init_cloud(&options.cloud, &matches, registry)?;
     tracing::info!(
         provider = cloud.provider_name(),
@@ -311,8 +318,14 @@ pub async fn run(
     });
     let leader_status = metrics.leader_election.clone();
 
+    let initial_list = if client_features.enabled(feature_gates::WATCH_LIST_CLIENT) {
+        InitialList::Streaming
+    } else {
+        InitialList::ListThenWatch
+    };
     let result = run_controllers(
         configured,
+        initial_list,
         &options.cloud.cloud_provider,
         cloud,
         &clients,
@@ -352,6 +365,7 @@ struct Configured {
 #[allow(clippy::too_many_arguments)]
 async fn run_controllers(
     configured: Vec<Configured>,
+    initial_list: InitialList,
     provider_name: &str,
     cloud: Arc<dyn CloudProvider>,
     clients: &ClientFactory,
@@ -423,7 +437,7 @@ async fn run_controllers(
 
     // Every cache a controller asked for starts now that all have (upstream's `InformerFactory.Start`
     // after the controllers are built); one asked for later starts when it is.
-    informers.start(client, stop.clone());
+    informers.start(client, stop.clone(), initial_list);
 
     // Run until stopped; a controller that fails (or panics) stops the manager with its error.
     while !stop.is_cancelled() {

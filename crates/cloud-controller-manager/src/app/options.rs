@@ -21,34 +21,34 @@ use clap::{ArgAction, Args, Parser, ValueEnum};
 pub struct Options {
     /// Which controllers run.
     #[command(flatten)]
-    pub generic: GenericOptions,
+    pub(crate) generic: GenericOptions,
     /// Leader election.
     #[command(flatten)]
-    pub leader_election: LeaderElectionOptions,
+    pub(crate) leader_election: LeaderElectionOptions,
     /// The secure health and metrics endpoint.
     #[command(flatten)]
-    pub serving: ServingOptions,
+    pub(crate) serving: ServingOptions,
     /// Which cloud, configured how.
     #[command(flatten)]
-    pub cloud: CloudProviderOptions,
+    pub(crate) cloud: CloudProviderOptions,
     /// The node controllers.
     #[command(flatten)]
-    pub node: NodeControllerOptions,
+    pub(crate) node: NodeControllerOptions,
     /// The service-lb controller.
     #[command(flatten)]
-    pub service: ServiceControllerOptions,
+    pub(crate) service: ServiceControllerOptions,
     /// The node-route controller.
     #[command(flatten)]
-    pub route: RouteControllerOptions,
+    pub(crate) route: RouteControllerOptions,
     /// The node-IPAM controller.
     #[command(flatten)]
-    pub ipam: NodeIpamOptions,
+    pub(crate) ipam: NodeIpamOptions,
     /// How the manager talks to the API server.
     #[command(flatten)]
-    pub client: ClientOptions,
+    pub(crate) client: ClientOptions,
     /// Log output.
     #[command(flatten)]
-    pub logging: LoggingOptions,
+    pub(crate) logging: LoggingOptions,
 }
 
 /// Which controllers run.

@@ -1,17 +1,22 @@
-//! The generic controllers. Each module owns a typed `Config` and a `start` function; the table that
-//! names them for `--controllers` and builds their configs from the flags is
-//! [`crate::app::controller_table`].
+//! What a controller is made of: its context ([`ControllerContext`]: clients, cloud, shared caches,
+//! metrics, health, stop token), its task ([`ControllerTask`], ending with a [`ControllerError`]), and
+//! the two runners every controller runs on: the work queue ([`run_on_work_queue`]) for controllers
+//! that reconcile objects one by one, and the periodic runner ([`periodic::Runner`]) for those that
+//! work in passes. The built-in controllers (cloud-node, cloud-node-lifecycle, service, route, node
+//! IPAM) are internal; a provider's own controller joins the table with
+//! [`crate::ControllerSpec`] and [`crate::Manager::with_controller`].
 
 mod backoff;
 pub mod controller_health;
-pub mod ipam;
-pub mod node;
-pub mod node_lifecycle;
-pub mod outage;
+pub(crate) mod ipam;
+pub(crate) mod node;
+pub(crate) mod node_lifecycle;
+pub(crate) mod outage;
 mod patch;
-pub mod queue_metrics;
-pub mod route;
-pub mod service;
+pub mod periodic;
+pub(crate) mod queue_metrics;
+pub(crate) mod route;
+pub(crate) mod service;
 pub(crate) mod work_queue;
 
 pub use work_queue::{Next, run_on_work_queue};
@@ -50,6 +55,19 @@ pub struct ControllerContext {
     pub name: &'static str,
     /// The controller's health check behind `/healthz` (reconciles that keep panicking fail it).
     pub health: controller_health::ControllerHealth,
+}
+
+impl ControllerContext {
+    /// The periodic runner of this controller ([`periodic::Runner::run`]): for controllers that work
+    /// in passes over every object, with this controller's name, health check and stop token.
+    pub fn periodic_runner(&self) -> periodic::Runner {
+        periodic::Runner {
+            name: self.name,
+            health: self.health.clone(),
+            metrics: self.metrics.periodic.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
 }
 
 /// A running controller: resolves when the controller stops, with its error if it failed (which stops

@@ -17,7 +17,7 @@ use std::{
 };
 
 use clap::Parser;
-use cloud_controller_manager::{Manager, app::Options};
+use cloud_controller_manager::{Manager, Options};
 use cloud_provider::Registry;
 use cloud_provider_local::{Config, LocalCloud};
 use k8s_openapi::api::{

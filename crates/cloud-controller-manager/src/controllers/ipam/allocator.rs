@@ -51,6 +51,12 @@ pub fn has_room(sets: &[CidrSet]) -> bool {
 }
 
 impl CidrSet {
+    /// The cluster CIDR.
+    #[cfg(test)]
+    pub fn cluster(&self) -> IpNet {
+        self.cluster
+    }
+
     /// Node CIDRs of prefix length `mask` in `cluster`.
     pub fn new(cluster: IpNet, mask: u8) -> Result<Self, String> {
         let cluster = cluster.trunc();
@@ -72,11 +78,6 @@ impl CidrSet {
             free: 1usize << extra,
             next: 0,
         })
-    }
-
-    /// The cluster CIDR.
-    pub fn cluster(&self) -> IpNet {
-        self.cluster
     }
 
     /// How many node CIDRs are free.

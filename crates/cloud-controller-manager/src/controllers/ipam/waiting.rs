@@ -123,16 +123,19 @@ impl WaitList {
     }
 
     /// Whether no node waits.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// How many nodes wait on a full range.
+    #[cfg(test)]
     pub fn exhausted(&self) -> usize {
         self.exhausted
     }
 
     /// Whether `name` waits.
+    #[cfg(test)]
     pub fn contains(&self, name: &str) -> bool {
         self.entries.contains_key(name)
     }

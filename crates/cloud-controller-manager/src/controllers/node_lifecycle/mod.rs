@@ -20,13 +20,13 @@ use kube::{
     runtime::events::EventType,
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use self::plan::{is_ready, with_shutdown_taint, without_shutdown_taint};
 use super::{
     ControllerContext, ControllerTask,
     node::cloud,
     patch::{Target, patch_with_retry},
+    periodic::{PassOutcome, Runner},
 };
 use crate::{
     events::EventRecorder,
@@ -67,9 +67,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cloud: ctx.cloud.clone(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
     };
-    let shutdown = ctx.shutdown.clone();
+    let runner = ctx.periodic_runner();
     Some(Box::pin(async move {
-        run(context, nodes, period, workers, shutdown).await;
+        run(context, nodes, period, workers, runner).await;
         Ok(())
     }))
 }
@@ -79,9 +79,9 @@ async fn run(
     nodes: Arc<SharedNodes>,
     period: Duration,
     workers: usize,
-    shutdown: CancellationToken,
+    runner: Runner,
 ) {
-    if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+    if !wait_for_cache_sync(&runner.shutdown, [nodes.synced()]).await {
         return;
     }
     let store = nodes.store();
@@ -89,18 +89,19 @@ async fn run(
         nodes = store.state().len(),
         "node cache synced; monitoring nodes"
     );
-    let mut ticks = tokio::time::interval(period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = shutdown.cancelled() => return,
-        }
-        // A pass in flight finishes even on shutdown: each node's work is short and bounded.
-        futures::stream::iter(store.state())
-            .for_each_concurrent(workers.max(1), |node| monitor(&ctx, node))
-            .await;
-    }
+    let ctx = &ctx;
+    runner
+        .run(period, None, |_| {
+            // A pass in flight finishes even on shutdown: each node's work is short and bounded.
+            let nodes = store.state();
+            async move {
+                futures::stream::iter(nodes)
+                    .for_each_concurrent(workers.max(1), |node| monitor(ctx, node))
+                    .await;
+                PassOutcome::Done
+            }
+        })
+        .await;
 }
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]

@@ -29,7 +29,6 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family},
     registry::Registry,
 };
-use tokio_util::sync::CancellationToken;
 
 use self::triggers::{MIN_INTERVAL, NodeViews, Trigger};
 
@@ -37,6 +36,7 @@ use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_c
 use super::{
     ControllerContext, ControllerTask,
     patch::{with_resource_version, write_with_retry},
+    periodic::{PassOutcome, PassRequests, Runner, Started},
 };
 use crate::{
     events::EventRecorder,
@@ -134,9 +134,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     let nodes = ctx.informers.nodes();
     // Subscribed as the controller is built, so no change after the caches start is missed.
     let changes = watch_based.then(|| nodes.subscribe_changes());
-    let shutdown = ctx.shutdown.clone();
+    let runner = ctx.periodic_runner();
     Some(Box::pin(async move {
-        run(context, nodes, period, changes, shutdown).await;
+        run(context, nodes, period, changes, runner).await;
         Ok(())
     }))
 }
@@ -146,57 +146,51 @@ async fn run(
     nodes: Arc<SharedNodes>,
     period: Duration,
     changes: Option<impl futures::Stream<Item = Change<CachedNode>> + Send + 'static>,
-    shutdown: CancellationToken,
+    runner: Runner,
 ) {
-    if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
+    if !wait_for_cache_sync(&runner.shutdown, [nodes.synced()]).await {
         return;
     }
     let store = nodes.store();
-    // Node changes that matter ask for a pass; the flag holds the ask until the rate limit allows it.
-    let wanted = Arc::new(tokio::sync::Notify::new());
-    let watching = changes.map(|changes| {
-        let wanted = wanted.clone();
+    // Node changes that matter ask for a pass, at most one per MIN_INTERVAL (upstream's rate limiter).
+    let requests = changes.as_ref().map(|_| PassRequests::new(MIN_INTERVAL));
+    let watching = changes.zip(requests.clone()).map(|(changes, requests)| {
         tokio::spawn(async move {
             let mut views = NodeViews::default();
             let mut changes = std::pin::pin!(changes);
             while let Some(change) = changes.next().await {
                 if views.matters(&change) {
-                    wanted.notify_one();
+                    requests.ask();
                 }
             }
         })
     });
+    let watch_based = requests.is_some();
+    let ctx = &ctx;
     // Start to start, like upstream's non-sliding loop.
-    let mut ticks = tokio::time::interval(period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_pass: Option<tokio::time::Instant> = None;
-    loop {
-        let trigger = tokio::select! {
-            _ = ticks.tick() => Trigger::Periodic,
-            () = wanted.notified(), if watching.is_some() => Trigger::NodeChange,
-            () = shutdown.cancelled() => break,
-        };
-        if trigger == Trigger::NodeChange
-            && let Some(last) = last_pass
-        {
-            // Upstream's rate limiter: at most one pass per MIN_INTERVAL for node changes.
-            tokio::select! {
-                () = tokio::time::sleep_until(last + MIN_INTERVAL) => {}
-                () = shutdown.cancelled() => break,
+    runner
+        .run(period, requests, |started| {
+            let nodes = store.state();
+            async move {
+                let trigger = match started {
+                    Started::Periodic => Trigger::Periodic,
+                    Started::Asked => Trigger::NodeChange,
+                };
+                let Some(routes) = ctx.cloud.routes() else {
+                    tracing::warn!("the cloud stopped offering routes; skipping this pass");
+                    return PassOutcome::Done;
+                };
+                let succeeded = reconcile(ctx, routes, &nodes).await;
+                ctx.metrics.synced(trigger, succeeded);
+                if !succeeded && watch_based {
+                    // A failed pass is asked for again (rate-limited), as upstream re-queues it.
+                    PassOutcome::AskAgain
+                } else {
+                    PassOutcome::Done
+                }
             }
-        }
-        let Some(routes) = ctx.cloud.routes() else {
-            tracing::warn!("the cloud stopped offering routes; skipping this pass");
-            continue;
-        };
-        last_pass = Some(tokio::time::Instant::now());
-        let succeeded = reconcile(&ctx, routes, &store.state()).await;
-        ctx.metrics.synced(trigger, succeeded);
-        if !succeeded && watching.is_some() {
-            // A failed pass is asked for again (rate-limited), as upstream re-queues it.
-            wanted.notify_one();
-        }
-    }
+        })
+        .await;
     if let Some(watching) = watching {
         watching.abort();
     }
