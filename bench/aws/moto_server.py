@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""moto_server with one gap closed, for bench/aws (both managers run against it alike).
+"""moto_server with two gaps closed, for bench/aws (both managers run against it alike) and the `aws`
+provider's tests.
 
 A Classic ELB that real AWS creates always has a health check (target `TCP:<first instance port>`,
 interval 30 s, timeout 5 s, unhealthy 2, healthy 10), and DescribeLoadBalancers always returns it.
@@ -7,11 +8,26 @@ moto 5.2 returns none until ConfigureHealthCheck is called, and upstream cloud-p
 dereferences it (`ensureLoadBalancerHealthCheck`: `loadBalancer.HealthCheck.Target`) and crashes with a
 nil-pointer panic. This wrapper gives moto's new Classic ELBs AWS's default health check, then runs
 moto's own server main with the same arguments (`-H`, `-p`).
+
+moto 5.2's Classic ELB listeners have no instance protocol of their own (it reports the listener's
+protocol): an HTTPS listener to HTTP nodes reads back as HTTPS to HTTPS. The wrapper keeps the
+InstanceProtocol each listener was created with.
+
+DeleteLoadBalancerListeners in moto 5.2 deletes nothing when given more than one port (each port keeps
+the listeners of the others); the wrapper deletes exactly the listeners on the ports given.
+
+ModifyListener in moto 5.2 refuses every protocol but HTTP, HTTPS and TCP, where ELBv2 changes an NLB
+listener to TLS (with its certificate and policy) or UDP as well, and drops a listener's certificates
+and policy when it becomes TCP or UDP. The wrapper does both, checking a TLS certificate as moto checks
+an HTTPS one. A target group a listener is changed to forward to is counted as the load balancer's
+(moto counts it only for CreateListener), and one no listener forwards to any more is not.
 """
 
 import sys
 
 from moto.elb import models
+from moto.elbv2 import models as elbv2_models
+from moto.elbv2.exceptions import ELBClientError as RESTError
 from moto.server import main
 
 
@@ -28,6 +44,94 @@ def _with_default_health_check(create):
 
 
 models.ELBBackend.create_load_balancer = _with_default_health_check(models.ELBBackend.create_load_balancer)
+
+
+def _keeping_instance_protocols(create):
+    def create_with_listeners(self, name, *args, **kwargs):
+        result = create(self, name, *args, **kwargs)
+        ports = kwargs.get("ports")
+        if ports is None:
+            ports = next((a for a in args if isinstance(a, list) and a and isinstance(a[0], dict)), [])
+        balancer = self.load_balancers.get(name)
+        for port in ports or []:
+            wanted = port.get("InstanceProtocol") or port.get("instance_protocol")
+            lb_port = port.get("LoadBalancerPort") or port.get("load_balancer_port")
+            for listener in balancer.listeners if balancer else []:
+                if wanted and str(listener.load_balancer_port) == str(lb_port):
+                    listener.kept_instance_protocol = wanted.upper()
+        return result
+
+    return create_with_listeners
+
+
+def _delete_load_balancer_listeners(self, name, ports):
+    balancer = self.get_load_balancer(name)
+    if balancer:
+        gone = {int(port) for port in ports}
+        balancer.listeners = [l for l in balancer.listeners if int(l.load_balancer_port) not in gone]
+    return balancer
+
+
+models.ELBBackend.delete_load_balancer_listeners = _delete_load_balancer_listeners
+models.FakeListener.instance_protocol = property(
+    lambda self: getattr(self, "kept_instance_protocol", None) or self.protocol)
+models.ELBBackend.create_load_balancer = _keeping_instance_protocols(models.ELBBackend.create_load_balancer)
+models.ELBBackend.create_load_balancer_listeners = _keeping_instance_protocols(
+    models.ELBBackend.create_load_balancer_listeners)
+
+
+def _recount_target_groups(backend, load_balancer_arn):
+    balancer = backend.load_balancers.get(load_balancer_arn)
+    used = set()
+    for listener in balancer.listeners.values() if balancer else []:
+        for action in listener.default_actions:
+            if action.type == "forward":
+                used.update(backend._get_target_group_arns_from(action_data=action.data))
+    for arn, group in backend.target_groups.items():
+        if arn in used and load_balancer_arn not in group.load_balancer_arns:
+            group.load_balancer_arns.append(load_balancer_arn)
+        elif arn not in used and load_balancer_arn in group.load_balancer_arns:
+            group.load_balancer_arns.remove(load_balancer_arn)
+
+
+def _with_network_protocols(modify):
+    def modify_listener(self, arn, port=None, protocol=None, ssl_policy=None, certificates=None, actions=None):
+        listener = _modify_listener(self, arn, port, protocol, ssl_policy, certificates, actions)
+        _recount_target_groups(self, listener.load_balancer_arn)
+        return listener
+
+    def _modify_listener(self, arn, port, protocol, ssl_policy, certificates, actions):
+        if protocol not in ("TLS", "UDP", "TCP_UDP", "TCP"):
+            return modify(self, arn, port, protocol, ssl_policy, certificates, actions)
+        listener = modify(self, arn, port, None, None, None, actions)
+        listener.protocol = protocol
+        if protocol == "TLS":
+            if certificates:
+                arn_certificate = certificates[0]["CertificateArn"]
+                # As moto's CreateListener: IAM server certificates are taken as they are.
+                if ":iam:" not in arn_certificate and not self._certificate_exists(certificate_arn=arn_certificate):
+                    raise RESTError("CertificateNotFound", f"Certificate {arn_certificate} not found")
+                listener.certificate = arn_certificate
+                listener.certificates = [c["CertificateArn"] for c in certificates]
+            elif not listener.certificates:
+                raise RESTError(
+                    "InvalidConfigurationRequest",
+                    "You must provide a list containing exactly one certificate if the listener protocol is TLS.",
+                )
+            if ssl_policy is not None:
+                listener.ssl_policy = ssl_policy
+            elif not listener.ssl_policy:
+                listener.ssl_policy = "ELBSecurityPolicy-2016-08"
+        else:
+            listener.certificate = None
+            listener.certificates = []
+            listener.ssl_policy = None
+        return listener
+
+    return modify_listener
+
+
+elbv2_models.ELBv2Backend.modify_listener = _with_network_protocols(elbv2_models.ELBv2Backend.modify_listener)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -842,3 +842,65 @@ async fn the_cluster_s_load_balancers_are_listed_and_orphans_deleted() {
         .collect();
     assert_eq!(left, ["by-hand"]);
 }
+
+/// An annotation this provider does not implement (or a misspelt one) fails the sync with its name,
+/// creates nothing, changes nothing on an existing load balancer, and does not stop its deletion.
+#[tokio::test]
+async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    const PROXY: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+    const TYPO: &str = "service.beta.kubernetes.io/aws-load-balancer-conection-idle-timeout";
+    for (nlb, refused) in [(false, PROXY), (true, PROXY), (false, TYPO)] {
+        let mut annotations = vec![(refused, "*")];
+        if nlb {
+            annotations.push((ANNOTATION_TYPE, "nlb"));
+        }
+        let service = lb_service("refused", UID, &annotations);
+        let before = cloud.api_metrics().requests();
+        let err = lb
+            .ensure_load_balancer("kubernetes", &service, &nodes)
+            .await
+            .expect_err("refused");
+        assert!(
+            err.to_string()
+                .contains(&format!("Service default/refused: {refused}: not ")),
+            "{err}"
+        );
+        assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+        assert!(
+            cluster_resources().await.is_empty(),
+            "nothing made for a refused Service"
+        );
+    }
+
+    // An existing Classic ELB: the annotation added later changes nothing, and deletion still works.
+    let plain = lb_service("refused", UID, &[]);
+    lb.ensure_load_balancer("kubernetes", &plain, &nodes)
+        .await
+        .unwrap();
+    let made = cluster_resources().await;
+    let refused = lb_service("refused", UID, &[(PROXY, "*")]);
+    let before = cloud.api_metrics().requests();
+    assert!(
+        lb.ensure_load_balancer("kubernetes", &refused, &nodes[..1])
+            .await
+            .is_err()
+    );
+    assert!(
+        lb.update_load_balancer("kubernetes", &refused, &nodes[..1])
+            .await
+            .is_err()
+    );
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+    assert_eq!(cluster_resources().await, made);
+    lb.ensure_load_balancer_deleted("kubernetes", &refused)
+        .await
+        .unwrap();
+    assert!(cluster_resources().await.is_empty());
+}

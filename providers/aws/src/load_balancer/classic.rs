@@ -1,11 +1,12 @@
-//! Classic ELBs: a security group `k8s-elb-<name>` with the source ranges (unless given one), TCP
-//! listeners to the node ports, the health check, registered instances, and the nodes' security groups
+//! Classic ELBs: a security group `k8s-elb-<name>` with the source ranges (unless given one),
+//! listeners to the node ports (TCP, or TLS-terminating SSL/HTTPS ones with `ssl-cert`, and their
+//! negotiation policy), the health check, registered instances, and the nodes' security groups
 //! opened to the load balancer's group.
 
 use aws_sdk_ec2::types::{Filter, IpPermission, ResourceType, TagSpecification, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
     CrossZoneLoadBalancing, HealthCheck as ElbHealthCheck, Instance, Listener,
-    LoadBalancerAttributes, LoadBalancerDescription, Tag,
+    LoadBalancerAttributes, LoadBalancerDescription, PolicyAttribute, Tag,
 };
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
@@ -14,6 +15,9 @@ use super::{
     spec::{LbSpec, TAG_CLUSTER_PREFIX},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
+
+/// The prefix of upstream's TLS negotiation policies (`k8s-SSLNegotiationPolicy-<value>`).
+pub const SSL_POLICY_PREFIX: &str = "k8s-SSLNegotiationPolicy-";
 
 /// The name of the security group upstream creates for a Classic ELB.
 pub fn security_group_name(lb_name: &str) -> String {
@@ -159,18 +163,25 @@ impl LoadBalancers {
             .ports
             .iter()
             .map(|p| {
+                let wanted = spec.tls.classic_listener(p);
                 Listener::builder()
-                    .protocol("TCP")
+                    .protocol(wanted.protocol)
                     .load_balancer_port(p.port)
-                    .instance_protocol("TCP")
+                    .instance_protocol(wanted.instance_protocol)
                     .instance_port(p.node_port)
+                    .set_ssl_certificate_id(wanted.cert)
                     .build()
             })
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| Error::Setup(format!("listener: {e}")))?;
         let lb = match existing {
             Some(lb) => {
-                self.sync_classic_listeners(&lb, &listeners).await?;
+                let lb = if self.sync_classic_listeners(&lb, &listeners).await? {
+                    // Listeners made again carry no policies: read them as they are now.
+                    self.describe_classic(&spec.name).await?.unwrap_or(lb)
+                } else {
+                    lb
+                };
                 let mut current: Vec<&str> =
                     lb.security_groups().iter().map(String::as_str).collect();
                 current.sort();
@@ -228,6 +239,7 @@ impl LoadBalancers {
                     })?
             }
         };
+        self.sync_classic_tls_policy(&lb, spec).await?;
         self.sync_classic_health_check(&lb, spec).await?;
         if let Some(enabled) = spec.cross_zone {
             self.sync_classic_cross_zone(&spec.name, enabled).await?;
@@ -240,11 +252,12 @@ impl LoadBalancers {
         Ok(hostname_status(lb.dns_name()))
     }
 
+    /// Makes the listeners `wanted`; `true` when it changed any (outside a preview).
     async fn sync_classic_listeners(
         &self,
         lb: &LoadBalancerDescription,
         wanted: &[Listener],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let elb = &self.calls.clients.elb;
         let name = lb.load_balancer_name().unwrap_or_default();
         let current: Vec<Listener> = lb
@@ -252,10 +265,23 @@ impl LoadBalancers {
             .iter()
             .filter_map(|d| d.listener().cloned())
             .collect();
+        // Upstream's `elbListenersAreEqual`: ports, both protocols and the certificate (ARNs compared
+        // without case); a listener that differs is deleted and created again.
         let same = |a: &Listener, b: &Listener| {
             a.load_balancer_port() == b.load_balancer_port()
                 && a.instance_port() == b.instance_port()
                 && a.protocol().eq_ignore_ascii_case(b.protocol())
+                && a.instance_protocol()
+                    .unwrap_or(a.protocol())
+                    .eq_ignore_ascii_case(b.instance_protocol().unwrap_or(b.protocol()))
+                && match (
+                    a.ssl_certificate_id().filter(|c| !c.is_empty()),
+                    b.ssl_certificate_id().filter(|c| !c.is_empty()),
+                ) {
+                    (None, None) => true,
+                    (Some(x), Some(y)) => x.eq_ignore_ascii_case(y),
+                    _ => false,
+                }
         };
         let remove: Vec<i32> = current
             .iter()
@@ -267,9 +293,11 @@ impl LoadBalancers {
             .filter(|w| !current.iter().any(|c| same(c, w)))
             .cloned()
             .collect();
+        let mut changed = false;
         if !remove.is_empty()
             && !self.previewed(|| format!("listeners on ports {remove:?} would be deleted"))
         {
+            changed = true;
             self.calls
                 .call("DeleteLoadBalancerListeners", || {
                     elb.delete_load_balancer_listeners()
@@ -283,11 +311,20 @@ impl LoadBalancers {
             && !self.previewed(|| {
                 let ports: Vec<String> = add
                     .iter()
-                    .map(|l| format!("{}->{}", l.load_balancer_port(), l.instance_port()))
+                    .map(|l| {
+                        format!(
+                            "{} {}->{} {}",
+                            l.protocol(),
+                            l.load_balancer_port(),
+                            l.instance_protocol().unwrap_or_default(),
+                            l.instance_port()
+                        )
+                    })
                     .collect();
                 format!("listeners {} would be created", ports.join(", "))
             })
         {
+            changed = true;
             self.calls
                 .call("CreateLoadBalancerListeners", || {
                     elb.create_load_balancer_listeners()
@@ -297,7 +334,107 @@ impl LoadBalancers {
                 })
                 .await?;
         }
+        Ok(changed)
+    }
+
+    /// `ssl-negotiation-policy`: upstream's policy `k8s-SSLNegotiationPolicy-<value>` (type
+    /// `SSLNegotiationPolicyType`, `Reference-Security-Policy=<value>`), made once, on every `SSL` and
+    /// `HTTPS` listener, set only where it is missing (upstream sets it on every sync). Without the
+    /// annotation, a `k8s-SSLNegotiationPolicy-*` policy is taken off the listeners again, so they fall
+    /// back to AWS's default (upstream leaves it on); other listener policies are kept.
+    async fn sync_classic_tls_policy(
+        &self,
+        lb: &LoadBalancerDescription,
+        spec: &LbSpec,
+    ) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let name = lb.load_balancer_name().unwrap_or_default();
+        let wanted = spec
+            .tls
+            .policy
+            .as_ref()
+            .map(|p| format!("{SSL_POLICY_PREFIX}{p}"));
+        if let Some(policy) = &wanted
+            && !lb
+                .policies()
+                .is_some_and(|p| p.other_policies().iter().any(|o| o == policy))
+            && !self.classic_policy_exists(name, policy).await?
+            && !self.previewed(|| format!("TLS negotiation policy {policy} would be created"))
+        {
+            let reference = spec.tls.policy.clone().unwrap_or_default();
+            self.calls
+                .call("CreateLoadBalancerPolicy", || {
+                    elb.create_load_balancer_policy()
+                        .load_balancer_name(name)
+                        .policy_name(policy)
+                        .policy_type_name("SSLNegotiationPolicyType")
+                        .policy_attributes(
+                            PolicyAttribute::builder()
+                                .attribute_name("Reference-Security-Policy")
+                                .attribute_value(&reference)
+                                .build(),
+                        )
+                        .send()
+                })
+                .await?;
+        }
+        for described in lb.listener_descriptions() {
+            let Some(listener) = described.listener() else {
+                continue;
+            };
+            let tls = ["SSL", "HTTPS"]
+                .iter()
+                .any(|p| listener.protocol().eq_ignore_ascii_case(p));
+            let current: Vec<String> = described.policy_names().to_vec();
+            let mut policies: Vec<String> = current
+                .iter()
+                .filter(|p| !p.starts_with(SSL_POLICY_PREFIX))
+                .cloned()
+                .collect();
+            if tls && let Some(policy) = &wanted {
+                policies.push(policy.clone());
+            }
+            let (mut before, mut after) = (current.clone(), policies.clone());
+            before.sort();
+            after.sort();
+            let port = listener.load_balancer_port();
+            if before == after
+                || self.previewed(|| {
+                    format!("the policies of the listener on port {port} would change from {current:?} to {policies:?}")
+                })
+            {
+                continue;
+            }
+            self.calls
+                .call("SetLoadBalancerPoliciesOfListener", || {
+                    elb.set_load_balancer_policies_of_listener()
+                        .load_balancer_name(name)
+                        .load_balancer_port(port)
+                        .set_policy_names(Some(policies.clone()))
+                        .send()
+                })
+                .await?;
+        }
         Ok(())
+    }
+
+    /// Whether the Classic ELB `name` has the policy `policy`.
+    async fn classic_policy_exists(&self, name: &str, policy: &str) -> Result<bool> {
+        let elb = &self.calls.clients.elb;
+        match self
+            .calls
+            .call("elb:DescribeLoadBalancerPolicies", || {
+                elb.describe_load_balancer_policies()
+                    .load_balancer_name(name)
+                    .policy_names(policy)
+                    .send()
+            })
+            .await
+        {
+            Ok(out) => Ok(!out.policy_descriptions().is_empty()),
+            Err(e) if e.code() == Some("PolicyNotFound") => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     async fn sync_classic_health_check(

@@ -6,6 +6,7 @@
 //! by their deterministic names). Deletion finds what is left by name and by tag, so it also removes
 //! what a failed creation left behind.
 
+pub mod annotations;
 mod classic;
 mod inventory;
 mod nlb;

@@ -4,9 +4,9 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Listener, LoadBalancer as Elbv2LoadBalancer, LoadBalancerAttribute,
-    LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription,
-    TargetGroup, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, Listener, LoadBalancer as Elbv2LoadBalancer,
+    LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag,
+    TargetDescription, TargetGroup, TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
@@ -205,7 +205,12 @@ impl LoadBalancers {
         let attached = self.target_groups_of(&arn).await?;
         let mut listeners = self.listeners_of(&arn).await?;
         let mut wanted_groups = Vec::new();
-        for port in &spec.ports {
+        for service_port in &spec.ports {
+            // The port as its target group sees it: TLS to the nodes with `backend-protocol: ssl`.
+            let port = &Port {
+                protocol: spec.tls.nlb_target_protocol(service_port).to_owned(),
+                ..service_port.clone()
+            };
             let hc = &spec.health_check;
             let name = target_group_name(
                 cluster_id,
@@ -250,7 +255,15 @@ impl LoadBalancers {
             let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
             self.sync_targets(&group_arn, port.node_port, instances)
                 .await?;
-            let protocol = ProtocolEnum::from(port.protocol.as_str());
+            let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
+            let tls = spec.tls.on(service_port);
+            // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
+            // default, which is then left as it is: upstream would set it again on every sync).
+            let certificate = tls
+                .then(|| spec.tls.cert.clone())
+                .flatten()
+                .map(|arn| Certificate::builder().certificate_arn(arn).build());
+            let policy = spec.tls.policy.clone().filter(|p| tls && !p.is_empty());
             let forward = Action::builder()
                 .r#type(ActionTypeEnum::Forward)
                 .target_group_arn(&group_arn)
@@ -262,12 +275,24 @@ impl LoadBalancers {
                         .default_actions()
                         .iter()
                         .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
-                    if (l.protocol() != Some(&protocol) || !forwards_here)
+                    let certificate_kept =
+                        l.certificates().first().and_then(|c| c.certificate_arn())
+                            == certificate.as_ref().and_then(|c| c.certificate_arn());
+                    let policy_kept = policy.is_none() || l.ssl_policy() == policy.as_deref();
+                    if (l.protocol() != Some(&protocol)
+                        || !forwards_here
+                        || !certificate_kept
+                        || !policy_kept)
                         && !self.previewed(|| {
                             format!(
-                                "the listener on port {} would change to {} forwarding to {group_arn}",
+                                "the listener on port {} would change to {}{} forwarding to {group_arn}",
                                 port.port,
-                                protocol.as_str()
+                                protocol.as_str(),
+                                certificate
+                                    .as_ref()
+                                    .and_then(|c| c.certificate_arn())
+                                    .map(|arn| format!(" with certificate {arn}"))
+                                    .unwrap_or_default()
                             )
                         })
                     {
@@ -277,6 +302,8 @@ impl LoadBalancers {
                                     .modify_listener()
                                     .listener_arn(l.listener_arn().unwrap_or_default())
                                     .protocol(protocol.clone())
+                                    .set_certificates(certificate.clone().map(|c| vec![c]))
+                                    .set_ssl_policy(policy.clone())
                                     .default_actions(forward.clone())
                                     .send()
                             })
@@ -301,6 +328,8 @@ impl LoadBalancers {
                                 .load_balancer_arn(&arn)
                                 .port(port.port)
                                 .protocol(protocol.clone())
+                                .set_certificates(certificate.clone().map(|c| vec![c]))
+                                .set_ssl_policy(policy.clone())
                                 .default_actions(forward.clone())
                                 .set_tags(Some(tags(spec)))
                                 .send()

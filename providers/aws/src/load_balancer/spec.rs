@@ -52,6 +52,25 @@ pub const ANNOTATION_SECURITY_GROUPS: &str =
 pub const ANNOTATION_EXTRA_SECURITY_GROUPS: &str =
     "service.beta.kubernetes.io/aws-load-balancer-extra-security-groups";
 
+/// `…-ssl-cert`: the ACM or IAM certificate ARN of TLS listeners.
+pub const ANNOTATION_SSL_CERT: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-cert";
+/// `…-ssl-ports`: which ports (numbers or names, comma-separated; `*` or unset: all) terminate TLS.
+pub const ANNOTATION_SSL_PORTS: &str = "service.beta.kubernetes.io/aws-load-balancer-ssl-ports";
+/// `…-ssl-negotiation-policy`: the TLS policy of the TLS listeners (AWS's default when unset).
+pub const ANNOTATION_SSL_POLICY: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy";
+/// `…-backend-protocol`: `http`, `https`, `ssl` or `tcp`, the protocol to the nodes.
+pub const ANNOTATION_BACKEND_PROTOCOL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
+/// The values `backend-protocol` takes, with the listener protocol each gives a TLS port of a Classic
+/// ELB (upstream's `backendProtocolMapping`).
+const BACKEND_PROTOCOLS: [(&str, &str); 4] = [
+    ("https", "https"),
+    ("http", "https"),
+    ("ssl", "ssl"),
+    ("tcp", "ssl"),
+];
+
 /// The tag key prefix that marks a resource as the cluster's: `kubernetes.io/cluster/<id>`.
 pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
 /// The tag holding the Service's `namespace/name`.
@@ -125,6 +144,90 @@ pub struct LbSpec {
     pub security_groups: Vec<String>,
     /// Security groups added to ours (Classic).
     pub extra_security_groups: Vec<String>,
+    /// TLS termination (`ssl-cert`, `ssl-ports`, `ssl-negotiation-policy`, `backend-protocol`).
+    pub tls: Tls,
+}
+
+/// TLS termination, as the `ssl-*` and `backend-protocol` annotations ask.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tls {
+    /// The certificate ARN (`ssl-cert`), when set.
+    pub cert: Option<String>,
+    /// The ports (Service port numbers) whose listeners terminate TLS with it (non-UDP ports that
+    /// `ssl-ports` names; all of them without it).
+    pub ports: std::collections::BTreeSet<i32>,
+    /// `ssl-negotiation-policy`, when the annotation is there (an empty value too, as upstream).
+    pub policy: Option<String>,
+    /// `backend-protocol`, when set: `http`, `https`, `ssl` or `tcp`.
+    pub backend_protocol: Option<String>,
+}
+
+/// One Classic ELB listener: protocols as AWS spells them, and the certificate of a TLS one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassicListener {
+    /// `TCP`, `HTTP`, `SSL` or `HTTPS`.
+    pub protocol: String,
+    /// `TCP`, `HTTP`, `SSL` or `HTTPS`.
+    pub instance_protocol: String,
+    /// The certificate ARN of an `SSL` or `HTTPS` listener.
+    pub cert: Option<String>,
+}
+
+impl Tls {
+    /// Whether the listener on `port` terminates TLS.
+    pub fn on(&self, port: &Port) -> bool {
+        self.cert.is_some() && self.ports.contains(&port.port)
+    }
+
+    /// The Classic ELB listener for `port`, as upstream's `buildListener`: a TLS port gets `SSL` to
+    /// `TCP` (or, with `backend-protocol`, `HTTPS` to `HTTP`/`HTTPS`, `SSL` to `SSL`/`TCP`); a plain
+    /// port gets `HTTP` to `HTTP` with `backend-protocol: http`, else `TCP` to `TCP`.
+    pub fn classic_listener(&self, port: &Port) -> ClassicListener {
+        let backend = self.backend_protocol.as_deref();
+        if self.on(port) {
+            let (protocol, instance) = match backend {
+                None => ("ssl", "tcp"),
+                Some(backend) => BACKEND_PROTOCOLS
+                    .iter()
+                    .find(|(b, _)| *b == backend)
+                    .map(|(b, listener)| (*listener, *b))
+                    // Checked when the annotations were read.
+                    .unwrap_or(("ssl", "tcp")),
+            };
+            ClassicListener {
+                protocol: protocol.to_ascii_uppercase(),
+                instance_protocol: instance.to_ascii_uppercase(),
+                cert: self.cert.clone(),
+            }
+        } else if backend == Some("http") {
+            ClassicListener {
+                protocol: "HTTP".into(),
+                instance_protocol: "HTTP".into(),
+                cert: None,
+            }
+        } else {
+            ClassicListener {
+                protocol: "TCP".into(),
+                instance_protocol: "TCP".into(),
+                cert: None,
+            }
+        }
+    }
+
+    /// The NLB listener protocol for `port`: `TLS` on a TLS port, else the port's (`TCP`, `UDP`).
+    pub fn nlb_listener_protocol<'a>(&self, port: &'a Port) -> &'a str {
+        if self.on(port) { "TLS" } else { &port.protocol }
+    }
+
+    /// The NLB target-group protocol for `port`: `TLS` on a TLS port with `backend-protocol: ssl`, else
+    /// the port's (upstream ignores the other values on an NLB: they are plain TCP to the nodes).
+    pub fn nlb_target_protocol<'a>(&self, port: &'a Port) -> &'a str {
+        if self.on(port) && self.backend_protocol.as_deref() == Some("ssl") {
+            "TLS"
+        } else {
+            &port.protocol
+        }
+    }
 }
 
 fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
@@ -191,6 +294,9 @@ impl LbSpec {
                 ));
             }
         };
+        if let Some((annotation, message)) = super::annotations::refused(service, kind) {
+            return Err(bad(&annotation, message));
+        }
         let internal = match (
             annotation(service, ANNOTATION_INTERNAL),
             annotation(service, ANNOTATION_SCHEME),
@@ -217,7 +323,31 @@ impl LbSpec {
             ));
         }
         let mut ports = Vec::new();
-        for p in spec.ports.unwrap_or_default() {
+        // (port, name) of each port, in the Service's order: `ssl-ports` names ports by either.
+        let mut named = Vec::new();
+        let service_ports = spec.ports.clone().unwrap_or_default();
+        if service_ports.len() > 1
+            && service_ports.iter().any(|p| {
+                p.protocol.as_deref().unwrap_or("TCP")
+                    != service_ports[0].protocol.as_deref().unwrap_or("TCP")
+            })
+        {
+            return Err(bad(
+                "spec.ports",
+                "mixed protocol is not supported for LoadBalancer".into(),
+            ));
+        }
+        if let Some(affinity) = spec
+            .session_affinity
+            .as_deref()
+            .filter(|a| !a.is_empty() && *a != "None")
+        {
+            return Err(bad(
+                "spec.sessionAffinity",
+                format!("unsupported load balancer affinity: {affinity}"),
+            ));
+        }
+        for p in service_ports {
             let protocol = p.protocol.unwrap_or_else(|| "TCP".to_owned());
             match (kind, protocol.as_str()) {
                 (_, "TCP") | (Kind::Nlb, "UDP") => {}
@@ -235,12 +365,15 @@ impl LbSpec {
                 // Upstream ignores ports without a node port.
                 continue;
             };
+            named.push((p.port, p.name.clone().unwrap_or_default(), protocol.clone()));
             ports.push(Port {
                 port: p.port,
                 protocol,
                 node_port,
             });
         }
+        // Upstream's health check uses the first port as listed; the ports are kept sorted.
+        let first_listed = ports.first().cloned();
         ports.sort();
         if ports.is_empty() {
             return Err(bad(
@@ -268,7 +401,8 @@ impl LbSpec {
                     .ok_or_else(|| bad(ANNOTATION_CROSS_ZONE, format!("{v:?} is not a boolean")))?,
             ),
         };
-        let health_check = health_check(service, kind, &ports, &bad)?;
+        let tls = tls(service, kind, &named, &bad)?;
+        let health_check = health_check(service, kind, first_listed.as_ref(), &tls, &bad)?;
         Ok(Self {
             service_name: service_name.clone(),
             name,
@@ -285,6 +419,7 @@ impl LbSpec {
             subnets: list(annotation(service, ANNOTATION_SUBNETS)),
             security_groups: list(annotation(service, ANNOTATION_SECURITY_GROUPS)),
             extra_security_groups: list(annotation(service, ANNOTATION_EXTRA_SECURITY_GROUPS)),
+            tls,
         })
     }
 
@@ -311,6 +446,86 @@ fn parse_bool(v: &str) -> Option<bool> {
     }
 }
 
+/// The TLS annotations, read as upstream reads them, with what upstream lets through in silence
+/// refused: a `backend-protocol` value that is none of `http`, `https`, `ssl`, `tcp` (upstream: an
+/// error on a TLS port, plain TCP elsewhere), and an `ssl-ports` entry with blanks around it (upstream
+/// matches `" 8443"` against no port and leaves 8443 plain TCP).
+fn tls(
+    service: &Service,
+    kind: Kind,
+    ports: &[(i32, String, String)],
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<Tls, Error> {
+    let raw = |key: &str| {
+        service
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let cert = raw(ANNOTATION_SSL_CERT)
+        .map(str::trim)
+        .filter(|c| !c.is_empty())
+        .map(str::to_owned);
+    let backend_protocol = match raw(ANNOTATION_BACKEND_PROTOCOL).map(str::trim) {
+        None | Some("") => None,
+        Some(value) if BACKEND_PROTOCOLS.iter().any(|(b, _)| *b == value) => Some(value.to_owned()),
+        Some(value) => {
+            return Err(bad(
+                ANNOTATION_BACKEND_PROTOCOL,
+                match &cert {
+                    Some(cert) => format!(
+                        "Invalid backend protocol {value} for {cert} in {ANNOTATION_BACKEND_PROTOCOL}"
+                    ),
+                    None => {
+                        format!("{value:?} is not a backend protocol (http, https, ssl or tcp)")
+                    }
+                },
+            ));
+        }
+    };
+    let selection = match raw(ANNOTATION_SSL_PORTS) {
+        None | Some("") | Some("*") => None,
+        Some(value) => {
+            let items: Vec<&str> = value.split(',').collect();
+            if let Some(item) = items.iter().find(|i| i.trim() != **i || i.is_empty()) {
+                return Err(bad(
+                    ANNOTATION_SSL_PORTS,
+                    format!(
+                        "{item:?} in {value:?}: write the ports without blanks or empty entries (\"443,8443\"); upstream matches such an entry against no port"
+                    ),
+                ));
+            }
+            Some(items)
+        }
+    };
+    let tls_ports = ports
+        .iter()
+        .filter(|(_, _, protocol)| protocol != "UDP")
+        .filter(|(number, name, _)| match &selection {
+            None => true,
+            Some(items) => items.iter().any(|item| {
+                match item.parse::<i32>() {
+                    Ok(n) => n == *number,
+                    // Classic ELBs match the port's name lower-cased, NLBs as written (upstream).
+                    Err(_) => match kind {
+                        Kind::Classic => *item == name.to_ascii_lowercase(),
+                        Kind::Nlb => item == name,
+                    },
+                }
+            }),
+        })
+        .map(|(number, _, _)| *number)
+        .collect();
+    Ok(Tls {
+        cert,
+        ports: tls_ports,
+        policy: raw(ANNOTATION_SSL_POLICY).map(|p| p.trim().to_owned()),
+        backend_protocol,
+    })
+}
+
 /// The health check, as upstream builds it: NLB — TCP on the traffic port (interval 30 s, timeout
 /// 10 s, thresholds 3), or with `externalTrafficPolicy: Local` HTTP on the health-check node port at
 /// `/healthz` (10 s, 10 s, 2, 2); Classic — TCP on the first node port, or HTTP on the health-check node
@@ -318,9 +533,11 @@ fn parse_bool(v: &str) -> Option<bool> {
 fn health_check(
     service: &Service,
     kind: Kind,
-    ports: &[Port],
+    first_listed: Option<&Port>,
+    tls: &Tls,
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<HealthCheck, Error> {
+    let first_node_port = first_listed.map(|p| p.node_port).unwrap_or(0);
     let local = service_helpers::health_check_path_port(service);
     let mut hc = match (kind, local) {
         (Kind::Nlb, None) => HealthCheck {
@@ -342,11 +559,14 @@ fn health_check(
             unhealthy_threshold: 2,
         },
         (Kind::Classic, local) => HealthCheck {
-            protocol: if local.is_some() { "HTTP" } else { "TCP" }.into(),
-            port: local
-                .map(|(_, p)| p)
-                .unwrap_or(ports.first().map(|p| p.node_port).unwrap_or(0))
-                .to_string(),
+            protocol: match (local, tls.backend_protocol.as_deref()) {
+                (Some(_), _) => "HTTP",
+                // As upstream: SSL when the nodes speak TLS, whether or not a listener terminates it.
+                (None, Some("https" | "ssl")) => "SSL",
+                (None, _) => "TCP",
+            }
+            .into(),
+            port: local.map(|(_, p)| p).unwrap_or(first_node_port).to_string(),
             path: local.map(|(p, _)| p.to_owned()).unwrap_or_default(),
             interval: 10,
             timeout: 5,
@@ -383,7 +603,7 @@ fn health_check(
         if port == "traffic-port" {
             hc.port = match kind {
                 Kind::Nlb => "traffic-port".into(),
-                Kind::Classic => ports.first().map(|p| p.node_port).unwrap_or(0).to_string(),
+                Kind::Classic => first_node_port.to_string(),
             };
         } else {
             let n: u16 = port.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -478,7 +698,8 @@ mod tests {
                 s.health_check.protocol.as_str(),
                 s.health_check.port.as_str()
             ),
-            ("TCP", "30080")
+            // The first port as listed (443), as upstream; not the lowest.
+            ("TCP", "30443")
         );
         assert_eq!(
             (
@@ -488,6 +709,26 @@ mod tests {
                 s.health_check.unhealthy_threshold
             ),
             (10, 5, 2, 6)
+        );
+    }
+
+    #[test]
+    fn session_affinity_and_mixed_protocols_are_refused_as_upstream_refuses_them() {
+        let mut s = service(&[], false);
+        s.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
+        let err = LbSpec::from_service(&s, "prod", "a".into()).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("spec.sessionAffinity: unsupported load balancer affinity: ClientIP"),
+            "{err}"
+        );
+        let mut s = service(&[(ANNOTATION_TYPE, "nlb")], false);
+        s.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].protocol = Some("UDP".into());
+        let err = LbSpec::from_service(&s, "prod", "a".into()).unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("mixed protocol is not supported for LoadBalancer"),
+            "{err}"
         );
     }
 
@@ -571,6 +812,135 @@ mod tests {
         );
     }
 
+    /// The Service with its ports named `https` (443) and `HTTP` (80), and a UDP port 53 when `udp`.
+    fn named_ports(annotations: &[(&str, &str)]) -> Service {
+        let mut s = service(annotations, false);
+        let ports = s.spec.as_mut().unwrap().ports.as_mut().unwrap();
+        ports[0].name = Some("https".into());
+        ports[1].name = Some("HTTP".into());
+        s
+    }
+
+    #[test]
+    fn tls_ports_and_listeners_follow_upstream() {
+        const CERT: &str = "arn:aws:acm:us-east-1:1:certificate/x";
+        let listener = |protocol: &str, instance: &str, cert: bool| ClassicListener {
+            protocol: protocol.into(),
+            instance_protocol: instance.into(),
+            cert: cert.then(|| CERT.to_owned()),
+        };
+        let port = |n: i32| Port {
+            port: n,
+            protocol: "TCP".into(),
+            node_port: 30000 + n,
+        };
+        // (annotations, kind, Classic listeners of 80 and 443 / NLB protocols (listener, target) of them)
+        let cases: &[(&[(&str, &str)], Kind)] = &[
+            (&[], Kind::Classic),
+            (&[(ANNOTATION_SSL_CERT, CERT)], Kind::Classic),
+            (
+                &[(ANNOTATION_SSL_CERT, CERT), (ANNOTATION_SSL_PORTS, "443")],
+                Kind::Classic,
+            ),
+            // Classic matches the port's name lower-cased: "http" names port 80 (named HTTP).
+            (
+                &[(ANNOTATION_SSL_CERT, CERT), (ANNOTATION_SSL_PORTS, "http")],
+                Kind::Classic,
+            ),
+            (
+                &[
+                    (ANNOTATION_SSL_CERT, CERT),
+                    (ANNOTATION_BACKEND_PROTOCOL, "http"),
+                ],
+                Kind::Classic,
+            ),
+            (&[(ANNOTATION_BACKEND_PROTOCOL, "http")], Kind::Classic),
+            (
+                &[
+                    (ANNOTATION_SSL_CERT, CERT),
+                    (ANNOTATION_SSL_PORTS, "*"),
+                    (ANNOTATION_BACKEND_PROTOCOL, "ssl"),
+                ],
+                Kind::Nlb,
+            ),
+            // An NLB matches names as written: "http" names nothing.
+            (
+                &[
+                    (ANNOTATION_TYPE, "nlb"),
+                    (ANNOTATION_SSL_CERT, CERT),
+                    (ANNOTATION_SSL_PORTS, "http,https"),
+                ],
+                Kind::Nlb,
+            ),
+        ];
+        let expected_classic = [
+            [listener("TCP", "TCP", false), listener("TCP", "TCP", false)],
+            [listener("SSL", "TCP", true), listener("SSL", "TCP", true)],
+            [listener("TCP", "TCP", false), listener("SSL", "TCP", true)],
+            [listener("SSL", "TCP", true), listener("TCP", "TCP", false)],
+            [
+                listener("HTTPS", "HTTP", true),
+                listener("HTTPS", "HTTP", true),
+            ],
+            [
+                listener("HTTP", "HTTP", false),
+                listener("HTTP", "HTTP", false),
+            ],
+        ];
+        let expected_nlb = [
+            [("TLS", "TLS"), ("TLS", "TLS")],
+            [("TCP", "TCP"), ("TLS", "TCP")],
+        ];
+        let (mut classic, mut nlb) = (expected_classic.iter(), expected_nlb.iter());
+        for (annotations, kind) in cases {
+            let mut annotations = annotations.to_vec();
+            if *kind == Kind::Nlb && !annotations.iter().any(|(k, _)| *k == ANNOTATION_TYPE) {
+                annotations.push((ANNOTATION_TYPE, "nlb"));
+            }
+            let s = LbSpec::from_service(&named_ports(&annotations), "prod", "a123".into())
+                .unwrap_or_else(|e| panic!("{annotations:?}: {e}"));
+            match kind {
+                Kind::Classic => assert_eq!(
+                    [
+                        s.tls.classic_listener(&port(80)),
+                        s.tls.classic_listener(&port(443))
+                    ],
+                    *classic.next().unwrap(),
+                    "{annotations:?}"
+                ),
+                Kind::Nlb => {
+                    let got = [80, 443].map(|n| {
+                        let p = port(n);
+                        (
+                            s.tls.nlb_listener_protocol(&p).to_owned(),
+                            s.tls.nlb_target_protocol(&p).to_owned(),
+                        )
+                    });
+                    let want = nlb
+                        .next()
+                        .unwrap()
+                        .map(|(a, b)| (a.to_owned(), b.to_owned()));
+                    assert_eq!(got, want, "{annotations:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_classic_health_check_speaks_ssl_when_the_nodes_do() {
+        for (backend, expected) in [
+            ("http", "TCP"),
+            ("tcp", "TCP"),
+            ("https", "SSL"),
+            ("ssl", "SSL"),
+        ] {
+            // As upstream: whether or not a listener terminates TLS.
+            let s = spec(&[(ANNOTATION_BACKEND_PROTOCOL, backend)], false).unwrap();
+            assert_eq!(s.health_check.protocol, expected, "{backend}");
+            assert_eq!(s.health_check.port, "30443", "the first port listed");
+        }
+    }
+
     #[test]
     fn bad_annotations_name_the_service_and_annotation() {
         for (annotations, expected) in [
@@ -605,6 +975,24 @@ mod tests {
             (
                 vec![(ANNOTATION_TYPE, "external")],
                 "implemented by the AWS Load Balancer Controller",
+            ),
+            (
+                vec![
+                    (ANNOTATION_SSL_CERT, "arn:c"),
+                    (ANNOTATION_BACKEND_PROTOCOL, "HTTPS"),
+                ],
+                "Invalid backend protocol HTTPS for arn:c in service.beta.kubernetes.io/aws-load-balancer-backend-protocol",
+            ),
+            (
+                vec![(ANNOTATION_BACKEND_PROTOCOL, "h2")],
+                "\"h2\" is not a backend protocol (http, https, ssl or tcp)",
+            ),
+            (
+                vec![
+                    (ANNOTATION_SSL_CERT, "arn:c"),
+                    (ANNOTATION_SSL_PORTS, "443, 80"),
+                ],
+                "aws-load-balancer-ssl-ports: \" 80\" in \"443, 80\": write the ports without blanks",
             ),
         ] {
             let message = spec(&annotations, false).unwrap_err().to_string();

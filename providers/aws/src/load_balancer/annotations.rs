@@ -1,0 +1,188 @@
+//! Every `service.beta.kubernetes.io/aws-load-balancer-*` annotation a Service carries is either one
+//! this provider implements or refused out loud: cloud-provider-aws v1.37 reads 30 of them
+//! (`pkg/providers/v1/aws.go`), and a Service that asks for TLS termination, say, must never get a plain
+//! TCP listener in silence. A refused annotation fails the Service's sync with a message naming it (a
+//! `SyncLoadBalancerFailed` Warning event), and its load balancer is neither created nor changed until
+//! the annotation is removed; deleting the Service still deletes it.
+
+use k8s_openapi::api::core::v1::Service;
+
+use super::spec::Kind;
+
+/// The prefix every AWS load-balancer annotation has.
+pub const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
+
+/// What this provider does with an annotation (its name after [`PREFIX`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Support {
+    /// Implemented for both kinds.
+    Both,
+    /// Implemented for Classic ELBs; on an NLB refused with this reason.
+    ClassicOnly(&'static str),
+    /// Not implemented: refused with what it would do.
+    NotYet(&'static str),
+}
+
+use Support::*;
+
+/// Every annotation upstream reads, and `scheme` (the AWS Load Balancer Controller's spelling of
+/// `internal`, which this provider reads too).
+const KNOWN: &[(&str, Support)] = &[
+    ("type", Both),
+    ("internal", Both),
+    ("scheme", Both),
+    ("subnets", Both),
+    ("additional-resource-tags", Both),
+    ("target-node-labels", Both),
+    ("cross-zone-load-balancing-enabled", Both),
+    ("healthcheck-protocol", Both),
+    ("healthcheck-port", Both),
+    ("healthcheck-path", Both),
+    ("healthcheck-interval", Both),
+    ("healthcheck-timeout", Both),
+    ("healthcheck-healthy-threshold", Both),
+    ("healthcheck-unhealthy-threshold", Both),
+    (
+        "security-groups",
+        ClassicOnly("an NLB made by cloud-provider-aws has no security groups of its own"),
+    ),
+    (
+        "extra-security-groups",
+        ClassicOnly("an NLB made by cloud-provider-aws has no security groups of its own"),
+    ),
+    ("ssl-cert", Both),
+    ("ssl-ports", Both),
+    ("ssl-negotiation-policy", Both),
+    ("backend-protocol", Both),
+    (
+        "proxy-protocol",
+        NotYet(
+            "PROXY protocol to the nodes (Classic: a backend policy; NLB: a target-group attribute)",
+        ),
+    ),
+    ("access-log-enabled", NotYet("access logs to S3")),
+    ("access-log-emit-interval", NotYet("access logs to S3")),
+    ("access-log-s3-bucket-name", NotYet("access logs to S3")),
+    ("access-log-s3-bucket-prefix", NotYet("access logs to S3")),
+    (
+        "connection-draining-enabled",
+        NotYet("connection draining (Classic ELB)"),
+    ),
+    (
+        "connection-draining-timeout",
+        NotYet("connection draining (Classic ELB)"),
+    ),
+    (
+        "connection-idle-timeout",
+        NotYet("the idle timeout (Classic ELB)"),
+    ),
+    (
+        "target-group-attributes",
+        NotYet("target-group attributes (NLB)"),
+    ),
+    ("eip-allocations", NotYet("Elastic IPs for the NLB")),
+    (
+        "private-ipv4-addresses",
+        NotYet("private IPv4 addresses for an internal NLB"),
+    ),
+];
+
+/// Why the Service's annotations cannot be honoured: `(annotation, message)` of the first refused
+/// one, in name order, or `None` when every annotation is one this provider implements for `kind`.
+pub fn refused(service: &Service, kind: Kind) -> Option<(String, String)> {
+    let annotations = service.metadata.annotations.as_ref()?;
+    annotations.keys().find_map(|key| {
+        let name = key.strip_prefix(PREFIX)?;
+        let message = match KNOWN.iter().find(|(known, _)| *known == name) {
+            None => {
+                "not an annotation cloud-provider-aws reads (check its spelling); the load balancer is left as it is until it is removed".to_owned()
+            }
+            Some((_, Both)) => return None,
+            Some((_, ClassicOnly(why))) if kind == Kind::Nlb => {
+                format!("not supported on an NLB: {why}")
+            }
+            Some((_, ClassicOnly(_))) => return None,
+            Some((_, NotYet(what))) => format!(
+                "not supported by this provider yet ({what}); the load balancer is left as it is until the annotation is removed"
+            ),
+        };
+        Some((key.clone(), message))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(annotations: &[(&str, &str)]) -> Service {
+        let mut service = Service::default();
+        service.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (format!("{PREFIX}{k}"), v.to_string()))
+                .chain([("other.example.com/x".to_owned(), "y".to_owned())])
+                .collect(),
+        );
+        service
+    }
+
+    #[test]
+    fn every_annotation_is_implemented_or_refused_by_name() {
+        type Case<'a> = (&'a [(&'a str, &'a str)], Kind, Option<(&'a str, &'a str)>);
+        let cases: &[Case] = &[
+            (&[], Kind::Classic, None),
+            (
+                &[("type", "nlb"), ("healthcheck-path", "/ready")],
+                Kind::Nlb,
+                None,
+            ),
+            (
+                &[("ssl-cert", "arn:aws:acm:us-east-1:1:certificate/x")],
+                Kind::Classic,
+                None,
+            ),
+            (
+                &[("proxy-protocol", "*"), ("ssl-ports", "443")],
+                Kind::Nlb,
+                Some((
+                    "proxy-protocol",
+                    "not supported by this provider yet (PROXY protocol",
+                )),
+            ),
+            (
+                &[("conection-idle-timeout", "60")],
+                Kind::Classic,
+                Some((
+                    "conection-idle-timeout",
+                    "not an annotation cloud-provider-aws reads",
+                )),
+            ),
+            (&[("extra-security-groups", "sg-1")], Kind::Classic, None),
+            (
+                &[("extra-security-groups", "sg-1")],
+                Kind::Nlb,
+                Some(("extra-security-groups", "not supported on an NLB")),
+            ),
+        ];
+        for (annotations, kind, expected) in cases {
+            let got = refused(&service(annotations), *kind);
+            match (got, expected) {
+                (None, None) => {}
+                (Some((key, message)), Some((name, start))) => {
+                    assert_eq!(key, format!("{PREFIX}{name}"), "{annotations:?}");
+                    assert!(message.starts_with(start), "{annotations:?}: {message}");
+                }
+                (got, _) => panic!("{annotations:?}: {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_names_each_of_upstream_s_30_annotations_once() {
+        let mut names: Vec<&str> = KNOWN.iter().map(|(n, _)| *n).collect();
+        names.sort();
+        names.dedup();
+        // Upstream's 30, and `scheme`.
+        assert_eq!(names.len(), 31);
+    }
+}
