@@ -558,3 +558,135 @@ async fn routes_follow_the_nodes_pod_cidrs_in_the_clusters_route_table() {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
 }
+
+/// The instances behind the NLB whose DNS name is `hostname` (its first target group's targets).
+async fn nlb_instances(hostname: &str) -> Option<Vec<String>> {
+    let v2 = elbv2();
+    let lbs = v2.describe_load_balancers().send().await.ok()?;
+    let lb_arn = lbs
+        .load_balancers()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname))?
+        .load_balancer_arn()?
+        .to_owned();
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(&lb_arn)
+        .send()
+        .await
+        .ok()?;
+    let group = groups
+        .target_groups()
+        .first()?
+        .target_group_arn()?
+        .to_owned();
+    let health = v2
+        .describe_target_health()
+        .target_group_arn(group)
+        .send()
+        .await
+        .ok()?;
+    let mut ids: Vec<String> = health
+        .target_health_descriptions()
+        .iter()
+        .filter_map(|t| t.target()?.id().map(str::to_owned))
+        .collect();
+    ids.sort();
+    Some(ids)
+}
+
+/// Issue #29 item 4: a label put on a node after the service controller has listed its backends
+/// reaches the next Service that selects it with `aws-load-balancer-target-node-labels` (the cached
+/// backend list used to keep the node as it was, so the new Service got no backend).
+#[tokio::test]
+async fn a_label_added_to_a_node_later_selects_it_for_a_new_service() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
+    let api = nodes().await;
+    let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+        api.create(&PostParams::default(), &kubelet_node(name))
+            .await
+            .expect("node created");
+    }
+    let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
+    let nlb = |name: &str, selector: Option<&str>| -> Service {
+        let mut annotations = json!({ "service.beta.kubernetes.io/aws-load-balancer-type": "nlb" });
+        if let Some(selector) = selector {
+            annotations["service.beta.kubernetes.io/aws-load-balancer-target-node-labels"] =
+                json!(selector);
+        }
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "annotations": annotations },
+            "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "targetPort": 8080 }] }
+        }))
+        .unwrap()
+    };
+    let hostname_of = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            eventually(&format!("{name}'s load-balancer hostname"), || async {
+                services
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|s| ingress_hostname(&s))
+            })
+            .await
+        }
+    };
+    // A first Service makes the controller list the backends (both nodes, once initialized).
+    let _ = services.delete("aws-all", &DeleteParams::default()).await;
+    let _ = services.delete("aws-edge", &DeleteParams::default()).await;
+    services
+        .create(&PostParams::default(), &nlb("aws-all", None))
+        .await
+        .unwrap();
+    let all = hostname_of("aws-all").await;
+    let mut ids: Vec<String> = instances.iter().map(|i| i.id.clone()).collect();
+    ids.sort();
+    eventually("both instances behind aws-all", || async {
+        (nlb_instances(&all).await? == ids).then_some(())
+    })
+    .await;
+
+    // Then one node is labelled, and a Service selecting the label is made.
+    api.patch(
+        &names[0],
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "metadata": { "labels": { "pool": "edge" } } })),
+    )
+    .await
+    .expect("node labelled");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    services
+        .create(&PostParams::default(), &nlb("aws-edge", Some("pool=edge")))
+        .await
+        .unwrap();
+    let edge = hostname_of("aws-edge").await;
+    eventually(
+        "only the labelled node's instance behind aws-edge",
+        || async { (nlb_instances(&edge).await? == [instances[0].id.clone()]).then_some(()) },
+    )
+    .await;
+
+    for name in ["aws-all", "aws-edge"] {
+        services
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually("no cluster resources left", || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+    for name in &names {
+        let _ = api.delete(name, &DeleteParams::default()).await;
+    }
+}

@@ -74,20 +74,28 @@ impl NodeFacts {
     }
 }
 
-/// Everything the node predicates read: when any of it changes, a cached backend list is stale (even when,
-/// as for the autoscaler taint or a deletion, upstream does not trigger a node sync for it).
+/// Everything the node predicates and the providers read: when any of it changes, a cached backend list
+/// is stale (even when, as for the autoscaler taint, a deletion or a label, upstream does not trigger a
+/// node sync for it). Labels count because providers choose backends by them (aws's
+/// `target-node-labels`): a Service created after a node was labelled must see the label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BackendFacts {
     facts: NodeFacts,
     backend: bool,
+    /// A hash of the node's labels (the map itself would cost every cached node its labels twice).
+    labels: u64,
 }
 
 impl BackendFacts {
     /// The facts of a node.
     pub(crate) fn of(node: &Node) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        node.metadata.labels.hash(&mut hasher);
         Self {
             facts: NodeFacts::of(node),
             backend: is_backend(node),
+            labels: hasher.finish(),
         }
     }
 
@@ -189,6 +197,14 @@ mod tests {
             ..Default::default()
         }]);
         assert_ne!(BackendFacts::of(&base), BackendFacts::of(&scaling));
+        // A new label makes the cached backends stale, without a node sync (as upstream).
+        let mut labelled = base.clone();
+        labelled.metadata.labels = Some([("pool".to_string(), "edge".to_string())].into());
+        assert_ne!(BackendFacts::of(&base), BackendFacts::of(&labelled));
+        assert_eq!(
+            BackendFacts::of(&base).sync_facts(),
+            BackendFacts::of(&labelled).sync_facts()
+        );
         assert_eq!(
             BackendFacts::of(&base).sync_facts(),
             BackendFacts::of(&scaling).sync_facts()
