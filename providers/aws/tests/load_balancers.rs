@@ -904,3 +904,77 @@ async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() 
         .unwrap();
     assert!(cluster_resources().await.is_empty());
 }
+
+/// Issue #29 item 2: cloud-provider-aws authorizes a Classic ELB's group rules without a description;
+/// ours carry one, and EC2 tells rules apart by protocol, ports and source only, so re-adding them failed
+/// with `InvalidPermission.Duplicate` on every sync of an ELB upstream had made. Such rules are now
+/// adopted as they are: no write.
+#[tokio::test]
+async fn a_classic_elb_group_whose_rules_carry_no_description_is_adopted_without_a_write() {
+    use aws_sdk_ec2::types::{IpPermission, IpRange};
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes = vec![instance_node(&instances[0])];
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let service = lb_service("classic", UID, &[]);
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .unwrap();
+
+    // Make the ELB's group as upstream leaves it: the same rules, without descriptions.
+    let ec2 = ec2();
+    let groups = ec2
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-name")
+                .values(format!("k8s-elb-{LB_NAME}"))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let group = &groups.security_groups()[0];
+    let group_id = group.group_id().unwrap().to_owned();
+    let described: Vec<IpPermission> = group.ip_permissions().to_vec();
+    assert!(!described.is_empty());
+    ec2.revoke_security_group_ingress()
+        .group_id(&group_id)
+        .set_ip_permissions(Some(described.clone()))
+        .send()
+        .await
+        .unwrap();
+    let bare: Vec<IpPermission> = described
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            p.ip_ranges = Some(
+                p.ip_ranges()
+                    .iter()
+                    .map(|r| IpRange::builder().cidr_ip(r.cidr_ip().unwrap()).build())
+                    .collect(),
+            );
+            p
+        })
+        .collect();
+    ec2.authorize_security_group_ingress()
+        .group_id(&group_id)
+        .set_ip_permissions(Some(bare))
+        .send()
+        .await
+        .unwrap();
+
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &service, &nodes)
+        .await
+        .expect("the sync of an ELB with upstream's rules succeeds");
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+
+    lb.ensure_load_balancer_deleted("kubernetes", &service)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}

@@ -11,7 +11,7 @@ use aws_sdk_elasticloadbalancing::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, hostname_status,
+    LoadBalancers, RuleScope, hostname_status,
     spec::{LbSpec, TAG_CLUSTER_PREFIX},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -157,7 +157,8 @@ impl LoadBalancers {
             }
             rules.sort();
             rules.dedup();
-            self.sync_cidr_rules(sg, &description, &rules).await?;
+            self.sync_cidr_rules(sg, &description, RuleScope::WholeGroup, &rules)
+                .await?;
         }
         let listeners: Vec<Listener> = spec
             .ports

@@ -336,12 +336,17 @@ impl LoadBalancers {
         Ok(groups)
     }
 
-    /// Makes the ingress rules of `group` that carry `description` exactly `desired` (each a protocol, a
-    /// port range and a CIDR): authorizes the missing, revokes the extra, writes nothing when equal.
+    /// Makes the CIDR ingress rules of `group` that are ours exactly `desired` (each a protocol, a port
+    /// range and a CIDR): authorizes the missing, revokes the extra, writes nothing when equal. Ours are
+    /// those that carry `description`, or, with [`RuleScope::WholeGroup`] (a group made for one load
+    /// balancer), all of them. A desired rule the group has already, whatever its description (one
+    /// cloud-provider-aws authorized without any), is kept as it is: EC2 tells rules apart by protocol,
+    /// ports and source alone, and answers a second one `InvalidPermission.Duplicate`.
     async fn sync_cidr_rules(
         &self,
         group: &str,
         description: &str,
+        scope: RuleScope,
         desired: &[(String, i32, i32, String)],
     ) -> Result<()> {
         let ec2 = &self.calls.clients.ec2;
@@ -351,18 +356,21 @@ impl LoadBalancers {
                 ec2.describe_security_groups().group_ids(group).send()
             })
             .await?;
-        let mut existing = Vec::new();
+        // Every CIDR rule of the group, and which of them are ours.
+        let (mut present, mut existing) = (Vec::new(), Vec::new());
         for g in out.security_groups() {
             for p in g.ip_permissions() {
                 for r in p.ip_ranges() {
-                    if r.description() == Some(description) {
-                        existing.push((
-                            p.ip_protocol().unwrap_or_default().to_owned(),
-                            p.from_port().unwrap_or(0),
-                            p.to_port().unwrap_or(0),
-                            r.cidr_ip().unwrap_or_default().to_owned(),
-                        ));
+                    let rule = (
+                        p.ip_protocol().unwrap_or_default().to_owned(),
+                        p.from_port().unwrap_or(0),
+                        p.to_port().unwrap_or(0),
+                        r.cidr_ip().unwrap_or_default().to_owned(),
+                    );
+                    if scope == RuleScope::WholeGroup || r.description() == Some(description) {
+                        existing.push(rule.clone());
                     }
+                    present.push(rule);
                 }
             }
         }
@@ -381,7 +389,7 @@ impl LoadBalancers {
         };
         let missing: Vec<IpPermission> = desired
             .iter()
-            .filter(|d| !existing.contains(d))
+            .filter(|d| !present.contains(d))
             .map(perm)
             .collect();
         let extra: Vec<IpPermission> = existing
@@ -459,11 +467,21 @@ impl LoadBalancers {
                     .any(|r| r.description() == Some(description))
             });
             if has && let Some(id) = g.group_id() {
-                self.sync_cidr_rules(id, description, &[]).await?;
+                self.sync_cidr_rules(id, description, RuleScope::Described, &[])
+                    .await?;
             }
         }
         Ok(())
     }
+}
+
+/// Which CIDR rules of a group [`LoadBalancers::sync_cidr_rules`] manages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RuleScope {
+    /// Those carrying the given description (a group shared with others: the nodes').
+    Described,
+    /// All of them (a group made for one load balancer: a Classic ELB's `k8s-elb-<name>`).
+    WholeGroup,
 }
 
 fn hostname_status(dns_name: Option<&str>) -> LoadBalancerStatus {

@@ -11,7 +11,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, hostname_status,
+    LoadBalancers, RuleScope, hostname_status,
     spec::{LbSpec, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -19,10 +19,10 @@ use crate::{Error, error::Result, instances::InstanceInfo};
 /// AWS's limit of resources per `DescribeTags` call.
 const TAGS_PER_CALL: usize = 20;
 
-/// The target group name: upstream's (see [`upstream_target_group_name`]) with runs of hyphens made one,
-/// since ELBv2 refuses a name with two hyphens in a row: upstream names a Service `aws-nlb-local`'s
-/// group `k8s-default-aws-nlb--…` (its name cut to 8 characters ends in a hyphen), and creating it
-/// fails. Every name upstream can create is left as it is.
+/// The target group name, upstream's (`buildTargetGroupName`): `k8s-<namespace>-<name>-<hash>`, the
+/// namespace and name with every character but letters and digits taken out and cut to 8, the hash the
+/// first 10 hex digits of the SHA-1 over the cluster ID, namespace, name, port, node port, target
+/// protocol, target type, health-check protocol and interval. A group upstream made is adopted by it.
 pub fn target_group_name(
     cluster_id: &str,
     service_name: &str,
@@ -30,18 +30,50 @@ pub fn target_group_name(
     hc_protocol: &str,
     hc_interval: i32,
 ) -> String {
-    upstream_target_group_name(cluster_id, service_name, port, hc_protocol, hc_interval)
-        .split('-')
-        .filter(|part| !part.is_empty())
-        .collect::<Vec<_>>()
-        .join("-")
+    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(8)
+            .collect()
+    };
+    format!(
+        "k8s-{}-{}-{}",
+        clean(namespace),
+        clean(name),
+        target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval)
+    )
 }
 
-/// Upstream's target group name: `k8s-<namespace[:8]>-<name[:8]>-<sha1[:10]>`, the hash over the
-/// cluster ID, namespace, name, port, node port, protocol, target type, health-check protocol and
-/// interval. Matched too when looking for a load balancer's groups, so a group upstream made is
-/// adopted whatever its name.
-pub fn upstream_target_group_name(
+/// The name this provider gave target groups before 2026-11-26 (hyphens kept in the namespace and name,
+/// runs of hyphens made one): matched too, so a load balancer it made then keeps its groups.
+pub fn legacy_target_group_name(
+    cluster_id: &str,
+    service_name: &str,
+    port: &Port,
+    hc_protocol: &str,
+    hc_interval: i32,
+) -> String {
+    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
+    let clean = |s: &str| -> String {
+        s.chars()
+            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
+            .take(8)
+            .collect()
+    };
+    format!(
+        "k8s-{}-{}-{}",
+        clean(namespace),
+        clean(name),
+        target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval)
+    )
+    .split('-')
+    .filter(|part| !part.is_empty())
+    .collect::<Vec<_>>()
+    .join("-")
+}
+
+fn target_group_hash(
     cluster_id: &str,
     service_name: &str,
     port: &Port,
@@ -63,14 +95,7 @@ pub fn upstream_target_group_name(
     ] {
         hasher.update(part.as_bytes());
     }
-    let hash = hasher.digest().to_string();
-    let clean = |s: &str| -> String {
-        s.chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .take(8)
-            .collect()
-    };
-    format!("k8s-{}-{}-{}", clean(namespace), clean(name), &hash[..10])
+    hasher.digest().to_string()[..10].to_owned()
 }
 
 fn rule_description(kind: &str, lb_name: &str) -> String {
@@ -219,7 +244,7 @@ impl LoadBalancers {
                 &hc.protocol,
                 hc.interval,
             );
-            let upstream_name = upstream_target_group_name(
+            let legacy_name = legacy_target_group_name(
                 cluster_id,
                 &spec.service_name,
                 port,
@@ -228,7 +253,7 @@ impl LoadBalancers {
             );
             let existing = match attached.iter().find(|g| {
                 g.target_group_name()
-                    .is_some_and(|n| n == name || n == upstream_name)
+                    .is_some_and(|n| n == name || n == legacy_name)
             }) {
                 Some(g) => Some(g.clone()),
                 None => self.target_group_named(&name).await?,
@@ -626,8 +651,10 @@ impl LoadBalancers {
         health_rules.sort();
         health_rules.dedup();
         for g in &groups {
-            self.sync_cidr_rules(g, &client, &client_rules).await?;
-            self.sync_cidr_rules(g, &health, &health_rules).await?;
+            self.sync_cidr_rules(g, &client, RuleScope::Described, &client_rules)
+                .await?;
+            self.sync_cidr_rules(g, &health, RuleScope::Described, &health_rules)
+                .await?;
         }
         // Groups of former backends.
         let ec2 = &self.calls.clients.ec2;
@@ -656,7 +683,8 @@ impl LoadBalancers {
                         .any(|r| r.description() == Some(description.as_str()))
                 });
                 if has {
-                    self.sync_cidr_rules(id, description, &[]).await?;
+                    self.sync_cidr_rules(id, description, RuleScope::Described, &[])
+                        .await?;
                 }
             }
         }
@@ -852,35 +880,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_name_cut_to_end_in_a_hyphen_gives_a_group_name_elbv2_accepts() {
+    fn target_group_names_are_upstream_s() {
         let port = Port {
             port: 80,
             protocol: "TCP".into(),
             node_port: 30080,
         };
-        let upstream =
-            upstream_target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
-        assert!(upstream.starts_with("k8s-default-aws-nlb--"), "{upstream}");
-        let ours = target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
-        assert_eq!(ours, upstream.replacen("--", "-", 1));
-        assert!(!ours.contains("--") && ours.len() <= 32, "{ours}");
-        // Names upstream can create are kept.
-        assert_eq!(
-            target_group_name("prod", "default/web", &port, "TCP", 30),
-            upstream_target_group_name("prod", "default/web", &port, "TCP", 30)
-        );
-    }
-
-    #[test]
-    fn target_group_names_follow_upstream() {
-        let port = Port {
-            port: 80,
-            protocol: "TCP".into(),
-            node_port: 30080,
-        };
+        // Upstream strips every character but letters and digits, then cuts to 8.
         let name = target_group_name("prod", "very-long-namespace/web.frontend", &port, "TCP", 30);
-        // k8s- + 8 + - + 8 + - + 10.
-        assert!(name.starts_with("k8s-very-lon-webfront-"), "{name}");
+        assert!(name.starts_with("k8s-verylong-webfront-"), "{name}");
         assert_eq!(name.len(), 4 + 8 + 1 + 8 + 1 + 10);
         // The hash of the concatenated fields, as upstream writes them into sha1.
         let digest =
@@ -897,6 +905,20 @@ mod tests {
                 "HTTP",
                 10
             )
+        );
+        // Issue #29: `web-nlb` is `webnlb`, where this provider used to keep the hyphen.
+        let web = target_group_name("prod", "default/web-nlb", &port, "TCP", 30);
+        assert!(web.starts_with("k8s-default-webnlb-"), "{web}");
+        let legacy = legacy_target_group_name("prod", "default/web-nlb", &port, "TCP", 30);
+        assert!(legacy.starts_with("k8s-default-web-nlb-"), "{legacy}");
+        assert_eq!(web[web.len() - 10..], legacy[legacy.len() - 10..]);
+        // A name cut to end in a hyphen: never two in a row, upstream's or the legacy one.
+        let local = target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
+        assert!(local.starts_with("k8s-default-awsnlblo-"), "{local}");
+        let legacy = legacy_target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
+        assert!(
+            legacy.starts_with("k8s-default-aws-nlb-") && !legacy.contains("--"),
+            "{legacy}"
         );
     }
 }
