@@ -978,3 +978,121 @@ async fn a_classic_elb_group_whose_rules_carry_no_description_is_adopted_without
         .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
+
+/// The CIDR rules of the nodes' security groups, as (description, protocol, from, to, CIDR).
+async fn node_group_rules(
+    instance: &cloud_provider_aws::InstanceInfo,
+) -> Vec<(String, String, i32, i32, String)> {
+    let ec2 = ec2();
+    let described = ec2
+        .describe_instances()
+        .instance_ids(&instance.id)
+        .send()
+        .await
+        .unwrap();
+    let groups: Vec<String> = described.reservations()[0].instances()[0]
+        .security_groups()
+        .iter()
+        .filter_map(|g| g.group_id().map(str::to_owned))
+        .collect();
+    let out = ec2
+        .describe_security_groups()
+        .set_group_ids(Some(groups))
+        .send()
+        .await
+        .unwrap();
+    let mut rules: Vec<(String, String, i32, i32, String)> = out
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| {
+            p.ip_ranges().iter().map(move |r| {
+                (
+                    r.description().unwrap_or_default().to_owned(),
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(0),
+                    p.to_port().unwrap_or(0),
+                    r.cidr_ip().unwrap_or_default().to_owned(),
+                )
+            })
+        })
+        .filter(|r| r.0.starts_with("kubernetes.io/rule/nlb/"))
+        .collect();
+    rules.sort();
+    rules
+}
+
+/// Issue #29 item 7: an NLB's rules in the nodes' group as upstream makes them: client rules per node
+/// port, TCP health rules on every probed node port (a UDP port's too) unless the client rules already
+/// allow them, and the shared path-MTU-discovery rule per client CIDR; the last NLB's deletion takes
+/// them all away.
+#[tokio::test]
+async fn nlb_rules_in_the_nodes_group_are_upstream_s_mtu_and_health_rules_included() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let client = format!("kubernetes.io/rule/nlb/client={LB_NAME}");
+    let health = format!("kubernetes.io/rule/nlb/health={LB_NAME}");
+    let mtu = "kubernetes.io/rule/nlb/mtu".to_owned();
+    let rule = |d: &str, p: &str, from: i32, to: i32, cidr: &str| {
+        (d.to_owned(), p.to_owned(), from, to, cidr.to_owned())
+    };
+    let vpc_cidr = ec2()
+        .describe_vpcs()
+        .vpc_ids(&net.vpc_id)
+        .send()
+        .await
+        .unwrap()
+        .vpcs()[0]
+        .cidr_block()
+        .unwrap()
+        .to_owned();
+
+    // TCP from everywhere on the node ports the health check probes: no health rule is needed.
+    let open = lb_service("rules", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    lb.ensure_load_balancer("kubernetes", &open, &nodes)
+        .await
+        .unwrap();
+    let mut expected = vec![
+        rule(&client, "tcp", 30080, 30080, "0.0.0.0/0"),
+        rule(&client, "tcp", 30443, 30443, "0.0.0.0/0"),
+        rule(&mtu, "icmp", 3, 4, "0.0.0.0/0"),
+    ];
+    expected.sort();
+    assert_eq!(node_group_rules(&instances[0]).await, expected);
+
+    // UDP ports from one client range: TCP health rules on the UDP node ports, the MTU rule follows.
+    let mut udp = open.clone();
+    let spec = udp.spec.as_mut().unwrap();
+    spec.load_balancer_source_ranges = Some(vec!["203.0.113.0/24".into()]);
+    for port in spec.ports.as_mut().unwrap() {
+        port.protocol = Some("UDP".into());
+    }
+    lb.ensure_load_balancer("kubernetes", &udp, &nodes)
+        .await
+        .unwrap();
+    let mut expected = vec![
+        rule(&client, "udp", 30080, 30080, "203.0.113.0/24"),
+        rule(&client, "udp", 30443, 30443, "203.0.113.0/24"),
+        rule(&health, "tcp", 30080, 30080, &vpc_cidr),
+        rule(&health, "tcp", 30443, 30443, &vpc_cidr),
+        rule(&mtu, "icmp", 3, 4, "203.0.113.0/24"),
+    ];
+    expected.sort();
+    assert_eq!(node_group_rules(&instances[0]).await, expected);
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &udp, &nodes)
+        .await
+        .unwrap();
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+
+    lb.ensure_load_balancer_deleted("kubernetes", &udp)
+        .await
+        .unwrap();
+    assert_eq!(node_group_rules(&instances[0]).await, Vec::new());
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}

@@ -348,7 +348,7 @@ impl LoadBalancers {
         description: &str,
         scope: RuleScope,
         desired: &[(String, i32, i32, String)],
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let ec2 = &self.calls.clients.ec2;
         let out = self
             .calls
@@ -414,6 +414,7 @@ impl LoadBalancers {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let mut changed = false;
         if !missing.is_empty()
             && !self.previewed(|| {
                 format!(
@@ -422,6 +423,7 @@ impl LoadBalancers {
                 )
             })
         {
+            changed = true;
             self.calls
                 .call("AuthorizeSecurityGroupIngress", || {
                     ec2.authorize_security_group_ingress()
@@ -439,6 +441,7 @@ impl LoadBalancers {
                 )
             })
         {
+            changed = true;
             self.calls
                 .call("RevokeSecurityGroupIngress", || {
                     ec2.revoke_security_group_ingress()
@@ -448,11 +451,12 @@ impl LoadBalancers {
                 })
                 .await?;
         }
-        Ok(())
+        Ok(changed)
     }
 
-    /// Revokes every ingress rule carrying `description` in every group of the VPCs the provider sees.
-    async fn revoke_described_rules(&self, description: &str) -> Result<()> {
+    /// Revokes every ingress rule carrying `description` in every group of the VPCs the provider sees;
+    /// the groups it changed.
+    async fn revoke_described_rules(&self, description: &str) -> Result<Vec<String>> {
         let ec2 = &self.calls.clients.ec2;
         let out = self
             .calls
@@ -460,18 +464,23 @@ impl LoadBalancers {
                 ec2.describe_security_groups().send()
             })
             .await?;
+        let mut changed = Vec::new();
         for g in out.security_groups() {
             let has = g.ip_permissions().iter().any(|p| {
                 p.ip_ranges()
                     .iter()
                     .any(|r| r.description() == Some(description))
             });
-            if has && let Some(id) = g.group_id() {
-                self.sync_cidr_rules(id, description, RuleScope::Described, &[])
-                    .await?;
+            if has
+                && let Some(id) = g.group_id()
+                && self
+                    .sync_cidr_rules(id, description, RuleScope::Described, &[])
+                    .await?
+            {
+                changed.push(id.to_owned());
             }
         }
-        Ok(())
+        Ok(changed)
     }
 }
 

@@ -98,6 +98,12 @@ fn target_group_hash(
     hasher.digest().to_string()[..10].to_owned()
 }
 
+/// Upstream's description of the path-MTU-discovery rules (ICMP type 3, code 4) an NLB's clients need:
+/// one rule per client CIDR of any NLB in the group, shared by them (no load balancer's name).
+const MTU_DESCRIPTION: &str = "kubernetes.io/rule/nlb/mtu";
+/// What every NLB client rule's description starts with.
+const CLIENT_DESCRIPTION_PREFIX: &str = "kubernetes.io/rule/nlb/client=";
+
 fn rule_description(kind: &str, lb_name: &str) -> String {
     format!("kubernetes.io/rule/nlb/{kind}={lb_name}")
 }
@@ -622,17 +628,23 @@ impl LoadBalancers {
                 ));
             }
         }
+        // Upstream's health rules: TCP from the VPC to each port the health check probes (the traffic
+        // port of every port, UDP ones too, unless the check names a port), left out when the client
+        // rules already allow it (TCP from everywhere to the same ports).
         let mut health_rules = Vec::new();
-        let hc_ports: Vec<i32> = match spec.health_check.port.parse::<i32>() {
+        let mut hc_ports: Vec<i32> = match spec.health_check.port.parse::<i32>() {
             Ok(port) => vec![port],
-            Err(_) => spec
-                .ports
-                .iter()
-                .filter(|p| p.protocol == "TCP")
-                .map(|p| p.node_port)
-                .collect(),
+            Err(_) => spec.ports.iter().map(|p| p.node_port).collect(),
         };
-        if !hc_ports.is_empty() {
+        hc_ports.sort();
+        hc_ports.dedup();
+        let mut client_ports: Vec<i32> = spec.ports.iter().map(|p| p.node_port).collect();
+        client_ports.sort();
+        client_ports.dedup();
+        let covered = spec.source_ranges == ["0.0.0.0/0"]
+            && spec.ports.iter().all(|p| p.protocol == "TCP")
+            && hc_ports == client_ports;
+        if !hc_ports.is_empty() && !covered {
             let ec2 = &self.calls.clients.ec2;
             let vpcs = self
                 .calls
@@ -651,10 +663,14 @@ impl LoadBalancers {
         health_rules.sort();
         health_rules.dedup();
         for g in &groups {
-            self.sync_cidr_rules(g, &client, RuleScope::Described, &client_rules)
+            let clients_changed = self
+                .sync_cidr_rules(g, &client, RuleScope::Described, &client_rules)
                 .await?;
             self.sync_cidr_rules(g, &health, RuleScope::Described, &health_rules)
                 .await?;
+            if clients_changed {
+                self.sync_mtu_rules(g).await?;
+            }
         }
         // Groups of former backends.
         let ec2 = &self.calls.clients.ec2;
@@ -676,18 +692,56 @@ impl LoadBalancers {
             if groups.iter().any(|w| w == id) {
                 continue;
             }
+            let mut clients_changed = false;
             for description in [&client, &health] {
                 let has = g.ip_permissions().iter().any(|p| {
                     p.ip_ranges()
                         .iter()
                         .any(|r| r.description() == Some(description.as_str()))
                 });
-                if has {
-                    self.sync_cidr_rules(id, description, RuleScope::Described, &[])
-                        .await?;
+                if has
+                    && self
+                        .sync_cidr_rules(id, description, RuleScope::Described, &[])
+                        .await?
+                    && description == &client
+                {
+                    clients_changed = true;
                 }
             }
+            if clients_changed {
+                self.sync_mtu_rules(id).await?;
+            }
         }
+        Ok(())
+    }
+
+    /// Upstream's path-MTU-discovery rules in `group`: ICMP type 3 code 4 from each client CIDR of any
+    /// NLB there ([`MTU_DESCRIPTION`]), made again whenever client rules changed, so the last NLB's
+    /// deletion takes them away too.
+    async fn sync_mtu_rules(&self, group: &str) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups().group_ids(group).send()
+            })
+            .await?;
+        let mut rules: Vec<(String, i32, i32, String)> = out
+            .security_groups()
+            .iter()
+            .flat_map(|g| g.ip_permissions())
+            .flat_map(|p| p.ip_ranges())
+            .filter(|r| {
+                r.description()
+                    .is_some_and(|d| d.starts_with(CLIENT_DESCRIPTION_PREFIX))
+            })
+            .filter_map(|r| r.cidr_ip())
+            .map(|cidr| ("icmp".to_owned(), 3, 4, cidr.to_owned()))
+            .collect();
+        rules.sort();
+        rules.dedup();
+        self.sync_cidr_rules(group, MTU_DESCRIPTION, RuleScope::Described, &rules)
+            .await?;
         Ok(())
     }
 
@@ -866,10 +920,14 @@ impl LoadBalancers {
             }
         }
         if !self.config.global.disable_security_group_ingress {
-            self.revoke_described_rules(&rule_description("client", name))
+            let changed = self
+                .revoke_described_rules(&rule_description("client", name))
                 .await?;
             self.revoke_described_rules(&rule_description("health", name))
                 .await?;
+            for group in changed {
+                self.sync_mtu_rules(&group).await?;
+            }
         }
         Ok(())
     }
