@@ -14,7 +14,8 @@ use aws_smithy_http_client::tls;
 use aws_smithy_runtime_api::client::{http::SharedHttpClient, result::SdkError};
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use prometheus_client::{
-    metrics::{counter::Counter, family::Family},
+    encoding::{EncodeMetric, MetricEncoder},
+    metrics::{MetricType, TypedMetric, counter::Counter, family::Family, histogram::Histogram},
     registry::Registry,
 };
 
@@ -186,12 +187,110 @@ fn is_transient(code: &str) -> bool {
 
 /// The provider's metrics (calls, throttles and errors per AWS operation) and a tally of the same for
 /// tests and benchmarks. Cheap to clone; clones share the counters.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ApiMetrics {
     requests: Family<Vec<(String, String)>, Counter>,
     throttled: Family<Vec<(String, String)>, Counter>,
     errors: Family<Vec<(String, String)>, Counter>,
+    upstream: UpstreamMetrics,
     tally: Arc<Mutex<Tally>>,
+}
+
+impl Default for ApiMetrics {
+    fn default() -> Self {
+        Self {
+            requests: Family::default(),
+            throttled: Family::default(),
+            errors: Family::default(),
+            upstream: UpstreamMetrics {
+                duration: Family::new_with_constructor(|| Histogram::new(DEFAULT_BUCKETS)),
+                errors: Family::default(),
+                throttled: Family::default(),
+            },
+            tally: Arc::default(),
+        }
+    }
+}
+
+/// cloud-provider-aws's metrics, with its names and labels, so its dashboards and alerts work here:
+/// `cloudprovider_aws_api_request_duration_seconds{request}` (successful calls),
+/// `cloudprovider_aws_api_request_errors{request}` (failed calls, a counter without `_total`, as
+/// upstream's legacy one) and `cloudprovider_aws_api_throttled_requests_total{operation_name}`.
+/// `request` is upstream's name for the calls it records (`describe_instance`,
+/// `describe_security_groups`, `describe_route_tables`, `describe_network_interfaces`, `create_tags`,
+/// `delete_tags`) and the snake-case operation for the others (`elb_`/`elbv2_` before a load-balancer
+/// call whose name both services share).
+#[derive(Clone)]
+struct UpstreamMetrics {
+    duration: Family<Vec<(String, String)>, Histogram>,
+    errors: Family<Vec<(String, String)>, LegacyCounter>,
+    throttled: Family<Vec<(String, String)>, Counter>,
+}
+
+/// Prometheus's default buckets (`prometheus.DefBuckets`), which upstream's histogram uses.
+const DEFAULT_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A counter exposed under its name as given, without the `_total` that prometheus-client adds to
+/// every counter: upstream's `cloudprovider_aws_api_request_errors` has none, and dashboards query
+/// that name. prometheus-client has no such type, hence this one (typed `unknown` in the exposition).
+#[derive(Debug, Default)]
+struct LegacyCounter(std::sync::atomic::AtomicU64);
+
+impl LegacyCounter {
+    fn inc(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl TypedMetric for LegacyCounter {
+    const TYPE: MetricType = MetricType::Unknown;
+}
+
+impl EncodeMetric for LegacyCounter {
+    fn encode(&self, mut encoder: MetricEncoder) -> std::result::Result<(), std::fmt::Error> {
+        encoder.encode_gauge(&self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
+}
+
+/// Upstream's `request` label for `operation` (see [`UpstreamMetrics`]).
+fn upstream_request(operation: &str) -> String {
+    let (service, name) = match operation.split_once(':') {
+        Some((service, name)) => (Some(service), name),
+        None => (None, operation),
+    };
+    // Upstream's one irregular name; its others are the snake-case operation, as below.
+    if name == "DescribeInstances" {
+        return "describe_instance".to_owned();
+    }
+    let mut out = String::new();
+    if let Some(service) = service.filter(|s| *s != "ec2") {
+        out.push_str(service);
+        out.push('_');
+    }
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Upstream's `operation_name` label: the SDK's operation name.
+fn upstream_operation(operation: &str) -> &str {
+    operation
+        .split_once(':')
+        .map_or(operation, |(_, name)| name)
 }
 
 /// The calls made so far, per operation.
@@ -224,6 +323,21 @@ impl ApiMetrics {
             "AWS API calls that failed after their retries, by operation and error code",
             self.errors.clone(),
         );
+        registry.register(
+            "cloudprovider_aws_api_request_duration_seconds",
+            "Latency of AWS API calls",
+            self.upstream.duration.clone(),
+        );
+        registry.register(
+            "cloudprovider_aws_api_request_errors",
+            "AWS API errors",
+            self.upstream.errors.clone(),
+        );
+        registry.register(
+            "cloudprovider_aws_api_throttled_requests",
+            "AWS API throttled requests",
+            self.upstream.throttled.clone(),
+        );
     }
 
     /// Requests sent so far, per operation.
@@ -251,12 +365,30 @@ impl ApiMetrics {
 
     fn count_throttle(&self, operation: &'static str) {
         self.throttled.get_or_create(&op_label(operation)).inc();
+        self.upstream
+            .throttled
+            .get_or_create(&vec![(
+                "operation_name".to_owned(),
+                upstream_operation(operation).to_owned(),
+            )])
+            .inc();
         if let Ok(mut t) = self.tally.lock() {
             *t.throttled.entry(operation).or_default() += 1;
         }
     }
 
+    fn count_succeeded(&self, operation: &'static str, took: Duration) {
+        self.upstream
+            .duration
+            .get_or_create(&vec![("request".to_owned(), upstream_request(operation))])
+            .observe(took.as_secs_f64());
+    }
+
     fn count_error(&self, operation: &'static str, code: Option<&str>) {
+        self.upstream
+            .errors
+            .get_or_create(&vec![("request".to_owned(), upstream_request(operation))])
+            .inc();
         let mut labels = op_label(operation);
         labels.push(("code".to_owned(), code.unwrap_or("transport").to_owned()));
         self.errors.get_or_create(&labels).inc();
@@ -317,10 +449,14 @@ impl Calls {
         }
         let mut delay = self.retry.base_delay;
         let mut attempt = 1;
+        let started = std::time::Instant::now();
         loop {
             self.metrics.count_request(operation);
             let err = match send().await {
-                Ok(output) => return Ok(output),
+                Ok(output) => {
+                    self.metrics.count_succeeded(operation, started.elapsed());
+                    return Ok(output);
+                }
                 Err(err) => err,
             };
             let code = err.code().map(str::to_owned);
@@ -366,6 +502,30 @@ fn jitter(delay: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upstream_s_metric_names_and_labels_are_served() {
+        let metrics = ApiMetrics::default();
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        metrics.count_succeeded("DescribeInstances", Duration::from_millis(20));
+        metrics.count_succeeded("elbv2:DescribeLoadBalancers", Duration::from_millis(20));
+        metrics.count_error("DescribeSecurityGroups", Some("UnauthorizedOperation"));
+        metrics.count_error("CreateLoadBalancerListeners", Some("DuplicateListener"));
+        metrics.count_throttle("elb:DescribeLoadBalancers");
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"cloudprovider_aws_api_request_duration_seconds_count{request="describe_instance"} 1"#,
+            r#"cloudprovider_aws_api_request_duration_seconds_count{request="elbv2_describe_load_balancers"} 1"#,
+            "# TYPE cloudprovider_aws_api_request_errors unknown",
+            r#"cloudprovider_aws_api_request_errors{request="describe_security_groups"} 1"#,
+            r#"cloudprovider_aws_api_request_errors{request="create_load_balancer_listeners"} 1"#,
+            r#"cloudprovider_aws_api_throttled_requests_total{operation_name="DescribeLoadBalancers"} 1"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+        }
+    }
 
     #[test]
     fn throttling_codes_are_recognised() {
