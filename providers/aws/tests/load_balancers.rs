@@ -1096,3 +1096,124 @@ async fn nlb_rules_in_the_nodes_group_are_upstream_s_mtu_and_health_rules_includ
     assert_eq!(node_group_rules(&instances[0]).await, Vec::new());
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
+
+/// A Classic ELB's attributes (`*attributes` as described: access log enabled, interval, bucket,
+/// prefix; draining enabled, timeout; idle timeout; cross-zone).
+async fn classic_attributes() -> (
+    bool,
+    Option<i32>,
+    Option<String>,
+    Option<String>,
+    bool,
+    Option<i32>,
+    i32,
+    bool,
+) {
+    let out = elb()
+        .describe_load_balancer_attributes()
+        .load_balancer_name(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let a = out.load_balancer_attributes().unwrap();
+    let log = a.access_log().unwrap();
+    let draining = a.connection_draining().unwrap();
+    (
+        log.enabled(),
+        log.emit_interval(),
+        log.s3_bucket_name().map(str::to_owned),
+        log.s3_bucket_prefix().map(str::to_owned),
+        draining.enabled(),
+        draining.timeout(),
+        a.connection_settings().unwrap().idle_timeout(),
+        a.cross_zone_load_balancing().unwrap().enabled(),
+    )
+}
+
+/// Access logs, connection draining, the idle timeout and cross-zone balancing follow their
+/// annotations on a Classic ELB, back to upstream's defaults when they are removed; a second sync
+/// writes nothing; on an NLB those annotations are refused by name.
+#[tokio::test]
+async fn classic_elb_attributes_follow_their_annotations_as_upstream() {
+    use cloud_provider_aws::spec::{
+        ANNOTATION_ACCESS_LOG_BUCKET, ANNOTATION_ACCESS_LOG_ENABLED,
+        ANNOTATION_ACCESS_LOG_INTERVAL, ANNOTATION_ACCESS_LOG_PREFIX, ANNOTATION_CROSS_ZONE,
+        ANNOTATION_DRAINING_ENABLED, ANNOTATION_DRAINING_TIMEOUT, ANNOTATION_IDLE_TIMEOUT,
+    };
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let settled = |service: k8s_openapi::api::core::v1::Service| {
+        let (cloud, lb, nodes) = (&cloud, &lb, &nodes);
+        async move {
+            lb.ensure_load_balancer("kubernetes", &service, nodes)
+                .await
+                .unwrap();
+            let before = cloud.api_metrics().requests();
+            lb.ensure_load_balancer("kubernetes", &service, nodes)
+                .await
+                .unwrap();
+            assert_eq!(writes_since(cloud, &before), Vec::<String>::new());
+        }
+    };
+
+    settled(lb_service("attrs", UID, &[])).await;
+    let defaults = classic_attributes().await;
+    assert_eq!(
+        (defaults.0, defaults.4, defaults.6, defaults.7),
+        (false, false, 60, false)
+    );
+
+    let annotated = lb_service(
+        "attrs",
+        UID,
+        &[
+            (ANNOTATION_ACCESS_LOG_ENABLED, "true"),
+            (ANNOTATION_ACCESS_LOG_INTERVAL, "5"),
+            (ANNOTATION_ACCESS_LOG_BUCKET, "logs"),
+            (ANNOTATION_ACCESS_LOG_PREFIX, "web"),
+            (ANNOTATION_DRAINING_ENABLED, "true"),
+            (ANNOTATION_DRAINING_TIMEOUT, "30"),
+            (ANNOTATION_IDLE_TIMEOUT, "120"),
+            (ANNOTATION_CROSS_ZONE, "true"),
+        ],
+    );
+    settled(annotated).await;
+    assert_eq!(
+        classic_attributes().await,
+        (
+            true,
+            Some(5),
+            Some("logs".into()),
+            Some("web".into()),
+            true,
+            Some(30),
+            120,
+            true
+        )
+    );
+
+    settled(lb_service("attrs", UID, &[])).await;
+    let back = classic_attributes().await;
+    assert_eq!((back.0, back.4, back.6, back.7), (false, false, 60, false));
+
+    let nlb = lb_service(
+        "attrs",
+        UID,
+        &[(ANNOTATION_TYPE, "nlb"), (ANNOTATION_IDLE_TIMEOUT, "120")],
+    );
+    let err = lb
+        .ensure_load_balancer("kubernetes", &nlb, &nodes)
+        .await
+        .expect_err("refused on an NLB");
+    assert!(err.to_string().contains("not supported on an NLB"), "{err}");
+
+    lb.ensure_load_balancer_deleted("kubernetes", &lb_service("attrs", UID, &[]))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}

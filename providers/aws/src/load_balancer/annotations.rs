@@ -25,6 +25,9 @@ enum Support {
 
 use Support::*;
 
+/// Why a Classic ELB attribute's annotation is refused on an NLB.
+const NO_CLASSIC_ATTRIBUTES: &str = "it sets a Classic ELB attribute, and cloud-provider-aws reads it for Classic ELBs only (an NLB has no such attribute, or upstream leaves it alone)";
+
 /// Every annotation upstream reads, and `scheme` (the AWS Load Balancer Controller's spelling of
 /// `internal`, which this provider reads too).
 const KNOWN: &[(&str, Support)] = &[
@@ -60,21 +63,30 @@ const KNOWN: &[(&str, Support)] = &[
             "PROXY protocol to the nodes (Classic: a backend policy; NLB: a target-group attribute)",
         ),
     ),
-    ("access-log-enabled", NotYet("access logs to S3")),
-    ("access-log-emit-interval", NotYet("access logs to S3")),
-    ("access-log-s3-bucket-name", NotYet("access logs to S3")),
-    ("access-log-s3-bucket-prefix", NotYet("access logs to S3")),
+    ("access-log-enabled", ClassicOnly(NO_CLASSIC_ATTRIBUTES)),
+    (
+        "access-log-emit-interval",
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
+    ),
+    (
+        "access-log-s3-bucket-name",
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
+    ),
+    (
+        "access-log-s3-bucket-prefix",
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
+    ),
     (
         "connection-draining-enabled",
-        NotYet("connection draining (Classic ELB)"),
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
     ),
     (
         "connection-draining-timeout",
-        NotYet("connection draining (Classic ELB)"),
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
     ),
     (
         "connection-idle-timeout",
-        NotYet("the idle timeout (Classic ELB)"),
+        ClassicOnly(NO_CLASSIC_ATTRIBUTES),
     ),
     (
         "target-group-attributes",

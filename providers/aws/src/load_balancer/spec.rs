@@ -71,6 +71,28 @@ const BACKEND_PROTOCOLS: [(&str, &str); 4] = [
     ("tcp", "ssl"),
 ];
 
+/// `…-access-log-enabled`: `true`/`false` (Classic ELB).
+pub const ANNOTATION_ACCESS_LOG_ENABLED: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-enabled";
+/// `…-access-log-emit-interval`: minutes, 5 or 60 (Classic ELB).
+pub const ANNOTATION_ACCESS_LOG_INTERVAL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-emit-interval";
+/// `…-access-log-s3-bucket-name` (Classic ELB).
+pub const ANNOTATION_ACCESS_LOG_BUCKET: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-name";
+/// `…-access-log-s3-bucket-prefix` (Classic ELB).
+pub const ANNOTATION_ACCESS_LOG_PREFIX: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-access-log-s3-bucket-prefix";
+/// `…-connection-draining-enabled`: `true`/`false` (Classic ELB).
+pub const ANNOTATION_DRAINING_ENABLED: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-enabled";
+/// `…-connection-draining-timeout`: seconds (Classic ELB).
+pub const ANNOTATION_DRAINING_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-draining-timeout";
+/// `…-connection-idle-timeout`: seconds (Classic ELB).
+pub const ANNOTATION_IDLE_TIMEOUT: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
+
 /// The tag key prefix that marks a resource as the cluster's: `kubernetes.io/cluster/<id>`.
 pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
 /// The tag holding the Service's `namespace/name`.
@@ -146,6 +168,66 @@ pub struct LbSpec {
     pub extra_security_groups: Vec<String>,
     /// TLS termination (`ssl-cert`, `ssl-ports`, `ssl-negotiation-policy`, `backend-protocol`).
     pub tls: Tls,
+    /// A Classic ELB's attributes (access log, connection draining, idle timeout, cross-zone).
+    pub classic_attributes: ClassicAttributes,
+}
+
+/// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
+/// connection draining off, a 60 s idle timeout, cross-zone off) unless an annotation says otherwise.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassicAttributes {
+    /// `access-log-enabled`.
+    pub access_log: bool,
+    /// `access-log-emit-interval` (minutes), when set.
+    pub access_log_interval: Option<i32>,
+    /// `access-log-s3-bucket-name`, when set.
+    pub access_log_bucket: Option<String>,
+    /// `access-log-s3-bucket-prefix`, when set.
+    pub access_log_prefix: Option<String>,
+    /// `connection-draining-enabled`.
+    pub draining: bool,
+    /// `connection-draining-timeout` (seconds), when set.
+    pub draining_timeout: Option<i32>,
+    /// `connection-idle-timeout` (seconds; 60 unless set).
+    pub idle_timeout: i32,
+    /// `cross-zone-load-balancing-enabled`.
+    pub cross_zone: bool,
+}
+
+/// The Classic ELB attributes the annotations ask for (upstream's parsing and messages).
+fn classic_attributes(
+    service: &Service,
+    cross_zone: Option<bool>,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<ClassicAttributes, Error> {
+    let set = |key: &str| annotation(service, key).filter(|v| !v.is_empty());
+    let parse_error = |key: &str, value: &str| {
+        bad(
+            key,
+            format!("error parsing service annotation: {key}={value}"),
+        )
+    };
+    let flag = |key: &str| -> Result<bool, Error> {
+        match set(key) {
+            None => Ok(false),
+            Some(v) => parse_bool(v).ok_or_else(|| parse_error(key, v)),
+        }
+    };
+    let number = |key: &str| -> Result<Option<i32>, Error> {
+        set(key)
+            .map(|v| v.parse::<i32>().map_err(|_| parse_error(key, v)))
+            .transpose()
+    };
+    Ok(ClassicAttributes {
+        access_log: flag(ANNOTATION_ACCESS_LOG_ENABLED)?,
+        access_log_interval: number(ANNOTATION_ACCESS_LOG_INTERVAL)?,
+        access_log_bucket: set(ANNOTATION_ACCESS_LOG_BUCKET).map(str::to_owned),
+        access_log_prefix: set(ANNOTATION_ACCESS_LOG_PREFIX).map(str::to_owned),
+        draining: flag(ANNOTATION_DRAINING_ENABLED)?,
+        draining_timeout: number(ANNOTATION_DRAINING_TIMEOUT)?,
+        idle_timeout: number(ANNOTATION_IDLE_TIMEOUT)?.unwrap_or(60),
+        cross_zone: cross_zone.unwrap_or(false),
+    })
 }
 
 /// TLS termination, as the `ssl-*` and `backend-protocol` annotations ask.
@@ -402,6 +484,7 @@ impl LbSpec {
             ),
         };
         let tls = tls(service, kind, &named, &bad)?;
+        let classic_attributes = classic_attributes(service, cross_zone, &bad)?;
         let health_check = health_check(service, kind, first_listed.as_ref(), &tls, &bad)?;
         Ok(Self {
             service_name: service_name.clone(),
@@ -420,6 +503,7 @@ impl LbSpec {
             security_groups: list(annotation(service, ANNOTATION_SECURITY_GROUPS)),
             extra_security_groups: list(annotation(service, ANNOTATION_EXTRA_SECURITY_GROUPS)),
             tls,
+            classic_attributes,
         })
     }
 
