@@ -854,9 +854,9 @@ async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() 
     let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
-    const PROXY: &str = "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+    const EIPS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
     const TYPO: &str = "service.beta.kubernetes.io/aws-load-balancer-conection-idle-timeout";
-    for (nlb, refused) in [(false, PROXY), (true, PROXY), (false, TYPO)] {
+    for (nlb, refused) in [(false, EIPS), (true, EIPS), (false, TYPO)] {
         let mut annotations = vec![(refused, "*")];
         if nlb {
             annotations.push((ANNOTATION_TYPE, "nlb"));
@@ -885,7 +885,7 @@ async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() 
         .await
         .unwrap();
     let made = cluster_resources().await;
-    let refused = lb_service("refused", UID, &[(PROXY, "*")]);
+    let refused = lb_service("refused", UID, &[(EIPS, "*")]);
     let before = cloud.api_metrics().requests();
     assert!(
         lb.ensure_load_balancer("kubernetes", &refused, &nodes[..1])
@@ -1215,5 +1215,125 @@ async fn classic_elb_attributes_follow_their_annotations_as_upstream() {
     lb.ensure_load_balancer_deleted("kubernetes", &lb_service("attrs", UID, &[]))
         .await
         .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+/// PROXY protocol on a Classic ELB's backends (upstream's `k8s-proxyprotocol-enabled` policy) and an
+/// NLB's target-group attributes follow their annotations, and go back when they are removed; a second
+/// sync writes nothing.
+#[tokio::test]
+async fn proxy_protocol_and_target_group_attributes_follow_their_annotations() {
+    use cloud_provider_aws::spec::{ANNOTATION_PROXY_PROTOCOL, ANNOTATION_TARGET_GROUP_ATTRIBUTES};
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let settled = |service: k8s_openapi::api::core::v1::Service| {
+        let (cloud, lb, nodes) = (&cloud, &lb, &nodes);
+        async move {
+            lb.ensure_load_balancer("kubernetes", &service, nodes)
+                .await
+                .unwrap();
+            let before = cloud.api_metrics().requests();
+            lb.ensure_load_balancer("kubernetes", &service, nodes)
+                .await
+                .unwrap();
+            assert_eq!(writes_since(cloud, &before), Vec::<String>::new());
+        }
+    };
+    let backends = || async {
+        let d = elb()
+            .describe_load_balancers()
+            .load_balancer_names(LB_NAME)
+            .send()
+            .await
+            .unwrap();
+        let mut out: Vec<(i32, Vec<String>)> = d.load_balancer_descriptions()[0]
+            .backend_server_descriptions()
+            .iter()
+            .map(|b| (b.instance_port().unwrap(), b.policy_names().to_vec()))
+            .filter(|(_, p)| !p.is_empty())
+            .collect();
+        out.sort();
+        out
+    };
+
+    settled(lb_service("pp", UID, &[(ANNOTATION_PROXY_PROTOCOL, "*")])).await;
+    let policy = vec!["k8s-proxyprotocol-enabled".to_owned()];
+    assert_eq!(
+        backends().await,
+        [(30080, policy.clone()), (30443, policy.clone())]
+    );
+    settled(lb_service("pp", UID, &[])).await;
+    assert_eq!(backends().await, Vec::new());
+    let err = lb
+        .ensure_load_balancer(
+            "kubernetes",
+            &lb_service("pp", UID, &[(ANNOTATION_PROXY_PROTOCOL, "yes")]),
+            &nodes,
+        )
+        .await
+        .expect_err("only * is supported");
+    assert!(
+        err.to_string()
+            .contains("the only value supported currently is '*'"),
+        "{err}"
+    );
+    lb.ensure_load_balancer_deleted("kubernetes", &lb_service("pp", UID, &[]))
+        .await
+        .unwrap();
+
+    // NLB: the attributes on every target group; back to AWS's defaults without the annotation.
+    let attributes = || async {
+        let v2 = elbv2();
+        let groups = v2.describe_target_groups().send().await.unwrap();
+        let mut out = Vec::new();
+        for g in groups.target_groups() {
+            let a = v2
+                .describe_target_group_attributes()
+                .target_group_arn(g.target_group_arn().unwrap())
+                .send()
+                .await
+                .unwrap();
+            let get = |key: &str| {
+                a.attributes()
+                    .iter()
+                    .find(|x| x.key() == Some(key))
+                    .and_then(|x| x.value())
+                    .map(str::to_owned)
+            };
+            out.push((
+                get("preserve_client_ip.enabled"),
+                get("proxy_protocol_v2.enabled"),
+            ));
+        }
+        out
+    };
+    settled(lb_service(
+        "pp",
+        UID,
+        &[
+            (ANNOTATION_TYPE, "nlb"),
+            (
+                ANNOTATION_TARGET_GROUP_ATTRIBUTES,
+                "preserve_client_ip.enabled=false,proxy_protocol_v2.enabled=true",
+            ),
+        ],
+    ))
+    .await;
+    let set = (Some("false".to_owned()), Some("true".to_owned()));
+    assert_eq!(attributes().await, [set.clone(), set]);
+    settled(lb_service("pp", UID, &[(ANNOTATION_TYPE, "nlb")])).await;
+    let defaults = (Some("true".to_owned()), Some("false".to_owned()));
+    assert_eq!(attributes().await, [defaults.clone(), defaults]);
+    lb.ensure_load_balancer_deleted(
+        "kubernetes",
+        &lb_service("pp", UID, &[(ANNOTATION_TYPE, "nlb")]),
+    )
+    .await
+    .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }

@@ -19,6 +19,8 @@ enum Support {
     Both,
     /// Implemented for Classic ELBs; on an NLB refused with this reason.
     ClassicOnly(&'static str),
+    /// Implemented for NLBs; on a Classic ELB refused with this reason.
+    NlbOnly(&'static str),
     /// Not implemented: refused with what it would do.
     NotYet(&'static str),
 }
@@ -59,8 +61,8 @@ const KNOWN: &[(&str, Support)] = &[
     ("backend-protocol", Both),
     (
         "proxy-protocol",
-        NotYet(
-            "PROXY protocol to the nodes (Classic: a backend policy; NLB: a target-group attribute)",
+        ClassicOnly(
+            "cloud-provider-aws ignores it on an NLB; set target-group-attributes: proxy_protocol_v2.enabled=true instead",
         ),
     ),
     ("access-log-enabled", ClassicOnly(NO_CLASSIC_ATTRIBUTES)),
@@ -90,7 +92,7 @@ const KNOWN: &[(&str, Support)] = &[
     ),
     (
         "target-group-attributes",
-        NotYet("target-group attributes (NLB)"),
+        NlbOnly("target group attributes annotation is only supported for NLB"),
     ),
     ("eip-allocations", NotYet("Elastic IPs for the NLB")),
     (
@@ -113,7 +115,10 @@ pub fn refused(service: &Service, kind: Kind) -> Option<(String, String)> {
             Some((_, ClassicOnly(why))) if kind == Kind::Nlb => {
                 format!("not supported on an NLB: {why}")
             }
-            Some((_, ClassicOnly(_))) => return None,
+            Some((_, NlbOnly(why))) if kind == Kind::Classic => {
+                format!("not supported on a Classic ELB: {why}")
+            }
+            Some((_, ClassicOnly(_) | NlbOnly(_))) => return None,
             Some((_, NotYet(what))) => format!(
                 "not supported by this provider yet ({what}); the load balancer is left as it is until the annotation is removed"
             ),
@@ -156,10 +161,17 @@ mod tests {
             (
                 &[("proxy-protocol", "*"), ("ssl-ports", "443")],
                 Kind::Nlb,
-                Some((
-                    "proxy-protocol",
-                    "not supported by this provider yet (PROXY protocol",
-                )),
+                Some(("proxy-protocol", "not supported on an NLB")),
+            ),
+            (
+                &[("target-group-attributes", "proxy_protocol_v2.enabled=true")],
+                Kind::Classic,
+                Some(("target-group-attributes", "not supported on a Classic ELB")),
+            ),
+            (
+                &[("eip-allocations", "eipalloc-1")],
+                Kind::Nlb,
+                Some(("eip-allocations", "not supported by this provider yet")),
             ),
             (
                 &[("conection-idle-timeout", "60")],

@@ -17,6 +17,9 @@ use super::{
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
 
+/// Upstream's PROXY protocol policy on a Classic ELB's backends.
+pub const PROXY_PROTOCOL_POLICY: &str = "k8s-proxyprotocol-enabled";
+
 /// The prefix of upstream's TLS negotiation policies (`k8s-SSLNegotiationPolicy-<value>`).
 pub const SSL_POLICY_PREFIX: &str = "k8s-SSLNegotiationPolicy-";
 
@@ -242,6 +245,7 @@ impl LoadBalancers {
             }
         };
         self.sync_classic_tls_policy(&lb, spec).await?;
+        self.sync_classic_proxy_protocol(&lb, spec).await?;
         self.sync_classic_health_check(&lb, spec).await?;
         self.sync_classic_attributes(&spec.name, &spec.classic_attributes)
             .await?;
@@ -411,6 +415,98 @@ impl LoadBalancers {
                     elb.set_load_balancer_policies_of_listener()
                         .load_balancer_name(name)
                         .load_balancer_port(port)
+                        .set_policy_names(Some(policies.clone()))
+                        .send()
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// `proxy-protocol: "*"`: upstream's policy `k8s-proxyprotocol-enabled` (type
+    /// `ProxyProtocolPolicyType`, `ProxyProtocol=true`), made once, on the backend of every node port;
+    /// taken off the backends that should not have it (no annotation, or a port gone). Written only where
+    /// a backend differs (upstream makes the policy again on every sync).
+    async fn sync_classic_proxy_protocol(
+        &self,
+        lb: &LoadBalancerDescription,
+        spec: &LbSpec,
+    ) -> Result<()> {
+        let elb = &self.calls.clients.elb;
+        let name = lb.load_balancer_name().unwrap_or_default();
+        let current: Vec<(i32, bool)> = lb
+            .backend_server_descriptions()
+            .iter()
+            .map(|b| {
+                (
+                    b.instance_port().unwrap_or_default(),
+                    b.policy_names().iter().any(|p| p == PROXY_PROTOCOL_POLICY),
+                )
+            })
+            .collect();
+        let mut changes: Vec<(i32, bool)> = Vec::new();
+        for port in &spec.ports {
+            let has = current.iter().any(|(p, on)| *p == port.node_port && *on);
+            if has != spec.proxy_protocol {
+                changes.push((port.node_port, spec.proxy_protocol));
+            }
+        }
+        for (port, on) in &current {
+            if *on && !spec.ports.iter().any(|p| p.node_port == *port) {
+                changes.push((*port, false));
+            }
+        }
+        changes.sort();
+        changes.dedup();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        if spec.proxy_protocol
+            && !lb.policies().is_some_and(|p| {
+                p.other_policies()
+                    .iter()
+                    .any(|o| o == PROXY_PROTOCOL_POLICY)
+            })
+            && !self
+                .classic_policy_exists(name, PROXY_PROTOCOL_POLICY)
+                .await?
+            && !self.previewed(|| format!("policy {PROXY_PROTOCOL_POLICY} would be created"))
+        {
+            self.calls
+                .call("CreateLoadBalancerPolicy", || {
+                    elb.create_load_balancer_policy()
+                        .load_balancer_name(name)
+                        .policy_name(PROXY_PROTOCOL_POLICY)
+                        .policy_type_name("ProxyProtocolPolicyType")
+                        .policy_attributes(
+                            PolicyAttribute::builder()
+                                .attribute_name("ProxyProtocol")
+                                .attribute_value("true")
+                                .build(),
+                        )
+                        .send()
+                })
+                .await?;
+        }
+        for (port, on) in changes {
+            if self.previewed(|| {
+                format!(
+                    "PROXY protocol would be turned {} on node port {port}",
+                    if on { "on" } else { "off" }
+                )
+            }) {
+                continue;
+            }
+            let policies = if on {
+                vec![PROXY_PROTOCOL_POLICY.to_owned()]
+            } else {
+                Vec::new()
+            };
+            self.calls
+                .call("SetLoadBalancerPoliciesForBackendServer", || {
+                    elb.set_load_balancer_policies_for_backend_server()
+                        .load_balancer_name(name)
+                        .instance_port(port)
                         .set_policy_names(Some(policies.clone()))
                         .send()
                 })

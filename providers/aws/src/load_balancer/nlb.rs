@@ -6,13 +6,13 @@ use std::{collections::BTreeMap, time::Duration};
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, Certificate, Listener, LoadBalancer as Elbv2LoadBalancer,
     LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag,
-    TargetDescription, TargetGroup, TargetTypeEnum,
+    TargetDescription, TargetGroup, TargetGroupAttribute, TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
     LoadBalancers, RuleScope, hostname_status,
-    spec::{LbSpec, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
+    spec::{LbSpec, PRESERVE_CLIENT_IP, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
 
@@ -286,6 +286,7 @@ impl LoadBalancers {
             let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
             self.sync_targets(&group_arn, port.node_port, instances)
                 .await?;
+            self.sync_target_group_attributes(&group_arn, spec).await?;
             let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
             let tls = spec.tls.on(service_port);
             // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
@@ -410,6 +411,70 @@ impl LoadBalancers {
                 .await?;
         }
         Ok(hostname_status(lb.dns_name()))
+    }
+
+    /// The target group's `preserve_client_ip.enabled` and `proxy_protocol_v2.enabled` as the Service
+    /// asks ([`LbSpec::target_group_attributes`]: the annotation, else AWS's defaults, so removing the
+    /// annotation puts them back; upstream leaves its last values); a key AWS does not report counts
+    /// as its default. Written only where they differ.
+    async fn sync_target_group_attributes(&self, group_arn: &str, spec: &LbSpec) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let out = self
+            .calls
+            .call("DescribeTargetGroupAttributes", || {
+                elbv2
+                    .describe_target_group_attributes()
+                    .target_group_arn(group_arn)
+                    .send()
+            })
+            .await?;
+        let changes: Vec<TargetGroupAttribute> = spec
+            .target_group_attributes
+            .iter()
+            .filter(|(key, wanted)| {
+                let current = out
+                    .attributes()
+                    .iter()
+                    .find(|a| a.key() == Some(key.as_str()))
+                    .and_then(|a| a.value())
+                    .map(|v| v == "true")
+                    .unwrap_or(key.as_str() == PRESERVE_CLIENT_IP);
+                current != **wanted
+            })
+            .map(|(key, wanted)| {
+                TargetGroupAttribute::builder()
+                    .key(key)
+                    .value(wanted.to_string())
+                    .build()
+            })
+            .collect();
+        if changes.is_empty()
+            || self.previewed(|| {
+                let said: Vec<String> = changes
+                    .iter()
+                    .map(|a| {
+                        format!(
+                            "{}={}",
+                            a.key().unwrap_or_default(),
+                            a.value().unwrap_or_default()
+                        )
+                    })
+                    .collect();
+                format!("target group {group_arn} would get {}", said.join(","))
+            })
+        {
+            return Ok(());
+        }
+        self.calls
+            .call("ModifyTargetGroupAttributes", || {
+                elbv2
+                    .modify_target_group_attributes()
+                    .target_group_arn(group_arn)
+                    .set_attributes(Some(changes.clone()))
+                    .send()
+            })
+            .await?;
+        Ok(())
     }
 
     async fn create_target_group(

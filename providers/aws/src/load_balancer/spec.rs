@@ -93,6 +93,17 @@ pub const ANNOTATION_DRAINING_TIMEOUT: &str =
 pub const ANNOTATION_IDLE_TIMEOUT: &str =
     "service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout";
 
+/// `…-proxy-protocol`: `*` puts PROXY protocol on every backend of a Classic ELB.
+pub const ANNOTATION_PROXY_PROTOCOL: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-proxy-protocol";
+/// `…-target-group-attributes`: `preserve_client_ip.enabled=…,proxy_protocol_v2.enabled=…` (NLB).
+pub const ANNOTATION_TARGET_GROUP_ATTRIBUTES: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes";
+/// The NLB target-group attributes the annotation may set (upstream's).
+pub const PRESERVE_CLIENT_IP: &str = "preserve_client_ip.enabled";
+/// See [`PRESERVE_CLIENT_IP`].
+pub const PROXY_PROTOCOL_V2: &str = "proxy_protocol_v2.enabled";
+
 /// The tag key prefix that marks a resource as the cluster's: `kubernetes.io/cluster/<id>`.
 pub const TAG_CLUSTER_PREFIX: &str = "kubernetes.io/cluster/";
 /// The tag holding the Service's `namespace/name`.
@@ -170,6 +181,11 @@ pub struct LbSpec {
     pub tls: Tls,
     /// A Classic ELB's attributes (access log, connection draining, idle timeout, cross-zone).
     pub classic_attributes: ClassicAttributes,
+    /// PROXY protocol on every backend of a Classic ELB (`proxy-protocol: "*"`).
+    pub proxy_protocol: bool,
+    /// The NLB target groups' `preserve_client_ip.enabled` and `proxy_protocol_v2.enabled`: the
+    /// annotation's values, else AWS's defaults for instance targets (`true`, `false`).
+    pub target_group_attributes: BTreeMap<String, bool>,
 }
 
 /// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
@@ -192,6 +208,54 @@ pub struct ClassicAttributes {
     pub idle_timeout: i32,
     /// `cross-zone-load-balancing-enabled`.
     pub cross_zone: bool,
+}
+
+/// The NLB target-group attributes: AWS's defaults for instance targets, then the annotation's values,
+/// validated as upstream validates them (`error validating target group attributes: …`).
+fn target_group_attributes(
+    service: &Service,
+    ports: &[Port],
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<BTreeMap<String, bool>, Error> {
+    let mut attributes: BTreeMap<String, bool> = [
+        (PRESERVE_CLIENT_IP.to_owned(), true),
+        (PROXY_PROTOCOL_V2.to_owned(), false),
+    ]
+    .into();
+    let Some(value) =
+        annotation(service, ANNOTATION_TARGET_GROUP_ATTRIBUTES).filter(|v| !v.is_empty())
+    else {
+        return Ok(attributes);
+    };
+    let invalid = |message: String| {
+        bad(
+            ANNOTATION_TARGET_GROUP_ATTRIBUTES,
+            format!("error validating target group attributes: {message}"),
+        )
+    };
+    for (key, text) in key_values(value) {
+        if !attributes.contains_key(&key) {
+            return Err(invalid(format!(
+                "the attribute {key:?} is not supported by the controller or is invalid"
+            )));
+        }
+        let on = match text.as_str() {
+            "true" => true,
+            "false" => false,
+            _ => {
+                return Err(invalid(format!(
+                    "invalid value {text:?} for {key:?}: true or false"
+                )));
+            }
+        };
+        if key == PRESERVE_CLIENT_IP && !on && ports.iter().any(|p| p.protocol == "UDP") {
+            return Err(invalid(
+                "client IP preservation can't be disabled for UDP ports".to_owned(),
+            ));
+        }
+        attributes.insert(key, on);
+    }
+    Ok(attributes)
 }
 
 /// The Classic ELB attributes the annotations ask for (upstream's parsing and messages).
@@ -485,6 +549,19 @@ impl LbSpec {
         };
         let tls = tls(service, kind, &named, &bad)?;
         let classic_attributes = classic_attributes(service, cross_zone, &bad)?;
+        let proxy_protocol = match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
+            None | Some("") => false,
+            Some("*") => true,
+            Some(other) => {
+                return Err(bad(
+                    ANNOTATION_PROXY_PROTOCOL,
+                    format!(
+                        "annotation {ANNOTATION_PROXY_PROTOCOL:?}={other:?} detected, but the only value supported currently is '*'"
+                    ),
+                ));
+            }
+        };
+        let target_group_attributes = target_group_attributes(service, &ports, &bad)?;
         let health_check = health_check(service, kind, first_listed.as_ref(), &tls, &bad)?;
         Ok(Self {
             service_name: service_name.clone(),
@@ -504,6 +581,8 @@ impl LbSpec {
             extra_security_groups: list(annotation(service, ANNOTATION_EXTRA_SECURITY_GROUPS)),
             tls,
             classic_attributes,
+            proxy_protocol,
+            target_group_attributes,
         })
     }
 
@@ -1066,6 +1145,24 @@ mod tests {
                     (ANNOTATION_BACKEND_PROTOCOL, "HTTPS"),
                 ],
                 "Invalid backend protocol HTTPS for arn:c in service.beta.kubernetes.io/aws-load-balancer-backend-protocol",
+            ),
+            (
+                vec![
+                    (ANNOTATION_TYPE, "nlb"),
+                    (
+                        ANNOTATION_TARGET_GROUP_ATTRIBUTES,
+                        "stickiness.enabled=true",
+                    ),
+                ],
+                "error validating target group attributes: the attribute \"stickiness.enabled\" is not supported by the controller or is invalid",
+            ),
+            (
+                vec![(ANNOTATION_PROXY_PROTOCOL, "true")],
+                "detected, but the only value supported currently is '*'",
+            ),
+            (
+                vec![(ANNOTATION_IDLE_TIMEOUT, "a minute")],
+                "error parsing service annotation: service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout=a minute",
             ),
             (
                 vec![(ANNOTATION_BACKEND_PROTOCOL, "h2")],
