@@ -36,7 +36,7 @@ fn the_flags_parse_with_the_managers_and_reach_the_factory() {
             "--controllers=*,-inventory-audit",
         ])
         .unwrap();
-    assert_eq!(command_line.options.cloud.cloud_provider, "inventory");
+    assert_eq!(command_line.options.cloud_provider(), "inventory");
     let config = cloud_provider::CloudConfig::from_bytes(None, "worker-1 lab m5.large\n")
         .with_flags(command_line.matches);
     let flags: cloud_provider_inventory::InventoryFlags = config.flags().unwrap();

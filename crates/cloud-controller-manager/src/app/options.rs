@@ -51,6 +51,13 @@ pub struct Options {
     pub(crate) logging: LoggingOptions,
 }
 
+impl Options {
+    /// The provider `--cloud-provider` names.
+    pub fn cloud_provider(&self) -> &str {
+        &self.cloud.cloud_provider
+    }
+}
+
 /// Which controllers run.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Generic")]
