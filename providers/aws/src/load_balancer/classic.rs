@@ -359,29 +359,15 @@ impl LoadBalancers {
             .policy
             .as_ref()
             .map(|p| format!("{SSL_POLICY_PREFIX}{p}"));
-        if let Some(policy) = &wanted
-            && !lb
-                .policies()
-                .is_some_and(|p| p.other_policies().iter().any(|o| o == policy))
-            && !self.classic_policy_exists(name, policy).await?
-            && !self.previewed(|| format!("TLS negotiation policy {policy} would be created"))
-        {
+        if let Some(policy) = &wanted {
             let reference = spec.tls.policy.clone().unwrap_or_default();
-            self.calls
-                .call("CreateLoadBalancerPolicy", || {
-                    elb.create_load_balancer_policy()
-                        .load_balancer_name(name)
-                        .policy_name(policy)
-                        .policy_type_name("SSLNegotiationPolicyType")
-                        .policy_attributes(
-                            PolicyAttribute::builder()
-                                .attribute_name("Reference-Security-Policy")
-                                .attribute_value(&reference)
-                                .build(),
-                        )
-                        .send()
-                })
-                .await?;
+            self.ensure_classic_policy(
+                lb,
+                policy,
+                "SSLNegotiationPolicyType",
+                ("Reference-Security-Policy", &reference),
+            )
+            .await?;
         }
         for described in lb.listener_descriptions() {
             let Some(listener) = described.listener() else {
@@ -461,32 +447,14 @@ impl LoadBalancers {
         if changes.is_empty() {
             return Ok(());
         }
-        if spec.proxy_protocol
-            && !lb.policies().is_some_and(|p| {
-                p.other_policies()
-                    .iter()
-                    .any(|o| o == PROXY_PROTOCOL_POLICY)
-            })
-            && !self
-                .classic_policy_exists(name, PROXY_PROTOCOL_POLICY)
-                .await?
-            && !self.previewed(|| format!("policy {PROXY_PROTOCOL_POLICY} would be created"))
-        {
-            self.calls
-                .call("CreateLoadBalancerPolicy", || {
-                    elb.create_load_balancer_policy()
-                        .load_balancer_name(name)
-                        .policy_name(PROXY_PROTOCOL_POLICY)
-                        .policy_type_name("ProxyProtocolPolicyType")
-                        .policy_attributes(
-                            PolicyAttribute::builder()
-                                .attribute_name("ProxyProtocol")
-                                .attribute_value("true")
-                                .build(),
-                        )
-                        .send()
-                })
-                .await?;
+        if spec.proxy_protocol {
+            self.ensure_classic_policy(
+                lb,
+                PROXY_PROTOCOL_POLICY,
+                "ProxyProtocolPolicyType",
+                ("ProxyProtocol", "true"),
+            )
+            .await?;
         }
         for (port, on) in changes {
             if self.previewed(|| {
@@ -512,6 +480,43 @@ impl LoadBalancers {
                 })
                 .await?;
         }
+        Ok(())
+    }
+
+    /// Makes the policy `policy` (of `policy_type`, with one attribute) on the ELB unless it has one by
+    /// that name (upstream's TLS and PROXY protocol policies are fixed by their names).
+    async fn ensure_classic_policy(
+        &self,
+        lb: &LoadBalancerDescription,
+        policy: &str,
+        policy_type: &str,
+        (attribute, value): (&str, &str),
+    ) -> Result<()> {
+        let name = lb.load_balancer_name().unwrap_or_default();
+        if lb
+            .policies()
+            .is_some_and(|p| p.other_policies().iter().any(|o| o == policy))
+            || self.classic_policy_exists(name, policy).await?
+            || self.previewed(|| format!("policy {policy} would be created"))
+        {
+            return Ok(());
+        }
+        let elb = &self.calls.clients.elb;
+        self.calls
+            .call("CreateLoadBalancerPolicy", || {
+                elb.create_load_balancer_policy()
+                    .load_balancer_name(name)
+                    .policy_name(policy)
+                    .policy_type_name(policy_type)
+                    .policy_attributes(
+                        PolicyAttribute::builder()
+                            .attribute_name(attribute)
+                            .attribute_value(value)
+                            .build(),
+                    )
+                    .send()
+            })
+            .await?;
         Ok(())
     }
 
