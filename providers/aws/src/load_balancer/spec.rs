@@ -648,6 +648,19 @@ fn tls(
             ));
         }
     };
+    // Without a certificate nothing terminates TLS: upstream ignores these two then; refused here.
+    if cert.is_none() {
+        for key in [ANNOTATION_SSL_PORTS, ANNOTATION_SSL_POLICY] {
+            if raw(key).is_some() {
+                return Err(bad(
+                    key,
+                    format!(
+                        "has no effect without {ANNOTATION_SSL_CERT}: no listener terminates TLS"
+                    ),
+                ));
+            }
+        }
+    }
     let selection = match raw(ANNOTATION_SSL_PORTS) {
         None | Some("") | Some("*") => None,
         Some(value) => {
@@ -1163,6 +1176,10 @@ mod tests {
             (
                 vec![(ANNOTATION_IDLE_TIMEOUT, "a minute")],
                 "error parsing service annotation: service.beta.kubernetes.io/aws-load-balancer-connection-idle-timeout=a minute",
+            ),
+            (
+                vec![(ANNOTATION_SSL_PORTS, "443")],
+                "aws-load-balancer-ssl-ports: has no effect without service.beta.kubernetes.io/aws-load-balancer-ssl-cert",
             ),
             (
                 vec![(ANNOTATION_BACKEND_PROTOCOL, "h2")],
