@@ -305,7 +305,7 @@ async fn beside_the_go_ccm_on_one_cloud_zero_differences_then_the_seeded_ones() 
     let node_a = get_node(&a).await.unwrap();
     cloud_provider::CloudProvider::load_balancer(&manager.cloud)
         .unwrap()
-        .update_load_balancer("kubernetes", &service, &[node_a])
+        .update_load_balancer("kubernetes", &service, &[std::sync::Arc::new(node_a)])
         .await
         .unwrap();
     let report_now = eventually("the backend difference", WITHIN, || async {

@@ -18,7 +18,7 @@
 //! attribute to skip a field of a foreign type, and `serde_ignored` (which finds the unknown fields)
 //! only reports keys, it cannot drop them.
 
-use std::{borrow::Cow, fmt, marker::PhantomData, ops::Deref};
+use std::{borrow::Cow, fmt, marker::PhantomData, ops::Deref, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeSpec, NodeStatus},
@@ -39,7 +39,10 @@ const SKIPPED_STATUS: &[&str] = &["images"];
 /// `metadata.managedFields` and `status.images`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CachedNode {
-    node: Node,
+    /// Shared, so the load balancers' backend lists hand the provider the cached nodes themselves
+    /// (upstream passes the lister's `*v1.Node` pointers): a list of thousands of backends copies no
+    /// Node.
+    node: Arc<Node>,
     /// The first field of the object, its metadata or its spec that k8s-openapi does not know, as a
     /// path (`spec.taints.0.newField`).
     unknown_field: Option<Box<str>>,
@@ -51,9 +54,14 @@ impl CachedNode {
         &self.node
     }
 
-    /// The node, owned.
+    /// The node, shared with the cache (no copy).
+    pub fn shared(&self) -> Arc<Node> {
+        Arc::clone(&self.node)
+    }
+
+    /// The node, owned (copied only when the cache still shares it).
     pub fn into_node(self) -> Node {
-        self.node
+        Arc::unwrap_or_clone(self.node)
     }
 
     /// The first field of the object, its metadata or its spec that this build's types do not know:
@@ -71,7 +79,7 @@ impl From<Node> for CachedNode {
             status.images = None;
         }
         Self {
-            node,
+            node: Arc::new(node),
             unknown_field: None,
         }
     }
@@ -116,7 +124,7 @@ impl Resource for CachedNode {
     }
 
     fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.node.metadata
+        &mut Arc::make_mut(&mut self.node).metadata
     }
 }
 
@@ -168,7 +176,7 @@ impl<'de> Visitor<'de> for NodeVisitor {
             }
         }
         Ok(CachedNode {
-            node,
+            node: Arc::new(node),
             unknown_field: unknown.map(String::into_boxed_str),
         })
     }

@@ -210,7 +210,7 @@ impl LoadBalancer for MeteredCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let lb = part(self.inner.load_balancer())?;
         self.observe(
@@ -223,7 +223,7 @@ impl LoadBalancer for MeteredCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let lb = part(self.inner.load_balancer())?;
         self.observe(
@@ -248,7 +248,7 @@ impl LoadBalancer for MeteredCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         let lb = part(self.inner.load_balancer())?;
         self.observe(

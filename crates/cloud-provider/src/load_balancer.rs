@@ -1,5 +1,7 @@
 //! Service load balancers (upstream `cloudprovider.LoadBalancer`).
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 
@@ -8,7 +10,9 @@ use crate::{CloudResult, helpers::default_load_balancer_name};
 /// Creates, updates and deletes the cloud load balancer of a `type: LoadBalancer` Service.
 ///
 /// Every method receives the `--cluster-name` value and the Service; treat both the Service and the
-/// Nodes as read-only. All methods must be idempotent: the service controller retries freely.
+/// Nodes as read-only. The backend Nodes are the manager's cached objects themselves, shared (as
+/// upstream passes its lister's `*v1.Node` pointers): a load balancer's thousands of backends cost no
+/// copy; clone one only to change it. All methods must be idempotent: the service controller retries freely.
 #[async_trait]
 pub trait LoadBalancer: Send + Sync {
     /// The load balancer of this Service, or `None` when none exists.
@@ -39,7 +43,7 @@ pub trait LoadBalancer: Send + Sync {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus>;
 
     /// Changes only the set of backend nodes of an existing load balancer.
@@ -47,7 +51,7 @@ pub trait LoadBalancer: Send + Sync {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()>;
 
     /// Deletes the load balancer if it exists; succeeds when it did not.
@@ -73,7 +77,7 @@ pub trait LoadBalancer: Send + Sync {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         let _ = (cluster_name, service, nodes);
         Ok(LoadBalancerPreview::Unknown)

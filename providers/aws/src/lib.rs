@@ -236,7 +236,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let parts = self.parts().await?;
         parts
@@ -249,7 +249,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let parts = self.parts().await?;
         parts
@@ -274,7 +274,7 @@ impl LoadBalancer for AwsCloud {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         let parts = self.parts().await?;
         parts

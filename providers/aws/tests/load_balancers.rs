@@ -11,6 +11,8 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use cloud_provider::{CloudProvider, LoadBalancerPreview};
 use cloud_provider_aws::spec::{ANNOTATION_TYPE, Port};
 use k8s_openapi::api::core::v1::Node;
+use std::sync::Arc;
+
 use support::*;
 
 const UID: &str = "12345678-90ab-cdef-1234-567890abcdef";
@@ -71,7 +73,7 @@ async fn an_nlb_gets_target_groups_listeners_and_targets_and_goes_away_completel
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 3).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let service = lb_service("web", UID, &[(ANNOTATION_TYPE, "nlb")]);
@@ -230,7 +232,7 @@ async fn a_classic_elb_gets_listeners_health_check_instances_and_security_groups
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let mut service = lb_service("classic", UID, &[]);
@@ -479,7 +481,7 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     // ELBv2 through a proxy that fails the first CreateListener: the NLB and a target group exist by then.
     let proxy = throttle::ThrottlingProxy::with_fault(
         moto().port,
@@ -569,7 +571,7 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
 async fn preview(
     cloud: &cloud_provider_aws::AwsCloud,
     service: &k8s_openapi::api::core::v1::Service,
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
 ) -> LoadBalancerPreview {
     let before = cloud.api_metrics().requests();
     let preview = cloud
@@ -638,9 +640,9 @@ async fn preview_follows_what_ensure_would_do(annotations: &[(&str, &str)]) {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 3).await;
-    let all: Vec<Node> = instances.iter().map(instance_node).collect();
+    let all: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let nodes = &all[..2];
-    let name = |n: &Node| n.metadata.name.clone().unwrap();
+    let name = |n: &Arc<Node>| n.metadata.name.clone().unwrap();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let service = lb_service("web", UID, annotations);
@@ -759,7 +761,7 @@ async fn the_cluster_s_load_balancers_are_listed_and_orphans_deleted() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let nlb = lb_service("web", UID, &[(ANNOTATION_TYPE, "nlb")]);
@@ -851,7 +853,7 @@ async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() 
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     const EIPS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
@@ -1032,7 +1034,7 @@ async fn nlb_rules_in_the_nodes_group_are_upstream_s_mtu_and_health_rules_includ
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let client = format!("kubernetes.io/rule/nlb/client={LB_NAME}");
@@ -1144,7 +1146,7 @@ async fn classic_elb_attributes_follow_their_annotations_as_upstream() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let settled = |service: k8s_openapi::api::core::v1::Service| {
@@ -1228,7 +1230,7 @@ async fn proxy_protocol_and_target_group_attributes_follow_their_annotations() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     let settled = |service: k8s_openapi::api::core::v1::Service| {

@@ -13,6 +13,8 @@ use cloud_provider_aws::spec::{
     ANNOTATION_TYPE,
 };
 use k8s_openapi::api::core::v1::{Node, Service};
+use std::sync::Arc;
+
 use support::*;
 
 const UID: &str = "abcdef01-2345-6789-abcd-ef0123456789";
@@ -149,7 +151,7 @@ fn owned(listeners: &[Wanted]) -> Vec<ClassicListener> {
         .collect()
 }
 
-async fn sync(cloud: &cloud_provider_aws::AwsCloud, service: &Service, nodes: &[Node]) {
+async fn sync(cloud: &cloud_provider_aws::AwsCloud, service: &Service, nodes: &[Arc<Node>]) {
     cloud
         .load_balancer()
         .unwrap()
@@ -159,7 +161,11 @@ async fn sync(cloud: &cloud_provider_aws::AwsCloud, service: &Service, nodes: &[
 }
 
 /// Syncs twice; the second makes no AWS write.
-async fn sync_settled(cloud: &cloud_provider_aws::AwsCloud, service: &Service, nodes: &[Node]) {
+async fn sync_settled(
+    cloud: &cloud_provider_aws::AwsCloud,
+    service: &Service,
+    nodes: &[Arc<Node>],
+) {
     sync(cloud, service, nodes).await;
     let before = cloud.api_metrics().requests();
     sync(cloud, service, nodes).await;
@@ -176,7 +182,7 @@ async fn a_classic_elb_terminates_tls_as_upstream_and_follows_the_annotations() 
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let policy = format!("k8s-SSLNegotiationPolicy-{POLICY}");
 
@@ -249,7 +255,7 @@ async fn an_nlb_terminates_tls_as_upstream_and_follows_the_annotations() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let tls_policy = "ELBSecurityPolicy-TLS13-1-2-2021-06";
     let listener =
@@ -329,7 +335,7 @@ async fn a_certificate_that_cannot_be_had_fails_the_sync_and_leaves_no_plain_lis
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let nodes: Vec<Node> = instances.iter().map(instance_node).collect();
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
 

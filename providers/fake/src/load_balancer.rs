@@ -5,6 +5,8 @@ use cloud_provider::{
     CloudError, CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef,
     default_load_balancer_name,
 };
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{FakeCloud, LoadBalancerRecord, Mutable, PortRecord};
@@ -50,7 +52,7 @@ fn ports_of(service: &Service) -> Vec<PortRecord> {
     ports
 }
 
-fn node_names(nodes: &[Node]) -> Vec<String> {
+fn node_names(nodes: &[Arc<Node>]) -> Vec<String> {
     let mut names: Vec<String> = nodes
         .iter()
         .filter_map(|n| n.metadata.name.clone())
@@ -123,7 +125,7 @@ impl LoadBalancer for FakeCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         let key = service_key(service);
         self.enter_for("preview_load_balancer", &key).await?;
@@ -151,7 +153,7 @@ impl LoadBalancer for FakeCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let config = self
             .enter_for("ensure_load_balancer", &service_key(service))
@@ -222,7 +224,7 @@ impl LoadBalancer for FakeCloud {
         &self,
         _cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.enter_for("update_load_balancer", &service_key(service))
             .await?;
@@ -304,7 +306,7 @@ mod tests {
             "web",
             "11111111-1111-1111-1111-111111111111",
         );
-        lb.ensure_load_balancer("k", &web, &[conformance::node("n1")])
+        lb.ensure_load_balancer("k", &web, &[conformance::backend_node("n1")])
             .await
             .unwrap();
         let listed = lb.list_load_balancers("k").await.unwrap();
@@ -342,7 +344,7 @@ mod tests {
             "web",
             "11111111-1111-1111-1111-111111111111",
         );
-        let nodes = [conformance::node("n1")];
+        let nodes = [conformance::backend_node("n1")];
         let refused = Leadership::new(std::sync::Arc::new(Lapsed))
             .scope(lb.ensure_load_balancer("k", &web, &nodes))
             .await
@@ -374,7 +376,10 @@ mod tests {
             "api",
             "22222222-2222-2222-2222-222222222222",
         );
-        let nodes = [conformance::node("n2"), conformance::node("n1")];
+        let nodes = [
+            conformance::backend_node("n2"),
+            conformance::backend_node("n1"),
+        ];
         let status = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
         assert_eq!(
             status.ingress.unwrap()[0].ip.as_deref(),
@@ -440,10 +445,10 @@ mod tests {
         );
         let err = lb.update_load_balancer("k", &web, &[]).await.unwrap_err();
         assert!(err.to_string().contains("no load balancer"), "{err}");
-        lb.ensure_load_balancer("k", &web, &[conformance::node("a")])
+        lb.ensure_load_balancer("k", &web, &[conformance::backend_node("a")])
             .await
             .unwrap();
-        lb.update_load_balancer("k", &web, &[conformance::node("b")])
+        lb.update_load_balancer("k", &web, &[conformance::backend_node("b")])
             .await
             .unwrap();
         let snapshot = cloud.snapshot();
@@ -462,7 +467,10 @@ mod tests {
             "web",
             "55555555-5555-5555-5555-555555555555",
         );
-        let (a, b) = (conformance::node("a"), conformance::node("b"));
+        let (a, b) = (
+            conformance::backend_node("a"),
+            conformance::backend_node("b"),
+        );
         let preview = lb
             .preview_load_balancer("k", &web, &[b.clone(), a.clone()])
             .await

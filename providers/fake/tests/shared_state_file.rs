@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, path::Path, time::Duration};
 
 use cloud_provider::{
     CloudProvider, LoadBalancer,
-    conformance::{load_balancer_service, node},
+    conformance::{backend_node, load_balancer_service},
 };
 use cloud_provider_fake::{CloudState, FakeCloud};
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service};
@@ -55,7 +55,7 @@ async fn two_clouds_on_one_file_see_each_others_load_balancers() {
     let yaml = shared_yaml(&dir.path().join("state.json"));
     let a = FakeCloud::from_yaml(&yaml).unwrap();
     let b = FakeCloud::from_yaml(&yaml).unwrap();
-    let nodes = [node("n1")];
+    let nodes = [backend_node("n1")];
 
     let web = lb(&a)
         .ensure_load_balancer("k", &service("web"), &nodes)
@@ -82,7 +82,7 @@ async fn two_clouds_on_one_file_see_each_others_load_balancers() {
 
     // An update by a of b's load balancer, then a deletion by b of a's.
     lb(&a)
-        .update_load_balancer("k", &service("api"), &[node("n2")])
+        .update_load_balancer("k", &service("api"), &[backend_node("n2")])
         .await
         .unwrap();
     assert_eq!(
@@ -112,7 +112,7 @@ async fn a_new_cloud_on_an_existing_file_keeps_every_services_ip() {
     let path = dir.path().join("state.json");
     let yaml = shared_yaml(&path);
     let names: Vec<String> = (0..20).map(|i| format!("svc-{i}")).collect();
-    let nodes = [node("n1")];
+    let nodes = [backend_node("n1")];
 
     let first = FakeCloud::from_yaml(&yaml).unwrap();
     let mut ips = Vec::new();

@@ -23,6 +23,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    sync::Arc,
     time::Duration,
 };
 
@@ -605,7 +606,11 @@ impl LocalCloud {
         Ok(())
     }
 
-    async fn ensure(&self, service: &Service, nodes: &[Node]) -> Result<LoadBalancerStatus, Error> {
+    async fn ensure(
+        &self,
+        service: &Service,
+        nodes: &[Arc<Node>],
+    ) -> Result<LoadBalancerStatus, Error> {
         let key = key_of(service);
         let _serial = self.serialize(&key).await;
         let config = self.config();
@@ -691,7 +696,7 @@ impl LocalCloud {
     /// `UpdateLoadBalancer`). The node sync calls this with the copy of the Service it last synced,
     /// which may be older than what the last ensure applied (or than the Service's deletion): so nothing
     /// else of the spec is taken from it, and a load balancer that is not running is left alone.
-    async fn update_backends(&self, service: &Service, nodes: &[Node]) -> Result<(), Error> {
+    async fn update_backends(&self, service: &Service, nodes: &[Arc<Node>]) -> Result<(), Error> {
         let key = key_of(service);
         let _serial = self.serialize(&key).await;
         let config = self.config();
@@ -754,7 +759,7 @@ impl LoadBalancer for LocalCloud {
         &self,
         _cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         cloud_provider::leadership::check()?;
         let span = tracing::info_span!("ensure_load_balancer", service = %key_of(service));
@@ -765,7 +770,7 @@ impl LoadBalancer for LocalCloud {
         &self,
         _cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         cloud_provider::leadership::check()?;
         let span = tracing::info_span!("update_load_balancer", service = %key_of(service));
@@ -1155,12 +1160,14 @@ mod tests {
         assert_eq!(backends, ["n1=127.0.1.1", "n2=127.0.2.1", "n2=fd00::2"]);
     }
 
-    fn adopted_node(name: &str, ip: &str) -> Node {
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
-        }))
-        .unwrap()
+    fn adopted_node(name: &str, ip: &str) -> Arc<Node> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "status": {"addresses": [{"type": "InternalIP", "address": ip}]}
+            }))
+            .unwrap(),
+        )
     }
 
     fn applied(cloud: &LocalCloud) -> Option<LoadBalancerSpec> {

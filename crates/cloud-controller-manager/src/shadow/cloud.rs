@@ -24,7 +24,7 @@ pub struct ShadowCloud {
     report: ShadowReport,
     /// The last backend list asked for, shared by the entries that ask for the same (node sync asks
     /// every load balancer for the same list).
-    last_nodes: Mutex<Option<Arc<Vec<Node>>>>,
+    last_nodes: Mutex<Option<Arc<Vec<Arc<Node>>>>>,
 }
 
 impl ShadowCloud {
@@ -37,9 +37,9 @@ impl ShadowCloud {
         }
     }
 
-    fn shared_nodes(&self, nodes: &[Node]) -> Arc<Vec<Node>> {
+    fn shared_nodes(&self, nodes: &[Arc<Node>]) -> Arc<Vec<Arc<Node>>> {
         let mut last = self.last_nodes.lock();
-        let names = |nodes: &[Node]| -> Vec<Option<String>> {
+        let names = |nodes: &[Arc<Node>]| -> Vec<Option<String>> {
             nodes.iter().map(|n| n.metadata.name.clone()).collect()
         };
         match last.as_ref() {
@@ -70,7 +70,7 @@ impl ShadowCloud {
         call: &'static str,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let preview = self
             .lb()?
@@ -166,7 +166,7 @@ impl LoadBalancer for ShadowCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         self.preview("ensure_load_balancer", cluster, service, nodes)
             .await?;
@@ -185,7 +185,7 @@ impl LoadBalancer for ShadowCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         self.preview("update_load_balancer", cluster, service, nodes)
             .await
@@ -221,7 +221,7 @@ impl LoadBalancer for ShadowCloud {
         &self,
         cluster: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         self.lb()?
             .preview_load_balancer(cluster, service, nodes)

@@ -118,7 +118,7 @@ pub enum CloudObject {
         /// The Service.
         service: Arc<Service>,
         /// The backends it asked for.
-        nodes: Arc<Vec<Node>>,
+        nodes: Arc<Vec<Arc<Node>>>,
         /// Whether the last call was a delete.
         delete: bool,
     },

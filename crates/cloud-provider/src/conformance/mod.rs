@@ -25,7 +25,7 @@
 
 mod checks;
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{Node, NodeSpec, Service, ServicePort, ServiceSpec},
@@ -50,7 +50,7 @@ pub struct Fixtures {
     pub service: Service,
     /// The nodes put behind the load balancer: [`Fixtures::new`] uses the existing node only. With two
     /// or more, the update check also moves to fewer backends.
-    pub backend_nodes: Vec<Node>,
+    pub backend_nodes: Vec<Arc<Node>>,
     /// A route to create and delete.
     pub route: Route,
 }
@@ -60,7 +60,7 @@ impl Fixtures {
     /// The Service, the backends (the existing node alone) and the route get neutral defaults; change
     /// the fields to suit your cloud.
     pub fn new(existing_node: &str, missing_node: &str) -> Self {
-        let backend_nodes = vec![node(existing_node)];
+        let backend_nodes = vec![backend_node(existing_node)];
         Self {
             cluster_name: "conformance".to_owned(),
             existing_node: node(existing_node),
@@ -88,7 +88,7 @@ impl Fixtures {
 
     /// The same fixtures with these load-balancer backends.
     pub fn with_backend_nodes(mut self, names: &[&str]) -> Self {
-        self.backend_nodes = names.iter().map(|n| node(n)).collect();
+        self.backend_nodes = names.iter().map(|n| backend_node(n)).collect();
         self
     }
 }
@@ -103,6 +103,12 @@ pub fn node(name: &str) -> Node {
         spec: Some(NodeSpec::default()),
         ..Default::default()
     }
+}
+
+/// A backend Node with only a name, shared as the manager hands backends to
+/// [`LoadBalancer`](crate::LoadBalancer) calls.
+pub fn backend_node(name: &str) -> Arc<Node> {
+    Arc::new(node(name))
 }
 
 /// A `type: LoadBalancer` Service with one TCP port (80 → node port 30080).

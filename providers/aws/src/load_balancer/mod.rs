@@ -533,7 +533,7 @@ impl LoadBalancer for LoadBalancers {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         let spec = self.spec(cluster_name, service)?;
         let instances = self.instances(&spec.target_nodes(nodes)).await?;
@@ -549,7 +549,7 @@ impl LoadBalancer for LoadBalancers {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         let spec = self.spec(cluster_name, service)?;
         let instances = self.instances(&spec.target_nodes(nodes)).await?;
@@ -573,7 +573,7 @@ impl LoadBalancer for LoadBalancers {
         &self,
         cluster_name: &str,
         service: &Service,
-        nodes: &[Node],
+        nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
         let spec = self.spec(cluster_name, service)?;
         let targets = spec.target_nodes(nodes);

@@ -1,6 +1,6 @@
 //! What a Service asks of its AWS load balancer, read with upstream's annotations and defaults.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use cloud_provider::service_helpers;
 use k8s_openapi::api::core::v1::{Node, Service};
@@ -587,14 +587,15 @@ impl LbSpec {
     }
 
     /// The nodes that are targets: those with every `target-node-labels` label.
-    pub fn target_nodes<'a>(&self, nodes: &'a [Node]) -> Vec<&'a Node> {
+    pub fn target_nodes<'a>(&self, nodes: &'a [Arc<Node>]) -> Vec<&'a Node> {
         nodes
             .iter()
+            .map(|n| n.as_ref())
             .filter(|n| {
-                let labels = n.metadata.labels.clone().unwrap_or_default();
+                let labels = n.metadata.labels.as_ref();
                 self.target_node_labels
                     .iter()
-                    .all(|(k, v)| labels.get(k) == Some(v))
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
             })
             .collect()
     }
@@ -1211,7 +1212,7 @@ mod tests {
         );
         let mut no = Node::default();
         no.metadata.labels = Some([("pool".to_owned(), "lb".to_owned())].into());
-        let nodes = [yes, no];
+        let nodes = [Arc::new(yes), Arc::new(no)];
         assert_eq!(s.target_nodes(&nodes).len(), 1);
     }
 }

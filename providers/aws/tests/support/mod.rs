@@ -465,15 +465,16 @@ pub fn lb_service(
     s
 }
 
-/// A Node for an instance: named by its private DNS name, with its provider ID.
-pub fn instance_node(instance: &InstanceInfo) -> k8s_openapi::api::core::v1::Node {
+/// A backend Node for an instance, shared as the manager shares its cached nodes: named by its
+/// private DNS name, with its provider ID.
+pub fn instance_node(instance: &InstanceInfo) -> std::sync::Arc<k8s_openapi::api::core::v1::Node> {
     let mut n = k8s_openapi::api::core::v1::Node::default();
     n.metadata.name = Some(instance.private_dns.clone());
     n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
         provider_id: Some(instance.provider_id()),
         ..Default::default()
     });
-    n
+    std::sync::Arc::new(n)
 }
 
 /// Every load balancer, target group and security group that carries the cluster's tag, and every

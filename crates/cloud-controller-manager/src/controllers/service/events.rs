@@ -2,6 +2,8 @@
 //! action strings (kept exactly, since dashboards and `kubectl get events --field-selector reason=…`
 //! match on them), and its message.
 
+use std::sync::Arc;
+
 use cloud_provider::CloudError;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::runtime::events::EventType;
@@ -66,7 +68,7 @@ pub(crate) enum ServiceEvent<'a> {
     /// Giving a load balancer the current backend nodes failed (it is retried through a full sync).
     UpdateLoadBalancerFailed {
         /// The nodes it was to be given.
-        nodes: &'a [Node],
+        nodes: &'a [Arc<Node>],
         /// The cloud's error.
         error: &'a CloudError,
     },
@@ -183,8 +185,8 @@ mod tests {
         use EventType::{Normal, Warning};
         let cloud = CloudError::NotImplemented;
         let sync = ServiceError::NoStatus;
-        let two = [node("a"), node("b")];
-        let many: Vec<Node> = (0..25).map(|i| node(&format!("n{i}"))).collect();
+        let two = [Arc::new(node("a")), Arc::new(node("b"))];
+        let many: Vec<Arc<Node>> = (0..25).map(|i| Arc::new(node(&format!("n{i}")))).collect();
         let twenty: Vec<String> = (0..20).map(|i| format!("n{i}")).collect();
         let table: Vec<(ServiceEvent<'_>, EventType, &str, &str, String)> = vec![
             (

@@ -116,7 +116,7 @@ struct Tracked {
 /// thousands of nodes, a copy per Service would cost more than the sync.
 #[derive(Clone)]
 struct Backends {
-    nodes: Arc<Vec<Node>>,
+    nodes: Arc<Vec<Arc<Node>>>,
     set: Arc<BackendSet>,
 }
 
@@ -177,15 +177,15 @@ impl Context {
         if let Some(backends) = cache.as_ref() {
             return backends.clone();
         }
-        let nodes: Vec<Node> = self
+        let nodes: Vec<Arc<Node>> = self
             .nodes
             .state()
             .iter()
             .filter(|n| is_backend(n))
-            .map(|n| n.node().clone())
+            .map(|n| n.shared())
             .collect();
         let backends = Backends {
-            set: Arc::new(backend_set(&nodes)),
+            set: Arc::new(backend_set(nodes.iter().map(|n| n.as_ref()))),
             nodes: Arc::new(nodes),
         };
         *cache = Some(backends.clone());
