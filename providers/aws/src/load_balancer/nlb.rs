@@ -407,7 +407,7 @@ impl LoadBalancers {
             self.sync_cross_zone(&arn, enabled).await?;
         }
         if !self.config.global.disable_security_group_ingress {
-            self.sync_nlb_rules(spec, instances, cluster_id, &vpc_id)
+            self.sync_nlb_rules(spec, instances, cluster_id, &lb)
                 .await?;
         }
         Ok(hostname_status(lb.dns_name()))
@@ -669,15 +669,16 @@ impl LoadBalancers {
         Ok(())
     }
 
-    /// Client rules (the source ranges on each node port) and health-check rules (the VPC's CIDR on the
-    /// health-check port) in the backends' security groups, described as upstream describes them; the
-    /// same rules are removed from groups no backend uses any more.
+    /// Client rules (the source ranges on each node port) and health-check rules (the CIDRs of the
+    /// NLB's subnets on the health-check port, as upstream: the addresses its health checks come from)
+    /// in the backends' security groups, described as upstream describes them; the same rules are
+    /// removed from groups no backend uses any more.
     async fn sync_nlb_rules(
         &self,
         spec: &LbSpec,
         instances: &[InstanceInfo],
         cluster_id: &str,
-        vpc_id: &str,
+        lb: &Elbv2LoadBalancer,
     ) -> Result<()> {
         let groups = self.node_security_groups(instances, cluster_id).await?;
         let client = rule_description("client", &spec.name);
@@ -710,16 +711,9 @@ impl LoadBalancers {
             && spec.ports.iter().all(|p| p.protocol == "TCP")
             && hc_ports == client_ports;
         if !hc_ports.is_empty() && !covered {
-            let ec2 = &self.calls.clients.ec2;
-            let vpcs = self
-                .calls
-                .call("DescribeVpcs", || {
-                    ec2.describe_vpcs().vpc_ids(vpc_id).send()
-                })
-                .await?;
-            if let Some(cidr) = vpcs.vpcs().first().and_then(|v| v.cidr_block()) {
-                for port in hc_ports {
-                    health_rules.push(("tcp".to_owned(), port, port, cidr.to_owned()));
+            for cidr in self.subnet_cidrs(lb).await? {
+                for port in &hc_ports {
+                    health_rules.push(("tcp".to_owned(), *port, *port, cidr.clone()));
                 }
             }
         }
@@ -738,6 +732,7 @@ impl LoadBalancers {
             }
         }
         // Groups of former backends.
+        let vpc_id = lb.vpc_id().unwrap_or_default();
         let ec2 = &self.calls.clients.ec2;
         let out = self
             .calls
@@ -810,6 +805,39 @@ impl LoadBalancers {
         Ok(())
     }
 
+    /// The CIDR blocks of the NLB's subnets (upstream's `getSubnetCidrs` over the subnets of its
+    /// availability zones).
+    async fn subnet_cidrs(&self, lb: &Elbv2LoadBalancer) -> Result<Vec<String>> {
+        let ids: Vec<String> = lb
+            .availability_zones()
+            .iter()
+            .filter_map(|z| z.subnet_id().map(str::to_owned))
+            .collect();
+        if ids.is_empty() {
+            return Err(Error::Setup(format!(
+                "NLB {} has no subnets to allow health checks from",
+                lb.load_balancer_name().unwrap_or_default()
+            )));
+        }
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSubnets", || {
+                ec2.describe_subnets()
+                    .set_subnet_ids(Some(ids.clone()))
+                    .send()
+            })
+            .await?;
+        let mut cidrs: Vec<String> = out
+            .subnets()
+            .iter()
+            .filter_map(|s| s.cidr_block().map(str::to_owned))
+            .collect();
+        cidrs.sort();
+        cidrs.dedup();
+        Ok(cidrs)
+    }
+
     /// Backends of an existing NLB follow `instances`: targets and security-group rules.
     pub(super) async fn update_nlb_targets(
         &self,
@@ -830,7 +858,7 @@ impl LoadBalancers {
                 .await?;
         }
         if !self.config.global.disable_security_group_ingress {
-            self.sync_nlb_rules(spec, instances, cluster_id, lb.vpc_id().unwrap_or_default())
+            self.sync_nlb_rules(spec, instances, cluster_id, &lb)
                 .await?;
         }
         Ok(())
