@@ -56,7 +56,36 @@ pub struct Global {
     pub elb_security_group: Option<String>,
     /// `NodeIPFamilies`: the families of node addresses, in order (default: `ipv4`).
     pub node_ip_families: Vec<NodeIpFamily>,
+    /// `ClusterServiceLoadBalancerHealthProbeMode` with its port and path: how the load balancers of
+    /// Services with `externalTrafficPolicy: Cluster` check the nodes.
+    pub cluster_health_probe: ClusterHealthProbe,
 }
+
+/// How the load balancers of Services with `externalTrafficPolicy: Cluster` check the nodes (upstream's
+/// `ClusterServiceLoadBalancerHealthProbeMode`). A Service with `externalTrafficPolicy: Local` is
+/// always checked on its own health-check node port.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ClusterHealthProbe {
+    /// `ServiceNodePort` (or unset): the Service's own traffic port (TCP; Classic: its first node port).
+    #[default]
+    ServiceNodePort,
+    /// `Shared`: HTTP on kube-proxy's health port on every node, so that a node which cannot proxy, or
+    /// is shutting down, fails the check before it stops routing. The Service's healthcheck annotations
+    /// keep upstream's precedence: a Classic ELB's protocol, port and path annotations override this,
+    /// an NLB's do not (its interval, timeout and thresholds still apply).
+    Shared {
+        /// `ClusterServiceSharedLoadBalancerHealthProbePort` (default 10256, kube-proxy's).
+        port: u16,
+        /// `ClusterServiceSharedLoadBalancerHealthProbePath` (default `/healthz`).
+        path: String,
+    },
+}
+
+/// kube-proxy's health port and path, the shared probe's defaults (upstream's
+/// `defaultKubeProxyHealthCheckPort` and `…Path`).
+pub const KUBE_PROXY_HEALTH_PORT: u16 = 10256;
+/// See [`KUBE_PROXY_HEALTH_PORT`].
+pub const KUBE_PROXY_HEALTH_PATH: &str = "/healthz";
 
 impl Default for Global {
     fn default() -> Self {
@@ -73,6 +102,7 @@ impl Default for Global {
             disable_security_group_ingress: false,
             elb_security_group: None,
             node_ip_families: vec![NodeIpFamily::Ipv4],
+            cluster_health_probe: ClusterHealthProbe::ServiceNodePort,
         }
     }
 }
@@ -128,9 +158,6 @@ pub struct ServiceOverride {
 /// Upstream keys of `[Global]` this provider recognises but does not implement: setting one is an error
 /// that says so rather than a silent difference.
 const UNSUPPORTED_GLOBAL_KEYS: &[&str] = &[
-    "clusterserviceloadbalancerhealthprobemode",
-    "clusterservicesharedloadbalancerhealthprobeport",
-    "clusterservicesharedloadbalancerhealthprobepath",
     "supportedtopologyinstancetypepattern",
     "nlbsecuritygroupmode",
 ];
@@ -159,6 +186,10 @@ impl Config {
         };
         let mut config = Config::default();
         let mut families_given = false;
+        // The health-probe keys, as (line, key as written, value): resolved together after the file.
+        let mut probe_mode: Option<(usize, String, String)> = None;
+        let mut probe_port: Option<(usize, String, String)> = None;
+        let mut probe_path: Option<(usize, String, String)> = None;
         let mut section = Section::None;
         let mut overrides: BTreeMap<String, RawOverride> = BTreeMap::new();
         for (index, raw) in text.lines().enumerate() {
@@ -254,6 +285,15 @@ impl Config {
                             }
                             g.node_ip_families.push(family);
                         }
+                        "clusterserviceloadbalancerhealthprobemode" => {
+                            probe_mode = Some((line_no, key.to_owned(), value));
+                        }
+                        "clusterservicesharedloadbalancerhealthprobeport" => {
+                            probe_port = Some((line_no, key.to_owned(), value));
+                        }
+                        "clusterservicesharedloadbalancerhealthprobepath" => {
+                            probe_path = Some((line_no, key.to_owned(), value));
+                        }
                         unsupported if UNSUPPORTED_GLOBAL_KEYS.contains(&unsupported) => {
                             return Err(err(
                                 line_no,
@@ -299,6 +339,8 @@ impl Config {
                 ),
             });
         }
+        config.global.cluster_health_probe =
+            cluster_health_probe(probe_mode, probe_port, probe_path).map_err(|(l, m)| err(l, m))?;
         let mut seen = BTreeMap::new();
         for (name, raw) in overrides {
             let get = |key: &str| {
@@ -499,6 +541,69 @@ fn parse_value(raw: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// The health-probe mode from its three keys, each as (line, key as written, value): upstream's values
+/// (`Shared`, `ServiceNodePort`, or empty), a port (0 or unset: 10256) and a path (unset: `/healthz`).
+/// What upstream would ignore is refused: a port or path without `Shared`, a path AWS would reject.
+fn cluster_health_probe(
+    mode: Option<(usize, String, String)>,
+    port: Option<(usize, String, String)>,
+    path: Option<(usize, String, String)>,
+) -> Result<ClusterHealthProbe, (usize, String)> {
+    let shared = match &mode {
+        Some((_, _, value)) if value == "Shared" => true,
+        None => false,
+        Some((_, _, value)) if value.is_empty() || value == "ServiceNodePort" => false,
+        Some((line, key, value)) => {
+            return Err((
+                *line,
+                format!(
+                    "[Global] {key}: {value:?} is not a health-probe mode (Shared or ServiceNodePort; upstream: \"Unsupported ClusterServiceLoadBalancerHealthProbeMode\")"
+                ),
+            ));
+        }
+    };
+    if !shared {
+        if let Some((line, key, _)) = port.as_ref().or(path.as_ref()) {
+            return Err((
+                *line,
+                format!(
+                    "[Global] {key} only applies with ClusterServiceLoadBalancerHealthProbeMode = Shared (upstream ignores it otherwise); set the mode or remove it"
+                ),
+            ));
+        }
+        return Ok(ClusterHealthProbe::ServiceNodePort);
+    }
+    let port = match port {
+        None => KUBE_PROXY_HEALTH_PORT,
+        Some((line, key, value)) => match value.trim().parse::<u16>() {
+            Ok(0) => KUBE_PROXY_HEALTH_PORT,
+            Ok(n) => n,
+            Err(_) => {
+                return Err((
+                    line,
+                    format!("[Global] {key}: {value:?} is not a port number (1-65535)"),
+                ));
+            }
+        },
+    };
+    let path = match path {
+        None => KUBE_PROXY_HEALTH_PATH.to_owned(),
+        Some((_, _, value)) if value.is_empty() => KUBE_PROXY_HEALTH_PATH.to_owned(),
+        Some((line, key, value))
+            if !value.starts_with('/') || value.contains(char::is_whitespace) =>
+        {
+            return Err((
+                line,
+                format!(
+                    "[Global] {key}: {value:?} is not an HTTP path (it must start with / and hold no blanks)"
+                ),
+            ));
+        }
+        Some((_, _, value)) => value,
+    };
+    Ok(ClusterHealthProbe::Shared { port, path })
+}
+
 fn parse_bool(value: &str) -> Option<bool> {
     match value.to_ascii_lowercase().as_str() {
         "true" | "yes" | "on" | "1" => Some(true),
@@ -626,6 +731,47 @@ SigningMethod = v4
     }
 
     #[test]
+    fn the_shared_health_probe_takes_upstreams_keys_and_defaults() {
+        let probe = |text: &str| {
+            Config::parse(text, "cloud.conf")
+                .unwrap()
+                .global
+                .cluster_health_probe
+        };
+        assert_eq!(probe("[Global]\n"), ClusterHealthProbe::ServiceNodePort);
+        assert_eq!(
+            probe("[Global]\nClusterServiceLoadBalancerHealthProbeMode = ServiceNodePort\n"),
+            ClusterHealthProbe::ServiceNodePort
+        );
+        assert_eq!(
+            probe("[Global]\nClusterServiceLoadBalancerHealthProbeMode = Shared\n"),
+            ClusterHealthProbe::Shared {
+                port: 10256,
+                path: "/healthz".into()
+            }
+        );
+        assert_eq!(
+            probe(
+                "[Global]\nclusterservicesharedloadbalancerhealthprobepath = /livez\nClusterServiceLoadBalancerHealthProbeMode = Shared\nClusterServiceSharedLoadBalancerHealthProbePort = 10257\n"
+            ),
+            ClusterHealthProbe::Shared {
+                port: 10257,
+                path: "/livez".into()
+            }
+        );
+        // Port 0 is upstream's "unset".
+        assert_eq!(
+            probe(
+                "[Global]\nClusterServiceLoadBalancerHealthProbeMode = Shared\nClusterServiceSharedLoadBalancerHealthProbePort = 0\n"
+            ),
+            ClusterHealthProbe::Shared {
+                port: 10256,
+                path: "/healthz".into()
+            }
+        );
+    }
+
+    #[test]
     fn unknown_keys_name_the_key_and_line() {
         let message = error("[Global]\nZone = a\nZoen = us-west-2a\n");
         assert_eq!(
@@ -683,6 +829,26 @@ SigningMethod = v4
             (
                 "[Global]\nNLBSecurityGroupMode = Managed\n",
                 "line 2: [Global] NLBSecurityGroupMode is an upstream setting this provider does not implement",
+            ),
+            (
+                "[Global]\nClusterServiceLoadBalancerHealthProbeMode = shared\n",
+                "line 2: [Global] ClusterServiceLoadBalancerHealthProbeMode: \"shared\" is not a health-probe mode",
+            ),
+            (
+                "[Global]\nClusterServiceSharedLoadBalancerHealthProbePort = 10256\n",
+                "line 2: [Global] ClusterServiceSharedLoadBalancerHealthProbePort only applies with ClusterServiceLoadBalancerHealthProbeMode = Shared",
+            ),
+            (
+                "[Global]\nClusterServiceLoadBalancerHealthProbeMode = ServiceNodePort\nClusterServiceSharedLoadBalancerHealthProbePath = /ready\n",
+                "line 3: [Global] ClusterServiceSharedLoadBalancerHealthProbePath only applies with",
+            ),
+            (
+                "[Global]\nClusterServiceLoadBalancerHealthProbeMode = Shared\nClusterServiceSharedLoadBalancerHealthProbePort = 70000\n",
+                "line 3: [Global] ClusterServiceSharedLoadBalancerHealthProbePort: \"70000\" is not a port number",
+            ),
+            (
+                "[Global]\nClusterServiceSharedLoadBalancerHealthProbePath = healthz\nClusterServiceLoadBalancerHealthProbeMode = Shared\n",
+                "line 2: [Global] ClusterServiceSharedLoadBalancerHealthProbePath: \"healthz\" is not an HTTP path",
             ),
         ] {
             let message = error(text);

@@ -28,7 +28,8 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use tokio::sync::OnceCell;
 
 pub use config::{
-    Config, Global, NodeIpFamily, OverriddenService, ServiceOverride, zone_to_region,
+    ClusterHealthProbe, Config, Global, KUBE_PROXY_HEALTH_PATH, KUBE_PROXY_HEALTH_PORT,
+    NodeIpFamily, OverriddenService, ServiceOverride, zone_to_region,
 };
 pub use error::{Error, Result};
 pub use instances::{

@@ -226,6 +226,85 @@ async fn external_traffic_policy_local_checks_http_on_the_health_check_node_port
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
 
+/// `ClusterServiceLoadBalancerHealthProbeMode = Shared`: both kinds check kube-proxy's health port
+/// (HTTP 10256 `/healthz`) instead of the Service's node port, and the NLB's health rule in the nodes'
+/// group opens that port to the NLB's subnet.
+#[tokio::test]
+async fn the_shared_health_probe_checks_kube_proxy_on_both_kinds() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let cloud = cloud(&format!(
+        "{}ClusterServiceLoadBalancerHealthProbeMode = Shared\n",
+        default_config()
+    ));
+    let lb = cloud.load_balancer().unwrap();
+    let nodes = [instance_node(&instances[0])];
+
+    let nlb = lb_service("shared", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    lb.ensure_load_balancer("kubernetes", &nlb, &nodes)
+        .await
+        .unwrap();
+    let v2 = elbv2();
+    let described = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    let groups = v2
+        .describe_target_groups()
+        .load_balancer_arn(described.load_balancers()[0].load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap();
+    assert!(!groups.target_groups().is_empty());
+    for g in groups.target_groups() {
+        assert_eq!(g.health_check_protocol(), Some(&ProtocolEnum::Http));
+        assert_eq!(g.health_check_port(), Some("10256"));
+        assert_eq!(g.health_check_path(), Some("/healthz"));
+    }
+    let health = format!("kubernetes.io/rule/nlb/health={LB_NAME}");
+    let health_rules: Vec<(String, i32, i32, String)> = node_group_rules(&instances[0])
+        .await
+        .into_iter()
+        .filter(|(d, ..)| *d == health)
+        .map(|(_, p, from, to, cidr)| (p, from, to, cidr))
+        .collect();
+    assert_eq!(
+        health_rules,
+        [("tcp".to_owned(), 10256, 10256, "10.0.1.0/24".to_owned())],
+        "the kube-proxy port, from the NLB's subnet"
+    );
+
+    const CLASSIC_UID: &str = "fedcba09-8765-4321-fedc-ba0987654321";
+    let classic = lb_service("shared-classic", CLASSIC_UID, &[]);
+    lb.ensure_load_balancer("kubernetes", &classic, &nodes)
+        .await
+        .unwrap();
+    let described = elb()
+        .describe_load_balancers()
+        .load_balancer_names("afedcba0987654321fedcba098765432")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        described.load_balancer_descriptions()[0]
+            .health_check()
+            .map(|h| h.target()),
+        Some("HTTP:10256/healthz")
+    );
+
+    lb.ensure_load_balancer_deleted("kubernetes", &nlb)
+        .await
+        .unwrap();
+    lb.ensure_load_balancer_deleted("kubernetes", &classic)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
 #[tokio::test]
 async fn a_classic_elb_gets_listeners_health_check_instances_and_security_groups_then_goes_away() {
     let _serial = SERIAL.lock().await;
@@ -1043,13 +1122,14 @@ async fn nlb_rules_in_the_nodes_group_are_upstream_s_mtu_and_health_rules_includ
     let rule = |d: &str, p: &str, from: i32, to: i32, cidr: &str| {
         (d.to_owned(), p.to_owned(), from, to, cidr.to_owned())
     };
-    let vpc_cidr = ec2()
-        .describe_vpcs()
-        .vpc_ids(&net.vpc_id)
+    // Health checks come from the NLB's subnets: upstream allows their CIDRs, not the VPC's.
+    let subnet_cidr = ec2()
+        .describe_subnets()
+        .subnet_ids(&net.subnet_id)
         .send()
         .await
         .unwrap()
-        .vpcs()[0]
+        .subnets()[0]
         .cidr_block()
         .unwrap()
         .to_owned();
@@ -1080,8 +1160,8 @@ async fn nlb_rules_in_the_nodes_group_are_upstream_s_mtu_and_health_rules_includ
     let mut expected = vec![
         rule(&client, "udp", 30080, 30080, "203.0.113.0/24"),
         rule(&client, "udp", 30443, 30443, "203.0.113.0/24"),
-        rule(&health, "tcp", 30080, 30080, &vpc_cidr),
-        rule(&health, "tcp", 30443, 30443, &vpc_cidr),
+        rule(&health, "tcp", 30080, 30080, &subnet_cidr),
+        rule(&health, "tcp", 30443, 30443, &subnet_cidr),
         rule(&mtu, "icmp", 3, 4, "203.0.113.0/24"),
     ];
     expected.sort();

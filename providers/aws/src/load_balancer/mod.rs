@@ -147,6 +147,7 @@ impl LoadBalancers {
             service,
             self.cluster_id(cluster_name),
             default_load_balancer_name(service),
+            &self.config.global.cluster_health_probe,
         )
     }
 

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use cloud_provider::service_helpers;
 use k8s_openapi::api::core::v1::{Node, Service};
 
-use crate::Error;
+use crate::{ClusterHealthProbe, Error};
 
 /// `service.beta.kubernetes.io/aws-load-balancer-type`: `nlb` for a Network Load Balancer.
 pub const ANNOTATION_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
@@ -410,8 +410,14 @@ fn list(value: Option<&str>) -> Vec<String> {
 }
 
 impl LbSpec {
-    /// Reads the Service; `cluster_id` names the cluster in tags.
-    pub fn from_service(service: &Service, cluster_id: &str, name: String) -> Result<Self, Error> {
+    /// Reads the Service; `cluster_id` names the cluster in tags, `probe` is the cloud-config's
+    /// health-probe mode for Services with `externalTrafficPolicy: Cluster`.
+    pub fn from_service(
+        service: &Service,
+        cluster_id: &str,
+        name: String,
+        probe: &ClusterHealthProbe,
+    ) -> Result<Self, Error> {
         let service_name = format!(
             "{}/{}",
             service.metadata.namespace.as_deref().unwrap_or("default"),
@@ -562,7 +568,7 @@ impl LbSpec {
             }
         };
         let target_group_attributes = target_group_attributes(service, &ports, &bad)?;
-        let health_check = health_check(service, kind, first_listed.as_ref(), &tls, &bad)?;
+        let health_check = health_check(service, kind, first_listed.as_ref(), &tls, probe, &bad)?;
         Ok(Self {
             service_name: service_name.clone(),
             name,
@@ -707,15 +713,25 @@ fn tls(
 /// 10 s, thresholds 3), or with `externalTrafficPolicy: Local` HTTP on the health-check node port at
 /// `/healthz` (10 s, 10 s, 2, 2); Classic — TCP on the first node port, or HTTP on the health-check node
 /// port (interval 10 s, timeout 5 s, healthy 2, unhealthy 6). The healthcheck-* annotations override.
+///
+/// With the shared probe (`ClusterServiceLoadBalancerHealthProbeMode = Shared`), a Service without
+/// `externalTrafficPolicy: Local` is checked with HTTP on the shared port and path instead, in
+/// upstream's order: a Classic ELB starts from it and its protocol, port and path annotations still
+/// override it; an NLB's protocol, port and path annotations are overridden by it.
 fn health_check(
     service: &Service,
     kind: Kind,
     first_listed: Option<&Port>,
     tls: &Tls,
+    probe: &ClusterHealthProbe,
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<HealthCheck, Error> {
     let first_node_port = first_listed.map(|p| p.node_port).unwrap_or(0);
     let local = service_helpers::health_check_path_port(service);
+    let shared = match (probe, local) {
+        (ClusterHealthProbe::Shared { port, path }, None) => Some((*port, path.as_str())),
+        _ => None,
+    };
     let mut hc = match (kind, local) {
         (Kind::Nlb, None) => HealthCheck {
             protocol: "TCP".into(),
@@ -736,15 +752,23 @@ fn health_check(
             unhealthy_threshold: 2,
         },
         (Kind::Classic, local) => HealthCheck {
-            protocol: match (local, tls.backend_protocol.as_deref()) {
-                (Some(_), _) => "HTTP",
+            protocol: match (local, shared, tls.backend_protocol.as_deref()) {
+                (Some(_), _, _) | (None, Some(_), _) => "HTTP",
                 // As upstream: SSL when the nodes speak TLS, whether or not a listener terminates it.
-                (None, Some("https" | "ssl")) => "SSL",
-                (None, _) => "TCP",
+                (None, None, Some("https" | "ssl")) => "SSL",
+                (None, None, _) => "TCP",
             }
             .into(),
-            port: local.map(|(_, p)| p).unwrap_or(first_node_port).to_string(),
-            path: local.map(|(p, _)| p.to_owned()).unwrap_or_default(),
+            port: match (local, shared) {
+                (Some((_, port)), _) => i32::from(port),
+                (None, Some((port, _))) => i32::from(port),
+                (None, None) => first_node_port,
+            }
+            .to_string(),
+            path: match (local, shared) {
+                (Some((path, _)), _) | (None, Some((_, path))) => path.to_owned(),
+                (None, None) => String::new(),
+            },
             interval: 10,
             timeout: 5,
             healthy_threshold: 2,
@@ -778,10 +802,13 @@ fn health_check(
     }
     if let Some(port) = annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
         if port == "traffic-port" {
-            hc.port = match kind {
-                Kind::Nlb => "traffic-port".into(),
-                Kind::Classic => first_node_port.to_string(),
-            };
+            // Upstream's Classic ELB keeps the port it started from (the shared probe's too), except
+            // that a `Local` Service is then checked on its first node port.
+            match (kind, local) {
+                (Kind::Nlb, _) => hc.port = "traffic-port".into(),
+                (Kind::Classic, Some(_)) => hc.port = first_node_port.to_string(),
+                (Kind::Classic, None) => {}
+            }
         } else {
             let n: u16 = port.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
                 bad(
@@ -791,6 +818,11 @@ fn health_check(
             })?;
             hc.port = n.to_string();
         }
+    }
+    if let (Kind::Nlb, Some((port, path))) = (kind, shared) {
+        hc.protocol = "HTTP".into();
+        hc.port = port.to_string();
+        hc.path = path.to_owned();
     }
     for (key, field, range) in [
         (ANNOTATION_HC_INTERVAL, &mut hc.interval, 5..=300),
@@ -852,7 +884,12 @@ mod tests {
     }
 
     fn spec(annotations: &[(&str, &str)], local: bool) -> Result<LbSpec, Error> {
-        LbSpec::from_service(&service(annotations, local), "prod", "a123".into())
+        LbSpec::from_service(
+            &service(annotations, local),
+            "prod",
+            "a123".into(),
+            &ClusterHealthProbe::ServiceNodePort,
+        )
     }
 
     #[test]
@@ -893,7 +930,9 @@ mod tests {
     fn session_affinity_and_mixed_protocols_are_refused_as_upstream_refuses_them() {
         let mut s = service(&[], false);
         s.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
-        let err = LbSpec::from_service(&s, "prod", "a".into()).unwrap_err();
+        let err =
+            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
+                .unwrap_err();
         assert!(
             err.to_string()
                 .ends_with("spec.sessionAffinity: unsupported load balancer affinity: ClientIP"),
@@ -901,7 +940,9 @@ mod tests {
         );
         let mut s = service(&[(ANNOTATION_TYPE, "nlb")], false);
         s.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].protocol = Some("UDP".into());
-        let err = LbSpec::from_service(&s, "prod", "a".into()).unwrap_err();
+        let err =
+            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
+                .unwrap_err();
         assert!(
             err.to_string()
                 .ends_with("mixed protocol is not supported for LoadBalancer"),
@@ -938,6 +979,90 @@ mod tests {
                 unhealthy_threshold: 2
             }
         );
+    }
+
+    /// Upstream's `buildNLBHealthCheckConfiguration` and `EnsureLoadBalancer` (Classic) with
+    /// `ClusterServiceLoadBalancerHealthProbeMode = Shared`.
+    #[test]
+    fn the_shared_probe_checks_kube_proxy_in_upstreams_order() {
+        let shared = ClusterHealthProbe::Shared {
+            port: 10256,
+            path: "/healthz".into(),
+        };
+        let check = |annotations: &[(&str, &str)], local: bool| {
+            let hc =
+                LbSpec::from_service(&service(annotations, local), "prod", "a123".into(), &shared)
+                    .unwrap()
+                    .health_check;
+            (hc.protocol, hc.port, hc.path, hc.interval)
+        };
+        let nlb = (ANNOTATION_TYPE, "nlb");
+        let hc = |protocol: &str, port: &str, path: &str, interval: i32| {
+            (protocol.into(), port.into(), path.into(), interval)
+        };
+        for (annotations, local, expected, why) in [
+            (
+                vec![nlb],
+                false,
+                hc("HTTP", "10256", "/healthz", 30),
+                "NLB, Cluster: kube-proxy",
+            ),
+            (
+                vec![
+                    nlb,
+                    (ANNOTATION_HC_PROTOCOL, "tcp"),
+                    (ANNOTATION_HC_PORT, "8080"),
+                    (ANNOTATION_HC_INTERVAL, "10"),
+                ],
+                false,
+                hc("HTTP", "10256", "/healthz", 10),
+                "NLB: the probe overrides protocol and port annotations, not the interval",
+            ),
+            (
+                vec![nlb],
+                true,
+                hc("HTTP", "32000", "/healthz", 10),
+                "NLB, Local: its own node port",
+            ),
+            (
+                vec![],
+                false,
+                hc("HTTP", "10256", "/healthz", 10),
+                "Classic, Cluster: kube-proxy",
+            ),
+            (
+                vec![
+                    (ANNOTATION_HC_PROTOCOL, "TCP"),
+                    (ANNOTATION_HC_PORT, "8080"),
+                ],
+                false,
+                hc("TCP", "8080", "", 10),
+                "Classic: protocol and port annotations override the probe",
+            ),
+            (
+                vec![
+                    (ANNOTATION_HC_PATH, "/ready"),
+                    (ANNOTATION_HC_PORT, "traffic-port"),
+                ],
+                false,
+                hc("HTTP", "10256", "/ready", 10),
+                "Classic: a path annotation overrides; traffic-port keeps the probe's port",
+            ),
+            (
+                vec![(ANNOTATION_BACKEND_PROTOCOL, "ssl")],
+                false,
+                hc("HTTP", "10256", "/healthz", 10),
+                "Classic: the probe wins over the SSL check of TLS backends",
+            ),
+            (
+                vec![],
+                true,
+                hc("HTTP", "32000", "/healthz", 10),
+                "Classic, Local: its own node port",
+            ),
+        ] {
+            assert_eq!(check(&annotations, local), expected, "{why}");
+        }
     }
 
     #[test]
@@ -1074,8 +1199,13 @@ mod tests {
             if *kind == Kind::Nlb && !annotations.iter().any(|(k, _)| *k == ANNOTATION_TYPE) {
                 annotations.push((ANNOTATION_TYPE, "nlb"));
             }
-            let s = LbSpec::from_service(&named_ports(&annotations), "prod", "a123".into())
-                .unwrap_or_else(|e| panic!("{annotations:?}: {e}"));
+            let s = LbSpec::from_service(
+                &named_ports(&annotations),
+                "prod",
+                "a123".into(),
+                &ClusterHealthProbe::ServiceNodePort,
+            )
+            .unwrap_or_else(|e| panic!("{annotations:?}: {e}"));
             match kind {
                 Kind::Classic => assert_eq!(
                     [
