@@ -21,6 +21,18 @@ listener to TLS (with its certificate and policy) or UDP as well, and drops a li
 and policy when it becomes TCP or UDP. The wrapper does both, checking a TLS certificate as moto checks
 an HTTPS one. A target group a listener is changed to forward to is counted as the load balancer's
 (moto counts it only for CreateListener), and one no listener forwards to any more is not.
+
+Two differences from AWS that mislead upstream cloud-provider-aws v1.37.0 in particular (found by
+bench/aws/handover.py): moto names an NLB `<name>-1.<region>.elb.amazonaws.com`, which ends as a Classic
+ELB's name does, where AWS names it `<name>-<16 hex>.elb.<region>.amazonaws.com`; upstream tells the
+two kinds apart by that suffix and refuses every sync of its own NLBs after a restart ("cannot update
+Load Balancer Type annotation ... after creation for NLB"). And moto's target groups do not report
+`preserve_client_ip.enabled` and `proxy_protocol_v2.enabled`, which AWS reports for every NLB target
+group (`true` for instance targets, `false`); upstream only sets an attribute AWS reports, so its
+`target-group-attributes` annotation does nothing on moto. The wrapper names NLBs and reports the two
+attributes as AWS does. And moto gives every new listener a TLS policy (`ELBSecurityPolicy-2016-08`),
+plain TCP and UDP ones too, where AWS gives one only to HTTPS and TLS listeners; upstream then sends a
+ModifyListener to clear it on every NLB listener after a restart. The wrapper leaves it off.
 """
 
 import sys
@@ -132,6 +144,48 @@ def _with_network_protocols(modify):
 
 
 elbv2_models.ELBv2Backend.modify_listener = _with_network_protocols(elbv2_models.ELBv2Backend.modify_listener)
+
+
+def _with_aws_nlb_dns_names(create):
+    def create_load_balancer(self, *args, **kwargs):
+        balancer = create(self, *args, **kwargs)
+        if balancer.type == "network":
+            lb_id = balancer.arn.rsplit("/", 1)[-1]
+            balancer.dns_name = f"{balancer.name}-{lb_id}.elb.{self.region_name}.amazonaws.com"
+        return balancer
+
+    return create_load_balancer
+
+
+elbv2_models.ELBv2Backend.create_load_balancer = _with_aws_nlb_dns_names(
+    elbv2_models.ELBv2Backend.create_load_balancer)
+
+
+def _without_policy_on_plain_listeners(create):
+    def create_listener(self, load_balancer_arn, protocol, *args, **kwargs):
+        listener = create(self, load_balancer_arn, protocol, *args, **kwargs)
+        if protocol not in ("HTTPS", "TLS"):
+            listener.ssl_policy = None
+        return listener
+
+    return create_listener
+
+
+elbv2_models.ELBv2Backend.create_listener = _without_policy_on_plain_listeners(
+    elbv2_models.ELBv2Backend.create_listener)
+
+
+def _with_network_target_group_attributes(init):
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self.protocol in ("TCP", "UDP", "TCP_UDP", "TLS"):
+            self.attributes.setdefault("preserve_client_ip.enabled", "true")
+            self.attributes.setdefault("proxy_protocol_v2.enabled", "false")
+
+    return __init__
+
+
+elbv2_models.FakeTargetGroup.__init__ = _with_network_target_group_attributes(elbv2_models.FakeTargetGroup.__init__)
 
 if __name__ == "__main__":
     main(sys.argv[1:])
