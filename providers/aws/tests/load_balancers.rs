@@ -1419,3 +1419,100 @@ async fn proxy_protocol_and_target_group_attributes_follow_their_annotations() {
     .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
+
+/// `ip-address-type: dualstack`: refused while the cluster's subnets have no IPv6 CIDR (no NLB is
+/// made); then a dual-stack NLB in the subnet that has one, which a second sync leaves alone; back to
+/// `ipv4` in place (`SetIpAddressType`) when the annotation says so; nothing left after deletion.
+#[tokio::test]
+async fn a_dual_stack_nlb_needs_ipv6_subnets_and_follows_its_annotation() {
+    use aws_sdk_elasticloadbalancingv2::types::IpAddressType;
+    use cloud_provider_aws::spec::ANNOTATION_IP_ADDRESS_TYPE;
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let nodes = [instance_node(&instances[0])];
+    let dual = |kind: &'static str| {
+        let mut s = lb_service(
+            "dual",
+            UID,
+            &[(ANNOTATION_TYPE, "nlb"), (ANNOTATION_IP_ADDRESS_TYPE, kind)],
+        );
+        s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        s
+    };
+    let ip_type = || async {
+        elbv2()
+            .describe_load_balancers()
+            .names(LB_NAME)
+            .send()
+            .await
+            .ok()
+            .and_then(|d| d.load_balancers().first().cloned())
+            .map(|l| l.ip_address_type().cloned())
+    };
+
+    let err = lb
+        .ensure_load_balancer("kubernetes", &dual("dualstack"), &nodes)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a dual-stack NLB needs subnets with an IPv6 CIDR"),
+        "{err}"
+    );
+    assert_eq!(ip_type().await, None, "no NLB without IPv6 subnets");
+
+    let ec2 = ec2();
+    let vpc = ec2
+        .associate_vpc_cidr_block()
+        .vpc_id(&net.vpc_id)
+        .amazon_provided_ipv6_cidr_block(true)
+        .send()
+        .await
+        .unwrap();
+    let block = vpc
+        .ipv6_cidr_block_association()
+        .and_then(|a| a.ipv6_cidr_block())
+        .expect("an IPv6 block for the VPC")
+        .to_owned();
+    let subnet_block = format!("{}/64", block.split('/').next().unwrap());
+    ec2.associate_subnet_cidr_block()
+        .subnet_id(&net.subnet_id)
+        .ipv6_cidr_block(&subnet_block)
+        .send()
+        .await
+        .unwrap();
+
+    lb.ensure_load_balancer("kubernetes", &dual("dualstack"), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(ip_type().await, Some(Some(IpAddressType::Dualstack)));
+    let preview = lb
+        .preview_load_balancer("kubernetes", &dual("dualstack"), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(preview, LoadBalancerPreview::UpToDate);
+    match lb
+        .preview_load_balancer("kubernetes", &dual("ipv4"), &nodes)
+        .await
+        .unwrap()
+    {
+        LoadBalancerPreview::Change { detail, .. } => assert!(
+            detail.contains("the IP address type would change from dualstack to ipv4"),
+            "{detail}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    lb.ensure_load_balancer("kubernetes", &dual("ipv4"), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(ip_type().await, Some(Some(IpAddressType::Ipv4)));
+
+    lb.ensure_load_balancer_deleted("kubernetes", &dual("ipv4"))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}

@@ -30,8 +30,9 @@ use Support::*;
 /// Why a Classic ELB attribute's annotation is refused on an NLB.
 const NO_CLASSIC_ATTRIBUTES: &str = "it sets a Classic ELB attribute, and cloud-provider-aws reads it for Classic ELBs only (an NLB has no such attribute, or upstream leaves it alone)";
 
-/// Every annotation upstream reads, and `scheme` (the AWS Load Balancer Controller's spelling of
-/// `internal`, which this provider reads too).
+/// Every annotation upstream reads, `scheme` (the AWS Load Balancer Controller's spelling of
+/// `internal`, which this provider reads too) and `ip-address-type` (the same controller's, for
+/// dual-stack NLBs, which upstream lacks).
 const KNOWN: &[(&str, Support)] = &[
     ("type", Both),
     ("internal", Both),
@@ -93,6 +94,10 @@ const KNOWN: &[(&str, Support)] = &[
     (
         "target-group-attributes",
         NlbOnly("target group attributes annotation is only supported for NLB"),
+    ),
+    (
+        "ip-address-type",
+        NlbOnly("a Classic ELB has IPv4 addresses only; use an NLB (type: nlb) for dual-stack"),
     ),
     ("eip-allocations", NotYet("Elastic IPs for the NLB")),
     (
@@ -206,7 +211,7 @@ mod tests {
         let mut names: Vec<&str> = KNOWN.iter().map(|(n, _)| *n).collect();
         names.sort();
         names.dedup();
-        // Upstream's 30, and `scheme`.
-        assert_eq!(names.len(), 31);
+        // Upstream's 30, `scheme` and `ip-address-type`.
+        assert_eq!(names.len(), 32);
     }
 }

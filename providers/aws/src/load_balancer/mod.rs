@@ -226,6 +226,18 @@ impl LoadBalancers {
                             .send()
                     })
                     .await?;
+                if spec.dual_stack
+                    && let Some(s) = out.subnets().iter().find(|s| !has_ipv6_cidr(s))
+                {
+                    return Err(Error::Service {
+                        service: spec.service_name.clone(),
+                        field: spec::ANNOTATION_SUBNETS.to_owned(),
+                        message: format!(
+                            "subnet {} has no IPv6 CIDR, and a dual-stack NLB (ip-address-type: dualstack) needs one in each of its subnets",
+                            s.subnet_id().unwrap_or_default()
+                        ),
+                    });
+                }
                 found.extend(
                     out.subnets()
                         .iter()
@@ -265,7 +277,7 @@ impl LoadBalancers {
                 .iter()
                 .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
                 .collect();
-            if !tags.contains_key(cluster_tag.as_str()) {
+            if !tags.contains_key(cluster_tag.as_str()) || (spec.dual_stack && !has_ipv6_cidr(s)) {
                 continue;
             }
             let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else {
@@ -277,6 +289,15 @@ impl LoadBalancers {
             if candidate < *entry {
                 *entry = candidate;
             }
+        }
+        if best.is_empty() && spec.dual_stack {
+            return Err(Error::Service {
+                service: spec.service_name.clone(),
+                field: spec::ANNOTATION_IP_ADDRESS_TYPE.to_owned(),
+                message: format!(
+                    "a dual-stack NLB needs subnets with an IPv6 CIDR, and none in {vpc_id} tagged {cluster_tag} has one"
+                ),
+            });
         }
         if best.is_empty() {
             return Err(Error::Setup(format!(
@@ -660,4 +681,11 @@ impl LoadBalancer for LoadBalancers {
         }
         Ok(())
     }
+}
+/// Whether the subnet has an IPv6 CIDR (as a dual-stack NLB's subnets must).
+fn has_ipv6_cidr(subnet: &aws_sdk_ec2::types::Subnet) -> bool {
+    subnet
+        .ipv6_cidr_block_association_set()
+        .iter()
+        .any(|a| a.ipv6_cidr_block().is_some_and(|c| !c.is_empty()))
 }

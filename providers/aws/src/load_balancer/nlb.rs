@@ -4,9 +4,10 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use aws_sdk_elasticloadbalancingv2::types::{
-    Action, ActionTypeEnum, Certificate, Listener, LoadBalancer as Elbv2LoadBalancer,
-    LoadBalancerAttribute, LoadBalancerSchemeEnum, LoadBalancerTypeEnum, ProtocolEnum, Tag,
-    TargetDescription, TargetGroup, TargetGroupAttribute, TargetTypeEnum,
+    Action, ActionTypeEnum, Certificate, IpAddressType, Listener,
+    LoadBalancer as Elbv2LoadBalancer, LoadBalancerAttribute, LoadBalancerSchemeEnum,
+    LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription, TargetGroup, TargetGroupAttribute,
+    TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
@@ -217,6 +218,7 @@ impl LoadBalancers {
                             .name(&spec.name)
                             .r#type(LoadBalancerTypeEnum::Network)
                             .scheme(scheme.clone())
+                            .ip_address_type(ip_address_type(spec))
                             .set_subnets(Some(subnets.clone()))
                             .set_tags(Some(tags(spec)))
                             .send()
@@ -233,6 +235,7 @@ impl LoadBalancers {
         };
         let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
         let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
+        self.sync_ip_address_type(&lb, spec).await?;
         let attached = self.target_groups_of(&arn).await?;
         let mut listeners = self.listeners_of(&arn).await?;
         let mut wanted_groups = Vec::new();
@@ -805,6 +808,37 @@ impl LoadBalancers {
         Ok(())
     }
 
+    /// An existing NLB's IP address type follows `ip-address-type` (`SetIpAddressType`; AWS refuses
+    /// `dualstack` when a subnet of the NLB has no IPv6 CIDR, and the sync fails with its message).
+    async fn sync_ip_address_type(&self, lb: &Elbv2LoadBalancer, spec: &LbSpec) -> Result<()> {
+        let wanted = ip_address_type(spec);
+        // AWS reports `ipv4` for an NLB created without a type; moto may report none.
+        let current = lb.ip_address_type().cloned().unwrap_or(IpAddressType::Ipv4);
+        if current == wanted
+            || self.previewed(|| {
+                format!(
+                    "the IP address type would change from {} to {}",
+                    current.as_str(),
+                    wanted.as_str()
+                )
+            })
+        {
+            return Ok(());
+        }
+        let elbv2 = &self.calls.clients.elbv2;
+        let arn = lb.load_balancer_arn().unwrap_or_default();
+        self.calls
+            .call("elbv2:SetIpAddressType", || {
+                elbv2
+                    .set_ip_address_type()
+                    .load_balancer_arn(arn)
+                    .ip_address_type(wanted.clone())
+                    .send()
+            })
+            .await?;
+        Ok(())
+    }
+
     /// The CIDR blocks of the NLB's subnets (upstream's `getSubnetCidrs` over the subnets of its
     /// availability zones).
     async fn subnet_cidrs(&self, lb: &Elbv2LoadBalancer) -> Result<Vec<String>> {
@@ -1023,6 +1057,15 @@ impl LoadBalancers {
             }
         }
         Ok(())
+    }
+}
+
+/// The NLB's IP address type: `dualstack` or `ipv4`.
+fn ip_address_type(spec: &LbSpec) -> IpAddressType {
+    if spec.dual_stack {
+        IpAddressType::Dualstack
+    } else {
+        IpAddressType::Ipv4
     }
 }
 

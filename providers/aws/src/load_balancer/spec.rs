@@ -62,6 +62,10 @@ pub const ANNOTATION_SSL_POLICY: &str =
 /// `…-backend-protocol`: `http`, `https`, `ssl` or `tcp`, the protocol to the nodes.
 pub const ANNOTATION_BACKEND_PROTOCOL: &str =
     "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
+/// `…-ip-address-type`: `ipv4` or `dualstack` (NLB; the AWS Load Balancer Controller's annotation,
+/// which cloud-provider-aws has an open request for, kubernetes/cloud-provider-aws#1219).
+pub const ANNOTATION_IP_ADDRESS_TYPE: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-ip-address-type";
 /// The values `backend-protocol` takes, with the listener protocol each gives a TLS port of a Classic
 /// ELB (upstream's `backendProtocolMapping`).
 const BACKEND_PROTOCOLS: [(&str, &str); 4] = [
@@ -186,6 +190,10 @@ pub struct LbSpec {
     /// The NLB target groups' `preserve_client_ip.enabled` and `proxy_protocol_v2.enabled`: the
     /// annotation's values, else AWS's defaults for instance targets (`true`, `false`).
     pub target_group_attributes: BTreeMap<String, bool>,
+    /// A dual-stack NLB (`ip-address-type: dualstack`): IPv4 and IPv6 addresses under its name, in
+    /// subnets with an IPv6 CIDR. Its targets stay the nodes' IPv4 addresses: the NLB translates IPv6
+    /// clients (their source becomes its own address, as AWS documents).
+    pub dual_stack: bool,
 }
 
 /// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
@@ -449,6 +457,7 @@ impl LbSpec {
         if let Some((annotation, message)) = super::annotations::refused(service, kind) {
             return Err(bad(&annotation, message));
         }
+        let dual_stack = ip_address_type(service, kind, &bad)?;
         let internal = match (
             annotation(service, ANNOTATION_INTERNAL),
             annotation(service, ANNOTATION_SCHEME),
@@ -589,6 +598,7 @@ impl LbSpec {
             classic_attributes,
             proxy_protocol,
             target_group_attributes,
+            dual_stack,
         })
     }
 
@@ -604,6 +614,38 @@ impl LbSpec {
                     .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
             })
             .collect()
+    }
+}
+
+/// Whether the NLB is dual-stack: `ip-address-type` (`ipv4`, the default, or `dualstack`; any other
+/// value is refused). A single-stack IPv6 Service is refused: its node ports listen on the nodes' IPv6
+/// addresses, and a load balancer's instance targets here are the nodes' IPv4 ones (upstream builds
+/// that load balancer, and no client reaches the Service through it).
+fn ip_address_type(
+    service: &Service,
+    kind: Kind,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<bool, Error> {
+    let families: Vec<&str> = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ip_families.as_ref())
+        .map(|f| f.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    if families == ["IPv6"] {
+        return Err(bad(
+            "spec.ipFamilies",
+            "a single-stack IPv6 Service cannot be served by a load balancer whose targets are the nodes' IPv4 addresses; make it dual-stack (ipFamilyPolicy: PreferDualStack) with an NLB (type: nlb, ip-address-type: dualstack)".into(),
+        ));
+    }
+    let _ = kind;
+    match annotation(service, ANNOTATION_IP_ADDRESS_TYPE).map(str::trim) {
+        None | Some("") | Some("ipv4") => Ok(false),
+        Some("dualstack") => Ok(true),
+        Some(other) => Err(bad(
+            ANNOTATION_IP_ADDRESS_TYPE,
+            format!("{other:?} is neither ipv4 nor dualstack"),
+        )),
     }
 }
 
@@ -978,6 +1020,67 @@ mod tests {
                 healthy_threshold: 2,
                 unhealthy_threshold: 2
             }
+        );
+    }
+
+    #[test]
+    fn ip_address_type_is_ipv4_unless_dualstack_is_asked_for() {
+        let nlb = (ANNOTATION_TYPE, "nlb");
+        assert!(!spec(&[nlb], false).unwrap().dual_stack);
+        assert!(
+            !spec(&[nlb, (ANNOTATION_IP_ADDRESS_TYPE, "ipv4")], false)
+                .unwrap()
+                .dual_stack
+        );
+        assert!(
+            spec(&[nlb, (ANNOTATION_IP_ADDRESS_TYPE, "dualstack")], false)
+                .unwrap()
+                .dual_stack
+        );
+        let message = |annotations: &[(&str, &str)], families: &[&str]| {
+            let mut s = service(annotations, false);
+            s.spec.as_mut().unwrap().ip_families =
+                Some(families.iter().map(|f| f.to_string()).collect());
+            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
+                .unwrap_err()
+                .to_string()
+        };
+        for (annotations, families, expected) in [
+            (
+                vec![nlb, (ANNOTATION_IP_ADDRESS_TYPE, "DualStack")],
+                vec!["IPv4", "IPv6"],
+                "aws-load-balancer-ip-address-type: \"DualStack\" is neither ipv4 nor dualstack",
+            ),
+            (
+                vec![(ANNOTATION_IP_ADDRESS_TYPE, "dualstack")],
+                vec!["IPv4", "IPv6"],
+                "not supported on a Classic ELB: a Classic ELB has IPv4 addresses only",
+            ),
+            (
+                vec![nlb, (ANNOTATION_IP_ADDRESS_TYPE, "dualstack")],
+                vec!["IPv6"],
+                "spec.ipFamilies: a single-stack IPv6 Service cannot be served",
+            ),
+            (
+                vec![],
+                vec!["IPv6"],
+                "a single-stack IPv6 Service cannot be served",
+            ),
+        ] {
+            let got = message(&annotations, &families);
+            assert!(
+                got.contains(expected),
+                "{annotations:?} {families:?}: {got}"
+            );
+        }
+        // A dual-stack Service on an IPv4 NLB (upstream's), or dual-stack on both.
+        let mut s = service(&[nlb], false);
+        s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        let probe = ClusterHealthProbe::ServiceNodePort;
+        assert!(
+            !LbSpec::from_service(&s, "prod", "a".into(), &probe)
+                .unwrap()
+                .dual_stack
         );
     }
 
