@@ -33,6 +33,10 @@ group (`true` for instance targets, `false`); upstream only sets an attribute AW
 attributes as AWS does. And moto gives every new listener a TLS policy (`ELBSecurityPolicy-2016-08`),
 plain TCP and UDP ones too, where AWS gives one only to HTTPS and TLS listeners; upstream then sends a
 ModifyListener to clear it on every NLB listener after a restart. The wrapper leaves it off.
+
+moto 5.2 drops the addresses of CreateLoadBalancer's SubnetMappings (`AllocationId`,
+`PrivateIPv4Address`): the NLB's availability zones come back without `LoadBalancerAddresses`, where
+AWS reports the Elastic IP or private address each subnet was given. The wrapper keeps and reports them.
 """
 
 import sys
@@ -173,6 +177,34 @@ def _without_policy_on_plain_listeners(create):
 
 elbv2_models.ELBv2Backend.create_listener = _without_policy_on_plain_listeners(
     elbv2_models.ELBv2Backend.create_listener)
+
+
+def _with_subnet_addresses(create):
+    def create_load_balancer(self, *args, **kwargs):
+        balancer = create(self, *args, **kwargs)
+        balancer._subnet_addresses = {}
+        for mapping in kwargs.get("subnet_mappings") or []:
+            address = {key: mapping[key] for key in ("AllocationId", "PrivateIPv4Address") if mapping.get(key)}
+            if address:
+                balancer._subnet_addresses[mapping["SubnetId"]] = address
+        return balancer
+
+    return create_load_balancer
+
+
+def _availability_zones_with_addresses(self):
+    zones = []
+    for subnet in self.subnets:
+        zone = elbv2_models.AvailabilityZone(subnet)
+        address = getattr(self, "_subnet_addresses", {}).get(subnet.id)
+        if address:
+            zone.load_balancer_addresses = [address]
+        zones.append(zone)
+    return zones
+
+
+elbv2_models.ELBv2Backend.create_load_balancer = _with_subnet_addresses(elbv2_models.ELBv2Backend.create_load_balancer)
+elbv2_models.FakeLoadBalancer.availability_zones = property(_availability_zones_with_addresses)
 
 
 def _with_network_target_group_attributes(init):

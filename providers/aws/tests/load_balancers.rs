@@ -924,10 +924,10 @@ async fn the_cluster_s_load_balancers_are_listed_and_orphans_deleted() {
     assert_eq!(left, ["by-hand"]);
 }
 
-/// An annotation this provider does not implement (or a misspelt one) fails the sync with its name,
+/// An annotation for the other kind of load balancer (or a misspelt one) fails the sync with its name,
 /// creates nothing, changes nothing on an existing load balancer, and does not stop its deletion.
 #[tokio::test]
-async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() {
+async fn an_annotation_refused_for_its_kind_or_misspelt_changes_nothing() {
     let _serial = SERIAL.lock().await;
     moto().reset();
     let net = network().await;
@@ -936,8 +936,9 @@ async fn an_annotation_not_implemented_is_refused_by_name_and_changes_nothing() 
     let cloud = cloud(&default_config());
     let lb = cloud.load_balancer().unwrap();
     const EIPS: &str = "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
+    const ACCESS_LOG: &str = "service.beta.kubernetes.io/aws-load-balancer-access-log-enabled";
     const TYPO: &str = "service.beta.kubernetes.io/aws-load-balancer-conection-idle-timeout";
-    for (nlb, refused) in [(false, EIPS), (true, EIPS), (false, TYPO)] {
+    for (nlb, refused) in [(false, EIPS), (true, ACCESS_LOG), (false, TYPO)] {
         let mut annotations = vec![(refused, "*")];
         if nlb {
             annotations.push((ANNOTATION_TYPE, "nlb"));
@@ -1512,6 +1513,125 @@ async fn a_dual_stack_nlb_needs_ipv6_subnets_and_follows_its_annotation() {
     assert_eq!(ip_type().await, Some(Some(IpAddressType::Ipv4)));
 
     lb.ensure_load_balancer_deleted("kubernetes", &dual("ipv4"))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
+/// `private-ipv4-addresses` (internal NLB) and `eip-allocations` (internet-facing NLB): the NLB is
+/// created with them, one per subnet (a private address goes to the subnet that holds it); a later sync
+/// writes nothing; an address outside the subnets or a count that does not match is refused by name
+/// and makes nothing; asking an existing NLB for other addresses is refused (AWS fixes them at creation)
+/// and changes nothing; deletion leaves nothing.
+#[tokio::test]
+async fn an_nlb_gets_the_fixed_addresses_its_annotations_name() {
+    use cloud_provider_aws::spec::{
+        ANNOTATION_EIP_ALLOCATIONS, ANNOTATION_INTERNAL, ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+    };
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let cloud = cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let nodes = [instance_node(&instances[0])];
+    let internal = |addresses: &'static str| {
+        lb_service(
+            "fixed",
+            UID,
+            &[
+                (ANNOTATION_TYPE, "nlb"),
+                (ANNOTATION_INTERNAL, "true"),
+                (ANNOTATION_PRIVATE_IPV4_ADDRESSES, addresses),
+            ],
+        )
+    };
+    let addresses = || async {
+        let described = elbv2()
+            .describe_load_balancers()
+            .names(LB_NAME)
+            .send()
+            .await
+            .ok()?;
+        let lb = described.load_balancers().first()?.clone();
+        Some(
+            lb.availability_zones()
+                .iter()
+                .flat_map(|z| z.load_balancer_addresses().iter())
+                .map(|a| {
+                    a.allocation_id()
+                        .or(a.private_ipv4_address())
+                        .unwrap_or_default()
+                        .to_owned()
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+
+    for (asked, refused) in [
+        ("10.9.0.5", "10.9.0.5 is in none of the NLB's subnets"),
+        ("10.0.1.50,10.0.1.51", "2 given for 1 subnets"),
+    ] {
+        let before = cloud.api_metrics().requests();
+        let err = lb
+            .ensure_load_balancer("kubernetes", &internal(asked), &nodes)
+            .await
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            err.contains(ANNOTATION_PRIVATE_IPV4_ADDRESSES) && err.contains(refused),
+            "{err}"
+        );
+        assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+        assert_eq!(addresses().await, None, "no NLB");
+    }
+
+    lb.ensure_load_balancer("kubernetes", &internal("10.0.1.50"), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(addresses().await, Some(vec!["10.0.1.50".to_owned()]));
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &internal("10.0.1.50"), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+    let err = lb
+        .ensure_load_balancer("kubernetes", &internal("10.0.1.60"), &nodes)
+        .await
+        .expect_err("an existing NLB's addresses are fixed")
+        .to_string();
+    assert!(
+        err.contains("has [10.0.1.50], and AWS fixes an NLB's addresses when it is created"),
+        "{err}"
+    );
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+    lb.ensure_load_balancer_deleted("kubernetes", &internal("10.0.1.50"))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+
+    let eip = ec2()
+        .allocate_address()
+        .domain(aws_sdk_ec2::types::DomainType::Vpc)
+        .send()
+        .await
+        .unwrap()
+        .allocation_id()
+        .unwrap()
+        .to_owned();
+    let public = lb_service(
+        "fixed",
+        UID,
+        &[
+            (ANNOTATION_TYPE, "nlb"),
+            (ANNOTATION_EIP_ALLOCATIONS, eip.as_str()),
+        ],
+    );
+    lb.ensure_load_balancer("kubernetes", &public, &nodes)
+        .await
+        .unwrap();
+    assert_eq!(addresses().await, Some(vec![eip.clone()]));
+    lb.ensure_load_balancer_deleted("kubernetes", &public)
         .await
         .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());

@@ -1,7 +1,7 @@
 //! Every `service.beta.kubernetes.io/aws-load-balancer-*` annotation a Service carries is either one
-//! this provider implements or refused out loud: cloud-provider-aws v1.37 reads 30 of them
-//! (`pkg/providers/v1/aws.go`), and a Service that asks for TLS termination, say, must never get a plain
-//! TCP listener in silence. A refused annotation fails the Service's sync with a message naming it (a
+//! this provider implements for the Service's kind of load balancer or refused out loud:
+//! cloud-provider-aws v1.37 reads 30 of them (`pkg/providers/v1/aws.go`), all implemented here, and a
+//! Service that asks for TLS termination, say, must never get a plain TCP listener in silence. A refused annotation fails the Service's sync with a message naming it (a
 //! `SyncLoadBalancerFailed` Warning event), and its load balancer is neither created nor changed until
 //! the annotation is removed; deleting the Service still deletes it.
 
@@ -21,8 +21,6 @@ enum Support {
     ClassicOnly(&'static str),
     /// Implemented for NLBs; on a Classic ELB refused with this reason.
     NlbOnly(&'static str),
-    /// Not implemented: refused with what it would do.
-    NotYet(&'static str),
 }
 
 use Support::*;
@@ -99,10 +97,13 @@ const KNOWN: &[(&str, Support)] = &[
         "ip-address-type",
         NlbOnly("a Classic ELB has IPv4 addresses only; use an NLB (type: nlb) for dual-stack"),
     ),
-    ("eip-allocations", NotYet("Elastic IPs for the NLB")),
+    (
+        "eip-allocations",
+        NlbOnly("a Classic ELB's addresses are AWS's to choose"),
+    ),
     (
         "private-ipv4-addresses",
-        NotYet("private IPv4 addresses for an internal NLB"),
+        NlbOnly("a Classic ELB's addresses are AWS's to choose"),
     ),
 ];
 
@@ -124,9 +125,6 @@ pub fn refused(service: &Service, kind: Kind) -> Option<(String, String)> {
                 format!("not supported on a Classic ELB: {why}")
             }
             Some((_, ClassicOnly(_) | NlbOnly(_))) => return None,
-            Some((_, NotYet(what))) => format!(
-                "not supported by this provider yet ({what}); the load balancer is left as it is until the annotation is removed"
-            ),
         };
         Some((key.clone(), message))
     })
@@ -173,10 +171,11 @@ mod tests {
                 Kind::Classic,
                 Some(("target-group-attributes", "not supported on a Classic ELB")),
             ),
+            (&[("eip-allocations", "eipalloc-1")], Kind::Nlb, None),
             (
                 &[("eip-allocations", "eipalloc-1")],
-                Kind::Nlb,
-                Some(("eip-allocations", "not supported by this provider yet")),
+                Kind::Classic,
+                Some(("eip-allocations", "not supported on a Classic ELB")),
             ),
             (
                 &[("conection-idle-timeout", "60")],

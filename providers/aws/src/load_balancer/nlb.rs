@@ -6,14 +6,14 @@ use std::{collections::BTreeMap, time::Duration};
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, Certificate, IpAddressType, Listener,
     LoadBalancer as Elbv2LoadBalancer, LoadBalancerAttribute, LoadBalancerSchemeEnum,
-    LoadBalancerTypeEnum, ProtocolEnum, Tag, TargetDescription, TargetGroup, TargetGroupAttribute,
-    TargetTypeEnum,
+    LoadBalancerTypeEnum, ProtocolEnum, SubnetMapping, Tag, TargetDescription, TargetGroup,
+    TargetGroupAttribute, TargetTypeEnum,
 };
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
     LoadBalancers, RuleScope, hostname_status,
-    spec::{LbSpec, PRESERVE_CLIENT_IP, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
+    spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
 
@@ -200,6 +200,7 @@ impl LoadBalancers {
                 }
                 let vpc = self.vpc_id(instances).await?;
                 let subnets = self.subnets(spec, &vpc, cluster_id).await?;
+                let mappings = self.subnet_mappings(spec, &subnets).await?;
                 tracing::info!(
                     name = spec.name,
                     service = spec.service_name,
@@ -219,7 +220,8 @@ impl LoadBalancers {
                             .r#type(LoadBalancerTypeEnum::Network)
                             .scheme(scheme.clone())
                             .ip_address_type(ip_address_type(spec))
-                            .set_subnets(Some(subnets.clone()))
+                            .set_subnets((mappings.is_empty()).then(|| subnets.clone()))
+                            .set_subnet_mappings((!mappings.is_empty()).then(|| mappings.clone()))
                             .set_tags(Some(tags(spec)))
                             .send()
                     })
@@ -236,6 +238,7 @@ impl LoadBalancers {
         let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
         let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
         self.sync_ip_address_type(&lb, spec).await?;
+        check_fixed_addresses(&lb, spec)?;
         let attached = self.target_groups_of(&arn).await?;
         let mut listeners = self.listeners_of(&arn).await?;
         let mut wanted_groups = Vec::new();
@@ -808,6 +811,98 @@ impl LoadBalancers {
         Ok(())
     }
 
+    /// The subnet mappings of a new NLB with fixed addresses (none without `eip-allocations` and
+    /// `private-ipv4-addresses`): one address per subnet, as upstream requires. Elastic IPs go to the
+    /// subnets in order (zones by name, or the `subnets` annotation's IDs sorted); each private address
+    /// to the subnet whose CIDR holds it, so their order does not matter (upstream pairs them by order,
+    /// and AWS refuses an address outside its subnet).
+    async fn subnet_mappings(
+        &self,
+        spec: &LbSpec,
+        subnets: &[String],
+    ) -> Result<Vec<SubnetMapping>> {
+        if spec.eip_allocations.is_empty() && spec.private_ipv4_addresses.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bad = |field: &str, message: String| Error::Service {
+            service: spec.service_name.clone(),
+            field: field.to_owned(),
+            message,
+        };
+        for (field, count) in [
+            (spec::ANNOTATION_EIP_ALLOCATIONS, spec.eip_allocations.len()),
+            (
+                spec::ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+                spec.private_ipv4_addresses.len(),
+            ),
+        ] {
+            if count != 0 && count != subnets.len() {
+                return Err(bad(
+                    field,
+                    format!(
+                        "{count} given for {} subnets ({}); the NLB needs exactly one per subnet",
+                        subnets.len(),
+                        subnets.join(", ")
+                    ),
+                ));
+            }
+        }
+        let mut private: Vec<Option<std::net::Ipv4Addr>> = vec![None; subnets.len()];
+        if !spec.private_ipv4_addresses.is_empty() {
+            let ec2 = &self.calls.clients.ec2;
+            let out = self
+                .calls
+                .call("DescribeSubnets", || {
+                    ec2.describe_subnets()
+                        .set_subnet_ids(Some(subnets.to_vec()))
+                        .send()
+                })
+                .await?;
+            let cidr_of = |id: &str| -> Option<ipnet::Ipv4Net> {
+                out.subnets()
+                    .iter()
+                    .find(|s| s.subnet_id() == Some(id))
+                    .and_then(|s| s.cidr_block())
+                    .and_then(|c| c.parse().ok())
+            };
+            for address in &spec.private_ipv4_addresses {
+                let Some(index) = subnets
+                    .iter()
+                    .position(|id| cidr_of(id).is_some_and(|net| net.contains(address)))
+                else {
+                    return Err(bad(
+                        spec::ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+                        format!(
+                            "{address} is in none of the NLB's subnets ({})",
+                            subnets.join(", ")
+                        ),
+                    ));
+                };
+                if let Some(other) = private[index] {
+                    return Err(bad(
+                        spec::ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+                        format!(
+                            "{other} and {address} are both in subnet {}; the NLB takes one address per subnet",
+                            subnets[index]
+                        ),
+                    ));
+                }
+                private[index] = Some(*address);
+            }
+        }
+        Ok(subnets
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                SubnetMapping::builder()
+                    .subnet_id(id)
+                    .set_allocation_id(spec.eip_allocations.get(i).cloned())
+                    .set_private_ipv4_address(private[i].map(|a| a.to_string()))
+                    .build()
+            })
+            .collect())
+    }
+
     /// An existing NLB's IP address type follows `ip-address-type` (`SetIpAddressType`; AWS refuses
     /// `dualstack` when a subnet of the NLB has no IPv6 CIDR, and the sync fails with its message).
     async fn sync_ip_address_type(&self, lb: &Elbv2LoadBalancer, spec: &LbSpec) -> Result<()> {
@@ -1058,6 +1153,55 @@ impl LoadBalancers {
         }
         Ok(())
     }
+}
+
+/// An existing NLB's fixed addresses against the annotations: AWS sets them at creation only, so an
+/// NLB without the Elastic IPs or private addresses the Service asks for is an error that says so (upstream
+/// ignores the annotations after creation). Without the annotations, whatever the NLB has is kept.
+fn check_fixed_addresses(lb: &Elbv2LoadBalancer, spec: &LbSpec) -> Result<()> {
+    let addresses = || {
+        lb.availability_zones()
+            .iter()
+            .flat_map(|z| z.load_balancer_addresses().iter())
+    };
+    let mut eips: Vec<String> = addresses()
+        .filter_map(|a| a.allocation_id().map(str::to_owned))
+        .collect();
+    let mut private: Vec<String> = addresses()
+        .filter_map(|a| a.private_ipv4_address().map(str::to_owned))
+        .collect();
+    eips.sort();
+    private.sort();
+    let mut wanted_eips = spec.eip_allocations.clone();
+    wanted_eips.sort();
+    let mut wanted_private: Vec<String> = spec
+        .private_ipv4_addresses
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    wanted_private.sort();
+    for (field, wanted, has) in [
+        (spec::ANNOTATION_EIP_ALLOCATIONS, wanted_eips, eips),
+        (
+            spec::ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+            wanted_private,
+            private,
+        ),
+    ] {
+        if !wanted.is_empty() && wanted != has {
+            return Err(Error::Service {
+                service: spec.service_name.clone(),
+                field: field.to_owned(),
+                message: format!(
+                    "NLB {} has [{}], and AWS fixes an NLB's addresses when it is created: delete and re-create the Service to get [{}], or set the annotation to what the NLB has",
+                    spec.name,
+                    has.join(", "),
+                    wanted.join(", ")
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The NLB's IP address type: `dualstack` or `ipv4`.

@@ -62,6 +62,12 @@ pub const ANNOTATION_SSL_POLICY: &str =
 /// `…-backend-protocol`: `http`, `https`, `ssl` or `tcp`, the protocol to the nodes.
 pub const ANNOTATION_BACKEND_PROTOCOL: &str =
     "service.beta.kubernetes.io/aws-load-balancer-backend-protocol";
+/// `…-eip-allocations`: Elastic IP allocation IDs, one per subnet, for an internet-facing NLB.
+pub const ANNOTATION_EIP_ALLOCATIONS: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-eip-allocations";
+/// `…-private-ipv4-addresses`: private IPv4 addresses, one per subnet, for an internal NLB.
+pub const ANNOTATION_PRIVATE_IPV4_ADDRESSES: &str =
+    "service.beta.kubernetes.io/aws-load-balancer-private-ipv4-addresses";
 /// `…-ip-address-type`: `ipv4` or `dualstack` (NLB; the AWS Load Balancer Controller's annotation,
 /// which cloud-provider-aws has an open request for, kubernetes/cloud-provider-aws#1219).
 pub const ANNOTATION_IP_ADDRESS_TYPE: &str =
@@ -194,6 +200,11 @@ pub struct LbSpec {
     /// subnets with an IPv6 CIDR. Its targets stay the nodes' IPv4 addresses: the NLB translates IPv6
     /// clients (their source becomes its own address, as AWS documents).
     pub dual_stack: bool,
+    /// The NLB's Elastic IPs (`eip-allocations`), one per subnet, in subnet order; fixed at creation.
+    pub eip_allocations: Vec<String>,
+    /// The NLB's private addresses (`private-ipv4-addresses`), one per subnet (each in its subnet's
+    /// CIDR); fixed at creation.
+    pub private_ipv4_addresses: Vec<std::net::Ipv4Addr>,
 }
 
 /// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
@@ -577,6 +588,7 @@ impl LbSpec {
             }
         };
         let target_group_attributes = target_group_attributes(service, &ports, &bad)?;
+        let (eip_allocations, private_ipv4_addresses) = fixed_addresses(service, internal, &bad)?;
         let health_check = health_check(service, kind, first_listed.as_ref(), &tls, probe, &bad)?;
         Ok(Self {
             service_name: service_name.clone(),
@@ -599,6 +611,8 @@ impl LbSpec {
             proxy_protocol,
             target_group_attributes,
             dual_stack,
+            eip_allocations,
+            private_ipv4_addresses,
         })
     }
 
@@ -647,6 +661,64 @@ fn ip_address_type(
             format!("{other:?} is neither ipv4 nor dualstack"),
         )),
     }
+}
+
+/// The NLB's fixed addresses: `eip-allocations` (`eipalloc-…` IDs, for an internet-facing NLB) and
+/// `private-ipv4-addresses` (IPv4 addresses, for an internal one), comma-separated, each without
+/// repeats. AWS takes an Elastic IP only on an internet-facing NLB and a private address only on an
+/// internal one: the other way round is refused here, by name, rather than by AWS at creation. (Only
+/// on NLBs: the annotation table refuses them on a Classic ELB.)
+fn fixed_addresses(
+    service: &Service,
+    internal: bool,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<(Vec<String>, Vec<std::net::Ipv4Addr>), Error> {
+    let entries = |key: &str| -> Result<Vec<String>, Error> {
+        let Some(raw) = annotation(service, key) else {
+            return Ok(Vec::new());
+        };
+        let entries: Vec<String> = raw.split(',').map(|e| e.trim().to_owned()).collect();
+        if entries.iter().any(String::is_empty) {
+            return Err(bad(key, format!("{raw:?} has an empty entry")));
+        }
+        let mut sorted = entries.clone();
+        sorted.sort();
+        if let Some(pair) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            return Err(bad(key, format!("{:?} is listed twice", pair[0])));
+        }
+        Ok(entries)
+    };
+    let eips = entries(ANNOTATION_EIP_ALLOCATIONS)?;
+    if let Some(e) = eips.iter().find(|e| !e.starts_with("eipalloc-")) {
+        return Err(bad(
+            ANNOTATION_EIP_ALLOCATIONS,
+            format!("{e:?} is not an Elastic IP allocation ID (eipalloc-…)"),
+        ));
+    }
+    if !eips.is_empty() && internal {
+        return Err(bad(
+            ANNOTATION_EIP_ALLOCATIONS,
+            "Elastic IPs are for an internet-facing NLB, and this one is internal; use private-ipv4-addresses".into(),
+        ));
+    }
+    let private = entries(ANNOTATION_PRIVATE_IPV4_ADDRESSES)?
+        .iter()
+        .map(|a| {
+            a.parse::<std::net::Ipv4Addr>().map_err(|_| {
+                bad(
+                    ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+                    format!("{a:?} is not an IPv4 address"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if !private.is_empty() && !internal {
+        return Err(bad(
+            ANNOTATION_PRIVATE_IPV4_ADDRESSES,
+            "private IPv4 addresses are for an internal NLB (aws-load-balancer-internal: \"true\"), and this one is internet-facing; use eip-allocations".into(),
+        ));
+    }
+    Ok((eips, private))
 }
 
 /// Go's `strconv.ParseBool`.
@@ -1021,6 +1093,67 @@ mod tests {
                 unhealthy_threshold: 2
             }
         );
+    }
+
+    #[test]
+    fn fixed_addresses_are_read_and_their_misuse_named() {
+        let nlb = (ANNOTATION_TYPE, "nlb");
+        let internal = (ANNOTATION_INTERNAL, "true");
+        let s = spec(
+            &[
+                nlb,
+                internal,
+                (ANNOTATION_PRIVATE_IPV4_ADDRESSES, " 10.0.1.5, 10.0.2.5"),
+            ],
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            s.private_ipv4_addresses,
+            [
+                "10.0.1.5".parse::<std::net::Ipv4Addr>().unwrap(),
+                "10.0.2.5".parse().unwrap()
+            ]
+        );
+        let s = spec(
+            &[nlb, (ANNOTATION_EIP_ALLOCATIONS, "eipalloc-1,eipalloc-2")],
+            false,
+        )
+        .unwrap();
+        assert_eq!(s.eip_allocations, ["eipalloc-1", "eipalloc-2"]);
+        for (annotations, expected) in [
+            (
+                vec![nlb, internal, (ANNOTATION_EIP_ALLOCATIONS, "eipalloc-1")],
+                "eip-allocations: Elastic IPs are for an internet-facing NLB",
+            ),
+            (
+                vec![nlb, (ANNOTATION_PRIVATE_IPV4_ADDRESSES, "10.0.1.5")],
+                "private-ipv4-addresses: private IPv4 addresses are for an internal NLB",
+            ),
+            (
+                vec![nlb, internal, (ANNOTATION_PRIVATE_IPV4_ADDRESSES, "10.0.1")],
+                "\"10.0.1\" is not an IPv4 address",
+            ),
+            (
+                vec![nlb, (ANNOTATION_EIP_ALLOCATIONS, "203.0.113.5")],
+                "\"203.0.113.5\" is not an Elastic IP allocation ID",
+            ),
+            (
+                vec![nlb, (ANNOTATION_EIP_ALLOCATIONS, "eipalloc-1,eipalloc-1")],
+                "\"eipalloc-1\" is listed twice",
+            ),
+            (
+                vec![nlb, (ANNOTATION_EIP_ALLOCATIONS, "eipalloc-1,")],
+                "has an empty entry",
+            ),
+            (
+                vec![(ANNOTATION_EIP_ALLOCATIONS, "eipalloc-1")],
+                "not supported on a Classic ELB",
+            ),
+        ] {
+            let err = spec(&annotations, false).unwrap_err().to_string();
+            assert!(err.contains(expected), "{annotations:?}: {err}");
+        }
     }
 
     #[test]
