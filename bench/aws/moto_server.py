@@ -37,13 +37,22 @@ ModifyListener to clear it on every NLB listener after a restart. The wrapper le
 moto 5.2 drops the addresses of CreateLoadBalancer's SubnetMappings (`AllocationId`,
 `PrivateIPv4Address`): the NLB's availability zones come back without `LoadBalancerAddresses`, where
 AWS reports the Elastic IP or private address each subnet was given. The wrapper keeps and reports them.
+
+moto 5.2 has no DescribeInstanceTopology (it answers 500). The wrapper answers as AWS does: an empty
+list for instance types without a network topology, and for the types that have one (P-series, Trainium,
+HPC: upstream's default pattern) three network nodes per instance, layer 1 shared by the region, layer 2
+by the zone, layer 3 the instance's own.
 """
 
+import hashlib
+import re
 import sys
 
 from moto.elb import models
 from moto.elbv2 import models as elbv2_models
 from moto.elbv2.exceptions import ELBClientError as RESTError
+from moto.core.responses import ActionResult
+from moto.ec2.responses import EC2Response
 from moto.server import main
 
 
@@ -205,6 +214,36 @@ def _availability_zones_with_addresses(self):
 
 elbv2_models.ELBv2Backend.create_load_balancer = _with_subnet_addresses(elbv2_models.ELBv2Backend.create_load_balancer)
 elbv2_models.FakeLoadBalancer.availability_zones = property(_availability_zones_with_addresses)
+
+
+_TOPOLOGY_TYPES = re.compile(r"^(hpc|trn|p)[0-9]+[a-z]*(-[a-z0-9]+)?(\.[0-9a-z]*)$")
+
+
+def _network_node(*parts):
+    return "nn-" + hashlib.sha1("/".join(parts).encode()).hexdigest()[:17]
+
+
+def describe_instance_topology(self):
+    ids = self._get_param("InstanceIds", [])
+    reservations = (self.ec2_backend.get_reservations_by_instance_ids(ids) if ids
+                    else self.ec2_backend.describe_instances())
+    found = []
+    for reservation in reservations:
+        for instance in reservation.instances:
+            if not _TOPOLOGY_TYPES.match(instance.instance_type) or instance.state == "terminated":
+                continue
+            zone = instance.placement.zone or ""
+            found.append({
+                "InstanceId": instance.id,
+                "InstanceType": instance.instance_type,
+                "NetworkNodes": [_network_node(self.region), _network_node(self.region, zone),
+                                 _network_node(instance.id)],
+                "AvailabilityZone": zone,
+            })
+    return ActionResult({"Instances": found})
+
+
+EC2Response.describe_instance_topology = describe_instance_topology
 
 
 def _with_network_target_group_attributes(init):

@@ -59,6 +59,9 @@ pub struct Global {
     /// `ClusterServiceLoadBalancerHealthProbeMode` with its port and path: how the load balancers of
     /// Services with `externalTrafficPolicy: Cluster` check the nodes.
     pub cluster_health_probe: ClusterHealthProbe,
+    /// `SupportedTopologyInstanceTypePattern`: the instance types that must have a network topology
+    /// (a regular expression, checked when the file is read; default: upstream's, see `topology`).
+    pub supported_topology_instance_type_pattern: Option<String>,
 }
 
 /// How the load balancers of Services with `externalTrafficPolicy: Cluster` check the nodes (upstream's
@@ -103,6 +106,7 @@ impl Default for Global {
             elb_security_group: None,
             node_ip_families: vec![NodeIpFamily::Ipv4],
             cluster_health_probe: ClusterHealthProbe::ServiceNodePort,
+            supported_topology_instance_type_pattern: None,
         }
     }
 }
@@ -157,10 +161,7 @@ pub struct ServiceOverride {
 
 /// Upstream keys of `[Global]` this provider recognises but does not implement: setting one is an error
 /// that says so rather than a silent difference.
-const UNSUPPORTED_GLOBAL_KEYS: &[&str] = &[
-    "supportedtopologyinstancetypepattern",
-    "nlbsecuritygroupmode",
-];
+const UNSUPPORTED_GLOBAL_KEYS: &[&str] = &["nlbsecuritygroupmode"];
 
 /// Which section a line is in.
 enum Section {
@@ -284,6 +285,17 @@ impl Config {
                                 ));
                             }
                             g.node_ip_families.push(family);
+                        }
+                        "supportedtopologyinstancetypepattern" => {
+                            if let Err(e) = regex_lite::Regex::new(&value) {
+                                return Err(err(
+                                    line_no,
+                                    format!(
+                                        "[Global] {key}: {value:?} is not a regular expression: {e}"
+                                    ),
+                                ));
+                            }
+                            g.supported_topology_instance_type_pattern = opt(value);
                         }
                         "clusterserviceloadbalancerhealthprobemode" => {
                             probe_mode = Some((line_no, key.to_owned(), value));

@@ -17,6 +17,7 @@ use crate::{
     config::NodeIpFamily,
     error::Result,
     sdk::Calls,
+    topology::{NETWORK_NODE_LABEL_PREFIX, Topology},
     zone_ids::{ZONE_ID_LABEL, ZoneIds},
 };
 
@@ -398,28 +399,32 @@ impl Describer {
 pub struct Instances {
     describer: Arc<Describer>,
     zone_ids: Arc<ZoneIds>,
+    topology: Arc<Topology>,
     families: Vec<NodeIpFamily>,
     region: String,
 }
 
 impl Instances {
-    /// Instances answered through `describer`, with zone IDs from `zone_ids`.
+    /// Instances answered through `describer`, with zone IDs from `zone_ids` and network-topology
+    /// labels from `topology`.
     pub fn new(
         describer: Arc<Describer>,
         zone_ids: Arc<ZoneIds>,
+        topology: Arc<Topology>,
         families: Vec<NodeIpFamily>,
         region: String,
     ) -> Self {
         Self {
             describer,
             zone_ids,
+            topology,
             families,
             region,
         }
     }
 
-    /// Upstream's additional labels: `topology.k8s.aws/zone-id` unless the node has it already.
-    /// (Upstream's network-topology labels, from `DescribeInstanceTopology`, are not set.)
+    /// Upstream's additional labels: `topology.k8s.aws/zone-id` and the network-topology labels
+    /// `topology.k8s.aws/network-node-layer-<N>`, each unless the node has it already.
     async fn additional_labels(
         &self,
         node: &Node,
@@ -435,6 +440,21 @@ impl Instances {
             let id = self.zone_ids.zone_id(&instance.zone).await?;
             labels.insert(ZONE_ID_LABEL.to_owned(), id);
         }
+        let has_topology = node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(&format!("{NETWORK_NODE_LABEL_PREFIX}1")));
+        labels.extend(
+            self.topology
+                .labels(
+                    &instance.id,
+                    &instance.instance_type,
+                    &self.region,
+                    has_topology,
+                )
+                .await?,
+        );
         Ok(labels)
     }
 

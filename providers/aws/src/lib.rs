@@ -14,6 +14,7 @@ mod instances;
 mod load_balancer;
 mod routes;
 mod sdk;
+mod topology;
 mod zone_ids;
 
 use std::{sync::Arc, time::Duration};
@@ -36,6 +37,7 @@ pub use instances::{
     InstanceInfo, instance_id_from_provider_id, instance_id_from_resource_name, is_instance_id,
 };
 pub use sdk::{ApiMetrics, Clients, RetryPolicy, https_client, is_throttling, load_sdk_config};
+pub use topology::{DEFAULT_TOPOLOGY_INSTANCE_TYPES, NETWORK_NODE_LABEL_PREFIX};
 pub use zone_ids::ZONE_ID_LABEL;
 
 use instances::{Describer, Instances, Key};
@@ -43,6 +45,7 @@ use load_balancer::LoadBalancers;
 pub use load_balancer::{spec, target_group_name};
 use routes::RouteTables;
 use sdk::Calls;
+use topology::Topology;
 use zone_ids::ZoneIds;
 
 /// The name the provider registers under, and the scheme of its provider IDs.
@@ -136,9 +139,18 @@ impl AwsCloud {
                 let region = clients.region.clone();
                 let calls = Calls::new(clients, self.options.retry, self.metrics.clone());
                 let describer = Arc::new(Describer::new(calls.clone(), self.options.batch_window));
+                let expected = regex_lite::Regex::new(
+                    self.config
+                        .global
+                        .supported_topology_instance_type_pattern
+                        .as_deref()
+                        .unwrap_or(DEFAULT_TOPOLOGY_INSTANCE_TYPES),
+                )
+                .map_err(|e| Error::Setup(format!("SupportedTopologyInstanceTypePattern: {e}")))?;
                 let instances = Instances::new(
                     describer.clone(),
                     Arc::new(ZoneIds::new(calls.clone())),
+                    Arc::new(Topology::new(calls.clone(), expected)),
                     self.config.global.node_ip_families.clone(),
                     region,
                 );
@@ -398,6 +410,7 @@ mod tests {
             include_str!("routes.rs"),
             include_str!("sdk.rs"),
             include_str!("zone_ids.rs"),
+            include_str!("topology.rs"),
         ];
         let docs = include_str!("../../../docs/aws-provider.md");
         let policy = docs

@@ -262,3 +262,79 @@ async fn throttled_calls_are_retried_with_back_off_and_counted_on_metrics() {
         "every attempt counted"
     );
 }
+
+/// Upstream's network-topology labels: a P5 instance gets `topology.k8s.aws/network-node-layer-1..3`
+/// from `DescribeInstanceTopology`; t3 instances get none, and their type is asked about once, not once
+/// per node; a node that has the labels already is not asked about.
+#[tokio::test]
+async fn network_topology_labels_come_once_per_type_without_one() {
+    use aws_sdk_ec2::types::InstanceType;
+    use cloud_provider_aws::NETWORK_NODE_LABEL_PREFIX;
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let gpu = run_instances_of(&net, 1, InstanceType::P548xlarge)
+        .await
+        .remove(0);
+    let small = run_instances(&net, 3).await;
+    let cloud = cloud(&default_config());
+    let v2 = cloud.instances_v2().unwrap();
+    let topology_calls = || {
+        cloud
+            .api_metrics()
+            .requests()
+            .get("DescribeInstanceTopology")
+            .copied()
+            .unwrap_or(0)
+    };
+
+    let meta = v2
+        .instance_metadata(&node(&gpu.private_dns, None))
+        .await
+        .unwrap()
+        .unwrap();
+    let layers: Vec<(&str, &str)> = meta
+        .additional_labels
+        .iter()
+        .filter(|(k, _)| k.starts_with(NETWORK_NODE_LABEL_PREFIX))
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        layers.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        [1, 2, 3].map(|n| format!("{NETWORK_NODE_LABEL_PREFIX}{n}")),
+        "{meta:?}"
+    );
+    assert!(
+        layers.iter().all(|(_, v)| v.starts_with("nn-")),
+        "{layers:?}"
+    );
+    assert_eq!(topology_calls(), 1);
+
+    for instance in &small {
+        let meta = v2
+            .instance_metadata(&node(&instance.private_dns, None))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            !meta
+                .additional_labels
+                .keys()
+                .any(|k| k.starts_with(NETWORK_NODE_LABEL_PREFIX)),
+            "{meta:?}"
+        );
+    }
+    assert_eq!(
+        topology_calls(),
+        2,
+        "t3.medium asked about once for three nodes"
+    );
+
+    let mut labelled = node(&gpu.private_dns, None);
+    labelled.metadata.labels = Some(BTreeMap::from([(
+        format!("{NETWORK_NODE_LABEL_PREFIX}1"),
+        "nn-set".to_owned(),
+    )]));
+    v2.instance_metadata(&labelled).await.unwrap().unwrap();
+    assert_eq!(topology_calls(), 2, "a labelled node is not asked about");
+}

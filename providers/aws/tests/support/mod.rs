@@ -294,10 +294,19 @@ pub async fn network() -> Network {
 
 /// Starts `count` `t3.medium` instances with the cluster tag in the network's subnet.
 pub async fn run_instances(net: &Network, count: i32) -> Vec<InstanceInfo> {
+    run_instances_of(net, count, InstanceType::T3Medium).await
+}
+
+/// Starts `count` instances of `instance_type` in the cluster's subnet and security group.
+pub async fn run_instances_of(
+    net: &Network,
+    count: i32,
+    instance_type: InstanceType,
+) -> Vec<InstanceInfo> {
     let out = ec2()
         .run_instances()
         .image_id(AMI)
-        .instance_type(InstanceType::T3Medium)
+        .instance_type(instance_type)
         .min_count(count)
         .max_count(count)
         .subnet_id(&net.subnet_id)
