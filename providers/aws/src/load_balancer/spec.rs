@@ -874,7 +874,7 @@ fn health_check(
             }
             .into(),
             port: match (local, shared) {
-                (Some((_, port)), _) => i32::from(port),
+                (Some((_, port)), _) => port,
                 (None, Some((port, _))) => i32::from(port),
                 (None, None) => first_node_port,
             }
