@@ -206,6 +206,7 @@ impl Default for ApiMetrics {
                 duration: Family::new_with_constructor(|| Histogram::new(DEFAULT_BUCKETS)),
                 errors: Family::default(),
                 throttled: Family::default(),
+                response_status: Family::default(),
             },
             tally: Arc::default(),
         }
@@ -215,7 +216,11 @@ impl Default for ApiMetrics {
 /// cloud-provider-aws's metrics, with its names and labels, so its dashboards and alerts work here:
 /// `cloudprovider_aws_api_request_duration_seconds{request}` (successful calls),
 /// `cloudprovider_aws_api_request_errors{request}` (failed calls, a counter without `_total`, as
-/// upstream's legacy one) and `cloudprovider_aws_api_throttled_requests_total{operation_name}`.
+/// upstream's legacy one), `cloudprovider_aws_api_throttled_requests_total{operation_name}` and
+/// `cloudprovider_aws_api_response_status_total{service,operation,status_code}` (calls that failed with
+/// an HTTP status of 400 or more, once per call after its retries, as upstream's middleware counts them;
+/// `service` is the aws-sdk-go-v2 service ID: `EC2`, `Elastic Load Balancing`,
+/// `Elastic Load Balancing v2`).
 /// `request` is upstream's name for the calls it records (`describe_instance`,
 /// `describe_security_groups`, `describe_route_tables`, `describe_network_interfaces`, `create_tags`,
 /// `delete_tags`) and the snake-case operation for the others (`elb_`/`elbv2_` before a load-balancer
@@ -225,6 +230,7 @@ struct UpstreamMetrics {
     duration: Family<Vec<(String, String)>, Histogram>,
     errors: Family<Vec<(String, String)>, LegacyCounter>,
     throttled: Family<Vec<(String, String)>, Counter>,
+    response_status: Family<Vec<(String, String)>, Counter>,
 }
 
 /// Prometheus's default buckets (`prometheus.DefBuckets`), which upstream's histogram uses.
@@ -338,6 +344,11 @@ impl ApiMetrics {
             "AWS API throttled requests",
             self.upstream.throttled.clone(),
         );
+        registry.register(
+            "cloudprovider_aws_api_response_status",
+            "AWS API error response status code counts (terminal, after retries are exhausted)",
+            self.upstream.response_status.clone(),
+        );
     }
 
     /// Requests sent so far, per operation.
@@ -384,11 +395,30 @@ impl ApiMetrics {
             .observe(took.as_secs_f64());
     }
 
-    fn count_error(&self, operation: &'static str, code: Option<&str>) {
+    /// A call that failed after its retries: `service` is the aws-sdk-go-v2 service ID
+    /// ([`service_id`]), `status` the HTTP status when AWS answered.
+    fn count_error(
+        &self,
+        service: &'static str,
+        operation: &'static str,
+        code: Option<&str>,
+        status: Option<u16>,
+    ) {
         self.upstream
             .errors
             .get_or_create(&vec![("request".to_owned(), upstream_request(operation))])
             .inc();
+        if let Some(status) = status.filter(|s| *s >= 400) {
+            let name = operation.rsplit(':').next().unwrap_or(operation);
+            self.upstream
+                .response_status
+                .get_or_create(&vec![
+                    ("service".to_owned(), service.to_owned()),
+                    ("operation".to_owned(), name.to_owned()),
+                    ("status_code".to_owned(), status.to_string()),
+                ])
+                .inc();
+        }
         let mut labels = op_label(operation);
         labels.push(("code".to_owned(), code.unwrap_or("transport").to_owned()));
         self.errors.get_or_create(&labels).inc();
@@ -432,7 +462,7 @@ impl Calls {
         F: FnMut() -> Fut,
         Fut: Future<Output = std::result::Result<T, SdkError<E, R>>>,
         E: ProvideErrorMetadata + std::error::Error + 'static,
-        R: std::fmt::Debug,
+        R: std::fmt::Debug + HttpStatus,
     {
         if self.read_only && !operation.contains("Describe") {
             return Err(Error::Setup(format!(
@@ -483,9 +513,40 @@ impl Calls {
                 attempt += 1;
                 continue;
             }
-            self.metrics.count_error(operation, code.as_deref());
+            let status = err.raw_response().map(HttpStatus::status_code);
+            self.metrics
+                .count_error(service_id::<E>(), operation, code.as_deref(), status);
             return Err(Error::api(operation, &err));
         }
+    }
+}
+
+/// The aws-sdk-go-v2 service ID (upstream's `service` label) of an operation, from the crate its error
+/// type comes from (an operation's name alone does not tell: `CreateLoadBalancerListeners` is Classic
+/// ELB's, `CreateTargetGroup` ELBv2's, and both are called without a prefix).
+fn service_id<E>() -> &'static str {
+    let name = std::any::type_name::<E>();
+    if name.contains("aws_sdk_elasticloadbalancingv2::") {
+        "Elastic Load Balancing v2"
+    } else if name.contains("aws_sdk_elasticloadbalancing::") {
+        "Elastic Load Balancing"
+    } else if name.contains("aws_sdk_sts::") {
+        "STS"
+    } else {
+        "EC2"
+    }
+}
+
+/// The HTTP status of a raw response the SDK hands back with an error (its `HttpResponse`), for
+/// `cloudprovider_aws_api_response_status_total`; a trait so tests can call with their own type.
+pub trait HttpStatus {
+    /// The response's HTTP status code.
+    fn status_code(&self) -> u16;
+}
+
+impl HttpStatus for aws_smithy_runtime_api::http::Response {
+    fn status_code(&self) -> u16 {
+        self.status().as_u16()
     }
 }
 
@@ -510,8 +571,36 @@ mod tests {
         metrics.register(&mut registry);
         metrics.count_succeeded("DescribeInstances", Duration::from_millis(20));
         metrics.count_succeeded("elbv2:DescribeLoadBalancers", Duration::from_millis(20));
-        metrics.count_error("DescribeSecurityGroups", Some("UnauthorizedOperation"));
-        metrics.count_error("CreateLoadBalancerListeners", Some("DuplicateListener"));
+        metrics.count_error(
+            "EC2",
+            "DescribeSecurityGroups",
+            Some("UnauthorizedOperation"),
+            Some(403),
+        );
+        metrics.count_error(
+            "Elastic Load Balancing",
+            "CreateLoadBalancerListeners",
+            Some("DuplicateListener"),
+            Some(400),
+        );
+        metrics.count_error(
+            "Elastic Load Balancing v2",
+            "elbv2:DescribeListeners",
+            None,
+            None,
+        );
+        assert_eq!(
+            service_id::<aws_sdk_elasticloadbalancing::operation::create_load_balancer_listeners::CreateLoadBalancerListenersError>(),
+            "Elastic Load Balancing"
+        );
+        assert_eq!(
+            service_id::<aws_sdk_elasticloadbalancingv2::operation::create_target_group::CreateTargetGroupError>(),
+            "Elastic Load Balancing v2"
+        );
+        assert_eq!(
+            service_id::<aws_sdk_ec2::operation::describe_instances::DescribeInstancesError>(),
+            "EC2"
+        );
         metrics.count_throttle("elb:DescribeLoadBalancers");
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
@@ -522,6 +611,8 @@ mod tests {
             r#"cloudprovider_aws_api_request_errors{request="describe_security_groups"} 1"#,
             r#"cloudprovider_aws_api_request_errors{request="create_load_balancer_listeners"} 1"#,
             r#"cloudprovider_aws_api_throttled_requests_total{operation_name="DescribeLoadBalancers"} 1"#,
+            r#"cloudprovider_aws_api_response_status_total{service="EC2",operation="DescribeSecurityGroups",status_code="403"} 1"#,
+            r#"cloudprovider_aws_api_response_status_total{service="Elastic Load Balancing",operation="CreateLoadBalancerListeners",status_code="400"} 1"#,
         ] {
             assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
         }

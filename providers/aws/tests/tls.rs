@@ -375,6 +375,27 @@ async fn a_certificate_that_cannot_be_had_fails_the_sync_and_leaves_no_plain_lis
         "{:?}",
         nlb_listeners().await
     );
+    // Both refusals are counted in upstream's status series, by the service that answered.
+    let mut registry = prometheus_client::registry::Registry::default();
+    cloud.api_metrics().register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let statuses: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("cloudprovider_aws_api_response_status_total{"))
+        .collect();
+    assert!(
+        statuses
+            .iter()
+            .any(|l| l.contains(r#"service="Elastic Load Balancing""#)
+                && l.contains(r#"operation="CreateLoadBalancer""#)
+                && !l.contains(r#"status_code="2"#))
+            && statuses
+                .iter()
+                .any(|l| l.contains(r#"service="Elastic Load Balancing v2""#)
+                    && l.contains(r#"operation="CreateListener""#)),
+        "{statuses:#?}"
+    );
     lb.ensure_load_balancer_deleted("kubernetes", &nlb)
         .await
         .unwrap();
