@@ -77,11 +77,25 @@ def create_service(kube: Kube, case: str, eip: str) -> None:
 
 
 def normalized(state: dict, replacements: dict[str, str]) -> dict:
+    """`state` with `replacements` made in every string, and every list sorted again afterwards (the
+    lists are sets sorted by real IDs, which the placeholders reorder)."""
     text = json.dumps(state, sort_keys=True, default=str)
     for old, new in sorted(replacements.items(), key=lambda kv: -len(kv[0])):
         if old:
             text = text.replace(old, new)
-    return json.loads(text)
+
+    def resort(value):
+        if isinstance(value, dict):
+            return {k: resort(v) for k, v in value.items()}
+        if isinstance(value, list):
+            items = [resort(v) for v in value]
+            # A set (of rows, or of names) is sorted; a row (a tuple of mixed fields) keeps its order.
+            if all(isinstance(v, (list, dict)) for v in items) or all(isinstance(v, str) for v in items):
+                return sorted(items, key=lambda v: json.dumps(v, sort_keys=True))
+            return items
+        return value
+
+    return resort(json.loads(text))
 
 
 def run_case(kind: str, binary: str, case: str, args, moto: Moto, kube: Kube, counter: Counter,

@@ -42,6 +42,10 @@ moto 5.2 has no DescribeInstanceTopology (it answers 500). The wrapper answers a
 list for instance types without a network topology, and for the types that have one (P-series, Trainium,
 HPC: upstream's default pattern) three network nodes per instance, layer 1 shared by the region, layer 2
 by the zone, layer 3 the instance's own.
+
+Two defaults as AWS reports them (found by bench/aws/differential.py): a new Classic ELB's connection
+draining is off with a 300 s timeout (moto reports no timeout until one is written), and an NLB created
+without a scheme is `internet-facing` (moto reports none).
 """
 
 import hashlib
@@ -159,9 +163,23 @@ def _with_network_protocols(modify):
 elbv2_models.ELBv2Backend.modify_listener = _with_network_protocols(elbv2_models.ELBv2Backend.modify_listener)
 
 
+def _aws_default_attributes(defaults):
+    def get_default_attributes(cls):
+        attributes = defaults.__func__(cls)
+        attributes["connection_draining"] = {"enabled": False, "timeout": 300}
+        return attributes
+
+    return classmethod(get_default_attributes)
+
+
+models.LoadBalancer.get_default_attributes = _aws_default_attributes(models.LoadBalancer.get_default_attributes)
+
+
 def _with_aws_nlb_dns_names(create):
     def create_load_balancer(self, *args, **kwargs):
         balancer = create(self, *args, **kwargs)
+        if not balancer.scheme:
+            balancer.scheme = "internet-facing"
         if balancer.type == "network":
             lb_id = balancer.arn.rsplit("/", 1)[-1]
             balancer.dns_name = f"{balancer.name}-{lb_id}.elb.{self.region_name}.amazonaws.com"

@@ -396,6 +396,9 @@ impl LoadBalancers {
                 }
             }
         }
+        // A group of one load balancer's own carries its rules undescribed, as upstream authorizes them
+        // (so a hand-over either way finds the group exactly as its manager would make it).
+        let described = (scope == RuleScope::Described).then_some(description);
         let perm = |(proto, from, to, cidr): &(String, i32, i32, String)| {
             IpPermission::builder()
                 .ip_protocol(proto)
@@ -404,7 +407,7 @@ impl LoadBalancers {
                 .ip_ranges(
                     IpRange::builder()
                         .cidr_ip(cidr)
-                        .description(description)
+                        .set_description(described.map(str::to_owned))
                         .build(),
                 )
                 .build()
