@@ -13,7 +13,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
@@ -36,6 +36,10 @@ pub struct Topology {
     expected: regex_lite::Regex,
     /// Region, instance ID or instance type → when it was found to have no topology.
     unsupported: Mutex<HashMap<String, Instant>>,
+    /// One look-up at a time per instance type not expected to have a topology, so that a burst of new
+    /// nodes of one type asks AWS once, and the others find its (empty) answer remembered. Expected
+    /// types are not serialized: each of their instances needs its own answer.
+    type_turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Topology {
@@ -45,6 +49,7 @@ impl Topology {
             calls,
             expected,
             unsupported: Mutex::new(HashMap::new()),
+            type_turns: Mutex::new(HashMap::new()),
         }
     }
 
@@ -66,6 +71,21 @@ impl Topology {
             return Ok(BTreeMap::new());
         }
         let expected = self.expected.is_match(instance_type);
+        let turn = (!expected).then(|| {
+            self.type_turns
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(instance_type.to_owned())
+                .or_default()
+                .clone()
+        });
+        let _turn = match &turn {
+            Some(turn) => Some(turn.lock().await),
+            None => None,
+        };
+        if turn.is_some() && self.is_unsupported(instance_type) {
+            return Ok(BTreeMap::new());
+        }
         let ec2 = &self.calls.clients.ec2;
         let answer = self
             .calls
