@@ -555,7 +555,9 @@ def report(results: list[dict], meta: dict) -> str:
             f"- ours: {fmt_calls(rust['errors'])}", f"- upstream: {fmt_calls(go['errors'])}", "",
             "`DescribeInstanceTopology` (the network-topology labels): moto itself has no such call; "
             "`bench/aws/moto_server.py` answers it as AWS does, with an empty list for t3.medium, after which both "
-            "managers remember the type for 24 h and stop asking (once per type, not per node).", "",
+            "managers remember the type for 24 h and stop asking. Ours asks once per type even for a burst of new "
+            "nodes (one look-up per type at a time); upstream asks for every node initialized before its first "
+            "answer is remembered.", "",
             "Node labels set besides the kubelet's: ", "",
             f"- ours: {', '.join(rust['node_labels'])}", f"- upstream: {', '.join(go['node_labels'])}", ""]
     return "\n".join(out)
