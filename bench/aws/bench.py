@@ -359,6 +359,50 @@ def cloud_config(net: dict[str, str], proxy: int) -> str:
     return "\n".join(lines)
 
 
+def manager_flags(config_path: str, kubeconfig: str) -> list[str]:
+    """The flags every run gives both managers (a run may add its own after them)."""
+    return [
+        "--cloud-provider=aws", f"--cloud-config={config_path}", f"--kubeconfig={kubeconfig}",
+        "--controllers=cloud-node,cloud-node-lifecycle,service", "--leader-elect=false", "--secure-port=0",
+        "--kube-api-qps=200", "--kube-api-burst=400",
+    ]
+
+
+def manager_env(proxy: int, trap_port: int, rust_log: str) -> dict[str, str]:
+    """The environment of both managers: static credentials, an explicit region, instance metadata off
+    (and pointed at the trap), every endpoint at the counting proxy."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
+        "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{trap_port}/",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy}", "RUST_LOG": rust_log,
+    })
+    return env
+
+
+class Environment:
+    """What every run stands on: moto, the counting proxy in front of it, the metadata trap, the API
+    server."""
+
+    def __init__(self, control_plane: str) -> None:
+        self.counter = Counter()
+        self.moto = Moto()
+        self.proxy = start_proxy(self.moto.port, self.counter)
+        self.trap_port, self.trap_seen = start_metadata_trap()
+        self.kube = Kube(control_plane)
+
+
+def common_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments bench/aws/run gives every script."""
+    p.add_argument("--rust-bin", required=True)
+    p.add_argument("--go-bin", required=True)
+    p.add_argument("--control-plane", required=True, help="the directory of a running test control plane")
+    p.add_argument("--work-dir", required=True)
+    p.add_argument("--json", required=True, help="where the raw record goes")
+    p.add_argument("--meta", default="{}", help="JSON: what the report says about the run")
+
+
 def run_manager(kind: str, binary: str, args, moto: Moto, kube: Kube, counter: Counter, proxy: int,
                 trap_port: int, work: str) -> dict:
     log(f"{kind}: preparing moto")
@@ -369,19 +413,9 @@ def run_manager(kind: str, binary: str, args, moto: Moto, kube: Kube, counter: C
     config_path = os.path.join(work, f"{kind}-cloud.conf")
     with open(config_path, "w") as f:
         f.write(cloud_config(net, proxy))
-    flags = [
-        "--cloud-provider=aws", f"--cloud-config={config_path}", f"--kubeconfig={kube.kubeconfig}",
-        "--controllers=cloud-node,cloud-node-lifecycle,service", "--leader-elect=false", "--secure-port=0",
-        "--kube-api-qps=200", "--kube-api-burst=400",
-        f"--concurrent-node-syncs={args.workers}", f"--concurrent-service-syncs={args.workers}",
-    ]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env.update({
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
-        "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
-        "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{trap_port}/",
-        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy}", "RUST_LOG": "warn",
-    })
+    flags = manager_flags(config_path, kube.kubeconfig) + [
+        f"--concurrent-node-syncs={args.workers}", f"--concurrent-service-syncs={args.workers}"]
+    env = manager_env(proxy, trap_port, "warn")
     log_path = os.path.join(work, f"{kind}-manager.log")
     result: dict = {"manager": kind, "nodes": args.nodes, "services": args.services, "churn": args.churn}
     at_start = counter.snapshot()
@@ -565,9 +599,7 @@ def report(results: list[dict], meta: dict) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rust-bin", required=True)
-    p.add_argument("--go-bin", required=True)
-    p.add_argument("--control-plane", required=True, help="the directory of a running test control plane")
+    common_arguments(p)
     p.add_argument("--nodes", type=int, default=20)
     p.add_argument("--services", type=int, default=100)
     p.add_argument("--churn", type=int, default=5)
@@ -575,18 +607,12 @@ def main() -> None:
     p.add_argument("--idle", type=int, default=10)
     p.add_argument("--timeout", type=float, default=300)
     p.add_argument("--managers", default="rust,upstream")
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--json", required=True, help="where the raw numbers go")
     p.add_argument("--out", help="the report (markdown); needs both managers")
-    p.add_argument("--meta", default="{}", help="JSON: what the report says about the run")
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
 
-    counter = Counter()
-    moto = Moto()
-    proxy = start_proxy(moto.port, counter)
-    trap_port, trap_seen = start_metadata_trap()
-    kube = Kube(args.control_plane)
+    e = Environment(args.control_plane)
+    counter, moto, proxy, trap_port, trap_seen, kube = e.counter, e.moto, e.proxy, e.trap_port, e.trap_seen, e.kube
     results = []
     try:
         for kind in args.managers.split(","):

@@ -27,7 +27,7 @@ import os
 import time
 
 import bench
-from bench import NAMESPACE, Counter, Kube, Moto, has_hostname, initialized, log, start_metadata_trap, start_proxy, wait_for
+from bench import NAMESPACE, Counter, Kube, Moto, has_hostname, initialized, log, wait_for
 from handover import CERT, PREFIX, Manager, cloud_state, differences, failed_syncs, wait_quiet
 
 WEB = [("http", "TCP", 80, 30080), ("https", "TCP", 443, 30443)]
@@ -140,23 +140,15 @@ def run_case(kind: str, binary: str, case: str, args, moto: Moto, kube: Kube, co
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rust-bin", required=True)
-    p.add_argument("--go-bin", required=True)
-    p.add_argument("--control-plane", required=True)
+    bench.common_arguments(p)
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     p.add_argument("--quiet", type=float, default=5, help="seconds without AWS calls that end a sync")
     p.add_argument("--timeout", type=float, default=120)
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--json", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--meta", default="{}")
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
-    counter = Counter()
-    moto = Moto()
-    proxy = start_proxy(moto.port, counter)
-    trap_port, trap_seen = start_metadata_trap()
-    kube = Kube(args.control_plane)
+    e = bench.Environment(args.control_plane)
+    counter, moto, proxy, trap_port, trap_seen, kube = e.counter, e.moto, e.proxy, e.trap_port, e.trap_seen, e.kube
     cases: dict = {}
     try:
         for case in args.cases.split(","):

@@ -33,8 +33,7 @@ import subprocess
 import time
 
 import bench
-from bench import (CLUSTER_ID, NAMESPACE, REGION, Counter, Kube, Moto, diff, has_hostname, initialized, log,
-                   start_metadata_trap, start_proxy, wait_for)
+from bench import Counter, Kube, Moto, NAMESPACE, diff, has_hostname, initialized, log, wait_for
 
 CERT = "arn:aws:iam::123456789012:server-certificate/handover"
 PREFIX = "service.beta.kubernetes.io/aws-load-balancer-"
@@ -189,18 +188,8 @@ class Manager:
 
     def __init__(self, kind: str, binary: str, config: str, kube: Kube, proxy: int, trap_port: int,
                  work: str, run: str) -> None:
-        flags = [
-            "--cloud-provider=aws", f"--cloud-config={config}", f"--kubeconfig={kube.kubeconfig}",
-            "--controllers=cloud-node,cloud-node-lifecycle,service", "--leader-elect=false", "--secure-port=0",
-            "--kube-api-qps=200", "--kube-api-burst=400",
-        ]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        env.update({
-            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": REGION,
-            "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true",
-            "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"http://127.0.0.1:{trap_port}/",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{proxy}", "RUST_LOG": "info",
-        })
+        flags = bench.manager_flags(config, kube.kubeconfig)
+        env = bench.manager_env(proxy, trap_port, "info")
         self.kind = kind
         self.log_path = os.path.join(work, f"handover-{run}.log")
         self.log_file = open(self.log_path, "w")
@@ -297,24 +286,16 @@ def left_over(moto: Moto, nodes_sg: str, baseline_rules: list) -> list[str]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rust-bin", required=True)
-    p.add_argument("--go-bin", required=True)
-    p.add_argument("--control-plane", required=True)
+    bench.common_arguments(p)
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--quiet", type=float, default=15, help="seconds without AWS calls that end a first sync")
     p.add_argument("--timeout", type=float, default=300)
-    p.add_argument("--work-dir", required=True)
-    p.add_argument("--json", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--meta", default="{}")
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
 
-    counter = Counter()
-    moto = Moto()
-    proxy = start_proxy(moto.port, counter)
-    trap_port, trap_seen = start_metadata_trap()
-    kube = Kube(args.control_plane)
+    e = bench.Environment(args.control_plane)
+    counter, moto, proxy, trap_port, trap_seen, kube = e.counter, e.moto, e.proxy, e.trap_port, e.trap_seen, e.kube
     record: dict = {"services": {k: {"annotations": a, "ports": p} for k, (a, p) in SERVICES.items()}}
     running: Manager | None = None
     try:

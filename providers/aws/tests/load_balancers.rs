@@ -28,6 +28,24 @@ fn hostname(status: &k8s_openapi::api::core::v1::LoadBalancerStatus) -> String {
         .unwrap_or_default()
 }
 
+/// The target groups of the NLB named [`LB_NAME`].
+async fn nlb_target_groups() -> Vec<aws_sdk_elasticloadbalancingv2::types::TargetGroup> {
+    let v2 = elbv2();
+    let described = v2
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .unwrap();
+    v2.describe_target_groups()
+        .load_balancer_arn(described.load_balancers()[0].load_balancer_arn().unwrap())
+        .send()
+        .await
+        .unwrap()
+        .target_groups()
+        .to_vec()
+}
+
 async fn nlb_targets(port: i32) -> Vec<(String, i32)> {
     let v2 = elbv2();
     let lb = v2
@@ -202,20 +220,7 @@ async fn external_traffic_policy_local_checks_http_on_the_health_check_node_port
     lb.ensure_load_balancer("kubernetes", &service, &[instance_node(&instances[0])])
         .await
         .unwrap();
-    let v2 = elbv2();
-    let described = v2
-        .describe_load_balancers()
-        .names(LB_NAME)
-        .send()
-        .await
-        .unwrap();
-    let groups = v2
-        .describe_target_groups()
-        .load_balancer_arn(described.load_balancers()[0].load_balancer_arn().unwrap())
-        .send()
-        .await
-        .unwrap();
-    for g in groups.target_groups() {
+    for g in nlb_target_groups().await {
         assert_eq!(g.health_check_protocol(), Some(&ProtocolEnum::Http));
         assert_eq!(g.health_check_port(), Some("32100"));
         assert_eq!(g.health_check_path(), Some("/healthz"));
@@ -246,21 +251,9 @@ async fn the_shared_health_probe_checks_kube_proxy_on_both_kinds() {
     lb.ensure_load_balancer("kubernetes", &nlb, &nodes)
         .await
         .unwrap();
-    let v2 = elbv2();
-    let described = v2
-        .describe_load_balancers()
-        .names(LB_NAME)
-        .send()
-        .await
-        .unwrap();
-    let groups = v2
-        .describe_target_groups()
-        .load_balancer_arn(described.load_balancers()[0].load_balancer_arn().unwrap())
-        .send()
-        .await
-        .unwrap();
-    assert!(!groups.target_groups().is_empty());
-    for g in groups.target_groups() {
+    let groups = nlb_target_groups().await;
+    assert!(!groups.is_empty());
+    for g in &groups {
         assert_eq!(g.health_check_protocol(), Some(&ProtocolEnum::Http));
         assert_eq!(g.health_check_port(), Some("10256"));
         assert_eq!(g.health_check_path(), Some("/healthz"));

@@ -849,21 +849,12 @@ impl LoadBalancers {
         }
         let mut private: Vec<Option<std::net::Ipv4Addr>> = vec![None; subnets.len()];
         if !spec.private_ipv4_addresses.is_empty() {
-            let ec2 = &self.calls.clients.ec2;
-            let out = self
-                .calls
-                .call("DescribeSubnets", || {
-                    ec2.describe_subnets()
-                        .set_subnet_ids(Some(subnets.to_vec()))
-                        .send()
-                })
-                .await?;
+            let blocks = self.subnet_cidr_blocks(subnets).await?;
             let cidr_of = |id: &str| -> Option<ipnet::Ipv4Net> {
-                out.subnets()
+                blocks
                     .iter()
-                    .find(|s| s.subnet_id() == Some(id))
-                    .and_then(|s| s.cidr_block())
-                    .and_then(|c| c.parse().ok())
+                    .find(|(subnet, _)| subnet == id)
+                    .and_then(|(_, cidr)| cidr.parse().ok())
             };
             for address in &spec.private_ipv4_addresses {
                 let Some(index) = subnets
@@ -948,23 +939,33 @@ impl LoadBalancers {
                 lb.load_balancer_name().unwrap_or_default()
             )));
         }
+        let mut cidrs: Vec<String> = self
+            .subnet_cidr_blocks(&ids)
+            .await?
+            .into_iter()
+            .map(|(_, cidr)| cidr)
+            .collect();
+        cidrs.sort();
+        cidrs.dedup();
+        Ok(cidrs)
+    }
+
+    /// Each of `ids`' IPv4 CIDR block, as `(subnet ID, CIDR)`, from one `DescribeSubnets`.
+    async fn subnet_cidr_blocks(&self, ids: &[String]) -> Result<Vec<(String, String)>> {
         let ec2 = &self.calls.clients.ec2;
         let out = self
             .calls
             .call("DescribeSubnets", || {
                 ec2.describe_subnets()
-                    .set_subnet_ids(Some(ids.clone()))
+                    .set_subnet_ids(Some(ids.to_vec()))
                     .send()
             })
             .await?;
-        let mut cidrs: Vec<String> = out
+        Ok(out
             .subnets()
             .iter()
-            .filter_map(|s| s.cidr_block().map(str::to_owned))
-            .collect();
-        cidrs.sort();
-        cidrs.dedup();
-        Ok(cidrs)
+            .filter_map(|s| Some((s.subnet_id()?.to_owned(), s.cidr_block()?.to_owned())))
+            .collect())
     }
 
     /// Backends of an existing NLB follow `instances`: targets and security-group rules.
