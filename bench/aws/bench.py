@@ -47,6 +47,8 @@ import boto3
 REGION = "us-west-2"
 ZONE = "us-west-2a"
 CLUSTER_ID = "ccm-bench"
+# Both managers' `--cluster-name` (their default too), which managed NLB security group names hash.
+CLUSTER_NAME = "kubernetes"
 AMI = "ami-12c6146b"  # an AMI moto knows
 UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
 NAMESPACE = "default"
@@ -363,6 +365,7 @@ def manager_flags(config_path: str, kubeconfig: str) -> list[str]:
     """The flags every run gives both managers (a run may add its own after them)."""
     return [
         "--cloud-provider=aws", f"--cloud-config={config_path}", f"--kubeconfig={kubeconfig}",
+        f"--cluster-name={CLUSTER_NAME}",
         "--controllers=cloud-node,cloud-node-lifecycle,service", "--leader-elect=false", "--secure-port=0",
         "--kube-api-qps=200", "--kube-api-burst=400",
     ]

@@ -22,8 +22,10 @@ anything: differences are explained in docs/aws-provider.md ("Differences from u
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import time
 
 import bench
@@ -64,13 +66,30 @@ CASES: dict[str, tuple[dict[str, str], list[tuple[str, str, int, int]], dict]] =
     "nlb-local": ({"type": "nlb"}, ONE, {"externalTrafficPolicy": "Local", "healthCheckNodePort": 32000}),
     "nlb-eip": ({"type": "nlb", "eip-allocations": "{eip}"}, ONE, {}),
     "nlb-private-address": ({"type": "nlb", "internal": "true", "private-ipv4-addresses": "10.0.0.50"}, ONE, {}),
+    "nlb-own-sg": ({"type": "nlb"}, WEB, {}),
+    "nlb-own-sg-udp": ({"type": "nlb"}, [("dns", "UDP", 53, 30053)], {}),
+    "nlb-own-sg-tls": ({"type": "nlb", "ssl-cert": CERT, "ssl-ports": "443"}, WEB, {}),
+    "nlb-own-sg-source-ranges": ({"type": "nlb"}, ONE, {"loadBalancerSourceRanges": ["203.0.113.0/24"]}),
+    "nlb-own-sg-byo": ({"type": "nlb", "security-groups": "{byo}"}, ONE, {}),
 }
 
+# Cases run with more [Global] settings: NLBSecurityGroupMode = Managed for the `nlb-own-sg` ones.
+GLOBAL_EXTRA = {case: "NLBSecurityGroupMode = Managed\n" for case in CASES if case.startswith("nlb-own-sg")}
 
-def create_service(kube: Kube, case: str, eip: str) -> None:
+
+def own_group_name(namespace: str, name: str, uid: str) -> str:
+    """Upstream's name of an NLB's own security group (`GetSecurityGroupNameForNLB`), with the
+    `--cluster-name` both managers get (bench.manager_flags)."""
+    digest = hashlib.sha256((bench.CLUSTER_NAME + name + namespace + uid).encode()).hexdigest()
+    clean = lambda s: re.sub("[^A-Za-z0-9]", "", s)[:8]
+    return f"k8s-{clean(namespace)}-{clean(name)}-{digest[:10]}"
+
+
+def create_service(kube: Kube, case: str, eip: str, byo: str) -> None:
     annotations, ports, extra = CASES[case]
     kube.request("POST", f"/api/v1/namespaces/{NAMESPACE}/services", {
-        "metadata": {"name": case, "annotations": {PREFIX + k: v.replace("{eip}", eip) for k, v in annotations.items()}},
+        "metadata": {"name": case, "annotations": {PREFIX + k: v.replace("{eip}", eip).replace("{byo}", byo)
+                                                   for k, v in annotations.items()}},
         "spec": {"type": "LoadBalancer", "selector": {"app": case}, **extra,
                  "ports": [{"name": n, "protocol": proto, "port": port, "targetPort": port, "nodePort": node_port}
                            for n, proto, port, node_port in ports]}})
@@ -105,10 +124,13 @@ def run_case(kind: str, binary: str, case: str, args, moto: Moto, kube: Kube, co
     net = moto.network()
     instances = moto.run_instances(net, 2)
     eip = moto.ec2.allocate_address(Domain="vpc")["AllocationId"] if "eip" in case else ""
+    byo = moto.ec2.create_security_group(GroupName="byo", Description="the operator's",
+                                         VpcId=net["vpc"])["GroupId"] if "byo" in case else ""
     config = os.path.join(args.work_dir, f"differential-{kind}.conf")
     with open(config, "w") as f:
         f.write(bench.cloud_config(net, proxy).replace("DisableSecurityGroupIngress = true",
-                                                       "DisableSecurityGroupIngress = false"))
+                                                       "DisableSecurityGroupIngress = false")
+                .replace("[Global]\n", "[Global]\n" + GLOBAL_EXTRA.get(case, ""), 1))
     manager = Manager(kind, binary, config, kube, proxy, trap_port, args.work_dir, f"differential-{case}-{kind}")
     result: dict = {"manager": kind}
     try:
@@ -117,7 +139,7 @@ def run_case(kind: str, binary: str, case: str, args, moto: Moto, kube: Kube, co
         wait_for("the nodes' initialization",
                  lambda: {i["dns"] for i in instances} <= {n["metadata"]["name"] for n in kube.nodes() if initialized(n)},
                  args.timeout)
-        create_service(kube, case, eip)
+        create_service(kube, case, eip, byo)
         try:
             wait_for(f"{case}'s ingress hostname",
                      lambda: any(s["metadata"]["name"] == case and has_hostname(s) for s in kube.services()),
@@ -129,7 +151,8 @@ def run_case(kind: str, binary: str, case: str, args, moto: Moto, kube: Kube, co
         uid = next(s["metadata"]["uid"] for s in kube.services() if s["metadata"]["name"] == case)
         lb_name = ("a" + uid.replace("-", ""))[:32]
         replacements = {lb_name: "<lb>", net["vpc"]: "<vpc>", net["subnet"]: "<subnet>", net["sg"]: "<nodes-sg>",
-                        eip: "<eip>"}
+                        eip: "<eip>", byo: "<byo-sg>", own_group_name(NAMESPACE, case, uid): "<own-sg>"}
+        replacements = {k: v for k, v in replacements.items() if k}
         replacements.update({i["id"]: f"<instance-{n}>" for n, i in enumerate(instances, 1)})
         result["state"] = normalized(cloud_state(moto, net["sg"]), replacements)
         result["warnings"] = [w.replace(lb_name, "<lb>") for w in failed_syncs(kube, manager.started)]
@@ -164,7 +187,9 @@ def main() -> None:
         moto.stop()
     meta = json.loads(args.meta)
     meta["metadata_connections"] = len(trap_seen)
-    record = {"meta": meta, "cases": {k: {"annotations": CASES[k][0], "spec": CASES[k][2], **v} for k, v in cases.items()}}
+    record = {"meta": meta, "cases": {k: {"annotations": CASES[k][0], "spec": CASES[k][2],
+                                          "global": GLOBAL_EXTRA.get(k, "").strip(), **v}
+                                      for k, v in cases.items()}}
     with open(args.json, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True, default=str)
     with open(args.out, "w") as f:
@@ -192,7 +217,8 @@ def report(r: dict) -> str:
     for name, c in r["cases"].items():
         ann = ", ".join(f"`{k}: {v}`" for k, v in c["annotations"].items())
         spec = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in c["spec"].items())
-        what = "; ".join(x for x in (ann, spec) if x) or "none"
+        config = f"cloud-config `{c['global']}`" if c.get("global") else ""
+        what = "; ".join(x for x in (ann, spec, config) if x) or "none"
         host = f"{'yes' if c['upstream']['hostname'] else 'no'} / {'yes' if c['rust']['hostname'] else 'no'}"
         warn = f"{len(c['upstream']['warnings'])} / {len(c['rust']['warnings'])}"
         diff = "identical" if not c["differences"] else f"{len(c['differences'])} (below)"

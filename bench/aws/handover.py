@@ -121,6 +121,7 @@ def cloud_state(moto: Moto, nodes_sg: str) -> dict:
             listeners = moto.elbv2.describe_listeners(LoadBalancerArn=lb["LoadBalancerArn"])["Listeners"]
             state["nlb"][lb["LoadBalancerName"]] = {
                 "type": lb.get("Type"), "scheme": lb.get("Scheme"), "ip_address_type": lb.get("IpAddressType"),
+                "security_groups": sorted(group_name(moto, g) for g in lb.get("SecurityGroups", [])),
                 "listeners": sorted(
                     (l["Port"], l["Protocol"], sorted(c["CertificateArn"] for c in l.get("Certificates", [])),
                      l.get("SslPolicy"),

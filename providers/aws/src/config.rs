@@ -62,6 +62,21 @@ pub struct Global {
     /// `SupportedTopologyInstanceTypePattern`: the instance types that must have a network topology
     /// (a regular expression, checked when the file is read; default: upstream's, see `topology`).
     pub supported_topology_instance_type_pattern: Option<String>,
+    /// `NLBSecurityGroupMode`: whether a new NLB gets a security group of its own.
+    pub nlb_security_group_mode: NlbSecurityGroupMode,
+}
+
+/// Upstream's `NLBSecurityGroupMode`: whether a new NLB gets a security group of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NlbSecurityGroupMode {
+    /// Unset (upstream's default): NLBs have no security group; client and health rules go into the
+    /// nodes' groups, and `aws-load-balancer-security-groups` is refused on an NLB.
+    #[default]
+    Unmanaged,
+    /// `Managed`: each new NLB gets `k8s-<namespace>-<name>-<hash>` with its listeners' ports open to
+    /// the source ranges (or the groups of `aws-load-balancer-security-groups` instead, left as they
+    /// are), deleted with it. An NLB made without security groups keeps none: AWS cannot add them.
+    Managed,
 }
 
 /// How the load balancers of Services with `externalTrafficPolicy: Cluster` check the nodes (upstream's
@@ -107,6 +122,7 @@ impl Default for Global {
             node_ip_families: vec![NodeIpFamily::Ipv4],
             cluster_health_probe: ClusterHealthProbe::ServiceNodePort,
             supported_topology_instance_type_pattern: None,
+            nlb_security_group_mode: NlbSecurityGroupMode::Unmanaged,
         }
     }
 }
@@ -158,10 +174,6 @@ pub struct ServiceOverride {
     /// `SigningRegion`: the region requests are signed for.
     pub signing_region: String,
 }
-
-/// Upstream keys of `[Global]` this provider recognises but does not implement: setting one is an error
-/// that says so rather than a silent difference.
-const UNSUPPORTED_GLOBAL_KEYS: &[&str] = &["nlbsecuritygroupmode"];
 
 /// Which section a line is in.
 enum Section {
@@ -306,13 +318,21 @@ impl Config {
                         "clusterservicesharedloadbalancerhealthprobepath" => {
                             probe_path = Some((line_no, key.to_owned(), value));
                         }
-                        unsupported if UNSUPPORTED_GLOBAL_KEYS.contains(&unsupported) => {
-                            return Err(err(
-                                line_no,
-                                format!(
-                                    "[Global] {key} is an upstream setting this provider does not implement; remove it (see docs/aws-provider.md, \"Differences from upstream\")"
-                                ),
-                            ));
+                        "nlbsecuritygroupmode" => {
+                            // Upstream compares the value as written and fails every NLB sync on any
+                            // other; here the file is refused where it says so.
+                            g.nlb_security_group_mode = match value.as_str() {
+                                "" => NlbSecurityGroupMode::Unmanaged,
+                                "Managed" => NlbSecurityGroupMode::Managed,
+                                _ => {
+                                    return Err(err(
+                                        line_no,
+                                        format!(
+                                            "[Global] {key}: {value:?} is not an NLB security group mode (Managed, or unset)"
+                                        ),
+                                    ));
+                                }
+                            };
                         }
                         _ => return Err(err(line_no, format!("unknown key {key:?} in [Global]"))),
                     }
@@ -743,6 +763,25 @@ SigningMethod = v4
     }
 
     #[test]
+    fn the_nlb_security_group_mode_is_managed_or_unset() {
+        let mode = |text: &str| {
+            Config::parse(text, "cloud.conf")
+                .unwrap()
+                .global
+                .nlb_security_group_mode
+        };
+        assert_eq!(mode("[Global]\n"), NlbSecurityGroupMode::Unmanaged);
+        assert_eq!(
+            mode("[Global]\nNLBSecurityGroupMode = \"\"\n"),
+            NlbSecurityGroupMode::Unmanaged
+        );
+        assert_eq!(
+            mode("[Global]\nnlbsecuritygroupmode = Managed\n"),
+            NlbSecurityGroupMode::Managed
+        );
+    }
+
+    #[test]
     fn the_shared_health_probe_takes_upstreams_keys_and_defaults() {
         let probe = |text: &str| {
             Config::parse(text, "cloud.conf")
@@ -839,8 +878,8 @@ SigningMethod = v4
                 "line 2: \"zo ne\" is not a valid key name",
             ),
             (
-                "[Global]\nNLBSecurityGroupMode = Managed\n",
-                "line 2: [Global] NLBSecurityGroupMode is an upstream setting this provider does not implement",
+                "[Global]\nNLBSecurityGroupMode = managed\n",
+                "line 2: [Global] NLBSecurityGroupMode: \"managed\" is not an NLB security group mode (Managed, or unset)",
             ),
             (
                 "[Global]\nClusterServiceLoadBalancerHealthProbeMode = shared\n",

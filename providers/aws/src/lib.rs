@@ -30,7 +30,7 @@ use tokio::sync::OnceCell;
 
 pub use config::{
     ClusterHealthProbe, Config, Global, KUBE_PROXY_HEALTH_PATH, KUBE_PROXY_HEALTH_PORT,
-    NodeIpFamily, OverriddenService, ServiceOverride, zone_to_region,
+    NlbSecurityGroupMode, NodeIpFamily, OverriddenService, ServiceOverride, zone_to_region,
 };
 pub use error::{Error, Result};
 pub use instances::{
@@ -42,7 +42,7 @@ pub use zone_ids::ZONE_ID_LABEL;
 
 use instances::{Describer, Instances, Key};
 use load_balancer::LoadBalancers;
-pub use load_balancer::{spec, target_group_name};
+pub use load_balancer::{nlb_security_group_name, spec, target_group_name};
 use routes::RouteTables;
 use sdk::Calls;
 use topology::Topology;

@@ -1629,3 +1629,219 @@ async fn an_nlb_gets_the_fixed_addresses_its_annotations_name() {
         .unwrap();
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
+
+/// The ingress rules of the security group `id` as (protocol, from, to, CIDR), IPv6 ranges too.
+async fn group_rules(id: &str) -> Vec<(String, i32, i32, String)> {
+    let out = ec2()
+        .describe_security_groups()
+        .group_ids(id)
+        .send()
+        .await
+        .unwrap();
+    let mut rules: Vec<(String, i32, i32, String)> = out
+        .security_groups()
+        .iter()
+        .flat_map(|g| g.ip_permissions())
+        .flat_map(|p| {
+            let v4 = p.ip_ranges().iter().filter_map(|r| r.cidr_ip());
+            let v6 = p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6());
+            v4.chain(v6).map(move |cidr| {
+                (
+                    p.ip_protocol().unwrap_or_default().to_owned(),
+                    p.from_port().unwrap_or(0),
+                    p.to_port().unwrap_or(0),
+                    cidr.to_owned(),
+                )
+            })
+        })
+        .collect();
+    rules.sort();
+    rules
+}
+
+/// The security groups of the NLB named [`LB_NAME`], `None` without the NLB.
+async fn nlb_security_groups() -> Option<Vec<String>> {
+    elbv2()
+        .describe_load_balancers()
+        .names(LB_NAME)
+        .send()
+        .await
+        .ok()
+        .and_then(|d| d.load_balancers().first().cloned())
+        .map(|l| l.security_groups().to_vec())
+}
+
+/// Issue #29, `NLBSecurityGroupMode = Managed`: a new NLB gets its own group under upstream's name,
+/// tagged `owned`, with the listeners' ports and path-MTU ICMP open to the source ranges, following
+/// them; a second sync writes nothing; `aws-load-balancer-security-groups` replaces the group (deleted)
+/// with the given ones, which are left as they are and survive the Service; an NLB made without the
+/// mode keeps having no groups, and asking it for some by annotation is refused by name; deletion
+/// leaves nothing of ours.
+#[tokio::test]
+async fn an_nlb_gets_a_security_group_of_its_own_with_the_managed_mode() {
+    use cloud_provider_aws::{nlb_security_group_name, spec::ANNOTATION_SECURITY_GROUPS};
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let cloud = cloud(&format!(
+        "{}NLBSecurityGroupMode = Managed\n",
+        default_config()
+    ));
+    let lb = cloud.load_balancer().unwrap();
+    let nodes = [instance_node(&instances[0])];
+    let nlb = |ranges: &[&str], groups: Option<&str>| {
+        let mut annotations = vec![(ANNOTATION_TYPE, "nlb")];
+        if let Some(g) = groups {
+            annotations.push((ANNOTATION_SECURITY_GROUPS, g));
+        }
+        let mut s = lb_service("web", UID, &annotations);
+        if !ranges.is_empty() {
+            s.spec.as_mut().unwrap().load_balancer_source_ranges =
+                Some(ranges.iter().map(|r| r.to_string()).collect());
+        }
+        s
+    };
+    let rules = |cidr: &str| -> Vec<(String, i32, i32, String)> {
+        vec![
+            ("icmp".into(), 3, 4, cidr.into()),
+            ("tcp".into(), 80, 80, cidr.into()),
+            ("tcp".into(), 443, 443, cidr.into()),
+        ]
+    };
+
+    lb.ensure_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+        .await
+        .unwrap();
+    let groups = nlb_security_groups().await.expect("the NLB");
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    let own = groups[0].clone();
+    let described = ec2()
+        .describe_security_groups()
+        .group_ids(&own)
+        .send()
+        .await
+        .unwrap();
+    let group = &described.security_groups()[0];
+    assert_eq!(
+        group.group_name(),
+        Some(nlb_security_group_name("kubernetes", "default", "web", UID).as_str())
+    );
+    assert_eq!(
+        group.description(),
+        Some("[k8s] Managed SecurityGroup for LoadBalancer")
+    );
+    assert!(
+        group.tags().iter().any(|t| t.key()
+            == Some(format!("kubernetes.io/cluster/{CLUSTER_ID}").as_str())
+            && t.value() == Some("owned")),
+        "{:?}",
+        group.tags()
+    );
+    assert_eq!(group_rules(&own).await, rules("0.0.0.0/0"));
+
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+    assert_eq!(
+        lb.preview_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+            .await
+            .unwrap(),
+        LoadBalancerPreview::UpToDate
+    );
+
+    lb.ensure_load_balancer("kubernetes", &nlb(&["10.1.0.0/16"], None), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(group_rules(&own).await, rules("10.1.0.0/16"));
+
+    // The groups of the annotation replace ours, which goes away; theirs get no rule of ours.
+    let byo = ec2()
+        .create_security_group()
+        .group_name("byo")
+        .description("the operator's")
+        .vpc_id(&net.vpc_id)
+        .send()
+        .await
+        .unwrap()
+        .group_id()
+        .unwrap()
+        .to_owned();
+    lb.ensure_load_balancer("kubernetes", &nlb(&[], Some(&byo)), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(nlb_security_groups().await, Some(vec![byo.clone()]));
+    assert_eq!(group_rules(&byo).await, Vec::new());
+    let gone = ec2()
+        .describe_security_groups()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("group-id")
+                .values(&own)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(gone.security_groups().is_empty(), "our group is deleted");
+
+    // Back to a group of its own (made again under the same name); the operator's stays.
+    lb.ensure_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+        .await
+        .unwrap();
+    let groups = nlb_security_groups().await.unwrap();
+    assert_eq!(groups.len(), 1);
+    assert_ne!(groups[0], byo);
+    assert_eq!(group_rules(&groups[0]).await, rules("0.0.0.0/0"));
+
+    lb.ensure_load_balancer_deleted("kubernetes", &nlb(&[], None))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+    assert_eq!(
+        ec2()
+            .describe_security_groups()
+            .group_ids(&byo)
+            .send()
+            .await
+            .unwrap()
+            .security_groups()
+            .len(),
+        1,
+        "the operator's group is left"
+    );
+
+    // An NLB made without the mode cannot be given groups: it keeps none, without a write, and a
+    // Service that asks for groups by annotation is refused by name.
+    let unmanaged = support::cloud(&default_config());
+    unmanaged
+        .load_balancer()
+        .unwrap()
+        .ensure_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(nlb_security_groups().await, Some(Vec::new()));
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer("kubernetes", &nlb(&[], None), &nodes)
+        .await
+        .unwrap();
+    assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
+    assert_eq!(nlb_security_groups().await, Some(Vec::new()));
+    let err = lb
+        .ensure_load_balancer("kubernetes", &nlb(&[], Some(&byo)), &nodes)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(ANNOTATION_SECURITY_GROUPS)
+            && err.contains("was created without security groups"),
+        "{err}"
+    );
+    assert_eq!(nlb_security_groups().await, Some(Vec::new()));
+    lb.ensure_load_balancer_deleted("kubernetes", &nlb(&[], None))
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}

@@ -8,6 +8,7 @@
 use k8s_openapi::api::core::v1::Service;
 
 use super::spec::Kind;
+use crate::NlbSecurityGroupMode;
 
 /// The prefix every AWS load-balancer annotation has.
 pub const PREFIX: &str = "service.beta.kubernetes.io/aws-load-balancer-";
@@ -21,6 +22,9 @@ enum Support {
     ClassicOnly(&'static str),
     /// Implemented for NLBs; on a Classic ELB refused with this reason.
     NlbOnly(&'static str),
+    /// Implemented for Classic ELBs, and for NLBs with `NLBSecurityGroupMode = Managed`; on an NLB
+    /// without it refused with this reason (upstream ignores it there).
+    ClassicOrManagedNlb(&'static str),
 }
 
 use Support::*;
@@ -48,11 +52,13 @@ const KNOWN: &[(&str, Support)] = &[
     ("healthcheck-unhealthy-threshold", Both),
     (
         "security-groups",
-        ClassicOnly("an NLB made by cloud-provider-aws has no security groups of its own"),
+        ClassicOrManagedNlb(
+            "an NLB has security groups only with NLBSecurityGroupMode = Managed in the cloud-config's [Global] (cloud-provider-aws ignores the annotation without it)",
+        ),
     ),
     (
         "extra-security-groups",
-        ClassicOnly("an NLB made by cloud-provider-aws has no security groups of its own"),
+        ClassicOnly("BYO extra security group annotation is not supported by NLB (as upstream)"),
     ),
     ("ssl-cert", Both),
     ("ssl-ports", Both),
@@ -108,8 +114,13 @@ const KNOWN: &[(&str, Support)] = &[
 ];
 
 /// Why the Service's annotations cannot be honoured: `(annotation, message)` of the first refused
-/// one, in name order, or `None` when every annotation is one this provider implements for `kind`.
-pub fn refused(service: &Service, kind: Kind) -> Option<(String, String)> {
+/// one, in name order, or `None` when every annotation is one this provider implements for `kind`
+/// (NLBs' security groups as `nlb_groups` has them).
+pub fn refused(
+    service: &Service,
+    kind: Kind,
+    nlb_groups: NlbSecurityGroupMode,
+) -> Option<(String, String)> {
     let annotations = service.metadata.annotations.as_ref()?;
     annotations.keys().find_map(|key| {
         let name = key.strip_prefix(PREFIX)?;
@@ -121,10 +132,15 @@ pub fn refused(service: &Service, kind: Kind) -> Option<(String, String)> {
             Some((_, ClassicOnly(why))) if kind == Kind::Nlb => {
                 format!("not supported on an NLB: {why}")
             }
+            Some((_, ClassicOrManagedNlb(why)))
+                if kind == Kind::Nlb && nlb_groups == NlbSecurityGroupMode::Unmanaged =>
+            {
+                format!("not supported on an NLB: {why}")
+            }
             Some((_, NlbOnly(why))) if kind == Kind::Classic => {
                 format!("not supported on a Classic ELB: {why}")
             }
-            Some((_, ClassicOnly(_) | NlbOnly(_))) => return None,
+            Some((_, ClassicOnly(_) | NlbOnly(_) | ClassicOrManagedNlb(_))) => return None,
         };
         Some((key.clone(), message))
     })
@@ -149,6 +165,7 @@ mod tests {
     #[test]
     fn every_annotation_is_implemented_or_refused_by_name() {
         type Case<'a> = (&'a [(&'a str, &'a str)], Kind, Option<(&'a str, &'a str)>);
+        use NlbSecurityGroupMode::*;
         let cases: &[Case] = &[
             (&[], Kind::Classic, None),
             (
@@ -191,9 +208,17 @@ mod tests {
                 Kind::Nlb,
                 Some(("extra-security-groups", "not supported on an NLB")),
             ),
+            (
+                &[("security-groups", "sg-1")],
+                Kind::Nlb,
+                Some((
+                    "security-groups",
+                    "not supported on an NLB: an NLB has security groups only with NLBSecurityGroupMode = Managed",
+                )),
+            ),
         ];
         for (annotations, kind, expected) in cases {
-            let got = refused(&service(annotations), *kind);
+            let got = refused(&service(annotations), *kind, Unmanaged);
             match (got, expected) {
                 (None, None) => {}
                 (Some((key, message)), Some((name, start))) => {
@@ -203,6 +228,13 @@ mod tests {
                 (got, _) => panic!("{annotations:?}: {got:?}, expected {expected:?}"),
             }
         }
+        // With managed NLB security groups, an NLB takes the groups it is given; extra ones stay
+        // refused, as upstream refuses them.
+        let byo = service(&[("security-groups", "sg-1")]);
+        assert_eq!(refused(&byo, Kind::Nlb, Managed), None);
+        assert_eq!(refused(&byo, Kind::Classic, Unmanaged), None);
+        let extra = service(&[("extra-security-groups", "sg-1")]);
+        assert!(refused(&extra, Kind::Nlb, Managed).is_some());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! negotiation policy), the health check, registered instances, and the nodes' security groups
 //! opened to the load balancer's group.
 
-use aws_sdk_ec2::types::{Filter, IpPermission, ResourceType, TagSpecification, UserIdGroupPair};
+use aws_sdk_ec2::types::{Filter, IpPermission, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
     AccessLog, ConnectionDraining, ConnectionSettings, CrossZoneLoadBalancing,
     HealthCheck as ElbHealthCheck, Instance, Listener, LoadBalancerAttributes,
@@ -66,59 +66,12 @@ impl LoadBalancers {
         spec: &LbSpec,
         vpc_id: &str,
     ) -> Result<Option<String>> {
-        let ec2 = &self.calls.clients.ec2;
-        let name = security_group_name(&spec.name);
-        if let Some(id) = self.security_group_named(&name, vpc_id).await? {
-            return Ok(Some(id));
-        }
-        if self.previewed(|| format!("security group {name} would be created in {vpc_id}")) {
-            return Ok(None);
-        }
-        let mut tags = TagSpecification::builder().resource_type(ResourceType::SecurityGroup);
-        for (k, v) in &spec.tags {
-            tags = tags.tags(aws_sdk_ec2::types::Tag::builder().key(k).value(v).build());
-        }
-        let tags = tags.build();
         let description = format!(
             "Security group for Kubernetes ELB {} ({})",
             spec.name, spec.service_name
         );
-        let out = self
-            .calls
-            .call("CreateSecurityGroup", || {
-                ec2.create_security_group()
-                    .group_name(&name)
-                    .description(&description)
-                    .vpc_id(vpc_id)
-                    .tag_specifications(tags.clone())
-                    .send()
-            })
-            .await?;
-        out.group_id()
-            .map(|g| Some(g.to_owned()))
-            .ok_or(Error::Response {
-                operation: "CreateSecurityGroup",
-                missing: "group ID",
-            })
-    }
-
-    async fn security_group_named(&self, name: &str, vpc_id: &str) -> Result<Option<String>> {
-        let ec2 = &self.calls.clients.ec2;
-        let mut request = ec2
-            .describe_security_groups()
-            .filters(Filter::builder().name("group-name").values(name).build());
-        if !vpc_id.is_empty() {
-            request = request.filters(Filter::builder().name("vpc-id").values(vpc_id).build());
-        }
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || request.clone().send())
-            .await?;
-        Ok(out
-            .security_groups()
-            .first()
-            .and_then(|g| g.group_id())
-            .map(str::to_owned))
+        self.ensure_security_group(&security_group_name(&spec.name), &description, spec, vpc_id)
+            .await
     }
 
     /// Creates or updates the Service's Classic ELB.
@@ -812,28 +765,6 @@ impl LoadBalancers {
         Ok(())
     }
 
-    async fn revoke_group_reference(&self, group: &str, lb_group: &str) -> Result<()> {
-        let ec2 = &self.calls.clients.ec2;
-        let permission = IpPermission::builder()
-            .ip_protocol("-1")
-            .user_id_group_pairs(UserIdGroupPair::builder().group_id(lb_group).build())
-            .build();
-        match self
-            .calls
-            .call("RevokeSecurityGroupIngress", || {
-                ec2.revoke_security_group_ingress()
-                    .group_id(group)
-                    .ip_permissions(permission.clone())
-                    .send()
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == Some("InvalidPermission.NotFound") => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Backends of an existing Classic ELB follow `instances`: registration and node ingress.
     pub(super) async fn update_classic_instances(
         &self,
@@ -856,6 +787,7 @@ impl LoadBalancers {
             && let Some(sg) = self
                 .security_group_named(&security_group_name(&spec.name), &vpc_id)
                 .await?
+                .and_then(|g| g.group_id().map(str::to_owned))
         {
             self.sync_node_ingress(&sg, instances, cluster_id, &vpc_id)
                 .await?;
@@ -907,41 +839,7 @@ impl LoadBalancers {
             if !vpc_id.is_empty() && g.vpc_id() != Some(vpc_id.as_str()) {
                 continue;
             }
-            let referencing = self
-                .calls
-                .call("DescribeSecurityGroups", || {
-                    ec2.describe_security_groups()
-                        .filters(
-                            Filter::builder()
-                                .name("ip-permission.group-id")
-                                .values(sg)
-                                .build(),
-                        )
-                        .send()
-                })
-                .await?;
-            for r in referencing.security_groups() {
-                if let Some(id) = r.group_id() {
-                    self.revoke_group_reference(id, sg).await?;
-                }
-            }
-            match self
-                .calls
-                .call("DeleteSecurityGroup", || {
-                    ec2.delete_security_group().group_id(sg).send()
-                })
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.code() == Some("InvalidGroup.NotFound") => {}
-                // The ELB's network interfaces can hold the group for a while after the ELB is gone.
-                Err(e) if e.code() == Some("DependencyViolation") => {
-                    return Err(Error::StillInUse(format!(
-                        "security group {sg} of {name} is still in use ({e})"
-                    )));
-                }
-                Err(e) => return Err(e),
-            }
+            self.delete_security_group(sg, name).await?;
         }
         Ok(())
     }

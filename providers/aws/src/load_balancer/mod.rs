@@ -10,17 +10,20 @@ pub mod annotations;
 mod classic;
 mod inventory;
 mod nlb;
+mod nlb_security_group;
 mod plan;
+mod security_groups;
 pub mod spec;
 
 pub use nlb::target_group_name;
+pub use nlb_security_group::own_group_name as nlb_security_group_name;
 
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
 };
 
-use aws_sdk_ec2::types::{Filter, IpPermission, IpRange};
+use aws_sdk_ec2::types::{Filter, IpPermission, IpRange, Ipv6Range};
 use cloud_provider::{
     CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, default_load_balancer_name,
 };
@@ -143,12 +146,19 @@ impl LoadBalancers {
     }
 
     fn spec(&self, cluster_name: &str, service: &Service) -> Result<LbSpec> {
-        LbSpec::from_service(
+        let mut spec = LbSpec::from_service(
             service,
             self.cluster_id(cluster_name),
             default_load_balancer_name(service),
-            &self.config.global.cluster_health_probe,
-        )
+            &self.config.global,
+        )?;
+        spec.own_group_name = nlb_security_group::own_group_name(
+            cluster_name,
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or_default(),
+            service.metadata.uid.as_deref().unwrap_or_default(),
+        );
+        Ok(spec)
     }
 
     /// The instances behind `nodes` (nodes whose instance is not found are left out).
@@ -359,7 +369,7 @@ impl LoadBalancers {
     }
 
     /// Makes the CIDR ingress rules of `group` that are ours exactly `desired` (each a protocol, a port
-    /// range and a CIDR): authorizes the missing, revokes the extra, writes nothing when equal. Ours are
+    /// range and an IPv4 or IPv6 CIDR): authorizes the missing, revokes the extra, writes nothing when equal. Ours are
     /// those that carry `description`, or, with [`RuleScope::WholeGroup`] (a group made for one load
     /// balancer), all of them. A desired rule the group has already, whatever its description (one
     /// cloud-provider-aws authorized without any), is kept as it is: EC2 tells rules apart by protocol,
@@ -382,14 +392,19 @@ impl LoadBalancers {
         let (mut present, mut existing) = (Vec::new(), Vec::new());
         for g in out.security_groups() {
             for p in g.ip_permissions() {
-                for r in p.ip_ranges() {
+                let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
+                let v6 = p
+                    .ipv6_ranges()
+                    .iter()
+                    .map(|r| (r.cidr_ipv6(), r.description()));
+                for (cidr, rule_description) in v4.chain(v6) {
                     let rule = (
                         p.ip_protocol().unwrap_or_default().to_owned(),
                         p.from_port().unwrap_or(0),
                         p.to_port().unwrap_or(0),
-                        r.cidr_ip().unwrap_or_default().to_owned(),
+                        cidr.unwrap_or_default().to_owned(),
                     );
-                    if scope == RuleScope::WholeGroup || r.description() == Some(description) {
+                    if scope == RuleScope::WholeGroup || rule_description == Some(description) {
                         existing.push(rule.clone());
                     }
                     present.push(rule);
@@ -400,17 +415,27 @@ impl LoadBalancers {
         // (so a hand-over either way finds the group exactly as its manager would make it).
         let described = (scope == RuleScope::Described).then_some(description);
         let perm = |(proto, from, to, cidr): &(String, i32, i32, String)| {
-            IpPermission::builder()
+            let rule = IpPermission::builder()
                 .ip_protocol(proto)
                 .from_port(*from)
-                .to_port(*to)
-                .ip_ranges(
-                    IpRange::builder()
-                        .cidr_ip(cidr)
-                        .set_description(described.map(str::to_owned))
+                .to_port(*to);
+            let described = described.map(str::to_owned);
+            if cidr.contains(':') {
+                rule.ipv6_ranges(
+                    Ipv6Range::builder()
+                        .cidr_ipv6(cidr)
+                        .set_description(described)
                         .build(),
                 )
-                .build()
+            } else {
+                rule.ip_ranges(
+                    IpRange::builder()
+                        .cidr_ip(cidr)
+                        .set_description(described)
+                        .build(),
+                )
+            }
+            .build()
         };
         let missing: Vec<IpPermission> = desired
             .iter()
@@ -426,8 +451,12 @@ impl LoadBalancers {
             rules
                 .iter()
                 .map(|p| {
-                    let cidrs: Vec<&str> =
-                        p.ip_ranges().iter().filter_map(|r| r.cidr_ip()).collect();
+                    let cidrs: Vec<&str> = p
+                        .ip_ranges()
+                        .iter()
+                        .filter_map(|r| r.cidr_ip())
+                        .chain(p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6()))
+                        .collect();
                     format!(
                         "{} {}-{} from {}",
                         p.ip_protocol().unwrap_or_default(),
@@ -649,7 +678,14 @@ impl LoadBalancer for LoadBalancers {
         );
         let cluster_id = self.cluster_id(cluster_name).to_owned();
         // Both kinds: the Service's type annotation may have changed since its load balancer was made.
-        self.delete_nlb(&name, &service_name, &cluster_id).await?;
+        let own_group = nlb_security_group::own_group_name(
+            cluster_name,
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or_default(),
+            service.metadata.uid.as_deref().unwrap_or_default(),
+        );
+        self.delete_nlb(&name, &service_name, Some(&own_group), &cluster_id)
+            .await?;
         self.delete_classic(&name, &cluster_id).await?;
         Ok(())
     }
@@ -676,7 +712,8 @@ impl LoadBalancer for LoadBalancers {
             .map(ToString::to_string)
             .unwrap_or_default();
         if load_balancer.handle == inventory::NLB {
-            self.delete_nlb(&load_balancer.name, &service_name, &cluster_id)
+            // The Service is gone, and its UID with it: the NLB's groups are found on the NLB.
+            self.delete_nlb(&load_balancer.name, &service_name, None, &cluster_id)
                 .await?;
         } else {
             self.delete_classic(&load_balancer.name, &cluster_id)

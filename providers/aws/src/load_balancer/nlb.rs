@@ -192,8 +192,16 @@ impl LoadBalancers {
         cluster_id: &str,
     ) -> Result<LoadBalancerStatus> {
         let elbv2 = &self.calls.clients.elbv2;
-        let lb = match self.describe_nlb(&spec.name).await? {
-            Some(lb) => lb,
+        let (lb, groups) = match self.describe_nlb(&spec.name).await? {
+            Some(lb) => {
+                let vpc = lb.vpc_id().unwrap_or_default().to_owned();
+                let groups = self.nlb_security_groups(spec, Some(&lb), &vpc).await?;
+                if let Some(groups) = &groups {
+                    self.sync_nlb_security_groups(&lb, spec, groups, cluster_id)
+                        .await?;
+                }
+                (lb, groups)
+            }
             None => {
                 if self.previewed(|| format!("NLB {} would be created", spec.name)) {
                     return Ok(LoadBalancerStatus::default());
@@ -201,6 +209,8 @@ impl LoadBalancers {
                 let vpc = self.vpc_id(instances).await?;
                 let subnets = self.subnets(spec, &vpc, cluster_id).await?;
                 let mappings = self.subnet_mappings(spec, &subnets).await?;
+                let groups = self.nlb_security_groups(spec, None, &vpc).await?;
+                let group_ids = groups.as_ref().map(|g| g.ids.clone());
                 tracing::info!(
                     name = spec.name,
                     service = spec.service_name,
@@ -222,17 +232,20 @@ impl LoadBalancers {
                             .ip_address_type(ip_address_type(spec))
                             .set_subnets((mappings.is_empty()).then(|| subnets.clone()))
                             .set_subnet_mappings((!mappings.is_empty()).then(|| mappings.clone()))
+                            .set_security_groups(group_ids.clone())
                             .set_tags(Some(tags(spec)))
                             .send()
                     })
                     .await?;
-                out.load_balancers()
+                let lb = out
+                    .load_balancers()
                     .first()
                     .cloned()
                     .ok_or(Error::Response {
                         operation: "elbv2:CreateLoadBalancer",
                         missing: "load balancer",
-                    })?
+                    })?;
+                (lb, groups)
             }
         };
         let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
@@ -411,6 +424,10 @@ impl LoadBalancers {
         }
         if let Some(enabled) = spec.cross_zone {
             self.sync_cross_zone(&arn, enabled).await?;
+        }
+        // The NLB's own group's rules, once the NLB is as the Service asks (upstream's order).
+        if let Some(own) = groups.as_ref().and_then(|g| g.own.as_deref()) {
+            self.sync_own_group_rules(own, spec).await?;
         }
         if !self.config.global.disable_security_group_ingress {
             self.sync_nlb_rules(spec, instances, cluster_id, &lb)
@@ -1096,11 +1113,14 @@ impl LoadBalancers {
         &self,
         name: &str,
         service_name: &str,
+        own_group_name: Option<&str>,
         cluster_id: &str,
     ) -> Result<()> {
         let elbv2 = &self.calls.clients.elbv2;
         let mut groups = Vec::new();
-        if let Some(lb) = self.describe_nlb(name).await? {
+        let described = self.describe_nlb(name).await?;
+        let security_groups = described.as_ref().map(|lb| lb.security_groups().to_vec());
+        if let Some(lb) = described {
             let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
             for l in self.listeners_of(&arn).await? {
                 self.calls
@@ -1152,7 +1172,13 @@ impl LoadBalancers {
                 self.sync_mtu_rules(&group).await?;
             }
         }
-        Ok(())
+        self.delete_nlb_security_groups(
+            name,
+            security_groups.as_deref(),
+            own_group_name,
+            cluster_id,
+        )
+        .await
     }
 }
 

@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use cloud_provider::service_helpers;
 use k8s_openapi::api::core::v1::{Node, Service};
 
-use crate::{ClusterHealthProbe, Error};
+use crate::{ClusterHealthProbe, Error, Global};
 
 /// `service.beta.kubernetes.io/aws-load-balancer-type`: `nlb` for a Network Load Balancer.
 pub const ANNOTATION_TYPE: &str = "service.beta.kubernetes.io/aws-load-balancer-type";
@@ -183,7 +183,8 @@ pub struct LbSpec {
     pub cross_zone: Option<bool>,
     /// Subnet IDs or `Name` tags from the annotation.
     pub subnets: Vec<String>,
-    /// Security groups to use instead of creating one (Classic).
+    /// Security groups to use instead of creating one (Classic; NLB with `NLBSecurityGroupMode =
+    /// Managed`).
     pub security_groups: Vec<String>,
     /// Security groups added to ours (Classic).
     pub extra_security_groups: Vec<String>,
@@ -205,6 +206,10 @@ pub struct LbSpec {
     /// The NLB's private addresses (`private-ipv4-addresses`), one per subnet (each in its subnet's
     /// CIDR); fixed at creation.
     pub private_ipv4_addresses: Vec<std::net::Ipv4Addr>,
+    /// The name of the NLB's own security group with `NLBSecurityGroupMode = Managed`, upstream's
+    /// (which hashes the manager's `--cluster-name`, not the cluster ID): empty here, set by
+    /// `LoadBalancers::spec`, which knows the cluster name.
+    pub own_group_name: String,
 }
 
 /// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
@@ -429,14 +434,16 @@ fn list(value: Option<&str>) -> Vec<String> {
 }
 
 impl LbSpec {
-    /// Reads the Service; `cluster_id` names the cluster in tags, `probe` is the cloud-config's
-    /// health-probe mode for Services with `externalTrafficPolicy: Cluster`.
+    /// Reads the Service; `cluster_id` names the cluster in tags, `global` is the cloud-config's
+    /// `[Global]` (its health-probe mode for Services with `externalTrafficPolicy: Cluster`, its NLB
+    /// security group mode).
     pub fn from_service(
         service: &Service,
         cluster_id: &str,
         name: String,
-        probe: &ClusterHealthProbe,
+        global: &Global,
     ) -> Result<Self, Error> {
+        let probe = &global.cluster_health_probe;
         let service_name = format!(
             "{}/{}",
             service.metadata.namespace.as_deref().unwrap_or("default"),
@@ -465,7 +472,9 @@ impl LbSpec {
                 ));
             }
         };
-        if let Some((annotation, message)) = super::annotations::refused(service, kind) {
+        if let Some((annotation, message)) =
+            super::annotations::refused(service, kind, global.nlb_security_group_mode)
+        {
             return Err(bad(&annotation, message));
         }
         let dual_stack = ip_address_type(service, kind, &bad)?;
@@ -613,6 +622,7 @@ impl LbSpec {
             dual_stack,
             eip_allocations,
             private_ipv4_addresses,
+            own_group_name: String::new(),
         })
     }
 
@@ -1002,7 +1012,7 @@ mod tests {
             &service(annotations, local),
             "prod",
             "a123".into(),
-            &ClusterHealthProbe::ServiceNodePort,
+            &Global::default(),
         )
     }
 
@@ -1044,9 +1054,7 @@ mod tests {
     fn session_affinity_and_mixed_protocols_are_refused_as_upstream_refuses_them() {
         let mut s = service(&[], false);
         s.spec.as_mut().unwrap().session_affinity = Some("ClientIP".into());
-        let err =
-            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
-                .unwrap_err();
+        let err = LbSpec::from_service(&s, "prod", "a".into(), &Global::default()).unwrap_err();
         assert!(
             err.to_string()
                 .ends_with("spec.sessionAffinity: unsupported load balancer affinity: ClientIP"),
@@ -1054,9 +1062,7 @@ mod tests {
         );
         let mut s = service(&[(ANNOTATION_TYPE, "nlb")], false);
         s.spec.as_mut().unwrap().ports.as_mut().unwrap()[1].protocol = Some("UDP".into());
-        let err =
-            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
-                .unwrap_err();
+        let err = LbSpec::from_service(&s, "prod", "a".into(), &Global::default()).unwrap_err();
         assert!(
             err.to_string()
                 .ends_with("mixed protocol is not supported for LoadBalancer"),
@@ -1174,7 +1180,7 @@ mod tests {
             let mut s = service(annotations, false);
             s.spec.as_mut().unwrap().ip_families =
                 Some(families.iter().map(|f| f.to_string()).collect());
-            LbSpec::from_service(&s, "prod", "a".into(), &ClusterHealthProbe::ServiceNodePort)
+            LbSpec::from_service(&s, "prod", "a".into(), &Global::default())
                 .unwrap_err()
                 .to_string()
         };
@@ -1209,9 +1215,8 @@ mod tests {
         // A dual-stack Service on an IPv4 NLB (upstream's), or dual-stack on both.
         let mut s = service(&[nlb], false);
         s.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
-        let probe = ClusterHealthProbe::ServiceNodePort;
         assert!(
-            !LbSpec::from_service(&s, "prod", "a".into(), &probe)
+            !LbSpec::from_service(&s, "prod", "a".into(), &Global::default())
                 .unwrap()
                 .dual_stack
         );
@@ -1225,9 +1230,13 @@ mod tests {
             port: 10256,
             path: "/healthz".into(),
         };
+        let global = Global {
+            cluster_health_probe: shared,
+            ..Global::default()
+        };
         let check = |annotations: &[(&str, &str)], local: bool| {
             let hc =
-                LbSpec::from_service(&service(annotations, local), "prod", "a123".into(), &shared)
+                LbSpec::from_service(&service(annotations, local), "prod", "a123".into(), &global)
                     .unwrap()
                     .health_check;
             (hc.protocol, hc.port, hc.path, hc.interval)
@@ -1439,7 +1448,7 @@ mod tests {
                 &named_ports(&annotations),
                 "prod",
                 "a123".into(),
-                &ClusterHealthProbe::ServiceNodePort,
+                &Global::default(),
             )
             .unwrap_or_else(|e| panic!("{annotations:?}: {e}"));
             match kind {

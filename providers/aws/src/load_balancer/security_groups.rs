@@ -1,0 +1,143 @@
+//! Security groups a load balancer owns (a Classic ELB's `k8s-elb-<name>`, a managed NLB's
+//! `k8s-<namespace>-<name>-<hash>`): found by name in the VPC, created tagged for the cluster, and
+//! deleted with every rule of another group that refers to them.
+
+use aws_sdk_ec2::types::{
+    Filter, IpPermission, ResourceType, SecurityGroup, TagSpecification, UserIdGroupPair,
+};
+
+use super::{LoadBalancers, spec::LbSpec};
+use crate::{Error, error::Result};
+
+impl LoadBalancers {
+    /// The group named `name` in `vpc_id` (any VPC when empty), if any.
+    pub(super) async fn security_group_named(
+        &self,
+        name: &str,
+        vpc_id: &str,
+    ) -> Result<Option<SecurityGroup>> {
+        let ec2 = &self.calls.clients.ec2;
+        let mut request = ec2
+            .describe_security_groups()
+            .filters(Filter::builder().name("group-name").values(name).build());
+        if !vpc_id.is_empty() {
+            request = request.filters(Filter::builder().name("vpc-id").values(vpc_id).build());
+        }
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || request.clone().send())
+            .await?;
+        Ok(out.security_groups().first().cloned())
+    }
+
+    /// The group `name` in `vpc_id`, created with `description` and the Service's tags (the cluster's
+    /// among them) when missing, as upstream's `ensureSecurityGroup` finds and makes it (group name and
+    /// VPC are EC2's key for a group); `None` in a preview that would create it.
+    pub(super) async fn ensure_security_group(
+        &self,
+        name: &str,
+        description: &str,
+        spec: &LbSpec,
+        vpc_id: &str,
+    ) -> Result<Option<String>> {
+        if let Some(id) = self
+            .security_group_named(name, vpc_id)
+            .await?
+            .and_then(|g| g.group_id().map(str::to_owned))
+        {
+            return Ok(Some(id));
+        }
+        if self.previewed(|| format!("security group {name} would be created in {vpc_id}")) {
+            return Ok(None);
+        }
+        let ec2 = &self.calls.clients.ec2;
+        let mut tags = TagSpecification::builder().resource_type(ResourceType::SecurityGroup);
+        for (k, v) in &spec.tags {
+            tags = tags.tags(aws_sdk_ec2::types::Tag::builder().key(k).value(v).build());
+        }
+        let tags = tags.build();
+        let out = self
+            .calls
+            .call("CreateSecurityGroup", || {
+                ec2.create_security_group()
+                    .group_name(name)
+                    .description(description)
+                    .vpc_id(vpc_id)
+                    .tag_specifications(tags.clone())
+                    .send()
+            })
+            .await?;
+        out.group_id()
+            .map(|g| Some(g.to_owned()))
+            .ok_or(Error::Response {
+                operation: "CreateSecurityGroup",
+                missing: "group ID",
+            })
+    }
+
+    /// Revokes `group`'s rule that lets `source_group` in (all protocols), if it has one.
+    pub(super) async fn revoke_group_reference(
+        &self,
+        group: &str,
+        source_group: &str,
+    ) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let permission = IpPermission::builder()
+            .ip_protocol("-1")
+            .user_id_group_pairs(UserIdGroupPair::builder().group_id(source_group).build())
+            .build();
+        match self
+            .calls
+            .call("RevokeSecurityGroupIngress", || {
+                ec2.revoke_security_group_ingress()
+                    .group_id(group)
+                    .ip_permissions(permission.clone())
+                    .send()
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("InvalidPermission.NotFound") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the group `sg` of the load balancer `lb_name` after revoking every rule of another
+    /// group that refers to it. A group still held by the load balancer's network interfaces (for a
+    /// while after the load balancer is gone) is [`Error::StillInUse`], so the deletion is tried again.
+    pub(super) async fn delete_security_group(&self, sg: &str, lb_name: &str) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
+        let referencing = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .filters(
+                        Filter::builder()
+                            .name("ip-permission.group-id")
+                            .values(sg)
+                            .build(),
+                    )
+                    .send()
+            })
+            .await?;
+        for r in referencing.security_groups() {
+            if let Some(id) = r.group_id() {
+                self.revoke_group_reference(id, sg).await?;
+            }
+        }
+        match self
+            .calls
+            .call("DeleteSecurityGroup", || {
+                ec2.delete_security_group().group_id(sg).send()
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.code() == Some("InvalidGroup.NotFound") => Ok(()),
+            Err(e) if e.code() == Some("DependencyViolation") => Err(Error::StillInUse(format!(
+                "security group {sg} of {lb_name} is still in use ({e})"
+            ))),
+            Err(e) => Err(e),
+        }
+    }
+}
