@@ -853,3 +853,77 @@ async fn a_hundred_services_converge_under_a_30_percent_failure_rate_without_dup
     .await;
     h.stop(3).await;
 }
+
+/// Issue #28, load-balancer classes: a manager serving classless Services and one serving
+/// `--load-balancer-class=ccm.rs/local`, side by side on one cluster, each with its own cloud: each
+/// provisions and deletes only its own Services, and neither touches the other's finalizer (the same
+/// name for both) or status, even while the other's Services are deleted.
+#[tokio::test]
+async fn two_managers_split_the_services_by_load_balancer_class() {
+    let _serial = SERIAL.lock().await;
+    let classless = Harness::start("").await;
+    let namespace = classless.namespace.clone();
+    let classed = Harness::start_with(
+        namespace.clone(),
+        "",
+        &["--load-balancer-class=ccm.rs/local"],
+    )
+    .await;
+    create_node(&kubelet_node(&classless.node_name(0))).await;
+
+    let mut local = load_balancer_service("local", &[80]);
+    local.spec.as_mut().unwrap().load_balancer_class = Some("ccm.rs/local".into());
+    classless
+        .api()
+        .await
+        .create(&PostParams::default(), &local)
+        .await
+        .unwrap();
+    classless.create("plain", &[81]).await;
+    let (plain, plain_lb) = classless.provisioned("plain").await;
+    let (local, local_lb) = classed.provisioned("local").await;
+    assert!(classless.load_balancer("local").is_none());
+    assert!(classed.load_balancer("plain").is_none());
+    assert_eq!(
+        support::status_ip(&plain),
+        plain_lb.ingress.first().cloned()
+    );
+    assert_eq!(
+        support::status_ip(&local),
+        local_lb.ingress.first().cloned()
+    );
+
+    // A while later, still so: neither manager rewrote the other's Service (its resource version is
+    // the one its own manager's last write left).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let plain_now = classless.get("plain").await.unwrap();
+    let local_now = classed.get("local").await.unwrap();
+    assert_eq!(
+        plain_now.metadata.resource_version,
+        plain.metadata.resource_version
+    );
+    assert_eq!(
+        local_now.metadata.resource_version,
+        local.metadata.resource_version
+    );
+    assert!(classless.load_balancer("local").is_none());
+    assert!(classed.load_balancer("plain").is_none());
+
+    // Each deletion is its own manager's: the finalizer goes with that manager's load balancer.
+    classless.delete("local").await;
+    eventually("local's deletion", WAIT, || async {
+        classless.get("local").await.is_none().then_some(())
+    })
+    .await;
+    assert!(classed.load_balancer("local").is_none());
+    assert!(classless.get("plain").await.is_some());
+    assert!(classless.load_balancer("plain").is_some());
+    classless.delete("plain").await;
+    eventually("plain's deletion", WAIT, || async {
+        classless.get("plain").await.is_none().then_some(())
+    })
+    .await;
+    assert!(classless.load_balancer("plain").is_none());
+    classed.manager.stop().await;
+    classless.stop(1).await;
+}

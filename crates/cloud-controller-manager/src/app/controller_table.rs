@@ -317,11 +317,18 @@ fn node_lifecycle_config(
 }
 
 fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>, ConfigureError> {
+    let options = &cfg.options().service;
+    let served = service::ServedClasses::new(
+        &options.load_balancer_classes,
+        options.serve_classless_load_balancers,
+    )
+    .map_err(ConfigureError)?;
     Ok(Some(service::Config {
         cluster_name: cfg.cluster_name().to_owned(),
-        workers: usize::from(cfg.options().service.concurrent_service_syncs),
-        orphan_sweep_period: Some(cfg.options().service.orphaned_load_balancer_sweep_period)
+        workers: usize::from(options.concurrent_service_syncs),
+        orphan_sweep_period: Some(options.orphaned_load_balancer_sweep_period)
             .filter(|period| !period.is_zero()),
+        served,
     }))
 }
 

@@ -270,6 +270,22 @@ pub struct ServiceControllerOptions {
     /// balancers (`fake`, `local` and `aws` do; for others the sweep says once that it cannot run).
     #[arg(long, default_value = "5m", value_parser = go_duration_or_zero)]
     pub orphaned_load_balancer_sweep_period: Duration,
+
+    /// Serve the Services of this `spec.loadBalancerClass` (repeatable, or comma-separated), and by
+    /// default no classless ones. Without it, classless Services only (upstream's choice). A Service
+    /// this manager does not serve is never touched: not its finalizer, not its status. Not in
+    /// upstream.
+    #[arg(
+        long = "load-balancer-class",
+        value_name = "CLASS",
+        value_delimiter = ','
+    )]
+    pub load_balancer_classes: Vec<String>,
+
+    /// Serve classless `type: LoadBalancer` Services too. Default: true without
+    /// --load-balancer-class, false with it. Not in upstream.
+    #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true")]
+    pub serve_classless_load_balancers: Option<bool>,
 }
 
 /// The node-route controller.

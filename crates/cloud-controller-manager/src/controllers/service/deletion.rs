@@ -82,7 +82,7 @@ pub(super) async fn handle_deletions(
             continue; // cleaned up through the finalizer, or never ours
         };
         ctx.tracked().remove(&key);
-        if !wants_load_balancer(&tracked.service) {
+        if !wants_load_balancer(&tracked.service, &ctx.served) {
             continue;
         }
         let ctx = ctx.clone();

@@ -1,5 +1,6 @@
 //! The service-lb controller (`service-lb-controller`, alias `service`): a cloud load balancer for every
-//! `type: LoadBalancer` Service without a `loadBalancerClass`, kept in step with the Service and the
+//! `type: LoadBalancer` Service of a class it serves (upstream's: without a `loadBalancerClass`; see
+//! [`classes`]), kept in step with the Service and the
 //! cluster's nodes, and deleted before the Service goes (the `service.kubernetes.io/load-balancer-cleanup`
 //! finalizer).
 //!
@@ -9,11 +10,13 @@
 //! delaying others; and `service_controller_load_balancers` reports how many load balancers the
 //! controller believes exist.
 //!
-//! The parts: `plan` decides what a sync does (pure, table-tested), `sync` executes it, `node_sync` gives
+//! The parts: [`classes`] says which Services are this manager's, `plan` decides what a sync does (pure,
+//! table-tested), `sync` executes it, `node_sync` gives
 //! load balancers the current nodes, `deletion` cleans up after Services that vanished without our
 //! finalizer, `sweep` deletes load balancers whose Service no longer exists, `events` names every event
 //! recorded, [`node_set`] says which nodes are backends, and `metrics` holds the metrics.
 
+pub mod classes;
 mod deletion;
 mod events;
 mod metrics;
@@ -35,7 +38,7 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-pub use self::metrics::ServiceMetrics;
+pub use self::{classes::ServedClasses, metrics::ServiceMetrics};
 use self::{
     node_set::{BackendSet, backend_set, is_backend},
     plan::wants_load_balancer,
@@ -124,6 +127,8 @@ struct Context {
     client: kube::Client,
     cloud: Arc<dyn CloudProvider>,
     cluster_name: String,
+    /// The classes of Services this manager serves (`--load-balancer-class`).
+    served: ServedClasses,
     nodes: Store<CachedNode>,
     events: EventRecorder,
     metrics: ServiceMetrics,
@@ -166,7 +171,7 @@ impl Context {
         let count = self
             .tracked()
             .values()
-            .filter(|t| t.synced && wants_load_balancer(&t.service))
+            .filter(|t| t.synced && wants_load_balancer(&t.service, &self.served))
             .count();
         self.metrics.load_balancers.set(count as i64);
     }
@@ -208,6 +213,8 @@ pub struct Config {
     /// How often load balancers whose Service no longer exists are looked for and deleted
     /// (`--orphaned-load-balancer-sweep-period`; `None`: never).
     pub orphan_sweep_period: Option<Duration>,
+    /// The classes of Services served (`--load-balancer-class`, `--serve-classless-load-balancers`).
+    pub served: ServedClasses,
 }
 
 /// Starts the controller: `None` (with a warning) when the cloud offers no load balancers.
@@ -229,11 +236,20 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cluster_name,
         workers,
         orphan_sweep_period,
+        served,
     } = config;
+    if !served.is_default() {
+        tracing::info!(
+            controller = COMPONENT,
+            serves = served.describe(),
+            "serving the load balancers of these Services only"
+        );
+    }
     let context = Arc::new(Context {
         client: ctx.client.clone(),
         cloud: ctx.cloud.clone(),
         cluster_name,
+        served,
         nodes: nodes.store(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.service.clone(),

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backends, Context, Tracked,
+    Backends, Context, ServedClasses, Tracked,
     events::{ServiceEvent, Step},
     node_set::{BackendFacts, BackendSet},
     plan::wants_load_balancer,
@@ -150,9 +150,9 @@ pub(super) async fn node_sync_loop(
 
 /// Whether a load balancer needs `wanted` as its backends: the Service's last sync completed, it wants a
 /// load balancer, and its backends differ.
-fn outdated(tracked: &Tracked, wanted: &Arc<BackendSet>) -> bool {
+fn outdated(tracked: &Tracked, wanted: &Arc<BackendSet>, served: &ServedClasses) -> bool {
     tracked.synced
-        && wants_load_balancer(&tracked.service)
+        && wants_load_balancer(&tracked.service, served)
         && !Arc::ptr_eq(&tracked.backends, wanted)
         && tracked.backends != *wanted
 }
@@ -165,7 +165,7 @@ async fn sync_nodes(ctx: &Arc<Context>) {
     let any_load_balancer = ctx
         .tracked()
         .values()
-        .any(|tracked| tracked.synced && wants_load_balancer(&tracked.service));
+        .any(|tracked| tracked.synced && wants_load_balancer(&tracked.service, &ctx.served));
     if !any_load_balancer {
         return;
     }
@@ -173,7 +173,7 @@ async fn sync_nodes(ctx: &Arc<Context>) {
     let stale: Vec<String> = ctx
         .tracked()
         .iter()
-        .filter(|(_, tracked)| outdated(tracked, &wanted))
+        .filter(|(_, tracked)| outdated(tracked, &wanted, &ctx.served))
         .map(|(key, _)| key.clone())
         .collect();
     if stale.is_empty() {
@@ -202,7 +202,7 @@ async fn update_hosts(ctx: &Context, key: String) {
             return;
         };
         // A sync since the pass started may have given it these backends, or be under way.
-        if !outdated(entry, &wanted) {
+        if !outdated(entry, &wanted, &ctx.served) {
             return;
         }
         // Recorded before the cloud call: a failure is retried through a full sync, not here.

@@ -4,14 +4,23 @@
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service, ServicePort};
 use serde_json::{Value, json};
 
+use super::classes::ServedClasses;
+
 /// The finalizer that keeps a Service until its load balancer is gone.
 pub(crate) const FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 
-/// `type: LoadBalancer` without a `loadBalancerClass` (a class means another implementation owns it).
-pub(crate) fn wants_load_balancer(service: &Service) -> bool {
+/// `type: LoadBalancer` of a class this manager serves (upstream: without a `loadBalancerClass`; a class
+/// this manager does not serve means another implementation owns it).
+pub(crate) fn wants_load_balancer(service: &Service, served: &ServedClasses) -> bool {
     service.spec.as_ref().is_some_and(|spec| {
-        spec.type_.as_deref() == Some("LoadBalancer") && spec.load_balancer_class.is_none()
+        spec.type_.as_deref() == Some("LoadBalancer")
+            && served.serves(spec.load_balancer_class.as_deref())
     })
+}
+
+/// `type: LoadBalancer` of a class this manager does not serve: another implementation's, never touched.
+fn served_elsewhere(service: &Service, served: &ServedClasses) -> bool {
+    is_load_balancer_type(service) && !wants_load_balancer(service, served)
 }
 
 /// Whether the Service carries our finalizer.
@@ -48,11 +57,15 @@ fn ports_differ(old: &[ServicePort], new: &[ServicePort]) -> bool {
 
 /// Upstream's `needsUpdate`: whether a change between two versions of a Service matters to its load
 /// balancer. Labels, status and other spec fields do not.
-pub(crate) fn needs_update(old: &Service, new: &Service) -> bool {
-    if !wants_load_balancer(old) && !wants_load_balancer(new) {
+pub(crate) fn needs_update(old: &Service, new: &Service, served: &ServedClasses) -> bool {
+    let (was, is) = (
+        wants_load_balancer(old, served),
+        wants_load_balancer(new, served),
+    );
+    if !was && !is {
         return false;
     }
-    if wants_load_balancer(old) != wants_load_balancer(new) {
+    if was != is {
         return true;
     }
     let (Some(o), Some(n)) = (old.spec.as_ref(), new.spec.as_ref()) else {
@@ -183,12 +196,16 @@ pub(crate) struct SyncPlan {
 }
 
 /// Decides what a sync of `service` does, given what the controller remembers of the last Service of
-/// its name (`last`). Pure: the caller executes the plan.
-pub(crate) fn plan_sync(service: &Service, last: Option<LastSync<'_>>) -> SyncPlan {
+/// its name (`last`) and the classes it serves. Pure: the caller executes the plan.
+pub(crate) fn plan_sync(
+    service: &Service,
+    last: Option<LastSync<'_>>,
+    served: &ServedClasses,
+) -> SyncPlan {
     // Deleted and re-created under the same name (without our finalizer): clean up the old one first.
     let (replaced, same) = match last {
         Some(last) if last.service.metadata.uid != service.metadata.uid => {
-            let replaced = if wants_load_balancer(last.service) {
+            let replaced = if wants_load_balancer(last.service, served) {
                 Replaced::DeleteLoadBalancer
             } else {
                 Replaced::Forget
@@ -199,8 +216,21 @@ pub(crate) fn plan_sync(service: &Service, last: Option<LastSync<'_>>) -> SyncPl
     };
     let finalized = has_finalizer(service);
     let being_deleted = service.metadata.deletion_timestamp.is_some();
-    let decision = if !wants_load_balancer(service) || needs_cleanup(service) || being_deleted {
-        let ours = finalized || same.is_some_and(|p| wants_load_balancer(p.service));
+    let served_before = same.is_some_and(|p| wants_load_balancer(p.service, served));
+    let decision = if served_elsewhere(service, served) {
+        // Another implementation's: its finalizer (the same name as ours) and status are not ours to
+        // touch. Only a load balancer of ours from before the Service became another class's (through a
+        // type change we did not see) is deleted.
+        if served_before {
+            Decision::CleanUp {
+                remove_finalizer: false,
+                clear_status: false,
+            }
+        } else {
+            Decision::Forget
+        }
+    } else if !wants_load_balancer(service, served) || needs_cleanup(service) || being_deleted {
+        let ours = finalized || served_before;
         if ours {
             Decision::CleanUp {
                 remove_finalizer: finalized,
@@ -212,7 +242,9 @@ pub(crate) fn plan_sync(service: &Service, last: Option<LastSync<'_>>) -> SyncPl
         } else {
             Decision::Forget // never had a load balancer from us: no cloud call
         }
-    } else if finalized && same.is_some_and(|p| p.synced && !needs_update(p.service, service)) {
+    } else if finalized
+        && same.is_some_and(|p| p.synced && !needs_update(p.service, service, served))
+    {
         Decision::Nothing
     } else {
         Decision::Ensure {
@@ -283,19 +315,18 @@ mod tests {
 
     #[test]
     fn ownership() {
-        assert!(wants_load_balancer(&lb()));
-        assert!(!wants_load_balancer(&with(lb(), |s| s
-            .spec
-            .as_mut()
-            .unwrap()
-            .load_balancer_class =
-            Some("example.com/other".into()))));
-        assert!(!wants_load_balancer(&with(lb(), |s| s
-            .spec
-            .as_mut()
-            .unwrap()
-            .type_ =
-            Some("ClusterIP".into()))));
+        let upstream = ServedClasses::default();
+        assert!(wants_load_balancer(&lb(), &upstream));
+        assert!(!wants_load_balancer(
+            &with(lb(), |s| s.spec.as_mut().unwrap().load_balancer_class =
+                Some("example.com/other".into())),
+            &upstream
+        ));
+        assert!(!wants_load_balancer(
+            &with(lb(), |s| s.spec.as_mut().unwrap().type_ =
+                Some("ClusterIP".into())),
+            &upstream
+        ));
     }
 
     #[test]
@@ -326,6 +357,7 @@ mod tests {
 
     #[test]
     fn only_load_balancer_relevant_changes_need_an_update() {
+        let needs_update = |a: &Service, b: &Service| needs_update(a, b, &ServedClasses::default());
         let base = lb();
         assert!(!needs_update(&base, &base.clone()));
         assert!(!needs_update(
@@ -575,17 +607,31 @@ mod tests {
                 Some((ours.clone(), true)),
                 plan(cleanup(false, true)),
             ),
+            // Another implementation's class (reached through a type change we did not see): our load
+            // balancer goes, its finalizer and status are not ours (upstream removes and clears them).
             (
                 "loadBalancerClass set",
                 classed(ours.clone()),
                 Some((ours.clone(), true)),
-                plan(cleanup(true, true)),
+                plan(cleanup(false, false)),
             ),
             (
                 "loadBalancerClass set, finalizer gone, remembered while its sync failed",
                 classed(lb()),
                 Some((lb(), false)),
                 plan(cleanup(false, false)),
+            ),
+            (
+                "another implementation's, with the shared finalizer and a status",
+                classed(ours.clone()),
+                None,
+                plan(Forget),
+            ),
+            (
+                "another implementation's, being deleted",
+                deleting(classed(ours.clone())),
+                None,
+                plan(Forget),
             ),
             (
                 "deletion timestamp",
@@ -671,7 +717,84 @@ mod tests {
                 service,
                 synced: *synced,
             });
-            assert_eq!(plan_sync(&service, last), expected, "{case}");
+            assert_eq!(
+                plan_sync(&service, last, &ServedClasses::default()),
+                expected,
+                "{case}"
+            );
+        }
+    }
+
+    /// A manager serving `--load-balancer-class=example.com/other` (the class `classed` sets): its
+    /// Services are ensured and cleaned up as classless ones are by default; classless ones are another
+    /// implementation's, whatever finalizer they carry.
+    #[test]
+    fn a_manager_of_a_class_serves_that_class_only() {
+        let served = ServedClasses::new(&["example.com/other".into()], None).unwrap();
+        let classed = |mut s: Service| {
+            s.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other".into());
+            s
+        };
+        let finalized =
+            |s: Service| with(s, |s| s.metadata.finalizers = Some(vec![FINALIZER.into()]));
+        let published = |s: Service| {
+            with(s, |s| {
+                s.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
+                    load_balancer: Some(LoadBalancerStatus {
+                        ingress: Some(vec![LoadBalancerIngress {
+                            ip: Some("192.0.2.1".into()),
+                            ..Default::default()
+                        }]),
+                    }),
+                    ..Default::default()
+                })
+            })
+        };
+        let plan = |decision| SyncPlan {
+            replaced: None,
+            decision,
+        };
+        let ours = published(finalized(classed(lb())));
+        let table: Vec<(&str, Service, Option<(Service, bool)>, SyncPlan)> = vec![
+            (
+                "a Service of the class",
+                classed(lb()),
+                None,
+                plan(Decision::Ensure {
+                    add_finalizer: true,
+                }),
+            ),
+            (
+                "unchanged since the last good sync",
+                ours.clone(),
+                Some((ours.clone(), true)),
+                plan(Decision::Nothing),
+            ),
+            (
+                "being deleted",
+                with(ours.clone(), |s| {
+                    s.metadata.deletion_timestamp = Some(Time(Default::default()))
+                }),
+                Some((ours.clone(), true)),
+                plan(Decision::CleanUp {
+                    remove_finalizer: true,
+                    clear_status: true,
+                }),
+            ),
+            (
+                "a classless Service with the shared finalizer and a status",
+                published(finalized(lb())),
+                None,
+                plan(Decision::Forget),
+            ),
+            ("a classless Service", lb(), None, plan(Decision::Forget)),
+        ];
+        for (case, service, last, expected) in table {
+            let last = last.as_ref().map(|(service, synced)| LastSync {
+                service,
+                synced: *synced,
+            });
+            assert_eq!(plan_sync(&service, last, &served), expected, "{case}");
         }
     }
 

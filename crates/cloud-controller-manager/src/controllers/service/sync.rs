@@ -63,6 +63,7 @@ async fn sync(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceError>
             service: &p.service,
             synced: p.synced,
         }),
+        &ctx.served,
     );
     if let (Some(replaced), Some(previous)) = (plan.replaced, &previous) {
         if replaced == Replaced::DeleteLoadBalancer {
