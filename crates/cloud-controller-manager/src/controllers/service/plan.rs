@@ -755,7 +755,8 @@ mod tests {
             decision,
         };
         let ours = published(finalized(classed(lb())));
-        let table: Vec<(&str, Service, Option<(Service, bool)>, SyncPlan)> = vec![
+        type Row = (&'static str, Service, Option<(Service, bool)>, SyncPlan);
+        let table: Vec<Row> = vec![
             (
                 "a Service of the class",
                 classed(lb()),
