@@ -206,6 +206,12 @@ impl LoadBalancer for MeteredCloud {
             .map(|lb| lb.get_load_balancer_name(cluster, service))
             .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
     }
+    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.backend_label_keys(service))
+            .unwrap_or_default()
+    }
     async fn ensure_load_balancer(
         &self,
         cluster: &str,

@@ -46,6 +46,16 @@ pub trait LoadBalancer: Send + Sync {
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus>;
 
+    /// The node label keys this Service's load balancer selects its backends by (say, a provider
+    /// annotation that keeps only nodes with some labels): when one of these labels changes on a
+    /// backend node, the service controller calls [`LoadBalancer::update_load_balancer`] for this
+    /// Service, as it does when nodes come and go. The default, none, means a label change never
+    /// matters to this load balancer (upstream's framework never passes one on, kubernetes#133165).
+    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
+        let _ = service;
+        Vec::new()
+    }
+
     /// Changes only the set of backend nodes of an existing load balancer.
     async fn update_load_balancer(
         &self,

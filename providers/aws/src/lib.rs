@@ -233,6 +233,12 @@ impl InstancesV2 for AwsCloud {
 
 #[cloud_provider::async_trait]
 impl LoadBalancer for AwsCloud {
+    /// The keys of `aws-load-balancer-target-node-labels`: a node relabelled into or out of them joins
+    /// or leaves the load balancer's targets.
+    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
+        spec::target_node_label_keys(service)
+    }
+
     async fn get_load_balancer(
         &self,
         cluster_name: &str,

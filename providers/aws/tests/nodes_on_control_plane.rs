@@ -597,9 +597,10 @@ async fn nlb_instances(hostname: &str) -> Option<Vec<String>> {
 
 /// Issue #29 item 4: a label put on a node after the service controller has listed its backends
 /// reaches the next Service that selects it with `aws-load-balancer-target-node-labels` (the cached
-/// backend list used to keep the node as it was, so the new Service got no backend).
+/// backend list used to keep the node as it was, so the new Service got no backend). Issue #28: a node
+/// relabelled into or out of the selection joins or leaves the existing load balancer's targets.
 #[tokio::test]
-async fn a_label_added_to_a_node_later_selects_it_for_a_new_service() {
+async fn node_labels_select_targets_for_new_and_existing_services() {
     let _serial = SERIAL.lock().await;
     moto().reset();
     let net = network().await;
@@ -674,6 +675,38 @@ async fn a_label_added_to_a_node_later_selects_it_for_a_new_service() {
         || async { (nlb_instances(&edge).await? == [instances[0].id.clone()]).then_some(()) },
     )
     .await;
+
+    // Issue #28: relabelling nodes moves them into and out of the targets, with no edit of the Service
+    // (the provider declares the annotation's label keys; upstream never passes a label change on).
+    api.patch(
+        &names[1],
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "metadata": { "labels": { "pool": "edge" } } })),
+    )
+    .await
+    .expect("second node labelled");
+    eventually(
+        "both instances behind aws-edge after the relabel",
+        || async { (nlb_instances(&edge).await? == ids).then_some(()) },
+    )
+    .await;
+    api.patch(
+        &names[0],
+        &PatchParams::default(),
+        &Patch::Merge(&json!({ "metadata": { "labels": { "pool": null } } })),
+    )
+    .await
+    .expect("first node unlabelled");
+    eventually(
+        "only the second instance behind aws-edge after the unlabel",
+        || async { (nlb_instances(&edge).await? == [instances[1].id.clone()]).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        nlb_instances(&all).await,
+        Some(ids.clone()),
+        "aws-all keeps both"
+    );
 
     for name in ["aws-all", "aws-edge"] {
         services

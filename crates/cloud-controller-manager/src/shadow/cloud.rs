@@ -159,6 +159,12 @@ impl LoadBalancer for ShadowCloud {
             .map(|lb| lb.get_load_balancer_name(cluster, service))
             .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
     }
+    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.backend_label_keys(service))
+            .unwrap_or_default()
+    }
     /// Previews, and answers the load balancer's current status; without a load balancer, the
     /// Service's own status (so the controller neither writes a status nor takes "no status" for an
     /// error and retries).

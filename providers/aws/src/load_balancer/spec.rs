@@ -423,6 +423,16 @@ pub fn key_values(value: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The label keys of `aws-load-balancer-target-node-labels`: the labels a node's place among the
+/// load balancer's targets depends on.
+pub fn target_node_label_keys(service: &Service) -> Vec<String> {
+    annotation(service, ANNOTATION_TARGET_NODE_LABELS)
+        .map(key_values)
+        .unwrap_or_default()
+        .into_keys()
+        .collect()
+}
+
 fn list(value: Option<&str>) -> Vec<String> {
     value
         .unwrap_or_default()

@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 
 pub use self::{classes::ServedClasses, metrics::ServiceMetrics};
 use self::{
-    node_set::{BackendSet, backend_set, is_backend},
+    node_set::{BackendLabels, BackendSet, backend_set, is_backend},
     plan::wants_load_balancer,
 };
 use futures::StreamExt;
@@ -113,6 +113,8 @@ struct Tracked {
     synced: bool,
     /// The backends the load balancer was last given (shared by every Service synced with them).
     backends: Arc<BackendSet>,
+    /// The node labels its backends are selected by, as they were on those backends.
+    labels: BackendLabels,
 }
 
 /// The backend nodes and their set, computed once per node-set change and shared by every sync: with

@@ -103,6 +103,64 @@ impl BackendFacts {
     pub(crate) fn sync_facts(&self) -> &NodeFacts {
         &self.facts
     }
+
+    /// A digest of the node's labels.
+    pub(crate) fn labels(&self) -> u64 {
+        self.labels
+    }
+}
+
+/// The node labels a load balancer's backend selection depends on (the provider's
+/// `LoadBalancer::backend_label_keys` for its Service), and a digest of their values on the backends it
+/// was last given: when the digest over the current backends differs, the load balancer is updated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct BackendLabels {
+    keys: std::sync::Arc<[String]>,
+    digest: u64,
+}
+
+impl BackendLabels {
+    /// `keys` as they are on `nodes` (no key: nothing to watch, and no work).
+    pub(crate) fn of(keys: Vec<String>, nodes: &[std::sync::Arc<Node>]) -> Self {
+        let keys: std::sync::Arc<[String]> = keys.into();
+        let digest = label_digest(&keys, nodes);
+        Self { keys, digest }
+    }
+
+    /// The same keys as they are on `nodes` now.
+    pub(crate) fn now(&self, nodes: &[std::sync::Arc<Node>]) -> Self {
+        Self {
+            keys: self.keys.clone(),
+            digest: label_digest(&self.keys, nodes),
+        }
+    }
+
+    /// Whether any key is watched.
+    pub(crate) fn watched(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Whether the watched labels on `nodes` differ from those the load balancer was given.
+    pub(crate) fn changed(&self, nodes: &[std::sync::Arc<Node>]) -> bool {
+        self.watched() && label_digest(&self.keys, nodes) != self.digest
+    }
+}
+
+/// A digest of each node's name and the values of `keys` on it (0 without keys).
+fn label_digest(keys: &[String], nodes: &[std::sync::Arc<Node>]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    if keys.is_empty() {
+        return 0;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for node in nodes {
+        node.metadata.name.hash(&mut hasher);
+        let labels = node.metadata.labels.as_ref();
+        for key in keys.iter() {
+            labels.and_then(|l| l.get(key)).hash(&mut hasher);
+        }
+    }
+    hasher.finish()
 }
 
 #[cfg(test)]
@@ -132,6 +190,50 @@ mod tests {
         let mut n = node("x");
         n.metadata.labels = Some([(LABEL_EXCLUDE.to_string(), value.to_string())].into());
         n
+    }
+
+    #[test]
+    fn backend_labels_change_only_with_their_keys() {
+        use std::sync::Arc;
+        let labelled = |name: &str, labels: &[(&str, &str)]| {
+            let mut n = node(name);
+            n.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            Arc::new(n)
+        };
+        let nodes = vec![
+            labelled("a", &[("pool", "lb"), ("x", "1")]),
+            labelled("b", &[]),
+        ];
+        let watched = BackendLabels::of(vec!["pool".into()], &nodes);
+        assert!(watched.watched());
+        assert!(!watched.changed(&nodes));
+        // Another label: no change.
+        let other = vec![
+            labelled("a", &[("pool", "lb"), ("x", "2")]),
+            labelled("b", &[]),
+        ];
+        assert!(!watched.changed(&other));
+        // The watched one, added, changed or removed: a change.
+        for changed in [
+            vec![
+                labelled("a", &[("pool", "lb")]),
+                labelled("b", &[("pool", "lb")]),
+            ],
+            vec![labelled("a", &[("pool", "web")]), labelled("b", &[])],
+            vec![labelled("a", &[]), labelled("b", &[])],
+        ] {
+            assert!(watched.changed(&changed));
+            assert!(!watched.now(&changed).changed(&changed));
+        }
+        // Nothing watched: never a change.
+        let unwatched = BackendLabels::of(Vec::new(), &nodes);
+        assert!(!unwatched.watched());
+        assert!(!unwatched.changed(&other));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     Backends, Context, ServedClasses, Tracked,
     events::{ServiceEvent, Step},
-    node_set::{BackendFacts, BackendSet},
+    node_set::BackendFacts,
     plan::wants_load_balancer,
 };
 use crate::informers::Change;
@@ -88,6 +88,9 @@ pub(super) async fn node_sync_loop(
         }
         before.as_ref().map(BackendFacts::sync_facts)
             != after.as_ref().map(BackendFacts::sync_facts)
+            // A relabelled node, when some load balancer selects its backends by labels.
+            || (before.as_ref().map(BackendFacts::labels) != after.as_ref().map(BackendFacts::labels)
+                && ctx.tracked().values().any(|t| t.labels.watched()))
     };
     let mut period = tokio::time::interval(NODE_SYNC_PERIOD);
     period.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -150,11 +153,12 @@ pub(super) async fn node_sync_loop(
 
 /// Whether a load balancer needs `wanted` as its backends: the Service's last sync completed, it wants a
 /// load balancer, and its backends differ.
-fn outdated(tracked: &Tracked, wanted: &Arc<BackendSet>, served: &ServedClasses) -> bool {
+fn outdated(tracked: &Tracked, backends: &Backends, served: &ServedClasses) -> bool {
+    let wanted = &backends.set;
     tracked.synced
         && wants_load_balancer(&tracked.service, served)
-        && !Arc::ptr_eq(&tracked.backends, wanted)
-        && tracked.backends != *wanted
+        && ((!Arc::ptr_eq(&tracked.backends, wanted) && tracked.backends != *wanted)
+            || tracked.labels.changed(&backends.nodes))
 }
 
 async fn sync_nodes(ctx: &Arc<Context>) {
@@ -169,11 +173,11 @@ async fn sync_nodes(ctx: &Arc<Context>) {
     if !any_load_balancer {
         return;
     }
-    let Backends { nodes, set: wanted } = ctx.backends();
+    let backends = ctx.backends();
     let stale: Vec<String> = ctx
         .tracked()
         .iter()
-        .filter(|(_, tracked)| outdated(tracked, &wanted, &ctx.served))
+        .filter(|(_, tracked)| outdated(tracked, &backends, &ctx.served))
         .map(|(key, _)| key.clone())
         .collect();
     if stale.is_empty() {
@@ -181,7 +185,7 @@ async fn sync_nodes(ctx: &Arc<Context>) {
     }
     tracing::info!(
         services = stale.len(),
-        nodes = nodes.len(),
+        nodes = backends.nodes.len(),
         "updating load balancer hosts"
     );
     futures::stream::iter(stale)
@@ -195,20 +199,22 @@ async fn sync_nodes(ctx: &Arc<Context>) {
 async fn update_hosts(ctx: &Context, key: String) {
     // The backends as they are when this update starts, not when the pass started: a node change since
     // then reaches this load balancer in this pass.
-    let Backends { nodes, set: wanted } = ctx.backends();
+    let backends = ctx.backends();
     let service = {
         let mut tracked = ctx.tracked();
         let Some(entry) = tracked.get_mut(&key) else {
             return;
         };
         // A sync since the pass started may have given it these backends, or be under way.
-        if !outdated(entry, &wanted, &ctx.served) {
+        if !outdated(entry, &backends, &ctx.served) {
             return;
         }
         // Recorded before the cloud call: a failure is retried through a full sync, not here.
-        entry.backends = wanted;
+        entry.backends = backends.set.clone();
+        entry.labels = entry.labels.now(&backends.nodes);
         entry.service.clone()
     };
+    let nodes = backends.nodes;
     let Ok(lb) = ctx.load_balancer() else { return };
     let started = Instant::now();
     ctx.metrics.sync_total.inc();

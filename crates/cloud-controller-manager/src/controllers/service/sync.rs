@@ -11,6 +11,7 @@ use super::{
     deletion::delete_load_balancer,
     events::{ServiceEvent, Step},
     key,
+    node_set::BackendLabels,
     plan::{
         Decision, LastSync, Replaced, StatusAfterEnsure, finalizers_patch, plan_sync,
         status_after_ensure, status_patch, with_finalizer, without_finalizer,
@@ -194,6 +195,7 @@ async fn ensure(
             service: service.clone(),
             synced: false,
             backends: set,
+            labels: BackendLabels::of(lb.backend_label_keys(service), &nodes),
         },
     );
     ctx.metrics.sync_total.inc();
@@ -231,15 +233,15 @@ async fn ensure(
 /// Services being synced), so if the backends it was given are no longer the wanted ones, a node sync
 /// pass is asked for: it updates this load balancer like any other.
 fn mark_synced(ctx: &Context, service: &Arc<Service>) {
-    let stale = match ctx.tracked().get_mut(&key(service)) {
+    let (stale, labels) = match ctx.tracked().get_mut(&key(service)) {
         Some(tracked) => {
             tracked.synced = true;
-            tracked.backends.clone()
+            (tracked.backends.clone(), tracked.labels.clone())
         }
         None => return,
     };
-    let wanted = ctx.backends().set;
-    if !Arc::ptr_eq(&stale, &wanted) && *stale != *wanted {
+    let Backends { nodes, set: wanted } = ctx.backends();
+    if (!Arc::ptr_eq(&stale, &wanted) && *stale != *wanted) || labels.changed(&nodes) {
         tracing::info!(service = %key(service), "nodes changed during the sync; asking for a node sync");
         ctx.node_sync_wanted.notify_one();
     }
