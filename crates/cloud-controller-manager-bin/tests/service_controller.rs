@@ -927,3 +927,90 @@ async fn two_managers_split_the_services_by_load_balancer_class() {
     classed.manager.stop().await;
     classless.stop(1).await;
 }
+
+/// Deletes the load balancer of `service` behind the manager's back: another process on the same shared
+/// state file (a console, a script).
+async fn delete_out_of_band(state_file: &std::path::Path, service: &Service) {
+    use cloud_provider::CloudProvider;
+    let other = cloud_provider_fake::FakeCloud::from_yaml(&format!(
+        "stateFile: {}\nstateFileShared: true\n",
+        state_file.display()
+    ))
+    .unwrap();
+    other
+        .load_balancer()
+        .unwrap()
+        .ensure_load_balancer_deleted("kubernetes", service)
+        .await
+        .unwrap();
+}
+
+/// Issue #28, drift: a load balancer deleted out of band is found by the next drift check (every
+/// second here) and made again, with a `LoadBalancerDrift` Warning on its Service; with
+/// `--load-balancer-drift=report` only the event comes and the load balancer stays gone.
+#[tokio::test]
+async fn a_load_balancer_deleted_out_of_band_is_reported_and_healed() {
+    let _serial = SERIAL.lock().await;
+    for heal in [true, false] {
+        let namespace = unique_name("drift");
+        create_namespace(&namespace).await;
+        let action = if heal {
+            "--load-balancer-drift=heal"
+        } else {
+            "--load-balancer-drift=report"
+        };
+        let h = Harness::start_with(
+            namespace.clone(),
+            "stateFileShared: true\n",
+            &["--load-balancer-drift-period=1s", action],
+        )
+        .await;
+        create_node(&kubelet_node(&h.node_name(0))).await;
+        h.create("web", &[80]).await;
+        let (web, before) = h.provisioned("web").await;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            events_in(&namespace, "web", "LoadBalancerDrift")
+                .await
+                .is_empty(),
+            "no drift while the load balancer is as the Service asks"
+        );
+
+        delete_out_of_band(&h.state_file, &web).await;
+        let drift = eventually("the LoadBalancerDrift event", WAIT, || async {
+            events_in(&namespace, "web", "LoadBalancerDrift")
+                .await
+                .into_iter()
+                .next()
+        })
+        .await;
+        let note = drift.note.unwrap_or_default();
+        assert!(
+            note.contains("the load balancer is gone from the cloud"),
+            "{note}"
+        );
+        assert_eq!(drift.type_.as_deref(), Some("Warning"));
+        if heal {
+            assert!(note.ends_with("ensuring it again"), "{note}");
+            let after = eventually("the load balancer made again", WAIT, || async {
+                h.load_balancer("web")
+            })
+            .await;
+            assert_eq!(ports(&after), ports(&before));
+            assert_eq!(
+                support::status_ip(&h.get("web").await.unwrap()),
+                after.ingress.first().cloned()
+            );
+        } else {
+            assert!(note.ends_with("(--load-balancer-drift=report)"), "{note}");
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert!(h.load_balancer("web").is_none(), "report only");
+        }
+        h.delete("web").await;
+        eventually("web's deletion", WAIT, || async {
+            h.get("web").await.is_none().then_some(())
+        })
+        .await;
+        h.stop(1).await;
+    }
+}

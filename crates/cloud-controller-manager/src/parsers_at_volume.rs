@@ -92,10 +92,14 @@ const DURATION_FLAGS: &[&str] = &[
     "node-monitor-period",
     "route-reconciliation-period",
     "orphaned-load-balancer-sweep-period",
+    "load-balancer-drift-period",
 ];
 
 /// The duration flags where `0s` means "off" rather than being refused.
-const ZERO_MEANS_OFF: &[&str] = &["orphaned-load-balancer-sweep-period"];
+const ZERO_MEANS_OFF: &[&str] = &[
+    "orphaned-load-balancer-sweep-period",
+    "load-balancer-drift-period",
+];
 
 fn duration_field(options: &Options, flag: &str) -> Duration {
     match flag {
@@ -108,6 +112,7 @@ fn duration_field(options: &Options, flag: &str) -> Duration {
         "orphaned-load-balancer-sweep-period" => {
             options.service.orphaned_load_balancer_sweep_period
         }
+        "load-balancer-drift-period" => options.service.load_balancer_drift_period,
         other => unreachable!("not a duration flag: {other}"),
     }
 }
@@ -251,6 +256,7 @@ async fn the_longest_durations_do_not_overflow_later() {
         options.route.route_reconciliation_period,
         options.node.node_status_update_frequency,
         options.service.orphaned_load_balancer_sweep_period,
+        options.service.load_balancer_drift_period,
         le.leader_elect_retry_period,
     ] {
         let mut ticks = tokio::time::interval(period);
@@ -316,6 +322,10 @@ const FLAGS: &[(&str, Kind)] = &[
     ("node-monitor-period", Kind::Duration),
     ("concurrent-service-syncs", Kind::Int(1, u16::MAX as i128)),
     ("orphaned-load-balancer-sweep-period", Kind::DurationOrZero),
+    ("load-balancer-class", Kind::Text),
+    ("serve-classless-load-balancers", Kind::Bool),
+    ("load-balancer-drift-period", Kind::DurationOrZero),
+    ("load-balancer-drift", Kind::Enum(&["heal", "report"])),
     ("configure-cloud-routes", Kind::Bool),
     ("route-reconciliation-period", Kind::Duration),
     ("allocate-node-cidrs", Kind::Bool),

@@ -329,6 +329,9 @@ fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>,
         orphan_sweep_period: Some(options.orphaned_load_balancer_sweep_period)
             .filter(|period| !period.is_zero()),
         served,
+        drift: Some(options.load_balancer_drift_period)
+            .filter(|period| !period.is_zero())
+            .map(|period| (period, options.load_balancer_drift)),
     }))
 }
 

@@ -286,6 +286,17 @@ pub struct ServiceControllerOptions {
     /// --load-balancer-class, false with it. Not in upstream.
     #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true")]
     pub serve_classless_load_balancers: Option<bool>,
+
+    /// How often each load balancer the controller synced is checked against the cloud for drift (a
+    /// read-only preview of what an ensure would change), the checks spread evenly over the period;
+    /// `0s` turns the checks off. Not in upstream.
+    #[arg(long, default_value = "5m", value_parser = go_duration_or_zero)]
+    pub load_balancer_drift_period: Duration,
+
+    /// What a drift leads to: `heal` (a Warning event `LoadBalancerDrift`, then the load balancer is
+    /// ensured again) or `report` (the event only). Not in upstream.
+    #[arg(long, value_enum, default_value = "heal")]
+    pub load_balancer_drift: crate::controllers::service::DriftAction,
 }
 
 /// The node-route controller.

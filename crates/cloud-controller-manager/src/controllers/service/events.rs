@@ -65,6 +65,13 @@ pub(crate) enum ServiceEvent<'a> {
     },
     /// A load balancer was given the current backend nodes.
     UpdatedLoadBalancer,
+    /// The drift check found the load balancer differing from what the Service asks (not in upstream).
+    LoadBalancerDrift {
+        /// What differs, in words.
+        what: &'a str,
+        /// Whether it is being ensured again (`--load-balancer-drift=heal`).
+        healing: bool,
+    },
     /// Giving a load balancer the current backend nodes failed (it is retried through a full sync).
     UpdateLoadBalancerFailed {
         /// The nodes it was to be given.
@@ -85,6 +92,7 @@ impl ServiceEvent<'_> {
             | Self::DeletedOrphanedLoadBalancer { .. }
             | Self::UpdatedLoadBalancer => EventType::Normal,
             Self::NoAvailableNodes(_)
+            | Self::LoadBalancerDrift { .. }
             | Self::SyncLoadBalancerFailed(_)
             | Self::DeleteLoadBalancerFailed(_)
             | Self::UpdateLoadBalancerFailed { .. } => EventType::Warning,
@@ -104,6 +112,7 @@ impl ServiceEvent<'_> {
             Self::DeletedOrphanedLoadBalancer { .. } => "DeletedOrphanedLoadBalancer",
             Self::UpdatedLoadBalancer => "UpdatedLoadBalancer",
             Self::UpdateLoadBalancerFailed { .. } => "UpdateLoadBalancerFailed",
+            Self::LoadBalancerDrift { .. } => "LoadBalancerDrift",
         }
     }
 
@@ -112,7 +121,7 @@ impl ServiceEvent<'_> {
         match self {
             Self::EnsuringLoadBalancer | Self::EnsuredLoadBalancer => Step::Ensure,
             Self::NoAvailableNodes(step) => *step,
-            Self::SyncLoadBalancerFailed(_) => Step::Sync,
+            Self::SyncLoadBalancerFailed(_) | Self::LoadBalancerDrift { .. } => Step::Sync,
             Self::DeletingLoadBalancer
             | Self::DeletedLoadBalancer
             | Self::DeleteLoadBalancerFailed(_)
@@ -135,6 +144,14 @@ impl ServiceEvent<'_> {
                 "Deleted load balancer {name}: the cloud still held it although its Service no longer exists"
             ),
             Self::UpdatedLoadBalancer => "Updated load balancer with new hosts".to_owned(),
+            Self::LoadBalancerDrift { what, healing } => format!(
+                "The load balancer differs from what the Service asks: {what}; {}",
+                if *healing {
+                    "ensuring it again"
+                } else {
+                    "left as it is (--load-balancer-drift=report)"
+                }
+            ),
             Self::UpdateLoadBalancerFailed { nodes, error } => {
                 let names: Vec<&str> = nodes
                     .iter()
@@ -259,6 +276,26 @@ mod tests {
                 "UpdatedLoadBalancer",
                 "UpdateLoadBalancer",
                 "Updated load balancer with new hosts".into(),
+            ),
+            (
+                ServiceEvent::LoadBalancerDrift {
+                    what: "the load balancer is gone from the cloud",
+                    healing: true,
+                },
+                Warning,
+                "LoadBalancerDrift",
+                "SyncLoadBalancer",
+                "The load balancer differs from what the Service asks: the load balancer is gone from the cloud; ensuring it again".into(),
+            ),
+            (
+                ServiceEvent::LoadBalancerDrift {
+                    what: "backends missing: a",
+                    healing: false,
+                },
+                Warning,
+                "LoadBalancerDrift",
+                "SyncLoadBalancer",
+                "The load balancer differs from what the Service asks: backends missing: a; left as it is (--load-balancer-drift=report)".into(),
             ),
             (
                 ServiceEvent::UpdateLoadBalancerFailed {

@@ -20,6 +20,12 @@ pub struct ServiceMetrics {
     pub(super) load_balancers: Gauge,
     /// Load balancers the sweep deleted because their Service no longer existed (not in upstream).
     pub(super) orphans_deleted: Counter,
+    /// Drift checks made (not in upstream).
+    pub(super) drift_checks: Counter,
+    /// Drift checks whose preview failed.
+    pub(super) drift_checks_failed: Counter,
+    /// Drifts found.
+    pub(super) drifts: Counter,
 }
 
 impl ServiceMetrics {
@@ -36,6 +42,9 @@ impl ServiceMetrics {
             host_update_latency: buckets(),
             load_balancers: Gauge::default(),
             orphans_deleted: Counter::default(),
+            drift_checks: Counter::default(),
+            drift_checks_failed: Counter::default(),
+            drifts: Counter::default(),
         };
         let sub = registry.sub_registry_with_prefix("service_controller");
         sub.register(
@@ -67,6 +76,21 @@ impl ServiceMetrics {
             "orphaned_load_balancers_deleted",
             "Load balancers the sweep deleted because their Service no longer existed.",
             metrics.orphans_deleted.clone(),
+        );
+        sub.register(
+            "load_balancer_drift_checks",
+            "Load balancers checked for drift (a read-only preview of what an ensure would change).",
+            metrics.drift_checks.clone(),
+        );
+        sub.register(
+            "load_balancer_drift_check_errors",
+            "Drift checks whose preview failed.",
+            metrics.drift_checks_failed.clone(),
+        );
+        sub.register(
+            "load_balancer_drifts",
+            "Load balancers found differing from what their Service asks (a LoadBalancerDrift event each).",
+            metrics.drifts.clone(),
         );
         metrics
     }

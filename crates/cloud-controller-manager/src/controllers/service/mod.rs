@@ -18,6 +18,7 @@
 
 pub mod classes;
 mod deletion;
+pub mod drift;
 mod events;
 mod metrics;
 pub mod node_set;
@@ -38,7 +39,7 @@ use kube::{
 };
 use tokio::sync::mpsc;
 
-pub use self::{classes::ServedClasses, metrics::ServiceMetrics};
+pub use self::{classes::ServedClasses, drift::DriftAction, metrics::ServiceMetrics};
 use self::{
     node_set::{BackendLabels, BackendSet, backend_set, is_backend},
     plan::wants_load_balancer,
@@ -217,6 +218,9 @@ pub struct Config {
     pub orphan_sweep_period: Option<Duration>,
     /// The classes of Services served (`--load-balancer-class`, `--serve-classless-load-balancers`).
     pub served: ServedClasses,
+    /// How often each load balancer is checked for drift (`--load-balancer-drift-period`; `None`:
+    /// never), and what a drift leads to (`--load-balancer-drift`).
+    pub drift: Option<(Duration, DriftAction)>,
 }
 
 /// Starts the controller: `None` (with a warning) when the cloud offers no load balancers.
@@ -239,6 +243,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         workers,
         orphan_sweep_period,
         served,
+        drift,
     } = config;
     if !served.is_default() {
         tracing::info!(
@@ -292,8 +297,16 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
                 shutdown.clone(),
             ))
         });
-        // Syncs the node sync asks for (a load balancer whose backends changed during its ensure)
-        // join the Services' own changes on the one work queue.
+        let drifts = drift.map(|(period, action)| {
+            tokio::spawn(drift::drift_loop(
+                context.clone(),
+                period,
+                action,
+                shutdown.clone(),
+            ))
+        });
+        // Syncs the node sync and the drift check ask for (a load balancer whose backends changed
+        // during its ensure, one that drifted) join the Services' own changes on the one work queue.
         let retries = {
             let services = services.clone();
             futures::stream::unfold(
@@ -317,6 +330,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         let _ = node_sync.await;
         if let Some(sweep) = sweep {
             let _ = sweep.await;
+        }
+        if let Some(drifts) = drifts {
+            let _ = drifts.await;
         }
         Ok(())
     }))

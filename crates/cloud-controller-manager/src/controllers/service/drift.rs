@@ -1,0 +1,231 @@
+//! Drift (not in upstream): a load balancer changed or deleted in the cloud behind the controller's
+//! back (in a console, by a script, by a crashed data plane) is found and, by default, healed.
+//!
+//! Upstream looks at a load balancer only when its Service or the nodes change, so one deleted or
+//! edited out of band stays broken until someone edits the Service or restarts the manager. Here every
+//! Service whose load balancer the controller last synced successfully is checked once per
+//! `--load-balancer-drift-period` with the provider's read-only
+//! [`LoadBalancer::preview_load_balancer`](cloud_provider::LoadBalancer::preview_load_balancer) (what
+//! `ensure` would change: nothing, a creation, or the changes it names). The checks of a round are spread
+//! evenly over the period, one at a time, each spacing jittered by up to 20 %, so the cloud sees a steady
+//! rate of reads: `n / period` previews for `n` Services, never more than one per [`MIN_SPACING`]
+//! (with 1,000 Services and the default 5 m: 200 previews a minute, one every 300 ms).
+//!
+//! A drift is a Warning event `LoadBalancerDrift` on the Service naming what differs, and
+//! `service_controller_load_balancer_drifts_total`; with `--load-balancer-drift=heal` (the default)
+//! the Service is then synced again through the work queue, so `ensure_load_balancer` puts the load
+//! balancer back as the Service asks (with the usual events); with `report` it is left as it is. Checks
+//! skip a Service being synced, and one whose backends are due for a node sync (that update comes
+//! first); a preview that meets such a change under way is discarded. A provider that cannot preview
+//! ([`LoadBalancerPreview::Unknown`]) turns the checks off, with one log line.
+
+use std::{sync::Arc, time::Duration};
+
+use cloud_provider::LoadBalancerPreview;
+use kube::runtime::reflector::ObjectRef;
+use tokio_util::sync::CancellationToken;
+
+use super::{Backends, Context, events::ServiceEvent, plan::wants_load_balancer};
+
+/// The shortest spacing between two checks, however many Services there are.
+pub(crate) const MIN_SPACING: Duration = Duration::from_millis(100);
+
+/// What a drift leads to (`--load-balancer-drift`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DriftAction {
+    /// Report it, then ensure the load balancer again.
+    Heal,
+    /// Report it only.
+    Report,
+}
+
+/// The spacing of the checks of a round of `services` over `period`.
+pub(crate) fn spacing(period: Duration, services: usize) -> Duration {
+    let per = u32::try_from(services.max(1)).unwrap_or(u32::MAX);
+    (period / per).max(MIN_SPACING)
+}
+
+/// `spacing` plus up to 20 % of jitter (from the clock's nanoseconds: no random generator needed for
+/// this).
+fn jittered(spacing: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    spacing + spacing.mul_f64(0.2 * f64::from(nanos % 1000) / 1000.0)
+}
+
+/// What a preview says about drift: `None` when the load balancer is as the Service asks, else what
+/// differs, in words.
+pub(crate) fn drift_of(preview: &LoadBalancerPreview) -> Option<String> {
+    match preview {
+        LoadBalancerPreview::UpToDate | LoadBalancerPreview::Unknown => None,
+        LoadBalancerPreview::Create { .. } => {
+            Some("the load balancer is gone from the cloud".into())
+        }
+        LoadBalancerPreview::Change {
+            backends_added,
+            backends_removed,
+            detail,
+        } => {
+            let mut parts = Vec::new();
+            if !backends_added.is_empty() {
+                parts.push(format!("backends missing: {}", backends_added.join(", ")));
+            }
+            if !backends_removed.is_empty() {
+                parts.push(format!(
+                    "backends that should not be there: {}",
+                    backends_removed.join(", ")
+                ));
+            }
+            if !detail.is_empty() {
+                parts.push(detail.clone());
+            }
+            Some(if parts.is_empty() {
+                "the load balancer differs from the Service".into()
+            } else {
+                parts.join("; ")
+            })
+        }
+        // A kind of preview this version does not know: not taken for drift.
+        _ => None,
+    }
+}
+
+/// Checks every synced Service once per `period` until `shutdown`.
+pub(super) async fn drift_loop(
+    ctx: Arc<Context>,
+    period: Duration,
+    action: DriftAction,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let keys: Vec<String> = ctx
+            .tracked()
+            .iter()
+            .filter(|(_, t)| t.synced && wants_load_balancer(&t.service, &ctx.served))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if keys.is_empty() {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(period) => continue,
+            }
+        }
+        let spacing = spacing(period, keys.len());
+        for key in keys {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(jittered(spacing)) => {}
+            }
+            if !check(&ctx, &key, action).await {
+                tracing::info!(
+                    "the cloud provider cannot preview its load balancers; drift checks are off"
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Checks one Service; `false` when the provider cannot preview.
+async fn check(ctx: &Context, key: &str, action: DriftAction) -> bool {
+    let Backends { nodes, set } = ctx.backends();
+    let Some(before) = ctx.tracked().get(key).cloned() else {
+        return true;
+    };
+    // Being synced, or due for a node sync: that comes first.
+    if !before.synced
+        || (!Arc::ptr_eq(&before.backends, &set) && *before.backends != *set)
+        || before.labels.changed(&nodes)
+    {
+        return true;
+    }
+    let Ok(lb) = ctx.load_balancer() else {
+        return false;
+    };
+    let preview = match lb
+        .preview_load_balancer(&ctx.cluster_name, &before.service, &nodes)
+        .await
+    {
+        Ok(LoadBalancerPreview::Unknown) => return false,
+        Ok(preview) => preview,
+        Err(err) => {
+            ctx.metrics.drift_checks_failed.inc();
+            tracing::warn!(service = %key, error = %err, "drift check failed; trying again next round");
+            return true;
+        }
+    };
+    ctx.metrics.drift_checks.inc();
+    let Some(what) = drift_of(&preview) else {
+        return true;
+    };
+    // A sync that began meanwhile may be what the preview saw half-done: its result stands.
+    let service = {
+        let mut tracked = ctx.tracked();
+        let Some(now) = tracked.get_mut(key) else {
+            return true;
+        };
+        if !now.synced || !Arc::ptr_eq(&now.service, &before.service) {
+            return true;
+        }
+        if action == DriftAction::Heal {
+            now.synced = false;
+        }
+        now.service.clone()
+    };
+    ctx.metrics.drifts.inc();
+    tracing::warn!(service = %key, drift = %what, heal = (action == DriftAction::Heal), "load balancer drift");
+    ServiceEvent::LoadBalancerDrift {
+        what: &what,
+        healing: action == DriftAction::Heal,
+    }
+    .record(&ctx.events, &service)
+    .await;
+    if action == DriftAction::Heal {
+        let _ = ctx.retry.send(ObjectRef::from_obj(service.as_ref()));
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_are_spread_over_the_period_and_never_closer_than_the_minimum() {
+        let five_minutes = Duration::from_secs(300);
+        assert_eq!(spacing(five_minutes, 1000), Duration::from_millis(300));
+        assert_eq!(spacing(five_minutes, 1), five_minutes);
+        assert_eq!(spacing(five_minutes, 0), five_minutes);
+        assert_eq!(spacing(five_minutes, 1_000_000), MIN_SPACING);
+        for _ in 0..10 {
+            let j = jittered(Duration::from_millis(300));
+            assert!(j >= Duration::from_millis(300) && j <= Duration::from_millis(360));
+        }
+    }
+
+    #[test]
+    fn previews_read_as_drift_in_words() {
+        assert_eq!(drift_of(&LoadBalancerPreview::UpToDate), None);
+        assert_eq!(drift_of(&LoadBalancerPreview::Unknown), None);
+        assert_eq!(
+            drift_of(&LoadBalancerPreview::Create {
+                backends: vec!["a".into()]
+            })
+            .as_deref(),
+            Some("the load balancer is gone from the cloud")
+        );
+        assert_eq!(
+            drift_of(&LoadBalancerPreview::Change {
+                backends_added: vec!["a".into(), "b".into()],
+                backends_removed: vec!["c".into()],
+                detail: "the listener on port 80 would be created".into(),
+            })
+            .as_deref(),
+            Some(
+                "backends missing: a, b; backends that should not be there: c; the listener on port 80 would be created"
+            )
+        );
+    }
+}
