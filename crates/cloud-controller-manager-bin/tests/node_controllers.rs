@@ -812,3 +812,58 @@ async fn initialization_keeps_the_fields_the_cache_does_not_carry() {
     );
     delete_nodes(&[&name]).await;
 }
+
+/// Issue #28, node ownership: two managers on one cluster, one per cloud, split by `--node-selector`:
+/// each initializes its own node from its own cloud, and when both nodes are NotReady and one cloud's
+/// instance is gone, only that cloud's manager deletes its node; the other's node stays untouched,
+/// though the first cloud has no instance for it either (upstream's lifecycle controller deletes it).
+#[tokio::test]
+async fn two_managers_split_the_nodes_by_node_selector() {
+    let _serial = SERIAL.lock().await;
+    let a = unique_name("own-a");
+    let b = unique_name("own-b");
+    // Each cloud has its own machine, and not the other's (the fake takes an unlisted one for there).
+    let cloud_of = |name: &str, zone: &str, other: &str| {
+        format!(
+            "instances:\n  {name}:\n    instanceType: small\n    zone: {zone}\n    region: r\n    addresses: [{{type: InternalIP, address: 10.0.0.9}}]\n  {other}: {{state: gone}}\n"
+        )
+    };
+    let first = RunningManager::start(
+        &cloud_of(&a, "zone-a", &b),
+        &[FAST, &["--node-selector=cloud=a"]].concat(),
+    )
+    .await;
+    let second = RunningManager::start(
+        &cloud_of(&b, "zone-b", &a),
+        &[FAST, &["--node-selector=cloud in (b)"]].concat(),
+    )
+    .await;
+    create_node(&with_labels(kubelet_node(&a), &[("cloud", "a")])).await;
+    create_node(&with_labels(kubelet_node(&b), &[("cloud", "b")])).await;
+
+    let node_a = initialized(&a).await;
+    let node_b = initialized(&b).await;
+    assert_eq!(labels(&node_a)["topology.kubernetes.io/zone"], "zone-a");
+    assert_eq!(labels(&node_b)["topology.kubernetes.io/zone"], "zone-b");
+    assert_eq!(provider_id(&node_a), Some(format!("fake://{a}")));
+    assert_eq!(provider_id(&node_b), Some(format!("fake://{b}")));
+    // Both NotReady; the first cloud's instance goes: its node is deleted, the other's stays.
+    set_ready(&a, false).await;
+    set_ready(&b, false).await;
+    first.set_cloud(&format!(
+        "instances:\n  {a}: {{state: gone}}\n  {b}: {{state: gone}}\n"
+    ));
+    eventually("the first cloud's node deleted", WAIT, || async {
+        get_node(&a).await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = get_node(&b).await.expect("the second cloud's node is kept");
+    assert!(
+        !taint_keys(&kept).contains(&SHUTDOWN.to_owned()),
+        "and not tainted"
+    );
+    first.stop().await;
+    second.stop().await;
+    delete_nodes(&[&a, &b]).await;
+}

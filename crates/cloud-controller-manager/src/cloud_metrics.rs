@@ -180,6 +180,12 @@ impl CloudProvider for MeteredCloud {
     fn provider_name(&self) -> &str {
         &self.name
     }
+    fn owns_provider_id(&self, provider_id: &str) -> bool {
+        self.inner.owns_provider_id(provider_id)
+    }
+    fn recognizes_node(&self, node: &Node) -> bool {
+        self.inner.recognizes_node(node)
+    }
     fn register_metrics(&self, registry: &mut Registry) {
         self.inner.register_metrics(registry);
     }
@@ -205,6 +211,11 @@ impl LoadBalancer for MeteredCloud {
             .load_balancer()
             .map(|lb| lb.get_load_balancer_name(cluster, service))
             .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
+    }
+    fn backends_beyond_owned_nodes(&self) -> bool {
+        self.inner
+            .load_balancer()
+            .is_some_and(|lb| lb.backends_beyond_owned_nodes())
     }
     fn backend_label_keys(&self, service: &Service) -> Vec<String> {
         self.inner

@@ -289,6 +289,8 @@ enum Kind {
     Enum(&'static [&'static str]),
     /// Any string (a list for the comma-separated ones).
     Text,
+    /// A label selector (`--node-selector`).
+    Selector,
 }
 
 /// Go's `strconv.ParseBool` spellings.
@@ -326,6 +328,7 @@ const FLAGS: &[(&str, Kind)] = &[
     ("serve-classless-load-balancers", Kind::Bool),
     ("load-balancer-drift-period", Kind::DurationOrZero),
     ("load-balancer-drift", Kind::Enum(&["heal", "report"])),
+    ("node-selector", Kind::Selector),
     ("configure-cloud-routes", Kind::Bool),
     ("route-reconciliation-period", Kind::Duration),
     ("allocate-node-cidrs", Kind::Bool),
@@ -377,6 +380,14 @@ fn valid_value(kind: Kind) -> BoxedStrategy<String> {
         ]
         .boxed(),
         Kind::Enum(values) => prop::sample::select(values).prop_map(str::to_owned).boxed(),
+        Kind::Selector => prop_oneof![
+            Just(String::new()),
+            "[a-z]{1,8}(=|!=|==)[a-z0-9]{0,8}",
+            "[a-z]{1,8} (in|notin) \\([a-z0-9]{1,5}(,[a-z0-9]{1,5}){0,3}\\)",
+            "!?[a-z]{1,6}(/[a-z]{1,6})?",
+            Just("cloud=aws,tier>2,!edge".to_owned()),
+        ]
+        .boxed(),
         Kind::Text => prop_oneof![
             "[a-z0-9./*-]{1,20}",
             Just("*,-route".to_owned()),
@@ -403,6 +414,7 @@ fn is_valid(kind: Kind, value: &str) -> bool {
         Kind::Ip => value.parse::<IpAddr>().is_ok(),
         Kind::Enum(values) => values.contains(&value),
         Kind::Text => true,
+        Kind::Selector => crate::node_selector::NodeSelector::parse(value).is_ok(),
     }
 }
 
@@ -843,6 +855,7 @@ proptest! {
             cluster_name: "kubernetes".into(),
             cluster_cidr: cluster.clone(),
             allow_untagged_cloud: false,
+            node_selector: Default::default(),
         };
         let ipam = NodeIpamOptions {
             allocate_node_cidrs: true,

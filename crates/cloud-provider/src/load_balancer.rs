@@ -56,6 +56,14 @@ pub trait LoadBalancer: Send + Sync {
         Vec::new()
     }
 
+    /// Whether this cloud's load balancers can send traffic to nodes this manager does not own
+    /// (another cloud's, or bare-metal ones: see `--node-selector`). By default they cannot, and their
+    /// backends are the owned nodes only; a provider whose data path reaches any node's address (as
+    /// `local`'s does) answers `true` to get every eligible node.
+    fn backends_beyond_owned_nodes(&self) -> bool {
+        false
+    }
+
     /// Changes only the set of backend nodes of an existing load balancer.
     async fn update_load_balancer(
         &self,

@@ -1,6 +1,7 @@
 //! The top-level provider trait (upstream `cloudprovider.Interface`).
 
 use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
 use crate::{CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Zones};
@@ -61,6 +62,24 @@ pub trait CloudProvider: Send + Sync + 'static {
 
     /// The provider's name: the prefix of its provider IDs (`<name>://...`) and the name in logs.
     fn provider_name(&self) -> &str;
+
+    /// Whether a provider ID is one of this cloud's: a node whose provider ID is not is another
+    /// manager's, and no controller of this one touches it. The default: the ID's scheme is
+    /// [`CloudProvider::provider_name`] (`<name>://...`). Called often: no cloud call here.
+    fn owns_provider_id(&self, provider_id: &str) -> bool {
+        provider_id
+            .strip_prefix(self.provider_name())
+            .is_some_and(|rest| rest.starts_with("://"))
+    }
+
+    /// Whether a node that has no provider ID yet is one of this cloud's machines, so this manager
+    /// initializes it. The default, every node, is upstream's assumption; a provider that can tell
+    /// (an inventory, a naming rule) answers `false` for the others, so a manager of another cloud (or
+    /// none, for bare-metal nodes) can have them. Called often: no cloud call here.
+    fn recognizes_node(&self, node: &Node) -> bool {
+        let _ = node;
+        true
+    }
 
     /// Whether the cloud knows the cluster's ID. The manager refuses to start without one unless
     /// `--allow-untagged-cloud` is set.

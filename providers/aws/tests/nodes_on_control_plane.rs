@@ -723,3 +723,165 @@ async fn node_labels_select_targets_for_new_and_existing_services() {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
 }
+
+/// The `LoadBalancerDrift` events on the Service `name` in `default`, their messages.
+async fn drift_events(name: &str) -> Vec<String> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(control_plane().admin_client().await, "default");
+    events
+        .list(&Default::default())
+        .await
+        .expect("events listed")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && e.reason.as_deref() == Some("LoadBalancerDrift")
+        })
+        .map(|e| e.note.unwrap_or_default())
+        .collect()
+}
+
+/// The listener ports of the Classic ELB whose DNS name is `hostname` (`None`: no such ELB).
+async fn classic_listener_ports(hostname: &str) -> Option<Vec<i32>> {
+    let described = elb().describe_load_balancers().send().await.ok()?;
+    let lb = described
+        .load_balancer_descriptions()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname))?;
+    let mut ports: Vec<i32> = lb
+        .listener_descriptions()
+        .iter()
+        .filter_map(|d| d.listener().map(|l| l.load_balancer_port()))
+        .collect();
+    ports.sort();
+    Some(ports)
+}
+
+/// Issue #28, drift on `aws`: a Classic ELB deleted out of band is made again within a drift period,
+/// with a `LoadBalancerDrift` Warning; a listener deleted out of band is put back; with
+/// `--load-balancer-drift=report` only the event comes.
+#[tokio::test]
+async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let api = nodes().await;
+    let name = instances[0].private_dns.clone();
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+    api.create(&PostParams::default(), &kubelet_node(&name))
+        .await
+        .expect("node created");
+    let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
+    let _ = services.delete("aws-drift", &DeleteParams::default()).await;
+    eventually("no Service aws-drift left from before", || async {
+        services
+            .get_opt("aws-drift")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let service: Service = serde_json::from_value(json!({
+        "metadata": { "name": "aws-drift" },
+        "spec": { "type": "LoadBalancer", "ports": [
+            { "name": "http", "port": 80, "targetPort": 8080 },
+            { "name": "https", "port": 443, "targetPort": 8443 }
+        ] }
+    }))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let lb_name = |s: &Service| {
+        let uid = s.metadata.uid.clone().unwrap_or_default().replace('-', "");
+        format!("a{uid}")[..32].to_owned()
+    };
+
+    let (shutdown, task, _cloud) =
+        start_manager("cloud-node,service", &["--load-balancer-drift-period=2s"]).await;
+    let hostname = eventually("aws-drift's hostname", || async {
+        ingress_hostname(&services.get_opt("aws-drift").await.ok()??)
+    })
+    .await;
+    let created = services.get("aws-drift").await.unwrap();
+    elb()
+        .delete_load_balancer()
+        .load_balancer_name(lb_name(&created))
+        .send()
+        .await
+        .unwrap();
+    eventually("the ELB made again", || async {
+        (classic_listener_ports(&hostname).await? == [80, 443]).then_some(())
+    })
+    .await;
+    let notes = drift_events("aws-drift").await;
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("the load balancer is gone from the cloud")
+                && n.ends_with("ensuring it again")),
+        "{notes:?}"
+    );
+
+    elb()
+        .delete_load_balancer_listeners()
+        .load_balancer_name(lb_name(&created))
+        .load_balancer_ports(443)
+        .send()
+        .await
+        .unwrap();
+    eventually("the listener on 443 put back", || async {
+        (classic_listener_ports(&hostname).await? == [80, 443]).then_some(())
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+
+    // Report only: the event, and the listener stays gone.
+    let before = drift_events("aws-drift").await.len();
+    let (shutdown, task, _cloud) = start_manager(
+        "cloud-node,service",
+        &[
+            "--load-balancer-drift-period=2s",
+            "--load-balancer-drift=report",
+        ],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    elb()
+        .delete_load_balancer_listeners()
+        .load_balancer_name(lb_name(&created))
+        .load_balancer_ports(443)
+        .send()
+        .await
+        .unwrap();
+    let note = eventually("a reported drift", || async {
+        drift_events("aws-drift")
+            .await
+            .into_iter()
+            .find(|n| n.ends_with("(--load-balancer-drift=report)"))
+    })
+    .await;
+    assert!(note.contains("listeners"), "{note}");
+    assert!(drift_events("aws-drift").await.len() > before);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        classic_listener_ports(&hostname).await,
+        Some(vec![80]),
+        "reported, not healed"
+    );
+
+    services
+        .delete("aws-drift", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("no cluster resources left", || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+}

@@ -571,6 +571,18 @@ impl CloudProvider for FakeCloud {
         PROVIDER_NAME
     }
 
+    /// `fake://…`, and any ID a configured instance carries (`providerID:`, whatever its scheme).
+    fn owns_provider_id(&self, provider_id: &str) -> bool {
+        provider_id
+            .strip_prefix(PROVIDER_NAME)
+            .is_some_and(|rest| rest.starts_with("://"))
+            || self
+                .config()
+                .instances
+                .values()
+                .any(|i| i.provider_id.as_deref() == Some(provider_id))
+    }
+
     fn has_cluster_id(&self) -> bool {
         self.config().has_cluster_id
     }

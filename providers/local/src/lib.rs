@@ -400,6 +400,15 @@ impl CloudProvider for LocalCloud {
         Ok(())
     }
 
+    /// A node without a provider ID is this cloud's unless its inventory ignores it (no machine name,
+    /// or an unlisted machine with `unlistedNodes: ignore`): such a node is left to another manager.
+    fn recognizes_node(&self, node: &k8s_openapi::api::core::v1::Node) -> bool {
+        !matches!(
+            self.classify(&self.config(), node),
+            instances::Known::Ignored
+        )
+    }
+
     fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
         Some(self)
     }

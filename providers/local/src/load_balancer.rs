@@ -28,7 +28,7 @@ use std::{
 };
 
 use cloud_provider::{
-    CloudResult, ClusterLoadBalancer, LoadBalancer, ServiceRef, async_trait,
+    CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef, async_trait,
     service_helpers::{
         IpFamily, IpMode, health_check_path_port, ingress_for_ip, ip_families, is_allow_all,
         load_balancer_source_ranges, port_groups, requests_only_local_traffic,
@@ -638,10 +638,13 @@ impl LocalCloud {
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
             let spec = build_spec(&key, &vips, &wanted, &backends);
+            // Applied as asked, and the data plane still runs every listener of it (one lost out of
+            // band, or that failed to bind, is applied again).
             let unchanged = allocations
                 .services
                 .get(&key)
-                .is_some_and(|r| r.applied.as_ref() == Some(&spec));
+                .is_some_and(|r| r.applied.as_ref() == Some(&spec))
+                && self.running_differences(&spec).is_empty();
             (previous, vips, unchanged, spec)
         };
         if !unchanged {
@@ -680,7 +683,110 @@ impl LocalCloud {
     }
 }
 
+/// What differs between `spec` and what the data plane runs for it (listeners not running or failed,
+/// listeners it should not run), in words; empty when it runs exactly `spec`'s listeners.
+fn listener_differences(
+    spec: &LoadBalancerSpec,
+    running: Option<&local_data_plane::LoadBalancerState>,
+) -> Vec<String> {
+    let Some(running) = running else {
+        return vec!["the data plane runs no load balancer for it".into()];
+    };
+    let words = |l: &ListenerSpec| format!("{:?} {}", l.protocol, l.socket_addr());
+    let bound: BTreeSet<&ListenerSpec> = running.listeners.iter().map(|l| &l.spec).collect();
+    let mut out = Vec::new();
+    for (listener, why) in &running.failed_listeners {
+        out.push(format!("the listener {} failed: {why}", words(listener)));
+    }
+    for listener in &spec.listeners {
+        if !bound.contains(listener) && !running.failed_listeners.iter().any(|(f, _)| f == listener)
+        {
+            out.push(format!("the listener {} is not running", words(listener)));
+        }
+    }
+    for listener in bound {
+        if !spec.listeners.contains(listener) {
+            out.push(format!("the listener {} should not run", words(listener)));
+        }
+    }
+    out
+}
+
 impl LocalCloud {
+    /// [`listener_differences`] against the data plane now.
+    fn running_differences(&self, spec: &LoadBalancerSpec) -> Vec<String> {
+        listener_differences(spec, self.inner.data_plane.state(&spec.name).as_ref())
+    }
+
+    /// What [`LoadBalancer::ensure_load_balancer`] would change, without changing anything: the load
+    /// balancer missing (no addresses held for the Service), listeners the data plane does not run as
+    /// asked (lost, failed, left over), backends that differ, and any other setting (health check,
+    /// affinity, source ranges, PROXY protocol, addresses asked for) that differs from what was applied.
+    async fn preview(
+        &self,
+        service: &Service,
+        nodes: &[Arc<Node>],
+    ) -> Result<LoadBalancerPreview, Error> {
+        let key = key_of(service);
+        let config = self.config();
+        let wanted = read_service(service, &config).map_err(|message| Error::Service {
+            service: key.clone(),
+            message,
+        })?;
+        let backends: Vec<(String, Vec<IpAddr>)> = nodes
+            .iter()
+            .filter_map(|node| self.backend_addresses(&config, node))
+            .collect();
+        let names =
+            |b: &[Backend]| -> BTreeSet<String> { b.iter().map(|b| b.node.clone()).collect() };
+        let record = lock(&self.inner.load_balancers)
+            .services
+            .get(&key)
+            .filter(|r| r.same_service(service.metadata.uid.as_deref()))
+            .cloned();
+        let Some(record) = record else {
+            let backends = names(&backend_list(&backends)).into_iter().collect();
+            return Ok(LoadBalancerPreview::Create { backends });
+        };
+        let spec = build_spec(&key, &record.ips, &wanted, &backends);
+        let mut detail = self.running_differences(&spec);
+        for (family, ip) in &wanted.requested {
+            if !record.ips.contains(ip) {
+                detail.push(format!("the {family:?} address would change to {ip}"));
+            }
+        }
+        let (added, removed) = match &record.applied {
+            Some(applied) => {
+                let (was, will) = (names(&applied.backends), names(&spec.backends));
+                if applied.health_check != spec.health_check {
+                    detail.push("the health check would change".into());
+                }
+                if applied.session_affinity != spec.session_affinity {
+                    detail.push("the session affinity would change".into());
+                }
+                if applied.source_ranges != spec.source_ranges {
+                    detail.push("the source ranges would change".into());
+                }
+                if applied.proxy_protocol != spec.proxy_protocol {
+                    detail.push("PROXY protocol would change".into());
+                }
+                (
+                    will.difference(&was).cloned().collect::<Vec<_>>(),
+                    was.difference(&will).cloned().collect::<Vec<_>>(),
+                )
+            }
+            None => (names(&spec.backends).into_iter().collect(), Vec::new()),
+        };
+        if detail.is_empty() && added.is_empty() && removed.is_empty() {
+            return Ok(LoadBalancerPreview::UpToDate);
+        }
+        Ok(LoadBalancerPreview::Change {
+            backends_added: added,
+            backends_removed: removed,
+            detail: detail.join("; "),
+        })
+    }
+
     /// Holds off every other ensure, update and delete of the load balancer `key` until the guard is
     /// dropped: the service sync and the node sync may call for the same Service at once, and the
     /// data plane must end up running the newer spec, not whichever apply finished last.
@@ -764,6 +870,23 @@ impl LoadBalancer for LocalCloud {
         cloud_provider::leadership::check()?;
         let span = tracing::info_span!("ensure_load_balancer", service = %key_of(service));
         Ok(self.ensure(service, nodes).instrument(span).await?)
+    }
+
+    /// The data plane forwards to a node's `InternalIP:NodePort`, which any node on the network has: the
+    /// backends are every eligible node this cloud does not ignore, owned by this manager or not.
+    fn backends_beyond_owned_nodes(&self) -> bool {
+        true
+    }
+
+    /// Read-only: the Service's addresses, what was applied and what the data plane runs (see
+    /// `LocalCloud::preview`).
+    async fn preview_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+        nodes: &[Arc<Node>],
+    ) -> CloudResult<LoadBalancerPreview> {
+        Ok(self.preview(service, nodes).await?)
     }
 
     async fn update_load_balancer(
@@ -1264,6 +1387,86 @@ mod tests {
         assert!(cloud.get_load_balancer("c", &new).await.unwrap().is_none());
         assert!(cloud.data_plane().state("ns/web").is_none());
         assert!(applied(&cloud).is_none());
+    }
+
+    /// Issue #28, drift: the preview says what an ensure would change (nothing; a listener the data
+    /// plane lost; backends; a setting), and an ensure puts a lost listener back.
+    #[tokio::test]
+    async fn a_listener_lost_out_of_band_is_previewed_and_put_back() {
+        let cloud = LocalCloud::new(Config::default(), None);
+        let web = svc(
+            json!({"spec": {"ports": [{"port": 18779, "nodePort": 30779, "protocol": "TCP"}]}}),
+        );
+        let n1 = adopted_node("n1", "127.0.9.1");
+        let n2 = adopted_node("n2", "127.0.9.2");
+        let preview = |nodes: Vec<Arc<Node>>| {
+            let cloud = &cloud;
+            let web = &web;
+            async move { cloud.preview_load_balancer("c", web, &nodes).await.unwrap() }
+        };
+        assert_eq!(
+            preview(vec![n1.clone()]).await,
+            LoadBalancerPreview::Create {
+                backends: vec!["n1".into()]
+            }
+        );
+        cloud
+            .ensure_load_balancer("c", &web, std::slice::from_ref(&n1))
+            .await
+            .unwrap();
+        assert_eq!(
+            preview(vec![n1.clone()]).await,
+            LoadBalancerPreview::UpToDate
+        );
+        match preview(vec![n1.clone(), n2.clone()]).await {
+            LoadBalancerPreview::Change {
+                backends_added,
+                backends_removed,
+                detail,
+            } => {
+                assert_eq!(backends_added, ["n2"]);
+                assert!(backends_removed.is_empty());
+                assert!(detail.is_empty(), "{detail}");
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // The data plane loses the load balancer (as a crash of its listeners would).
+        cloud.data_plane().remove("ns/web").await;
+        match preview(vec![n1.clone()]).await {
+            LoadBalancerPreview::Change { detail, .. } => assert_eq!(
+                detail, "the data plane runs no load balancer for it",
+                "{detail}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        cloud
+            .ensure_load_balancer("c", &web, std::slice::from_ref(&n1))
+            .await
+            .unwrap();
+        let running = cloud.data_plane().state("ns/web").expect("running again");
+        assert_eq!(running.listeners.len(), 1);
+        assert_eq!(
+            preview(vec![n1.clone()]).await,
+            LoadBalancerPreview::UpToDate
+        );
+
+        // A setting of the Service that differs from what runs.
+        let ranged = svc(json!({"spec": {
+            "ports": [{"port": 18779, "nodePort": 30779, "protocol": "TCP"}],
+            "loadBalancerSourceRanges": ["10.0.0.0/8"]
+        }}));
+        match cloud
+            .preview_load_balancer("c", &ranged, std::slice::from_ref(&n1))
+            .await
+            .unwrap()
+        {
+            LoadBalancerPreview::Change { detail, .. } => {
+                assert_eq!(detail, "the source ranges would change")
+            }
+            other => panic!("{other:?}"),
+        }
+        cloud.ensure_load_balancer_deleted("c", &web).await.unwrap();
     }
 
     /// On a real interface (so this needs root, as CI runs). The pool is in TEST-NET-2: 192.0.2.0/24 is

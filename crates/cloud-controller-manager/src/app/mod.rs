@@ -323,11 +323,22 @@ pub async fn run(
     } else {
         InitialList::ListThenWatch
     };
+    let ownership = crate::node_ownership::NodeOwnership::new(
+        options.cloud.node_selector.clone(),
+        cloud.clone(),
+    );
+    if !ownership.selects_everything() {
+        tracing::info!(
+            node_selector = options.cloud.node_selector.as_str(),
+            "acting on the nodes this selector matches only"
+        );
+    }
     let result = run_controllers(
         configured,
         initial_list,
         &options.cloud.cloud_provider,
         cloud,
+        ownership,
         &clients,
         metrics,
         &health,
@@ -368,6 +379,7 @@ async fn run_controllers(
     initial_list: InitialList,
     provider_name: &str,
     cloud: Arc<dyn CloudProvider>,
+    ownership: crate::node_ownership::NodeOwnership,
     clients: &ClientFactory,
     metrics: &Metrics,
     health: &Health,
@@ -407,6 +419,7 @@ async fn run_controllers(
         shutdown: stop.clone(),
         informers: informers.clone(),
         metrics: metrics.clone(),
+        ownership,
         name: "",
         health: Default::default(),
     };

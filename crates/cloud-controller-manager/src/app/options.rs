@@ -219,6 +219,14 @@ pub struct CloudProviderOptions {
     /// compatibility): without it, a cloud that reports no cluster ID is fatal.
     #[arg(long, action = ArgAction::Set, value_parser = go_bool, num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub allow_untagged_cloud: bool,
+
+    /// The nodes this manager owns, as a label selector in kubectl's `-l` syntax (`cloud=aws`,
+    /// `pool in (a,b)`, `!edge`); default: every node. Of those, it owns the ones whose provider ID has
+    /// its provider's scheme, or that have none yet and its provider recognizes. Its controllers
+    /// initialize, delete, taint, route and load-balance owned nodes only, so managers of two clouds
+    /// can share a cluster. Not in upstream.
+    #[arg(long, default_value = "", value_parser = crate::node_selector::NodeSelector::parse)]
+    pub node_selector: crate::node_selector::NodeSelector,
 }
 
 /// The cloud-node and cloud-node-lifecycle controllers.

@@ -51,6 +51,8 @@ pub struct ControllerContext {
     pub informers: InformerFactory,
     /// The manager's metrics.
     pub metrics: Metrics,
+    /// Which nodes this manager owns (`--node-selector` and the provider's IDs): act on those only.
+    pub ownership: crate::node_ownership::NodeOwnership,
     /// The controller's name in the table (`--controllers`): its work queue's `name` label.
     pub name: &'static str,
     /// The controller's health check behind `/healthz` (reconciles that keep panicking fail it).

@@ -136,6 +136,12 @@ impl CloudProvider for ShadowCloud {
     fn provider_name(&self) -> &str {
         self.inner.provider_name()
     }
+    fn owns_provider_id(&self, provider_id: &str) -> bool {
+        self.inner.owns_provider_id(provider_id)
+    }
+    fn recognizes_node(&self, node: &Node) -> bool {
+        self.inner.recognizes_node(node)
+    }
     fn has_cluster_id(&self) -> bool {
         self.inner.has_cluster_id()
     }
@@ -158,6 +164,11 @@ impl LoadBalancer for ShadowCloud {
             .load_balancer()
             .map(|lb| lb.get_load_balancer_name(cluster, service))
             .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
+    }
+    fn backends_beyond_owned_nodes(&self) -> bool {
+        self.inner
+            .load_balancer()
+            .is_some_and(|lb| lb.backends_beyond_owned_nodes())
     }
     fn backend_label_keys(&self, service: &Service) -> Vec<String> {
         self.inner

@@ -54,11 +54,19 @@ pub fn start(ctx: ControllerContext, sets: Vec<CidrSet>) -> Option<ControllerTas
         sets,
     );
     let shutdown = ctx.shutdown.clone();
+    let ownership = ctx.ownership.clone();
     Some(Box::pin(async move {
         if !wait_for_cache_sync(&shutdown, [nodes.synced()]).await {
             return Ok(());
         }
-        run(allocator, nodes.store().state(), changes, shutdown).await;
+        run(
+            allocator,
+            nodes.store().state(),
+            changes,
+            ownership,
+            shutdown,
+        )
+        .await;
         Ok(())
     }))
 }
@@ -67,6 +75,7 @@ async fn run(
     mut allocator: Allocator,
     existing: Vec<Arc<CachedNode>>,
     changes: impl Stream<Item = Change<CachedNode>> + Send,
+    ownership: crate::node_ownership::NodeOwnership,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     // What is taken first, from every node, so nothing is handed out twice after a restart.
@@ -88,7 +97,11 @@ async fn run(
         tokio::select! {
             change = changes.next() => match change {
                 Some(Change::Applied(node)) => {
-                    if node.metadata.deletion_timestamp.is_none() {
+                    // Another manager's node gets no CIDR from this one, but the ones it has are
+                    // taken, so none is handed out twice.
+                    if !ownership.owns(&node) {
+                        allocator.occupy(&node);
+                    } else if node.metadata.deletion_timestamp.is_none() {
                         allocator.allocate(node).await;
                     }
                 }

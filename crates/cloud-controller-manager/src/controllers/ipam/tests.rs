@@ -125,7 +125,13 @@ async fn two_hundred_nodes_on_a_full_range_cost_one_event_each_per_step_and_a_fr
     );
     let (changes, stream) = mpsc::unbounded();
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(run(allocator, Vec::new(), stream, shutdown.clone()));
+    let task = tokio::spawn(run(
+        allocator,
+        Vec::new(),
+        stream,
+        crate::node_ownership::NodeOwnership::every_node(),
+        shutdown.clone(),
+    ));
 
     let holders: Vec<String> = (0..4).map(|i| format!("hold-{i}")).collect();
     for name in &holders {
@@ -229,7 +235,13 @@ async fn a_cidr_freed_while_several_wait_serves_as_many_as_fit_oldest_first() {
     );
     let (changes, stream) = mpsc::unbounded();
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn(run(allocator, Vec::new(), stream, shutdown.clone()));
+    let task = tokio::spawn(run(
+        allocator,
+        Vec::new(),
+        stream,
+        crate::node_ownership::NodeOwnership::every_node(),
+        shutdown.clone(),
+    ));
     for name in ["a", "b", "w1", "w2", "w3"] {
         changes
             .unbounded_send(Change::Applied(node(name, &[])))

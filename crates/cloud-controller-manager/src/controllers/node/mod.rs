@@ -111,6 +111,8 @@ struct Context {
     metrics: NodeMetrics,
     /// Consecutive failures per node, for its exponential back-off.
     backoff: PerObjectBackoff,
+    /// Which nodes are this manager's.
+    ownership: crate::node_ownership::NodeOwnership,
 }
 
 /// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
@@ -153,6 +155,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.node.clone(),
         backoff: backoff(),
+        ownership: ctx.ownership.clone(),
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
@@ -226,6 +229,10 @@ fn needs_operator(err: &NodeError) -> bool {
 
 #[tracing::instrument(skip_all, fields(node = %node.name_any()))]
 async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Next, NodeError> {
+    // Another manager's node (`--node-selector`, another cloud's provider ID): not ours to touch.
+    if !ctx.ownership.owns(&node) {
+        return Ok(Next::AwaitChange);
+    }
     let result = if is_uninitialized(&node) {
         initialize(&node, &ctx).await
     } else {

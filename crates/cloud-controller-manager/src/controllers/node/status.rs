@@ -64,16 +64,20 @@ async fn refresh_all(
     workers: usize,
 ) {
     let nodes = store.state();
-    futures::stream::iter(nodes.into_iter().filter(|n| !is_uninitialized(n)))
-        .for_each_concurrent(workers.max(1), |node| async move {
-            match cloud::node_addresses(cloud, &node).await {
-                Ok(addresses) => update_addresses(ctx, &node, &addresses).await,
-                Err(err) => {
-                    tracing::warn!(node = %node.name_any(), error = %err, "address refresh failed")
-                }
+    futures::stream::iter(
+        nodes
+            .into_iter()
+            .filter(|n| !is_uninitialized(n) && ctx.ownership.owns(n)),
+    )
+    .for_each_concurrent(workers.max(1), |node| async move {
+        match cloud::node_addresses(cloud, &node).await {
+            Ok(addresses) => update_addresses(ctx, &node, &addresses).await,
+            Err(err) => {
+                tracing::warn!(node = %node.name_any(), error = %err, "address refresh failed")
             }
-        })
-        .await;
+        }
+    })
+    .await;
 }
 
 /// The periodic refresh: once the cache has synced, then every `period` after the previous pass ended.

@@ -40,6 +40,8 @@ struct Context {
     api: Api<Node>,
     cloud: Arc<dyn CloudProvider>,
     events: EventRecorder,
+    /// Which nodes are this manager's.
+    ownership: crate::node_ownership::NodeOwnership,
 }
 
 /// The cloud-node-lifecycle controller's configuration.
@@ -66,6 +68,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         api: Api::all(ctx.client.clone()),
         cloud: ctx.cloud.clone(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
+        ownership: ctx.ownership.clone(),
     };
     let runner = ctx.periodic_runner();
     Some(Box::pin(async move {
@@ -92,8 +95,13 @@ async fn run(
     let ctx = &ctx;
     runner
         .run(period, None, |_| {
-            // A pass in flight finishes even on shutdown: each node's work is short and bounded.
-            let nodes = store.state();
+            // A pass in flight finishes even on shutdown: each node's work is short and bounded. Another
+            // manager's nodes are never deleted nor tainted here (their instances are not this cloud's).
+            let nodes: Vec<_> = store
+                .state()
+                .into_iter()
+                .filter(|n| ctx.ownership.owns(n))
+                .collect();
             async move {
                 futures::stream::iter(nodes)
                     .for_each_concurrent(workers.max(1), |node| monitor(ctx, node))

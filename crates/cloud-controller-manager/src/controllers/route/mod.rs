@@ -93,6 +93,8 @@ struct Context {
     cluster_cidrs: Vec<IpNet>,
     events: EventRecorder,
     metrics: RouteMetrics,
+    /// Which nodes are this manager's.
+    ownership: crate::node_ownership::NodeOwnership,
 }
 
 /// The node-route controller's configuration.
@@ -130,6 +132,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cluster_cidrs,
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.route.clone(),
+        ownership: ctx.ownership.clone(),
     };
     let nodes = ctx.informers.nodes();
     // Subscribed as the controller is built, so no change after the caches start is missed.
@@ -170,7 +173,12 @@ async fn run(
     // Start to start, like upstream's non-sliding loop.
     runner
         .run(period, requests, |started| {
-            let nodes = store.state();
+            // Routes for this manager's nodes only: another cloud's nodes have none in this one.
+            let nodes: Vec<_> = store
+                .state()
+                .into_iter()
+                .filter(|n| ctx.ownership.owns(n))
+                .collect();
             async move {
                 let trigger = match started {
                     Started::Periodic => Trigger::Periodic,

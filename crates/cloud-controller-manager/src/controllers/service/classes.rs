@@ -38,7 +38,7 @@ impl ServedClasses {
     /// when no class is given). An error names the flag and the value at fault.
     pub fn new(classes: &[String], classless: Option<bool>) -> Result<Self, String> {
         for class in classes {
-            if let Err(why) = check_qualified_name(class) {
+            if let Err(why) = crate::labels::check_qualified_name(class) {
                 return Err(format!(
                     "--load-balancer-class={class:?} is not a load-balancer class: {why}"
                 ));
@@ -77,47 +77,6 @@ impl ServedClasses {
         }
         parts.join(", ")
     }
-}
-
-/// A Kubernetes qualified name (`[prefix/]name`): the name at most 63 characters of letters, digits,
-/// `-`, `_` and `.`, beginning and ending with a letter or digit; the prefix a DNS subdomain (at most 253
-/// characters of lower-case letters, digits, `-` and `.`, each label beginning and ending with a letter
-/// or digit). The API server's rule for `loadBalancerClass`.
-fn check_qualified_name(value: &str) -> Result<(), String> {
-    let (prefix, name) = match value.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, value),
-    };
-    let alnum = |c: char| c.is_ascii_alphanumeric();
-    if name.is_empty() || name.len() > 63 {
-        return Err("the name (after any '/') must be 1 to 63 characters".into());
-    }
-    if !name.starts_with(alnum) || !name.ends_with(alnum) {
-        return Err("the name must begin and end with a letter or digit".into());
-    }
-    if !name
-        .chars()
-        .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
-    {
-        return Err("the name may hold only letters, digits, '-', '_' and '.'".into());
-    }
-    if let Some(prefix) = prefix {
-        let label_ok = |l: &str| {
-            !l.is_empty()
-                && l.len() <= 63
-                && l.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && l.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && l.chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-        };
-        if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(label_ok) {
-            return Err(
-                "the prefix (before the '/') must be a DNS subdomain: lower-case letters, digits, '-' and '.'"
-                    .into(),
-            );
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -132,6 +132,10 @@ struct Context {
     cluster_name: String,
     /// The classes of Services this manager serves (`--load-balancer-class`).
     served: ServedClasses,
+    /// Which nodes are this manager's.
+    ownership: crate::node_ownership::NodeOwnership,
+    /// The provider's load balancers reach nodes this manager does not own.
+    backends_beyond_owned: bool,
     nodes: Store<CachedNode>,
     events: EventRecorder,
     metrics: ServiceMetrics,
@@ -189,7 +193,7 @@ impl Context {
             .nodes
             .state()
             .iter()
-            .filter(|n| is_backend(n))
+            .filter(|n| is_backend(n) && self.may_back(n))
             .map(|n| n.shared())
             .collect();
         let backends = Backends {
@@ -198,6 +202,12 @@ impl Context {
         };
         *cache = Some(backends.clone());
         backends
+    }
+
+    /// Whether `node` may be a backend as far as ownership goes: this manager's, or any node when the
+    /// provider's load balancers reach nodes beyond its own.
+    fn may_back(&self, node: &Node) -> bool {
+        self.backends_beyond_owned || self.ownership.owns(node)
     }
 
     fn forget_backends(&self) {
@@ -257,6 +267,11 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         cloud: ctx.cloud.clone(),
         cluster_name,
         served,
+        backends_beyond_owned: ctx
+            .cloud
+            .load_balancer()
+            .is_some_and(|lb| lb.backends_beyond_owned_nodes()),
+        ownership: ctx.ownership.clone(),
         nodes: nodes.store(),
         events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
         metrics: ctx.metrics.service.clone(),

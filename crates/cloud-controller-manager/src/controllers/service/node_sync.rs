@@ -72,13 +72,14 @@ pub(super) async fn node_sync_loop(
     shutdown: CancellationToken,
 ) {
     let mut changes = Box::pin(changes);
-    let mut facts: HashMap<String, BackendFacts> = HashMap::new();
+    let mut facts: HashMap<String, (BackendFacts, bool)> = HashMap::new();
     // Whether the change triggers a node sync; any change to what the predicates read also drops the
     // cached backend list.
     let mut observe = |change: Change<CachedNode>| -> bool {
         let (before, after) = match change {
             Change::Applied(node) => {
-                let now = BackendFacts::of(&node);
+                // A node that stops (or starts) being this manager's leaves (or joins) the backends.
+                let now = (BackendFacts::of(&node), ctx.may_back(&node));
                 (facts.insert(node.name_any(), now.clone()), Some(now))
             }
             Change::Deleted(node) => (facts.remove(&node.name_any()), None),
@@ -86,10 +87,10 @@ pub(super) async fn node_sync_loop(
         if before != after {
             ctx.forget_backends();
         }
-        before.as_ref().map(BackendFacts::sync_facts)
-            != after.as_ref().map(BackendFacts::sync_facts)
+        let relevant = |f: &(BackendFacts, bool)| (f.0.sync_facts().clone(), f.1);
+        before.as_ref().map(relevant) != after.as_ref().map(relevant)
             // A relabelled node, when some load balancer selects its backends by labels.
-            || (before.as_ref().map(BackendFacts::labels) != after.as_ref().map(BackendFacts::labels)
+            || (before.as_ref().map(|f| f.0.labels()) != after.as_ref().map(|f| f.0.labels())
                 && ctx.tracked().values().any(|t| t.labels.watched()))
     };
     let mut period = tokio::time::interval(NODE_SYNC_PERIOD);
