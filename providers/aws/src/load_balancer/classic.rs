@@ -83,6 +83,12 @@ impl LoadBalancers {
     ) -> Result<LoadBalancerStatus> {
         let elb = &self.calls.clients.elb;
         let existing = self.describe_classic(&spec.name).await?;
+        // A preview of a load balancer that does not exist: all of it would be new.
+        if existing.is_none()
+            && self.previewed_creation(|| format!("Classic ELB {} would be created", spec.name))
+        {
+            return Ok(LoadBalancerStatus::default());
+        }
         let vpc_id = match existing.as_ref().and_then(|lb| lb.vpc_id()) {
             Some(vpc) => vpc.to_owned(),
             None => self.vpc_id(instances).await?,
@@ -162,7 +168,8 @@ impl LoadBalancers {
                 lb
             }
             None => {
-                if self.previewed(|| format!("Classic ELB {} would be created", spec.name)) {
+                if self.previewed_creation(|| format!("Classic ELB {} would be created", spec.name))
+                {
                     return Ok(LoadBalancerStatus::default());
                 }
                 let subnets = self.subnets(spec, &vpc_id, cluster_id).await?;

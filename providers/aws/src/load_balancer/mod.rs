@@ -84,6 +84,20 @@ impl LoadBalancers {
         }
     }
 
+    /// In a preview, records that the load balancer would be created (`change` says which) and answers
+    /// true: the caller skips the creation and everything after it. Otherwise false.
+    fn previewed_creation(&self, change: impl FnOnce() -> String) -> bool {
+        match &self.plan {
+            Some(plan) => {
+                let mut plan = plan.lock().unwrap_or_else(|e| e.into_inner());
+                plan.creates = true;
+                plan.change(change());
+                true
+            }
+            None => false,
+        }
+    }
+
     /// In a preview, records backends (instance IDs) to register and deregister and answers true.
     fn previewed_backends<'a>(
         &self,
@@ -127,17 +141,20 @@ impl LoadBalancers {
         Ok(names)
     }
 
-    /// The instance ID behind each node of `nodes` that has one, with the node's name.
-    async fn node_instances(&self, nodes: &[&Node]) -> Result<Vec<(String, String)>> {
-        let mut out = Vec::new();
-        for n in nodes {
-            if let Some(i) = self.describer.find(&Key::of(n)?).await?
-                && !i.is_terminated()
-            {
-                out.push((i.id, n.metadata.name.clone().unwrap_or_default()));
-            }
-        }
-        Ok(out)
+    /// The instances behind `nodes` (terminated ones and nodes without one left out), each with the
+    /// name of its node: looked up at once, so the describer batches them into one call.
+    async fn node_instances(&self, nodes: &[&Node]) -> Result<Vec<(InstanceInfo, String)>> {
+        let lookups = nodes.iter().map(|n| async move {
+            let key = Key::of(n)?;
+            let found = self.describer.find(&key).await?;
+            Ok::<_, Error>(found.map(|i| (i, n.metadata.name.clone().unwrap_or_default())))
+        });
+        Ok(futures::future::try_join_all(lookups)
+            .await?
+            .into_iter()
+            .flatten()
+            .filter(|(i, _)| !i.is_terminated())
+            .collect())
     }
 
     /// The cluster ID in tags: the cloud-config's, else the manager's `--cluster-name`.
@@ -631,18 +648,15 @@ impl LoadBalancer for LoadBalancers {
     ) -> CloudResult<LoadBalancerPreview> {
         let spec = self.spec(cluster_name, service)?;
         let targets = spec.target_nodes(nodes);
-        let named = self.node_instances(&targets).await?;
-        let exists = match spec.kind {
-            Kind::Nlb => self.describe_nlb(&spec.name).await?.is_some(),
-            Kind::Classic => self.describe_classic(&spec.name).await?.is_some(),
-        };
-        if !exists {
-            let mut backends: Vec<String> = named.into_iter().map(|(_, n)| n).collect();
-            backends.sort();
-            backends.dedup();
-            return Ok(LoadBalancerPreview::Create { backends });
-        }
-        let instances = self.instances(&targets).await?;
+        let found = self.node_instances(&targets).await?;
+        let named: Vec<(String, String)> = found
+            .iter()
+            .map(|(i, name)| (i.id.clone(), name.clone()))
+            .collect();
+        // The same instances `instances` would find (sorted, one each), from the lookup above.
+        let mut instances: Vec<InstanceInfo> = found.into_iter().map(|(i, _)| i).collect();
+        instances.sort_by(|a, b| a.id.cmp(&b.id));
+        instances.dedup_by(|a, b| a.id == b.id);
         let cluster_id = self.cluster_id(cluster_name).to_owned();
         let (preview, plan) = self.previewing();
         match spec.kind {
@@ -654,6 +668,13 @@ impl LoadBalancer for LoadBalancers {
             }
         };
         let plan = std::mem::take(&mut *plan.lock().unwrap_or_else(|e| e.into_inner()));
+        // No load balancer (the sync stopped where it would create one): its backends would be new.
+        if plan.creates {
+            let mut backends: Vec<String> = named.into_iter().map(|(_, n)| n).collect();
+            backends.sort();
+            backends.dedup();
+            return Ok(LoadBalancerPreview::Create { backends });
+        }
         if plan.added.is_empty() && plan.removed.is_empty() && plan.changes.is_empty() {
             return Ok(LoadBalancerPreview::UpToDate);
         }

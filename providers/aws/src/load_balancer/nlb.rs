@@ -203,7 +203,7 @@ impl LoadBalancers {
                 (lb, groups)
             }
             None => {
-                if self.previewed(|| format!("NLB {} would be created", spec.name)) {
+                if self.previewed_creation(|| format!("NLB {} would be created", spec.name)) {
                     return Ok(LoadBalancerStatus::default());
                 }
                 let vpc = self.vpc_id(instances).await?;

@@ -13,6 +13,8 @@ pub(super) struct Plan {
     pub removed: BTreeSet<String>,
     /// Every other change, one sentence each, in the order the sync met them.
     pub changes: Vec<String>,
+    /// The load balancer itself would be created (there is none).
+    pub creates: bool,
 }
 
 impl Plan {
