@@ -715,22 +715,8 @@ impl LoadBalancers {
     ) -> Result<()> {
         let ec2 = &self.calls.clients.ec2;
         let wanted = self.node_security_groups(instances, cluster_id).await?;
-        let referencing = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups()
-                    .filters(
-                        Filter::builder()
-                            .name("ip-permission.group-id")
-                            .values(lb_group)
-                            .build(),
-                    )
-                    .filters(Filter::builder().name("vpc-id").values(vpc_id).build())
-                    .send()
-            })
-            .await?;
+        let referencing = self.groups_referencing(lb_group, Some(vpc_id)).await?;
         let has: Vec<String> = referencing
-            .security_groups()
             .iter()
             .filter(|g| {
                 g.ip_permissions().iter().any(|p| {

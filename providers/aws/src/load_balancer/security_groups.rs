@@ -102,25 +102,35 @@ impl LoadBalancers {
         }
     }
 
+    /// The groups with a rule that lets `sg` in, in `vpc_id` (any VPC when `None`).
+    pub(super) async fn groups_referencing(
+        &self,
+        sg: &str,
+        vpc_id: Option<&str>,
+    ) -> Result<Vec<SecurityGroup>> {
+        let ec2 = &self.calls.clients.ec2;
+        let mut request = ec2.describe_security_groups().filters(
+            Filter::builder()
+                .name("ip-permission.group-id")
+                .values(sg)
+                .build(),
+        );
+        if let Some(vpc) = vpc_id {
+            request = request.filters(Filter::builder().name("vpc-id").values(vpc).build());
+        }
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || request.clone().send())
+            .await?;
+        Ok(out.security_groups().to_vec())
+    }
+
     /// Deletes the group `sg` of the load balancer `lb_name` after revoking every rule of another
     /// group that refers to it. A group still held by the load balancer's network interfaces (for a
     /// while after the load balancer is gone) is [`Error::StillInUse`], so the deletion is tried again.
     pub(super) async fn delete_security_group(&self, sg: &str, lb_name: &str) -> Result<()> {
         let ec2 = &self.calls.clients.ec2;
-        let referencing = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups()
-                    .filters(
-                        Filter::builder()
-                            .name("ip-permission.group-id")
-                            .values(sg)
-                            .build(),
-                    )
-                    .send()
-            })
-            .await?;
-        for r in referencing.security_groups() {
+        for r in self.groups_referencing(sg, None).await? {
             if let Some(id) = r.group_id() {
                 self.revoke_group_reference(id, sg).await?;
             }
