@@ -396,6 +396,37 @@ class Environment:
         self.kube = Kube(control_plane)
 
 
+class Manager:
+    """One manager process over the shared cloud-config, flags and environment (`manager_flags`,
+    `manager_env`), with `extra_flags` after them (a flag given again replaces the shared one), logging to
+    `<work>/<run>.log`."""
+
+    def __init__(self, kind: str, binary: str, config: str, kube: Kube, proxy: int, trap_port: int,
+                 work: str, run: str, extra_flags: list[str] = ()) -> None:
+        names = {f.split("=", 1)[0] for f in extra_flags}
+        flags = [f for f in manager_flags(config, kube.kubeconfig) if f.split("=", 1)[0] not in names]
+        flags += list(extra_flags)
+        env = manager_env(proxy, trap_port, "info")
+        self.kind = kind
+        self.log_path = os.path.join(work, f"{run}.log")
+        self.log_file = open(self.log_path, "w")
+        self.started = datetime.datetime.now(datetime.timezone.utc)
+        self.proc = subprocess.Popen([binary, *flags], stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        time.sleep(2)
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the {kind} manager exited with {self.proc.returncode}: see {self.log_path}")
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log_file.close()
+
+
 def common_arguments(p: argparse.ArgumentParser) -> None:
     """The arguments bench/aws/run gives every script."""
     p.add_argument("--rust-bin", required=True)

@@ -29,8 +29,8 @@ import re
 import time
 
 import bench
-from bench import NAMESPACE, Counter, Kube, Moto, has_hostname, initialized, log, wait_for
-from handover import CERT, PREFIX, Manager, cloud_state, differences, failed_syncs, wait_quiet
+from bench import NAMESPACE, Counter, Kube, Manager, Moto, has_hostname, initialized, log, wait_for
+from handover import CERT, PREFIX, cloud_state, differences, failed_syncs, wait_quiet
 
 WEB = [("http", "TCP", 80, 30080), ("https", "TCP", 443, 30443)]
 ONE = [("http", "TCP", 80, 30080)]

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import ssl
-import subprocess
 import time
 import urllib.request
 
@@ -99,38 +97,28 @@ def main() -> None:
         with open(config, "w") as f:
             f.write(bench.cloud_config(net, e.proxy))
         port = bench.free_port()
-        flags = [f for f in bench.manager_flags(config, kube.kubeconfig) if f != "--secure-port=0"] + [
-            f"--secure-port={port}", "--bind-address=127.0.0.1",
-            "--authorization-always-allow-paths=/healthz,/metrics",
-            f"--load-balancer-drift-period={args.period:g}s"]
-        log_path = os.path.join(args.work_dir, "drift-manager.log")
-        with open(log_path, "w") as log_file:
-            proc = subprocess.Popen([args.rust_bin, *flags], stdout=log_file, stderr=subprocess.STDOUT,
-                                    env=bench.manager_env(e.proxy, e.trap_port, "info"), stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            try:
-                def serving() -> bool:
-                    try:
-                        scrape(port)
-                        return True
-                    except OSError:
-                        return False
-
-                wait_for("our /metrics", serving, 30, interval=0.5)
-                for i in instances:
-                    kube.create_node(i["dns"])
-                wait_for("the nodes' initialization",
-                         lambda: {i["dns"] for i in instances} <= {n["metadata"]["name"] for n in kube.nodes() if initialized(n)},
-                         args.timeout)
-                for kind, nlb in (("classic", False), ("nlb", True)):
-                    record["phases"][kind] = phase(kind, nlb, args, kube, counter, port)
-            finally:
-                proc.send_signal(signal.SIGTERM)
+        manager = bench.Manager("rust", args.rust_bin, config, kube, e.proxy, e.trap_port, args.work_dir, "drift",
+                                extra_flags=[f"--secure-port={port}", "--bind-address=127.0.0.1",
+                                             "--authorization-always-allow-paths=/healthz,/metrics",
+                                             f"--load-balancer-drift-period={args.period:g}s"])
+        try:
+            def serving() -> bool:
                 try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+                    scrape(port)
+                    return True
+                except OSError:
+                    return False
+
+            wait_for("our /metrics", serving, 30, interval=0.5)
+            for i in instances:
+                kube.create_node(i["dns"])
+            wait_for("the nodes' initialization",
+                     lambda: {i["dns"] for i in instances} <= {n["metadata"]["name"] for n in kube.nodes() if initialized(n)},
+                     args.timeout)
+            for kind, nlb in (("classic", False), ("nlb", True)):
+                record["phases"][kind] = phase(kind, nlb, args, kube, counter, port)
+        finally:
+            manager.stop()
         for n in kube.nodes():
             kube.delete_node(n["metadata"]["name"])
     finally:

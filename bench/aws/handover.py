@@ -28,12 +28,10 @@ import argparse
 import datetime
 import json
 import os
-import signal
-import subprocess
 import time
 
 import bench
-from bench import Counter, Kube, Moto, NAMESPACE, diff, has_hostname, initialized, log, wait_for
+from bench import NAMESPACE, Counter, Kube, Manager, Moto, diff, has_hostname, initialized, log, wait_for
 
 CERT = "arn:aws:iam::123456789012:server-certificate/handover"
 PREFIX = "service.beta.kubernetes.io/aws-load-balancer-"
@@ -184,33 +182,6 @@ def differences(before, after, path="") -> list[str]:
 # --- the managers ------------------------------------------------------------------------------------
 
 
-class Manager:
-    """One manager process over the shared cloud-config, flags and environment (bench.run_manager's)."""
-
-    def __init__(self, kind: str, binary: str, config: str, kube: Kube, proxy: int, trap_port: int,
-                 work: str, run: str) -> None:
-        flags = bench.manager_flags(config, kube.kubeconfig)
-        env = bench.manager_env(proxy, trap_port, "info")
-        self.kind = kind
-        self.log_path = os.path.join(work, f"handover-{run}.log")
-        self.log_file = open(self.log_path, "w")
-        self.started = datetime.datetime.now(datetime.timezone.utc)
-        self.proc = subprocess.Popen([binary, *flags], stdout=self.log_file, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        time.sleep(2)
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"the {kind} manager exited with {self.proc.returncode}: see {self.log_path}")
-
-    def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log_file.close()
-
-
 def wait_quiet(counter: Counter, quiet: float, at_least: float, timeout: float) -> float:
     """Waits until no AWS call was made for `quiet` seconds, and `at_least` seconds passed; returns when the
     last call was made (seconds from the start)."""
@@ -314,7 +285,7 @@ def main() -> None:
         def start(kind: str, run: str) -> Manager:
             binary = {"rust": args.rust_bin, "upstream": args.go_bin}[kind]
             log(f"{run}: {kind} starts")
-            return Manager(kind, binary, config, kube, proxy, trap_port, args.work_dir, run)
+            return Manager(kind, binary, config, kube, proxy, trap_port, args.work_dir, f"handover-{run}")
 
         # 2. Upstream builds everything.
         running = start("upstream", "upstream-builds")

@@ -548,17 +548,29 @@ fn backend_list(nodes: &[(String, Vec<IpAddr>)]) -> Vec<Backend> {
         .collect()
 }
 
-/// Whether the service controller may own this Service's load balancer (or did).
-fn may_hold_addresses(service: &Service) -> bool {
+/// The addresses a Service's status holds that must not be handed to another Service after a
+/// restart: all of them for a classless `type: LoadBalancer` Service or one with the cleanup finalizer
+/// (the service controller's by default); for a Service with a `loadBalancerClass` (this manager's when
+/// it runs with `--load-balancer-class`, else another implementation's, which the provider cannot tell
+/// apart) those in this cloud's pools, so neither loses its address to the other.
+fn addresses_to_reserve(service: &Service, config: &Config) -> Vec<IpAddr> {
     let spec = service.spec.as_ref();
-    let wants = spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer")
-        && spec.and_then(|s| s.load_balancer_class.as_ref()).is_none();
+    let load_balancer = spec.and_then(|s| s.type_.as_deref()) == Some("LoadBalancer");
+    let classed = spec.and_then(|s| s.load_balancer_class.as_ref()).is_some();
     let finalized = service
         .metadata
         .finalizers
         .as_ref()
         .is_some_and(|f| f.iter().any(|f| f == CLEANUP_FINALIZER));
-    wants || finalized
+    let mut ips = if load_balancer || finalized {
+        published_ips(service)
+    } else {
+        Vec::new()
+    };
+    if classed && !finalized {
+        ips.retain(|ip| config.pool_of(*ip).is_some());
+    }
+    ips
 }
 
 impl LocalCloud {
@@ -589,10 +601,11 @@ impl LocalCloud {
                 }
             }
         };
+        let config = self.config();
         let mut allocations = lock(&self.inner.load_balancers);
         let mut reserved = 0;
-        for service in list.items.iter().filter(|s| may_hold_addresses(s)) {
-            let ips = published_ips(service);
+        for service in &list.items {
+            let ips = addresses_to_reserve(service, &config);
             if ips.is_empty() {
                 continue;
             }
@@ -1200,6 +1213,57 @@ mod tests {
                 .owners
                 .contains_key(&"127.51.0.2".parse().unwrap())
         );
+    }
+
+    /// Issue #28: a manager serving `--load-balancer-class` keeps its classed Services' addresses over
+    /// a restart, and addresses another implementation's Services hold in this cloud's pools are not
+    /// handed out; what such a Service holds elsewhere is none of this cloud's business.
+    #[test]
+    fn the_addresses_reserved_at_start() {
+        let config = config(DUAL_POOLS);
+        let with = |patch: serde_json::Value, ips_: &[&str]| {
+            let mut s = svc(patch);
+            s.status = Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        ips_.iter()
+                            .map(|ip| LoadBalancerIngress {
+                                ip: Some(ip.to_string()),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            });
+            s
+        };
+        let classed = json!({"spec": {"loadBalancerClass": "example.com/other"}});
+        for (service, expected) in [
+            (with(json!({}), &["127.50.0.2"][..]), &["127.50.0.2"][..]),
+            (
+                with(classed.clone(), &["127.51.0.1", "10.9.9.9"]),
+                &["127.51.0.1"],
+            ),
+            (
+                with(
+                    json!({"metadata": {"finalizers": [CLEANUP_FINALIZER]}, "spec": {"loadBalancerClass": "x"}}),
+                    &["10.9.9.9"],
+                ),
+                &["10.9.9.9"],
+            ),
+            (
+                with(json!({"spec": {"type": "ClusterIP"}}), &["127.50.0.4"]),
+                &[],
+            ),
+        ] {
+            assert_eq!(
+                addresses_to_reserve(&service, &config),
+                ips(expected),
+                "{:?}",
+                service.spec
+            );
+        }
     }
 
     #[test]

@@ -119,8 +119,8 @@ pub(super) async fn drift_loop(
                 () = tokio::time::sleep(jittered(spacing)) => {}
             }
             if !check(&ctx, &key, action).await {
-                tracing::info!(
-                    "the cloud provider cannot preview its load balancers; drift checks are off"
+                tracing::warn!(
+                    "the cloud provider cannot preview its load balancers; drift checks are off (--load-balancer-drift-period has no effect)"
                 );
                 return;
             }

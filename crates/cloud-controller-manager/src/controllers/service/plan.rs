@@ -731,25 +731,6 @@ mod tests {
     #[test]
     fn a_manager_of_a_class_serves_that_class_only() {
         let served = ServedClasses::new(&["example.com/other".into()], None).unwrap();
-        let classed = |mut s: Service| {
-            s.spec.as_mut().unwrap().load_balancer_class = Some("example.com/other".into());
-            s
-        };
-        let finalized =
-            |s: Service| with(s, |s| s.metadata.finalizers = Some(vec![FINALIZER.into()]));
-        let published = |s: Service| {
-            with(s, |s| {
-                s.status = Some(k8s_openapi::api::core::v1::ServiceStatus {
-                    load_balancer: Some(LoadBalancerStatus {
-                        ingress: Some(vec![LoadBalancerIngress {
-                            ip: Some("192.0.2.1".into()),
-                            ..Default::default()
-                        }]),
-                    }),
-                    ..Default::default()
-                })
-            })
-        };
         let plan = |decision| SyncPlan {
             replaced: None,
             decision,
