@@ -6,14 +6,15 @@
 mod support;
 
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr},
     process::Command,
     time::{Duration, Instant, SystemTime},
 };
 
 use support::{
     SERIAL,
-    blackhole_proxy::{BlackholeProxy, kubeconfig_through},
+    audit::{audited_writes, describe},
+    blackhole_proxy::{BlackholeProxy, api_server, kubeconfig_through},
     replica::{LEASE, Replica, delete_lease, leader_among},
 };
 use test_control_plane::control_plane;
@@ -23,49 +24,6 @@ const RENEW_DEADLINE: Duration = Duration::from_secs(10);
 const RETRY_PERIOD: Duration = Duration::from_secs(2);
 /// Leeway for the process to notice, log and exit, on a loaded 2-core machine.
 const EXIT_LEEWAY: Duration = Duration::from_secs(2);
-
-/// Where the API server listens.
-fn api_server() -> SocketAddr {
-    let server = std::fs::read_to_string(control_plane().dir().join("run/server")).unwrap();
-    server
-        .trim()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap()
-}
-
-/// The audit events of writes by the manager's user that reached the API server from `source` at or
-/// after `after` (the audit policy logs only writes).
-fn audited_writes(source: &str, after: SystemTime) -> Vec<serde_json::Value> {
-    let log = std::fs::read_to_string(control_plane().dir().join("logs/audit.log"))
-        .expect("the test control plane writes an audit log (hack/control-plane)");
-    let after = k8s_openapi::jiff::Timestamp::try_from(after).unwrap();
-    log.lines()
-        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|event| {
-            event["sourceIPs"]
-                .as_array()
-                .is_some_and(|ips| ips.iter().any(|ip| ip == source))
-        })
-        .filter(|event| {
-            event["requestReceivedTimestamp"]
-                .as_str()
-                .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok())
-                .is_some_and(|t| t >= after)
-        })
-        .collect()
-}
-
-/// An audit event as `verb resource/name at time`.
-fn describe(event: &serde_json::Value) -> String {
-    format!(
-        "{} {}/{} at {}",
-        event["verb"].as_str().unwrap_or("?"),
-        event["objectRef"]["resource"].as_str().unwrap_or("?"),
-        event["objectRef"]["name"].as_str().unwrap_or("?"),
-        event["requestReceivedTimestamp"].as_str().unwrap_or("?"),
-    )
-}
 
 /// Writes from `source` at or after `after`, described.
 fn audited_writes_from(source: &str, after: SystemTime) -> Vec<String> {

@@ -1,4 +1,5 @@
-//! The cloud-node and cloud-node-lifecycle controllers against the real API server, with the fake cloud.
+//! The cloud-node and cloud-node-lifecycle controllers against the real API server, with the fake cloud
+//! (and, for two managers side by side, the `local` one).
 
 mod support;
 
@@ -866,4 +867,242 @@ async fn two_managers_split_the_nodes_by_node_selector() {
     first.stop().await;
     second.stop().await;
     delete_nodes(&[&a, &b]).await;
+}
+
+/// Issue #28, two clouds on one cluster as an operator runs them: a `fake` manager with
+/// `--node-selector=cloud=fake` serving classless Services, and a `local` one with
+/// `--node-selector=cloud=local` serving `--load-balancer-class=ccm.rs/local`; two processes, each with
+/// its own Lease (granted by a Role of its own, as docs/deploy.md says) and reaching the API server from
+/// its own address. Each initializes only its node (`local` adopts any node it is shown), provisions
+/// only its Service, deletes only its node once its machine is gone, and the API server's audit log
+/// shows that neither wrote the other's nodes, Services or Lease.
+#[tokio::test]
+async fn a_fake_and_a_local_manager_split_the_cluster_as_two_processes() {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    use kube::Api;
+    use support::{
+        audit::names_written,
+        blackhole_proxy::{BlackholeProxy, api_server, kubeconfig_through},
+        create_namespace, load_balancer_service,
+        replica::{Replica, delete_lease},
+        services, status_ip,
+    };
+    use test_control_plane::control_plane;
+
+    let _serial = SERIAL.lock().await;
+    test_control_plane::apply_shipped_rbac().await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::SystemTime::now();
+    let fake_node = unique_name("cloud-fake");
+    let local_node = unique_name("cloud-local");
+    let fake_lease = unique_name("ccm-fake");
+    let local_lease = unique_name("ccm-local");
+    let namespace = unique_name("two-clouds");
+    create_namespace(&namespace).await;
+
+    // The shipped Role grants the Lease `cloud-controller-manager` only: each second Lease needs its own.
+    let grant = unique_name("ccm-two-clouds");
+    let role: Role = serde_json::from_value(json!({
+        "metadata": { "name": grant, "namespace": "kube-system" },
+        "rules": [{ "apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                    "resourceNames": [fake_lease, local_lease], "verbs": ["get", "update"] }],
+    }))
+    .unwrap();
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": grant, "namespace": "kube-system" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": grant },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                       "name": "system:cloud-controller-manager" }],
+    }))
+    .unwrap();
+    let roles: Api<Role> = Api::namespaced(support::admin().await, "kube-system");
+    let bindings: Api<RoleBinding> = Api::namespaced(support::admin().await, "kube-system");
+    roles.create(&Default::default(), &role).await.unwrap();
+    bindings
+        .create(&Default::default(), &binding)
+        .await
+        .unwrap();
+
+    // Each manager through a proxy of its own, so the audit log tells their requests apart.
+    let fake_source = "127.0.0.5";
+    let local_source = "127.0.0.6";
+    let through = |source: &str| {
+        let source: Ipv4Addr = source.parse().unwrap();
+        let kubeconfig = dir.path().join(format!("through-{source}.kubeconfig"));
+        async move {
+            let proxy = BlackholeProxy::start(api_server(), IpAddr::V4(source)).await;
+            kubeconfig_through(
+                &control_plane().ccm_kubeconfig(),
+                proxy.address(),
+                &kubeconfig,
+            );
+            (proxy, kubeconfig)
+        }
+    };
+    let (_fake_proxy, fake_kubeconfig) = through(fake_source).await;
+    let (_local_proxy, local_kubeconfig) = through(local_source).await;
+
+    // The nodes' addresses are loopback ones: local health-checks its backends (every node, as it
+    // reaches nodes beyond its own), and tests send traffic only to this machine.
+    let fake_config = dir.path().join("fake.yaml");
+    let fake_cloud = |state: &str| {
+        format!(
+            "instances:\n  {fake_node}:\n    instanceType: small\n    zone: zone-fake\n    region: r\n    addresses: [{{type: InternalIP, address: 127.243.1.9}}]\n    state: {state}\n"
+        )
+    };
+    std::fs::write(&fake_config, fake_cloud("running")).unwrap();
+    let local_config = dir.path().join("local.yaml");
+    let pool = "addressPools: [{name: two-clouds, addresses: [127.243.0.0/24]}]\n";
+    std::fs::write(
+        &local_config,
+        format!(
+            "machines:\n  {local_node}:\n    zone: zone-local\n    addresses: [{{type: InternalIP, address: 127.243.1.10}}]\n{pool}"
+        ),
+    )
+    .unwrap();
+    let common = [
+        "--controllers=cloud-node,cloud-node-lifecycle,service",
+        "--node-monitor-period=200ms",
+        "--node-status-update-frequency=500ms",
+    ];
+    let fake_lease_flag = format!("--leader-elect-resource-name={fake_lease}");
+    let local_lease_flag = format!("--leader-elect-resource-name={local_lease}");
+    let fake = Replica::start_provider(
+        "fake",
+        &fake_config,
+        &fake_kubeconfig,
+        &[
+            &common[..],
+            &["--node-selector=cloud=fake", &fake_lease_flag],
+        ]
+        .concat(),
+    );
+    let local = Replica::start_provider(
+        "local",
+        &local_config,
+        &local_kubeconfig,
+        &[
+            &common[..],
+            &[
+                "--node-selector=cloud=local",
+                "--load-balancer-class=ccm.rs/local",
+                &local_lease_flag,
+            ],
+        ]
+        .concat(),
+    );
+
+    create_node(&with_labels(kubelet_node(&fake_node), &[("cloud", "fake")])).await;
+    create_node(&with_labels(
+        kubelet_node(&local_node),
+        &[("cloud", "local")],
+    ))
+    .await;
+    let initialized_by = |name: String| async move {
+        let node = eventually(&format!("{name} to be initialized"), WAIT, || async {
+            get_node(&name)
+                .await
+                .filter(|n| !taint_keys(n).contains(&UNINITIALIZED.to_owned()))
+        })
+        .await;
+        provider_id(&node)
+    };
+    let (fake_log, local_log) = (fake.log.clone(), local.log.clone());
+    let logs = move || {
+        format!(
+            "fake's log:\n{}\nlocal's log:\n{}",
+            fake_log.lock().unwrap(),
+            local_log.lock().unwrap()
+        )
+    };
+    assert_eq!(
+        initialized_by(fake_node.clone()).await,
+        Some(format!("fake://{fake_node}")),
+        "{}",
+        logs()
+    );
+    assert_eq!(
+        initialized_by(local_node.clone()).await,
+        Some(format!("local://{local_node}")),
+        "{}",
+        logs()
+    );
+
+    // A classless Service and one of local's class: each provisioned by its own manager.
+    let mut classed = load_balancer_service("classed", &[18080]);
+    classed.spec.as_mut().unwrap().load_balancer_class = Some("ccm.rs/local".into());
+    let api = services(&namespace).await;
+    api.create(&Default::default(), &classed).await.unwrap();
+    api.create(
+        &Default::default(),
+        &load_balancer_service("plain", &[18081]),
+    )
+    .await
+    .unwrap();
+    let provisioned = |name: &'static str| {
+        let api = api.clone();
+        async move {
+            let service = eventually(&format!("{name} provisioned"), WAIT, || async {
+                api.get(name).await.ok().filter(|s| status_ip(s).is_some())
+            })
+            .await;
+            status_ip(&service).unwrap()
+        }
+    };
+    let classed_ip = provisioned("classed").await;
+    let plain_ip = provisioned("plain").await;
+    assert!(
+        classed_ip.starts_with("127.243.0."),
+        "local's pool gave {classed_ip}"
+    );
+    assert!(!plain_ip.starts_with("127.243.0."), "fake gave {plain_ip}");
+
+    // Both nodes NotReady; the fake machine goes: only its node is deleted (by the fake manager).
+    set_ready(&fake_node, false).await;
+    set_ready(&local_node, false).await;
+    std::fs::write(&fake_config, fake_cloud("gone")).unwrap();
+    eventually("the fake cloud's node deleted", WAIT, || async {
+        get_node(&fake_node).await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kept = get_node(&local_node).await.expect("local's node is kept");
+    assert!(!taint_keys(&kept).contains(&SHUTDOWN.to_owned()));
+    // Then local's machine leaves its inventory: local deletes its node.
+    std::fs::write(&local_config, pool).unwrap();
+    eventually("the local cloud's node deleted", WAIT, || async {
+        get_node(&local_node).await.is_none().then_some(())
+    })
+    .await;
+
+    // Each Service's deletion is its own manager's (the finalizer goes with its load balancer).
+    for name in ["classed", "plain"] {
+        api.delete(name, &Default::default()).await.unwrap();
+    }
+    eventually("both Services deleted", WAIT, || async {
+        api.list(&Default::default())
+            .await
+            .ok()
+            .filter(|l| l.items.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    drop(fake);
+    drop(local);
+    tokio::time::sleep(Duration::from_secs(1)).await; // the audit log is written as requests finish
+
+    let written = |source: &str, resource: &str| names_written(source, started, resource);
+    assert_eq!(written(fake_source, "nodes"), [fake_node.as_str()]);
+    assert_eq!(written(local_source, "nodes"), [local_node.as_str()]);
+    assert_eq!(written(fake_source, "services"), ["plain"]);
+    assert_eq!(written(local_source, "services"), ["classed"]);
+    assert_eq!(written(fake_source, "leases"), [fake_lease.as_str()]);
+    assert_eq!(written(local_source, "leases"), [local_lease.as_str()]);
+
+    delete_lease(&fake_lease).await;
+    delete_lease(&local_lease).await;
+    let _ = bindings.delete(&grant, &Default::default()).await;
+    let _ = roles.delete(&grant, &Default::default()).await;
 }

@@ -127,6 +127,18 @@ async fn pump(
     }
 }
 
+/// Where the test control plane's API server listens (what a proxy forwards to).
+pub fn api_server() -> SocketAddr {
+    let server =
+        std::fs::read_to_string(test_control_plane::control_plane().dir().join("run/server"))
+            .unwrap();
+    server
+        .trim()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap()
+}
+
 /// A copy of the kubeconfig at `path` whose server is `proxy`, written to `to`.
 pub fn kubeconfig_through(path: &std::path::Path, proxy: SocketAddr, to: &std::path::Path) {
     let text = std::fs::read_to_string(path).unwrap();

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod audit;
 pub mod blackhole_proxy;
 pub mod flood;
 pub mod go_ccm;

@@ -48,7 +48,8 @@ pub fn holder(lease: &Lease) -> String {
 pub struct Replica {
     child: Child,
     pub log: Arc<Mutex<String>>,
-    state_file: PathBuf,
+    /// The fake cloud's state file (none for another provider).
+    state_file: Option<PathBuf>,
 }
 
 impl Replica {
@@ -107,6 +108,17 @@ impl Replica {
         Self::spawn(cloud_config, state_file.to_owned(), kubeconfig, args)
     }
 
+    /// A replica on `--cloud-provider=provider` with the cloud-config file `cloud_config`, reaching the
+    /// API server through `kubeconfig`, with `args` added (leader election on).
+    pub fn start_provider(
+        provider: &str,
+        cloud_config: &Path,
+        kubeconfig: &Path,
+        args: &[&str],
+    ) -> Self {
+        Self::spawn_provider(provider, cloud_config, None, kubeconfig, args, &[])
+    }
+
     fn spawn(config: &Path, state_file: PathBuf, kubeconfig: &Path, args: &[&str]) -> Self {
         Self::spawn_with_env(config, state_file, kubeconfig, args, &[])
     }
@@ -118,8 +130,19 @@ impl Replica {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Self {
+        Self::spawn_provider("fake", config, Some(state_file), kubeconfig, args, env)
+    }
+
+    fn spawn_provider(
+        provider: &str,
+        config: &Path,
+        state_file: Option<PathBuf>,
+        kubeconfig: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let mut child = Command::new(BIN)
-            .arg("--cloud-provider=fake")
+            .arg(format!("--cloud-provider={provider}"))
             .arg(format!("--cloud-config={}", config.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg("--secure-port=0")
@@ -171,7 +194,11 @@ impl Replica {
 
     /// How often its fake cloud was called with `method`.
     pub fn calls(&self, method: &str) -> u64 {
-        cloud_provider_fake::CloudState::read(&self.state_file)
+        let state_file = self
+            .state_file
+            .as_ref()
+            .expect("only a fake replica counts its cloud's calls");
+        cloud_provider_fake::CloudState::read(state_file)
             .map(|s| s.calls_to(method))
             .unwrap_or(0)
     }
