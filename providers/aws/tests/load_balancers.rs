@@ -639,6 +639,98 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
 
+/// The operations (and how many of each) `cloud` called since `before`.
+fn calls_since(
+    cloud: &cloud_provider_aws::AwsCloud,
+    before: &std::collections::BTreeMap<&'static str, u64>,
+) -> Vec<(String, u64)> {
+    cloud
+        .api_metrics()
+        .requests()
+        .into_iter()
+        .filter_map(|(op, n)| {
+            let since = n - before.get(op).copied().unwrap_or(0);
+            (since > 0).then(|| (op.to_owned(), since))
+        })
+        .collect()
+}
+
+/// Deletions list the region's ELBv2 load balancers and tagged target groups once, then keep that
+/// index by their own writes: a Classic Service's deletion asks ELBv2 nothing, and what a creation that
+/// failed half-way made after the listing (an NLB and a target group) is still found and deleted when
+/// the Service's annotation no longer says `nlb`.
+#[tokio::test]
+async fn deletions_list_elbv2_once_and_still_find_what_a_failed_creation_left() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
+    let proxy = throttle::ThrottlingProxy::with_fault(
+        moto().port,
+        throttle::Fault::FailAction("CreateListener", 100),
+    )
+    .await;
+    let config = format!(
+        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
+        default_config(),
+        proxy.port
+    );
+    let cloud = support::cloud(&config);
+    let lb = cloud.load_balancer().unwrap();
+    let elbv2_calls = |calls: &[(String, u64)]| -> Vec<(String, u64)> {
+        calls
+            .iter()
+            .filter(|(op, _)| op.starts_with("elbv2:") || op.contains("TargetGroup"))
+            .cloned()
+            .collect()
+    };
+
+    // The first deletion lists (nothing there yet).
+    let never = lb_service("never", "00000000-0000-0000-0000-000000000001", &[]);
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer_deleted("kubernetes", &never)
+        .await
+        .unwrap();
+    let listed = elbv2_calls(&calls_since(&cloud, &before));
+    assert_eq!(
+        listed,
+        [
+            ("DescribeTargetGroups".to_owned(), 1),
+            ("elbv2:DescribeLoadBalancers".to_owned(), 1)
+        ],
+        "one listing of each"
+    );
+
+    // An NLB creation that fails after its load balancer and target groups exist.
+    let service = lb_service("halfway", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    assert!(
+        lb.ensure_load_balancer("kubernetes", &service, &nodes)
+            .await
+            .is_err()
+    );
+    assert!(!cluster_resources().await.is_empty());
+
+    // Another Classic Service's deletion: ELBv2 is not asked.
+    let other = lb_service("other", "00000000-0000-0000-0000-000000000002", &[]);
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer_deleted("kubernetes", &other)
+        .await
+        .unwrap();
+    assert_eq!(
+        elbv2_calls(&calls_since(&cloud, &before)),
+        [],
+        "a Classic Service's deletion asks ELBv2 nothing once listed"
+    );
+
+    // The half-made NLB's Service, its annotation now gone: deleted all the same, groups included.
+    let classic_now = lb_service("halfway", UID, &[]);
+    lb.ensure_load_balancer_deleted("kubernetes", &classic_now)
+        .await
+        .unwrap();
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
 /// The shadow-mode preview, asserting it made no AWS write.
 async fn preview(
     cloud: &cloud_provider_aws::AwsCloud,

@@ -101,33 +101,12 @@ impl LoadBalancers {
     }
 
     async fn nlb_inventory(&self, cluster_tag: &str) -> Result<Vec<ClusterLoadBalancer>> {
-        let elbv2 = &self.calls.clients.elbv2;
         let mut by_arn = BTreeMap::new();
-        let mut marker: Option<String> = None;
-        loop {
-            let out = self
-                .calls
-                .call("elbv2:DescribeLoadBalancers", || {
-                    elbv2
-                        .describe_load_balancers()
-                        .set_marker(marker.clone())
-                        .send()
-                })
-                .await?;
-            for lb in out.load_balancers() {
-                if lb.r#type() == Some(&LoadBalancerTypeEnum::Network)
-                    && let (Some(arn), Some(name)) =
-                        (lb.load_balancer_arn(), lb.load_balancer_name())
-                {
-                    by_arn.insert(arn.to_owned(), name.to_owned());
-                }
-            }
-            marker = out
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
+        for lb in self.all_elbv2_load_balancers().await? {
+            if lb.r#type() == Some(&LoadBalancerTypeEnum::Network)
+                && let (Some(arn), Some(name)) = (lb.load_balancer_arn(), lb.load_balancer_name())
+            {
+                by_arn.insert(arn.to_owned(), name.to_owned());
             }
         }
         let arns: Vec<String> = by_arn.keys().cloned().collect();

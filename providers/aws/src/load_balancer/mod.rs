@@ -8,6 +8,7 @@
 
 pub mod annotations;
 mod classic;
+mod elbv2_index;
 mod inventory;
 mod nlb;
 mod nlb_security_group;
@@ -45,6 +46,8 @@ pub struct LoadBalancers {
     config: Arc<Config>,
     /// Set in a preview: writes are recorded here instead of made.
     plan: Option<Arc<Mutex<Plan>>>,
+    /// The region's ELBv2 load balancers and tagged target groups, for deletions.
+    elbv2_index: Arc<elbv2_index::Elbv2Index>,
 }
 
 impl LoadBalancers {
@@ -55,6 +58,7 @@ impl LoadBalancers {
             describer,
             config,
             plan: None,
+            elbv2_index: Arc::default(),
         }
     }
 
@@ -67,6 +71,7 @@ impl LoadBalancers {
             describer: self.describer.clone(),
             config: self.config.clone(),
             plan: Some(plan.clone()),
+            elbv2_index: self.elbv2_index.clone(),
         };
         (this, plan)
     }
@@ -733,6 +738,8 @@ impl LoadBalancer for LoadBalancers {
             .map(ToString::to_string)
             .unwrap_or_default();
         if load_balancer.handle == inventory::NLB {
+            // Listed just now: whatever the index knew, it exists.
+            self.elbv2_load_balancer_created(&load_balancer.name).await;
             // The Service is gone, and its UID with it: the NLB's groups are found on the NLB.
             self.delete_nlb(&load_balancer.name, &service_name, None, &cluster_id)
                 .await?;

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
     LoadBalancers, RuleScope, hostname_status,
-    spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port, TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
+    spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
 
@@ -109,6 +109,11 @@ fn rule_description(kind: &str, lb_name: &str) -> String {
     format!("kubernetes.io/rule/nlb/{kind}={lb_name}")
 }
 
+/// The Service's tags as key-value pairs (what the index of target groups reads).
+fn spec_tags(spec: &LbSpec) -> impl Iterator<Item = (&str, &str)> {
+    spec.tags.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+}
+
 fn tags(spec: &LbSpec) -> Vec<Tag> {
     spec.tags
         .iter()
@@ -127,14 +132,22 @@ impl LoadBalancers {
             })
             .await
         {
-            Ok(out) => Ok(out
-                .load_balancers()
-                .iter()
-                .find(|lb| {
-                    lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none()
-                })
-                .cloned()),
-            Err(e) if e.code() == Some("LoadBalancerNotFound") => Ok(None),
+            Ok(out) => {
+                if !out.load_balancers().is_empty() {
+                    self.elbv2_load_balancer_created(name).await;
+                }
+                Ok(out
+                    .load_balancers()
+                    .iter()
+                    .find(|lb| {
+                        lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none()
+                    })
+                    .cloned())
+            }
+            Err(e) if e.code() == Some("LoadBalancerNotFound") => {
+                self.elbv2_load_balancer_deleted(name).await;
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -245,6 +258,7 @@ impl LoadBalancers {
                         operation: "elbv2:CreateLoadBalancer",
                         missing: "load balancer",
                     })?;
+                self.elbv2_load_balancer_created(&spec.name).await;
                 (lb, groups)
             }
         };
@@ -285,6 +299,11 @@ impl LoadBalancers {
             };
             let group = match existing {
                 Some(g) => {
+                    // Found by its name, which only this Service's group has: a creation whose answer
+                    // was lost made it.
+                    if let Some(arn) = g.target_group_arn() {
+                        self.target_group_created(arn, spec_tags(spec)).await;
+                    }
                     self.sync_health_check(&g, spec).await?;
                     g
                 }
@@ -531,10 +550,18 @@ impl LoadBalancers {
                     .send()
             })
             .await?;
-        out.target_groups().first().cloned().ok_or(Error::Response {
-            operation: "CreateTargetGroup",
-            missing: "target group",
-        })
+        let group = out
+            .target_groups()
+            .first()
+            .cloned()
+            .ok_or(Error::Response {
+                operation: "CreateTargetGroup",
+                missing: "target group",
+            })?;
+        if let Some(arn) = group.target_group_arn() {
+            self.target_group_created(arn, spec_tags(spec)).await;
+        }
+        Ok(group)
     }
 
     /// Changes the health check of `group` only where it differs from the Service's.
@@ -1020,20 +1047,22 @@ impl LoadBalancers {
             })
             .await
         {
-            Ok(_) => Ok(()),
-            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(()),
+            Ok(_) => {
+                self.target_group_deleted(arn).await;
+                Ok(())
+            }
+            Err(e) if e.code() == Some("TargetGroupNotFound") => {
+                self.target_group_deleted(arn).await;
+                Ok(())
+            }
             // AWS may still see the group in use just after its load balancer went: come back shortly.
             Err(e) if e.code() == Some("ResourceInUse") => Err(Error::StillInUse(e.to_string())),
             Err(e) => Err(e),
         }
     }
 
-    /// Every target group tagged for this Service in this cluster (found even when no listener uses it).
-    async fn tagged_target_groups(
-        &self,
-        service_name: &str,
-        cluster_id: &str,
-    ) -> Result<Vec<String>> {
+    /// The ARN of every target group in the region.
+    pub(super) async fn all_target_group_arns(&self) -> Result<Vec<String>> {
         let elbv2 = &self.calls.clients.elbv2;
         let mut arns = Vec::new();
         let mut marker: Option<String> = None;
@@ -1060,17 +1089,34 @@ impl LoadBalancers {
                 break;
             }
         }
-        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        Ok(self
-            .elbv2_tags(&arns)
-            .await?
-            .into_iter()
-            .filter(|(_, tags)| {
-                tags.get(TAG_SERVICE_NAME).map(String::as_str) == Some(service_name)
-                    && tags.contains_key(&cluster_tag)
-            })
-            .map(|(arn, _)| arn)
-            .collect())
+        Ok(arns)
+    }
+
+    /// Every ELBv2 load balancer in the region (every kind).
+    pub(super) async fn all_elbv2_load_balancers(&self) -> Result<Vec<Elbv2LoadBalancer>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let mut all = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let out = self
+                .calls
+                .call("elbv2:DescribeLoadBalancers", || {
+                    elbv2
+                        .describe_load_balancers()
+                        .set_marker(marker.clone())
+                        .send()
+                })
+                .await?;
+            all.extend(out.load_balancers().iter().cloned());
+            marker = out
+                .next_marker()
+                .filter(|m| !m.is_empty())
+                .map(str::to_owned);
+            if marker.is_none() {
+                break;
+            }
+        }
+        Ok(all)
     }
 
     /// The tags of ELBv2 resources (load balancers, target groups) by ARN, 20 ARNs per DescribeTags.
@@ -1118,7 +1164,11 @@ impl LoadBalancers {
     ) -> Result<()> {
         let elbv2 = &self.calls.clients.elbv2;
         let mut groups = Vec::new();
-        let described = self.describe_nlb(name).await?;
+        let described = if self.elbv2_load_balancer_may_exist(name).await? {
+            self.describe_nlb(name).await?
+        } else {
+            None
+        };
         let security_groups = described.as_ref().map(|lb| lb.security_groups().to_vec());
         if let Some(lb) = described {
             let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
@@ -1144,6 +1194,7 @@ impl LoadBalancers {
                     elbv2.delete_load_balancer().load_balancer_arn(&arn).send()
                 })
                 .await?;
+            self.elbv2_load_balancer_deleted(name).await;
         }
         for g in self.tagged_target_groups(service_name, cluster_id).await? {
             if !groups.contains(&g) {

@@ -128,13 +128,37 @@ impl LoadBalancers {
     /// Deletes the group `sg` of the load balancer `lb_name` after revoking every rule of another
     /// group that refers to it. A group still held by the load balancer's network interfaces (for a
     /// while after the load balancer is gone) is [`Error::StillInUse`], so the deletion is tried again.
+    ///
+    /// With `DisableSecurityGroupIngress` no rule of ours refers to `sg` (the nodes' groups got none),
+    /// so the deletion is tried first, and the referring rules are looked for only if AWS refuses it
+    /// (someone else's rule, or one of ours from before the setting): one call fewer per deletion.
     pub(super) async fn delete_security_group(&self, sg: &str, lb_name: &str) -> Result<()> {
-        let ec2 = &self.calls.clients.ec2;
-        for r in self.groups_referencing(sg, None).await? {
+        let tried_first = self.config.global.disable_security_group_ingress;
+        if tried_first {
+            match self.try_delete_security_group(sg, lb_name).await {
+                Err(Error::StillInUse(_)) => {}
+                done => return done,
+            }
+        }
+        let referring = self.groups_referencing(sg, None).await?;
+        for r in &referring {
             if let Some(id) = r.group_id() {
                 self.revoke_group_reference(id, sg).await?;
             }
         }
+        if tried_first && referring.is_empty() {
+            // Refused, and not for a rule: its network interfaces still hold it.
+            return Err(Error::StillInUse(format!(
+                "security group {sg} of {lb_name} is still in use"
+            )));
+        }
+        self.try_delete_security_group(sg, lb_name).await
+    }
+
+    /// One `DeleteSecurityGroup` of `sg`: gone already is done; a group something still holds is
+    /// [`Error::StillInUse`].
+    async fn try_delete_security_group(&self, sg: &str, lb_name: &str) -> Result<()> {
+        let ec2 = &self.calls.clients.ec2;
         match self
             .calls
             .call("DeleteSecurityGroup", || {
