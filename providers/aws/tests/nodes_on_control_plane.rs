@@ -724,8 +724,9 @@ async fn node_labels_select_targets_for_new_and_existing_services() {
     }
 }
 
-/// The `LoadBalancerDrift` events on the Service `name` in `default`, their messages.
-async fn drift_events(name: &str) -> Vec<String> {
+/// The notes of the `LoadBalancerDrift` events about the Service with `uid` (not about an earlier
+/// Service of the same name: a reused control plane keeps their events).
+async fn drift_events(uid: &str) -> Vec<String> {
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(control_plane().admin_client().await, "default");
     events
@@ -735,7 +736,7 @@ async fn drift_events(name: &str) -> Vec<String> {
         .items
         .into_iter()
         .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+            e.regarding.as_ref().and_then(|r| r.uid.as_deref()) == Some(uid)
                 && e.reason.as_deref() == Some("LoadBalancerDrift")
         })
         .map(|e| e.note.unwrap_or_default())
@@ -808,6 +809,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
     })
     .await;
     let created = services.get("aws-drift").await.unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
     elb()
         .delete_load_balancer()
         .load_balancer_name(lb_name(&created))
@@ -818,7 +820,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         (classic_listener_ports(&hostname).await? == [80, 443]).then_some(())
     })
     .await;
-    let notes = drift_events("aws-drift").await;
+    let notes = drift_events(&uid).await;
     assert!(
         notes
             .iter()
@@ -841,7 +843,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
     stop_manager(shutdown, task).await;
 
     // Report only: the event, and the listener stays gone.
-    let before = drift_events("aws-drift").await.len();
+    let before = drift_events(&uid).await.len();
     let (shutdown, task, _cloud) = start_manager(
         "cloud-node,service",
         &[
@@ -859,14 +861,14 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         .await
         .unwrap();
     let note = eventually("a reported drift", || async {
-        drift_events("aws-drift")
+        drift_events(&uid)
             .await
             .into_iter()
             .find(|n| n.ends_with("(--load-balancer-drift=report)"))
     })
     .await;
     assert!(note.contains("listeners"), "{note}");
-    assert!(drift_events("aws-drift").await.len() > before);
+    assert!(drift_events(&uid).await.len() > before);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         classic_listener_ports(&hostname).await,

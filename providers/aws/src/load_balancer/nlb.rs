@@ -1172,16 +1172,8 @@ impl LoadBalancers {
         let security_groups = described.as_ref().map(|lb| lb.security_groups().to_vec());
         if let Some(lb) = described {
             let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
-            for l in self.listeners_of(&arn).await? {
-                self.calls
-                    .call("DeleteListener", || {
-                        elbv2
-                            .delete_listener()
-                            .listener_arn(l.listener_arn().unwrap_or_default())
-                            .send()
-                    })
-                    .await?;
-            }
+            // Its listeners go with it (AWS: "deleting a load balancer also deletes its listeners"), as
+            // upstream relies on; its target groups are deleted after it.
             groups.extend(
                 self.target_groups_of(&arn)
                     .await?
