@@ -223,6 +223,12 @@ impl LoadBalancer for MeteredCloud {
             .map(|lb| lb.backend_label_keys(service))
             .unwrap_or_default()
     }
+    fn service_label_keys(&self) -> Vec<String> {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.service_label_keys())
+            .unwrap_or_default()
+    }
     async fn ensure_load_balancer(
         &self,
         cluster: &str,

@@ -24,7 +24,6 @@ pub(crate) mod cloud_metrics;
 pub mod controllers;
 pub mod events;
 pub mod informers;
-pub(crate) mod labels;
 pub mod metrics;
 pub mod node_ownership;
 pub mod node_selector;

@@ -171,11 +171,13 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
 }
 
 fn check_key(key: &str) -> Result<(), String> {
-    crate::labels::check_qualified_name(key).map_err(|why| format!("label key {key:?}: {why}"))
+    cloud_provider::labels::check_qualified_name(key)
+        .map_err(|why| format!("label key {key:?}: {why}"))
 }
 
 fn check_value(value: &str) -> Result<(), String> {
-    crate::labels::check_label_value(value).map_err(|why| format!("label value {value:?}: {why}"))
+    cloud_provider::labels::check_label_value(value)
+        .map_err(|why| format!("label value {value:?}: {why}"))
 }
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ pub mod config_values;
 mod error;
 mod helpers;
 mod instances;
+pub mod labels;
 pub mod leadership;
 mod load_balancer;
 mod provider;

@@ -56,6 +56,14 @@ pub trait LoadBalancer: Send + Sync {
         Vec::new()
     }
 
+    /// The Service label keys this cloud's load balancers depend on (say, address pools limited to
+    /// Services with some labels): when one of these labels changes on a Service, the service
+    /// controller ensures its load balancer again. The default, none, is upstream's: a Service's labels
+    /// never matter to its load balancer.
+    fn service_label_keys(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Whether this cloud's load balancers can send traffic to nodes this manager does not own
     /// (another cloud's, or bare-metal ones: see `--node-selector`). By default they cannot, and their
     /// backends are the owned nodes only; a provider whose data path reaches any node's address (as

@@ -65,6 +65,8 @@ fn default_pools() -> Vec<AddressPool> {
         name: "default".to_owned(),
         addresses: vec![DEFAULT_POOL.parse().expect("the default pool is a CIDR")],
         auto_assign: true,
+        namespaces: Vec::new(),
+        service_selector: None,
     }]
 }
 
@@ -157,6 +159,54 @@ pub struct AddressPool {
     /// Services that name it or request one of its addresses.
     #[serde(default = "yes")]
     pub auto_assign: bool,
+    /// The namespaces whose Services may take addresses from the pool; empty (the default): every
+    /// namespace.
+    #[serde(default)]
+    pub namespaces: Vec<String>,
+    /// The labels a Service must carry to take addresses from the pool; none (the default): every
+    /// Service.
+    #[serde(default)]
+    pub service_selector: Option<ServiceSelector>,
+}
+
+/// Which Services a pool serves by their labels: `matchLabels`, as in a Kubernetes label selector
+/// (`matchExpressions` is refused as an unknown key).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceSelector {
+    /// Every one of these labels, with this value.
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl AddressPool {
+    /// Why the pool does not serve a Service in `namespace` with `labels` (`None`: it does).
+    pub fn refuses(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Option<String> {
+        if !self.namespaces.is_empty() && !self.namespaces.iter().any(|n| n == namespace) {
+            return Some(format!(
+                "pool {:?} serves the namespaces {} only",
+                self.name,
+                self.namespaces.join(", ")
+            ));
+        }
+        let selector = self.service_selector.as_ref()?;
+        if selector
+            .match_labels
+            .iter()
+            .any(|(key, value)| labels.get(key) != Some(value))
+        {
+            let wanted: Vec<String> = selector
+                .match_labels
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect();
+            return Some(format!(
+                "pool {:?} serves Services labelled {} only",
+                self.name,
+                wanted.join(",")
+            ));
+        }
+        None
+    }
 }
 
 fn yes() -> bool {
@@ -480,6 +530,28 @@ impl Config {
             if !names.insert(pool.name.as_str()) {
                 return Err(format!("addressPools: two pools are named {:?}", pool.name));
             }
+            for namespace in &pool.namespaces {
+                cloud_provider::labels::check_dns_label(namespace).map_err(|why| {
+                    format!(
+                        "addressPools: pool {:?}: {namespace:?} is not a namespace's name: {why}",
+                        pool.name
+                    )
+                })?;
+            }
+            for (key, value) in pool
+                .service_selector
+                .iter()
+                .flat_map(|s| s.match_labels.iter())
+            {
+                cloud_provider::labels::check_qualified_name(key)
+                    .and_then(|()| cloud_provider::labels::check_label_value(value))
+                    .map_err(|why| {
+                        format!(
+                            "addressPools: pool {:?}: serviceSelector.matchLabels {key}={value}: {why}",
+                            pool.name
+                        )
+                    })?;
+            }
         }
         let ranges: Vec<(&str, &AddressRange)> = self
             .address_pools
@@ -558,8 +630,9 @@ mod tests {
         let config = Config::parse(include_str!("../cloud-config.example.yaml"), None).unwrap();
         assert_eq!(config.unlisted_nodes, UnlistedNodes::Adopt);
         assert_eq!(config.machines["node-b"].state, MachineState::Shutdown);
-        assert_eq!(config.address_pools.len(), 2);
+        assert_eq!(config.address_pools.len(), 3);
         assert!(!config.address_pools[1].auto_assign);
+        assert_eq!(config.address_pools[2].namespaces, ["shop"]);
         assert_eq!(
             config.load_balancer.health_check.interval,
             GoDuration(Duration::from_secs(2))
@@ -672,6 +745,55 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown field `machine`"), "{err}");
+    }
+
+    #[test]
+    fn a_pool_s_scope_is_checked_and_read() {
+        let scoped = Config::parse(
+            "addressPools:\n  - name: team\n    addresses: [127.1.0.0/30]\n    namespaces: [shop, web]\n    serviceSelector: {matchLabels: {tier: edge}}\n",
+            None,
+        )
+        .unwrap();
+        let pool = &scoped.address_pools[0];
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(pool.refuses("shop", &labels(&[("tier", "edge")])), None);
+        assert_eq!(
+            pool.refuses("db", &labels(&[("tier", "edge")])).as_deref(),
+            Some("pool \"team\" serves the namespaces shop, web only")
+        );
+        assert_eq!(
+            pool.refuses("web", &labels(&[("tier", "core")])).as_deref(),
+            Some("pool \"team\" serves Services labelled tier=edge only")
+        );
+        for (yaml, expected) in [
+            (
+                "namespaces: [Shop]",
+                "pool \"team\": \"Shop\" is not a namespace's name",
+            ),
+            (
+                "serviceSelector: {matchLabels: {-tier: edge}}",
+                "pool \"team\": serviceSelector.matchLabels -tier=edge",
+            ),
+            (
+                "serviceSelector: {matchExpressions: []}",
+                "unknown field `matchExpressions`",
+            ),
+        ] {
+            let err = Config::parse(
+                &format!(
+                    "addressPools:\n  - name: team\n    addresses: [127.1.0.0/30]\n    {yaml}\n"
+                ),
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains(expected), "{err} lacks {expected}");
+        }
     }
 
     #[test]

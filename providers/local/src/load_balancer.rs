@@ -39,7 +39,7 @@ use kube::{Api, api::ListParams};
 use local_data_plane::{Backend, HealthCheck, ListenerSpec, LoadBalancerSpec, Protocol};
 use tracing::Instrument;
 
-use crate::{Config, Error, LocalCloud, instances::lock};
+use crate::{Config, Error, LocalCloud, config::AddressPool, instances::lock};
 
 /// Requests specific VIPs: a comma-separated list with at most one address per IP family, each in an
 /// address pool (`spec.loadBalancerIP` is read when the annotation is absent).
@@ -116,6 +116,9 @@ pub(crate) struct Wanted {
     /// Addresses asked for, by family.
     requested: BTreeMap<IpFamily, IpAddr>,
     pool: Option<String>,
+    /// The Service's namespace and labels, which a pool may be limited to.
+    namespace: String,
+    labels: BTreeMap<String, String>,
     /// (port, protocol, node port), sorted.
     ports: Vec<(u16, Protocol, u16)>,
     health_check: Option<HealthCheck>,
@@ -292,12 +295,27 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         families,
         requested,
         pool,
+        namespace: service
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        labels: service.metadata.labels.clone().unwrap_or_default(),
         ports,
         health_check,
         session_affinity,
         source_ranges,
         proxy_protocol,
     })
+}
+
+/// `, labels a=b,c=d` (`, no labels` without), for messages about a pool's scope.
+fn labels_text(labels: &BTreeMap<String, String>) -> String {
+    if labels.is_empty() {
+        return ", no labels".to_owned();
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(", labels {}", pairs.join(","))
 }
 
 /// The IPs a Service's status carries.
@@ -334,9 +352,23 @@ impl Allocations {
             .map(|r| r.ips.clone())
             .unwrap_or_default();
         let free_for_us = |ip: &IpAddr| self.owners.get(ip).is_none_or(|owner| owner == key);
+        let refusal = |pool: &AddressPool| pool.refuses(&wanted.namespace, &wanted.labels);
+        if let Some(name) = &wanted.pool
+            && let Some(why) = config
+                .address_pools
+                .iter()
+                .find(|p| &p.name == name)
+                .and_then(refusal)
+        {
+            return Err(format!(
+                "{ANNOTATION_ADDRESS_POOL}: {why}, and this Service is in namespace {:?}{}",
+                wanted.namespace,
+                labels_text(&wanted.labels)
+            ));
+        }
         let pool_ok = |ip: &IpAddr| match (config.pool_of(*ip), &wanted.pool) {
-            (Some(pool), Some(name)) => &pool.name == name,
-            (Some(_), None) => true,
+            (Some(pool), Some(name)) => &pool.name == name && refusal(pool).is_none(),
+            (Some(pool), None) => refusal(pool).is_none(),
             (None, _) => false,
         };
         let mut ips = Vec::new();
@@ -357,6 +389,12 @@ impl Allocations {
                         pool.name
                     ));
                 }
+                if let Some(why) = refusal(pool) {
+                    return Err(format!(
+                        "the requested address {ip} is in pool {:?}, which this Service may not use: {why}",
+                        pool.name
+                    ));
+                }
                 if let Some(owner) = self.owners.get(ip).filter(|o| *o != key) {
                     return Err(format!(
                         "the requested address {ip} is taken by Service {owner}"
@@ -372,12 +410,12 @@ impl Allocations {
             {
                 Some(*ip)
             } else {
-                self.first_free(config, *family, wanted.pool.as_deref())
+                self.first_free(config, *family, wanted)
             };
             match chosen {
                 Some(ip) => ips.push(ip),
                 None if *required => {
-                    let pools: Vec<&str> = config
+                    let candidates: Vec<&AddressPool> = config
                         .address_pools
                         .iter()
                         .filter(|p| wanted.pool.as_ref().is_none_or(|n| &p.name == n))
@@ -387,8 +425,23 @@ impl Allocations {
                                 .iter()
                                 .any(|r| IpFamily::of(r.first()) == *family)
                         })
+                        .collect();
+                    let pools: Vec<&str> = candidates
+                        .iter()
+                        .filter(|p| refusal(p).is_none())
                         .map(|p| p.name.as_str())
                         .collect();
+                    if pools.is_empty() && !candidates.is_empty() {
+                        let reasons: Vec<String> =
+                            candidates.iter().filter_map(|p| refusal(p)).collect();
+                        return Err(format!(
+                            "no address pool with {} addresses serves this Service (namespace {:?}{}): {}",
+                            family.as_str(),
+                            wanted.namespace,
+                            labels_text(&wanted.labels),
+                            reasons.join("; ")
+                        ));
+                    }
                     return Err(if pools.is_empty() {
                         format!(
                             "no address pool has {} addresses{}",
@@ -439,15 +492,17 @@ impl Allocations {
         Ok(ips)
     }
 
-    /// The lowest free address of `family` in the named pool, else in the auto-assign pools in order.
-    fn first_free(&self, config: &Config, family: IpFamily, pool: Option<&str>) -> Option<IpAddr> {
+    /// The lowest free address of `family` in the pool `wanted` names, else in the auto-assign pools in
+    /// order; only pools that serve the Service's namespace and labels.
+    fn first_free(&self, config: &Config, family: IpFamily, wanted: &Wanted) -> Option<IpAddr> {
         config
             .address_pools
             .iter()
-            .filter(|p| match pool {
-                Some(name) => p.name == name,
+            .filter(|p| match &wanted.pool {
+                Some(name) => &p.name == name,
                 None => p.auto_assign,
             })
+            .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
             .flat_map(|p| p.addresses.iter())
             .filter(|r| IpFamily::of(r.first()) == family)
             .find_map(|r| r.addresses().find(|ip| !self.owners.contains_key(ip)))
@@ -891,6 +946,19 @@ impl LoadBalancer for LocalCloud {
         true
     }
 
+    /// The label keys of every pool's `serviceSelector`: a Service relabelled into or out of a pool's
+    /// scope is synced at once.
+    fn service_label_keys(&self) -> Vec<String> {
+        let keys: BTreeSet<String> = self
+            .config()
+            .address_pools
+            .iter()
+            .filter_map(|p| p.service_selector.as_ref())
+            .flat_map(|s| s.match_labels.keys().cloned())
+            .collect();
+        keys.into_iter().collect()
+    }
+
     /// Read-only: the Service's addresses, what was applied and what the data plane runs (see
     /// `LocalCloud::preview`).
     async fn preview_load_balancer(
@@ -1212,6 +1280,85 @@ mod tests {
             !allocations
                 .owners
                 .contains_key(&"127.51.0.2".parse().unwrap())
+        );
+    }
+
+    /// Issue #30: pools limited to namespaces and Service labels serve only those Services, whether
+    /// they are picked, named by annotation or asked for by address; another Service gets an error that
+    /// says why (a Warning event on it), and a Service whose labels leave a pool's scope moves out of it.
+    #[test]
+    fn pools_serve_only_the_namespaces_and_labels_they_are_limited_to() {
+        let config = config(
+            "addressPools:\n  - {name: shop, addresses: [127.60.0.1/32], namespaces: [ns], serviceSelector: {matchLabels: {tier: edge}}}\n  - {name: rest, addresses: [127.61.0.1-127.61.0.2], namespaces: [ns, other]}\n",
+        );
+        let mut allocations = Allocations::default();
+        let allocate = |allocations: &mut Allocations, key: &str, service: &Service| {
+            let wanted = read_service(service, &config)?;
+            allocations.allocate(
+                &config,
+                key,
+                service.metadata.uid.as_deref(),
+                &wanted,
+                &published_ips(service),
+            )
+        };
+        let edge = |namespace: &str, extra: serde_json::Value| {
+            let mut patch =
+                json!({"metadata": {"namespace": namespace, "labels": {"tier": "edge"}}});
+            merge(&mut patch, extra);
+            svc(patch)
+        };
+        // The first pool serves labelled Services of ns; an unlabelled one gets the next pool.
+        assert_eq!(
+            allocate(&mut allocations, "ns/a", &edge("ns", json!({}))).unwrap(),
+            ips(&["127.60.0.1"])
+        );
+        assert_eq!(
+            allocate(&mut allocations, "ns/b", &svc(json!({}))).unwrap(),
+            ips(&["127.61.0.1"])
+        );
+        // Another namespace: not the first pool even by name or address, and no pool at all from a
+        // namespace neither serves.
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "other/c",
+                &edge(
+                    "other",
+                    json!({"metadata": {"annotations": {ANNOTATION_ADDRESS_POOL: "shop"}}})
+                )
+            )
+            .unwrap_err(),
+            "local.ccm.rs/address-pool: pool \"shop\" serves the namespaces ns only, and this Service is in namespace \"other\", labels tier=edge"
+        );
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "other/c",
+                &edge("other", json!({"spec": {"loadBalancerIP": "127.60.0.1"}}))
+            )
+            .unwrap_err(),
+            "the requested address 127.60.0.1 is in pool \"shop\", which this Service may not use: pool \"shop\" serves the namespaces ns only"
+        );
+        assert_eq!(
+            allocate(&mut allocations, "far/d", &edge("far", json!({}))).unwrap_err(),
+            "no address pool with IPv4 addresses serves this Service (namespace \"far\", labels tier=edge): pool \"shop\" serves the namespaces ns only; pool \"rest\" serves the namespaces ns, other only"
+        );
+        assert!(!allocations.services.contains_key("far/d"));
+        // A Service whose labels no longer match leaves the pool for one that serves it.
+        assert_eq!(
+            allocate(
+                &mut allocations,
+                "ns/a",
+                &svc(json!({"metadata": {"namespace": "ns"}}))
+            )
+            .unwrap(),
+            ips(&["127.61.0.2"])
+        );
+        assert!(
+            !allocations
+                .owners
+                .contains_key(&"127.60.0.1".parse().unwrap())
         );
     }
 

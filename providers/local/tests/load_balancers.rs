@@ -615,6 +615,81 @@ async fn an_exhausted_pool_is_a_warning_event_and_the_others_keep_their_addresse
     s.finish().await;
 }
 
+/// Issue #30: a pool limited to other namespaces refuses the Service (a Warning event that names the
+/// limit) and the others keep serving; once the pool admits its namespace and labels, it is served.
+#[tokio::test]
+async fn a_pool_limited_to_other_namespaces_refuses_a_service_with_a_warning_event() {
+    let _serial = SERIAL.lock().await;
+    let id = 13;
+    let np: Vec<u16> = (0..2).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    let names = s.names();
+    let limited = |scope: &str| {
+        Scenario::config(id, &names).replace(
+            "autoAssign: false}",
+            &format!("autoAssign: false, {scope}}}"),
+        )
+    };
+    s.manager().set_cloud(&limited("namespaces: [elsewhere]"));
+    s.create("outside", &[(18080, "TCP", np[0])], json!({}))
+        .await;
+    let namespace = s.namespace.clone();
+    let warned = |expected: &'static str| {
+        let namespace = namespace.clone();
+        eventually("a Warning event on outside", LONG, move || {
+            let namespace = namespace.clone();
+            async move {
+                events_in(&namespace, "outside", "SyncLoadBalancerFailed")
+                    .await
+                    .into_iter()
+                    .find(|e| e.note.as_deref().is_some_and(|n| n.contains(expected)))
+            }
+        })
+    };
+    warned("pool \"t13\" serves the namespaces elsewhere only, and this Service is in namespace")
+        .await;
+    let outside = services(&s.namespace).await.get("outside").await.unwrap();
+    assert!(status_ips(&outside).is_empty());
+
+    // Its namespace admitted, but only for Services labelled tier=edge: labelled otherwise, still
+    // refused, now for its labels.
+    s.manager().set_cloud(&limited(&format!(
+        "namespaces: [elsewhere, {}], serviceSelector: {{matchLabels: {{tier: edge}}}}",
+        s.namespace
+    )));
+    let label = |tier: &'static str| {
+        let namespace = s.namespace.clone();
+        async move {
+            services(&namespace)
+                .await
+                .patch(
+                    "outside",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {"tier": tier}}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    label("core").await;
+    // (The refusal's new reason joins the Warning event's series, whose note stays the first one's.)
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let outside = services(&s.namespace).await.get("outside").await.unwrap();
+    assert!(status_ips(&outside).is_empty(), "still refused");
+    // Labelled as the pool asks: served at once (a label the pool selects by syncs the Service).
+    label("edge").await;
+    let vip = eventually("outside gets an address", LONG, || {
+        let namespace = s.namespace.clone();
+        async move {
+            let service = services(&namespace).await.get("outside").await.ok()?;
+            status_ips(&service).first().copied()
+        }
+    })
+    .await;
+    connect(vip, 18080).await.expect("served");
+    s.finish().await;
+}
+
 #[tokio::test]
 async fn proxy_protocol_v2_is_sent_and_reported_with_ip_mode_proxy() {
     let _serial = SERIAL.lock().await;

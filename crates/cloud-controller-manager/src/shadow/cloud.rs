@@ -176,6 +176,12 @@ impl LoadBalancer for ShadowCloud {
             .map(|lb| lb.backend_label_keys(service))
             .unwrap_or_default()
     }
+    fn service_label_keys(&self) -> Vec<String> {
+        self.inner
+            .load_balancer()
+            .map(|lb| lb.service_label_keys())
+            .unwrap_or_default()
+    }
     /// Previews, and answers the load balancer's current status; without a load balancer, the
     /// Service's own status (so the controller neither writes a status nor takes "no status" for an
     /// error and retries).

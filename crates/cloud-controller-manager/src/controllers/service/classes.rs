@@ -38,7 +38,7 @@ impl ServedClasses {
     /// when no class is given). An error names the flag and the value at fault.
     pub fn new(classes: &[String], classless: Option<bool>) -> Result<Self, String> {
         for class in classes {
-            if let Err(why) = crate::labels::check_qualified_name(class) {
+            if let Err(why) = cloud_provider::labels::check_qualified_name(class) {
                 return Err(format!(
                     "--load-balancer-class={class:?} is not a load-balancer class: {why}"
                 ));

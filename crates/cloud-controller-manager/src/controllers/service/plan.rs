@@ -56,8 +56,14 @@ fn ports_differ(old: &[ServicePort], new: &[ServicePort]) -> bool {
 }
 
 /// Upstream's `needsUpdate`: whether a change between two versions of a Service matters to its load
-/// balancer. Labels, status and other spec fields do not.
-pub(crate) fn needs_update(old: &Service, new: &Service, served: &ServedClasses) -> bool {
+/// balancer. Status and other spec fields do not, nor labels, except those of `label_keys` (the
+/// provider's [`cloud_provider::LoadBalancer::service_label_keys`]; upstream looks at no label).
+pub(crate) fn needs_update(
+    old: &Service,
+    new: &Service,
+    served: &ServedClasses,
+    label_keys: &[String],
+) -> bool {
     let (was, is) = (
         wants_load_balancer(old, served),
         wants_load_balancer(new, served),
@@ -88,6 +94,10 @@ pub(crate) fn needs_update(old: &Service, new: &Service, served: &ServedClasses)
         || o.external_traffic_policy != n.external_traffic_policy
         || o.health_check_node_port != n.health_check_node_port
         || ip_families(o) != ip_families(n)
+        || label_keys.iter().any(|key| {
+            let label = |s: &Service| s.metadata.labels.as_ref().and_then(|l| l.get(key)).cloned();
+            label(old) != label(new)
+        })
 }
 
 /// The current `status.loadBalancer`.
@@ -201,6 +211,7 @@ pub(crate) fn plan_sync(
     service: &Service,
     last: Option<LastSync<'_>>,
     served: &ServedClasses,
+    label_keys: &[String],
 ) -> SyncPlan {
     // Deleted and re-created under the same name (without our finalizer): clean up the old one first.
     let (replaced, same) = match last {
@@ -243,7 +254,7 @@ pub(crate) fn plan_sync(
             Decision::Forget // never had a load balancer from us: no cloud call
         }
     } else if finalized
-        && same.is_some_and(|p| p.synced && !needs_update(p.service, service, served))
+        && same.is_some_and(|p| p.synced && !needs_update(p.service, service, served, label_keys))
     {
         Decision::Nothing
     } else {
@@ -357,7 +368,8 @@ mod tests {
 
     #[test]
     fn only_load_balancer_relevant_changes_need_an_update() {
-        let needs_update = |a: &Service, b: &Service| needs_update(a, b, &ServedClasses::default());
+        let needs_update =
+            |a: &Service, b: &Service| needs_update(a, b, &ServedClasses::default(), &[]);
         let base = lb();
         assert!(!needs_update(&base, &base.clone()));
         assert!(!needs_update(
@@ -406,6 +418,44 @@ mod tests {
             &cluster_ip,
             &with(cluster_ip.clone(), |s| s.metadata.annotations =
                 Some([("a".into(), "b".into())].into()))
+        ));
+    }
+
+    #[test]
+    fn a_label_the_provider_names_needs_an_update_and_no_other() {
+        let keys = ["tier".to_owned()];
+        let base = with(lb(), |s| {
+            s.metadata.labels = Some([("tier".into(), "edge".into())].into())
+        });
+        let relabelled = |pairs: &[(&str, &str)]| {
+            with(base.clone(), |s| {
+                s.metadata.labels = Some(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                )
+            })
+        };
+        let served = ServedClasses::default();
+        assert!(needs_update(
+            &base,
+            &relabelled(&[("tier", "core")]),
+            &served,
+            &keys
+        ));
+        assert!(needs_update(&base, &relabelled(&[]), &served, &keys));
+        assert!(!needs_update(
+            &base,
+            &relabelled(&[("tier", "edge"), ("team", "x")]),
+            &served,
+            &keys
+        ));
+        assert!(!needs_update(
+            &base,
+            &relabelled(&[("tier", "core")]),
+            &served,
+            &[]
         ));
     }
 
@@ -718,7 +768,7 @@ mod tests {
                 synced: *synced,
             });
             assert_eq!(
-                plan_sync(&service, last, &ServedClasses::default()),
+                plan_sync(&service, last, &ServedClasses::default(), &[]),
                 expected,
                 "{case}"
             );
@@ -776,7 +826,7 @@ mod tests {
                 service,
                 synced: *synced,
             });
-            assert_eq!(plan_sync(&service, last, &served), expected, "{case}");
+            assert_eq!(plan_sync(&service, last, &served, &[]), expected, "{case}");
         }
     }
 

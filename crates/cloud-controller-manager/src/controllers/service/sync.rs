@@ -58,6 +58,10 @@ pub(super) async fn reconcile(
 async fn sync(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceError> {
     let key = key(service);
     let previous = ctx.tracked().get(&key).cloned();
+    let label_keys = ctx
+        .load_balancer()
+        .map(|lb| lb.service_label_keys())
+        .unwrap_or_default();
     let plan = plan_sync(
         service,
         previous.as_ref().map(|p| LastSync {
@@ -65,6 +69,7 @@ async fn sync(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceError>
             synced: p.synced,
         }),
         &ctx.served,
+        &label_keys,
     );
     if let (Some(replaced), Some(previous)) = (plan.replaced, &previous) {
         if replaced == Replaced::DeleteLoadBalancer {
