@@ -206,11 +206,7 @@ async fn throttled_calls_are_retried_with_back_off_and_counted_on_metrics() {
     let instance = run_instances(&net, 1).await.remove(0);
     // EC2 goes through a proxy that throttles the first 3 requests, reached by a [ServiceOverride].
     let proxy = throttle::ThrottlingProxy::start(moto().port, 3).await;
-    let config = format!(
-        "{}[ServiceOverride \"1\"]\nService = ec2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
-        default_config(),
-        proxy.port
-    );
+    let config = config_through("ec2", proxy.port);
     let cloud = cloud(&config);
     let mut registry = cloud_provider::prometheus_client::registry::Registry::default();
     cloud.register_metrics(&mut registry);
@@ -239,11 +235,7 @@ async fn throttled_calls_are_retried_with_back_off_and_counted_on_metrics() {
 
     // Throttling beyond the retries is an error that says so, counted by code.
     let proxy = throttle::ThrottlingProxy::start(moto().port, 100).await;
-    let config = format!(
-        "{}[ServiceOverride \"1\"]\nService = ec2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
-        default_config(),
-        proxy.port
-    );
+    let config = config_through("ec2", proxy.port);
     let cloud = support::cloud(&config);
     let err = cloud
         .instances_v2()

@@ -560,11 +560,7 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
         throttle::Fault::FailAction("CreateListener", 1),
     )
     .await;
-    let config = format!(
-        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
-        default_config(),
-        proxy.port
-    );
+    let config = config_through("elasticloadbalancingv2", proxy.port);
     let cloud = cloud(&config);
     let lb = cloud.load_balancer().unwrap();
     let service = lb_service("halfway", UID, &[(ANNOTATION_TYPE, "nlb")]);
@@ -620,11 +616,7 @@ async fn a_half_way_failure_is_finished_by_the_retry_and_deletion_leaves_nothing
         throttle::Fault::FailAction("CreateListener", 100),
     )
     .await;
-    let config = format!(
-        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
-        default_config(),
-        proxy.port
-    );
+    let config = config_through("elasticloadbalancingv2", proxy.port);
     let cloud = support::cloud(&config);
     let lb = cloud.load_balancer().unwrap();
     assert!(
@@ -671,11 +663,7 @@ async fn deletions_list_elbv2_once_and_still_find_what_a_failed_creation_left() 
         throttle::Fault::FailAction("CreateListener", 100),
     )
     .await;
-    let config = format!(
-        "{}[ServiceOverride \"1\"]\nService = elasticloadbalancingv2\nRegion = {REGION}\nURL = http://127.0.0.1:{}\nSigningRegion = {REGION}\n",
-        default_config(),
-        proxy.port
-    );
+    let config = config_through("elasticloadbalancingv2", proxy.port);
     let cloud = support::cloud(&config);
     let lb = cloud.load_balancer().unwrap();
     let elbv2_calls = |calls: &[(String, u64)]| -> Vec<(String, u64)> {

@@ -1191,6 +1191,23 @@ mod tests {
         svc(json!({"spec": {"ipFamilyPolicy": policy, "ipFamilies": families}}))
     }
 
+    /// What an ensure allocates for `service` (under `key`) with `config`.
+    fn allocate_for(
+        allocations: &mut Allocations,
+        config: &Config,
+        key: &str,
+        service: &Service,
+    ) -> Result<Vec<IpAddr>, String> {
+        let wanted = read_service(service, config)?;
+        allocations.allocate(
+            config,
+            key,
+            service.metadata.uid.as_deref(),
+            &wanted,
+            &published_ips(service),
+        )
+    }
+
     const DUAL_POOLS: &str = "addressPools:\n  - {name: a, addresses: [127.50.0.1-127.50.0.2, 'fd00:50::/126']}\n  - {name: b, addresses: [127.51.0.0/30], autoAssign: false}\n";
 
     #[test]
@@ -1198,14 +1215,7 @@ mod tests {
         let config = config(DUAL_POOLS);
         let mut allocations = Allocations::default();
         let allocate = |allocations: &mut Allocations, key: &str, service: &Service| {
-            let wanted = read_service(service, &config)?;
-            allocations.allocate(
-                &config,
-                key,
-                service.metadata.uid.as_deref(),
-                &wanted,
-                &published_ips(service),
-            )
+            allocate_for(allocations, &config, key, service)
         };
         // IPv6 first when the Service says so; both families when it requires dual-stack.
         assert_eq!(
@@ -1293,14 +1303,7 @@ mod tests {
         );
         let mut allocations = Allocations::default();
         let allocate = |allocations: &mut Allocations, key: &str, service: &Service| {
-            let wanted = read_service(service, &config)?;
-            allocations.allocate(
-                &config,
-                key,
-                service.metadata.uid.as_deref(),
-                &wanted,
-                &published_ips(service),
-            )
+            allocate_for(allocations, &config, key, service)
         };
         let edge = |namespace: &str, extra: serde_json::Value| {
             let mut patch =

@@ -8,7 +8,7 @@ use aws_sdk_elasticloadbalancingv2::types::LoadBalancerTypeEnum;
 use cloud_provider::{ClusterLoadBalancer, ServiceRef};
 
 use super::{
-    LoadBalancers,
+    LoadBalancers, all_pages,
     spec::{TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
 };
 use crate::error::Result;
@@ -50,9 +50,7 @@ impl LoadBalancers {
 
     async fn classic_inventory(&self, cluster_tag: &str) -> Result<Vec<ClusterLoadBalancer>> {
         let elb = &self.calls.clients.elb;
-        let mut names = Vec::new();
-        let mut marker: Option<String> = None;
-        loop {
+        let names = all_pages(|marker| async move {
             let out = self
                 .calls
                 .call("elb:DescribeLoadBalancers", || {
@@ -61,19 +59,14 @@ impl LoadBalancers {
                         .send()
                 })
                 .await?;
-            names.extend(
-                out.load_balancer_descriptions()
-                    .iter()
-                    .filter_map(|d| d.load_balancer_name().map(str::to_owned)),
-            );
-            marker = out
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
-            }
-        }
+            let names: Vec<String> = out
+                .load_balancer_descriptions()
+                .iter()
+                .filter_map(|d| d.load_balancer_name().map(str::to_owned))
+                .collect();
+            Ok((names, out.next_marker().map(str::to_owned)))
+        })
+        .await?;
         let mut found = Vec::new();
         for chunk in names.chunks(TAGS_PER_CALL) {
             let out = self

@@ -750,6 +750,25 @@ impl LoadBalancer for LoadBalancers {
         Ok(())
     }
 }
+/// Every item of a listing AWS pages with a marker (ELB, ELBv2): `page` fetches the page after `marker`
+/// (`None`: the first) and answers its items and the next marker (`None` or empty: the last page).
+async fn all_pages<T, F, Fut>(mut page: F) -> Result<Vec<T>>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(Vec<T>, Option<String>)>>,
+{
+    let mut all = Vec::new();
+    let mut marker = None;
+    loop {
+        let (items, next) = page(marker.take()).await?;
+        all.extend(items);
+        match next.filter(|m| !m.is_empty()) {
+            Some(next) => marker = Some(next),
+            None => return Ok(all),
+        }
+    }
+}
+
 /// Whether the subnet has an IPv6 CIDR (as a dual-stack NLB's subnets must).
 fn has_ipv6_cidr(subnet: &aws_sdk_ec2::types::Subnet) -> bool {
     subnet

@@ -12,7 +12,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, RuleScope, hostname_status,
+    LoadBalancers, RuleScope, all_pages, hostname_status,
     spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -1064,9 +1064,7 @@ impl LoadBalancers {
     /// The ARN of every target group in the region.
     pub(super) async fn all_target_group_arns(&self) -> Result<Vec<String>> {
         let elbv2 = &self.calls.clients.elbv2;
-        let mut arns = Vec::new();
-        let mut marker: Option<String> = None;
-        loop {
+        all_pages(|marker| async move {
             let out = self
                 .calls
                 .call("DescribeTargetGroups", || {
@@ -1076,28 +1074,20 @@ impl LoadBalancers {
                         .send()
                 })
                 .await?;
-            arns.extend(
-                out.target_groups()
-                    .iter()
-                    .filter_map(|g| g.target_group_arn().map(str::to_owned)),
-            );
-            marker = out
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
-            }
-        }
-        Ok(arns)
+            let arns = out
+                .target_groups()
+                .iter()
+                .filter_map(|g| g.target_group_arn().map(str::to_owned))
+                .collect();
+            Ok((arns, out.next_marker().map(str::to_owned)))
+        })
+        .await
     }
 
     /// Every ELBv2 load balancer in the region (every kind).
     pub(super) async fn all_elbv2_load_balancers(&self) -> Result<Vec<Elbv2LoadBalancer>> {
         let elbv2 = &self.calls.clients.elbv2;
-        let mut all = Vec::new();
-        let mut marker: Option<String> = None;
-        loop {
+        all_pages(|marker| async move {
             let out = self
                 .calls
                 .call("elbv2:DescribeLoadBalancers", || {
@@ -1107,16 +1097,12 @@ impl LoadBalancers {
                         .send()
                 })
                 .await?;
-            all.extend(out.load_balancers().iter().cloned());
-            marker = out
-                .next_marker()
-                .filter(|m| !m.is_empty())
-                .map(str::to_owned);
-            if marker.is_none() {
-                break;
-            }
-        }
-        Ok(all)
+            Ok((
+                out.load_balancers().to_vec(),
+                out.next_marker().map(str::to_owned),
+            ))
+        })
+        .await
     }
 
     /// The tags of ELBv2 resources (load balancers, target groups) by ARN, 20 ARNs per DescribeTags.

@@ -211,6 +211,15 @@ pub fn default_config() -> String {
     format!("[Global]\nZone = {ZONE}\nKubernetesClusterID = {CLUSTER_ID}\n")
 }
 
+/// [`default_config`] with one AWS service (`ec2`, `elasticloadbalancingv2`, ...) reached through a
+/// proxy on `port` (a `[ServiceOverride]`); the others go to moto.
+pub fn config_through(service: &str, port: u16) -> String {
+    format!(
+        "{}[ServiceOverride \"1\"]\nService = {service}\nRegion = {REGION}\nURL = http://127.0.0.1:{port}\nSigningRegion = {REGION}\n",
+        default_config()
+    )
+}
+
 /// An EC2 client on moto, for fixtures and checks.
 pub fn ec2() -> aws_sdk_ec2::Client {
     aws_sdk_ec2::Client::new(&sdk_config())
