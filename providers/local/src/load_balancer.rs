@@ -823,6 +823,23 @@ impl LocalCloud {
                 detail.push(format!("the {family:?} address would change to {ip}"));
             }
         }
+        // An address its pool no longer gives this Service (the pools or their limits changed, or the
+        // Service names another pool): an ensure takes another, so the drift check moves it.
+        for ip in &record.ips {
+            let why = match config.pool_of(*ip) {
+                None => Some("it is in no address pool now".to_owned()),
+                Some(pool) if wanted.pool.as_ref().is_some_and(|n| n != &pool.name) => {
+                    Some(format!(
+                        "it is in pool {:?}, not in the one the Service names",
+                        pool.name
+                    ))
+                }
+                Some(pool) => pool.refuses(&wanted.namespace, &wanted.labels),
+            };
+            if let Some(why) = why {
+                detail.push(format!("the address {ip} would change: {why}"));
+            }
+        }
         let (added, removed) = match &record.applied {
             Some(applied) => {
                 let (was, will) = (names(&applied.backends), names(&spec.backends));
@@ -1678,6 +1695,22 @@ mod tests {
             LoadBalancerPreview::Change { detail, .. } => {
                 assert_eq!(detail, "the source ranges would change")
             }
+            other => panic!("{other:?}"),
+        }
+
+        // Issue #30: its pool limited to another namespace: its address would change.
+        let vip = cloud.get_load_balancer("c", &web).await.unwrap().unwrap();
+        let vip = vip.ingress.unwrap()[0].ip.clone().unwrap();
+        cloud.set_config(config(
+            "addressPools: [{name: default, addresses: [127.240.0.0/16], namespaces: [elsewhere]}]\n",
+        ));
+        match preview(vec![n1.clone()]).await {
+            LoadBalancerPreview::Change { detail, .. } => assert_eq!(
+                detail,
+                format!(
+                    "the address {vip} would change: pool \"default\" serves the namespaces elsewhere only"
+                )
+            ),
             other => panic!("{other:?}"),
         }
         cloud.ensure_load_balancer_deleted("c", &web).await.unwrap();
