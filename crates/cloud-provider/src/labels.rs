@@ -75,6 +75,21 @@ pub fn check_dns_label(value: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// A DNS-1123 subdomain, as most objects' names (a Node's, a Lease's): at most 253 characters, DNS-1123
+/// labels joined by `.`.
+pub fn check_dns_subdomain(value: &str) -> Result<(), String> {
+    if value.is_empty() || value.len() > 253 {
+        return Err("it must be 1 to 253 characters".into());
+    }
+    for label in value.split('.') {
+        if label.is_empty() {
+            return Err("its parts between '.' cannot be empty".into());
+        }
+        check_dns_label(label).map_err(|why| format!("{label:?}: {why}"))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +112,13 @@ mod tests {
         }
         for ok in ["default", "kube-system", "a1"] {
             assert_eq!(check_dns_label(ok), Ok(()), "{ok}");
+        }
+        for ok in ["node-1", "node-1.example.com"] {
+            assert_eq!(check_dns_subdomain(ok), Ok(()), "{ok}");
+        }
+        let very_long = "a".repeat(254);
+        for bad in ["", "a..b", "Node", ".a", very_long.as_str()] {
+            assert!(check_dns_subdomain(bad).is_err(), "{bad}");
         }
         for bad in ["", "Default", "a.b", "-a", "a-", long] {
             assert!(check_dns_label(bad).is_err(), "{bad}");

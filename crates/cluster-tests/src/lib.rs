@@ -9,6 +9,7 @@
 //! namespace ([`Namespace`]) and leaves the cluster as it found it: every node up, a manager deployed.
 
 use std::{
+    collections::BTreeSet,
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     process::{Command, Output},
@@ -86,6 +87,9 @@ pub fn cluster() -> &'static Cluster {
 pub enum ManagerForm {
     /// `deploy/overlays/local`: a Deployment of two replicas on the control-plane nodes.
     Deployment,
+    /// `deploy/overlays/local-agents`: the Deployment with `loadBalancer.mode: agents`, and the node
+    /// agents' DaemonSet, which announce and serve each VIP from one node.
+    Agents,
     /// `deploy/overlays/local-daemonset`: a DaemonSet on the control-plane nodes, in the shape of
     /// upstream's example, with `--use-service-account-credentials`.
     DaemonSet,
@@ -237,6 +241,7 @@ impl Cluster {
             ManagerForm::Deployment => ("deployment", &[]),
             ManagerForm::DaemonSet => ("daemonset", &["--daemonset"]),
             ManagerForm::Helm => ("deployment", &["--helm"]),
+            ManagerForm::Agents => ("deployment", &["--agents"]),
         };
         let running = self.kubectl_output(
             &[
@@ -253,7 +258,25 @@ impl Cluster {
         let helm_release = !running.stdout.is_empty();
         // A Deployment from the chart is the local overlay's (tests/helm_chart.rs proves they render
         // the same), so it serves the Deployment form too.
-        let deployed = running.status.success() && (form != ManagerForm::Helm || helm_release);
+        // The node agents run exactly with the Agents form (its cloud-config differs too).
+        let agents = self
+            .kubectl_output(
+                &[
+                    "-n",
+                    MANAGER_NAMESPACE,
+                    "get",
+                    "daemonset",
+                    "local-agent",
+                    "-o",
+                    "name",
+                ],
+                None,
+            )
+            .status
+            .success();
+        let deployed = running.status.success()
+            && (form != ManagerForm::Helm || helm_release)
+            && agents == (form == ManagerForm::Agents);
         if !deployed {
             self.script("manager", args);
         }
@@ -402,4 +425,160 @@ pub async fn udp_ask(address: SocketAddr, payload: &str) -> Result<String, Strin
     tokio::time::timeout(Duration::from_secs(2), exchange)
         .await
         .map_err(|_| format!("{address}: no UDP answer within 2s"))?
+}
+
+// --- workloads and what a client on the bridge sees -------------------------------------------------
+
+/// How long the helpers below wait for the cluster to get where a test wants it.
+pub const LONG: Duration = Duration::from_secs(90);
+
+/// A Deployment of `ccm-rs/echo:test` spread over the nodes (one pod per node at most, when
+/// `spread`), and a Service in front of it.
+pub fn echo_app(name: &str, replicas: usize, spread: bool, node: Option<&str>) -> String {
+    let placement = match (spread, node) {
+        (_, Some(node)) => format!("nodeSelector: {{kubernetes.io/hostname: {node}}}"),
+        (true, None) => format!(
+            "topologySpreadConstraints: [{{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: {name}}}}}}}]"
+        ),
+        (false, None) => "nodeSelector: {}".to_owned(),
+    };
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      {placement}
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: echo
+        image: ccm-rs/echo:test
+        imagePullPolicy: Never
+        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+        ports: [{{containerPort: 8080}}, {{containerPort: 8081, protocol: UDP}}]
+        readinessProbe: {{httpGet: {{path: /healthz, port: 8080}}, periodSeconds: 1}}
+"#
+    )
+}
+
+/// A LoadBalancer Service for the echo app `app`: HTTP on 80 and UDP on 81.
+pub fn load_balancer(name: &str, app: &str, extra_spec: &str, annotations: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  annotations: {{{annotations}}}
+spec:
+  type: LoadBalancer
+  selector: {{app: {app}}}
+  {extra_spec}
+  ports:
+  - {{name: http, port: 80, targetPort: 8080, protocol: TCP}}
+  - {{name: udp, port: 81, targetPort: 8081, protocol: UDP}}
+"#
+    )
+}
+
+/// A namespace of the test's own with `documents` applied in it (the echo app among them), once the app
+/// is rolled out.
+pub async fn deploy(prefix: &str, documents: &[String]) -> Namespace {
+    let ns = Namespace::new(prefix);
+    cluster().kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&documents.join("---\n")),
+    );
+    wait_rollout(ns.name(), "echo").await;
+    ns
+}
+
+/// Waits until the Deployment `namespace/name` is rolled out.
+pub async fn wait_rollout(namespace: &str, name: &str) {
+    let c = cluster();
+    c.kubectl(
+        &[
+            "-n",
+            namespace,
+            "rollout",
+            "status",
+            &format!("deployment/{name}"),
+            "--timeout=120s",
+        ],
+        None,
+    );
+}
+
+/// The Service's load-balancer ingress (IP and ipMode), once the manager has written it.
+pub async fn ingress(namespace: &str, name: &str) -> (std::net::IpAddr, String) {
+    let services: kube::Api<k8s_openapi::api::core::v1::Service> =
+        kube::Api::namespaced(cluster().client().await, namespace);
+    eventually(
+        &format!("Service {namespace}/{name} has a load-balancer IP"),
+        LONG,
+        || {
+            let services = services.clone();
+            async move {
+                let service = services.get(name).await.ok()?;
+                let ingress = service.status?.load_balancer?.ingress?.into_iter().next()?;
+                Some((
+                    ingress.ip?.parse().ok()?,
+                    ingress.ip_mode.unwrap_or_default(),
+                ))
+            }
+        },
+    )
+    .await
+}
+
+/// Who answers `count` requests to `GET /` through `address`: the pod names (an error fails).
+pub async fn answers(address: SocketAddr, count: usize) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    for _ in 0..count {
+        names.push(http_get(address, "/").await?);
+    }
+    Ok(names)
+}
+
+/// `count` requests in a row that all succeed, within `timeout`: the pods that answered the last run.
+pub async fn steady_answers(what: &str, address: SocketAddr, count: usize) -> BTreeSet<String> {
+    eventually(what, LONG, || async move {
+        answers(address, count)
+            .await
+            .ok()
+            .map(|names| names.into_iter().collect())
+    })
+    .await
+}
+
+/// The MAC address of a node's eth0 (from netlink: a node's /sys is the host's).
+pub fn node_mac(node: &str) -> String {
+    let output = cluster().exec_on_node(node, &["ip", "-o", "link", "show", "dev", "eth0"]);
+    assert!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words
+        .iter()
+        .position(|w| *w == "link/ether")
+        .and_then(|i| words.get(i + 1))
+        .unwrap_or_else(|| panic!("no MAC address in {text:?}"))
+        .to_string()
+}
+
+/// The host's neighbour entry for `ip` on the bridge: (MAC, state).
+pub fn host_neighbour(ip: std::net::IpAddr) -> Option<(String, String)> {
+    let output = std::process::Command::new("ip")
+        .args(["neigh", "show", &ip.to_string(), "dev", "ccm-br0"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let words: Vec<&str> = text.split_whitespace().collect();
+    let mac = words
+        .iter()
+        .position(|w| *w == "lladdr")
+        .and_then(|i| words.get(i + 1))?;
+    Some((mac.to_string(), words.last()?.to_string()))
 }

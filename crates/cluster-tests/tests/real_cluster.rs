@@ -5,7 +5,8 @@
 use std::{collections::BTreeSet, net::SocketAddr, time::Duration};
 
 use cluster_tests::{
-    ManagerForm, Namespace, cluster, eventually, http_get, manager_lease_holder, udp_ask,
+    LONG, ManagerForm, answers, cluster, deploy, echo_app, eventually, host_neighbour, http_get,
+    ingress, load_balancer, manager_lease_holder, node_mac, steady_answers, udp_ask, wait_rollout,
 };
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::{Api, api::ListParams};
@@ -14,108 +15,6 @@ use tokio::sync::Mutex;
 
 /// One test at a time: they share the cluster (and stop its nodes).
 static SERIAL: Mutex<()> = Mutex::const_new(());
-
-const LONG: Duration = Duration::from_secs(90);
-
-/// A Deployment of `ccm-rs/echo:test` spread over the nodes (one pod per node at most, when
-/// `spread`), and a Service in front of it.
-fn echo_app(name: &str, replicas: usize, spread: bool, node: Option<&str>) -> String {
-    let placement = match (spread, node) {
-        (_, Some(node)) => format!("nodeSelector: {{kubernetes.io/hostname: {node}}}"),
-        (true, None) => format!(
-            "topologySpreadConstraints: [{{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {{matchLabels: {{app: {name}}}}}}}]"
-        ),
-        (false, None) => "nodeSelector: {}".to_owned(),
-    };
-    format!(
-        r#"apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      {placement}
-      terminationGracePeriodSeconds: 1
-      containers:
-      - name: echo
-        image: ccm-rs/echo:test
-        imagePullPolicy: Never
-        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
-        ports: [{{containerPort: 8080}}, {{containerPort: 8081, protocol: UDP}}]
-        readinessProbe: {{httpGet: {{path: /healthz, port: 8080}}, periodSeconds: 1}}
-"#
-    )
-}
-
-/// A LoadBalancer Service for the echo app `app`: HTTP on 80 and UDP on 81.
-fn load_balancer(name: &str, app: &str, extra_spec: &str, annotations: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Service
-metadata:
-  name: {name}
-  annotations: {{{annotations}}}
-spec:
-  type: LoadBalancer
-  selector: {{app: {app}}}
-  {extra_spec}
-  ports:
-  - {{name: http, port: 80, targetPort: 8080, protocol: TCP}}
-  - {{name: udp, port: 81, targetPort: 8081, protocol: UDP}}
-"#
-    )
-}
-
-/// A namespace of the test's own with `documents` applied in it (the echo app among them), once the app
-/// is rolled out.
-async fn deploy(prefix: &str, documents: &[String]) -> Namespace {
-    let ns = Namespace::new(prefix);
-    cluster().kubectl(
-        &["-n", ns.name(), "apply", "-f", "-"],
-        Some(&documents.join("---\n")),
-    );
-    wait_rollout(ns.name(), "echo").await;
-    ns
-}
-
-async fn wait_rollout(namespace: &str, name: &str) {
-    let c = cluster();
-    c.kubectl(
-        &[
-            "-n",
-            namespace,
-            "rollout",
-            "status",
-            &format!("deployment/{name}"),
-            "--timeout=120s",
-        ],
-        None,
-    );
-}
-
-/// The Service's load-balancer ingress (IP and ipMode), once the manager has written it.
-async fn ingress(namespace: &str, name: &str) -> (std::net::IpAddr, String) {
-    let services: Api<Service> = Api::namespaced(cluster().client().await, namespace);
-    eventually(
-        &format!("Service {namespace}/{name} has a load-balancer IP"),
-        LONG,
-        || {
-            let services = services.clone();
-            async move {
-                let service = services.get(name).await.ok()?;
-                let ingress = service.status?.load_balancer?.ingress?.into_iter().next()?;
-                Some((
-                    ingress.ip?.parse().ok()?,
-                    ingress.ip_mode.unwrap_or_default(),
-                ))
-            }
-        },
-    )
-    .await
-}
 
 /// The pods of `app` by name, with their nodes.
 async fn pods_of(namespace: &str, app: &str) -> Vec<(String, String)> {
@@ -133,26 +32,6 @@ async fn pods_of(namespace: &str, app: &str) -> Vec<(String, String)> {
             )
         })
         .collect()
-}
-
-/// Who answers `count` requests to `GET /` through `address`: the pod names (an error fails).
-async fn answers(address: SocketAddr, count: usize) -> Result<Vec<String>, String> {
-    let mut names = Vec::new();
-    for _ in 0..count {
-        names.push(http_get(address, "/").await?);
-    }
-    Ok(names)
-}
-
-/// `count` requests in a row that all succeed, within `timeout`: the pods that answered the last run.
-async fn steady_answers(what: &str, address: SocketAddr, count: usize) -> BTreeSet<String> {
-    eventually(what, LONG, || async move {
-        answers(address, count)
-            .await
-            .ok()
-            .map(|names| names.into_iter().collect())
-    })
-    .await
 }
 
 /// The node whose kubelet-registered name is the Lease holder's host name (hostNetwork pods have
@@ -767,35 +646,6 @@ async fn the_helm_chart_installs_the_manager() {
         (names.len() == 2).then_some(())
     })
     .await;
-}
-
-/// The MAC address of a node's eth0 (from netlink: a node's /sys is the host's).
-fn node_mac(node: &str) -> String {
-    let output = cluster().exec_on_node(node, &["ip", "-o", "link", "show", "dev", "eth0"]);
-    assert!(output.status.success(), "{output:?}");
-    let text = String::from_utf8_lossy(&output.stdout);
-    let words: Vec<&str> = text.split_whitespace().collect();
-    words
-        .iter()
-        .position(|w| *w == "link/ether")
-        .and_then(|i| words.get(i + 1))
-        .unwrap_or_else(|| panic!("no MAC address in {text:?}"))
-        .to_string()
-}
-
-/// The host's neighbour entry for `ip` on the bridge: (MAC, state).
-fn host_neighbour(ip: std::net::IpAddr) -> Option<(String, String)> {
-    let output = std::process::Command::new("ip")
-        .args(["neigh", "show", &ip.to_string(), "dev", "ccm-br0"])
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let words: Vec<&str> = text.split_whitespace().collect();
-    let mac = words
-        .iter()
-        .position(|w| *w == "lladdr")
-        .and_then(|i| words.get(i + 1))?;
-    Some((mac.to_string(), words.last()?.to_string()))
 }
 
 #[tokio::test]

@@ -37,7 +37,7 @@ use std::{
 use futures::TryStreamExt;
 use rtnetlink::{
     AddressMessageBuilder,
-    packet_route::address::{AddressHeaderFlags, AddressMessage},
+    packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -68,7 +68,7 @@ pub(crate) struct AddressManager {
 type Outcome = Result<Option<String>, String>;
 
 /// A request to the `vip-netlink` thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Op {
     /// Put the VIP on the interface (refused after `RemoveAll` until `Resume`).
     Add(IpAddr),
@@ -78,6 +78,9 @@ enum Op {
     RemoveAll,
     /// Accept adds again (a new leadership).
     Resume,
+    /// Take over the host addresses the interface has in these ranges (left by an earlier run that did
+    /// not clean up), so they come off unless added again.
+    Adopt(Vec<crate::AddressRange>),
 }
 
 #[derive(Debug)]
@@ -91,6 +94,8 @@ struct Job {
 enum Reply {
     Task(oneshot::Sender<Outcome>),
     Thread(std::sync::mpsc::SyncSender<Outcome>),
+    /// The addresses an `Adopt` took over.
+    Adopted(oneshot::Sender<Result<Vec<IpAddr>, String>>),
     None,
 }
 
@@ -100,7 +105,7 @@ impl Reply {
         match self {
             Reply::Task(tx) => drop(tx.send(result)),
             Reply::Thread(tx) => drop(tx.try_send(result)),
-            Reply::None => {}
+            Reply::Adopted(_) | Reply::None => {}
         }
     }
 }
@@ -178,6 +183,22 @@ impl AddressManager {
         }
     }
 
+    /// Takes over the host addresses (`/32`, `/128`) the interface has in `ranges`: a node agent's
+    /// start, after a run that was killed with its VIPs on. They are then this manager's: removed by
+    /// [`AddressManager::remove`] or at [`AddressManager::remove_all_now`]. Returns them.
+    pub(crate) async fn adopt(
+        &self,
+        ranges: Vec<crate::AddressRange>,
+    ) -> Result<Vec<IpAddr>, String> {
+        let (tx, rx) = oneshot::channel();
+        let job = Job {
+            op: Op::Adopt(ranges),
+            reply: Reply::Adopted(tx),
+        };
+        self.worker()?.send(job).map_err(|_| self.worker_gone())?;
+        rx.await.map_err(|_| self.worker_gone())?
+    }
+
     /// Runs `op` on the `vip-netlink` thread (started now if need be) and awaits its outcome.
     async fn request(&self, op: Op) -> Outcome {
         let (tx, rx) = oneshot::channel();
@@ -206,6 +227,7 @@ impl AddressManager {
         let state = Worker {
             interface: self.interface.clone(),
             added: BTreeSet::new(),
+            adopted: BTreeSet::new(),
             stopped: false,
             announce: self.announce,
             repeats: BTreeMap::new(),
@@ -225,6 +247,9 @@ struct Worker {
     interface: String,
     /// What this manager put on the interface, or found there and took over.
     added: BTreeSet<IpAddr>,
+    /// What `Adopt` found on the interface and no add asked for yet: removed like `added`, and
+    /// announced when an add asks for it (its neighbours may know another holder by now).
+    adopted: BTreeSet<IpAddr>,
     /// Set by `RemoveAll`: adds are refused until `Resume`.
     stopped: bool,
     announce: announce::Announce,
@@ -253,8 +278,8 @@ impl Worker {
             }
         };
         runtime.block_on(async {
-            while let Some(job) = jobs.recv().await {
-                let result = match job.op {
+            while let Some(Job { op, reply }) = jobs.recv().await {
+                let result = match op {
                     Op::Add(ip) => self.add(ip).await,
                     Op::Remove(ip) => self.remove(ip).await.map(|()| None),
                     Op::RemoveAll => {
@@ -265,8 +290,15 @@ impl Worker {
                         self.stopped = false;
                         Ok(None)
                     }
+                    Op::Adopt(ranges) => {
+                        let adopted = self.adopt(&ranges).await;
+                        if let Reply::Adopted(tx) = reply {
+                            drop(tx.send(adopted));
+                        }
+                        continue;
+                    }
                 };
-                job.reply.send(result);
+                reply.send(result);
             }
         });
     }
@@ -274,6 +306,11 @@ impl Worker {
     async fn add(&mut self, ip: IpAddr) -> Outcome {
         if self.added.contains(&ip) {
             return Ok(None);
+        }
+        if !self.stopped && self.adopted.remove(&ip) {
+            tracing::info!(%ip, interface = %self.interface, "VIP left on the interface by an earlier run: kept, and announced");
+            self.added.insert(ip);
+            return Ok(self.announce(ip));
         }
         let interface = self.interface.as_str();
         let fail = |what: String| format!("putting the VIP {ip} on interface {interface}: {what}");
@@ -337,11 +374,32 @@ impl Worker {
         }
     }
 
+    async fn adopt(&mut self, ranges: &[crate::AddressRange]) -> Result<Vec<IpAddr>, String> {
+        let interface = self.interface.as_str();
+        let fail = |what: String| format!("listing the addresses of interface {interface}: {what}");
+        let netlink = Netlink::open().map_err(fail)?;
+        let Some(index) = netlink.index_of(interface).await.map_err(fail)? else {
+            return Err(fail(format!("no interface named {interface}")));
+        };
+        let found = netlink.host_addresses(index).await.map_err(fail)?;
+        let adopted: Vec<IpAddr> = found
+            .into_iter()
+            .filter(|ip| ranges.iter().any(|r| r.contains(*ip)))
+            .collect();
+        for ip in &adopted {
+            if !self.added.contains(ip) {
+                tracing::info!(%ip, %interface, "an address of the pools was on the interface already: taken over (it comes off unless this node announces it)");
+                self.adopted.insert(*ip);
+            }
+        }
+        Ok(adopted)
+    }
+
     async fn remove(&mut self, ip: IpAddr) -> Result<(), String> {
         if let Some(repeat) = self.repeats.remove(&ip) {
             repeat.abort();
         }
-        if !self.added.contains(&ip) {
+        if !self.added.contains(&ip) && !self.adopted.contains(&ip) {
             return Ok(());
         }
         let interface = self.interface.as_str();
@@ -362,12 +420,13 @@ impl Worker {
             },
         }
         self.added.remove(&ip);
+        self.adopted.remove(&ip);
         Ok(())
     }
 
     async fn remove_all(&mut self) {
         self.stopped = true;
-        let all: Vec<IpAddr> = self.added.iter().copied().collect();
+        let all: Vec<IpAddr> = self.added.union(&self.adopted).copied().collect();
         for ip in all {
             if let Err(err) = self.remove(ip).await {
                 tracing::warn!(%ip, interface = %self.interface, error = %err, "cannot remove the VIP from the interface");
@@ -424,6 +483,38 @@ impl Netlink {
             Ok(Err(err)) if errno(&err) == Some(ENODEV) => Ok(None),
             Ok(Err(err)) => Err(format!("looking the interface up: {}", describe(&err))),
         }
+    }
+
+    /// The host addresses (`/32`, `/128`) of interface `index`.
+    async fn host_addresses(&self, index: u32) -> Result<Vec<IpAddr>, String> {
+        let list = self
+            .0
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect::<Vec<AddressMessage>>();
+        let messages = tokio::time::timeout(NETLINK_TIMEOUT, list)
+            .await
+            .map_err(|_| format!("no answer within {NETLINK_TIMEOUT:?}"))?
+            .map_err(|err| describe(&err))?;
+        Ok(messages
+            .iter()
+            .filter(|m| m.header.index == index)
+            .filter_map(|m| {
+                let ip = m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Local(ip) => Some(*ip),
+                    _ => None,
+                });
+                let ip = ip.or_else(|| {
+                    m.attributes.iter().find_map(|a| match a {
+                        AddressAttribute::Address(ip) => Some(*ip),
+                        _ => None,
+                    })
+                })?;
+                (m.header.prefix_len == host_prefix(ip)).then_some(ip)
+            })
+            .collect())
     }
 
     async fn add(&self, index: u32, ip: IpAddr) -> Result<Added, Failure> {
@@ -1162,6 +1253,7 @@ mod tests {
         let mut worker = Worker {
             interface: "eth9".to_owned(),
             added: BTreeSet::new(),
+            adopted: BTreeSet::new(),
             stopped: false,
             announce: announce_without_cap_net_raw,
             repeats: BTreeMap::new(),

@@ -364,10 +364,30 @@ pub struct LoadBalancerConfig {
     /// neighbour advertisement), which needs `CAP_NET_RAW`.
     #[serde(default)]
     pub vip_interface: Option<String>,
+    /// Who announces and serves the VIPs (default `leader`): see [`LoadBalancerMode`].
+    #[serde(default)]
+    pub mode: LoadBalancerMode,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
     /// a config that still sets it is refused, naming the key, rather than read as if it did something.
     #[serde(default, deserialize_with = "refuse_ip_command")]
     ip_command: Removed,
+}
+
+/// Who announces and serves the VIPs (`loadBalancer.mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum LoadBalancerMode {
+    /// The leading manager announces every VIP (on `vipInterface`, or loopback) and its data plane
+    /// serves them: one machine carries every load balancer, and they move with the Lease. For a
+    /// one-machine cluster and for CI (127.x pools).
+    #[default]
+    Leader,
+    /// The manager only assigns the VIPs and writes the Services' status; the node agents (`local-agent`,
+    /// a DaemonSet) elect one node per VIP, which puts it on its interface, announces it (gratuitous
+    /// ARP, unsolicited neighbour advertisement) and serves it with its own data plane, or leaves the
+    /// traffic to kube-proxy (`local.ccm.rs/data-path: kube-proxy`). A node's loss moves only its VIPs,
+    /// within the agents' heartbeat (3 s by default).
+    Agents,
 }
 
 /// The value of a key that is refused when set.
@@ -406,6 +426,7 @@ impl Default for LoadBalancerConfig {
             connect_timeout: default_connect(),
             tcp_idle_timeout: GoDuration(Duration::ZERO),
             vip_interface: None,
+            mode: LoadBalancerMode::default(),
             ip_command: Removed,
         }
     }
@@ -588,6 +609,14 @@ impl Config {
             .is_some_and(|i| i.trim().is_empty())
         {
             return Err("loadBalancer.vipInterface cannot be empty".to_owned());
+        }
+        if self.load_balancer.mode == LoadBalancerMode::Agents
+            && self.load_balancer.vip_interface.is_some()
+        {
+            return Err("loadBalancer.vipInterface is the leader mode's: with mode: agents, the \
+                 manager puts no VIP on any interface and each node agent takes its own (local-agent \
+                 --interface); remove vipInterface"
+                .to_owned());
         }
         if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
             return Err("kubeletProbe.timeout must be above 0".to_owned());

@@ -15,6 +15,7 @@
 //! Linking this crate registers the provider under the name `local`.
 
 mod addresses;
+pub mod agent;
 mod announce;
 mod config;
 pub mod instances;
@@ -34,8 +35,8 @@ use local_data_plane::DataPlane;
 
 pub use config::{
     AddressConfig, AddressPool, AddressRange, AddressType, Config, Count, DEFAULT_POOL, GoDuration,
-    HealthCheckTiming, KubeletProbe, LoadBalancerConfig, Machine, MachineDefaults, MachineState,
-    UnlistedNodes,
+    HealthCheckTiming, KubeletProbe, LoadBalancerConfig, LoadBalancerMode, Machine,
+    MachineDefaults, MachineState, UnlistedNodes,
 };
 
 use crate::instances::{ProbeFailures, lock};
@@ -122,8 +123,8 @@ impl From<Error> for CloudError {
     }
 }
 
-/// What a Warning event of the provider's is about.
-struct WarningEvent<'a> {
+/// What an event of the provider's is about.
+struct CloudEvent<'a> {
     /// Where it is recorded (the namespace of what it regards).
     namespace: &'a str,
     /// The start of its name (the API server adds a random end).
@@ -219,6 +220,11 @@ impl LocalCloud {
                     "--local-vip-interface cannot be empty (leave it out to keep the cloud-config's loadBalancer.vipInterface)".to_owned(),
                 ));
             }
+            if parsed.load_balancer.mode == LoadBalancerMode::Agents {
+                return Err(Error::Flag(
+                    "--local-vip-interface is the leader mode's: with loadBalancer.mode: agents the manager puts no VIP on any interface (each node agent takes its own: local-agent --interface)".to_owned(),
+                ));
+            }
             parsed.load_balancer.vip_interface = Some(interface.clone());
         }
         let cloud = Self::new(parsed, path.as_deref());
@@ -272,7 +278,7 @@ impl LocalCloud {
     /// the leader reports). Best effort: a failed write is logged.
     fn report_rejected_config(&self, message: &str) {
         self.record_warning(
-            WarningEvent {
+            CloudEvent {
                 namespace: EVENT_NAMESPACE,
                 name_prefix: "local-cloud-config-".to_owned(),
                 regarding: None,
@@ -294,7 +300,7 @@ impl LocalCloud {
     ) {
         use kube::Resource;
         self.record_warning(
-            WarningEvent {
+            CloudEvent {
                 namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
                 name_prefix: format!(
                     "{}.vip-",
@@ -310,7 +316,13 @@ impl LocalCloud {
 
     /// Records a Warning event, once `initialize` has given the cloud a client (so only the leader
     /// reports). Best effort: a failed write is logged.
-    fn record_warning(&self, what: WarningEvent<'_>, message: &str) {
+    fn record_warning(&self, what: CloudEvent<'_>, message: &str) {
+        self.record_event("Warning", what, message);
+    }
+
+    /// Records an event of `type_` (`Normal` or `Warning`), once a client is known (after `initialize`,
+    /// or in a node agent from its start); failures are logged.
+    fn record_event(&self, type_: &'static str, what: CloudEvent<'_>, message: &str) {
         let Some((client, runtime)) = lock(&self.inner.reporter).clone() else {
             return;
         };
@@ -329,7 +341,7 @@ impl LocalCloud {
             event_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
                 k8s_openapi::jiff::Timestamp::now(),
             )),
-            type_: Some("Warning".to_owned()),
+            type_: Some(type_.to_owned()),
             reason: Some(reason.to_owned()),
             action: Some(what.action.to_owned()),
             note: Some(note),

@@ -39,7 +39,7 @@ use kube::{Api, api::ListParams};
 use local_data_plane::{Backend, HealthCheck, ListenerSpec, LoadBalancerSpec, Protocol};
 use tracing::Instrument;
 
-use crate::{Config, Error, LocalCloud, config::AddressPool, instances::lock};
+use crate::{Config, Error, LoadBalancerMode, LocalCloud, config::AddressPool, instances::lock};
 
 /// Requests specific VIPs: a comma-separated list with at most one address per IP family, each in an
 /// address pool (`spec.loadBalancerIP` is read when the annotation is absent).
@@ -51,6 +51,35 @@ pub const ANNOTATION_ADDRESS_POOL: &str = "local.ccm.rs/address-pool";
 /// `v2`: the data plane sends a PROXY protocol v2 header to the backends before the client's bytes
 /// (TCP ports).
 pub const ANNOTATION_PROXY_PROTOCOL: &str = "local.ccm.rs/proxy-protocol";
+
+/// Who carries a Service's traffic from the announcing node: `proxy` (the default), the `local` data
+/// plane, which terminates the client's connection and opens its own to a node (health checks,
+/// source ranges, PROXY protocol, metrics; `ipMode: Proxy`); or `kube-proxy`, which needs
+/// `loadBalancer.mode: agents`: the announcing node's agent only puts the VIP on its interface and
+/// announces it, and kube-proxy carries the traffic to the endpoints (`ipMode: VIP`; with
+/// `externalTrafficPolicy: Local` the pods see the client's own address).
+pub const ANNOTATION_DATA_PATH: &str = "local.ccm.rs/data-path";
+
+/// Who carries a Service's traffic ([`ANNOTATION_DATA_PATH`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum DataPath {
+    /// The `local` data plane (of the leader, or of the announcing node's agent).
+    #[default]
+    Proxy,
+    /// kube-proxy, on the node that announces the VIP.
+    KubeProxy,
+}
+
+impl DataPath {
+    /// The `ipMode` the Service's status reports: `Proxy` tells kube-proxy to leave the VIP alone (the
+    /// data plane terminates the connection; see `Record::status`), `VIP` that kube-proxy carries it.
+    fn ip_mode(self) -> IpMode {
+        match self {
+            DataPath::Proxy => IpMode::Proxy,
+            DataPath::KubeProxy => IpMode::Vip,
+        }
+    }
+}
 
 /// The finalizer of the service controller: a Service that carries it may still own a load balancer.
 const CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
@@ -77,24 +106,29 @@ struct Record {
     /// The VIPs, primary family first.
     ips: Vec<IpAddr>,
     /// What the data plane runs for it; `None` for a Service whose addresses were only reserved (at
-    /// start) or whose load balancer the data plane could not run yet.
+    /// start) or whose load balancer the data plane could not run yet, and with `mode: agents`.
     applied: Option<LoadBalancerSpec>,
+    /// Who carries its traffic, which decides the status's `ipMode`.
+    data_path: DataPath,
 }
 
 impl Record {
-    /// Every VIP is reported with `ipMode: Proxy`: the data plane terminates the client's connection on
+    /// A VIP the data plane serves is reported with `ipMode: Proxy`: the data plane terminates the client's connection on
     /// the VIP and opens its own to a node's `InternalIP:NodePort`, which is what `Proxy` tells
     /// kube-proxy. With `VIP`, kube-proxy would install the VIP on every node it runs on and DNAT
     /// traffic to it straight to the endpoints: the data plane (health checks, source ranges, PROXY
     /// protocol, metrics) would be bypassed for in-cluster clients and clients on a node, and a 127.x
     /// VIP would stop working altogether (a connection from 127.0.0.1 DNAT'ed to a pod is dropped:
     /// the kernel does not route a loopback source off `lo`), as a real kubelet and kube-proxy showed.
+    /// A VIP kube-proxy carries (`local.ccm.rs/data-path: kube-proxy`, node agents only) is reported
+    /// with `ipMode: VIP`, for exactly that.
     fn status(&self) -> LoadBalancerStatus {
+        let mode = self.data_path.ip_mode();
         LoadBalancerStatus {
             ingress: Some(
                 self.ips
                     .iter()
-                    .map(|ip| ingress_for_ip(*ip, IpMode::Proxy))
+                    .map(|ip| ingress_for_ip(*ip, mode))
                     .collect(),
             ),
         }
@@ -125,9 +159,10 @@ pub(crate) struct Wanted {
     session_affinity: Option<Duration>,
     source_ranges: Vec<ipnet::IpNet>,
     proxy_protocol: bool,
+    pub(crate) data_path: DataPath,
 }
 
-fn key_of(service: &Service) -> String {
+pub(crate) fn key_of(service: &Service) -> String {
     format!(
         "{}/{}",
         service.metadata.namespace.as_deref().unwrap_or("default"),
@@ -291,6 +326,32 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         }
     };
 
+    let data_path = match annotation(service, ANNOTATION_DATA_PATH) {
+        None | Some("proxy") => DataPath::Proxy,
+        Some("kube-proxy") => DataPath::KubeProxy,
+        Some(other) => {
+            return Err(format!(
+                "{ANNOTATION_DATA_PATH}: {other:?} is not valid; it is \"proxy\" (the default: the \
+                 local data plane) or \"kube-proxy\""
+            ));
+        }
+    };
+    if data_path == DataPath::KubeProxy {
+        if config.load_balancer.mode != LoadBalancerMode::Agents {
+            return Err(format!(
+                "{ANNOTATION_DATA_PATH}: kube-proxy needs loadBalancer.mode: agents in the \
+                 cloud-config (with mode: leader the manager's data plane carries every VIP); remove \
+                 the annotation or run the node agents"
+            ));
+        }
+        if proxy_protocol {
+            return Err(format!(
+                "{ANNOTATION_PROXY_PROTOCOL}: kube-proxy sends no PROXY header; it needs \
+                 {ANNOTATION_DATA_PATH}: proxy (the default)"
+            ));
+        }
+    }
+
     Ok(Wanted {
         families,
         requested,
@@ -306,6 +367,7 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         session_affinity,
         source_ranges,
         proxy_protocol,
+        data_path,
     })
 }
 
@@ -486,8 +548,10 @@ impl Allocations {
                 uid: uid.map(str::to_owned),
                 ips: Vec::new(),
                 applied: None,
+                data_path: wanted.data_path,
             });
         record.ips = ips.clone();
+        record.data_path = wanted.data_path;
         record.uid = uid.map(str::to_owned).or(record.uid.take());
         Ok(ips)
     }
@@ -540,6 +604,7 @@ impl Allocations {
                     uid: uid.map(str::to_owned),
                     ips: mine,
                     applied: None,
+                    data_path: DataPath::default(),
                 },
             );
         }
@@ -705,6 +770,15 @@ impl LocalCloud {
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
+            if config.load_balancer.mode == LoadBalancerMode::Agents {
+                // The node agents announce and serve the VIPs; the manager only assigns them.
+                tracing::debug!(vips = ?vips, "addresses assigned; the node agents serve them");
+                return Ok(allocations
+                    .services
+                    .get(&key)
+                    .map(Record::status)
+                    .unwrap_or_default());
+            }
             let spec = build_spec(&key, &vips, &wanted, &backends);
             // Applied as asked, and the data plane still runs every listener of it (one lost out of
             // band, or that failed to bind, is applied again).
@@ -753,7 +827,7 @@ impl LocalCloud {
 
 /// What differs between `spec` and what the data plane runs for it (listeners not running or failed,
 /// listeners it should not run), in words; empty when it runs exactly `spec`'s listeners.
-fn listener_differences(
+pub(crate) fn listener_differences(
     spec: &LoadBalancerSpec,
     running: Option<&local_data_plane::LoadBalancerState>,
 ) -> Vec<String> {
@@ -817,7 +891,20 @@ impl LocalCloud {
             return Ok(LoadBalancerPreview::Create { backends });
         };
         let spec = build_spec(&key, &record.ips, &wanted, &backends);
-        let mut detail = self.running_differences(&spec);
+        let agents = config.load_balancer.mode == LoadBalancerMode::Agents;
+        // With node agents, this process runs no data plane: only the addresses are checked.
+        let mut detail = if agents {
+            Vec::new()
+        } else {
+            self.running_differences(&spec)
+        };
+        if record.data_path != wanted.data_path {
+            detail.push(format!(
+                "the data path would change to {:?} (ipMode {:?})",
+                wanted.data_path,
+                wanted.data_path.ip_mode()
+            ));
+        }
         for (family, ip) in &wanted.requested {
             if !record.ips.contains(ip) {
                 detail.push(format!("the {family:?} address would change to {ip}"));
@@ -841,6 +928,7 @@ impl LocalCloud {
             }
         }
         let (added, removed) = match &record.applied {
+            _ if agents => (Vec::new(), Vec::new()),
             Some(applied) => {
                 let (was, will) = (names(&applied.backends), names(&spec.backends));
                 if applied.health_check != spec.health_check {
@@ -891,6 +979,9 @@ impl LocalCloud {
         let key = key_of(service);
         let _serial = self.serialize(&key).await;
         let config = self.config();
+        if config.load_balancer.mode == LoadBalancerMode::Agents {
+            return Ok(()); // the node agents choose their backends themselves
+        }
         let backends: Vec<(String, Vec<IpAddr>)> = nodes
             .iter()
             .filter_map(|node| self.backend_addresses(&config, node))
@@ -1563,6 +1654,71 @@ mod tests {
             applied(&cloud).is_none(),
             "the data plane no longer runs it"
         );
+    }
+
+    #[tokio::test]
+    async fn with_node_agents_the_manager_only_assigns_addresses_and_reports_the_data_path() {
+        let agents = config("loadBalancer: {mode: agents}\n");
+        let cloud = LocalCloud::new(agents.clone(), None);
+        let proxied = svc(
+            json!({"spec": {"ports": [{"port": 18778, "nodePort": 30778, "protocol": "TCP"}]}}),
+        );
+        let direct = svc(json!({
+            "metadata": {"name": "direct", "annotations": {ANNOTATION_DATA_PATH: "kube-proxy"}},
+            "spec": {"ports": [{"port": 18779, "nodePort": 30779, "protocol": "TCP"}]}
+        }));
+        let node = adopted_node("n1", "127.0.9.1");
+        let mode = |status: &LoadBalancerStatus| {
+            status.ingress.as_ref().unwrap()[0].ip_mode.clone().unwrap()
+        };
+        let status = cloud
+            .ensure_load_balancer("c", &proxied, std::slice::from_ref(&node))
+            .await
+            .unwrap();
+        assert_eq!(mode(&status), "Proxy");
+        let status = cloud
+            .ensure_load_balancer("c", &direct, std::slice::from_ref(&node))
+            .await
+            .unwrap();
+        assert_eq!(mode(&status), "VIP");
+        // Nothing bound here: the agents serve.
+        assert_eq!(cloud.data_plane_applies(), 0);
+        assert!(cloud.data_plane().names().is_empty());
+        cloud
+            .update_load_balancer("c", &proxied, std::slice::from_ref(&node))
+            .await
+            .unwrap();
+        assert_eq!(cloud.data_plane_applies(), 0);
+        assert!(matches!(
+            cloud
+                .preview_load_balancer("c", &proxied, &[node])
+                .await
+                .unwrap(),
+            LoadBalancerPreview::UpToDate
+        ));
+
+        // What is refused, and where.
+        let leader = Config::default();
+        let err = read_service(&direct, &leader).unwrap_err();
+        assert!(
+            err.contains("kube-proxy needs loadBalancer.mode: agents"),
+            "{err}"
+        );
+        let both = svc(json!({"metadata": {"annotations": {
+            ANNOTATION_DATA_PATH: "kube-proxy", ANNOTATION_PROXY_PROTOCOL: "v2"}}}));
+        let err = read_service(&both, &agents).unwrap_err();
+        assert!(err.contains("kube-proxy sends no PROXY header"), "{err}");
+        let bogus = svc(json!({"metadata": {"annotations": {ANNOTATION_DATA_PATH: "ebpf"}}}));
+        let err = read_service(&bogus, &agents).unwrap_err();
+        assert!(
+            err.contains("local.ccm.rs/data-path: \"ebpf\" is not valid"),
+            "{err}"
+        );
+        // The leader mode's interface cannot go with the agents.
+        let err = Config::parse("loadBalancer: {mode: agents, vipInterface: eth0}\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vipInterface is the leader mode's"), "{err}");
     }
 
     #[tokio::test]

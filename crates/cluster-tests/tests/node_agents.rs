@@ -1,0 +1,391 @@
+//! The `local` cloud's node agents (`loadBalancer.mode: agents`, `hack/cluster manager --agents`) on a
+//! real cluster: each VIP announced and served from one node, elected per VIP; a node that dies moves
+//! only its VIPs, and a client on the bridge (a network namespace of its own) follows the announcement.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use cluster_tests::{
+    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer, node_mac,
+};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
+    net::TcpStream,
+};
+
+/// The client's network namespace and its address on the bridge (outside the nodes' .11-.19, the VIP
+/// pool's .64-.127 and the host's .1).
+const CLIENT_NETNS: &str = "ccm-client";
+const CLIENT_IP: &str = "10.89.0.200";
+
+/// A network namespace on the cluster's bridge, as another machine of the nodes' network; removed
+/// (with its link) when dropped.
+struct Client;
+
+impl Client {
+    fn new() -> Self {
+        let _ = run(&["ip", "netns", "del", CLIENT_NETNS]);
+        for command in [
+            vec!["ip", "netns", "add", CLIENT_NETNS],
+            vec![
+                "ip",
+                "link",
+                "add",
+                "ccm-client-h",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                CLIENT_NETNS,
+            ],
+            vec![
+                "ip",
+                "link",
+                "set",
+                "ccm-client-h",
+                "master",
+                "ccm-br0",
+                "up",
+            ],
+        ] {
+            run(&command).unwrap();
+        }
+        let address = format!("{CLIENT_IP}/24");
+        for command in [
+            vec!["ip", "address", "add", address.as_str(), "dev", "eth0"],
+            vec!["ip", "link", "set", "eth0", "up"],
+            vec!["ip", "link", "set", "lo", "up"],
+        ] {
+            Self::exec(&command).unwrap();
+        }
+        Client
+    }
+
+    /// Runs `command` in the client's namespace: its standard output, or what went wrong.
+    fn exec(command: &[&str]) -> Result<String, String> {
+        let mut all = vec!["ip", "netns", "exec", CLIENT_NETNS];
+        all.extend_from_slice(command);
+        run(&all)
+    }
+
+    /// `GET /` through `vip`, with a short timeout: the pod's name.
+    fn get(vip: IpAddr) -> Result<String, String> {
+        Self::exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "0.5",
+            &format!("http://{vip}/"),
+        ])
+    }
+
+    /// The client's neighbour entry for `ip`: its MAC address, if it has one.
+    fn neighbour(ip: IpAddr) -> Option<String> {
+        let text = Self::exec(&["ip", "neigh", "show", &ip.to_string(), "dev", "eth0"]).ok()?;
+        let words: Vec<&str> = text.split_whitespace().collect();
+        let at = words.iter().position(|w| *w == "lladdr")?;
+        words.get(at + 1).map(|w| (*w).to_owned())
+    }
+
+    /// How long the kernel of the client takes at least to learn a new MAC address for a neighbour
+    /// by itself (without an announcement): the delay before its first probe, then its unicast probes.
+    fn relearning_time() -> Duration {
+        let read = |name: &str| -> u64 {
+            Self::exec(&["cat", &format!("/proc/sys/net/ipv4/neigh/eth0/{name}")])
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap()
+        };
+        Duration::from_secs(read("delay_first_probe_time"))
+            + Duration::from_millis(read("ucast_solicit") * read("retrans_time_ms"))
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // Deleting the namespace deletes its veth, and with it the peer on the bridge.
+        let _ = run(&["ip", "netns", "del", CLIENT_NETNS]);
+        let _ = run(&["ip", "link", "del", "ccm-client-h"]);
+    }
+}
+
+fn run(command: &[&str]) -> Result<String, String> {
+    let output = Command::new(command[0])
+        .args(&command[1..])
+        .output()
+        .map_err(|err| format!("{}: {err}", command.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+/// The VIPs of the pools on a node's eth0.
+fn vips_on(node: &str) -> BTreeSet<IpAddr> {
+    let output = cluster().exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix("/32"))
+        .filter_map(|ip| ip.parse().ok())
+        .collect()
+}
+
+/// One HTTP/1.1 connection kept open between requests.
+struct KeepAlive(BufReader<TcpStream>);
+
+impl KeepAlive {
+    async fn open(address: SocketAddr) -> Self {
+        Self(BufReader::new(TcpStream::connect(address).await.unwrap()))
+    }
+
+    /// `GET path` on this connection: the body.
+    async fn get(&mut self, path: &str) -> Result<String, String> {
+        let request = format!("GET {path} HTTP/1.1\r\nHost: vip\r\n\r\n");
+        let stream = self.0.get_mut();
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut length = 0;
+        loop {
+            let mut line = String::new();
+            let read = tokio::time::timeout(Duration::from_secs(5), self.0.read_line(&mut line))
+                .await
+                .map_err(|_| "no answer within 5s".to_owned())?
+                .map_err(|e| e.to_string())?;
+            if read == 0 {
+                return Err("the connection was closed".into());
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = value.trim().parse().map_err(|_| line.to_owned())?;
+            }
+        }
+        let mut body = vec![0; length];
+        self.0
+            .read_exact(&mut body)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+}
+
+async fn wait_node_ready(node: &str) {
+    eventually(&format!("node {node} is Ready"), LONG, || async move {
+        let out = cluster().kubectl_output(
+            &[
+                "get",
+                "node",
+                node,
+                "-o",
+                r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+            ],
+            None,
+        );
+        (String::from_utf8_lossy(&out.stdout) == "True").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn each_vip_is_announced_from_one_node_and_a_dead_node_moves_only_its_own() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let nodes = c.nodes();
+    let mac_of: BTreeMap<String, String> = nodes.iter().map(|n| (node_mac(n), n.clone())).collect();
+
+    let mut documents = vec![echo_app("echo", 3, true, None)];
+    for i in 1..=6 {
+        documents.push(load_balancer(&format!("web{i}"), "echo", "", ""));
+    }
+    let ns = deploy("agents", &documents).await;
+    let mut vips = Vec::new();
+    for i in 1..=6 {
+        let (vip, mode) = ingress(ns.name(), &format!("web{i}")).await;
+        assert_eq!(mode, "Proxy", "the agents' data plane serves web{i}");
+        vips.push(vip);
+    }
+
+    // Each VIP answers the client, from the node whose MAC the client resolved it to, and is on that
+    // node's interface only.
+    let mut announcer: BTreeMap<IpAddr, String> = BTreeMap::new();
+    for vip in &vips {
+        eventually(&format!("{vip} answers the client"), LONG, || async move {
+            Client::get(*vip).ok()
+        })
+        .await;
+        let mac = Client::neighbour(*vip).expect("the client resolved the VIP");
+        let node = mac_of
+            .get(&mac)
+            .unwrap_or_else(|| panic!("{vip} resolved to {mac}, no node's"));
+        announcer.insert(*vip, node.clone());
+    }
+    let ours: BTreeSet<IpAddr> = vips.iter().copied().collect();
+    for node in &nodes {
+        let on: BTreeSet<IpAddr> = announcer
+            .iter()
+            .filter(|(_, n)| *n == node)
+            .map(|(vip, _)| *vip)
+            .collect();
+        let held: BTreeSet<IpAddr> = vips_on(node).intersection(&ours).copied().collect();
+        assert_eq!(held, on, "this test's VIPs on {node}'s eth0");
+    }
+    let holders: BTreeSet<&String> = announcer.values().collect();
+    assert!(holders.len() >= 2, "every VIP on one node: {announcer:?}");
+    println!("announcers: {announcer:?}");
+
+    // A connection to a VIP of another node, which must survive the victim's death: a Service with
+    // externalTrafficPolicy Local and its only pod on that node (so no byte of it crosses the victim).
+    let victim = announcer[&vips[0]].clone();
+    let keeper = nodes.iter().find(|n| **n != victim).unwrap().clone();
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(
+            &[
+                echo_app("pinned", 1, false, Some(&keeper)),
+                load_balancer("pinned", "pinned", "externalTrafficPolicy: Local", ""),
+            ]
+            .join("---\n"),
+        ),
+    );
+    cluster_tests::wait_rollout(ns.name(), "pinned").await;
+    let (pinned_vip, _) = ingress(ns.name(), "pinned").await;
+    eventually("the pinned VIP answers the client", LONG, || async move {
+        Client::get(pinned_vip).ok()
+    })
+    .await;
+    assert_eq!(
+        mac_of.get(&Client::neighbour(pinned_vip).unwrap()),
+        Some(&keeper),
+        "externalTrafficPolicy Local: announced by the node of its endpoint"
+    );
+    let mut kept = KeepAlive::open(SocketAddr::new(pinned_vip, 80)).await;
+    let first = kept.get("/").await.unwrap();
+
+    // The victim dies: its link cut (here, so that the clock starts then), then its agent, kubelet,
+    // kube-proxy and containers killed (`hack/cluster stop`, which cuts the link first too).
+    let relearning = Client::relearning_time();
+    run(&["ip", "link", "set", &victim, "down"]).unwrap();
+    let killed = Instant::now();
+    let stop = std::thread::spawn({
+        let victim = victim.clone();
+        move || cluster().script("stop", &["--node", &victim])
+    });
+    let failover = eventually(&format!("{} answers again", vips[0]), LONG, || async {
+        Client::get(vips[0]).ok().map(|_| killed.elapsed())
+    })
+    .await;
+    let relearnt = eventually("the client's neighbour entry moves", LONG, || async {
+        let mac = Client::neighbour(vips[0])?;
+        let node = mac_of.get(&mac)?;
+        (*node != victim).then(|| (node.clone(), killed.elapsed()))
+    })
+    .await;
+    stop.join().unwrap();
+    println!(
+        "failover: {} answered {:.1}s after {victim} died, announced by {} (the client's entry moved at {:.1}s; it would relearn by itself after {:.1}s at the earliest)",
+        vips[0],
+        failover.as_secs_f64(),
+        relearnt.0,
+        relearnt.1.as_secs_f64(),
+        relearning.as_secs_f64()
+    );
+    assert!(
+        relearnt.1 < relearning,
+        "the client's entry moved after {:?}: by its own probes, not by the announcement",
+        relearnt.1
+    );
+    // Only the victim's VIPs moved; the others stayed, with their connections.
+    for node in nodes.iter().filter(|n| **n != victim) {
+        let on = vips_on(node);
+        for (vip, was) in &announcer {
+            if was == node {
+                assert!(on.contains(vip), "{vip} left {node}, which stayed up");
+            }
+        }
+    }
+    let second = kept.get("/").await.expect("the kept connection survives");
+    assert_eq!(first, second, "the kept connection's pod");
+
+    // The victim comes back: it takes back the VIPs it ranks first for (announcing them again), and
+    // holds nothing else.
+    c.script("start", &["--node", &victim]);
+    wait_node_ready(&victim).await;
+    let theirs: BTreeSet<IpAddr> = announcer
+        .iter()
+        .filter(|(_, n)| **n == victim)
+        .map(|(vip, _)| *vip)
+        .collect();
+    eventually("the victim announces its VIPs again", LONG, || async {
+        (vips_on(&victim)
+            .intersection(&ours)
+            .copied()
+            .collect::<BTreeSet<_>>()
+            == theirs
+            && Client::get(vips[0]).is_ok()
+            && Client::neighbour(vips[0]).as_ref() == Some(&node_mac(&victim)))
+        .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn with_kube_proxy_as_the_data_path_the_pod_sees_the_client() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let node = c.nodes()[1].clone();
+    let ns = deploy(
+        "agents-vip",
+        &[
+            echo_app("echo", 1, false, Some(&node)),
+            load_balancer(
+                "direct",
+                "echo",
+                "externalTrafficPolicy: Local",
+                "local.ccm.rs/data-path: kube-proxy",
+            ),
+        ],
+    )
+    .await;
+    let (vip, mode) = ingress(ns.name(), "direct").await;
+    assert_eq!(mode, "VIP", "kube-proxy carries it");
+    let seen = eventually("the VIP answers the client", LONG, || async move {
+        Client::exec(&[
+            "curl",
+            "-sS",
+            "--max-time",
+            "0.5",
+            &format!("http://{vip}/clientip"),
+        ])
+        .ok()
+    })
+    .await;
+    assert!(
+        seen.starts_with(&format!("{CLIENT_IP}:")),
+        "the pod saw {seen:?}, not the client's own address"
+    );
+    assert_eq!(
+        Client::neighbour(vip),
+        Some(node_mac(&node)),
+        "announced by the node of the endpoint"
+    );
+    assert!(vips_on(&node).contains(&vip), "{vip} is on {node}'s eth0");
+}

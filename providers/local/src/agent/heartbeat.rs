@@ -1,0 +1,254 @@
+//! The agents' heartbeats: each agent renews a Lease of its own (`local-agent-<node>`, in the agents'
+//! namespace) every renew interval, and every agent watches all of them. A node whose Lease has not
+//! changed for its `leaseDurationSeconds` is taken as gone, and its VIPs move.
+//!
+//! Liveness is judged by when *this* agent saw a Lease change (as client-go's leader election does),
+//! not by comparing its `renewTime` with this machine's clock: the nodes' clocks may disagree by more
+//! than the heartbeat. Only a Lease seen for the first time is aged by its `renewTime`, so that an
+//! agent starting next to a dead node's Lease does not take it for alive.
+//!
+//! An agent also fences itself: when its own renewals have failed for the heartbeat's duration (it
+//! cannot reach the API server, so the others take its node for gone and announce its VIPs), it stops
+//! announcing until a renewal succeeds again.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api,
+    api::{DeleteParams, ObjectMeta, Patch, PatchParams},
+};
+
+/// The label every agent's Lease carries (what the agents watch).
+pub(crate) const LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "local-agent");
+
+/// The field manager of the agents' writes.
+pub(crate) const FIELD_MANAGER: &str = "local-agent";
+
+/// The name of the Lease of the agent of `node`.
+pub(crate) fn lease_name(node: &str) -> String {
+    format!("local-agent-{node}")
+}
+
+/// What was seen of one agent's Lease.
+#[derive(Debug, Clone)]
+struct Seen {
+    renew_time: Option<Timestamp>,
+    /// When this agent saw `renew_time` take its value (or, first seen, when it was renewed by it).
+    changed: Instant,
+    duration: Duration,
+}
+
+/// The agents this agent takes as alive, from the Leases it watches.
+#[derive(Debug, Default)]
+pub(crate) struct Liveness {
+    by_node: BTreeMap<String, Seen>,
+}
+
+impl Liveness {
+    /// Takes in the Leases as they are now (`now` on this process's monotonic clock, `wall` its wall
+    /// clock): a Lease whose renew time changed is fresh from `now`; one seen the first time is as old
+    /// as its renew time says (by `wall`); one gone is forgotten (its node is not alive).
+    pub(crate) fn observe(&mut self, leases: &[Arc<Lease>], now: Instant, wall: Timestamp) {
+        let mut present = BTreeSet::new();
+        for lease in leases {
+            let Some(spec) = lease.spec.as_ref() else {
+                continue;
+            };
+            let Some(node) = spec.holder_identity.clone().filter(|h| !h.is_empty()) else {
+                continue; // released
+            };
+            let renew_time = spec.renew_time.as_ref().map(|t| t.0);
+            let duration = Duration::from_secs(
+                u64::try_from(spec.lease_duration_seconds.unwrap_or(0)).unwrap_or(0),
+            );
+            present.insert(node.clone());
+            match self.by_node.get_mut(&node) {
+                Some(seen) if seen.renew_time == renew_time => seen.duration = duration,
+                Some(seen) => {
+                    seen.renew_time = renew_time;
+                    seen.changed = now;
+                    seen.duration = duration;
+                }
+                None => {
+                    let age = renew_time
+                        .and_then(|t| Duration::try_from(wall.duration_since(t)).ok())
+                        .unwrap_or(Duration::MAX);
+                    let changed = now.checked_sub(age.min(duration)).unwrap_or(now);
+                    self.by_node.insert(
+                        node,
+                        Seen {
+                            renew_time,
+                            changed,
+                            duration,
+                        },
+                    );
+                }
+            }
+        }
+        self.by_node.retain(|node, _| present.contains(node));
+    }
+
+    /// The nodes whose agent renewed its Lease within its duration, as of `now`.
+    pub(crate) fn alive(&self, now: Instant) -> BTreeSet<String> {
+        self.by_node
+            .iter()
+            .filter(|(_, seen)| now.saturating_duration_since(seen.changed) < seen.duration)
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// The next instant some Lease's time runs out (when to look again without any change).
+    pub(crate) fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.by_node
+            .values()
+            .map(|seen| seen.changed + seen.duration)
+            .filter(|at| *at > now)
+            .min()
+    }
+}
+
+/// This agent's own Lease.
+pub(crate) struct Heartbeat {
+    api: Api<Lease>,
+    node: String,
+    duration: Duration,
+}
+
+impl Heartbeat {
+    pub(crate) fn new(api: Api<Lease>, node: &str, duration: Duration) -> Self {
+        Self {
+            api,
+            node: node.to_owned(),
+            duration,
+        }
+    }
+
+    /// Renews the Lease (server-side apply: creates it the first time).
+    pub(crate) async fn renew(&self) -> Result<(), kube::Error> {
+        let name = lease_name(&self.node);
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([(LEASE_LABEL.0.to_owned(), LEASE_LABEL.1.to_owned())].into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.node.clone()),
+                lease_duration_seconds: Some(
+                    i32::try_from(self.duration.as_secs().max(1)).unwrap_or(i32::MAX),
+                ),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..Default::default()
+            }),
+        };
+        // k8s-openapi writes `apiVersion` and `kind`, which an apply needs.
+        self.api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&lease),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Deletes the Lease: the other agents take this node's VIPs at once rather than after the
+    /// heartbeat's duration.
+    pub(crate) async fn release(&self) {
+        let name = lease_name(&self.node);
+        match self.api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(lease = %name, "heartbeat Lease deleted"),
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => {
+                tracing::warn!(lease = %name, error = %err, "cannot delete the heartbeat Lease; the other agents take this node's VIPs when it expires");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(node: &str, renewed: Option<Timestamp>, seconds: i32) -> Arc<Lease> {
+        Arc::new(Lease {
+            metadata: ObjectMeta {
+                name: Some(lease_name(node)),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(node.to_owned()),
+                lease_duration_seconds: Some(seconds),
+                renew_time: renewed.map(MicroTime),
+                ..Default::default()
+            }),
+        })
+    }
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_lease_is_alive_while_it_changes_and_for_its_duration_after() {
+        let start = Instant::now();
+        let wall = Timestamp::now();
+        let mut liveness = Liveness::default();
+        liveness.observe(&[lease("a", Some(wall), 3)], start, wall);
+        assert_eq!(liveness.alive(start), names(&["a"]));
+        assert_eq!(
+            liveness.next_expiry(start),
+            Some(start + Duration::from_secs(3))
+        );
+        // Unchanged for 3 s: gone.
+        assert!(liveness.alive(start + Duration::from_secs(3)).is_empty());
+        // Renewed at 2 s: alive until 5 s, whatever its clock says.
+        let skewed = wall - Duration::from_secs(3600);
+        liveness.observe(
+            &[lease("a", Some(skewed), 3)],
+            start + Duration::from_secs(2),
+            wall,
+        );
+        assert_eq!(
+            liveness.alive(start + Duration::from_millis(4900)),
+            names(&["a"])
+        );
+        assert!(liveness.alive(start + Duration::from_secs(5)).is_empty());
+    }
+
+    #[test]
+    fn a_lease_first_seen_is_aged_by_its_renew_time_and_a_gone_one_is_forgotten() {
+        let now = Instant::now() + Duration::from_secs(60);
+        let wall = Timestamp::now();
+        let mut liveness = Liveness::default();
+        liveness.observe(
+            &[
+                lease("fresh", Some(wall - Duration::from_secs(1)), 3),
+                lease("stale", Some(wall - Duration::from_secs(30)), 3),
+                lease("never", None, 3),
+            ],
+            now,
+            wall,
+        );
+        assert_eq!(liveness.alive(now), names(&["fresh"]));
+        assert_eq!(
+            liveness.alive(now + Duration::from_millis(1900)),
+            names(&["fresh"])
+        );
+        assert!(liveness.alive(now + Duration::from_secs(2)).is_empty());
+        // Deleted (a graceful stop): not alive at once.
+        liveness.observe(&[lease("fresh", Some(wall), 3)], now, wall);
+        assert_eq!(liveness.alive(now), names(&["fresh"]));
+        liveness.observe(&[], now, wall);
+        assert!(liveness.alive(now).is_empty());
+    }
+}

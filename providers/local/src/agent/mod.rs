@@ -1,0 +1,641 @@
+//! The node agent (`local-agent`, a DaemonSet from the manager's image) of `loadBalancer.mode:
+//! agents`: the manager assigns each Service its VIPs and writes its status; on every node an agent
+//! watches those Services, the Nodes, the EndpointSlices and the other agents' heartbeats, elects one
+//! node per VIP ([`plan`]), and, on the node elected, puts the VIP on the node's interface, announces
+//! it to the link (gratuitous ARP, unsolicited neighbour advertisement) and serves it: with the `local`
+//! data plane (health checks, source ranges, PROXY protocol, per-listener metrics; `ipMode: Proxy`),
+//! or, for `local.ccm.rs/data-path: kube-proxy`, by leaving the traffic to kube-proxy (`ipMode: VIP`).
+//!
+//! A node whose agent stops renewing its heartbeat ([`heartbeat`]: 3 s by default) loses its VIPs to
+//! the next node of each VIP's order; every other VIP stays where it is, with its connections. An
+//! agent that stops cleanly takes its VIPs off and deletes its heartbeat, so they move at once; one
+//! that was killed finds its VIPs still on the interface when it starts again, takes them over, and
+//! removes those it no longer announces.
+//!
+//! The announcer is one part (the VIP on the interface and its announcements, [`crate::addresses`]):
+//! another way of telling the network (BGP) would replace that part only; the election and the
+//! serving do not depend on it.
+
+pub(crate) mod heartbeat;
+pub(crate) mod plan;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use cloud_provider::clap;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::{
+    coordination::v1::Lease,
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+use kube::{
+    Api, Client, Resource,
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use local_data_plane::LoadBalancerSpec;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    CloudEvent, Config, Error, LoadBalancerMode, LocalCloud,
+    addresses::AddressManager,
+    instances::lock,
+    load_balancer::{DataPath, build_spec, key_of, listener_differences, read_service},
+};
+
+use self::{
+    heartbeat::{Heartbeat, LEASE_LABEL, Liveness},
+    plan::{Served, node_unfit, nodes_with_ready_endpoints},
+};
+
+/// The reason of the Normal event on a Service whose VIP a node starts announcing.
+pub const EVENT_VIP_ANNOUNCED: &str = "VIPAnnounced";
+
+/// How long a Service whose load balancer could not be served (a listener that cannot bind, the VIP
+/// refused by the interface) waits before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// How often the agent looks again when nothing changed (a heartbeat that expires is also looked at
+/// when it expires).
+const IDLE_LOOK: Duration = Duration::from_secs(10);
+
+/// The `local-agent` command line.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "local-agent",
+    about = "The node agent of the `local` cloud's loadBalancer.mode: agents: elects one node per VIP, \
+             puts it on the node's interface, announces it and serves it (docs/local-provider.md)."
+)]
+pub struct AgentFlags {
+    /// The node this agent runs on (the DaemonSet sets it from spec.nodeName).
+    #[arg(long, env = "NODE_NAME", value_name = "NAME")]
+    pub node_name: String,
+    /// The node's interface the VIPs go on (CAP_NET_ADMIN) and are announced on (CAP_NET_RAW).
+    #[arg(long, value_name = "INTERFACE")]
+    pub interface: String,
+    /// The cloud-config the manager reads (the same ConfigMap): its pools, inventory and data-plane
+    /// settings. It must say loadBalancer.mode: agents.
+    #[arg(long, value_name = "PATH")]
+    pub cloud_config: Option<std::path::PathBuf>,
+    /// A kubeconfig; without one, the pod's service account (or $KUBECONFIG).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The namespace of the agents' heartbeat Leases.
+    #[arg(
+        long,
+        env = "POD_NAMESPACE",
+        default_value = "kube-system",
+        value_name = "NAMESPACE"
+    )]
+    pub namespace: String,
+    /// A node whose agent has not renewed its heartbeat for this long loses its VIPs (whole seconds).
+    #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
+    pub heartbeat: Duration,
+    /// How often the agent renews its heartbeat (at most half of --heartbeat).
+    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub renew_interval: Duration,
+    /// Serve only Services of this loadBalancerClass (the manager's --load-balancer-class); without it,
+    /// the Services without a class.
+    #[arg(long, value_name = "CLASS")]
+    pub load_balancer_class: Option<String>,
+    /// Where /metrics (the data plane's, per listener) and /healthz are served, over plain HTTP; "0"
+    /// turns it off.
+    #[arg(long, default_value = "0.0.0.0:10264", value_name = "ADDRESS")]
+    pub metrics_bind_address: String,
+}
+
+impl AgentFlags {
+    /// The settings of [`run`].
+    pub fn settings(&self) -> AgentSettings {
+        AgentSettings {
+            node_name: self.node_name.clone(),
+            interface: self.interface.clone(),
+            namespace: self.namespace.clone(),
+            heartbeat: self.heartbeat,
+            renew_interval: self.renew_interval,
+            load_balancer_class: self.load_balancer_class.clone(),
+        }
+    }
+
+    /// The `local` cloud of `--cloud-config` (its defaults without one, which `run` refuses: they say
+    /// `mode: leader`).
+    pub fn cloud(&self) -> Result<LocalCloud, Error> {
+        let config = match &self.cloud_config {
+            Some(path) => cloud_provider::CloudConfig::read(path).map_err(|err| Error::Config {
+                path: Some(path.display().to_string()),
+                message: format!("cannot read it: {err}"),
+            })?,
+            None => cloud_provider::CloudConfig::none(),
+        };
+        LocalCloud::from_cloud_config(&config)
+    }
+}
+
+/// A Go-style duration (`3s`, `500ms`), as the manager's flags take them.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    cloud_provider::parse_go_duration(text)
+}
+
+/// A node agent's settings.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    /// The node this agent runs on (the Node's name).
+    pub node_name: String,
+    /// The node's interface the VIPs go on and are announced on.
+    pub interface: String,
+    /// The namespace of the agents' heartbeat Leases.
+    pub namespace: String,
+    /// A heartbeat older than this is a node gone (the Lease's `leaseDurationSeconds`, whole seconds).
+    pub heartbeat: Duration,
+    /// How often the agent renews its heartbeat.
+    pub renew_interval: Duration,
+    /// The `loadBalancerClass` of the Services served (the manager's `--load-balancer-class`); `None`:
+    /// the classless ones.
+    pub load_balancer_class: Option<String>,
+}
+
+impl AgentSettings {
+    /// What is wrong with these settings, if anything.
+    pub fn check(&self) -> Result<(), Error> {
+        let flag = |m: String| Err(Error::Flag(m));
+        if self.node_name.trim().is_empty() {
+            return flag("--node-name is empty (the DaemonSet sets it from spec.nodeName)".into());
+        }
+        if let Err(why) =
+            cloud_provider::labels::check_dns_subdomain(&heartbeat::lease_name(&self.node_name))
+        {
+            return flag(format!(
+                "--node-name {:?}: its heartbeat Lease's name is not valid: {why}",
+                self.node_name
+            ));
+        }
+        if self.interface.trim().is_empty() {
+            return flag("--interface is empty".into());
+        }
+        if self.heartbeat < Duration::from_secs(1) || self.heartbeat.subsec_nanos() != 0 {
+            return flag(format!(
+                "--heartbeat {:?}: whole seconds, at least 1s (a Lease's duration is in seconds)",
+                self.heartbeat
+            ));
+        }
+        if self.renew_interval.is_zero() || self.renew_interval * 2 > self.heartbeat {
+            return flag(format!(
+                "--renew-interval {:?} must be above 0 and at most half of --heartbeat {:?} (one lost \
+                 renewal must not make the node look gone)",
+                self.renew_interval, self.heartbeat
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the agent until `shutdown`; then takes the VIPs off, deletes the heartbeat and drains the
+/// data plane. `cloud` is the `local` cloud of the cloud-config the manager reads (its pools, its
+/// inventory, the data plane's settings), which must say `loadBalancer.mode: agents`.
+pub async fn run(
+    cloud: LocalCloud,
+    client: Client,
+    settings: AgentSettings,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    settings.check()?;
+    if cloud.config().load_balancer.mode != LoadBalancerMode::Agents {
+        return Err(Error::Config {
+            path: None,
+            message: "loadBalancer.mode is leader: the leading manager announces and serves every \
+                      VIP, and an agent would announce them a second time; set loadBalancer.mode: \
+                      agents (and restart the manager) to run the node agents"
+                .to_owned(),
+        });
+    }
+    *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
+    let changed = Arc::new(Notify::new());
+    let kube_error = |what: &str| {
+        let what = what.to_owned();
+        move |source| Error::Kube { what, source }
+    };
+
+    let services = mirror::<Service>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        &changed,
+    );
+    let nodes = mirror::<Node>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        &changed,
+    );
+    let slices = mirror::<EndpointSlice>(
+        Api::all(client.clone()),
+        watcher::Config::default(),
+        &changed,
+    );
+    let lease_api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
+    let leases = mirror::<Lease>(
+        lease_api.clone(),
+        watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
+        &changed,
+    );
+    let heartbeat = Heartbeat::new(lease_api, &settings.node_name, settings.heartbeat);
+    heartbeat
+        .renew()
+        .await
+        .map_err(kube_error("local-agent: creating its heartbeat Lease"))?;
+    let renewed = Arc::new(Mutex::new(Instant::now()));
+    let beating = tokio::spawn(beat(
+        heartbeat,
+        settings.renew_interval,
+        renewed.clone(),
+        changed.clone(),
+        shutdown.clone(),
+    ));
+
+    let addresses = AddressManager::new(settings.interface.clone());
+    let ranges: Vec<_> = cloud
+        .config()
+        .address_pools
+        .iter()
+        .flat_map(|p| p.addresses.iter().cloned())
+        .collect();
+    let adopted: BTreeSet<IpAddr> = match addresses.adopt(ranges).await {
+        Ok(found) => found.into_iter().collect(),
+        Err(err) => return Err(Error::Flag(format!("--interface: {err}"))),
+    };
+    if !adopted.is_empty() {
+        tracing::info!(vips = ?adopted, "VIPs an earlier run left on the interface are taken over: kept where this node is elected, removed elsewhere");
+    }
+
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = async {
+            let _ = services.wait_until_ready().await;
+            let _ = nodes.wait_until_ready().await;
+            let _ = slices.wait_until_ready().await;
+            let _ = leases.wait_until_ready().await;
+        } => tracing::info!(node = %settings.node_name, interface = %settings.interface, "local-agent: watching; announcing the VIPs this node is elected for"),
+    }
+
+    let mut agent = Agent {
+        cloud: cloud.clone(),
+        settings: settings.clone(),
+        addresses,
+        liveness: Liveness::default(),
+        announced: BTreeSet::new(),
+        adopted,
+        applied: BTreeMap::new(),
+        retry_at: HashMap::new(),
+    };
+    while !shutdown.is_cancelled() {
+        let now = Instant::now();
+        let self_fresh = now.saturating_duration_since(*lock(&renewed)) < settings.heartbeat;
+        let next = agent
+            .step(&services, &nodes, &slices, &leases, self_fresh, now)
+            .await;
+        let wait = next
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(IDLE_LOOK)
+            .min(IDLE_LOOK);
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = changed.notified() => {}
+            () = tokio::time::sleep(wait) => {}
+        }
+    }
+
+    tracing::info!("local-agent: stopping; taking the VIPs off the interface");
+    agent.addresses.remove_all_now();
+    let heartbeat = beating.await.ok();
+    if let Some(heartbeat) = heartbeat {
+        heartbeat.release().await;
+    }
+    cloud.inner.data_plane.shutdown().await;
+    Ok(())
+}
+
+/// Renews the heartbeat every `interval` until `shutdown`, recording each success in `renewed`;
+/// returns the heartbeat (for its release).
+async fn beat(
+    heartbeat: Heartbeat,
+    interval: Duration,
+    renewed: Arc<Mutex<Instant>>,
+    changed: Arc<Notify>,
+    shutdown: CancellationToken,
+) -> Heartbeat {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return heartbeat,
+            () = tokio::time::sleep(interval) => {}
+        }
+        match heartbeat.renew().await {
+            Ok(()) => {
+                *lock(&renewed) = Instant::now();
+                if failing {
+                    tracing::info!("heartbeat renewed again");
+                    failing = false;
+                    changed.notify_one();
+                }
+            }
+            Err(err) => {
+                if !failing {
+                    tracing::warn!(error = %err, "cannot renew the heartbeat Lease; this node stops announcing if it cannot for the heartbeat's duration");
+                }
+                failing = true;
+                changed.notify_one();
+            }
+        }
+    }
+}
+
+/// A store kept by a watch of `api`, whose every change wakes `changed`.
+fn mirror<K>(api: Api<K>, config: watcher::Config, changed: &Arc<Notify>) -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    K: serde::de::DeserializeOwned,
+{
+    let (store, writer) = reflector::store();
+    let changed = changed.clone();
+    let stream =
+        reflector::reflector(writer, watcher(api, config).default_backoff()).touched_objects();
+    tokio::spawn(drive(stream, changed));
+    store
+}
+
+async fn drive<K, S>(stream: S, changed: Arc<Notify>)
+where
+    S: Stream<Item = Result<K, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(_) => changed.notify_one(),
+            Err(err) => tracing::warn!(error = %err, "watch failed; retrying"),
+        }
+    }
+}
+
+/// The agent's state between two looks.
+struct Agent {
+    cloud: LocalCloud,
+    settings: AgentSettings,
+    addresses: AddressManager,
+    liveness: Liveness,
+    /// The VIPs on the interface.
+    announced: BTreeSet<IpAddr>,
+    /// The VIPs an earlier run left on the interface that this run has not announced (yet).
+    adopted: BTreeSet<IpAddr>,
+    /// What the data plane runs, by Service.
+    applied: BTreeMap<String, LoadBalancerSpec>,
+    /// Services not to try again before then.
+    retry_at: HashMap<String, Instant>,
+}
+
+impl Agent {
+    /// One look: elect, then converge the interface and the data plane. Returns when to look again
+    /// without a change (a heartbeat that expires, a retry that is due).
+    async fn step(
+        &mut self,
+        services: &Store<Service>,
+        nodes: &Store<Node>,
+        slices: &Store<EndpointSlice>,
+        leases: &Store<Lease>,
+        self_fresh: bool,
+        now: Instant,
+    ) -> Option<Instant> {
+        let config = self.cloud.config();
+        let me = self.settings.node_name.as_str();
+        self.liveness
+            .observe(&leases.state(), now, k8s_openapi::jiff::Timestamp::now());
+        let mut alive = self.liveness.alive(now);
+        // This node's own heartbeat: what it knows of its renewals, not what the watch shows.
+        if self_fresh {
+            alive.insert(me.to_owned());
+        } else {
+            alive.remove(me);
+        }
+        let nodes = nodes.state();
+        let serving: Vec<&Arc<Node>> = nodes
+            .iter()
+            .filter(|n| node_unfit(n).is_none())
+            .filter(|n| self.cloud.backend_addresses(&config, n).is_some())
+            .collect();
+        let candidates: BTreeSet<String> = serving
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .filter(|n| alive.contains(n))
+            .collect();
+        let slices = slices.state();
+        let served: Vec<Served> = services
+            .state()
+            .into_iter()
+            .filter_map(|s| self.served(s, &config, &slices))
+            .collect();
+        let plan = plan::plan(me, &served, &candidates);
+        let backends: Vec<(String, Vec<IpAddr>)> = serving
+            .iter()
+            .filter_map(|n| self.cloud.backend_addresses(&config, n))
+            .collect();
+        self.converge(&plan, &served, &config, &backends, now).await;
+        let retry = self.retry_at.values().min().copied();
+        [self.liveness.next_expiry(now), retry]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// `service` as served by this cloud's agents, or `None` when it is not (another class, not a
+    /// load balancer, being deleted, no VIP of this cloud's pools in its status).
+    fn served(
+        &self,
+        service: Arc<Service>,
+        config: &Config,
+        slices: &[Arc<EndpointSlice>],
+    ) -> Option<Served> {
+        let spec = service.spec.as_ref()?;
+        if spec.type_.as_deref() != Some("LoadBalancer")
+            || service.metadata.deletion_timestamp.is_some()
+            || spec.load_balancer_class != self.settings.load_balancer_class
+        {
+            return None;
+        }
+        let vips: Vec<IpAddr> = service
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
+            .filter(|ip| config.pool_of(*ip).is_some())
+            .collect();
+        if vips.is_empty() {
+            return None;
+        }
+        let local_endpoints =
+            (spec.external_traffic_policy.as_deref() == Some("Local")).then(|| {
+                nodes_with_ready_endpoints(
+                    service.metadata.namespace.as_deref().unwrap_or("default"),
+                    service.metadata.name.as_deref().unwrap_or_default(),
+                    slices.iter().map(AsRef::as_ref),
+                )
+            });
+        Some(Served {
+            key: key_of(&service),
+            service,
+            vips,
+            local_endpoints,
+        })
+    }
+
+    /// Takes off the VIPs this node no longer announces (before their listeners drain), then puts on
+    /// and announces the new ones and runs the data plane for each Service served here.
+    async fn converge(
+        &mut self,
+        plan: &plan::Plan,
+        served: &[Served],
+        config: &Config,
+        backends: &[(String, Vec<IpAddr>)],
+        now: Instant,
+    ) {
+        let wanted: BTreeSet<IpAddr> = plan.mine.values().flatten().copied().collect();
+        for ip in self
+            .adopted
+            .difference(&wanted)
+            .copied()
+            .collect::<Vec<_>>()
+        {
+            tracing::info!(%ip, "VIP left by an earlier run, not this node's: removed");
+            self.addresses.remove(ip).await;
+            self.adopted.remove(&ip);
+        }
+        for ip in self
+            .announced
+            .difference(&wanted)
+            .copied()
+            .collect::<Vec<_>>()
+        {
+            let to = plan.announcers.get(&ip).cloned().flatten();
+            tracing::info!(%ip, to = ?to, "VIP given up");
+            self.addresses.remove(ip).await;
+            self.announced.remove(&ip);
+        }
+        let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
+        // Load balancers this node no longer serves drain in the background.
+        let gone: Vec<String> = self
+            .applied
+            .keys()
+            .filter(|key| !plan.mine.contains_key(*key))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.applied.remove(&key);
+            let cloud = self.cloud.clone();
+            tokio::spawn(async move { cloud.inner.data_plane.remove(&key).await });
+        }
+        self.retry_at.retain(|_, at| *at > now);
+        for (key, vips) in &plan.mine {
+            if self.retry_at.contains_key(key) {
+                continue;
+            }
+            let Some(served) = by_key.get(key.as_str()) else {
+                continue;
+            };
+            if let Err(err) = self.serve(served, vips, config, backends).await {
+                tracing::warn!(service = %key, error = %err, retry_in = ?RETRY_AFTER, "cannot serve the load balancer");
+                self.retry_at.insert(key.clone(), now + RETRY_AFTER);
+            }
+        }
+    }
+
+    /// Puts `vips` on the interface (announced), and runs the data plane's load balancer of `served`
+    /// on them when its traffic is the data plane's.
+    async fn serve(
+        &mut self,
+        served: &Served,
+        vips: &[IpAddr],
+        config: &Config,
+        backends: &[(String, Vec<IpAddr>)],
+    ) -> Result<(), String> {
+        let service = &served.service;
+        // The manager checked the Service before it gave it VIPs; one that turned bad since is served
+        // as last applied (the manager's Warning event says what is wrong).
+        let wanted = read_service(service, config)?;
+        for ip in vips {
+            if self.announced.contains(ip) {
+                continue;
+            }
+            let warning = self.addresses.add(*ip).await?;
+            self.announced.insert(*ip);
+            self.adopted.remove(ip);
+            let interface = &self.settings.interface;
+            let node = &self.settings.node_name;
+            tracing::info!(%ip, service = %served.key, "VIP announced from this node");
+            self.cloud.record_event(
+                "Normal",
+                vip_event(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
+                &format!("{ip} is announced from node {node} (interface {interface})"),
+            );
+            if let Some(warning) = warning {
+                self.cloud.report_unannounced_vip(service, &warning);
+            }
+        }
+        if wanted.data_path == DataPath::KubeProxy {
+            if self.applied.remove(&served.key).is_some() {
+                let cloud = self.cloud.clone();
+                let key = served.key.clone();
+                tokio::spawn(async move { cloud.inner.data_plane.remove(&key).await });
+            }
+            return Ok(());
+        }
+        let spec = build_spec(&served.key, vips, &wanted, backends);
+        let running = self.cloud.inner.data_plane.state(&served.key);
+        if self.applied.get(&served.key) == Some(&spec)
+            && listener_differences(&spec, running.as_ref()).is_empty()
+        {
+            return Ok(());
+        }
+        tracing::info!(service = %served.key, vips = ?vips, backends = spec.backends.len(), "serving the load balancer");
+        self.applied.remove(&served.key);
+        self.cloud
+            .inner
+            .data_plane
+            .apply(spec.clone())
+            .await
+            .map_err(|err| err.to_string())?;
+        let running = self.cloud.inner.data_plane.state(&served.key);
+        let differences = listener_differences(&spec, running.as_ref());
+        self.applied.insert(served.key.clone(), spec);
+        if differences.is_empty() {
+            Ok(())
+        } else {
+            Err(differences.join("; "))
+        }
+    }
+}
+
+/// An event about a VIP of `service`.
+fn vip_event<'a>(
+    service: &'a Service,
+    reason: &'static str,
+    action: &'static str,
+) -> CloudEvent<'a> {
+    CloudEvent {
+        namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
+        name_prefix: format!(
+            "{}.vip-",
+            service.metadata.name.as_deref().unwrap_or("service")
+        ),
+        regarding: Some(service.object_ref(&())),
+        reason,
+        action,
+    }
+}
