@@ -389,3 +389,59 @@ async fn with_kube_proxy_as_the_data_path_the_pod_sees_the_client() {
     );
     assert!(vips_on(&node).contains(&vip), "{vip} is on {node}'s eth0");
 }
+
+#[tokio::test]
+async fn two_services_with_one_sharing_key_share_a_vip_announced_from_one_node() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let service = |name: &str, port: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  annotations: {{local.ccm.rs/allow-shared-ip: pair}}
+spec:
+  type: LoadBalancer
+  selector: {{app: echo}}
+  ports: [{port}]
+"#
+        )
+    };
+    let ns = deploy(
+        "agents-shared",
+        &[
+            echo_app("echo", 2, true, None),
+            service(
+                "http",
+                "{name: http, port: 80, targetPort: 8080, protocol: TCP}",
+            ),
+            service(
+                "udp",
+                "{name: udp, port: 81, targetPort: 8081, protocol: UDP}",
+            ),
+        ],
+    )
+    .await;
+    let (http_vip, _) = ingress(ns.name(), "http").await;
+    let (udp_vip, _) = ingress(ns.name(), "udp").await;
+    assert_eq!(http_vip, udp_vip, "the two Services share one VIP");
+    eventually("the shared VIP answers HTTP", LONG, || async move {
+        Client::get(http_vip).ok()
+    })
+    .await;
+    let answer = eventually("the shared VIP answers UDP", LONG, || async move {
+        cluster_tests::udp_ask(SocketAddr::new(udp_vip, 81), "ping")
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(answer, "ping", "the UDP echo's answer");
+    let holders: Vec<String> = c
+        .nodes()
+        .into_iter()
+        .filter(|n| vips_on(n).contains(&http_vip))
+        .collect();
+    assert_eq!(holders.len(), 1, "{http_vip} is on {holders:?}");
+}

@@ -81,6 +81,52 @@ impl DataPath {
     }
 }
 
+/// Lets Services share a VIP (MetalLB's `allow-shared-ip`): Services with the same value, ports that
+/// differ (port and protocol) and the same `externalTrafficPolicy` (for `Local`, the same selector, so
+/// one node has the endpoints of all) get the same address; one asked for by address is shared too.
+pub const ANNOTATION_ALLOW_SHARED_IP: &str = "local.ccm.rs/allow-shared-ip";
+
+/// How a Service may share its VIPs ([`ANNOTATION_ALLOW_SHARED_IP`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Sharing {
+    /// The annotation's value.
+    key: String,
+    /// The Service's (port, protocol) pairs: two sharing Services must have none in common.
+    ports: BTreeSet<(u16, Protocol)>,
+    /// With `externalTrafficPolicy: Local`, the Service's selector (sharers must select alike).
+    local_selector: Option<BTreeMap<String, String>>,
+}
+
+impl Sharing {
+    /// Why a Service of `self` may not share an address with one of `other` (`other_name`), if it may
+    /// not.
+    fn conflict(&self, other: Option<&Sharing>, other_name: &str) -> Option<String> {
+        let Some(other) = other else {
+            return Some(format!(
+                "Service {other_name} holds it and allows no sharing ({ANNOTATION_ALLOW_SHARED_IP})"
+            ));
+        };
+        if other.key != self.key {
+            return Some(format!(
+                "Service {other_name} holds it with {ANNOTATION_ALLOW_SHARED_IP}: {:?}, not {:?}",
+                other.key, self.key
+            ));
+        }
+        if let Some((port, protocol)) = self.ports.intersection(&other.ports).next() {
+            return Some(format!(
+                "Service {other_name} shares it and uses port {port}/{protocol} too"
+            ));
+        }
+        if self.local_selector != other.local_selector {
+            return Some(format!(
+                "Service {other_name} shares it with another externalTrafficPolicy or, for Local, \
+                 another selector (the node that announces it must have the endpoints of both)"
+            ));
+        }
+        None
+    }
+}
+
 /// The finalizer of the service controller: a Service that carries it may still own a load balancer.
 const CLEANUP_FINALIZER: &str = "service.kubernetes.io/load-balancer-cleanup";
 
@@ -95,8 +141,8 @@ const DEFAULT_AFFINITY_SECONDS: i32 = 10_800;
 pub(crate) struct Allocations {
     /// By `namespace/name`.
     services: BTreeMap<String, Record>,
-    /// VIP → `namespace/name`.
-    owners: BTreeMap<IpAddr, String>,
+    /// VIP → the Services (`namespace/name`) that hold it: one, or several that share it.
+    owners: BTreeMap<IpAddr, BTreeSet<String>>,
 }
 
 /// One Service's load balancer.
@@ -110,6 +156,8 @@ struct Record {
     applied: Option<LoadBalancerSpec>,
     /// Who carries its traffic, which decides the status's `ipMode`.
     data_path: DataPath,
+    /// How it may share its VIPs; `None`: it may not.
+    sharing: Option<Sharing>,
 }
 
 impl Record {
@@ -160,6 +208,7 @@ pub(crate) struct Wanted {
     source_ranges: Vec<ipnet::IpNet>,
     proxy_protocol: bool,
     pub(crate) data_path: DataPath,
+    sharing: Option<Sharing>,
 }
 
 pub(crate) fn key_of(service: &Service) -> String {
@@ -352,6 +401,27 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         }
     }
 
+    let sharing = match annotation(service, ANNOTATION_ALLOW_SHARED_IP) {
+        None => None,
+        Some(key) => {
+            if key.is_empty() {
+                return Err(format!(
+                    "{ANNOTATION_ALLOW_SHARED_IP}: the sharing key is empty (Services with the same \
+                     key share their addresses; remove the annotation to share none)"
+                ));
+            }
+            let local = spec.external_traffic_policy.as_deref() == Some("Local");
+            Some(Sharing {
+                key: key.to_owned(),
+                ports: ports
+                    .iter()
+                    .map(|(port, protocol, _)| (*port, *protocol))
+                    .collect(),
+                local_selector: local.then(|| spec.selector.clone().unwrap_or_default()),
+            })
+        }
+    };
+
     Ok(Wanted {
         families,
         requested,
@@ -368,6 +438,7 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         source_ranges,
         proxy_protocol,
         data_path,
+        sharing,
     })
 }
 
@@ -413,7 +484,7 @@ impl Allocations {
             .get(key)
             .map(|r| r.ips.clone())
             .unwrap_or_default();
-        let free_for_us = |ip: &IpAddr| self.owners.get(ip).is_none_or(|owner| owner == key);
+        let free_for_us = |ip: &IpAddr| self.sharing_refused(ip, key, wanted).is_none();
         let refusal = |pool: &AddressPool| pool.refuses(&wanted.namespace, &wanted.labels);
         if let Some(name) = &wanted.pool
             && let Some(why) = config
@@ -457,10 +528,8 @@ impl Allocations {
                         pool.name
                     ));
                 }
-                if let Some(owner) = self.owners.get(ip).filter(|o| *o != key) {
-                    return Err(format!(
-                        "the requested address {ip} is taken by Service {owner}"
-                    ));
+                if let Some(why) = self.sharing_refused(ip, key, wanted) {
+                    return Err(format!("the requested address {ip} is taken: {why}"));
                 }
                 Some(*ip)
             } else if let Some(ip) = current.iter().filter(of_family).find(|ip| pool_ok(ip)) {
@@ -535,11 +604,11 @@ impl Allocations {
         }
         for ip in &current {
             if !ips.contains(ip) {
-                self.owners.remove(ip);
+                self.disown(*ip, key);
             }
         }
         for ip in &ips {
-            self.owners.insert(*ip, key.to_owned());
+            self.owners.entry(*ip).or_default().insert(key.to_owned());
         }
         let record = self
             .services
@@ -549,50 +618,111 @@ impl Allocations {
                 ips: Vec::new(),
                 applied: None,
                 data_path: wanted.data_path,
+                sharing: None,
             });
         record.ips = ips.clone();
         record.data_path = wanted.data_path;
+        record.sharing = wanted.sharing.clone();
         record.uid = uid.map(str::to_owned).or(record.uid.take());
         Ok(ips)
     }
 
-    /// The lowest free address of `family` in the pool `wanted` names, else in the auto-assign pools in
-    /// order; only pools that serve the Service's namespace and labels.
+    /// The address of `family` for `wanted` from the pool it names, else from the auto-assign pools in
+    /// order (only pools that serve the Service's namespace and labels): for a Service that allows
+    /// sharing, the first address a compatible Service holds (sharers meet on one address, as
+    /// MetalLB's do), else the lowest free one.
     fn first_free(&self, config: &Config, family: IpFamily, wanted: &Wanted) -> Option<IpAddr> {
-        config
-            .address_pools
-            .iter()
-            .filter(|p| match &wanted.pool {
-                Some(name) => &p.name == name,
-                None => p.auto_assign,
-            })
-            .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
+        let pools = || {
+            config
+                .address_pools
+                .iter()
+                .filter(|p| match &wanted.pool {
+                    Some(name) => &p.name == name,
+                    None => p.auto_assign,
+                })
+                .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
+        };
+        if let Some(sharing) = &wanted.sharing {
+            let shared = self.owners.iter().find(|(ip, holders)| {
+                IpFamily::of(**ip) == family
+                    && config
+                        .pool_of(**ip)
+                        .is_some_and(|p| pools().any(|q| q.name == p.name))
+                    && holders.iter().all(|holder| {
+                        let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
+                        sharing.conflict(theirs, holder).is_none()
+                    })
+            });
+            if let Some((ip, _)) = shared {
+                return Some(*ip);
+            }
+        }
+        pools()
             .flat_map(|p| p.addresses.iter())
             .filter(|r| IpFamily::of(r.first()) == family)
             .find_map(|r| r.addresses().find(|ip| !self.owners.contains_key(ip)))
     }
 
+    /// Why `key` (asking `wanted`) may not hold `ip` beside the Services that hold it, if it may not.
+    fn sharing_refused(&self, ip: &IpAddr, key: &str, wanted: &Wanted) -> Option<String> {
+        let holders = self.owners.get(ip)?;
+        holders.iter().filter(|h| *h != key).find_map(|holder| {
+            let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
+            match &wanted.sharing {
+                Some(mine) => mine.conflict(theirs, holder),
+                None => Some(format!(
+                    "Service {holder} holds it (Services share an address only with the same {ANNOTATION_ALLOW_SHARED_IP})"
+                )),
+            }
+        })
+    }
+
+    /// `key` no longer holds `ip`.
+    fn disown(&mut self, ip: IpAddr, key: &str) {
+        if let Some(holders) = self.owners.get_mut(&ip) {
+            holders.remove(key);
+            if holders.is_empty() {
+                self.owners.remove(&ip);
+            }
+        }
+    }
+
+    /// Whether a Service other than `key` holds `ip` (a shared address stays on the interface).
+    pub(crate) fn held_by_another(&self, ip: IpAddr, key: &str) -> bool {
+        self.owners
+            .get(&ip)
+            .is_some_and(|holders| holders.iter().any(|h| h != key))
+    }
+
     fn release(&mut self, key: &str) -> Option<Record> {
         let record = self.services.remove(key)?;
         for ip in &record.ips {
-            if self.owners.get(ip).is_some_and(|o| o == key) {
-                self.owners.remove(ip);
-            }
+            self.disown(*ip, key);
         }
         Some(record)
     }
 
     /// Reserves the addresses a Service's status carries (at start). An address another Service
-    /// already holds is not taken (and logged).
-    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr]) {
+    /// already holds is not taken (and logged), unless both may share it (`sharing`: how this one may,
+    /// read from the Service as it is).
+    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr], sharing: Option<Sharing>) {
         let mut mine = Vec::new();
         for ip in ips {
-            match self.owners.get(ip) {
-                Some(owner) if owner != key => {
-                    tracing::warn!(service = key, %ip, owner, "two Services' statuses carry one address; it stays with the first");
+            let refused = self.owners.get(ip).and_then(|holders| {
+                holders.iter().filter(|h| *h != key).find_map(|holder| {
+                    let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
+                    match &sharing {
+                        Some(mine) => mine.conflict(theirs, holder),
+                        None => Some(format!("Service {holder} holds it")),
+                    }
+                })
+            });
+            match refused {
+                Some(why) => {
+                    tracing::warn!(service = key, %ip, %why, "two Services' statuses carry one address; it stays with the first");
                 }
-                _ => {
-                    self.owners.insert(*ip, key.to_owned());
+                None => {
+                    self.owners.entry(*ip).or_default().insert(key.to_owned());
                     mine.push(*ip);
                 }
             }
@@ -605,6 +735,7 @@ impl Allocations {
                     ips: mine,
                     applied: None,
                     data_path: DataPath::default(),
+                    sharing,
                 },
             );
         }
@@ -729,7 +860,13 @@ impl LocalCloud {
             if ips.is_empty() {
                 continue;
             }
-            allocations.reserve(&key_of(service), service.metadata.uid.as_deref(), &ips);
+            let sharing = read_service(service, &config).ok().and_then(|w| w.sharing);
+            allocations.reserve(
+                &key_of(service),
+                service.metadata.uid.as_deref(),
+                &ips,
+                sharing,
+            );
             reserved += ips.len();
         }
         tracing::info!(
@@ -811,7 +948,18 @@ impl LocalCloud {
                 source,
             })?;
             if let Some(addresses) = &self.inner.addresses {
-                for old in previous.iter().filter(|ip| !vips.contains(ip)) {
+                let shared: Vec<IpAddr> = {
+                    let allocations = lock(&self.inner.load_balancers);
+                    previous
+                        .iter()
+                        .copied()
+                        .filter(|ip| allocations.held_by_another(*ip, &key))
+                        .collect()
+                };
+                for old in previous
+                    .iter()
+                    .filter(|ip| !vips.contains(ip) && !shared.contains(ip))
+                {
                     addresses.remove(*old).await;
                 }
             }
@@ -1110,8 +1258,16 @@ impl LoadBalancer for LocalCloud {
                 tracing::info!(vips = ?ips, "deleting the load balancer");
                 self.inner.data_plane.remove(&key).await;
                 if let Some(addresses) = &self.inner.addresses {
-                    for ip in &ips {
-                        addresses.remove(*ip).await;
+                    // A shared address stays on the interface for the Services still on it.
+                    let sole: Vec<IpAddr> = {
+                        let allocations = lock(&self.inner.load_balancers);
+                        ips.iter()
+                            .copied()
+                            .filter(|ip| !allocations.held_by_another(*ip, &key))
+                            .collect()
+                    };
+                    for ip in sole {
+                        addresses.remove(ip).await;
                     }
                 }
                 // Only now may another Service get these addresses: not while this load balancer's
@@ -1316,6 +1472,112 @@ mod tests {
         )
     }
 
+    /// Services with one `allow-shared-ip` key, distinct ports and the same traffic policy share an
+    /// address, picked or asked for; any other pair does not, and the refusal says why; a shared
+    /// address is free again only when its last Service goes.
+    #[test]
+    fn services_with_one_sharing_key_and_distinct_ports_share_an_address() {
+        let config = config("addressPools:\n  - {name: a, addresses: [127.52.0.1-127.52.0.3]}\n");
+        let mut allocations = Allocations::default();
+        let shared = |key: &str, port: u16, extra: serde_json::Value| {
+            let mut service = json!({
+                "metadata": {"annotations": {ANNOTATION_ALLOW_SHARED_IP: key}},
+                "spec": {"ports": [{"port": port, "nodePort": 30000 + port, "protocol": "TCP"}]}
+            });
+            merge(&mut service, extra);
+            svc(service)
+        };
+        let none = json!({});
+        let web = allocate_for(
+            &mut allocations,
+            &config,
+            "ns/web",
+            &shared("k", 80, none.clone()),
+        );
+        assert_eq!(web.unwrap(), ips(&["127.52.0.1"]));
+        // Same key, another port: the same address.
+        let tls = allocate_for(
+            &mut allocations,
+            &config,
+            "ns/tls",
+            &shared("k", 443, none.clone()),
+        );
+        assert_eq!(tls.unwrap(), ips(&["127.52.0.1"]));
+        // Same port, another key, no key: other addresses.
+        let clash = allocate_for(
+            &mut allocations,
+            &config,
+            "ns/clash",
+            &shared("k", 80, none.clone()),
+        );
+        assert_eq!(clash.unwrap(), ips(&["127.52.0.2"]));
+        let other = allocate_for(
+            &mut allocations,
+            &config,
+            "ns/other",
+            &shared("j", 8080, none.clone()),
+        );
+        assert_eq!(other.unwrap(), ips(&["127.52.0.3"]));
+        // Asked for by address: refused with the reason.
+        let ask = |extra: serde_json::Value| {
+            let mut service =
+                json!({"metadata": {"annotations": {ANNOTATION_LOAD_BALANCER_IPS: "127.52.0.1"}}});
+            merge(&mut service, extra);
+            service
+        };
+        for (service, why) in [
+            (
+                svc(ask(json!({}))),
+                "Service ns/tls holds it (Services share an address only with the same local.ccm.rs/allow-shared-ip)",
+            ),
+            (
+                shared("j", 8081, ask(json!({}))),
+                "with local.ccm.rs/allow-shared-ip: \"k\", not \"j\"",
+            ),
+            (shared("k", 443, ask(json!({}))), "uses port 443/TCP too"),
+            (
+                shared(
+                    "k",
+                    8443,
+                    ask(
+                        json!({"spec": {"externalTrafficPolicy": "Local", "healthCheckNodePort": 32000, "selector": {"app": "x"}}}),
+                    ),
+                ),
+                "another externalTrafficPolicy",
+            ),
+        ] {
+            let err = allocate_for(&mut allocations, &config, "ns/asker", &service).unwrap_err();
+            assert!(
+                err.starts_with("the requested address 127.52.0.1 is taken: "),
+                "{err}"
+            );
+            assert!(err.contains(why), "{err}");
+        }
+        let joined = allocate_for(
+            &mut allocations,
+            &config,
+            "ns/asker",
+            &shared("k", 8443, ask(json!({}))),
+        );
+        assert_eq!(joined.unwrap(), ips(&["127.52.0.1"]));
+        // The address stays held while one of its Services does.
+        allocations.release("ns/web");
+        allocations.release("ns/tls");
+        assert!(allocations.held_by_another("127.52.0.1".parse().unwrap(), "ns/web"));
+        allocations.release("ns/asker");
+        assert!(
+            !allocations
+                .owners
+                .contains_key(&"127.52.0.1".parse().unwrap())
+        );
+        // An empty key is refused, naming the annotation.
+        let err = read_service(&shared("", 80, none), &config).unwrap_err();
+        assert!(
+            err.contains("local.ccm.rs/allow-shared-ip: the sharing key is empty"),
+            "{err}"
+        );
+    }
+
     const DUAL_POOLS: &str = "addressPools:\n  - {name: a, addresses: [127.50.0.1-127.50.0.2, 'fd00:50::/126']}\n  - {name: b, addresses: [127.51.0.0/30], autoAssign: false}\n";
 
     #[test]
@@ -1373,7 +1635,7 @@ mod tests {
         let asks = |ip: &str| svc(json!({"spec": {"loadBalancerIP": ip}}));
         assert_eq!(
             allocate(&mut allocations, "ns/e", &asks("127.50.0.2")).unwrap_err(),
-            "the requested address 127.50.0.2 is taken by Service ns/b"
+            "the requested address 127.50.0.2 is taken: Service ns/b holds it (Services share an address only with the same local.ccm.rs/allow-shared-ip)"
         );
         assert!(
             allocate(&mut allocations, "ns/e", &asks("127.9.9.9"))
@@ -1387,7 +1649,7 @@ mod tests {
         // Moving to another requested address frees the first.
         assert_eq!(
             allocate(&mut allocations, "ns/e", &asks("127.51.0.1")).unwrap_err(),
-            "the requested address 127.51.0.1 is taken by Service ns/d"
+            "the requested address 127.51.0.1 is taken: Service ns/d holds it (Services share an address only with the same local.ccm.rs/allow-shared-ip)"
         );
         allocations.release("ns/d");
         assert_eq!(
@@ -1539,7 +1801,7 @@ mod tests {
             ..Default::default()
         });
         // Reserved at start: another Service cannot get it.
-        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]));
+        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]), None);
         let other = svc(json!({"metadata": {"name": "other", "uid": "u2"}}));
         let wanted = read_service(&other, &config).unwrap();
         assert_eq!(

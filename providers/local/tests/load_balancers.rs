@@ -754,3 +754,40 @@ async fn a_changed_port_is_reapplied_and_the_vip_stays() {
     assert_eq!(status_ips(&service), vec![vip], "the VIP stays");
     s.finish().await;
 }
+
+#[tokio::test]
+async fn two_services_with_one_sharing_key_share_a_vip_and_it_stays_while_one_does() {
+    let _serial = SERIAL.lock().await;
+    let id = 14;
+    let np: Vec<u16> = (0..2).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    let shared = json!({"metadata": {"annotations": {"local.ccm.rs/allow-shared-ip": "pair"}}});
+    let http = s
+        .service("http", &[(18080, "TCP", np[0])], shared.clone())
+        .await;
+    let admin = s.service("admin", &[(18081, "TCP", np[1])], shared).await;
+    assert_eq!(http, admin, "the two Services share one VIP");
+    for port in [18080, 18081] {
+        eventually(&format!("{http}:{port} answers"), LONG, || async move {
+            connect(http, port).await.ok().map(|_| ())
+        })
+        .await;
+    }
+    // One goes: its port closes, the other's stays, on the same address.
+    services(&s.namespace)
+        .await
+        .delete("http", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted Service's port closed", LONG, || async move {
+        match tokio::net::TcpStream::connect((http, 18080)).await {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    connect(admin, 18081)
+        .await
+        .expect("the other Service still answers on the shared VIP");
+    s.finish().await;
+}

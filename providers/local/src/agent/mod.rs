@@ -293,6 +293,7 @@ pub async fn run(
         adopted,
         applied: BTreeMap::new(),
         retry_at: HashMap::new(),
+        warned_mode: false,
     };
     while !shutdown.is_cancelled() {
         let now = Instant::now();
@@ -397,6 +398,8 @@ struct Agent {
     applied: BTreeMap<String, LoadBalancerSpec>,
     /// Services not to try again before then.
     retry_at: HashMap<String, Instant>,
+    /// The cloud-config's mode is not `agents` (and that was logged).
+    warned_mode: bool,
 }
 
 impl Agent {
@@ -434,9 +437,19 @@ impl Agent {
             .filter(|n| alive.contains(n))
             .collect();
         let slices = slices.state();
+        // A cloud-config changed to `mode: leader` while the agents run: the leader serves now, and
+        // this agent gives its VIPs up rather than announce them beside it.
+        let agents_mode = config.load_balancer.mode == LoadBalancerMode::Agents;
+        if !agents_mode && !self.warned_mode {
+            tracing::warn!(
+                "the cloud-config says loadBalancer.mode: leader: this agent announces nothing until it says agents again"
+            );
+        }
+        self.warned_mode = !agents_mode;
         let served: Vec<Served> = services
             .state()
             .into_iter()
+            .filter(|_| agents_mode)
             .filter_map(|s| self.served(s, &config, &slices))
             .collect();
         let plan = plan::plan(me, &served, &candidates);
