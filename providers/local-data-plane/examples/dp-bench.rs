@@ -7,6 +7,9 @@
 //!                                                at RATE requests/s in all (0 or absent: as fast as they can)
 //! dp-bench connrate ADDR WORKERS SECS            new connections per second (connect, 1-byte echo, close)
 //! dp-bench idle ADDR CONNS SECS                  opens CONNS idle connections, prints "open N", holds them SECS
+//! dp-bench http ADDR CONNS SECS [RATE]           as `latency`, each request a `GET /` on keep-alive HTTP/1.1
+//!                                                connections (for an HTTP server behind the address)
+//! dp-bench httprate ADDR WORKERS SECS            as `connrate`, each connection one `GET /` (Connection: close)
 //! ```
 //! Every measuring command prints one JSON object on stdout.
 
@@ -71,6 +74,29 @@ async fn run(args: Vec<String>) -> Result<()> {
             )
             .await
         }
+        Some("http") => {
+            exchange_latency(
+                arg(&args, 1, "address")?,
+                arg(&args, 2, "connections")?,
+                arg(&args, 3, "seconds")?,
+                Exchange::Http,
+                if args.len() > 4 {
+                    arg(&args, 4, "rate")?
+                } else {
+                    0.0
+                },
+            )
+            .await
+        }
+        Some("httprate") => {
+            connection_rate(
+                arg(&args, 1, "address")?,
+                arg(&args, 2, "workers")?,
+                arg(&args, 3, "seconds")?,
+                Exchange::Http,
+            )
+            .await
+        }
         Some("connrate") => {
             connrate(
                 arg(&args, 1, "address")?,
@@ -87,7 +113,10 @@ async fn run(args: Vec<String>) -> Result<()> {
             )
             .await
         }
-        _ => Err("usage: dp-bench lb|echo|latency|connrate|idle ... (see the source)".into()),
+        _ => Err(
+            "usage: dp-bench lb|echo|latency|connrate|idle|http|httprate ... (see the source)"
+                .into(),
+        ),
     }
 }
 
@@ -169,7 +198,67 @@ fn bind(addr: SocketAddr) -> Result<TcpListener> {
     Ok(TcpListener::from_std(socket.into())?)
 }
 
+/// What one request/response is.
+#[derive(Debug, Clone, Copy)]
+enum Exchange {
+    /// SIZE bytes, echoed back.
+    Echo(usize),
+    /// `GET /` and an HTTP/1.1 response with a Content-Length.
+    Http,
+}
+
+const HTTP_GET: &[u8] = b"GET / HTTP/1.1\r\nHost: bench\r\n\r\n";
+const HTTP_GET_CLOSE: &[u8] = b"GET / HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n";
+
+/// One exchange on `stream`; `Err` when the connection failed or answered something else.
+async fn exchange(
+    stream: &mut tokio::io::BufReader<TcpStream>,
+    how: Exchange,
+    scratch: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    match how {
+        Exchange::Echo(size) => {
+            scratch.resize(size, b'x');
+            stream.get_mut().write_all(scratch).await?;
+            stream.read_exact(scratch).await.map(drop)
+        }
+        Exchange::Http => {
+            stream.get_mut().write_all(HTTP_GET).await?;
+            let mut length = None;
+            loop {
+                scratch.clear();
+                if stream.read_until(b'\n', scratch).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                let line = String::from_utf8_lossy(scratch)
+                    .trim_end()
+                    .to_ascii_lowercase();
+                if line.is_empty() {
+                    break;
+                }
+                if let Some(value) = line.strip_prefix("content-length:") {
+                    length = value.trim().parse::<usize>().ok();
+                }
+            }
+            let length = length.ok_or(std::io::ErrorKind::InvalidData)?;
+            scratch.resize(length, 0);
+            stream.read_exact(scratch).await.map(drop)
+        }
+    }
+}
+
 async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f64) -> Result<()> {
+    exchange_latency(addr, conns, secs, Exchange::Echo(size), rate).await
+}
+
+async fn exchange_latency(
+    addr: SocketAddr,
+    conns: usize,
+    secs: f64,
+    how: Exchange,
+    rate: f64,
+) -> Result<()> {
     let warmup = Duration::from_millis(500);
     let start = Instant::now();
     let measure_from = start + warmup;
@@ -185,13 +274,13 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
             // Stagger the connects over the warm-up.
             tokio::time::sleep(warmup.mul_f64(i as f64 / conns as f64 / 2.0)).await;
             let mut samples = Vec::new();
-            let Ok(mut stream) = TcpStream::connect(addr).await else {
+            let Ok(stream) = TcpStream::connect(addr).await else {
                 errors.fetch_add(1, Ordering::Relaxed);
                 return samples;
             };
             let _ = stream.set_nodelay(true);
-            let request = vec![b'x'; size];
-            let mut response = vec![0u8; size];
+            let mut stream = tokio::io::BufReader::new(stream);
+            let mut scratch = Vec::new();
             // Open loop at rate / conns per connection, phases spread evenly; or closed loop.
             let mut ticker = (rate > 0.0).then(|| {
                 let period = Duration::from_secs_f64(conns as f64 / rate);
@@ -208,9 +297,7 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
                 if t0 >= end {
                     return samples;
                 }
-                if stream.write_all(&request).await.is_err()
-                    || stream.read_exact(&mut response).await.is_err()
-                {
+                if exchange(&mut stream, how, &mut scratch).await.is_err() {
                     errors.fetch_add(1, Ordering::Relaxed);
                     return samples;
                 }
@@ -247,6 +334,10 @@ async fn latency(addr: SocketAddr, conns: usize, secs: f64, size: usize, rate: f
 }
 
 async fn connrate(addr: SocketAddr, workers: usize, secs: f64) -> Result<()> {
+    connection_rate(addr, workers, secs, Exchange::Echo(1)).await
+}
+
+async fn connection_rate(addr: SocketAddr, workers: usize, secs: f64, how: Exchange) -> Result<()> {
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
     let done = Arc::new(AtomicU64::new(0));
@@ -260,8 +351,18 @@ async fn connrate(addr: SocketAddr, workers: usize, secs: f64) -> Result<()> {
             while Instant::now() < end {
                 let ok = async {
                     let mut stream = TcpStream::connect(addr).await.ok()?;
-                    stream.write_all(b"x").await.ok()?;
-                    stream.read_exact(&mut byte).await.ok()?;
+                    match how {
+                        Exchange::Echo(_) => {
+                            stream.write_all(b"x").await.ok()?;
+                            stream.read_exact(&mut byte).await.ok()?;
+                        }
+                        Exchange::Http => {
+                            stream.write_all(HTTP_GET_CLOSE).await.ok()?;
+                            let mut response = Vec::new();
+                            stream.read_to_end(&mut response).await.ok()?;
+                            response.starts_with(b"HTTP/1.1 200").then_some(())?;
+                        }
+                    }
                     Some(())
                 }
                 .await;
