@@ -6,7 +6,7 @@
 use std::{process::ExitCode, sync::Arc};
 
 use cloud_provider::{clap::Parser, prometheus_client};
-use cloud_provider_local::agent::{self, AgentFlags};
+use cloud_provider_local::agent::{self, AgentFlags, AgentMetrics};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -43,9 +43,11 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
     let client = client(&flags).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
+    let metrics = AgentMetrics::default();
     if flags.metrics_bind_address != "0" {
         let mut registry = prometheus_client::registry::Registry::default();
         cloud.data_plane().register_metrics(&mut registry);
+        metrics.register(&mut registry);
         serve_metrics(
             &flags.metrics_bind_address,
             Arc::new(registry),
@@ -53,7 +55,7 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
         )
         .await?;
     }
-    agent::run(cloud, client, settings, shutdown)
+    agent::run(cloud, client, settings, metrics, shutdown)
         .await
         .map_err(|err| err.to_string())
 }

@@ -12,12 +12,16 @@
 //! that was killed finds its VIPs still on the interface when it starts again, takes them over, and
 //! removes those it no longer announces.
 //!
-//! The announcer is one part (the VIP on the interface and its announcements, [`crate::addresses`]):
-//! another way of telling the network (BGP) would replace that part only; the election and the
-//! serving do not depend on it.
+//! The announcer is one part ([`announcer::Announcer`]; layer 2: the VIP on the interface and its
+//! announcements): another way of telling the network (BGP) would be another implementation of it;
+//! the election and the serving do not depend on it.
 
+mod announcer;
 pub(crate) mod heartbeat;
+mod metrics;
 pub(crate) mod plan;
+
+pub use metrics::AgentMetrics;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -48,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     CloudEvent, Config, Error, LoadBalancerMode, LocalCloud,
     addresses::AddressManager,
+    agent::announcer::Announcer,
     instances::lock,
     load_balancer::{DataPath, build_spec, key_of, listener_differences, read_service},
 };
@@ -205,6 +210,7 @@ pub async fn run(
     cloud: LocalCloud,
     client: Client,
     settings: AgentSettings,
+    metrics: AgentMetrics,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     settings.check()?;
@@ -256,17 +262,18 @@ pub async fn run(
         settings.renew_interval,
         renewed.clone(),
         changed.clone(),
+        metrics.clone(),
         shutdown.clone(),
     ));
 
-    let addresses = AddressManager::new(settings.interface.clone());
+    let announcer: Box<dyn Announcer> = Box::new(AddressManager::new(settings.interface.clone()));
     let ranges: Vec<_> = cloud
         .config()
         .address_pools
         .iter()
         .flat_map(|p| p.addresses.iter().cloned())
         .collect();
-    let adopted: BTreeSet<IpAddr> = match addresses.adopt(ranges).await {
+    let adopted: BTreeSet<IpAddr> = match announcer.adopt(ranges).await {
         Ok(found) => found.into_iter().collect(),
         Err(err) => return Err(Error::Flag(format!("--interface: {err}"))),
     };
@@ -287,7 +294,8 @@ pub async fn run(
     let mut agent = Agent {
         cloud: cloud.clone(),
         settings: settings.clone(),
-        addresses,
+        announcer,
+        metrics,
         liveness: Liveness::default(),
         announced: BTreeSet::new(),
         adopted,
@@ -312,8 +320,9 @@ pub async fn run(
         }
     }
 
-    tracing::info!("local-agent: stopping; taking the VIPs off the interface");
-    agent.addresses.remove_all_now();
+    tracing::info!(from = %agent.announcer.describe(), "local-agent: stopping; withdrawing the VIPs");
+    agent.announcer.withdraw_all_now();
+    agent.metrics.announced.set(0);
     let heartbeat = beating.await.ok();
     if let Some(heartbeat) = heartbeat {
         heartbeat.release().await;
@@ -329,6 +338,7 @@ async fn beat(
     interval: Duration,
     renewed: Arc<Mutex<Instant>>,
     changed: Arc<Notify>,
+    metrics: AgentMetrics,
     shutdown: CancellationToken,
 ) -> Heartbeat {
     let mut failing = false;
@@ -347,6 +357,7 @@ async fn beat(
                 }
             }
             Err(err) => {
+                metrics.heartbeat_failures.inc();
                 if !failing {
                     tracing::warn!(error = %err, "cannot renew the heartbeat Lease; this node stops announcing if it cannot for the heartbeat's duration");
                 }
@@ -388,7 +399,9 @@ where
 struct Agent {
     cloud: LocalCloud,
     settings: AgentSettings,
-    addresses: AddressManager,
+    /// Tells the network which VIPs this node holds.
+    announcer: Box<dyn Announcer>,
+    metrics: AgentMetrics,
     liveness: Liveness,
     /// The VIPs on the interface.
     announced: BTreeSet<IpAddr>,
@@ -458,6 +471,9 @@ impl Agent {
             .filter_map(|n| self.cloud.backend_addresses(&config, n))
             .collect();
         self.converge(&plan, &served, &config, &backends, now).await;
+        self.metrics
+            .announced
+            .set(i64::try_from(self.announced.len()).unwrap_or(i64::MAX));
         let retry = self.retry_at.values().min().copied();
         [self.liveness.next_expiry(now), retry]
             .into_iter()
@@ -526,8 +542,8 @@ impl Agent {
             .copied()
             .collect::<Vec<_>>()
         {
-            tracing::info!(%ip, "VIP left by an earlier run, not this node's: removed");
-            self.addresses.remove(ip).await;
+            tracing::info!(%ip, "VIP left by an earlier run, not this node's: withdrawn");
+            self.announcer.withdraw(ip).await;
             self.adopted.remove(&ip);
         }
         for ip in self
@@ -538,8 +554,9 @@ impl Agent {
         {
             let to = plan.announcers.get(&ip).cloned().flatten();
             tracing::info!(%ip, to = ?to, "VIP given up");
-            self.addresses.remove(ip).await;
+            self.announcer.withdraw(ip).await;
             self.announced.remove(&ip);
+            self.metrics.given_up.inc();
         }
         let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
         // Load balancers this node no longer serves drain in the background.
@@ -586,16 +603,19 @@ impl Agent {
             if self.announced.contains(ip) {
                 continue;
             }
-            let warning = self.addresses.add(*ip).await?;
+            let warning = self.announcer.announce(*ip).await?;
             self.announced.insert(*ip);
             self.adopted.remove(ip);
-            let interface = &self.settings.interface;
+            self.metrics.taken.inc();
             let node = &self.settings.node_name;
             tracing::info!(%ip, service = %served.key, "VIP announced from this node");
             self.cloud.record_event(
                 "Normal",
                 vip_event(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
-                &format!("{ip} is announced from node {node} (interface {interface})"),
+                &format!(
+                    "{ip} is announced from node {node} ({})",
+                    self.announcer.describe()
+                ),
             );
             if let Some(warning) = warning {
                 self.cloud.report_unannounced_vip(service, &warning);

@@ -1,0 +1,56 @@
+//! How a node tells the network that it holds a VIP now. The agent elects and serves; an [`Announcer`]
+//! only makes the network send the VIP's traffic to this node, and stops. Layer 2 is the one there is
+//! ([`AddressManager`]: the VIP on the interface, gratuitous ARP / unsolicited neighbour advertisement);
+//! a BGP announcer (a route to the VIP advertised to the node's peers) would be another implementation
+//! of this trait, beside it, with nothing else of the agent changed.
+
+use std::net::IpAddr;
+
+use cloud_provider::async_trait;
+
+use crate::{AddressRange, addresses::AddressManager};
+
+/// Makes the network deliver a VIP's traffic to this node.
+#[async_trait]
+pub(crate) trait Announcer: Send + Sync {
+    /// What it announces on, for logs and events (`interface eth0`).
+    fn describe(&self) -> String;
+
+    /// Starts announcing `ip`. `Ok(Some(warning))`: the VIP is this node's, but not every neighbour
+    /// was told (what was not sent, and why).
+    async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String>;
+
+    /// Stops announcing `ip` (failures are logged).
+    async fn withdraw(&self, ip: IpAddr);
+
+    /// Stops announcing everything, before the process exits: blocks the calling thread until done.
+    fn withdraw_all_now(&self);
+
+    /// Takes over what an earlier run of this agent left announced within `ranges` (killed before it
+    /// could withdraw): withdrawn by [`Announcer::withdraw`] unless announced again. Returns it.
+    async fn adopt(&self, ranges: Vec<AddressRange>) -> Result<Vec<IpAddr>, String>;
+}
+
+/// Layer 2: the VIP on the node's interface, announced to the link's neighbours.
+#[async_trait]
+impl Announcer for AddressManager {
+    fn describe(&self) -> String {
+        format!("interface {}", self.interface())
+    }
+
+    async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String> {
+        self.add(ip).await
+    }
+
+    async fn withdraw(&self, ip: IpAddr) {
+        self.remove(ip).await;
+    }
+
+    fn withdraw_all_now(&self) {
+        self.remove_all_now();
+    }
+
+    async fn adopt(&self, ranges: Vec<AddressRange>) -> Result<Vec<IpAddr>, String> {
+        AddressManager::adopt(self, ranges).await
+    }
+}
