@@ -135,6 +135,27 @@ struct CloudEvent<'a> {
     action: &'static str,
 }
 
+impl<'a> CloudEvent<'a> {
+    /// An event about a VIP of `service`, recorded in its namespace and regarding it.
+    fn about_vip(
+        service: &'a k8s_openapi::api::core::v1::Service,
+        reason: &'static str,
+        action: &'static str,
+    ) -> Self {
+        use kube::Resource;
+        CloudEvent {
+            namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
+            name_prefix: format!(
+                "{}.vip-",
+                service.metadata.name.as_deref().unwrap_or("service")
+            ),
+            regarding: Some(service.object_ref(&())),
+            reason,
+            action,
+        }
+    }
+}
+
 /// The `local` cloud. Cheap to clone; clones share one cloud.
 #[derive(Clone)]
 pub struct LocalCloud {
@@ -298,18 +319,8 @@ impl LocalCloud {
         service: &k8s_openapi::api::core::v1::Service,
         warning: &str,
     ) {
-        use kube::Resource;
         self.record_warning(
-            CloudEvent {
-                namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
-                name_prefix: format!(
-                    "{}.vip-",
-                    service.metadata.name.as_deref().unwrap_or("service")
-                ),
-                regarding: Some(service.object_ref(&())),
-                reason: EVENT_VIP_NOT_ANNOUNCED,
-                action: "AnnounceVIP",
-            },
+            CloudEvent::about_vip(service, EVENT_VIP_NOT_ANNOUNCED, "AnnounceVIP"),
             warning,
         );
     }

@@ -452,7 +452,7 @@ fn labels_text(labels: &BTreeMap<String, String>) -> String {
 }
 
 /// The IPs a Service's status carries.
-fn published_ips(service: &Service) -> Vec<IpAddr> {
+pub(crate) fn published_ips(service: &Service) -> Vec<IpAddr> {
     service
         .status
         .as_ref()

@@ -54,7 +54,9 @@ use crate::{
     addresses::AddressManager,
     agent::announcer::Announcer,
     instances::lock,
-    load_balancer::{DataPath, build_spec, key_of, listener_differences, read_service},
+    load_balancer::{
+        DataPath, build_spec, key_of, listener_differences, published_ips, read_service,
+    },
 };
 
 use self::{
@@ -496,14 +498,8 @@ impl Agent {
         {
             return None;
         }
-        let vips: Vec<IpAddr> = service
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| lb.ingress.as_ref())
+        let vips: Vec<IpAddr> = published_ips(&service)
             .into_iter()
-            .flatten()
-            .filter_map(|i| i.ip.as_deref()?.parse::<IpAddr>().ok())
             .filter(|ip| config.pool_of(*ip).is_some())
             .collect();
         if vips.is_empty() {
@@ -611,7 +607,7 @@ impl Agent {
             tracing::info!(%ip, service = %served.key, "VIP announced from this node");
             self.cloud.record_event(
                 "Normal",
-                vip_event(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
+                CloudEvent::about_vip(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
                 &format!(
                     "{ip} is announced from node {node} ({})",
                     self.announcer.describe()
@@ -652,23 +648,5 @@ impl Agent {
         } else {
             Err(differences.join("; "))
         }
-    }
-}
-
-/// An event about a VIP of `service`.
-fn vip_event<'a>(
-    service: &'a Service,
-    reason: &'static str,
-    action: &'static str,
-) -> CloudEvent<'a> {
-    CloudEvent {
-        namespace: service.metadata.namespace.as_deref().unwrap_or("default"),
-        name_prefix: format!(
-            "{}.vip-",
-            service.metadata.name.as_deref().unwrap_or("service")
-        ),
-        regarding: Some(service.object_ref(&())),
-        reason,
-        action,
     }
 }
