@@ -539,6 +539,44 @@ impl Netlink {
     }
 }
 
+/// The name of the interface that has `ip` (the node's own address, for a node agent started without
+/// `--interface`); `None` when no interface has it.
+pub(crate) async fn interface_with(ip: IpAddr) -> Result<Option<String>, String> {
+    let netlink = Netlink::open()?;
+    let list = netlink
+        .0
+        .address()
+        .get()
+        .execute()
+        .try_collect::<Vec<AddressMessage>>();
+    let messages = tokio::time::timeout(NETLINK_TIMEOUT, list)
+        .await
+        .map_err(|_| format!("listing the addresses: no answer within {NETLINK_TIMEOUT:?}"))?
+        .map_err(|err| format!("listing the addresses: {}", describe(&err)))?;
+    let Some(index) = messages
+        .iter()
+        .find(|m| {
+            m.attributes.iter().any(|a| {
+                matches!(a, AddressAttribute::Local(x) | AddressAttribute::Address(x) if *x == ip)
+            })
+        })
+        .map(|m| m.header.index)
+    else {
+        return Ok(None);
+    };
+    let mut links = netlink.0.link().get().match_index(index).execute();
+    let link = tokio::time::timeout(NETLINK_TIMEOUT, links.try_next())
+        .await
+        .map_err(|_| format!("looking interface {index} up: no answer within {NETLINK_TIMEOUT:?}"))?
+        .map_err(|err| format!("looking interface {index} up: {}", describe(&err)))?;
+    Ok(link.and_then(|link| {
+        link.attributes.into_iter().find_map(|a| match a {
+            rtnetlink::packet_route::link::LinkAttribute::IfName(name) => Some(name),
+            _ => None,
+        })
+    }))
+}
+
 /// The prefix length of `ip` as a host address: `/32` or `/128`.
 fn host_prefix(ip: IpAddr) -> u8 {
     if ip.is_ipv4() { 32 } else { 128 }

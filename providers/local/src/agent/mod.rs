@@ -86,9 +86,10 @@ pub struct AgentFlags {
     /// The node this agent runs on (the DaemonSet sets it from spec.nodeName).
     #[arg(long, env = "NODE_NAME", value_name = "NAME")]
     pub node_name: String,
-    /// The node's interface the VIPs go on (CAP_NET_ADMIN) and are announced on (CAP_NET_RAW).
+    /// The node's interface the VIPs go on (CAP_NET_ADMIN) and are announced on (CAP_NET_RAW); without
+    /// it, the interface that has the node's InternalIP (the first one of the Node's status).
     #[arg(long, value_name = "INTERFACE")]
-    pub interface: String,
+    pub interface: Option<String>,
     /// The cloud-config the manager reads (the same ConfigMap): its pools, inventory and data-plane
     /// settings. It must say loadBalancer.mode: agents.
     #[arg(long, value_name = "PATH")]
@@ -157,8 +158,9 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 pub struct AgentSettings {
     /// The node this agent runs on (the Node's name).
     pub node_name: String,
-    /// The node's interface the VIPs go on and are announced on.
-    pub interface: String,
+    /// The node's interface the VIPs go on and are announced on; `None`: the one that has the node's
+    /// InternalIP.
+    pub interface: Option<String>,
     /// The namespace of the agents' heartbeat Leases.
     pub namespace: String,
     /// A heartbeat older than this is a node gone (the Lease's `leaseDurationSeconds`, whole seconds).
@@ -185,8 +187,11 @@ impl AgentSettings {
                 self.node_name
             ));
         }
-        if self.interface.trim().is_empty() {
-            return flag("--interface is empty".into());
+        if self.interface.as_ref().is_some_and(|i| i.trim().is_empty()) {
+            return flag(
+                "--interface is empty (leave it out to use the interface of the node's InternalIP)"
+                    .into(),
+            );
         }
         if self.heartbeat < Duration::from_secs(1) || self.heartbeat.subsec_nanos() != 0 {
             return flag(format!(
@@ -268,7 +273,11 @@ pub async fn run(
         shutdown.clone(),
     ));
 
-    let announcer: Box<dyn Announcer> = Box::new(AddressManager::new(settings.interface.clone()));
+    let interface = match &settings.interface {
+        Some(interface) => interface.clone(),
+        None => node_interface(&client, &settings.node_name).await?,
+    };
+    let announcer: Box<dyn Announcer> = Box::new(AddressManager::new(interface.clone()));
     let ranges: Vec<_> = cloud
         .config()
         .address_pools
@@ -290,7 +299,7 @@ pub async fn run(
             let _ = nodes.wait_until_ready().await;
             let _ = slices.wait_until_ready().await;
             let _ = leases.wait_until_ready().await;
-        } => tracing::info!(node = %settings.node_name, interface = %settings.interface, "local-agent: watching; announcing the VIPs this node is elected for"),
+        } => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),
     }
 
     let mut agent = Agent {
@@ -331,6 +340,42 @@ pub async fn run(
     }
     cloud.inner.data_plane.shutdown().await;
     Ok(())
+}
+
+/// The interface that has the InternalIP of Node `name` (the first one its status lists).
+async fn node_interface(client: &Client, name: &str) -> Result<String, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get(name).await.map_err(|source| Error::Kube {
+        what: format!(
+            "local-agent: reading Node {name} (to find its interface; or give --interface)"
+        ),
+        source,
+    })?;
+    let internal: Option<IpAddr> = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok());
+    let Some(ip) = internal else {
+        return Err(Error::Flag(format!(
+            "Node {name} has no InternalIP yet to find its interface by: give --interface"
+        )));
+    };
+    match crate::addresses::interface_with(ip).await {
+        Ok(Some(interface)) => {
+            tracing::info!(%ip, %interface, "the VIPs go on the interface of the node's InternalIP");
+            Ok(interface)
+        }
+        Ok(None) => Err(Error::Flag(format!(
+            "no interface of this host has the node's InternalIP {ip} (is the agent on the host network?): give --interface"
+        ))),
+        Err(err) => Err(Error::Flag(format!(
+            "finding the interface of the node's InternalIP {ip}: {err}; give --interface"
+        ))),
+    }
 }
 
 /// Renews the heartbeat every `interval` until `shutdown`, recording each success in `renewed`;
@@ -648,5 +693,76 @@ impl Agent {
         } else {
             Err(differences.join("; "))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> AgentSettings {
+        AgentSettings {
+            node_name: "node-1".into(),
+            interface: None,
+            namespace: "kube-system".into(),
+            heartbeat: Duration::from_secs(3),
+            renew_interval: Duration::from_secs(1),
+            load_balancer_class: None,
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_named() {
+        assert!(settings().check().is_ok());
+        let cases: Vec<(AgentSettings, &str)> = vec![
+            (
+                AgentSettings {
+                    node_name: " ".into(),
+                    ..settings()
+                },
+                "--node-name is empty",
+            ),
+            (
+                AgentSettings {
+                    node_name: "Node_1".into(),
+                    ..settings()
+                },
+                "--node-name \"Node_1\": its heartbeat Lease's name is not valid",
+            ),
+            (
+                AgentSettings {
+                    interface: Some(String::new()),
+                    ..settings()
+                },
+                "--interface is empty",
+            ),
+            (
+                AgentSettings {
+                    heartbeat: Duration::from_millis(2500),
+                    ..settings()
+                },
+                "whole seconds, at least 1s",
+            ),
+            (
+                AgentSettings {
+                    renew_interval: Duration::from_secs(2),
+                    ..settings()
+                },
+                "at most half of --heartbeat",
+            ),
+        ];
+        for (bad, expected) in cases {
+            let err = bad.check().unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_interface_of_an_address_is_found_through_netlink() {
+        let lo = crate::addresses::interface_with("127.0.0.1".parse().unwrap()).await;
+        assert_eq!(lo, Ok(Some("lo".to_owned())));
+        // TEST-NET-3: no interface has it.
+        let none = crate::addresses::interface_with("203.0.113.77".parse().unwrap()).await;
+        assert_eq!(none, Ok(None));
     }
 }
