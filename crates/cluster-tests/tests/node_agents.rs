@@ -472,4 +472,38 @@ spec:
         .filter(|n| vips_on(n).contains(&http_vip))
         .collect();
     assert_eq!(holders.len(), 1, "{http_vip} is on {holders:?}");
+
+    // One of them deleted: the VIP stays, for the other. Both deleted: it leaves every node.
+    c.kubectl(
+        &["-n", ns.name(), "delete", "service", "http", "--wait=true"],
+        None,
+    );
+    let answer = eventually("the shared VIP still answers UDP", LONG, || async move {
+        cluster_tests::udp_ask(SocketAddr::new(udp_vip, 81), "still")
+            .await
+            .ok()
+    })
+    .await;
+    assert_eq!(answer, "still");
+    assert!(
+        vips_on(&holders[0]).contains(&http_vip),
+        "{http_vip} left {}",
+        holders[0]
+    );
+    c.kubectl(
+        &["-n", ns.name(), "delete", "service", "udp", "--wait=true"],
+        None,
+    );
+    eventually(
+        &format!("{http_vip} leaves every node"),
+        LONG,
+        || async move {
+            cluster()
+                .nodes()
+                .iter()
+                .all(|n| !vips_on(n).contains(&http_vip))
+                .then_some(())
+        },
+    )
+    .await;
 }

@@ -89,14 +89,7 @@ impl LocalCloud {
 
     /// The node's first InternalIP, else the machine's configured one.
     fn probe_address(node: &Node, machine: Option<&Machine>) -> Option<IpAddr> {
-        let from_node = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP")
-            .find_map(|a| a.address.parse().ok());
+        let from_node = first_internal_ip(node);
         from_node.or_else(|| {
             machine?
                 .addresses
@@ -311,6 +304,17 @@ impl InstancesV2 for LocalCloud {
 
 /// Per-node counts of failed kubelet probes in a row.
 pub(crate) type ProbeFailures = Mutex<HashMap<String, u32>>;
+
+/// The first InternalIP of the Node's status that parses as an IP.
+pub(crate) fn first_internal_ip(node: &Node) -> Option<IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .find_map(|a| a.address.parse().ok())
+}
 
 #[cfg(test)]
 mod tests {

@@ -175,6 +175,12 @@ struct Inner {
     applies: std::sync::atomic::AtomicU64,
     /// With `loadBalancer.vipInterface`: puts non-loopback VIPs on that interface.
     addresses: Option<addresses::AddressManager>,
+    /// The `loadBalancer` section in force: the one the cloud started with (read at start; a reload
+    /// that changes it is reported and waits for a restart).
+    load_balancer_in_force: LoadBalancerConfig,
+    /// The `loadBalancer` section as the cloud-config said at start (before the provider's flags), which
+    /// a reload is compared with.
+    load_balancer_in_file: Mutex<LoadBalancerConfig>,
     /// From `initialize` (the leader): where a rejected cloud-config edit is reported as an event.
     reporter: Mutex<Option<(kube::Client, tokio::runtime::Handle)>>,
 }
@@ -212,6 +218,8 @@ impl LocalCloud {
                 applies: std::sync::atomic::AtomicU64::new(0),
                 reporter: Mutex::new(None),
                 addresses: lb.vip_interface.clone().map(addresses::AddressManager::new),
+                load_balancer_in_force: lb.clone(),
+                load_balancer_in_file: Mutex::new(lb.clone()),
             }),
         };
         cloud.set_config(config);
@@ -235,6 +243,7 @@ impl LocalCloud {
             message: format!("not UTF-8 text: {err}"),
         })?;
         let mut parsed = Config::parse(text.unwrap_or_default(), path.as_deref())?;
+        let in_file = parsed.load_balancer.clone();
         if let Some(interface) = &flags.local_vip_interface {
             if interface.trim().is_empty() {
                 return Err(Error::Flag(
@@ -249,6 +258,7 @@ impl LocalCloud {
             parsed.load_balancer.vip_interface = Some(interface.clone());
         }
         let cloud = Self::new(parsed, path.as_deref());
+        *lock(&cloud.inner.load_balancer_in_file) = in_file;
         if let Some(path) = path {
             watcher::spawn(
                 Arc::downgrade(&cloud.inner),
@@ -268,9 +278,28 @@ impl LocalCloud {
             .clone()
     }
 
-    /// Puts `config` in force, as a reload of the file does. The data plane's settings
-    /// (`loadBalancer`) stay those the cloud started with; VIPs already given out stay.
-    pub fn set_config(&self, config: Config) {
+    /// Puts `config` in force, as a reload of the file does. Its `loadBalancer` section does not: the
+    /// one the cloud started with stays (the data plane's settings, the mode, the interface are read at
+    /// start), and a reload that changes it is logged and recorded as a Warning event
+    /// `CloudConfigRestartNeeded`. VIPs already given out stay.
+    pub fn set_config(&self, mut config: Config) {
+        if config.load_balancer != *lock(&self.inner.load_balancer_in_file) {
+            let message = "the cloud-config's loadBalancer section changed; loadBalancer settings \
+                           are read at start, so the ones in force stay until the manager (and, with \
+                           mode: agents, each local-agent) restarts; the rest of the edit is applied";
+            tracing::warn!("local cloud: {message}");
+            self.record_warning(
+                CloudEvent {
+                    namespace: EVENT_NAMESPACE,
+                    name_prefix: "local-cloud-config-".to_owned(),
+                    regarding: None,
+                    reason: "CloudConfigRestartNeeded",
+                    action: "ReloadCloudConfig",
+                },
+                message,
+            );
+        }
+        config.load_balancer = self.inner.load_balancer_in_force.clone();
         lock(&self.inner.ever_listed).extend(config.machines.keys().cloned());
         *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
@@ -463,6 +492,39 @@ mod flag_tests {
         LocalFlags::augment_args(clap::Command::new("ccm"))
             .try_get_matches_from(std::iter::once("ccm").chain(args.iter().copied()))
             .unwrap()
+    }
+
+    #[test]
+    fn a_reload_applies_everything_but_the_load_balancer_section_it_started_with() {
+        let cloud = LocalCloud::new(
+            Config::parse("loadBalancer: {mode: agents}\n", None).unwrap(),
+            None,
+        );
+        cloud.set_config(
+            Config::parse(
+                "addressPools: [{name: x, addresses: [127.1.0.0/24]}]\n\
+                 loadBalancer: {mode: leader, drainTimeout: 1s}\n",
+                None,
+            )
+            .unwrap(),
+        );
+        let config = cloud.config();
+        assert_eq!(config.address_pools[0].name, "x", "the pools are reloaded");
+        assert_eq!(config.load_balancer.mode, LoadBalancerMode::Agents);
+        assert_eq!(config.load_balancer.drain_timeout.0.as_secs(), 30);
+        // The interface given by flag stays in force over the file's, reload after reload.
+        let file = CloudConfig::from_bytes(None, "loadBalancer: {vipInterface: eth0}\n");
+        let flagged = file.with_flags(matches(&["--local-vip-interface=bond0"]));
+        let cloud = LocalCloud::from_cloud_config_and_flags(
+            &flagged,
+            &flagged.flags::<LocalFlags>().unwrap(),
+        )
+        .unwrap();
+        cloud.set_config(Config::parse("loadBalancer: {vipInterface: eth0}\n", None).unwrap());
+        assert_eq!(
+            cloud.config().load_balancer.vip_interface.as_deref(),
+            Some("bond0")
+        );
     }
 
     #[tokio::test]

@@ -55,6 +55,42 @@ async fn local_passes_the_conformance_kit() {
     assert!(cloud.data_plane().names().is_empty());
 }
 
+/// With node agents the manager's side (addresses and status only) keeps the contract too: ensure gives
+/// ingress of the asked family, idempotently, delete frees the address, and nothing is bound here.
+#[tokio::test]
+async fn local_with_node_agents_passes_the_conformance_kit() {
+    let config = |machines: &str| {
+        Config::parse(
+            &format!(
+                "machines:\n{machines}\
+                 addressPools: [{{name: conformance, addresses: [127.98.0.0/24]}}]\n\
+                 loadBalancer: {{mode: agents}}\n"
+            ),
+            None,
+        )
+        .unwrap()
+    };
+    let cloud = LocalCloud::new(
+        config("  conf-running: {}\n  conf-stopped: {state: shutdown}\n  conf-gone: {}\n"),
+        None,
+    );
+    cloud.set_config(config(
+        "  conf-running: {}\n  conf-stopped: {state: shutdown}\n",
+    ));
+    let fixtures = Fixtures::new("conf-running", "conf-gone")
+        .with_shutdown_node("conf-stopped")
+        .with_backend_nodes(&["conf-running", "conf-stopped"]);
+    let report = run(&cloud, &fixtures).await;
+    println!("{report}");
+    report.assert_passed();
+    assert_eq!(
+        cloud.data_plane_applies(),
+        0,
+        "the agents serve, not the manager"
+    );
+    assert!(cloud.data_plane().names().is_empty());
+}
+
 #[test]
 fn local_is_registered_under_its_name() {
     let registry = cloud_provider::Registry::linked().unwrap();

@@ -312,7 +312,7 @@ pub async fn run(
         adopted,
         applied: BTreeMap::new(),
         retry_at: HashMap::new(),
-        warned_mode: false,
+        failing: HashMap::new(),
     };
     while !shutdown.is_cancelled() {
         let now = Instant::now();
@@ -351,15 +351,7 @@ async fn node_interface(client: &Client, name: &str) -> Result<String, Error> {
         ),
         source,
     })?;
-    let internal: Option<IpAddr> = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse().ok());
-    let Some(ip) = internal else {
+    let Some(ip) = crate::instances::first_internal_ip(&node) else {
         return Err(Error::Flag(format!(
             "Node {name} has no InternalIP yet to find its interface by: give --interface"
         )));
@@ -458,8 +450,8 @@ struct Agent {
     applied: BTreeMap<String, LoadBalancerSpec>,
     /// Services not to try again before then.
     retry_at: HashMap<String, Instant>,
-    /// The cloud-config's mode is not `agents` (and that was logged).
-    warned_mode: bool,
+    /// Services this node cannot serve, with the last reason logged.
+    failing: HashMap<String, String>,
 }
 
 impl Agent {
@@ -497,19 +489,9 @@ impl Agent {
             .filter(|n| alive.contains(n))
             .collect();
         let slices = slices.state();
-        // A cloud-config changed to `mode: leader` while the agents run: the leader serves now, and
-        // this agent gives its VIPs up rather than announce them beside it.
-        let agents_mode = config.load_balancer.mode == LoadBalancerMode::Agents;
-        if !agents_mode && !self.warned_mode {
-            tracing::warn!(
-                "the cloud-config says loadBalancer.mode: leader: this agent announces nothing until it says agents again"
-            );
-        }
-        self.warned_mode = !agents_mode;
         let served: Vec<Served> = services
             .state()
             .into_iter()
-            .filter(|_| agents_mode)
             .filter_map(|s| self.served(s, &config, &slices))
             .collect();
         let plan = plan::plan(me, &served, &candidates);
@@ -620,11 +602,21 @@ impl Agent {
             let Some(served) = by_key.get(key.as_str()) else {
                 continue;
             };
-            if let Err(err) = self.serve(served, vips, config, backends).await {
-                tracing::warn!(service = %key, error = %err, retry_in = ?RETRY_AFTER, "cannot serve the load balancer");
-                self.retry_at.insert(key.clone(), now + RETRY_AFTER);
+            match self.serve(served, vips, config, backends).await {
+                Ok(()) => {
+                    self.failing.remove(key);
+                }
+                Err(err) => {
+                    // Logged when it starts failing or fails otherwise, not at every retry.
+                    if self.failing.get(key) != Some(&err) {
+                        tracing::warn!(service = %key, error = %err, retry_every = ?RETRY_AFTER, "cannot serve the load balancer");
+                        self.failing.insert(key.clone(), err);
+                    }
+                    self.retry_at.insert(key.clone(), now + RETRY_AFTER);
+                }
             }
         }
+        self.failing.retain(|key, _| plan.mine.contains_key(key));
     }
 
     /// Puts `vips` on the interface (announced), and runs the data plane's load balancer of `served`
@@ -637,8 +629,9 @@ impl Agent {
         backends: &[(String, Vec<IpAddr>)],
     ) -> Result<(), String> {
         let service = &served.service;
-        // The manager checked the Service before it gave it VIPs; one that turned bad since is served
-        // as last applied (the manager's Warning event says what is wrong).
+        // The manager checked the Service before it gave it VIPs; one that turned bad since (its
+        // SyncLoadBalancerFailed Warning event says how) keeps what this node already runs for it, and
+        // a node that takes it over does not serve it until it is mended.
         let wanted = read_service(service, config)?;
         for ip in vips {
             if self.announced.contains(ip) {
