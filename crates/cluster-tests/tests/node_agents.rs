@@ -17,10 +17,11 @@ use tokio::{
     net::TcpStream,
 };
 
-/// The client's network namespace and its address on the bridge (outside the nodes' .11-.19, the VIP
-/// pool's .64-.127 and the host's .1).
+/// The client's network namespace and its addresses on the bridge (outside the nodes' .11-.19 (::11-::19),
+/// the VIP pools' .64-.127 (::100-::1ff) and the host's .1 (::1)).
 const CLIENT_NETNS: &str = "ccm-client";
 const CLIENT_IP: &str = "10.89.0.200";
+const CLIENT_IP6: &str = "fd00:89::200";
 
 /// A network namespace on the cluster's bridge, as another machine of the nodes' network; removed
 /// (with its link) when dropped.
@@ -57,8 +58,18 @@ impl Client {
             run(&command).unwrap();
         }
         let address = format!("{CLIENT_IP}/24");
+        let address6 = format!("{CLIENT_IP6}/64");
         for command in [
             vec!["ip", "address", "add", address.as_str(), "dev", "eth0"],
+            vec![
+                "ip",
+                "address",
+                "add",
+                address6.as_str(),
+                "dev",
+                "eth0",
+                "nodad",
+            ],
             vec!["ip", "link", "set", "eth0", "up"],
             vec!["ip", "link", "set", "lo", "up"],
         ] {
@@ -81,7 +92,7 @@ impl Client {
             "-sS",
             "--max-time",
             "0.5",
-            &format!("http://{vip}/"),
+            &format!("http://{}/", SocketAddr::new(vip, 80)),
         ])
     }
 
@@ -93,11 +104,13 @@ impl Client {
         words.get(at + 1).map(|w| (*w).to_owned())
     }
 
-    /// How long the kernel of the client takes at least to learn a new MAC address for a neighbour
-    /// by itself (without an announcement): the delay before its first probe, then its unicast probes.
-    fn relearning_time() -> Duration {
+    /// How long the kernel of the client takes at least to learn a new MAC address for a neighbour of
+    /// `ip`'s family by itself (without an announcement): the delay before its first probe, then its
+    /// unicast probes.
+    fn relearning_time(ip: IpAddr) -> Duration {
+        let family = if ip.is_ipv4() { "ipv4" } else { "ipv6" };
         let read = |name: &str| -> u64 {
-            Self::exec(&["cat", &format!("/proc/sys/net/ipv4/neigh/eth0/{name}")])
+            Self::exec(&["cat", &format!("/proc/sys/net/{family}/neigh/eth0/{name}")])
                 .unwrap()
                 .trim()
                 .parse()
@@ -132,13 +145,13 @@ fn run(command: &[&str]) -> Result<String, String> {
     }
 }
 
-/// The VIPs of the pools on a node's eth0.
+/// The VIPs of the pools on a node's eth0 (host addresses: /32 and /128).
 fn vips_on(node: &str) -> BTreeSet<IpAddr> {
     let output = cluster().exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
     assert!(output.status.success(), "{output:?}");
     String::from_utf8_lossy(&output.stdout)
         .split_whitespace()
-        .filter_map(|w| w.strip_suffix("/32"))
+        .filter_map(|w| w.strip_suffix("/32").or_else(|| w.strip_suffix("/128")))
         .filter_map(|ip| ip.parse().ok())
         .collect()
 }
@@ -184,6 +197,54 @@ impl KeepAlive {
             .map_err(|e| e.to_string())?;
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
+}
+
+/// Kills `victim`, the announcer of `vip`: its link cut (here, so that the clock starts then), then its
+/// agent, kubelet, kube-proxy and containers killed (`hack/cluster stop`, which cuts the link first too).
+/// Asserts that `vip` answers the client again from another node, and that the client's neighbour entry
+/// moved there through the new announcer's announcement, before the client's kernel could have
+/// relearnt it by itself.
+async fn follow_failover(vip: IpAddr, victim: &str, mac_of: &BTreeMap<String, String>) {
+    let relearning = Client::relearning_time(vip);
+    run(&["ip", "link", "set", victim, "down"]).unwrap();
+    let killed = Instant::now();
+    let stop = std::thread::spawn({
+        let victim = victim.to_owned();
+        move || cluster().script("stop", &["--node", &victim])
+    });
+    // Both watched in one loop, every 100 ms: the first answer through the VIP, and the moment the
+    // client's neighbour entry names another node.
+    let (mut failover, mut relearnt) = (None, None);
+    while failover.is_none() || relearnt.is_none() {
+        assert!(
+            killed.elapsed() < LONG,
+            "{vip} did not come back within {LONG:?}"
+        );
+        if relearnt.is_none()
+            && let Some(node) = Client::neighbour(vip).and_then(|mac| mac_of.get(&mac).cloned())
+            && node != victim
+        {
+            relearnt = Some((node, killed.elapsed()));
+        }
+        if failover.is_none() && Client::get(vip).is_ok() {
+            failover = Some(killed.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (failover, relearnt) = (failover.unwrap(), relearnt.unwrap());
+    stop.join().unwrap();
+    println!(
+        "failover: {vip} answered {:.1}s after {victim} died, announced by {} (the client's entry moved at {:.1}s; it would relearn by itself after {:.1}s at the earliest)",
+        failover.as_secs_f64(),
+        relearnt.0,
+        relearnt.1.as_secs_f64(),
+        relearning.as_secs_f64()
+    );
+    assert!(
+        relearnt.1 < relearning,
+        "the client's entry moved after {:?}: by its own probes, not by the announcement",
+        relearnt.1
+    );
 }
 
 async fn wait_node_ready(node: &str) {
@@ -296,50 +357,7 @@ async fn each_vip_is_announced_from_one_node_and_a_dead_node_moves_only_its_own(
     let mut kept = KeepAlive::open(SocketAddr::new(pinned_vip, 80)).await;
     let first = kept.get("/").await.unwrap();
 
-    // The victim dies: its link cut (here, so that the clock starts then), then its agent, kubelet,
-    // kube-proxy and containers killed (`hack/cluster stop`, which cuts the link first too).
-    let relearning = Client::relearning_time();
-    run(&["ip", "link", "set", &victim, "down"]).unwrap();
-    let killed = Instant::now();
-    let stop = std::thread::spawn({
-        let victim = victim.clone();
-        move || cluster().script("stop", &["--node", &victim])
-    });
-    // Both watched in one loop, every 100 ms: the first answer through the VIP, and the moment the
-    // client's neighbour entry names another node.
-    let (mut failover, mut relearnt) = (None, None);
-    while failover.is_none() || relearnt.is_none() {
-        assert!(
-            killed.elapsed() < LONG,
-            "{} did not come back within {LONG:?}",
-            vips[0]
-        );
-        if relearnt.is_none()
-            && let Some(node) = Client::neighbour(vips[0]).and_then(|mac| mac_of.get(&mac).cloned())
-            && node != victim
-        {
-            relearnt = Some((node, killed.elapsed()));
-        }
-        if failover.is_none() && Client::get(vips[0]).is_ok() {
-            failover = Some(killed.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (failover, relearnt) = (failover.unwrap(), relearnt.unwrap());
-    stop.join().unwrap();
-    println!(
-        "failover: {} answered {:.1}s after {victim} died, announced by {} (the client's entry moved at {:.1}s; it would relearn by itself after {:.1}s at the earliest)",
-        vips[0],
-        failover.as_secs_f64(),
-        relearnt.0,
-        relearnt.1.as_secs_f64(),
-        relearning.as_secs_f64()
-    );
-    assert!(
-        relearnt.1 < relearning,
-        "the client's entry moved after {:?}: by its own probes, not by the announcement",
-        relearnt.1
-    );
+    follow_failover(vips[0], &victim, &mac_of).await;
     // Only the victim's VIPs moved; the others stayed, with their connections.
     for node in nodes.iter().filter(|n| **n != victim) {
         let on = vips_on(node);
@@ -506,4 +524,121 @@ spec:
         },
     )
     .await;
+}
+
+#[tokio::test]
+async fn an_ipv6_vip_moves_with_an_unsolicited_neighbour_advertisement() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let mac_of: BTreeMap<String, String> =
+        c.nodes().iter().map(|n| (node_mac(n), n.clone())).collect();
+    // A dual-stack Service: an IPv4 and an IPv6 VIP, each elected on its own; the IPv6 one is served by
+    // the data plane on its node, which forwards to the nodes' (IPv4) NodePorts.
+    let ns = deploy(
+        "agents-ipv6",
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer(
+                "web",
+                "echo",
+                "ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]",
+                "",
+            ),
+        ],
+    )
+    .await;
+    let vips = ingresses(ns.name(), "web", 2).await;
+    assert!(
+        vips[0].is_ipv4() && vips[1].is_ipv6(),
+        "one VIP per family, in the Service's order: {vips:?}"
+    );
+    let vip = vips[1];
+    let pod = eventually(&format!("{vip} answers the client"), LONG, || async move {
+        Client::get(vip).ok()
+    })
+    .await;
+    assert!(pod.starts_with("echo-"), "answered {pod:?}");
+    // The agents run: the manager, which reads their heartbeats, tells the Service nothing.
+    let told = c.kubectl_output(
+        &[
+            "-n",
+            ns.name(),
+            "get",
+            "events",
+            "--field-selector",
+            "reason=NoNodeAgent",
+            "-o",
+            "name",
+        ],
+        None,
+    );
+    assert!(told.status.success(), "{told:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&told.stdout),
+        "",
+        "NoNodeAgent events"
+    );
+    let mac = Client::neighbour(vip).expect("the client resolved the VIP");
+    let victim = mac_of
+        .get(&mac)
+        .unwrap_or_else(|| panic!("{vip} resolved to {mac}, no node's"))
+        .clone();
+    let holders: Vec<String> = c
+        .nodes()
+        .into_iter()
+        .filter(|n| vips_on(n).contains(&vip))
+        .collect();
+    assert_eq!(
+        holders,
+        std::slice::from_ref(&victim),
+        "{vip} is on its announcer only"
+    );
+
+    follow_failover(vip, &victim, &mac_of).await;
+    assert!(
+        c.nodes()
+            .iter()
+            .filter(|n| **n != victim)
+            .any(|n| vips_on(n).contains(&vip)),
+        "{vip} is on another node's eth0"
+    );
+
+    c.script("start", &["--node", &victim]);
+    wait_node_ready(&victim).await;
+    eventually("the victim announces the IPv6 VIP again", LONG, || async {
+        (vips_on(&victim).contains(&vip)
+            && Client::get(vip).is_ok()
+            && Client::neighbour(vip).as_ref() == Some(&node_mac(&victim)))
+        .then_some(())
+    })
+    .await;
+}
+
+/// The `count` load-balancer IPs of Service `namespace/name`, once it has them.
+async fn ingresses(namespace: &str, name: &str, count: usize) -> Vec<IpAddr> {
+    eventually(
+        &format!("Service {namespace}/{name} has {count} load-balancer IPs"),
+        LONG,
+        || async move {
+            let out = cluster().kubectl_output(
+                &[
+                    "-n",
+                    namespace,
+                    "get",
+                    "service",
+                    name,
+                    "-o",
+                    "jsonpath={.status.loadBalancer.ingress[*].ip}",
+                ],
+                None,
+            );
+            let ips: Vec<IpAddr> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .filter_map(|ip| ip.parse().ok())
+                .collect();
+            (ips.len() == count).then_some(ips)
+        },
+    )
+    .await
 }

@@ -318,8 +318,12 @@ impl DataPlane {
     ) -> ListenerConfig {
         let current = running.map(|r| r.shared.config());
         let mut backends: Vec<Arc<BackendEntry>> = Vec::new();
+        // The VIP's own family where the nodes have it; else the other one (an IPv6 VIP on nodes with
+        // IPv4 addresses only: kube-proxy serves a dual-stack Service's NodePort on either family).
+        let vip_family = |b: &Backend| b.address.is_ipv4() == listener.vip.is_ipv4();
+        let own_family = spec.backends.iter().any(vip_family);
         for backend in &spec.backends {
-            if backend.address.is_ipv4() != listener.vip.is_ipv4() {
+            if own_family && !vip_family(backend) {
                 continue;
             }
             let addr = SocketAddr::new(backend.address, listener.node_port);

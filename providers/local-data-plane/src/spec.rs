@@ -71,8 +71,8 @@ pub struct LoadBalancerSpec {
     pub name: String,
     /// One listener per (VIP, port, protocol).
     pub listeners: Vec<ListenerSpec>,
-    /// All eligible nodes' addresses, both families; a listener uses only the backends of its VIP's
-    /// family, at the listener's [`ListenerSpec::node_port`].
+    /// All eligible nodes' addresses, both families; a listener uses the backends of its VIP's family
+    /// (the other family's only when none has the VIP's), at the listener's [`ListenerSpec::node_port`].
     pub backends: Vec<Backend>,
     /// `None`: every backend is healthy.
     pub health_check: Option<HealthCheck>,
@@ -182,7 +182,7 @@ pub struct ListenerState {
     pub spec: ListenerSpec,
     /// The address it is bound to.
     pub local_addr: SocketAddr,
-    /// Its backends (the spec's backends of the VIP's family, at the node port).
+    /// Its backends (the spec's backends of the VIP's family, else of the other, at the node port).
     pub backends: Vec<BackendState>,
     /// Connections (TCP) or flows (UDP) open now.
     pub active_connections: u64,

@@ -725,7 +725,7 @@ async fn proxy_protocol_v2_header_names_the_client_and_the_vip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ipv6_listeners_on_loopback_use_only_ipv6_backends() {
+async fn ipv6_listeners_use_ipv6_backends_and_ipv4_ones_when_no_node_has_ipv6() {
     let v6 = IpAddr::V6(Ipv6Addr::LOCALHOST);
     let t = 26;
     // Node ports unique to this test (there is only one IPv6 loopback address).
@@ -781,6 +781,26 @@ async fn ipv6_listeners_on_loopback_use_only_ipv6_backends() {
         .expect("recv");
     assert_eq!(&buf[..len], b"dgram6");
     assert_eq!(from, SocketAddr::new(v6, 31_627));
+
+    // Nodes with IPv4 addresses only (a dual-stack Service on IPv4 nodes): the IPv6 listener forwards
+    // to their IPv4 node ports.
+    let v4_node = node_ip(t, 2);
+    let v4_port = tcp_echo_on(v4_node, 31_628, "v4").await.port();
+    let mut tcp = tcp_listener(v6, 31_627);
+    tcp.node_port = v4_port;
+    let mut lb = spec("lb6", vec![tcp], vec![backend("v4", v4_node)]);
+    lb.proxy_protocol = false;
+    plane.apply(lb).await.expect("apply");
+    let state = plane.state("lb6").expect("state");
+    assert_eq!(
+        state.listeners[0].backends[0].address,
+        SocketAddr::new(v4_node, v4_port)
+    );
+    let mut stream = TcpStream::connect((v6, 31_627))
+        .await
+        .expect("connect over IPv6");
+    assert_eq!(read_id(&mut stream).await, "v4");
+    assert_eq!(round_trip(&mut stream, b"6 to 4").await, b"6 to 4");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
