@@ -67,6 +67,7 @@ fn default_pools() -> Vec<AddressPool> {
         auto_assign: true,
         namespaces: Vec::new(),
         service_selector: None,
+        priority: None,
     }]
 }
 
@@ -167,6 +168,12 @@ pub struct AddressPool {
     /// Service.
     #[serde(default)]
     pub service_selector: Option<ServiceSelector>,
+    /// Where the pool ranks when a Service that names no pool is given an address: pools with a
+    /// priority first, the lowest number first, then the pools without one; in the file's order among
+    /// equals (MetalLB's `serviceAllocation.priority`, with the file's order where MetalLB breaks ties by
+    /// its own rules).
+    #[serde(default)]
+    pub priority: Option<u32>,
 }
 
 /// Which Services a pool serves by their labels: `matchLabels`, as in a Kubernetes label selector
@@ -367,6 +374,11 @@ pub struct LoadBalancerConfig {
     /// Who announces and serves the VIPs (default `leader`): see [`LoadBalancerMode`].
     #[serde(default)]
     pub mode: LoadBalancerMode,
+    /// With `mode: agents`, the namespace of the node agents' heartbeat Leases (their DaemonSet's,
+    /// default `kube-system`): the manager looks there for a live agent of each Service's class, and an
+    /// agent whose heartbeats would go elsewhere refuses to start. Refused in leader mode.
+    #[serde(default)]
+    pub agent_namespace: Option<String>,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
     /// a config that still sets it is refused, naming the key, rather than read as if it did something.
     #[serde(default, deserialize_with = "refuse_ip_command")]
@@ -416,6 +428,13 @@ fn default_connect() -> GoDuration {
     GoDuration(Duration::from_secs(5))
 }
 
+impl LoadBalancerConfig {
+    /// The namespace of the node agents' heartbeat Leases (`agentNamespace`, default `kube-system`).
+    pub fn agent_namespace(&self) -> &str {
+        self.agent_namespace.as_deref().unwrap_or("kube-system")
+    }
+}
+
 impl Default for LoadBalancerConfig {
     fn default() -> Self {
         Self {
@@ -427,6 +446,7 @@ impl Default for LoadBalancerConfig {
             tcp_idle_timeout: GoDuration(Duration::ZERO),
             vip_interface: None,
             mode: LoadBalancerMode::default(),
+            agent_namespace: None,
             ip_command: Removed,
         }
     }
@@ -618,6 +638,20 @@ impl Config {
                  --interface); remove vipInterface"
                 .to_owned());
         }
+        if let Some(namespace) = &self.load_balancer.agent_namespace {
+            if self.load_balancer.mode != LoadBalancerMode::Agents {
+                return Err(
+                    "loadBalancer.agentNamespace is the agents mode's (mode: agents): in \
+                     leader mode no node agent runs; remove agentNamespace"
+                        .to_owned(),
+                );
+            }
+            cloud_provider::labels::check_dns_label(namespace).map_err(|why| {
+                format!(
+                    "loadBalancer.agentNamespace: {namespace:?} is not a namespace's name: {why}"
+                )
+            })?;
+        }
         if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
             return Err("kubeletProbe.timeout must be above 0".to_owned());
         }
@@ -640,6 +674,14 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The pools in the order a Service that names none tries them ([`AddressPool::priority`]).
+    pub fn pools_by_preference(&self) -> Vec<&AddressPool> {
+        let mut pools: Vec<&AddressPool> = self.address_pools.iter().collect();
+        // Stable: the file's order among equal priorities.
+        pools.sort_by_key(|p| (p.priority.is_none(), p.priority));
+        pools
     }
 
     /// The pool an address belongs to.

@@ -49,6 +49,11 @@ pub const EVENT_NAMESPACE: &str = "kube-system";
 /// of `CAP_NET_RAW`). The load balancer is served all the same.
 pub const EVENT_VIP_NOT_ANNOUNCED: &str = "VIPNotAnnounced";
 
+/// The reason of the Warning event on a Service whose VIPs were assigned in `loadBalancer.mode: agents`
+/// while no live node agent serves its `loadBalancerClass` (none runs, or none of that class): nothing
+/// announces or serves them until one does. Recorded once per Service until an agent serves it.
+pub const EVENT_NO_NODE_AGENT: &str = "NoNodeAgent";
+
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "local";
 
@@ -183,6 +188,8 @@ struct Inner {
     load_balancer_in_file: Mutex<LoadBalancerConfig>,
     /// From `initialize` (the leader): where a rejected cloud-config edit is reported as an event.
     reporter: Mutex<Option<(kube::Client, tokio::runtime::Handle)>>,
+    /// With node agents: the Services told [`EVENT_NO_NODE_AGENT`] since an agent last served them.
+    told_unserved: Mutex<BTreeSet<String>>,
 }
 
 impl LocalCloud {
@@ -217,6 +224,7 @@ impl LocalCloud {
                 data_plane: DataPlane::new(settings),
                 applies: std::sync::atomic::AtomicU64::new(0),
                 reporter: Mutex::new(None),
+                told_unserved: Mutex::new(BTreeSet::new()),
                 addresses: lb.vip_interface.clone().map(addresses::AddressManager::new),
                 load_balancer_in_force: lb.clone(),
                 load_balancer_in_file: Mutex::new(lb.clone()),
@@ -352,6 +360,64 @@ impl LocalCloud {
             CloudEvent::about_vip(service, EVENT_VIP_NOT_ANNOUNCED, "AnnounceVIP"),
             warning,
         );
+    }
+
+    /// With node agents: tells `service` (a Warning event [`EVENT_NO_NODE_AGENT`], once until an agent
+    /// serves it again) when no live agent serves its class, so its `vips` go unannounced. Needs the
+    /// client `initialize` gives (the leader's); a failed look at the agents' Leases is logged.
+    pub(crate) async fn tell_if_unserved(
+        &self,
+        service: &k8s_openapi::api::core::v1::Service,
+        key: &str,
+        vips: &[std::net::IpAddr],
+    ) {
+        let Some((client, _)) = lock(&self.inner.reporter).clone() else {
+            return;
+        };
+        let config = self.config();
+        let namespace = config.load_balancer.agent_namespace();
+        let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube::Api::namespaced(client, namespace);
+        let (label, value) = agent::heartbeat::LEASE_LABEL;
+        let listed = leases
+            .list(&kube::api::ListParams::default().labels(&format!("{label}={value}")))
+            .await;
+        let leases = match listed {
+            Ok(list) => list.items,
+            Err(err) => {
+                tracing::warn!(namespace, error = %err, "cannot list the node agents' heartbeat Leases; not checking that an agent serves this Service");
+                return;
+            }
+        };
+        let class = service
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_class.as_deref());
+        let why = agent::presence::why_unserved(
+            &leases,
+            class,
+            namespace,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let Some(why) = why else {
+            lock(&self.inner.told_unserved).remove(key);
+            return;
+        };
+        if !lock(&self.inner.told_unserved).insert(key.to_owned()) {
+            return;
+        }
+        let vips: Vec<String> = vips.iter().map(ToString::to_string).collect();
+        let message = format!("{} assigned, but {why}", vips.join(", "));
+        tracing::warn!(service = key, "{message}");
+        self.record_warning(
+            CloudEvent::about_vip(service, EVENT_NO_NODE_AGENT, "AssignVIP"),
+            &message,
+        );
+    }
+
+    /// Forgets what [`Self::tell_if_unserved`] told the deleted Service `key`.
+    pub(crate) fn forget_unserved(&self, key: &str) {
+        lock(&self.inner.told_unserved).remove(key);
     }
 
     /// Records a Warning event, once `initialize` has given the cloud a client (so only the leader

@@ -627,37 +627,41 @@ impl Allocations {
         Ok(ips)
     }
 
-    /// The address of `family` for `wanted` from the pool it names, else from the auto-assign pools in
-    /// order (only pools that serve the Service's namespace and labels): for a Service that allows
-    /// sharing, the first address a compatible Service holds (sharers meet on one address, as
-    /// MetalLB's do), else the lowest free one.
+    /// The address of `family` for `wanted` from the pool it names, else from the auto-assign pools by
+    /// preference (priority, then the file's order; only pools that serve the Service's namespace and
+    /// labels): for a Service that allows sharing, the first address a compatible Service holds
+    /// (sharers meet on one address, as MetalLB's do), else the lowest free one.
     fn first_free(&self, config: &Config, family: IpFamily, wanted: &Wanted) -> Option<IpAddr> {
-        let pools = || {
-            config
-                .address_pools
-                .iter()
-                .filter(|p| match &wanted.pool {
-                    Some(name) => &p.name == name,
-                    None => p.auto_assign,
-                })
-                .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
-        };
+        let pools: Vec<&AddressPool> = config
+            .pools_by_preference()
+            .into_iter()
+            .filter(|p| match &wanted.pool {
+                Some(name) => &p.name == name,
+                None => p.auto_assign,
+            })
+            .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
+            .collect();
         if let Some(sharing) = &wanted.sharing {
-            let shared = self.owners.iter().find(|(ip, holders)| {
-                IpFamily::of(**ip) == family
-                    && config
-                        .pool_of(**ip)
-                        .is_some_and(|p| pools().any(|q| q.name == p.name))
-                    && holders.iter().all(|holder| {
-                        let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
-                        sharing.conflict(theirs, holder).is_none()
-                    })
+            let compatible = |holders: &BTreeSet<String>| {
+                holders.iter().all(|holder| {
+                    let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
+                    sharing.conflict(theirs, holder).is_none()
+                })
+            };
+            let shared = pools.iter().find_map(|pool| {
+                self.owners.iter().find_map(|(ip, holders)| {
+                    (IpFamily::of(*ip) == family
+                        && pool.addresses.iter().any(|r| r.contains(*ip))
+                        && compatible(holders))
+                    .then_some(*ip)
+                })
             });
-            if let Some((ip, _)) = shared {
-                return Some(*ip);
+            if shared.is_some() {
+                return shared;
             }
         }
-        pools()
+        pools
+            .iter()
             .flat_map(|p| p.addresses.iter())
             .filter(|r| IpFamily::of(r.first()) == family)
             .find_map(|r| r.addresses().find(|ip| !self.owners.contains_key(ip)))
@@ -897,7 +901,8 @@ impl LocalCloud {
             .iter()
             .filter_map(|node| self.backend_addresses(&config, node))
             .collect();
-        let (previous, vips, unchanged, spec) = {
+        // The serial lock keeps this Service's record as this ensure leaves it between the lock's turns.
+        let (previous, vips) = {
             let mut allocations = lock(&self.inner.load_balancers);
             let previous: Vec<IpAddr> = allocations
                 .services
@@ -907,15 +912,20 @@ impl LocalCloud {
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
-            if config.load_balancer.mode == LoadBalancerMode::Agents {
-                // The node agents announce and serve the VIPs; the manager only assigns them.
-                tracing::debug!(vips = ?vips, "addresses assigned; the node agents serve them");
-                return Ok(allocations
-                    .services
-                    .get(&key)
-                    .map(Record::status)
-                    .unwrap_or_default());
-            }
+            (previous, vips)
+        };
+        if config.load_balancer.mode == LoadBalancerMode::Agents {
+            // The node agents announce and serve the VIPs; the manager only assigns them.
+            tracing::debug!(vips = ?vips, "addresses assigned; the node agents serve them");
+            self.tell_if_unserved(service, &key, &vips).await;
+            return Ok(lock(&self.inner.load_balancers)
+                .services
+                .get(&key)
+                .map(Record::status)
+                .unwrap_or_default());
+        }
+        let (unchanged, spec) = {
+            let allocations = lock(&self.inner.load_balancers);
             let spec = build_spec(&key, &vips, &wanted, &backends);
             // Applied as asked, and the data plane still runs every listener of it (one lost out of
             // band, or that failed to bind, is applied again).
@@ -924,7 +934,7 @@ impl LocalCloud {
                 .get(&key)
                 .is_some_and(|r| r.applied.as_ref() == Some(&spec))
                 && self.running_differences(&spec).is_empty();
-            (previous, vips, unchanged, spec)
+            (unchanged, spec)
         };
         if !unchanged {
             if let Some(addresses) = &self.inner.addresses {
@@ -1249,6 +1259,7 @@ impl LoadBalancer for LocalCloud {
         let span = tracing::info_span!("ensure_load_balancer_deleted", service = %key);
         async {
             let _serial = self.serialize(&key).await;
+            self.forget_unserved(&key);
             let ips = lock(&self.inner.load_balancers)
                 .services
                 .get(&key)
@@ -1735,6 +1746,80 @@ mod tests {
         );
     }
 
+    /// Issue #30: a Service that names no pool takes the pool with the lowest priority number that
+    /// serves it and has a free address, then the next; the pools without a priority come last, in the
+    /// file's order; sharers meet in the preferred pool; a named pool is taken whatever its priority.
+    #[test]
+    fn pools_are_tried_by_priority_then_in_the_files_order() {
+        let config = config(
+            "addressPools:\n  - {name: plain, addresses: [127.62.0.1/32]}\n  - {name: second, addresses: [127.63.0.1/32], priority: 20}\n  - {name: first, addresses: [127.64.0.1/32], priority: 10, namespaces: [ns]}\n  - {name: last, addresses: [127.65.0.1/32]}\n",
+        );
+        assert_eq!(
+            config
+                .pools_by_preference()
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
+            ["first", "second", "plain", "last"]
+        );
+        let mut allocations = Allocations::default();
+        let in_ns = |extra: serde_json::Value| {
+            let mut patch = json!({"metadata": {"namespace": "ns"}});
+            merge(&mut patch, extra);
+            svc(patch)
+        };
+        let cases = [
+            // The first pool serves ns only: another namespace starts at the second.
+            (
+                "other/a",
+                svc(json!({"metadata": {"namespace": "other"}})),
+                "127.63.0.1",
+            ),
+            ("ns/b", in_ns(json!({})), "127.64.0.1"),
+            // Both prioritized pools are full: the file's order.
+            ("ns/c", in_ns(json!({})), "127.62.0.1"),
+            ("ns/d", in_ns(json!({})), "127.65.0.1"),
+        ];
+        for (key, service, want) in &cases {
+            assert_eq!(
+                allocate_for(&mut allocations, &config, key, service).unwrap(),
+                ips(&[want]),
+                "{key}"
+            );
+        }
+        // A Service that names a pool gets that pool only, whatever its rank (here: full).
+        let named = in_ns(json!({"metadata": {"annotations": {ANNOTATION_ADDRESS_POOL: "plain"}}}));
+        assert!(allocate_for(&mut allocations, &config, "ns/e", &named).is_err());
+        let mut sharers = Allocations::default();
+        let shared = |port: u16| {
+            in_ns(json!({
+                "metadata": {"annotations": {ANNOTATION_ALLOW_SHARED_IP: "k"}},
+                "spec": {"ports": [{"port": port, "protocol": "TCP", "nodePort": 30000 + port}]}
+            }))
+        };
+        assert_eq!(
+            allocate_for(
+                &mut sharers,
+                &config,
+                "ns/x",
+                &svc(json!({"metadata": {"namespace": "ns"}}))
+            )
+            .unwrap(),
+            ips(&["127.64.0.1"]),
+            "an unshared Service takes the first pool"
+        );
+        assert_eq!(
+            allocate_for(&mut sharers, &config, "ns/f", &shared(81)).unwrap(),
+            ips(&["127.63.0.1"]),
+            "a sharer cannot join an unshared Service: the next pool"
+        );
+        assert_eq!(
+            allocate_for(&mut sharers, &config, "ns/g", &shared(82)).unwrap(),
+            ips(&["127.63.0.1"]),
+            "the second sharer meets the first"
+        );
+    }
+
     /// Issue #28: a manager serving `--load-balancer-class` keeps its classed Services' addresses over
     /// a restart, and addresses another implementation's Services hold in this cloud's pools are not
     /// handed out; what such a Service holds elsewhere is none of this cloud's business.
@@ -1981,6 +2066,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("vipInterface is the leader mode's"), "{err}");
+        // Where the agents' heartbeats are: kube-system unless said; said, only with the agents.
+        assert_eq!(agents.load_balancer.agent_namespace(), "kube-system");
+        let elsewhere = Config::parse(
+            "loadBalancer: {mode: agents, agentNamespace: lb-system}\n",
+            None,
+        )
+        .unwrap();
+        assert_eq!(elsewhere.load_balancer.agent_namespace(), "lb-system");
+        for (yaml, why) in [
+            (
+                "loadBalancer: {agentNamespace: lb-system}\n",
+                "loadBalancer.agentNamespace is the agents mode's",
+            ),
+            (
+                "loadBalancer: {mode: agents, agentNamespace: LB}\n",
+                "loadBalancer.agentNamespace: \"LB\" is not a namespace's name",
+            ),
+        ] {
+            let err = Config::parse(yaml, None).unwrap_err().to_string();
+            assert!(err.contains(why), "{yaml}: {err}");
+        }
     }
 
     #[tokio::test]

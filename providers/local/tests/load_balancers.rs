@@ -66,6 +66,19 @@ impl Scenario {
     /// Starts `count` node stand-ins serving `node_ports` (and kube-proxy's health port plus
     /// `health_ports`), registers their Nodes and starts the manager.
     async fn start(id: u8, count: usize, node_ports: &[u16], health_ports: &[u16]) -> Self {
+        Self::start_with(id, count, node_ports, health_ports, "", &[]).await
+    }
+
+    /// As [`Self::start`], with `load_balancer` added to the config's `loadBalancer` section (lines
+    /// indented by two) and `args` to the manager's flags.
+    async fn start_with(
+        id: u8,
+        count: usize,
+        node_ports: &[u16],
+        health_ports: &[u16],
+        load_balancer: &str,
+        args: &[&str],
+    ) -> Self {
         let namespace = test_control_plane::unique_name(&format!("local-lb-{id}"));
         ensure_namespace(&namespace).await;
         let names: Vec<String> = (0..count)
@@ -79,7 +92,8 @@ impl Scenario {
             nodes.push(FakeNode::start(name, &ip, node_ports, &all_health).await);
             create_node(name, &[&ip]).await;
         }
-        let manager = RunningManager::start(&Self::config(id, &names), &[]).await;
+        let config = Self::config(id, &names) + load_balancer;
+        let manager = RunningManager::start(&config, args).await;
         Self {
             id,
             manager: Some(manager),
@@ -789,5 +803,119 @@ async fn two_services_with_one_sharing_key_share_a_vip_and_it_stays_while_one_do
     connect(admin, 18081)
         .await
         .expect("the other Service still answers on the shared VIP");
+    s.finish().await;
+}
+
+/// Issue #30: with node agents, a Service whose VIP no live agent serves (none runs, or none of its
+/// loadBalancerClass) still gets its address (as MetalLB's controller gives one), and a Warning event
+/// NoNodeAgent that says why, once; one an agent of its class serves gets none.
+#[tokio::test]
+async fn with_node_agents_a_service_no_live_agent_serves_gets_a_warning_event() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let _serial = SERIAL.lock().await;
+    let id = 15;
+    let class = "example.com/edge";
+    // The agents would serve: nothing listens here (the node ports only need to differ).
+    let np: Vec<u16> = (0..3).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start_with(
+        id,
+        1,
+        &np,
+        &[],
+        "  mode: agents\n",
+        &[&format!("--load-balancer-class={class}")],
+    )
+    .await;
+    // The manager's permission to read the agents' heartbeats, as the local-agents component grants.
+    let rbac = std::fs::read_to_string(
+        test_control_plane::workspace_root()
+            .join("deploy/components/local-agents/manager-rbac.yaml"),
+    )
+    .unwrap();
+    test_control_plane::apply_manifest(&admin().await, &rbac, false).await;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(admin().await, "kube-system");
+    let lease_name = format!("local-agent-{}", s.names()[0]);
+    // An agent's heartbeat as `local-agent` writes it (typed: the API server wants microseconds).
+    let heartbeat = |class: Option<&str>| Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(lease_name.clone()),
+            labels: Some(
+                [(
+                    "app.kubernetes.io/name".to_owned(),
+                    "local-agent".to_owned(),
+                )]
+                .into(),
+            ),
+            annotations: class
+                .map(|c| [("local.ccm.rs/load-balancer-class".to_owned(), c.to_owned())].into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            holder_identity: Some(s.names()[0].clone()),
+            lease_duration_seconds: Some(3600),
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            )),
+            ..Default::default()
+        }),
+    };
+    let apply = |lease: Lease| {
+        let leases = leases.clone();
+        let name = lease_name.clone();
+        async move {
+            leases
+                .patch(
+                    &name,
+                    &PatchParams::apply("test").force(),
+                    &Patch::Apply(lease),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    let classed = json!({"spec": {"loadBalancerClass": class}});
+    let told = |name: &'static str| {
+        let namespace = s.namespace.clone();
+        async move { events_in(&namespace, name, "NoNodeAgent").await }
+    };
+
+    // No agent at all: the address is given, and the Service is told nobody serves it.
+    let vip = s
+        .service("lonely", &[(18080, "TCP", np[0])], classed.clone())
+        .await;
+    let event = eventually("a NoNodeAgent event on lonely", LONG, || async {
+        told("lonely").await.into_iter().next()
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.starts_with(&format!("{vip} assigned, but no local-agent has renewed its heartbeat Lease in namespace \"kube-system\"")),
+        "{note}"
+    );
+    // Only agents of no class: told which class is missing.
+    apply(heartbeat(None)).await;
+    s.service("mismatch", &[(18081, "TCP", np[1])], classed.clone())
+        .await;
+    let event = eventually("a NoNodeAgent event on mismatch", LONG, || async {
+        told("mismatch").await.into_iter().next()
+    })
+    .await;
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&format!("no live local-agent serves loadBalancerClass \"{class}\" (live agents in namespace \"kube-system\": 1, serving the Services without a loadBalancerClass)")),
+        "{note}"
+    );
+    // An agent of the class: nothing to tell.
+    apply(heartbeat(Some(class))).await;
+    s.service("served", &[(18082, "TCP", np[2])], classed).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(told("served").await.is_empty(), "served by a live agent");
+    assert_eq!(told("lonely").await.len(), 1, "told once");
+
+    leases
+        .delete(&lease_name, &DeleteParams::default())
+        .await
+        .unwrap();
     s.finish().await;
 }

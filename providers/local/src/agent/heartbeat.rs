@@ -30,6 +30,10 @@ use kube::{
 /// The label every agent's Lease carries (what the agents watch).
 pub(crate) const LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "local-agent");
 
+/// The annotation of an agent's Lease naming the `loadBalancerClass` it serves (none: the Services
+/// without a class), so that the manager can tell whether any live agent serves a Service.
+pub(crate) const CLASS_ANNOTATION: &str = "local.ccm.rs/load-balancer-class";
+
 /// The field manager of the agents' writes.
 pub(crate) const FIELD_MANAGER: &str = "local-agent";
 
@@ -121,14 +125,21 @@ pub(crate) struct Heartbeat {
     api: Api<Lease>,
     node: String,
     duration: Duration,
+    class: Option<String>,
 }
 
 impl Heartbeat {
-    pub(crate) fn new(api: Api<Lease>, node: &str, duration: Duration) -> Self {
+    pub(crate) fn new(
+        api: Api<Lease>,
+        node: &str,
+        duration: Duration,
+        class: Option<&str>,
+    ) -> Self {
         Self {
             api,
             node: node.to_owned(),
             duration,
+            class: class.map(str::to_owned),
         }
     }
 
@@ -139,6 +150,10 @@ impl Heartbeat {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some([(LEASE_LABEL.0.to_owned(), LEASE_LABEL.1.to_owned())].into()),
+                annotations: self
+                    .class
+                    .as_ref()
+                    .map(|class| [(CLASS_ANNOTATION.to_owned(), class.clone())].into()),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {

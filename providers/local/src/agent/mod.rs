@@ -20,6 +20,7 @@ mod announcer;
 pub(crate) mod heartbeat;
 mod metrics;
 pub(crate) mod plan;
+pub(crate) mod presence;
 
 pub use metrics::AgentMetrics;
 
@@ -230,6 +231,19 @@ pub async fn run(
                 .to_owned(),
         });
     }
+    let expected = cloud.config().load_balancer.agent_namespace().to_owned();
+    if settings.namespace != expected {
+        return Err(Error::Config {
+            path: None,
+            message: format!(
+                "this agent's heartbeats would go to namespace {:?} (--namespace, or the pod's \
+                 namespace), where the manager does not look for them: the cloud-config's \
+                 loadBalancer.agentNamespace is {expected:?}; run the agents there or set \
+                 agentNamespace: {:?} (and restart the manager)",
+                settings.namespace, settings.namespace
+            ),
+        });
+    }
     *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
     let changed = Arc::new(Notify::new());
     let kube_error = |what: &str| {
@@ -258,7 +272,12 @@ pub async fn run(
         watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
         &changed,
     );
-    let heartbeat = Heartbeat::new(lease_api, &settings.node_name, settings.heartbeat);
+    let heartbeat = Heartbeat::new(
+        lease_api,
+        &settings.node_name,
+        settings.heartbeat,
+        settings.load_balancer_class.as_deref(),
+    );
     heartbeat
         .renew()
         .await
@@ -701,6 +720,46 @@ mod tests {
             heartbeat: Duration::from_secs(3),
             renew_interval: Duration::from_secs(1),
             load_balancer_class: None,
+        }
+    }
+
+    /// An agent refuses to start where it would serve beside the leader, or beat where the manager
+    /// does not look; it says so before any call to the API server (none answers here).
+    #[tokio::test]
+    async fn an_agent_the_cloud_config_does_not_expect_refuses_to_start() {
+        let nowhere =
+            kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+                .unwrap();
+        let start = |yaml: &str, namespace: &str| {
+            let cloud = LocalCloud::new(crate::Config::parse(yaml, None).unwrap(), None);
+            let settings = AgentSettings {
+                namespace: namespace.into(),
+                ..settings()
+            };
+            run(
+                cloud,
+                nowhere.clone(),
+                settings,
+                AgentMetrics::default(),
+                CancellationToken::new(),
+            )
+        };
+        let cases = [
+            ("{}", "kube-system", "loadBalancer.mode is leader"),
+            (
+                "loadBalancer: {mode: agents}",
+                "lb-system",
+                "this agent's heartbeats would go to namespace \"lb-system\" (--namespace, or the pod's namespace), where the manager does not look for them: the cloud-config's loadBalancer.agentNamespace is \"kube-system\"",
+            ),
+            (
+                "loadBalancer: {mode: agents, agentNamespace: lb-system}",
+                "kube-system",
+                "loadBalancer.agentNamespace is \"lb-system\"",
+            ),
+        ];
+        for (yaml, namespace, why) in cases {
+            let err = start(yaml, namespace).await.unwrap_err().to_string();
+            assert!(err.contains(why), "{yaml}, {namespace}: {err}");
         }
     }
 
