@@ -385,7 +385,7 @@ impl LocalCloud {
         let leases = match listed {
             Ok(list) => list.items,
             Err(err) => {
-                tracing::warn!(namespace, error = %err, "cannot list the node agents' heartbeat Leases; not checking that an agent serves this Service");
+                tracing::warn!(namespace, error = %err, "cannot list the node agents' heartbeat Leases (the manager needs `list` on leases there: deploy/components/local-agents/manager-rbac.yaml); not checking that an agent serves this Service");
                 return;
             }
         };
