@@ -145,6 +145,24 @@ fn run(command: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The nodes by the MAC address of their eth0 (what a neighbour entry names).
+fn nodes_by_mac() -> BTreeMap<String, String> {
+    cluster()
+        .nodes()
+        .into_iter()
+        .map(|n| (node_mac(&n), n))
+        .collect()
+}
+
+/// The nodes whose eth0 has `vip`.
+fn holders(vip: IpAddr) -> Vec<String> {
+    cluster()
+        .nodes()
+        .into_iter()
+        .filter(|n| vips_on(n).contains(&vip))
+        .collect()
+}
+
 /// The VIPs of the pools on a node's eth0 (host addresses: /32 and /128).
 fn vips_on(node: &str) -> BTreeSet<IpAddr> {
     let output = cluster().exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
@@ -270,7 +288,7 @@ async fn each_vip_is_announced_from_one_node_and_a_dead_node_moves_only_its_own(
     c.ensure_manager(ManagerForm::Agents).await;
     let _client = Client::new();
     let nodes = c.nodes();
-    let mac_of: BTreeMap<String, String> = nodes.iter().map(|n| (node_mac(n), n.clone())).collect();
+    let mac_of = nodes_by_mac();
 
     let mut documents = vec![echo_app("echo", 3, true, None)];
     for i in 1..=6 {
@@ -484,12 +502,8 @@ spec:
     })
     .await;
     assert_eq!(answer, "ping", "the UDP echo's answer");
-    let holders: Vec<String> = c
-        .nodes()
-        .into_iter()
-        .filter(|n| vips_on(n).contains(&http_vip))
-        .collect();
-    assert_eq!(holders.len(), 1, "{http_vip} is on {holders:?}");
+    let announcers = holders(http_vip);
+    assert_eq!(announcers.len(), 1, "{http_vip} is on {announcers:?}");
 
     // One of them deleted: the VIP stays, for the other. Both deleted: it leaves every node.
     c.kubectl(
@@ -504,9 +518,9 @@ spec:
     .await;
     assert_eq!(answer, "still");
     assert!(
-        vips_on(&holders[0]).contains(&http_vip),
+        vips_on(&announcers[0]).contains(&http_vip),
         "{http_vip} left {}",
-        holders[0]
+        announcers[0]
     );
     c.kubectl(
         &["-n", ns.name(), "delete", "service", "udp", "--wait=true"],
@@ -515,13 +529,7 @@ spec:
     eventually(
         &format!("{http_vip} leaves every node"),
         LONG,
-        || async move {
-            cluster()
-                .nodes()
-                .iter()
-                .all(|n| !vips_on(n).contains(&http_vip))
-                .then_some(())
-        },
+        || async move { holders(http_vip).is_empty().then_some(()) },
     )
     .await;
 }
@@ -531,8 +539,7 @@ async fn an_ipv6_vip_moves_with_an_unsolicited_neighbour_advertisement() {
     let c = cluster();
     c.ensure_manager(ManagerForm::Agents).await;
     let _client = Client::new();
-    let mac_of: BTreeMap<String, String> =
-        c.nodes().iter().map(|n| (node_mac(n), n.clone())).collect();
+    let mac_of = nodes_by_mac();
     // A dual-stack Service: an IPv4 and an IPv6 VIP, each elected on its own; the IPv6 one is served by
     // the data plane on its node, which forwards to the nodes' (IPv4) NodePorts.
     let ns = deploy(
@@ -584,18 +591,14 @@ async fn an_ipv6_vip_moves_with_an_unsolicited_neighbour_advertisement() {
         .get(&mac)
         .unwrap_or_else(|| panic!("{vip} resolved to {mac}, no node's"))
         .clone();
-    let holders: Vec<String> = c
-        .nodes()
-        .into_iter()
-        .filter(|n| vips_on(n).contains(&vip))
-        .collect();
     assert_eq!(
-        holders,
+        holders(vip),
         std::slice::from_ref(&victim),
         "{vip} is on its announcer only"
     );
 
     follow_failover(vip, &victim, &mac_of).await;
+    // (The victim is stopped: its namespaces cannot be entered.)
     assert!(
         c.nodes()
             .iter()

@@ -169,9 +169,9 @@ pub struct AddressPool {
     #[serde(default)]
     pub service_selector: Option<ServiceSelector>,
     /// Where the pool ranks when a Service that names no pool is given an address: pools with a
-    /// priority first, the lowest number first, then the pools without one; in the file's order among
-    /// equals (MetalLB's `serviceAllocation.priority`, with the file's order where MetalLB breaks ties by
-    /// its own rules).
+    /// priority (1 or more; 0 is refused) first, the lowest number first, then the pools without one; in
+    /// the file's order among equals (MetalLB's `serviceAllocation.priority`, with the file's order where
+    /// MetalLB breaks ties by its own rules).
     #[serde(default)]
     pub priority: Option<u32>,
 }
@@ -570,6 +570,15 @@ impl Config {
             }
             if !names.insert(pool.name.as_str()) {
                 return Err(format!("addressPools: two pools are named {:?}", pool.name));
+            }
+            if pool.priority == Some(0) {
+                // MetalLB reads 0 as "no priority" (last); here it would be the first: refused rather
+                // than read one way when the file's author meant the other.
+                return Err(format!(
+                    "addressPools: pool {:?}: priority 0 is ambiguous (MetalLB takes 0 for no \
+                     priority, tried last): give 1 or more (1 is tried first), or leave it out",
+                    pool.name
+                ));
             }
             for namespace in &pool.namespaces {
                 cloud_provider::labels::check_dns_label(namespace).map_err(|why| {

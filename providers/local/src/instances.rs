@@ -148,16 +148,7 @@ impl LocalCloud {
             .filter(|a| a.type_.as_str() == "InternalIP")
             .filter_map(|a| a.address.parse().ok())
             .collect();
-        let from_node = || -> Vec<IpAddr> {
-            node.status
-                .as_ref()
-                .and_then(|s| s.addresses.as_ref())
-                .into_iter()
-                .flatten()
-                .filter(|a| a.type_ == "InternalIP")
-                .filter_map(|a| a.address.parse().ok())
-                .collect()
-        };
+        let from_node = || -> Vec<IpAddr> { internal_ips(node).collect() };
         let from_annotation = || -> Vec<IpAddr> {
             node.metadata
                 .annotations
@@ -305,15 +296,20 @@ impl InstancesV2 for LocalCloud {
 /// Per-node counts of failed kubelet probes in a row.
 pub(crate) type ProbeFailures = Mutex<HashMap<String, u32>>;
 
-/// The first InternalIP of the Node's status that parses as an IP.
-pub(crate) fn first_internal_ip(node: &Node) -> Option<IpAddr> {
+/// The InternalIPs of the Node's status that parse as IPs, in its order.
+fn internal_ips(node: &Node) -> impl Iterator<Item = IpAddr> + '_ {
     node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
         .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse().ok())
+        .filter_map(|a| a.address.parse().ok())
+}
+
+/// The first InternalIP of the Node's status that parses as an IP.
+pub(crate) fn first_internal_ip(node: &Node) -> Option<IpAddr> {
+    internal_ips(node).next()
 }
 
 #[cfg(test)]

@@ -1790,6 +1790,17 @@ mod tests {
         // A Service that names a pool gets that pool only, whatever its rank (here: full).
         let named = in_ns(json!({"metadata": {"annotations": {ANNOTATION_ADDRESS_POOL: "plain"}}}));
         assert!(allocate_for(&mut allocations, &config, "ns/e", &named).is_err());
+        // 0, which MetalLB reads as "none", is refused rather than taken as the first.
+        let err = Config::parse(
+            "addressPools: [{name: zero, addresses: [127.66.0.1/32], priority: 0}]\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("pool \"zero\": priority 0 is ambiguous"),
+            "{err}"
+        );
         let mut sharers = Allocations::default();
         let shared = |port: u16| {
             in_ns(json!({
