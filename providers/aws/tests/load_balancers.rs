@@ -719,6 +719,68 @@ async fn deletions_list_elbv2_once_and_still_find_what_a_failed_creation_left() 
     assert_eq!(cluster_resources().await, Vec::<String>::new());
 }
 
+/// Deletions list the region's Classic ELBs once too: a Classic ELB made before the listing (and one
+/// made after it by this process) is deleted without being described, its security group with it; a
+/// deletion of a Service that never had one describes none either.
+#[tokio::test]
+async fn classic_deletions_are_found_in_the_listing_without_describing_each() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
+    let cloud = support::cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let before_listing = lb_service("before", "0a000000-0000-0000-0000-000000000000", &[]);
+    let after_listing = lb_service("after", "0b000000-0000-0000-0000-000000000000", &[]);
+    lb.ensure_load_balancer("kubernetes", &before_listing, &nodes)
+        .await
+        .unwrap();
+    let described = |calls: &[(String, u64)]| -> u64 {
+        calls
+            .iter()
+            .filter(|(op, _)| op == "elb:DescribeLoadBalancers")
+            .map(|(_, n)| n)
+            .sum()
+    };
+
+    // The first deletion lists (one page), and describes nothing for a Service that never had one.
+    let never = lb_service("never", "0c000000-0000-0000-0000-000000000000", &[]);
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer_deleted("kubernetes", &never)
+        .await
+        .unwrap();
+    assert_eq!(
+        described(&calls_since(&cloud, &before)),
+        1,
+        "the listing alone"
+    );
+
+    lb.ensure_load_balancer("kubernetes", &after_listing, &nodes)
+        .await
+        .unwrap();
+    for service in [&before_listing, &after_listing] {
+        let before = cloud.api_metrics().requests();
+        lb.ensure_load_balancer_deleted("kubernetes", service)
+            .await
+            .unwrap();
+        let calls = calls_since(&cloud, &before);
+        assert_eq!(described(&calls), 0, "{calls:?}");
+        assert!(
+            calls.contains(&("elb:DeleteLoadBalancer".to_owned(), 1)),
+            "{calls:?}"
+        );
+    }
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+
+    // Deleted again (a retry after a lost answer): nothing left to delete, nothing described.
+    let before = cloud.api_metrics().requests();
+    lb.ensure_load_balancer_deleted("kubernetes", &before_listing)
+        .await
+        .unwrap();
+    assert_eq!(described(&calls_since(&cloud, &before)), 0);
+}
+
 /// The shadow-mode preview, asserting it made no AWS write.
 async fn preview(
     cloud: &cloud_provider_aws::AwsCloud,

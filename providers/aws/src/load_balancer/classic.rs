@@ -12,7 +12,7 @@ use aws_sdk_elasticloadbalancing::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, RuleScope, hostname_status,
+    LoadBalancers, RuleScope, all_pages, hostname_status,
     spec::{ClassicAttributes, LbSpec, TAG_CLUSTER_PREFIX},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -57,6 +57,26 @@ impl LoadBalancers {
             Err(e) if e.code() == Some("LoadBalancerNotFound") => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Every Classic ELB in the region (one call per page of 400).
+    pub(super) async fn all_classic_load_balancers(&self) -> Result<Vec<LoadBalancerDescription>> {
+        let elb = &self.calls.clients.elb;
+        all_pages(|marker| async move {
+            let out = self
+                .calls
+                .call("elb:DescribeLoadBalancers", || {
+                    elb.describe_load_balancers()
+                        .set_marker(marker.clone())
+                        .send()
+                })
+                .await?;
+            Ok((
+                out.load_balancer_descriptions().to_vec(),
+                out.next_marker().map(str::to_owned),
+            ))
+        })
+        .await
     }
 
     /// The group `k8s-elb-<name>` in the VPC, created (tagged for the cluster) when missing; `None` in a
@@ -204,6 +224,8 @@ impl LoadBalancers {
                     })?
             }
         };
+        self.classic_load_balancer_seen(&spec.name, lb.vpc_id())
+            .await;
         self.sync_classic_tls_policy(&lb, spec).await?;
         self.sync_classic_proxy_protocol(&lb, spec).await?;
         self.sync_classic_health_check(&lb, spec).await?;
@@ -792,20 +814,27 @@ impl LoadBalancers {
     /// the cluster's tag) and every rule that refers to it.
     pub(super) async fn delete_classic(&self, name: &str, cluster_id: &str) -> Result<()> {
         let elb = &self.calls.clients.elb;
-        let existing = self.describe_classic(name).await?;
-        let vpc_id = existing
-            .as_ref()
-            .and_then(|lb| lb.vpc_id())
-            .unwrap_or_default()
-            .to_owned();
-        if existing.is_some() {
+        // The index knows whether it exists and in which VPC; a Classic ELB whose VPC it does not know
+        // (found by the orphan sweep) is described.
+        let vpc_id = match self.classic_load_balancer_known(name).await? {
+            None => None,
+            Some(Some(vpc)) => Some(vpc),
+            Some(None) => self
+                .describe_classic(name)
+                .await?
+                .map(|lb| lb.vpc_id().unwrap_or_default().to_owned()),
+        };
+        if vpc_id.is_some() {
             tracing::info!(name, "deleting Classic ELB");
+            // AWS answers a deletion of a Classic ELB that is already gone with success.
             self.calls
                 .call("elb:DeleteLoadBalancer", || {
                     elb.delete_load_balancer().load_balancer_name(name).send()
                 })
                 .await?;
+            self.classic_load_balancer_deleted(name).await;
         }
+        let vpc_id = vpc_id.unwrap_or_default();
         let ec2 = &self.calls.clients.ec2;
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
         let out = self

@@ -8,7 +8,7 @@ use aws_sdk_elasticloadbalancingv2::types::LoadBalancerTypeEnum;
 use cloud_provider::{ClusterLoadBalancer, ServiceRef};
 
 use super::{
-    LoadBalancers, all_pages,
+    LoadBalancers,
     spec::{TAG_CLUSTER_PREFIX, TAG_SERVICE_NAME},
 };
 use crate::error::Result;
@@ -50,23 +50,12 @@ impl LoadBalancers {
 
     async fn classic_inventory(&self, cluster_tag: &str) -> Result<Vec<ClusterLoadBalancer>> {
         let elb = &self.calls.clients.elb;
-        let names = all_pages(|marker| async move {
-            let out = self
-                .calls
-                .call("elb:DescribeLoadBalancers", || {
-                    elb.describe_load_balancers()
-                        .set_marker(marker.clone())
-                        .send()
-                })
-                .await?;
-            let names: Vec<String> = out
-                .load_balancer_descriptions()
-                .iter()
-                .filter_map(|d| d.load_balancer_name().map(str::to_owned))
-                .collect();
-            Ok((names, out.next_marker().map(str::to_owned)))
-        })
-        .await?;
+        let names: Vec<String> = self
+            .all_classic_load_balancers()
+            .await?
+            .iter()
+            .filter_map(|d| d.load_balancer_name().map(str::to_owned))
+            .collect();
         let mut found = Vec::new();
         for chunk in names.chunks(TAGS_PER_CALL) {
             let out = self

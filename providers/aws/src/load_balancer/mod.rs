@@ -8,7 +8,7 @@
 
 pub mod annotations;
 mod classic;
-mod elbv2_index;
+mod deletion_index;
 mod inventory;
 mod nlb;
 mod nlb_security_group;
@@ -46,8 +46,8 @@ pub struct LoadBalancers {
     config: Arc<Config>,
     /// Set in a preview: writes are recorded here instead of made.
     plan: Option<Arc<Mutex<Plan>>>,
-    /// The region's ELBv2 load balancers and tagged target groups, for deletions.
-    elbv2_index: Arc<elbv2_index::Elbv2Index>,
+    /// The region's load balancers (both kinds) and tagged target groups, for deletions.
+    deletion_index: Arc<deletion_index::DeletionIndex>,
 }
 
 impl LoadBalancers {
@@ -58,7 +58,7 @@ impl LoadBalancers {
             describer,
             config,
             plan: None,
-            elbv2_index: Arc::default(),
+            deletion_index: Arc::default(),
         }
     }
 
@@ -71,7 +71,7 @@ impl LoadBalancers {
             describer: self.describer.clone(),
             config: self.config.clone(),
             plan: Some(plan.clone()),
-            elbv2_index: self.elbv2_index.clone(),
+            deletion_index: self.deletion_index.clone(),
         };
         (this, plan)
     }
@@ -744,6 +744,9 @@ impl LoadBalancer for LoadBalancers {
             self.delete_nlb(&load_balancer.name, &service_name, None, &cluster_id)
                 .await?;
         } else {
+            // Listed just now, its VPC not with it: described when deleted.
+            self.classic_load_balancer_seen(&load_balancer.name, None)
+                .await;
             self.delete_classic(&load_balancer.name, &cluster_id)
                 .await?;
         }

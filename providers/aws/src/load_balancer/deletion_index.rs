@@ -1,17 +1,19 @@
-//! What a Service's deletion must know of the region's ELBv2 resources, without asking AWS at every
-//! deletion: the names of its load balancers, and the target groups tagged for a Service.
+//! What a Service's deletion must know of the region's load balancers, without asking AWS at every
+//! deletion: the names of its Classic ELBs (with their VPCs) and of its ELBv2 load balancers, and the
+//! target groups tagged for a Service.
 //!
-//! A deletion looks for the Service's NLB even when its type annotation no longer says `nlb` (it may have
-//! changed since the NLB was made), and for every target group tagged for the Service even when no NLB
-//! holds it (a creation that failed half-way leaves them). Asked of AWS each time, that is three calls
-//! per deletion, one of them a `DescribeTargetGroups` over the whole region followed by a `DescribeTags`
-//! per 20 groups; upstream makes none of them (and leaks such groups). The index lists both once, at the
-//! first deletion of this process, and from then on is kept by this process's own writes: while it leads,
-//! it is the only writer of the cluster's load balancers (a replica that loses its Lease exits, and the
-//! next leader lists afresh). What someone else deletes meanwhile is found gone when the deletion asks
-//! AWS for it (a missing load balancer or target group is no error); what someone else creates under the
-//! cluster's tags is not seen until the next process. Nothing else reads it: syncs, previews and the
-//! orphan sweep ask AWS.
+//! A deletion looks for the Service's load balancer of both kinds, whatever its type annotation says
+//! now (it may have changed since the load balancer was made), and for every target group tagged for the
+//! Service even when no NLB holds it (a creation that failed half-way leaves them). Asked of AWS each
+//! time, that is a `DescribeLoadBalancers` of each kind per deletion, and a `DescribeTargetGroups` over
+//! the whole region followed by a `DescribeTags` per 20 groups; upstream describes only the kind the
+//! annotation names (and leaks such groups). The index lists all of it once, at the first deletion of
+//! this process (one call per page of each listing), and from then on is kept by this process's own
+//! writes and reads: while it leads, it is the only writer of the cluster's load balancers (a replica
+//! that loses its Lease exits, and the next leader lists afresh). What someone else deletes meanwhile is
+//! found gone when the deletion asks AWS to delete it (a missing load balancer or target group is no
+//! error); what someone else creates under the cluster's names is not seen until this process syncs it
+//! or the next process lists. Nothing else reads it: syncs, previews and the orphan sweep ask AWS.
 //!
 //! Written here rather than taken from a cache crate: it is not a cache of answers that expire but a
 //! set kept exact by the writes that change it, loaded once.
@@ -26,13 +28,16 @@ use crate::error::Result;
 
 /// The index; empty until the first deletion loads it.
 #[derive(Default)]
-pub(super) struct Elbv2Index {
+pub(super) struct DeletionIndex {
     known: tokio::sync::Mutex<Option<Known>>,
 }
 
 /// What the index holds once loaded.
 #[derive(Default, Debug, PartialEq)]
 struct Known {
+    /// Every Classic ELB in the region, by name, with its VPC (`None`: not known; described when
+    /// deleted).
+    classic: HashMap<String, Option<String>>,
     /// The names of every ELBv2 load balancer in the region (names are unique across its kinds).
     load_balancers: HashSet<String>,
     /// Target groups tagged with a Service, by ARN.
@@ -85,7 +90,7 @@ impl Known {
 impl LoadBalancers {
     /// Runs `read` on the index, loading it first if this process has not yet.
     async fn read_index<T>(&self, read: impl FnOnce(&Known) -> T) -> Result<T> {
-        let mut known = self.elbv2_index.known.lock().await;
+        let mut known = self.deletion_index.known.lock().await;
         if known.is_none() {
             *known = Some(self.load_index().await?);
         }
@@ -95,12 +100,21 @@ impl LoadBalancers {
     /// Records a write in the index, if it is loaded (a later load lists the write anyway). Waits for a
     /// load under way, which may have listed before the write.
     async fn note_in_index(&self, write: impl FnOnce(&mut Known)) {
-        if let Some(known) = self.elbv2_index.known.lock().await.as_mut() {
+        if let Some(known) = self.deletion_index.known.lock().await.as_mut() {
             write(known);
         }
     }
 
     async fn load_index(&self) -> Result<Known> {
+        let classic = self
+            .all_classic_load_balancers()
+            .await?
+            .iter()
+            .filter_map(|lb| {
+                let name = lb.load_balancer_name()?.to_owned();
+                Some((name, lb.vpc_id().map(str::to_owned)))
+            })
+            .collect();
         let load_balancers = self
             .all_elbv2_load_balancers()
             .await?
@@ -119,15 +133,46 @@ impl LoadBalancers {
             })
             .collect();
         let known = Known {
+            classic,
             load_balancers,
             target_groups,
         };
         tracing::debug!(
+            classic = known.classic.len(),
             load_balancers = known.load_balancers.len(),
             target_groups = known.target_groups.len(),
-            "listed the region's ELBv2 load balancers and tagged target groups for deletions"
+            "listed the region's load balancers and tagged target groups for deletions"
         );
         Ok(known)
+    }
+
+    /// What this process knows of the Classic ELB named `name`: `None` when it knows there is none,
+    /// else its VPC if known.
+    pub(super) async fn classic_load_balancer_known(
+        &self,
+        name: &str,
+    ) -> Result<Option<Option<String>>> {
+        self.read_index(|k| k.classic.get(name).cloned()).await
+    }
+
+    /// Records that the Classic ELB `name` exists (made, synced or listed by this process), in the VPC
+    /// `vpc_id` if known.
+    pub(super) async fn classic_load_balancer_seen(&self, name: &str, vpc_id: Option<&str>) {
+        self.note_in_index(|k| {
+            let known = k.classic.entry(name.to_owned()).or_default();
+            if let Some(vpc) = vpc_id {
+                *known = Some(vpc.to_owned());
+            }
+        })
+        .await;
+    }
+
+    /// Records that the Classic ELB `name` is gone.
+    pub(super) async fn classic_load_balancer_deleted(&self, name: &str) {
+        self.note_in_index(|k| {
+            k.classic.remove(name);
+        })
+        .await;
     }
 
     /// Whether an ELBv2 load balancer named `name` may exist (false only when this process knows it
@@ -222,6 +267,7 @@ mod tests {
     #[test]
     fn a_services_groups_are_those_of_its_name_in_its_cluster() {
         let known = Known {
+            classic: HashMap::new(),
             load_balancers: HashSet::new(),
             target_groups: [
                 ("arn:b".to_owned(), group("shop/web", &["one"])),
