@@ -701,17 +701,30 @@ fn targets(md: &mut String, results: &Results) {
             }
         }
         let limit = init(API_LIMIT, "equal, unthrottled", count);
-        for settings in ["own defaults", "equal, unthrottled"] {
+        // At our own defaults the token bucket (QPS 200) is the cap; unthrottled, only the
+        // implementation is (issue #31: 95 %).
+        for (settings, wanted) in [("own defaults", 80.0), ("equal, unthrottled", 95.0)] {
             if let (Some(rust), Some(limit)) = (init("rust", settings, count), limit) {
                 let share =
                     100.0 * limit.total.as_secs_f64() / rust.total.as_secs_f64().max(f64::EPSILON);
                 checks.push(Check::new(
-                    format!("node init, {count} nodes, {settings}: within 80 % of the API server's own limit"),
+                    format!("node init, {count} nodes, {settings}: within {wanted:.0} % of the API server's own limit"),
                     format!("{share:.0} % ({} vs {})", secs(rust.total), secs(limit.total)),
-                    share >= 80.0,
-                    || format!("{:.0} points short", 80.0 - share),
+                    share >= wanted,
+                    || format!("{:.0} points short", wanted - share),
                 ));
             }
+        }
+        if let (Some(rust), Some(go)) = at("equal, unthrottled") {
+            let (ours, theirs) = (rust.total.as_secs_f64(), go.total.as_secs_f64());
+            checks.push(Check::new(
+                format!(
+                    "node init, {count} nodes, equal, unthrottled: total no longer than upstream's"
+                ),
+                format!("{} vs {}", secs(rust.total), secs(go.total)),
+                ours <= theirs,
+                || over(ours, theirs, "upstream's"),
+            ));
         }
         if let (Some(rust), Some(go)) = at("equal, unthrottled")
             && rust.apiserver_cpu_seconds > 0.0
