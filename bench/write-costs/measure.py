@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""What each write of a node's initialization costs the API server, by wire format (issue #31).
+
+For each variant, WRITES nodes are created first (kubelet-sized, as bench/runner's `kubelet_node`), then
+each gets one write of the variant, THREADS at a time over keep-alive HTTP/1.1 connections; the API
+server's `process_cpu_seconds_total` (and etcd's CPU from /proc) over the writes, minus what the idle
+control plane uses over the same span, divided by the writes, is the variant's cost. The client's own
+CPU is not counted: only the server's.
+
+Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--json OUT]  (bench/write-costs/run brings up
+the control plane and calls it)
+"""
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import re
+import ssl
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+UNINITIALIZED = "node.cloudprovider.kubernetes.io/uninitialized"
+JSON = "application/json"
+# Names of this run's nodes and events start with it, so runs against one control plane do not collide.
+RUN = f"{int(time.time()) % 100000:05d}"
+PROTOBUF = "application/vnd.kubernetes.protobuf"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+
+
+def kubeconfig(path):
+    text = open(path).read()
+    server = re.search(r"server:\s*(\S+)", text).group(1)
+    token = re.search(r"token:\s*(\S+)", text).group(1)
+    ca = re.search(r"certificate-authority-data:\s*(\S+)", text).group(1)
+    host, port = server.removeprefix("https://").split(":")
+    context = ssl.create_default_context(cadata=base64.b64decode(ca).decode())
+    context.check_hostname = False
+    return host, int(port), token, context
+
+
+class Api:
+    def __init__(self, path):
+        self.host, self.port, self.token, self.context = kubeconfig(path)
+        self.local = threading.local()
+
+    def request(self, method, path, body=None, content_type=JSON, accept=JSON):
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            conn = http.client.HTTPSConnection(self.host, self.port, context=self.context)
+            self.local.conn = conn
+        headers = {"Authorization": f"Bearer {self.token}", "Accept": accept}
+        data = None
+        if body is not None:
+            data = json.dumps(body, separators=(",", ":")).encode()
+            headers["Content-Type"] = content_type
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"{method} {path}: {response.status} {payload[:300]!r}")
+        return payload
+
+    def cpu(self):
+        text = self.request("GET", "/metrics", accept="text/plain").decode()
+        return float(re.search(r"^process_cpu_seconds_total (\S+)$", text, re.M).group(1))
+
+
+def etcd_cpu():
+    total = 0.0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if os.path.basename(open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[0].decode()) != "etcd":
+                continue
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:
+            continue
+    return total
+
+
+def kubelet_node(name):
+    images = [
+        {
+            "names": [
+                f"registry.example.com/team-{i % 7}/service-{i}@sha256:{i * 7919 + 13:064x}",
+                f"registry.example.com/team-{i % 7}/service-{i}:v1.{i}.0",
+            ],
+            "sizeBytes": 20_000_000 + i * 3_000_000,
+        }
+        for i in range(30)
+    ]
+
+    def condition(type_, status, reason):
+        return {"type": type_, "status": status, "reason": reason, "message": f"kubelet reports {type_}={status}",
+                "lastHeartbeatTime": "2026-11-22T00:00:00Z", "lastTransitionTime": "2026-11-22T00:00:00Z"}
+
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+                       "beta.kubernetes.io/os": "linux", "beta.kubernetes.io/arch": "amd64"},
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                            "volumes.kubernetes.io/controller-managed-attach-detach": "true"},
+        },
+        "spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]},
+        "status": {
+            "conditions": [
+                condition("MemoryPressure", "False", "KubeletHasSufficientMemory"),
+                condition("DiskPressure", "False", "KubeletHasNoDiskPressure"),
+                condition("PIDPressure", "False", "KubeletHasSufficientPID"),
+                condition("Ready", "True", "KubeletReady"),
+            ],
+            "capacity": {"cpu": "8", "memory": "32858112Ki", "pods": "110", "ephemeral-storage": "101430960Ki",
+                         "hugepages-1Gi": "0", "hugepages-2Mi": "0"},
+            "allocatable": {"cpu": "7910m", "memory": "31610624Ki", "pods": "110",
+                            "ephemeral-storage": "93478772582", "hugepages-1Gi": "0", "hugepages-2Mi": "0"},
+            "addresses": [{"type": "Hostname", "address": name}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"machineID": f"{len(name) * 7919:032x}", "systemUUID": f"ec2{len(name):029x}",
+                         "bootID": "5f3b1c2e-8d4a-4b6e-9c1f-2a3b4c5d6e7f", "kernelVersion": "6.1.0-27-cloud-amd64",
+                         "osImage": "Debian GNU/Linux 12 (bookworm)", "containerRuntimeVersion": "containerd://1.7.24",
+                         "kubeletVersion": "v1.37.1", "kubeProxyVersion": "", "operatingSystem": "linux",
+                         "architecture": "amd64"},
+            "images": images,
+        },
+    }
+
+
+def initialized(stored, with_status):
+    """The node initialized: the stored node with the cloud's labels and provider ID, the uninitialized
+    taint gone; with its status but without images (as our cache keeps it) or without status (as our
+    manager PUTs it: the API server keeps a Node's status on a PUT of the Node)."""
+    node = json.loads(json.dumps(stored))
+    node["metadata"].pop("managedFields", None)
+    node["metadata"]["labels"].update({"topology.kubernetes.io/zone": "zone-a",
+                                       "topology.kubernetes.io/region": "region-1",
+                                       "node.kubernetes.io/instance-type": "standard"})
+    node["spec"] = {"providerID": f"fake://{node['metadata']['name']}"}
+    if with_status:
+        node["status"].pop("images", None)
+    else:
+        node.pop("status")
+    return node
+
+
+def status_patch(name):
+    return {"status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                     {"type": "Hostname", "address": name}]}}
+
+
+def events_v1(name, i):
+    now = "2026-11-27T00:00:00.000000Z"
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{i:016x}", "namespace": "default"},
+            "eventTime": now, "reportingController": "cloud-node-controller", "reportingInstance": "bench",
+            "action": "Synced", "reason": "Synced", "note": "Node synced successfully", "type": "Normal",
+            "regarding": {"kind": "Node", "name": name, "apiVersion": "v1", "uid": ""}}
+
+
+def core_event(name, i):
+    return {"apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{name}.{i:016x}", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": name, "apiVersion": "v1"},
+            "reason": "Synced", "message": "Node synced successfully", "type": "Normal",
+            "source": {"component": "cloud-node-controller"},
+            "firstTimestamp": "2026-11-27T00:00:00Z", "lastTimestamp": "2026-11-27T00:00:00Z", "count": 1}
+
+
+# (name, what is written, how)
+VARIANTS = [
+    ("PUT node with its status, JSON in, JSON out", "put", dict(with_status=True, accept=JSON)),
+    ("PUT node without status, JSON in, JSON out (ours)", "put", dict(with_status=False, accept=JSON)),
+    ("PUT node with its status, JSON in, metadata out", "put", dict(with_status=True, accept=METADATA)),
+    ("PUT node with its status, JSON in, protobuf out", "put", dict(with_status=True, accept=PROTOBUF)),
+    ("PATCH node status (merge), JSON out (ours)", "status", dict(accept=JSON)),
+    ("PATCH node status (merge), metadata out", "status", dict(accept=METADATA)),
+    ("PATCH node status (merge), protobuf out", "status", dict(accept=PROTOBUF)),
+    ("POST events.k8s.io/v1 Event, JSON out (ours)", "event_v1", dict(accept=JSON)),
+    ("POST core/v1 Event, JSON out", "event_core", dict(accept=JSON)),
+    ("POST core/v1 Event, protobuf out", "event_core", dict(accept=PROTOBUF)),
+]
+
+
+def parallel(items, threads, work):
+    items = list(items)
+    errors = []
+    lock = threading.Lock()
+    index = [0]
+
+    def run():
+        while True:
+            with lock:
+                if index[0] >= len(items) or errors:
+                    return
+                item = items[index[0]]
+                index[0] += 1
+            try:
+                work(item)
+            except Exception as e:  # noqa: BLE001 - reported below
+                with lock:
+                    errors.append(e)
+
+    pool = [threading.Thread(target=run) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def measure(api, variant, round_, writes, threads, idle_rate):
+    title, kind, how = variant
+    prefix = f"wc{RUN}-{round_}-{VARIANTS.index(variant)}-"
+    names = [f"{prefix}{i}" for i in range(writes)]
+    stored = {}
+
+    def create(name):
+        stored[name] = json.loads(api.request("POST", "/api/v1/nodes", kubelet_node(name)))
+
+    parallel(names, threads, create)
+    time.sleep(2)
+
+    def write(name):
+        i = names.index(name) if kind.startswith("event") else 0
+        if kind == "put":
+            api.request("PUT", f"/api/v1/nodes/{name}", initialized(stored[name], how["with_status"]),
+                        accept=how["accept"])
+        elif kind == "status":
+            api.request("PATCH", f"/api/v1/nodes/{name}/status", status_patch(name),
+                        content_type="application/merge-patch+json", accept=how["accept"])
+        elif kind == "event_v1":
+            api.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events", events_v1(name, i),
+                        accept=how["accept"])
+        else:
+            api.request("POST", "/api/v1/namespaces/default/events", core_event(name, i), accept=how["accept"])
+
+    cpu0, etcd0, t0 = api.cpu(), etcd_cpu(), time.monotonic()
+    parallel(names, threads, write)
+    cpu1, etcd1, t1 = api.cpu(), etcd_cpu(), time.monotonic()
+    span = t1 - t0
+    api_ms = (cpu1 - cpu0 - idle_rate[0] * span) / writes * 1000
+    etcd_ms = (etcd1 - etcd0 - idle_rate[1] * span) / writes * 1000
+    # Clean up so the next variant meets the same store size.
+    parallel(names, threads, lambda n: api.request("DELETE", f"/api/v1/nodes/{n}"))
+    return api_ms, etcd_ms, writes / span
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kubeconfig")
+    parser.add_argument("--writes", type=int, default=2000)
+    parser.add_argument("--threads", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    api = Api(args.kubeconfig)
+    # The idle control plane's own CPU (its lease renewals, its controllers), subtracted.
+    cpu0, etcd0 = api.cpu(), etcd_cpu()
+    time.sleep(10)
+    idle_rate = ((api.cpu() - cpu0) / 10, (etcd_cpu() - etcd0) / 10)
+    print(f"idle: API server {idle_rate[0]:.3f} CPU-s/s, etcd {idle_rate[1]:.3f}", file=sys.stderr)
+    results = {v[0]: [] for v in VARIANTS}
+    for round_ in range(args.rounds):
+        # Rounds interleave the variants, so drift over the run (the API server's heap, etcd's size)
+        # touches each alike.
+        for variant in VARIANTS:
+            api_ms, etcd_ms, rate = measure(api, variant, round_, args.writes, args.threads, idle_rate)
+            results[variant[0]].append({"api_ms": api_ms, "etcd_ms": etcd_ms, "writes_per_s": rate})
+            print(f"round {round_ + 1}: {variant[0]}: API server {api_ms:.3f} ms, etcd {etcd_ms:.3f} ms "
+                  f"per write, {rate:.0f} writes/s", file=sys.stderr)
+    print("| write | API server CPU per write (median of rounds) | spread | etcd CPU per write | writes/s |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for title, rows in results.items():
+        api = [r["api_ms"] for r in rows]
+        print(f"| {title} | {statistics.median(api):.2f} ms | {min(api):.2f}–{max(api):.2f} | "
+              f"{statistics.median(r['etcd_ms'] for r in rows):.2f} ms | "
+              f"{statistics.median(r['writes_per_s'] for r in rows):.0f} |")
+    if args.json:
+        json.dump({"writes": args.writes, "threads": args.threads, "idle": idle_rate, "results": results},
+                  open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
