@@ -591,14 +591,18 @@ impl LoadBalancer for LoadBalancers {
         let name = default_load_balancer_name(service);
         // The type annotation may be malformed; look for both kinds then.
         let kind = self.spec(cluster_name, service).map(|s| s.kind).ok();
+        // What is found is noted in the deletion index (if loaded): the service controller asks this
+        // before each deletion, so a load balancer made by someone else after the listing is deleted too.
         if kind != Some(Kind::Classic)
             && let Some(lb) = self.describe_nlb(&name).await?
         {
+            self.elbv2_load_balancer_created(&name).await;
             return Ok(Some(hostname_status(lb.dns_name())));
         }
         if kind != Some(Kind::Nlb)
             && let Some(lb) = self.describe_classic(&name).await?
         {
+            self.classic_load_balancer_seen(&name, lb.vpc_id()).await;
             return Ok(Some(hostname_status(lb.dns_name())));
         }
         Ok(None)
