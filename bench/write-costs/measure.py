@@ -7,8 +7,13 @@ server's `process_cpu_seconds_total` (and etcd's CPU from /proc) over the writes
 control plane uses over the same span, divided by the writes, is the variant's cost. The client's own
 CPU is not counted: only the server's.
 
-Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--json OUT]  (bench/write-costs/run brings up
-the control plane and calls it)
+With `--preload-nodes N` the store first gets N kubelet-sized nodes and one event per node (as a
+node-initialization run leaves it), so each write's cost is measured against a full store as well as an
+empty one; `--variants` picks variants by the start of their names (e.g. `--variants "PUT node without,PATCH
+node status (merge), JSON"`).
+
+Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--preload-nodes N] [--variants A,B]
+[--json OUT]  (bench/write-costs/run brings up the control plane and calls it)
 """
 
 import argparse
@@ -254,25 +259,46 @@ def measure(api, variant, round_, writes, threads, idle_rate):
     return api_ms, etcd_ms, writes / span
 
 
+def preload(api, count, threads):
+    """COUNT nodes and one events.k8s.io/v1 Event per node, left in the store for the whole run."""
+    names = [f"preload{RUN}-{i}" for i in range(count)]
+    started = time.monotonic()
+    parallel(names, threads, lambda n: api.request("POST", "/api/v1/nodes", kubelet_node(n)))
+    parallel(list(enumerate(names)), threads,
+             lambda item: api.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events",
+                                      events_v1(item[1], item[0])))
+    print(f"preloaded {count} nodes and {count} events in {time.monotonic() - started:.0f} s", file=sys.stderr)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("kubeconfig")
     parser.add_argument("--writes", type=int, default=2000)
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--preload-nodes", type=int, default=0)
+    parser.add_argument("--variants", help="comma-separated starts of variant names (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    variants = VARIANTS
+    if args.variants:
+        starts = [v.strip() for v in args.variants.split(",") if v.strip()]
+        variants = [v for v in VARIANTS if any(v[0].startswith(start) for start in starts)]
+        if not variants:
+            parser.error(f"--variants {args.variants!r} matches none of: " + "; ".join(v[0] for v in VARIANTS))
     api = Api(args.kubeconfig)
+    if args.preload_nodes:
+        preload(api, args.preload_nodes, args.threads)
     # The idle control plane's own CPU (its lease renewals, its controllers), subtracted.
     cpu0, etcd0 = api.cpu(), etcd_cpu()
     time.sleep(10)
     idle_rate = ((api.cpu() - cpu0) / 10, (etcd_cpu() - etcd0) / 10)
     print(f"idle: API server {idle_rate[0]:.3f} CPU-s/s, etcd {idle_rate[1]:.3f}", file=sys.stderr)
-    results = {v[0]: [] for v in VARIANTS}
+    results = {v[0]: [] for v in variants}
     for round_ in range(args.rounds):
         # Rounds interleave the variants, so drift over the run (the API server's heap, etcd's size)
         # touches each alike.
-        for variant in VARIANTS:
+        for variant in variants:
             api_ms, etcd_ms, rate = measure(api, variant, round_, args.writes, args.threads, idle_rate)
             results[variant[0]].append({"api_ms": api_ms, "etcd_ms": etcd_ms, "writes_per_s": rate})
             print(f"round {round_ + 1}: {variant[0]}: API server {api_ms:.3f} ms, etcd {etcd_ms:.3f} ms "
@@ -285,7 +311,8 @@ def main():
               f"{statistics.median(r['etcd_ms'] for r in rows):.2f} ms | "
               f"{statistics.median(r['writes_per_s'] for r in rows):.0f} |")
     if args.json:
-        json.dump({"writes": args.writes, "threads": args.threads, "idle": idle_rate, "results": results},
+        json.dump({"writes": args.writes, "threads": args.threads, "preload_nodes": args.preload_nodes,
+                   "idle": idle_rate, "results": results},
                   open(args.json, "w"), indent=1)
 
 

@@ -1,5 +1,5 @@
 //! Events survive an API outage: recording queues them, and delivery is retried until the API server
-//! answers again.
+//! answers again. Repeats about one object are one Event with a series.
 
 mod support;
 
@@ -16,6 +16,7 @@ use kube::{
     runtime::events::EventType,
 };
 use support::{
+    admin,
     blackhole_proxy::{BlackholeProxy, kubeconfig_through},
     events_for, eventually, free_port,
 };
@@ -83,4 +84,58 @@ async fn events_recorded_while_the_api_server_is_unreachable_are_delivered_when_
     tokio::time::timeout(Duration::from_secs(10), recorder.flush())
         .await
         .expect("nothing left to deliver");
+}
+
+#[tokio::test]
+async fn repeats_about_one_object_are_one_event_with_a_series_count() {
+    let recorder = EventRecorder::new(admin().await, "cloud-node-controller");
+    let node = |name: &str| Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let (a, b) = (unique_name("series-a"), unique_name("series-b"));
+    // (object, reason, note): one at a time, each delivered before the next.
+    let recorded = [
+        (&a, "Synced", "first"),
+        (&a, "Synced", "second"),
+        (&b, "Synced", "about b"),
+        (&a, "Synced", "third"),
+        (&a, "Failed", "another reason"),
+    ];
+    for (name, reason, note) in recorded {
+        recorder
+            .record(
+                &node(name),
+                EventType::Normal,
+                reason,
+                "InitializeNode",
+                note.to_owned(),
+            )
+            .await;
+        tokio::time::timeout(Duration::from_secs(10), recorder.flush())
+            .await
+            .expect("delivered");
+    }
+    let synced = events_for(&a, "Synced").await;
+    assert_eq!(synced.len(), 1, "{synced:?}");
+    let series = synced[0].series.as_ref().expect("a series");
+    assert_eq!(series.count, 3);
+    assert_eq!(
+        synced[0].note.as_deref(),
+        Some("first"),
+        "a series keeps its first note"
+    );
+    assert!(series.last_observed_time.0 >= synced[0].event_time.as_ref().unwrap().0);
+    for (name, reason) in [(&b, "Synced"), (&a, "Failed")] {
+        let events = events_for(name, reason).await;
+        assert_eq!(events.len(), 1, "{name} {reason}: {events:?}");
+        assert!(
+            events[0].series.is_none(),
+            "{name} {reason}: a single event"
+        );
+    }
 }

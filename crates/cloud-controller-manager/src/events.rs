@@ -1,5 +1,5 @@
-//! Events, written through kube-runtime's recorder (events.k8s.io/v1, aggregated into series); events
-//! about Nodes land in the `default` namespace, as upstream's do.
+//! Events (events.k8s.io/v1, repeats aggregated into series by [`SeriesRecorder`]); events about Nodes
+//! land in the `default` namespace, as upstream's do.
 //!
 //! Recording never blocks a reconcile: events go to a queue that a background task delivers, retrying
 //! a failed write with back-off (1 s doubling to 10 s, 12 tries: about a minute and a half, as
@@ -28,8 +28,10 @@ use k8s_openapi::{
 use kube::{
     Api, Client, Resource,
     api::PostParams,
-    runtime::events::{Event, EventType, Recorder, Reporter},
+    runtime::events::{Event, EventType, Reporter},
 };
+
+use crate::event_series::SeriesRecorder;
 use tokio::sync::{Semaphore, mpsc};
 
 /// Events waiting for delivery, per recorder.
@@ -69,7 +71,7 @@ pub struct EventRecorder {
 struct Delivery {
     client: Client,
     reporter: Reporter,
-    recorder: Recorder,
+    recorder: SeriesRecorder,
     /// Events queued and not yet delivered or given up on.
     undelivered: tokio::sync::watch::Sender<usize>,
     /// Events dropped on a full queue, and when that was last logged.
@@ -106,7 +108,7 @@ impl EventRecorder {
         };
         Self {
             inner: Arc::new(Delivery {
-                recorder: Recorder::new(client.clone(), reporter.clone()),
+                recorder: SeriesRecorder::new(client.clone(), reporter.clone()),
                 client,
                 reporter,
                 undelivered: tokio::sync::watch::Sender::new(0),

@@ -22,6 +22,7 @@ mod cached_node;
 pub(crate) mod cidrs;
 pub(crate) mod cloud_metrics;
 pub mod controllers;
+mod event_series;
 pub mod events;
 pub mod informers;
 pub mod metrics;
