@@ -9,10 +9,10 @@ CPU is not counted: only the server's.
 
 With `--preload-nodes N` the store first gets N kubelet-sized nodes and one event per node (as a
 node-initialization run leaves it), so each write's cost is measured against a full store as well as an
-empty one; `--variants` picks variants by the start of their names (e.g. `--variants "PUT node without,PATCH
-node status (merge), JSON"`).
+empty one; `--variants` picks variants by the start of their names, separated by `;` (the names hold
+commas), e.g. `--variants "PUT node without;PATCH node status (merge), JSON"`.
 
-Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--preload-nodes N] [--variants A,B]
+Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--preload-nodes N] [--variants "A;B"]
 [--json OUT]  (bench/write-costs/run brings up the control plane and calls it)
 """
 
@@ -277,12 +277,12 @@ def main():
     parser.add_argument("--threads", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--preload-nodes", type=int, default=0)
-    parser.add_argument("--variants", help="comma-separated starts of variant names (default: all)")
+    parser.add_argument("--variants", help="starts of variant names, separated by ';' (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args()
     variants = VARIANTS
     if args.variants:
-        starts = [v.strip() for v in args.variants.split(",") if v.strip()]
+        starts = [v.strip() for v in args.variants.split(";") if v.strip()]
         variants = [v for v in VARIANTS if any(v[0].startswith(start) for start in starts)]
         if not variants:
             parser.error(f"--variants {args.variants!r} matches none of: " + "; ".join(v[0] for v in VARIANTS))

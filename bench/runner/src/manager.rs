@@ -185,7 +185,11 @@ impl Running {
                 command
                     .args(&args)
                     .arg(format!("--cloud-config={}", config.display()));
-                command.env("RUST_LOG", "warn");
+                // Warnings only, as upstream's `--v=0`; `CCM_BENCH_RUST_LOG` (a `RUST_LOG` filter) to
+                // diagnose a run, e.g. `info` for the node sync's passes. Logging costs CPU: not for
+                // runs whose figures are quoted.
+                let filter = std::env::var("CCM_BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into());
+                command.env("RUST_LOG", filter);
                 command
             }
             Kind::Go => {
