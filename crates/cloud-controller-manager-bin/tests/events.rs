@@ -11,7 +11,8 @@ use std::{
 use cloud_controller_manager::events::EventRecorder;
 use k8s_openapi::{api::core::v1::Node, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use kube::{
-    Client, Config,
+    Api, Client, Config,
+    api::DeleteParams,
     config::{KubeConfigOptions, Kubeconfig},
     runtime::events::EventType,
 };
@@ -138,4 +139,32 @@ async fn repeats_about_one_object_are_one_event_with_a_series_count() {
             "{name} {reason}: a single event"
         );
     }
+
+    // The series' Event deleted (by an operator, or expired from the store): the next repeat is not
+    // lost, it starts a new Event.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(admin().await, "default");
+    events
+        .delete(
+            synced[0].metadata.name.as_deref().unwrap(),
+            &DeleteParams::default(),
+        )
+        .await
+        .expect("the series' Event deleted");
+    recorder
+        .record(
+            &node(&a),
+            EventType::Normal,
+            "Synced",
+            "InitializeNode",
+            "after the deletion".to_owned(),
+        )
+        .await;
+    tokio::time::timeout(Duration::from_secs(10), recorder.flush())
+        .await
+        .expect("delivered");
+    let synced = events_for(&a, "Synced").await;
+    assert_eq!(synced.len(), 1, "{synced:?}");
+    assert!(synced[0].series.is_none(), "a new Event: {synced:?}");
+    assert_eq!(synced[0].note.as_deref(), Some("after the deletion"));
 }

@@ -150,7 +150,8 @@ impl SeriesRecorder {
     }
 
     /// Writes `event` about `regarding` (in its namespace; `default` for a cluster-scoped object): a new
-    /// Event, or a patch of the series it repeats. A failed write leaves the series as it was.
+    /// Event, or a patch of the series it repeats (a new Event if the series' Event is gone). A failed
+    /// write leaves the series as it was.
     pub async fn publish(
         &self,
         event: &Event,
@@ -170,12 +171,7 @@ impl SeriesRecorder {
             regarding.namespace.as_deref().unwrap_or("default"),
         );
         let (name, count) = match write {
-            Write::Create => {
-                let created = self.new_event(event, regarding, now);
-                let name = created.metadata.name.clone().unwrap_or_default();
-                events.create(&PostParams::default(), &created).await?;
-                (name, 1)
-            }
+            Write::Create => self.create(&events, event, regarding, now).await?,
             Write::Repeat { name, count } => {
                 let series = KubeEvent {
                     series: Some(EventSeries {
@@ -184,14 +180,36 @@ impl SeriesRecorder {
                     }),
                     ..Default::default()
                 };
-                events
+                match events
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&series))
-                    .await?;
-                (name, count)
+                    .await
+                {
+                    Ok(_) => (name, count),
+                    // The series' Event is gone (deleted by someone, or expired from the store): the
+                    // repeat starts a new series rather than being lost.
+                    Err(kube::Error::Api(status)) if status.code == 404 => {
+                        self.create(&events, event, regarding, now).await?
+                    }
+                    Err(err) => return Err(err),
+                }
             }
         };
         self.cache.lock().written(key, name, count, now);
         Ok(())
+    }
+
+    /// Creates the first Event of a series: its name, and the count 1.
+    async fn create(
+        &self,
+        events: &Api<KubeEvent>,
+        event: &Event,
+        regarding: &ObjectReference,
+        now: Timestamp,
+    ) -> Result<(String, i32), kube::Error> {
+        let created = self.new_event(event, regarding, now);
+        let name = created.metadata.name.clone().unwrap_or_default();
+        events.create(&PostParams::default(), &created).await?;
+        Ok((name, 1))
     }
 
     /// The first Event of a series, as kube-runtime's `Recorder` writes it: named
