@@ -108,18 +108,7 @@ async fn repeats_about_one_object_are_one_event_with_a_series_count() {
         (&a, "Failed", "another reason"),
     ];
     for (name, reason, note) in recorded {
-        recorder
-            .record(
-                &node(name),
-                EventType::Normal,
-                reason,
-                "InitializeNode",
-                note.to_owned(),
-            )
-            .await;
-        tokio::time::timeout(Duration::from_secs(10), recorder.flush())
-            .await
-            .expect("delivered");
+        record_and_deliver(&recorder, &node(name), reason, note).await;
     }
     let synced = events_for(&a, "Synced").await;
     assert_eq!(synced.len(), 1, "{synced:?}");
@@ -151,20 +140,26 @@ async fn repeats_about_one_object_are_one_event_with_a_series_count() {
         )
         .await
         .expect("the series' Event deleted");
+    record_and_deliver(&recorder, &node(&a), "Synced", "after the deletion").await;
+    let synced = events_for(&a, "Synced").await;
+    assert_eq!(synced.len(), 1, "{synced:?}");
+    assert!(synced[0].series.is_none(), "a new Event: {synced:?}");
+    assert_eq!(synced[0].note.as_deref(), Some("after the deletion"));
+}
+
+/// Records a `Normal` event about `node` and waits until it is delivered, so that events recorded one
+/// after the other reach the API server in that order.
+async fn record_and_deliver(recorder: &EventRecorder, node: &Node, reason: &str, note: &str) {
     recorder
         .record(
-            &node(&a),
+            node,
             EventType::Normal,
-            "Synced",
+            reason,
             "InitializeNode",
-            "after the deletion".to_owned(),
+            note.to_owned(),
         )
         .await;
     tokio::time::timeout(Duration::from_secs(10), recorder.flush())
         .await
         .expect("delivered");
-    let synced = events_for(&a, "Synced").await;
-    assert_eq!(synced.len(), 1, "{synced:?}");
-    assert!(synced[0].series.is_none(), "a new Event: {synced:?}");
-    assert_eq!(synced[0].note.as_deref(), Some("after the deletion"));
 }

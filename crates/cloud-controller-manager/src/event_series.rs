@@ -29,7 +29,7 @@ use kube::{
 use parking_lot::Mutex;
 
 /// Repeats this close to the last one join its series (kube-runtime's and client-go's 6 minutes).
-pub const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
+const SERIES_WINDOW: SignedDuration = SignedDuration::from_mins(6);
 /// How often expired entries are freed at most.
 const SWEEP_EVERY: SignedDuration = SignedDuration::from_mins(1);
 

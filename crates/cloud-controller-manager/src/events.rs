@@ -30,9 +30,9 @@ use kube::{
     api::PostParams,
     runtime::events::{Event, EventType, Reporter},
 };
+use tokio::sync::{Semaphore, mpsc};
 
 use crate::event_series::SeriesRecorder;
-use tokio::sync::{Semaphore, mpsc};
 
 /// Events waiting for delivery, per recorder.
 const QUEUE: usize = 1000;
