@@ -1,5 +1,5 @@
-//! Events (events.k8s.io/v1, repeats aggregated into series by [`SeriesRecorder`]); events about Nodes
-//! land in the `default` namespace, as upstream's do.
+//! Events (events.k8s.io/v1, repeats aggregated into series by `event_series::SeriesRecorder`); events
+//! about Nodes land in the `default` namespace, as upstream's do.
 //!
 //! Recording never blocks a reconcile: events go to a queue that a background task delivers, retrying
 //! a failed write with back-off (1 s doubling to 10 s, 12 tries: about a minute and a half, as
