@@ -460,9 +460,10 @@ async fn a_burst_of_node_changes_updates_each_load_balancer_once() {
     h.stop(20).await;
 }
 
-/// Each update of a pass gives the backends current when it starts: a node added while a pass is in the
-/// cloud reaches the load balancer that pass has not updated yet, and the next pass updates only the one
-/// it gave the older backends.
+/// A node added while a pass is in the cloud reaches the load balancer that pass has not updated yet (in
+/// the same pass if the change comes 500 ms or more after the pass's first change; otherwise the pass
+/// pauses after the update in the cloud and the next one updates both), and only the load balancer
+/// given the older backends is updated twice.
 #[tokio::test]
 async fn a_node_change_during_a_pass_reaches_the_load_balancers_it_has_not_updated_yet() {
     let _serial = SERIAL.lock().await;

@@ -2,7 +2,14 @@
 //! that matters, and on a safety-net period.
 
 use crate::cached_node::CachedNode;
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use cloud_provider::CloudError;
 use futures::{Stream, StreamExt};
@@ -54,6 +61,14 @@ impl Burst {
     fn due(&self) -> Instant {
         (self.last + NODE_SYNC_QUIET).min(self.first + NODE_SYNC_MAX_WAIT)
     }
+
+    /// Whether a change at `now` pauses this burst's pass: the pass started before the burst ended (its
+    /// changes paused longer than [`NODE_SYNC_QUIET`] and went on), so the updates it has not started
+    /// would give the backends of the burst's middle; they wait for the burst to end instead. Only up to
+    /// [`NODE_SYNC_MAX_WAIT`] after the first change: a burst that never pauses still gets its pass.
+    fn pauses_pass_at(&self, now: Instant) -> bool {
+        now < self.first + NODE_SYNC_MAX_WAIT
+    }
 }
 
 /// Node sync: a node change that alters the backend set (added, deleted, exclusion flipped, provider ID
@@ -63,8 +78,11 @@ impl Burst {
 /// change waits 50 ms, and each load balancer gets one update per burst. One pass at a time: each of
 /// its updates gives the backends current when that update starts, so changes during a pass reach the
 /// load balancers not updated yet, and start the next burst, whose pass updates only the load balancers
-/// given older backends. Changes are read during a pass too, so the shared node watch never waits for
-/// it. A sync that ends with outdated backends asks for a pass, and one runs every [`NODE_SYNC_PERIOD`]
+/// given older backends. A change within [`NODE_SYNC_MAX_WAIT`] of its burst's first is that burst going
+/// on after a pause: the pass starts no more updates (those in the cloud finish), and the load balancers
+/// it has not reached wait with the burst for the next quiet period, rather than each getting the
+/// backends of the burst's middle and a second update after it. Changes are read during a pass too, so
+/// the shared node watch never waits for it. A sync that ends with outdated backends asks for a pass, and one runs every [`NODE_SYNC_PERIOD`]
 /// in any case, with the backend list recomputed from the node cache.
 pub(super) async fn node_sync_loop(
     ctx: Arc<Context>,
@@ -132,9 +150,11 @@ pub(super) async fn node_sync_loop(
                 () = shutdown.cancelled() => return,
             }
         }
-        // Changes during the pass are observed as they come: the updates not started yet give the new
-        // backends, and the next pass updates the load balancers given older ones.
-        let pass = sync_nodes(&ctx);
+        // Changes during the pass are observed as they come. One soon after the burst's first change
+        // pauses the pass (the burst goes on); a later one starts the next burst, and the updates not
+        // started yet give the new backends.
+        let paused = AtomicBool::new(false);
+        let pass = sync_nodes(&ctx, &paused);
         tokio::pin!(pass);
         loop {
             tokio::select! {
@@ -142,12 +162,21 @@ pub(super) async fn node_sync_loop(
                 change = changes.next() => match change {
                     Some(change) => if observe(change) {
                         let now = Instant::now();
-                        next.get_or_insert(Burst::new(now)).last = now;
+                        if paused.load(Ordering::Relaxed) || burst.pauses_pass_at(now) {
+                            paused.store(true, Ordering::Relaxed);
+                            burst.last = now;
+                        } else {
+                            next.get_or_insert(Burst::new(now)).last = now;
+                        }
                     },
                     None => return,
                 },
                 () = shutdown.cancelled() => return,
             }
+        }
+        if paused.load(Ordering::Relaxed) {
+            // The updates it did not start wait for the burst's next quiet period (or its 500 ms).
+            next = Some(burst);
         }
     }
 }
@@ -162,7 +191,8 @@ fn outdated(tracked: &Tracked, backends: &Backends, served: &ServedClasses) -> b
             || tracked.labels.changed(&backends.nodes))
 }
 
-async fn sync_nodes(ctx: &Arc<Context>) {
+/// One node sync pass; once `paused` is set it starts no more updates (those started finish).
+async fn sync_nodes(ctx: &Arc<Context>, paused: &AtomicBool) {
     let started = Instant::now();
     // Without a load balancer to update, the backend list is not built: node initialization changes
     // every new node's facts, and rebuilding the list for each burst of a big backlog was a third of the
@@ -190,8 +220,15 @@ async fn sync_nodes(ctx: &Arc<Context>) {
         "updating load balancer hosts"
     );
     futures::stream::iter(stale)
-        .for_each_concurrent(ctx.workers.max(1), |key| update_hosts(ctx, key))
+        .for_each_concurrent(ctx.workers.max(1), |key| async move {
+            if !paused.load(Ordering::Relaxed) {
+                update_hosts(ctx, key).await;
+            }
+        })
         .await;
+    if paused.load(Ordering::Relaxed) {
+        tracing::info!("node sync pass paused: the nodes are still changing");
+    }
     ctx.metrics
         .nodesync_latency
         .observe(started.elapsed().as_secs_f64());
@@ -275,5 +312,25 @@ mod tests {
         // ...but not past 500 ms after the first.
         burst.last = start + ms(450);
         assert_eq!(burst.due(), start + ms(500));
+    }
+
+    #[test]
+    fn a_change_pauses_the_pass_only_within_500_ms_of_the_bursts_first() {
+        let start = Instant::now();
+        let ms = |ms| Duration::from_millis(ms);
+        let burst = Burst::new(start);
+        for (after, pauses) in [
+            (0, true),
+            (60, true),
+            (499, true),
+            (500, false),
+            (2_000, false),
+        ] {
+            assert_eq!(
+                burst.pauses_pass_at(start + ms(after)),
+                pauses,
+                "a change {after} ms after the first"
+            );
+        }
     }
 }
