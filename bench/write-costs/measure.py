@@ -12,8 +12,12 @@ node-initialization run leaves it), so each write's cost is measured against a f
 empty one; `--variants` picks variants by the start of their names, separated by `;` (the names hold
 commas), e.g. `--variants "PUT node without;PATCH node status (merge), JSON"`.
 
+The *protobuf in* variants send the body client-go sends (upstream's CCM writes Nodes and Events in
+protobuf): `--protobuf-encoder` names the small Go encoder in bench/write-costs/protobuf-body, which
+bench/write-costs/run builds and passes; the bodies are encoded before the timed writes.
+
 Usage: measure.py KUBECONFIG [--writes N] [--threads T] [--rounds R] [--preload-nodes N] [--variants "A;B"]
-[--json OUT]  (bench/write-costs/run brings up the control plane and calls it)
+[--protobuf-encoder BIN] [--json OUT]  (bench/write-costs/run brings up the control plane and calls it)
 """
 
 import argparse
@@ -60,7 +64,10 @@ class Api:
             self.local.conn = conn
         headers = {"Authorization": f"Bearer {self.token}", "Accept": accept}
         data = None
-        if body is not None:
+        if isinstance(body, bytes):
+            data = body
+            headers["Content-Type"] = content_type
+        elif body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
             headers["Content-Type"] = content_type
         conn.request(method, path, body=data, headers=headers)
@@ -139,17 +146,18 @@ def kubelet_node(name):
     }
 
 
-def initialized(stored, with_status):
+def initialized(stored, with_status, images=False):
     """The node initialized: the stored node with the cloud's labels and provider ID, the uninitialized
-    taint gone; with its status but without images (as our cache keeps it) or without status (as our
-    manager PUTs it: the API server keeps a Node's status on a PUT of the Node)."""
+    taint gone; with its status but without images (as our cache keeps it), with its whole status
+    (IMAGES: as upstream PUTs the node it has just read), or without status (as our manager PUTs it: the
+    API server keeps a Node's status on a PUT of the Node)."""
     node = json.loads(json.dumps(stored))
     node["metadata"].pop("managedFields", None)
     node["metadata"]["labels"].update({"topology.kubernetes.io/zone": "zone-a",
                                        "topology.kubernetes.io/region": "region-1",
                                        "node.kubernetes.io/instance-type": "standard"})
     node["spec"] = {"providerID": f"fake://{node['metadata']['name']}"}
-    if with_status:
+    if with_status and not images:
         node["status"].pop("images", None)
     else:
         node.pop("status")
@@ -179,18 +187,46 @@ def core_event(name, i):
             "firstTimestamp": "2026-11-27T00:00:00Z", "lastTimestamp": "2026-11-27T00:00:00Z", "count": 1}
 
 
-# (name, what is written, how)
+def protobuf_bodies(encoder, objects):
+    """The protobuf bodies of OBJECTS (JSON-able core/v1 objects), in order, from the Go encoder."""
+    lines = "".join(json.dumps(o, separators=(",", ":")) + "\n" for o in objects)
+    out = subprocess.run([encoder], input=lines.encode(), capture_output=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{encoder}: {out.stderr.decode().strip()}")
+    bodies = [base64.b64decode(line) for line in out.stdout.split()]
+    if len(bodies) != len(objects):
+        raise RuntimeError(f"{encoder}: {len(bodies)} bodies for {len(objects)} objects")
+    return bodies
+
+
+# (name, what is written, how); `body` PROTOBUF sends the body in protobuf, as client-go does.
 VARIANTS = [
     ("PUT node with its status, JSON in, JSON out", "put", dict(with_status=True, accept=JSON)),
     ("PUT node without status, JSON in, JSON out (ours)", "put", dict(with_status=False, accept=JSON)),
     ("PUT node with its status, JSON in, metadata out", "put", dict(with_status=True, accept=METADATA)),
     ("PUT node with its status, JSON in, protobuf out", "put", dict(with_status=True, accept=PROTOBUF)),
+    ("PUT node with its whole status, JSON in, JSON out", "put",
+     dict(with_status=True, images=True, accept=JSON)),
+    ("PUT node with its whole status, protobuf in, protobuf out (upstream's)", "put",
+     dict(with_status=True, images=True, accept=PROTOBUF, body=PROTOBUF)),
+    ("PUT node without status, protobuf in, protobuf out", "put",
+     dict(with_status=False, accept=PROTOBUF, body=PROTOBUF)),
+    ("PUT node without status, protobuf in, JSON out", "put", dict(with_status=False, accept=JSON, body=PROTOBUF)),
+    ("PUT node without status, JSON in, protobuf out", "put", dict(with_status=False, accept=PROTOBUF)),
+    ("PUT node without status, JSON in, JSON out, fieldValidation=Ignore", "put",
+     dict(with_status=False, accept=JSON, query="?fieldValidation=Ignore")),
     ("PATCH node status (merge), JSON out (ours)", "status", dict(accept=JSON)),
     ("PATCH node status (merge), metadata out", "status", dict(accept=METADATA)),
     ("PATCH node status (merge), protobuf out", "status", dict(accept=PROTOBUF)),
+    ("PATCH node status (merge), JSON out, fieldValidation=Ignore", "status",
+     dict(accept=JSON, query="?fieldValidation=Ignore")),
     ("POST events.k8s.io/v1 Event, JSON out (ours)", "event_v1", dict(accept=JSON)),
+    ("POST events.k8s.io/v1 Event, JSON out, fieldValidation=Ignore", "event_v1",
+     dict(accept=JSON, query="?fieldValidation=Ignore")),
     ("POST core/v1 Event, JSON out", "event_core", dict(accept=JSON)),
     ("POST core/v1 Event, protobuf out", "event_core", dict(accept=PROTOBUF)),
+    ("POST core/v1 Event, protobuf in, protobuf out (upstream's)", "event_core",
+     dict(accept=PROTOBUF, body=PROTOBUF)),
 ]
 
 
@@ -222,7 +258,7 @@ def parallel(items, threads, work):
         raise errors[0]
 
 
-def measure(api, variant, round_, writes, threads, idle_rate):
+def measure(api, variant, round_, writes, threads, idle_rate, encoder):
     title, kind, how = variant
     prefix = f"wc{RUN}-{round_}-{VARIANTS.index(variant)}-"
     names = [f"{prefix}{i}" for i in range(writes)]
@@ -232,21 +268,33 @@ def measure(api, variant, round_, writes, threads, idle_rate):
         stored[name] = json.loads(api.request("POST", "/api/v1/nodes", kubelet_node(name)))
 
     parallel(names, threads, create)
+    index = {name: i for i, name in enumerate(names)}
+    bodies = {}
+    if kind == "put":
+        bodies = {name: initialized(stored[name], how["with_status"], how.get("images", False))
+                  for name in names}
+    elif kind == "event_core":
+        bodies = {name: core_event(name, index[name]) for name in names}
+    content_type = JSON
+    if how.get("body") == PROTOBUF:
+        bodies = dict(zip(names, protobuf_bodies(encoder, [bodies[name] for name in names])))
+        content_type = PROTOBUF
     time.sleep(2)
 
     def write(name):
-        i = names.index(name) if kind.startswith("event") else 0
+        i = index[name]
         if kind == "put":
-            api.request("PUT", f"/api/v1/nodes/{name}", initialized(stored[name], how["with_status"]),
-                        accept=how["accept"])
+            api.request("PUT", f"/api/v1/nodes/{name}{how.get('query', '')}", bodies[name],
+                        content_type=content_type, accept=how["accept"])
         elif kind == "status":
-            api.request("PATCH", f"/api/v1/nodes/{name}/status", status_patch(name),
+            api.request("PATCH", f"/api/v1/nodes/{name}/status{how.get('query', '')}", status_patch(name),
                         content_type="application/merge-patch+json", accept=how["accept"])
         elif kind == "event_v1":
-            api.request("POST", "/apis/events.k8s.io/v1/namespaces/default/events", events_v1(name, i),
-                        accept=how["accept"])
+            api.request("POST", f"/apis/events.k8s.io/v1/namespaces/default/events{how.get('query', '')}",
+                        events_v1(name, i), accept=how["accept"])
         else:
-            api.request("POST", "/api/v1/namespaces/default/events", core_event(name, i), accept=how["accept"])
+            api.request("POST", "/api/v1/namespaces/default/events", bodies[name], content_type=content_type,
+                        accept=how["accept"])
 
     cpu0, etcd0, t0 = api.cpu(), etcd_cpu(), time.monotonic()
     parallel(names, threads, write)
@@ -278,6 +326,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--preload-nodes", type=int, default=0)
     parser.add_argument("--variants", help="starts of variant names, separated by ';' (default: all)")
+    parser.add_argument("--protobuf-encoder", help="the Go encoder of protobuf bodies (bench/write-costs/run builds it)")
     parser.add_argument("--json")
     args = parser.parse_args()
     variants = VARIANTS
@@ -286,6 +335,10 @@ def main():
         variants = [v for v in VARIANTS if any(v[0].startswith(start) for start in starts)]
         if not variants:
             parser.error(f"--variants {args.variants!r} matches none of: " + "; ".join(v[0] for v in VARIANTS))
+    needs_encoder = [v[0] for v in variants if v[2].get("body") == PROTOBUF]
+    if needs_encoder and not args.protobuf_encoder:
+        parser.error("--protobuf-encoder is needed for " + "; ".join(needs_encoder)
+                     + " (bench/write-costs/run builds and passes it; or leave them out with --variants)")
     api = Api(args.kubeconfig)
     if args.preload_nodes:
         preload(api, args.preload_nodes, args.threads)
@@ -299,7 +352,8 @@ def main():
         # Rounds interleave the variants, so drift over the run (the API server's heap, etcd's size)
         # touches each alike.
         for variant in variants:
-            api_ms, etcd_ms, rate = measure(api, variant, round_, args.writes, args.threads, idle_rate)
+            api_ms, etcd_ms, rate = measure(api, variant, round_, args.writes, args.threads, idle_rate,
+                                            args.protobuf_encoder)
             results[variant[0]].append({"api_ms": api_ms, "etcd_ms": etcd_ms, "writes_per_s": rate})
             print(f"round {round_ + 1}: {variant[0]}: API server {api_ms:.3f} ms, etcd {etcd_ms:.3f} ms "
                   f"per write, {rate:.0f} writes/s", file=sys.stderr)
