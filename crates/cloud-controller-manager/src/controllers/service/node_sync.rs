@@ -82,8 +82,9 @@ impl Burst {
 /// on after a pause: the pass starts no more updates (those in the cloud finish), and the load balancers
 /// it has not reached wait with the burst for the next quiet period, rather than each getting the
 /// backends of the burst's middle and a second update after it. Changes are read during a pass too, so
-/// the shared node watch never waits for it. A sync that ends with outdated backends asks for a pass, and one runs every [`NODE_SYNC_PERIOD`]
-/// in any case, with the backend list recomputed from the node cache.
+/// the shared node watch never waits for it. A sync that ends with outdated backends asks for a pass,
+/// and one runs every [`NODE_SYNC_PERIOD`] in any case, with the backend list recomputed from the node
+/// cache.
 pub(super) async fn node_sync_loop(
     ctx: Arc<Context>,
     changes: impl Stream<Item = Change<CachedNode>> + Send + 'static,
