@@ -133,6 +133,33 @@ impl Plane {
         }
         Ok(counts)
     }
+
+    /// The API server's requests to etcd (`etcd_requests_total`) by "operation resource". A write whose
+    /// watch-cache copy of the object was stale costs more than one: the API server first tries the
+    /// cached copy, and its transaction fails (a second `update`) or its precondition check does (a
+    /// `get` from etcd). Invisible in `apiserver_request_total`, which counts each request once.
+    pub(crate) async fn etcd_counts(&self) -> anyhow::Result<BTreeMap<String, f64>> {
+        let text = self.metrics_text().await?;
+        let mut counts = BTreeMap::new();
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("etcd_requests_total{"))
+        {
+            let (labels, value) = line.rsplit_once(' ').context("a metric line")?;
+            let label = |name: &str| {
+                labels
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            *counts
+                .entry(format!("{} {}", label("operation"), label("resource")))
+                .or_default() += value.parse::<f64>().unwrap_or(0.0);
+        }
+        Ok(counts)
+    }
 }
 
 /// `apiserver_request_total` by (verb, resource/subresource, code).
