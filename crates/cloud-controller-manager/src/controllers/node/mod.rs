@@ -10,6 +10,7 @@
 //! (without the status upstream also sends, which the API server ignores there); a node with a
 //! field this build's types do not know gets a merge patch instead ([`write`]).
 
+mod cache_catch_up;
 pub(crate) mod cloud;
 pub mod plan;
 mod status;
@@ -113,6 +114,8 @@ struct Context {
     backoff: PerObjectBackoff,
     /// Which nodes are this manager's.
     ownership: crate::node_ownership::NodeOwnership,
+    /// The shared node cache, to let the address write wait for it ([`cache_catch_up`]).
+    nodes: kube::runtime::reflector::Store<CachedNode>,
 }
 
 /// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
@@ -156,6 +159,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         metrics: ctx.metrics.node.clone(),
         backoff: backoff(),
         ownership: ctx.ownership.clone(),
+        nodes: store.clone(),
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
@@ -328,7 +332,21 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
     }
     tracing::info!(provider_id = ?updated.spec.as_ref().and_then(|s| s.provider_id.as_deref()), "node initialized");
 
-    // Addresses right away, not at the next periodic refresh.
+    // Addresses right away, not at the next periodic refresh, once the API server's cache holds the
+    // initialized node (else the API server applies the patch twice and reads the node from etcd).
+    if plan::plan_addresses(&updated, &metadata.node_addresses).is_ok_and(|p| p.is_some())
+        && !cache_catch_up::wait(
+            &ctx.nodes,
+            &name,
+            &node.resource_version().unwrap_or_default(),
+        )
+        .await
+    {
+        tracing::debug!(
+            waited = ?cache_catch_up::MAX_WAIT,
+            "the node cache has not seen the initialization yet; writing the addresses anyway"
+        );
+    }
     status::update_addresses(ctx, &updated, &metadata.node_addresses).await;
 
     ctx.events
