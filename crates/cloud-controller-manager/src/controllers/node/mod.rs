@@ -333,14 +333,12 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
     tracing::info!(provider_id = ?updated.spec.as_ref().and_then(|s| s.provider_id.as_deref()), "node initialized");
 
     // Addresses right away, not at the next periodic refresh, once the API server's cache holds the
-    // initialized node (else the API server applies the patch twice and reads the node from etcd).
-    if plan::plan_addresses(&updated, &metadata.node_addresses).is_ok_and(|p| p.is_some())
-        && !cache_catch_up::wait(
-            &ctx.nodes,
-            &name,
-            &node.resource_version().unwrap_or_default(),
-        )
-        .await
+    // initialized node (else the API server applies the patch twice and reads the node from etcd). A
+    // write that stored no new version (a dry run in shadow mode) has nothing to wait for.
+    let written_over = node.resource_version().unwrap_or_default();
+    if updated.resource_version().as_deref() != Some(written_over.as_str())
+        && plan::plan_addresses(&updated, &metadata.node_addresses).is_ok_and(|p| p.is_some())
+        && !cache_catch_up::wait(&ctx.nodes, &name, &written_over).await
     {
         tracing::debug!(
             waited = ?cache_catch_up::MAX_WAIT,
