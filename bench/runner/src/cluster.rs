@@ -114,15 +114,7 @@ impl Plane {
             .filter(|l| l.starts_with("apiserver_request_total{"))
         {
             let (labels, value) = line.rsplit_once(' ').context("a metric line")?;
-            let label = |name: &str| {
-                labels
-                    .split(&format!(",{name}=\""))
-                    .nth(1)
-                    .or_else(|| labels.split(&format!("{{{name}=\"")).nth(1))
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
+            let label = |name: &str| label_value(labels, name);
             let resource = match label("subresource").as_str() {
                 "" => label("resource"),
                 sub => format!("{}/{sub}", label("resource")),
@@ -146,20 +138,24 @@ impl Plane {
             .filter(|l| l.starts_with("etcd_requests_total{"))
         {
             let (labels, value) = line.rsplit_once(' ').context("a metric line")?;
-            let label = |name: &str| {
-                labels
-                    .split(&format!("{name}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
+            let label = |name: &str| label_value(labels, name);
             *counts
                 .entry(format!("{} {}", label("operation"), label("resource")))
                 .or_default() += value.parse::<f64>().unwrap_or(0.0);
         }
         Ok(counts)
     }
+}
+
+/// The value of label `name` in a metric line's `{...}` labels ("" when it has none).
+fn label_value(labels: &str, name: &str) -> String {
+    labels
+        .split(&format!(",{name}=\""))
+        .nth(1)
+        .or_else(|| labels.split(&format!("{{{name}=\"")).nth(1))
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_default()
+        .to_owned()
 }
 
 /// `apiserver_request_total` by (verb, resource/subresource, code).

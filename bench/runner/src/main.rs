@@ -1029,16 +1029,23 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                 }
                 // The profiles come from a run of their own before the measured one, so that the row
                 // the targets judge carries no profiler's cost.
-                let profiled = profile_at == Some(count) && settings == Settings::Unthrottled;
-                if profiled
+                let profile_first = profile_at == Some(count)
+                    && settings == Settings::Unthrottled
                     && !results
                         .profiles
                         .iter()
-                        .any(|p| p.who == kind.to_string() && p.nodes == count)
-                {
-                    eprintln!(
-                        "bench: the profiled run (its numbers are not reported; the next run's are)"
-                    );
+                        .any(|p| p.who == kind.to_string() && p.nodes == count);
+                let runs: &[bool] = if profile_first {
+                    &[true, false]
+                } else {
+                    &[false]
+                };
+                for &profile in runs {
+                    if profile {
+                        eprintln!(
+                            "bench: the profiled run (its numbers are not reported; the next run's are)"
+                        );
+                    }
                     let outcome = node_init(
                         args,
                         &bins,
@@ -1046,30 +1053,18 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                             kind: Some(kind),
                             settings,
                             count,
-                            steady_services: None,
-                            profile: true,
+                            steady_services: steady_services.filter(|_| !profile),
+                            profile,
                         },
                     )
                     .await?;
                     results.profiles.extend(outcome.profile);
+                    if !profile {
+                        results.inits.push(outcome.init);
+                        results.steadies.extend(outcome.steady);
+                    }
                     save(&mut results)?;
                 }
-                let outcome = node_init(
-                    args,
-                    &bins,
-                    InitRun {
-                        kind: Some(kind),
-                        settings,
-                        count,
-                        steady_services,
-                        profile: false,
-                    },
-                )
-                .await?;
-                results.inits.push(outcome.init);
-                results.steadies.extend(outcome.steady);
-                results.profiles.extend(outcome.profile);
-                save(&mut results)?;
             }
         }
         if !args.no_api_limit && !results.has_init(API_LIMIT, Settings::Unthrottled, count) {
