@@ -334,7 +334,9 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
 
     // Addresses right away, not at the next periodic refresh, once the API server's cache holds the
     // initialized node (else the API server applies the patch twice and reads the node from etcd). A
-    // write that stored no new version (a dry run in shadow mode) has nothing to wait for.
+    // write that stored no new version (a dry run in shadow mode) has nothing to wait for. After a
+    // conflict the write replaced a newer version than `node`'s; the cache then counts as caught up at
+    // once, and the API server's own retry covers the rare stale case.
     let written_over = node.resource_version().unwrap_or_default();
     if updated.resource_version().as_deref() != Some(written_over.as_str())
         && plan::plan_addresses(&updated, &metadata.node_addresses).is_ok_and(|p| p.is_some())
