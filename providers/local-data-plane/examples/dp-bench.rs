@@ -28,10 +28,27 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    // Scheduler knobs, for measuring their effect on the proxy's tail (bench/data-plane/run passes
+    // LB_EVENT_INTERVAL to the `lb` process): how many tasks a worker polls between two looks at the
+    // I/O driver (tokio's default 61; unset or empty keeps it).
+    match std::env::var("DP_BENCH_EVENT_INTERVAL")
+        .ok()
+        .filter(|v| !v.is_empty())
     {
+        None => {}
+        Some(raw) => match raw.parse::<u32>() {
+            Ok(n) if n > 0 => {
+                builder.event_interval(n);
+            }
+            _ => {
+                eprintln!("DP_BENCH_EVENT_INTERVAL={raw:?}: must be a whole number above 0");
+                return ExitCode::FAILURE;
+            }
+        },
+    }
+    let runtime = match builder.build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("cannot start the runtime: {error}");
