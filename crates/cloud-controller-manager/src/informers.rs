@@ -293,6 +293,9 @@ pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
     writer: Mutex<Option<Writer<K>>>,
     fanout: Arc<Fanout<K>>,
     synced: watch::Sender<bool>,
+    /// Counts the watch events applied to the store, so a reader can wait for the store to change
+    /// without polling it ([`SharedInformer::store_changes`]).
+    applied: watch::Sender<u64>,
     prune: fn(&mut K),
 }
 
@@ -308,6 +311,7 @@ where
             writer: Mutex::new(Some(writer)),
             fanout: Arc::default(),
             synced: watch::Sender::new(false),
+            applied: watch::Sender::new(0),
             prune,
         }
     }
@@ -332,6 +336,14 @@ where
         })
     }
 
+    /// Marks each change of the store: `changed()` on the receiver returns after the next watch event
+    /// has reached the store. Unlike [`SharedInformer::subscribe_changes`] it replays nothing and holds
+    /// no object; for waiting until the store shows one object's change (see the node controller's
+    /// `cache_catch_up`).
+    pub(crate) fn store_changes(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
     /// Whether the cache holds its first full list, for [`wait_for_cache_sync`].
     pub fn synced(&self) -> CacheSynced {
         CacheSynced(self.synced.subscribe())
@@ -349,6 +361,7 @@ where
         } = start;
         let fanout = self.fanout.clone();
         let synced = self.synced.clone();
+        let applied = self.applied.clone();
         let store = self.store.clone();
         let prune = self.prune;
         let kind = K::kind(&()).into_owned();
@@ -371,6 +384,7 @@ where
                     let changes: Vec<Change<K>> = match event {
                         Ok(event) => {
                             writer.apply_watcher_event(&event);
+                            applied.send_modify(|count| *count = count.wrapping_add(1));
                             if matches!(event, watcher::Event::InitDone) {
                                 synced.send_replace(true);
                             }
@@ -685,6 +699,8 @@ mod tests {
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
         assert_eq!(names, ["a"]);
+        // The list's events (start, the object, done) each marked the store as changed.
+        assert!(*nodes.store_changes().borrow() >= 3);
         assert_eq!(request_kinds(&requests)[0], "stream");
         assert!(
             !request_kinds(&requests).contains(&"list"),

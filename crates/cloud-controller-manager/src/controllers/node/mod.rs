@@ -115,7 +115,7 @@ struct Context {
     /// Which nodes are this manager's.
     ownership: crate::node_ownership::NodeOwnership,
     /// The shared node cache, to let the address write wait for it ([`cache_catch_up`]).
-    nodes: kube::runtime::reflector::Store<CachedNode>,
+    nodes: cache_catch_up::NodeCache,
 }
 
 /// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
@@ -159,7 +159,10 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         metrics: ctx.metrics.node.clone(),
         backoff: backoff(),
         ownership: ctx.ownership.clone(),
-        nodes: store.clone(),
+        nodes: cache_catch_up::NodeCache {
+            store: store.clone(),
+            changes: nodes.store_changes(),
+        },
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
