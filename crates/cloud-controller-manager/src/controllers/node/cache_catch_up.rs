@@ -10,9 +10,10 @@
 //! kube-runtime's `Store` offers no wait for one object's change, and the fan-out of
 //! `informers::SharedInformer` replays the whole cache to a new subscriber, so this looks at the node
 //! in the store each time the shared informer has applied a watch event to it
-//! (`SharedInformer::store_changes`). (It first polled the store each millisecond: at 5,000 nodes that
-//! cost 7 % more manager CPU per node than no wait at all.) The wait is bounded: past it the write goes
-//! out anyway, and the API server's own retry keeps it correct.
+//! (`SharedInformer::store_changes`). (It first polled the store each millisecond: at 5,000 nodes and
+//! equal settings that cost 5–8 % of the manager's CPU per node, `bench/results/2026-11-27-equal-settings.md`.)
+//! The wait is bounded: past it the write goes out anyway, and the API server's own retry keeps it
+//! correct.
 
 use std::time::Duration;
 
@@ -46,19 +47,21 @@ pub(super) fn has_caught_up(cached: Option<&CachedNode>, written_over: &str) -> 
 /// it caught up.
 pub(super) async fn wait(cache: &NodeCache, name: &str, written_over: &str) -> bool {
     let key = ObjectRef::new(name);
+    let caught_up = || has_caught_up(cache.store.get(&key).as_deref(), written_over);
     let deadline = Instant::now() + MAX_WAIT;
     let mut changes = cache.changes.clone();
     // Every change from here on wakes us, including one that lands between this and the first look.
     let _ = changes.borrow_and_update();
     loop {
-        if has_caught_up(cache.store.get(&key).as_deref(), written_over) {
+        if caught_up() {
             return true;
         }
         match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
-            // The cache stopped (shutdown): nothing more will come.
+            // The informer is gone (the manager is stopping): nothing more will come.
             Ok(Err(_)) => return false,
-            Err(_) => return has_caught_up(cache.store.get(&key).as_deref(), written_over),
+            // The bound: one last look.
+            Err(_) => return caught_up(),
         }
     }
 }
