@@ -20,6 +20,7 @@ use aws_credential_types::{Credentials, provider::SharedCredentialsProvider};
 use aws_sdk_ec2::types::{
     Filter, InstanceStateName, InstanceType, ResourceType, Tag, TagSpecification,
 };
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use cloud_provider_aws::{AwsCloud, Config, InstanceInfo, Options, RetryPolicy};
 
 /// The moto version the tests are written against (docs/aws-provider.md, "Testing").
@@ -523,12 +524,19 @@ pub async fn cluster_resources() -> Vec<String> {
         )
         .collect();
     for chunk in arns.chunks(20) {
-        let tags = v2
+        let tags = match v2
             .describe_tags()
             .set_resource_arns(Some(chunk.to_vec()))
             .send()
             .await
-            .expect("tags");
+        {
+            Ok(tags) => tags,
+            Err(e) if deleted_since_listed(e.code()) => {
+                out.push(format!("elbv2 deleted while listed: {chunk:?}"));
+                continue;
+            }
+            Err(e) => panic!("NLB tags: {e:?}"),
+        };
         for d in tags.tag_descriptions() {
             if d.tags().iter().any(|t| t.key() == Some(tag.as_str())) {
                 out.push(format!("elbv2 {}", d.resource_arn().unwrap_or_default()));
@@ -546,12 +554,19 @@ pub async fn cluster_resources() -> Vec<String> {
         .filter_map(|l| l.load_balancer_name().map(str::to_owned))
         .collect();
     for chunk in names.chunks(20) {
-        let tags = elb()
+        let tags = match elb()
             .describe_tags()
             .set_load_balancer_names(Some(chunk.to_vec()))
             .send()
             .await
-            .expect("tags");
+        {
+            Ok(tags) => tags,
+            Err(e) if deleted_since_listed(e.code()) => {
+                out.push(format!("elb deleted while listed: {chunk:?}"));
+                continue;
+            }
+            Err(e) => panic!("ELB tags: {e:?}"),
+        };
         for d in tags.tag_descriptions() {
             if d.tags().iter().any(|t| t.key() == tag) {
                 out.push(format!(
@@ -593,6 +608,16 @@ pub async fn cluster_resources() -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether a tag lookup failed because a load balancer or target group listed a moment before was
+/// deleted in between (the manager deletes while tests poll). The caller reports it as a resource
+/// still there, so an `eventually` looks again instead of failing.
+fn deleted_since_listed(code: Option<&str>) -> bool {
+    matches!(
+        code,
+        Some("LoadBalancerNotFound" | "TargetGroupNotFound" | "AccessPointNotFound")
+    )
 }
 
 /// The AWS writes (anything but Describe*) the cloud made since `before`.
