@@ -6,8 +6,10 @@
 mod cache_start;
 mod cluster;
 mod manager;
+mod pace;
 mod profile;
 mod report;
+mod rounds;
 
 use std::{
     collections::BTreeMap,
@@ -96,6 +98,12 @@ struct Args {
     /// Skip the API server's own limit (the minimal client's run at each node count).
     #[arg(long)]
     no_api_limit: bool,
+    /// Measure each node-initialization row this many times, interleaved (every manager and the API
+    /// limit at a size, then all of them again), and report each figure's median: one row moves 14–27 %
+    /// between runs on a 2-core machine. Upstream at its own defaults (25 minutes at 10,000 nodes, judged
+    /// only against a 5× target), the steady states and the profiles are measured in the first round only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=9))]
+    rounds: u32,
     /// Profile the `unthrottled` node-initialization run at NODES nodes (`--profile` alone: the largest
     /// count; `--profile=off`: none, the default): a CPU profile of the API server for each manager (`go
     /// tool pprof -top`, saved beside the report as <out>-apiserver-<manager>.txt) and a flame graph of
@@ -206,12 +214,21 @@ pub(crate) struct Results {
 pub(crate) const API_LIMIT: &str = "API limit";
 
 impl Results {
-    /// Whether a node-initialization run of `who` at these settings and size is among the results.
-    fn has_init(&self, who: &str, settings: Settings, nodes: usize) -> bool {
+    /// How many node-initialization runs of `who` at these settings and size are among the results.
+    fn init_runs(&self, who: &str, settings: Settings, nodes: usize) -> usize {
         let settings = settings.to_string();
         self.inits
             .iter()
-            .any(|i| i.who == who && i.settings == settings && i.nodes == nodes)
+            .filter(|i| i.who == who && i.settings == settings && i.nodes == nodes)
+            .count()
+    }
+
+    /// The results as reported: each node-initialization row measured in several rounds as its medians.
+    fn with_median_rows(&self) -> Results {
+        Results {
+            inits: rounds::medians(&self.inits),
+            ..self.clone()
+        }
     }
 
     /// Whether a run with these flags may continue these results: every parameter the results record
@@ -305,6 +322,14 @@ pub(crate) struct InitResult {
     /// before they were kept.
     #[serde(default)]
     pub(crate) etcd: BTreeMap<String, u64>,
+    /// How the run's time was spread: start, middle rate and tail; `None` in results saved before it
+    /// was kept.
+    #[serde(default)]
+    pub(crate) pace: Option<pace::Pace>,
+    /// A row measured in several rounds (`--rounds`) is reported as the medians of its runs; this lists
+    /// each run's total in seconds. Empty for a row measured once (every raw result).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) round_totals: Vec<f64>,
 }
 
 /// One load-balancer measurement.
@@ -526,6 +551,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
     let done = watch.initialized.lock().unwrap().clone();
     let first_created = created.values().min().copied().unwrap_or(started);
     let last_done = done.values().max().copied().unwrap_or(started);
+    let pace = pace::pace(created.values().copied(), done.values().copied());
     let mut delays: Vec<f64> = node_names
         .iter()
         .filter_map(|n| {
@@ -593,6 +619,8 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
                 (delta >= 1.0).then(|| (key.clone(), delta.round() as u64))
             })
             .collect(),
+        pace,
+        round_totals: Vec::new(),
     };
     eprintln!(
         "bench:   etcd requests: {}",
@@ -612,6 +640,9 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
         result.manager_cpu_seconds,
         result.apiserver_cpu_seconds
     );
+    if let Some(pace) = &result.pace {
+        eprintln!("bench:   {pace}");
+    }
     if let (Some(result), Some(task)) = (profile_result.as_mut(), apiserver_profile) {
         let raw = dir.join(format!("apiserver-{who}.pprof"));
         let summary = match task.await {
@@ -898,6 +929,8 @@ async fn main() -> anyhow::Result<()> {
             serde_json::to_vec_pretty(&results)?,
         )?;
     }
+    // The JSON keeps every run; the report shows a row measured in several rounds as its medians.
+    let results = results.with_median_rows();
     let growth = beside_report(&args.out, "growth.png");
     let plot = args.out.with_extension("png");
     std::fs::write(
@@ -1006,82 +1039,92 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
             .iter()
             .find(|s| s.nodes == count)
             .map(|s| s.services);
-        for &settings in &args.settings {
-            if settings == Settings::Equal && count > args.equal_max_nodes {
-                continue;
-            }
-            for &kind in &managers {
-                if kind == Kind::Go
-                    && settings == Settings::Defaults
-                    && count > args.go_defaults_max_nodes
-                {
-                    eprintln!(
-                        "bench: go at its own defaults is not measured at {count} nodes (--go-defaults-max-nodes {})",
-                        args.go_defaults_max_nodes
-                    );
+        for round in 1..=args.rounds as usize {
+            for &settings in &args.settings {
+                if settings == Settings::Equal && count > args.equal_max_nodes {
                     continue;
                 }
-                if results.has_init(&kind.to_string(), settings, count) {
-                    eprintln!(
-                        "bench: resume: {kind} at {settings}, {count} nodes: measured already"
-                    );
-                    continue;
-                }
-                // The profiles come from a run of their own before the measured one, so that the row
-                // the targets judge carries no profiler's cost.
-                let profile_first = profile_at == Some(count)
-                    && settings == Settings::Unthrottled
-                    && !results
-                        .profiles
-                        .iter()
-                        .any(|p| p.who == kind.to_string() && p.nodes == count);
-                let runs: &[bool] = if profile_first {
-                    &[true, false]
-                } else {
-                    &[false]
-                };
-                for &profile in runs {
-                    if profile {
-                        eprintln!(
-                            "bench: the profiled run (its numbers are not reported; the next run's are)"
-                        );
+                for &kind in &managers {
+                    let go_defaults = kind == Kind::Go && settings == Settings::Defaults;
+                    if go_defaults && count > args.go_defaults_max_nodes {
+                        if round == 1 {
+                            eprintln!(
+                                "bench: go at its own defaults is not measured at {count} nodes (--go-defaults-max-nodes {})",
+                                args.go_defaults_max_nodes
+                            );
+                        }
+                        continue;
                     }
-                    let outcome = node_init(
-                        args,
-                        &bins,
-                        InitRun {
-                            kind: Some(kind),
-                            settings,
-                            count,
-                            steady_services: steady_services.filter(|_| !profile),
-                            profile,
-                        },
-                    )
-                    .await?;
-                    results.profiles.extend(outcome.profile);
-                    if !profile {
-                        results.inits.push(outcome.init);
-                        results.steadies.extend(outcome.steady);
+                    let wanted = if go_defaults { 1 } else { round };
+                    if results.init_runs(&kind.to_string(), settings, count) >= wanted {
+                        if round == 1 {
+                            eprintln!(
+                                "bench: resume: {kind} at {settings}, {count} nodes: measured already"
+                            );
+                        }
+                        continue;
                     }
-                    save(&mut results)?;
+                    if args.rounds > 1 {
+                        eprintln!("bench: round {round} of {}", args.rounds);
+                    }
+                    // The profiles come from a run of their own before the measured one, so that the
+                    // row the targets judge carries no profiler's cost.
+                    let profile_first = profile_at == Some(count)
+                        && settings == Settings::Unthrottled
+                        && !results
+                            .profiles
+                            .iter()
+                            .any(|p| p.who == kind.to_string() && p.nodes == count);
+                    let runs: &[bool] = if profile_first {
+                        &[true, false]
+                    } else {
+                        &[false]
+                    };
+                    for &profile in runs {
+                        if profile {
+                            eprintln!(
+                                "bench: the profiled run (its numbers are not reported; the next run's are)"
+                            );
+                        }
+                        let outcome = node_init(
+                            args,
+                            &bins,
+                            InitRun {
+                                kind: Some(kind),
+                                settings,
+                                count,
+                                steady_services: steady_services.filter(|_| !profile && round == 1),
+                                profile,
+                            },
+                        )
+                        .await?;
+                        results.profiles.extend(outcome.profile);
+                        if !profile {
+                            results.inits.push(outcome.init);
+                            results.steadies.extend(outcome.steady);
+                        }
+                        save(&mut results)?;
+                    }
                 }
             }
-        }
-        if !args.no_api_limit && !results.has_init(API_LIMIT, Settings::Unthrottled, count) {
-            let outcome = node_init(
-                args,
-                &bins,
-                InitRun {
-                    kind: None,
-                    settings: Settings::Unthrottled,
-                    count,
-                    steady_services: None,
-                    profile: false,
-                },
-            )
-            .await?;
-            results.inits.push(outcome.init);
-            save(&mut results)?;
+            if !args.no_api_limit
+                && results.init_runs(API_LIMIT, Settings::Unthrottled, count) < round
+            {
+                let outcome = node_init(
+                    args,
+                    &bins,
+                    InitRun {
+                        kind: None,
+                        settings: Settings::Unthrottled,
+                        count,
+                        steady_services: None,
+                        profile: false,
+                    },
+                )
+                .await?;
+                results.inits.push(outcome.init);
+                save(&mut results)?;
+            }
         }
     }
     let lb_settings: &[Settings] = if args.scenarios.contains(&Scenario::LoadBalancers) {
@@ -1179,10 +1222,10 @@ mod tests {
         }))
         .unwrap();
         results.inits.push(measured);
-        assert!(results.has_init("rust", Settings::Equal, 1000));
-        assert!(!results.has_init("go", Settings::Equal, 1000));
-        assert!(!results.has_init("rust", Settings::Unthrottled, 1000));
-        assert!(!results.has_init("rust", Settings::Equal, 5000));
+        assert_eq!(results.init_runs("rust", Settings::Equal, 1000), 1);
+        assert_eq!(results.init_runs("go", Settings::Equal, 1000), 0);
+        assert_eq!(results.init_runs("rust", Settings::Unthrottled, 1000), 0);
+        assert_eq!(results.init_runs("rust", Settings::Equal, 5000), 0);
         assert!(!results.has_lb("rust", Settings::Equal));
     }
 }

@@ -42,6 +42,24 @@ fn secs(d: Duration) -> String {
     format!("{:.1} s", d.as_secs_f64())
 }
 
+/// A row's total; for a row measured in several rounds (its median), the rounds' totals after it.
+fn total_cell(row: &InitResult) -> String {
+    if row.round_totals.len() < 2 {
+        return secs(row.total);
+    }
+    let lo = row
+        .round_totals
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min);
+    let hi = row.round_totals.iter().copied().fold(0.0, f64::max);
+    format!(
+        "{} ({lo:.1}–{hi:.1} s, {} runs)",
+        secs(row.total),
+        row.round_totals.len()
+    )
+}
+
 fn ratio(rust: f64, go: f64) -> String {
     if go == 0.0 {
         "—".to_owned()
@@ -106,6 +124,17 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
         "Machine: {}. One run of `bench/run` ({:.0} min). Cloud latency {} per call for both managers. Ratios are rust / go: below 1 means ours is faster or smaller.\n",
         results.machine, results.minutes, results.latency
     );
+    let rounds = inits
+        .iter()
+        .map(|i| i.round_totals.len())
+        .max()
+        .unwrap_or(0);
+    if rounds > 1 {
+        let _ = writeln!(
+            md,
+            "Node-initialization rows were measured in up to {rounds} interleaved rounds (`--rounds`): each figure of such a row is its median over the rounds (the per-node delays those of the run with the median total; errors the most any run had), and its total is followed by the range of the rounds' totals. Upstream at its own defaults, the steady states and the profiles ran in the first round only.\n"
+        );
+    }
     let _ = writeln!(
         md,
         "Settings: **own defaults** = each manager as shipped (Go: QPS 20, burst 30, 1 node worker, 1 service worker; Rust: QPS 200, burst 400, 16 node workers, 16 service workers). **equal settings** = both at QPS 200, burst 400, 16 node workers, 16 service workers. **equal, unthrottled** = both with 16 node and 16 service workers and a client-side limit too high to bind (QPS and burst 100,000).\n"
@@ -151,7 +180,7 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
                     "| {count} | {settings} | {}{} | {} | {} | {} | {:.2} ({:.2}) | {} | {:.0} MiB | {total_ratio} | {p99_ratio} |",
                     row.who,
                     if row.profiled { " †" } else { "" },
-                    secs(row.total),
+                    total_cell(row),
                     secs(row.p50),
                     secs(row.p99),
                     row.writes_per_node,
@@ -178,7 +207,7 @@ pub(crate) fn markdown(results: &Results, delays_png: &str, growth_png: &str) ->
             let _ = writeln!(
                 md,
                 "| {count} | no limit | API limit | {} | {} | {} | {:.2} ({:.2}) | {} | — | {share} | |",
-                secs(limit.total),
+                total_cell(limit),
                 secs(limit.p50),
                 secs(limit.p99),
                 limit.writes_per_node,
