@@ -289,16 +289,20 @@ pub(crate) async fn delete_nodes(client: &Client, names: &[String]) -> anyhow::R
     Ok(())
 }
 
-/// Watches nodes and records when each was first seen without the uninitialized taint.
+/// Watches nodes and records when each was first seen without the uninitialized taint, and when each was
+/// first seen with a cloud address (the second write of its initialization: the kubelet's node has only
+/// its host name).
 pub(crate) struct InitWatch {
     pub(crate) initialized: Arc<Mutex<HashMap<String, Instant>>>,
+    pub(crate) addressed: Arc<Mutex<HashMap<String, Instant>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl InitWatch {
     pub(crate) fn start(client: &Client) -> Self {
         let initialized: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-        let sink = initialized.clone();
+        let addressed: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+        let (sink, addresses_sink) = (initialized.clone(), addressed.clone());
         let events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .default_backoff()
             .applied_objects();
@@ -316,9 +320,25 @@ impl InitWatch {
                         .entry(node.name_any())
                         .or_insert_with(Instant::now);
                 }
+                let cloud_address = node
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.addresses.as_ref())
+                    .is_some_and(|a| a.iter().any(|a| a.type_ != "Hostname"));
+                if cloud_address {
+                    addresses_sink
+                        .lock()
+                        .unwrap()
+                        .entry(node.name_any())
+                        .or_insert_with(Instant::now);
+                }
             }
         });
-        Self { initialized, task }
+        Self {
+            initialized,
+            addressed,
+            task,
+        }
     }
 
     pub(crate) fn count_of(&self, names: &[String]) -> usize {

@@ -14,12 +14,14 @@ mod rounds;
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::bail;
 use clap::Parser;
 use futures::StreamExt;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::core::v1::Node;
 use kube::{
     Api, ResourceExt,
@@ -504,7 +506,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
             &Extra::default(),
         )?),
         None => {
-            spawn_minimal_client(plane.client.clone());
+            spawn_minimal_client(plane.client.clone(), settings.minimal_client_bucket());
             None
         }
     };
@@ -551,7 +553,6 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
     let done = watch.initialized.lock().unwrap().clone();
     let first_created = created.values().min().copied().unwrap_or(started);
     let last_done = done.values().max().copied().unwrap_or(started);
-    let pace = pace::pace(created.values().copied(), done.values().copied());
     let mut delays: Vec<f64> = node_names
         .iter()
         .filter_map(|n| {
@@ -565,6 +566,12 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
     delays.sort_by(|a, b| a.total_cmp(b));
     // Let the addresses and events of the last nodes land before counting writes.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let addressed = watch.addressed.lock().unwrap().clone();
+    let pace = pace::pace(
+        created.values().copied(),
+        done.values().copied(),
+        addressed.values().copied(),
+    );
     let after = plane.request_counts().await?;
     let etcd_after = plane.etcd_counts().await?;
     let (manager_cpu_after, apiserver_cpu_after) =
@@ -740,9 +747,18 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
     })
 }
 
-/// The API server's own limit: the same writes a manager makes per node (one node patch, one status
-/// patch, one event), by a client with no controller logic and no client-side rate limit.
-fn spawn_minimal_client(client: kube::Client) {
+/// The minimal client of the API limit: the same three writes per node as a manager (the node, its
+/// status, an event), 64 nodes at a time, with no controller logic. `bucket` (QPS, burst) puts the node
+/// and status writes behind one token bucket and the events behind another, as a manager's node client
+/// and event sink: the equal-settings limit, what any client with that bucket reaches on this machine
+/// while the runner creates the nodes.
+fn spawn_minimal_client(client: kube::Client, bucket: Option<(f64, f64)>) {
+    let limiter = || {
+        bucket
+            .and_then(|(qps, burst)| token_bucket(qps, burst))
+            .map(Arc::new)
+    };
+    let (node_writes, event_writes) = (limiter(), limiter());
     tokio::spawn(async move {
         let api: Api<Node> = Api::all(client.clone());
         let events: Api<k8s_openapi::api::core::v1::Event> =
@@ -750,9 +766,15 @@ fn spawn_minimal_client(client: kube::Client) {
         let stream = watcher(api.clone(), watcher::Config::default())
             .default_backoff()
             .applied_objects();
+        let take = async |bucket: &Option<Arc<DefaultDirectRateLimiter>>| {
+            if let Some(bucket) = bucket {
+                bucket.until_ready().await;
+            }
+        };
         stream
             .for_each_concurrent(64, |node| {
                 let (api, events) = (api.clone(), events.clone());
+                let (node_writes, event_writes) = (node_writes.clone(), event_writes.clone());
                 async move {
                     let Ok(node) = node else { return };
                     let tainted = node.spec.as_ref().and_then(|s| s.taints.as_ref()).is_some_and(|t| !t.is_empty());
@@ -762,8 +784,10 @@ fn spawn_minimal_client(client: kube::Client) {
                     let name = node.name_any();
                     let patch = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": "zone-a", "node.kubernetes.io/instance-type": "standard"}},
                                        "spec": {"providerID": format!("fake://{name}"), "taints": []}});
+                    take(&node_writes).await;
                     let _ = api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await;
                     let status = json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}, {"type": "Hostname", "address": name}]}});
+                    take(&node_writes).await;
                     let _ = api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status)).await;
                     let event: k8s_openapi::api::core::v1::Event = serde_json::from_value(json!({
                         "metadata": {"generateName": format!("{name}.")},
@@ -772,11 +796,22 @@ fn spawn_minimal_client(client: kube::Client) {
                         "source": {"component": "bench-minimal-client"}
                     }))
                     .expect("a valid Event");
+                    take(&event_writes).await;
                     let _ = events.create(&PostParams::default(), &event).await;
                 }
             })
             .await;
     });
+}
+
+/// A token bucket of `qps` per second and `burst` at once (`governor`, as our manager's client-side
+/// limiter); `None` for a rate governor cannot express (0, or faster than one per nanosecond).
+fn token_bucket(qps: f64, burst: f64) -> Option<DefaultDirectRateLimiter> {
+    let period = Duration::try_from_secs_f64(1.0 / qps).ok()?;
+    let burst = std::num::NonZeroU32::new(burst as u32)?;
+    Some(RateLimiter::direct(
+        Quota::with_period(period)?.allow_burst(burst),
+    ))
 }
 
 /// Load balancers: Services over existing nodes, then nodes added and removed.
@@ -1107,15 +1142,24 @@ async fn measure(args: &Args) -> anyhow::Result<Results> {
                     }
                 }
             }
-            if !args.no_api_limit
-                && results.init_runs(API_LIMIT, Settings::Unthrottled, count) < round
-            {
+            // The API server's own limit, and at equal settings what a client with the managers'
+            // token bucket reaches (the floor (2N − burst) / QPS only where the API server has room).
+            let limits = [Settings::Unthrottled, Settings::Equal]
+                .into_iter()
+                .filter(|&s| {
+                    s == Settings::Unthrottled
+                        || (args.settings.contains(&s) && count <= args.equal_max_nodes)
+                });
+            for settings in limits {
+                if args.no_api_limit || results.init_runs(API_LIMIT, settings, count) >= round {
+                    continue;
+                }
                 let outcome = node_init(
                     args,
                     &bins,
                     InitRun {
                         kind: None,
-                        settings: Settings::Unthrottled,
+                        settings,
                         count,
                         steady_services: None,
                         profile: false,

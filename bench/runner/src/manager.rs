@@ -77,6 +77,14 @@ impl Settings {
     }
 }
 
+impl Settings {
+    /// The token bucket (QPS, burst) of the API limit's minimal client at these settings: none
+    /// unthrottled (the API server's own limit), the managers' bucket at equal settings.
+    pub(crate) fn minimal_client_bucket(self) -> Option<(f64, f64)> {
+        (self != Settings::Unthrottled).then(|| self.token_bucket(None))
+    }
+}
+
 impl fmt::Display for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 /// The pace of one run, in seconds from the first node's creation.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Pace {
     /// When the runner had created the last node.
     pub(crate) created_all: f64,
@@ -18,7 +18,15 @@ pub(crate) struct Pace {
     pub(crate) middle_rate: f64,
     /// How long the last tenth took, from the 90th percentile to the last node.
     pub(crate) last_tenth: f64,
+    /// The initialization's two writes seen landing in each whole second from the first creation: the
+    /// node losing its taint, and its status gaining a cloud address. Under a token bucket, a second
+    /// below QPS after the burst is a second the bucket's tokens went unused (or waited in it).
+    #[serde(default)]
+    pub(crate) writes_per_second: Vec<u32>,
 }
+
+/// How many of the first seconds [`Pace`]'s `Display` shows.
+const SHOWN_SECONDS: usize = 20;
 
 impl std::fmt::Display for Pace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -26,15 +34,35 @@ impl std::fmt::Display for Pace {
             f,
             "all created by {:.1} s; first 10 % initialized by {:.1} s, the middle 80 % at {:.1} nodes/s, the last 10 % in {:.1} s",
             self.created_all, self.first_tenth, self.middle_rate, self.last_tenth
-        )
+        )?;
+        if !self.writes_per_second.is_empty() {
+            let shown: Vec<String> = self
+                .writes_per_second
+                .iter()
+                .take(SHOWN_SECONDS)
+                .map(u32::to_string)
+                .collect();
+            write!(
+                f,
+                "; writes landed per second: {}{}",
+                shown.join(" "),
+                if self.writes_per_second.len() > SHOWN_SECONDS {
+                    " …"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        Ok(())
     }
 }
 
-/// The pace of a run from when each node was created and initialized; `None` under 10 nodes (no
-/// tenths) or when the middle 80 % initialized within the same instant (no rate).
+/// The pace of a run from when each node was created, initialized and given its addresses; `None` under
+/// 10 nodes (no tenths) or when the middle 80 % initialized within the same instant (no rate).
 pub(crate) fn pace(
     created: impl IntoIterator<Item = Instant>,
     initialized: impl IntoIterator<Item = Instant>,
+    addressed: impl IntoIterator<Item = Instant>,
 ) -> Option<Pace> {
     let created: Vec<Instant> = created.into_iter().collect();
     let start = *created.iter().min()?;
@@ -43,6 +71,14 @@ pub(crate) fn pace(
     let mut done: Vec<f64> = initialized.into_iter().map(since).collect();
     if done.len() < 10 {
         return None;
+    }
+    let mut writes_per_second = Vec::new();
+    for second in done.iter().copied().chain(addressed.into_iter().map(since)) {
+        let bin = second as usize;
+        if writes_per_second.len() <= bin {
+            writes_per_second.resize(bin + 1, 0);
+        }
+        writes_per_second[bin] += 1;
     }
     done.sort_by(f64::total_cmp);
     let at = |fraction: f64| ((done.len() - 1) as f64 * fraction).round() as usize;
@@ -53,6 +89,7 @@ pub(crate) fn pace(
         first_tenth: done[tenth],
         middle_rate: (ninetieth - tenth) as f64 / span,
         last_tenth: done[done.len() - 1] - done[ninetieth],
+        writes_per_second,
     })
 }
 
@@ -74,11 +111,19 @@ mod tests {
         // 101 nodes created in the first second, one initialized every 10 ms from 0.5 s on.
         let created = at(start, (0..=100).map(|i| f64::from(i) / 100.0));
         let done = at(start, (0..=100).map(|i| 0.5 + f64::from(i) / 100.0));
-        let pace = pace(created, done).unwrap();
+        let addressed = at(start, (0..=100).map(|i| 0.55 + f64::from(i) / 100.0));
+        let pace = pace(created, done, addressed).unwrap();
         assert!((pace.created_all - 1.0).abs() < 1e-6, "{pace:?}");
         assert!((pace.first_tenth - 0.6).abs() < 1e-6, "{pace:?}");
         assert!((pace.middle_rate - 100.0).abs() < 1e-3, "{pace:?}");
         assert!((pace.last_tenth - 0.1).abs() < 1e-6, "{pace:?}");
+        // Initializations at 0.50..=0.99 s and addresses at 0.55..=0.99 s in second 0; the rest in 1.
+        assert_eq!(pace.writes_per_second, vec![50 + 45, 51 + 56]);
+        assert!(
+            pace.to_string()
+                .ends_with("writes landed per second: 95 107"),
+            "{pace}"
+        );
     }
 
     #[test]
@@ -87,7 +132,7 @@ mod tests {
         let created = at(start, [0.0; 11]);
         // Ten nodes one per second, then the last one 20 s late.
         let done = at(start, (1..=10).map(f64::from).chain([30.0]));
-        let pace = pace(created, done).unwrap();
+        let pace = pace(created, done, []).unwrap();
         assert!((pace.middle_rate - 1.0).abs() < 1e-9, "{pace:?}");
         assert!((pace.last_tenth - 20.0).abs() < 1e-9, "{pace:?}");
         assert!((pace.first_tenth - 2.0).abs() < 1e-9, "{pace:?}");
@@ -96,8 +141,8 @@ mod tests {
     #[test]
     fn too_few_nodes_or_no_span_have_no_pace() {
         let start = Instant::now();
-        assert_eq!(pace(at(start, [0.0; 9]), at(start, [1.0; 9])), None);
-        assert_eq!(pace(at(start, [0.0; 20]), at(start, [1.0; 20])), None);
-        assert_eq!(pace(Vec::new(), at(start, [1.0; 20])), None);
+        assert_eq!(pace(at(start, [0.0; 9]), at(start, [1.0; 9]), []), None);
+        assert_eq!(pace(at(start, [0.0; 20]), at(start, [1.0; 20]), []), None);
+        assert_eq!(pace(Vec::new(), at(start, [1.0; 20]), []), None);
     }
 }
