@@ -506,7 +506,7 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
             &Extra::default(),
         )?),
         None => {
-            spawn_minimal_client(plane.client.clone(), settings.minimal_client_bucket());
+            spawn_minimal_client(plane.client.clone(), settings.minimal_client_bucket())?;
             None
         }
     };
@@ -752,13 +752,18 @@ async fn node_init(args: &Args, bins: &Binaries, run: InitRun) -> anyhow::Result
 /// and status writes behind one token bucket and the events behind another, as a manager's node client
 /// and event sink: the equal-settings limit, what any client with that bucket reaches on this machine
 /// while the runner creates the nodes.
-fn spawn_minimal_client(client: kube::Client, bucket: Option<(f64, f64)>) {
-    let limiter = || {
-        bucket
-            .and_then(|(qps, burst)| token_bucket(qps, burst))
-            .map(Arc::new)
+fn spawn_minimal_client(client: kube::Client, bucket: Option<(f64, f64)>) -> anyhow::Result<()> {
+    // A bucket asked for and not built would measure the unthrottled limit under the bucket's name.
+    let limiter = || -> anyhow::Result<Option<Arc<DefaultDirectRateLimiter>>> {
+        let Some((qps, burst)) = bucket else {
+            return Ok(None);
+        };
+        let bucket = token_bucket(qps, burst).ok_or_else(|| {
+            anyhow::anyhow!("the minimal client's token bucket (QPS {qps}, burst {burst}) cannot be built: QPS and burst must be above 0")
+        })?;
+        Ok(Some(Arc::new(bucket)))
     };
-    let (node_writes, event_writes) = (limiter(), limiter());
+    let (node_writes, event_writes) = (limiter()?, limiter()?);
     tokio::spawn(async move {
         let api: Api<Node> = Api::all(client.clone());
         let events: Api<k8s_openapi::api::core::v1::Event> =
@@ -802,6 +807,7 @@ fn spawn_minimal_client(client: kube::Client, bucket: Option<(f64, f64)>) {
             })
             .await;
     });
+    Ok(())
 }
 
 /// A token bucket of `qps` per second and `burst` at once (`governor`, as our manager's client-side
@@ -1253,6 +1259,18 @@ mod tests {
         assert!(error.contains("--services was 500, now 100"), "{error}");
         assert!(error.contains("--latency was 20ms, now 50ms"), "{error}");
         assert!(!error.contains("--churn"), "{error}");
+    }
+
+    #[test]
+    fn the_minimal_clients_bucket_is_built_or_refused() {
+        assert!(token_bucket(200.0, 400.0).is_some());
+        assert!(token_bucket(0.0, 400.0).is_none());
+        assert!(token_bucket(200.0, 0.0).is_none());
+        assert_eq!(Settings::Unthrottled.minimal_client_bucket(), None);
+        assert_eq!(
+            Settings::Equal.minimal_client_bucket(),
+            Some((200.0, 400.0))
+        );
     }
 
     #[test]

@@ -614,10 +614,7 @@ pub async fn cluster_resources() -> Vec<String> {
 /// deleted in between (the manager deletes while tests poll). The caller reports it as a resource
 /// still there, so an `eventually` looks again instead of failing.
 fn deleted_since_listed(code: Option<&str>) -> bool {
-    matches!(
-        code,
-        Some("LoadBalancerNotFound" | "TargetGroupNotFound" | "AccessPointNotFound")
-    )
+    matches!(code, Some("LoadBalancerNotFound" | "TargetGroupNotFound"))
 }
 
 /// The AWS writes (anything but Describe*) the cloud made since `before`.
