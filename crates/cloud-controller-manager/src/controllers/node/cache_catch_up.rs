@@ -13,7 +13,10 @@
 //! (`SharedInformer::store_changes`). (It first polled the store each millisecond: at 5,000 nodes and
 //! equal settings that cost 5–8 % of the manager's CPU per node, `bench/results/2026-11-27-equal-settings.md`.)
 //! The wait is bounded: past it the write goes out anyway, and the API server's own retry keeps it
-//! correct.
+//! correct. It runs off the node workers ([`super::follow_up`]), so its bound is long enough for the
+//! watch's lag in a registration storm: at 10,000 nodes unthrottled, a 500 ms bound let 35–38 % of the
+//! address writes out before the cache had the node (3,526–3,808 extra etcd reads per run); 5 s, none
+//! (`bench/results/2026-11-28-follow-ups.md`). Usually it ends within milliseconds.
 
 use std::time::Duration;
 
@@ -26,7 +29,7 @@ use tokio::{sync::watch, time::Instant};
 use crate::informers::CachedNode;
 
 /// How long the address write waits for the cache at most.
-pub(super) const MAX_WAIT: Duration = Duration::from_millis(500);
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// The node cache and the signal that it changed.
 #[derive(Clone)]

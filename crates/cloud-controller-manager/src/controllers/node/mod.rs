@@ -12,6 +12,7 @@
 
 mod cache_catch_up;
 pub(crate) mod cloud;
+mod follow_up;
 pub mod plan;
 mod status;
 mod write;
@@ -19,7 +20,10 @@ mod write;
 use std::{sync::Arc, time::Duration};
 
 use cloud_provider::CloudProvider;
-use k8s_openapi::{api::core::v1::Node, jiff::Timestamp};
+use k8s_openapi::{
+    api::core::v1::{Node, NodeAddress},
+    jiff::Timestamp,
+};
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
@@ -116,6 +120,8 @@ struct Context {
     ownership: crate::node_ownership::NodeOwnership,
     /// The shared node cache, to let the address write wait for it ([`cache_catch_up`]).
     nodes: cache_catch_up::NodeCache,
+    /// What follows each initialization, off the workers ([`follow_up`]).
+    follow_ups: follow_up::FollowUps,
 }
 
 /// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
@@ -163,12 +169,18 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             store: store.clone(),
             changes: nodes.store_changes(),
         },
+        follow_ups: follow_up::FollowUps::new(follow_up::MAX_PENDING),
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
         metrics: ctx.metrics.work_queues.queue(ctx.name),
         health: ctx.health.clone(),
         events: context.events.clone(),
+    };
+    // Once the workers have stopped, what their initializations started.
+    let finish_follow_ups = {
+        let context = context.clone();
+        async move { context.follow_ups.finish().await }
     };
     Some(Box::pin(async move {
         let status_loop = tokio::spawn(status::run(
@@ -191,6 +203,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             shutdown,
         )
         .await;
+        finish_follow_ups.await;
         let _ = status_loop.await;
         Ok(())
     }))
@@ -273,7 +286,7 @@ async fn reconcile_labels(node: &Node, ctx: &Context) -> Result<(), NodeError> {
     Ok(())
 }
 
-async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
+async fn initialize(node: &CachedNode, ctx: &Arc<Context>) -> Result<(), NodeError> {
     let name = node.name_any();
     let Some(metadata) = cloud::instance_metadata(ctx.cloud.as_ref(), node).await? else {
         tracing::info!(
@@ -335,14 +348,37 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
     }
     tracing::info!(provider_id = ?updated.spec.as_ref().and_then(|s| s.provider_id.as_deref()), "node initialized");
 
-    // Addresses right away, not at the next periodic refresh, once the API server's cache holds the
-    // initialized node (else the API server applies the patch twice and reads the node from etcd). A
-    // write that stored no new version (a dry run in shadow mode) has nothing to wait for. After a
-    // conflict the write replaced a newer version than `node`'s; the cache then counts as caught up at
-    // once, and the API server's own retry covers the rare stale case.
+    // The addresses, the event and the metric follow off this worker, which takes the next node.
     let written_over = node.resource_version().unwrap_or_default();
+    ctx.follow_ups
+        .start(follow_initialization(
+            ctx.clone(),
+            updated,
+            metadata.node_addresses,
+            written_over,
+        ))
+        .await;
+    Ok(())
+}
+
+/// What follows the initialization write of a node (`updated`, written over version `written_over`):
+/// its addresses right away, not at the next periodic refresh, then the `Synced` event and the
+/// initial-sync metric.
+///
+/// The address write waits until the API server's cache holds the initialized node (else the API
+/// server applies the patch twice and reads the node from etcd). A write that stored no new version
+/// (a dry run in shadow mode) has nothing to wait for. After a conflict the write replaced a newer
+/// version than the one we read; the cache then counts as caught up at once, and the API server's own
+/// retry covers the rare stale case.
+async fn follow_initialization(
+    ctx: Arc<Context>,
+    updated: CachedNode,
+    cloud_addresses: Vec<NodeAddress>,
+    written_over: String,
+) {
+    let name = updated.name_any();
     if updated.resource_version().as_deref() != Some(written_over.as_str())
-        && plan::plan_addresses(&updated, &metadata.node_addresses).is_ok_and(|p| p.is_some())
+        && plan::plan_addresses(&updated, &cloud_addresses).is_ok_and(|p| p.is_some())
         && !cache_catch_up::wait(&ctx.nodes, &name, &written_over).await
     {
         tracing::debug!(
@@ -350,7 +386,7 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
             "the node cache has not seen the initialization yet; writing the addresses anyway"
         );
     }
-    status::update_addresses(ctx, &updated, &metadata.node_addresses).await;
+    status::update_addresses(&ctx, &updated, &cloud_addresses).await;
 
     ctx.events
         .record(
@@ -364,7 +400,6 @@ async fn initialize(node: &CachedNode, ctx: &Context) -> Result<(), NodeError> {
     if let Some(delay) = NodeMetrics::since_creation(&updated) {
         ctx.metrics.initial_sync_delay.observe(delay);
     }
-    Ok(())
 }
 
 #[cfg(test)]
