@@ -9,7 +9,8 @@
 //!   refreshed every 500 ms while the queue runs, as client-go refreshes them)
 //!
 //! Beyond client-go: `workqueue_panics_total`, reconciles that panicked (the key is retried on its
-//! back-off, and a controller that keeps panicking fails its health check).
+//! back-off, and a controller that keeps panicking fails its health check), and for the node controller
+//! also the follow-ups of its initializations that panicked (`controllers::node::follow_up`).
 
 use prometheus_client::{
     encoding::EncodeLabelSet,

@@ -12,15 +12,19 @@
 //! takes another node, so a watch that falls behind slows the initializations down to what it delivers
 //! instead of letting address writes pile up. They are tracked: a graceful stop waits for them after the
 //! workers ([`FollowUps::finish`]); a lost leadership abandons them with the rest of the in-flight work
-//! (their writes are fenced). A follow-up that panics is logged and the others go on: the node is
+//! (their writes are fenced). A follow-up that panics is counted as a panicking reconcile is
+//! (`workqueue_panics_total` and the controller's health check) and the others go on: the node is
 //! already initialized, and the periodic address refresh writes its addresses again.
 
 use std::{future::Future, panic::AssertUnwindSafe, sync::Arc};
 
 use futures::FutureExt;
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
+
+use crate::controllers::controller_health::ControllerHealth;
 
 /// How many follow-ups may be pending at once: at the measured peak of about 180 initializations a
 /// second, the cache may lag about 1.4 s before the workers wait for a slot. Each holds one node and its
@@ -31,13 +35,18 @@ pub(super) const MAX_PENDING: usize = 256;
 pub(super) struct FollowUps {
     tasks: TaskTracker,
     slots: Arc<Semaphore>,
+    /// Where a panic is counted: the controller's `workqueue_panics_total` series and health check.
+    panics: Counter,
+    health: ControllerHealth,
 }
 
 impl FollowUps {
-    pub(super) fn new(max_pending: usize) -> Self {
+    pub(super) fn new(max_pending: usize, panics: Counter, health: ControllerHealth) -> Self {
         Self {
             tasks: TaskTracker::new(),
             slots: Arc::new(Semaphore::new(max_pending)),
+            panics,
+            health,
         }
     }
 
@@ -46,11 +55,15 @@ impl FollowUps {
         let Ok(slot) = self.slots.clone().acquire_owned().await else {
             return; // never closed: `finish` closes the tracker, not the slots
         };
+        let (panics, health) = (self.panics.clone(), self.health.clone());
         self.tasks.spawn(
             async move {
-                if AssertUnwindSafe(work).catch_unwind().await.is_err() {
+                if let Err(panic) = AssertUnwindSafe(work).catch_unwind().await {
+                    panics.inc();
+                    health.panicked();
                     tracing::error!(
-                        "the follow-up of a node's initialization panicked; the periodic address refresh will write its addresses"
+                        "the follow-up of a node's initialization panicked ({}); the periodic address refresh will write its addresses",
+                        cloud_provider::panic_message(panic.as_ref())
                     );
                 }
                 drop(slot);
@@ -77,7 +90,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn follow_ups_run_beside_the_caller_bounded_and_are_waited_for() {
-        let follow_ups = FollowUps::new(2);
+        let follow_ups = FollowUps::new(2, Counter::default(), ControllerHealth::default());
         let done = Arc::new(AtomicUsize::new(0));
         let slow = |done: Arc<AtomicUsize>| async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -96,8 +109,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_follow_up_that_panics_frees_its_slot_and_does_not_stop_the_others() {
-        let follow_ups = FollowUps::new(1);
+    async fn a_follow_up_that_panics_is_counted_frees_its_slot_and_does_not_stop_the_others() {
+        let panics = Counter::default();
+        let follow_ups = FollowUps::new(1, panics.clone(), ControllerHealth::default());
         let done = Arc::new(AtomicUsize::new(0));
         follow_ups.start(async { panic!("boom") }).await;
         let counted = done.clone();
@@ -108,5 +122,6 @@ mod tests {
             .await;
         follow_ups.finish().await;
         assert_eq!(done.load(Ordering::SeqCst), 1);
+        assert_eq!(panics.get(), 1);
     }
 }

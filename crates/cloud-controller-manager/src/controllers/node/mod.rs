@@ -169,7 +169,11 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             store: store.clone(),
             changes: nodes.store_changes(),
         },
-        follow_ups: follow_up::FollowUps::new(follow_up::MAX_PENDING),
+        follow_ups: follow_up::FollowUps::new(
+            follow_up::MAX_PENDING,
+            ctx.metrics.work_queues.queue(ctx.name).panics,
+            ctx.health.clone(),
+        ),
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
