@@ -645,3 +645,211 @@ async fn ingresses(namespace: &str, name: &str, count: usize) -> Vec<IpAddr> {
     )
     .await
 }
+
+/// The kube-apiserver of the cluster stopped (SIGSTOP: it holds its connections and answers nothing,
+/// as an API server stalled on etcd does) until dropped, which resumes it.
+struct FrozenApiServer(String);
+
+impl FrozenApiServer {
+    fn freeze() -> Self {
+        let pid_file = cluster().dir().join("cp/run/kube-apiserver.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|err| panic!("{}: {err}", pid_file.display()))
+            .trim()
+            .to_owned();
+        run(&["kill", "-STOP", &pid]).unwrap();
+        Self(pid)
+    }
+}
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = run(&["kill", "-CONT", &self.0]);
+    }
+}
+
+/// Requests to `vip` from the client every 100 ms for `length`: the moments (since the start) of those
+/// that failed, and how many were made.
+fn requests_for(vip: IpAddr, length: Duration) -> tokio::task::JoinHandle<(Vec<String>, usize)> {
+    tokio::task::spawn_blocking(move || {
+        let start = Instant::now();
+        let (mut failed, mut made) = (Vec::new(), 0);
+        while start.elapsed() < length {
+            let at = start.elapsed();
+            if let Err(err) = Client::get(vip) {
+                failed.push(format!("{:.1}s: {err}", at.as_secs_f64()));
+            }
+            made += 1;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        (failed, made)
+    })
+}
+
+/// The API server frozen for 40 s while a client asks a VIP every 100 ms: the agents hear each other
+/// over their membership protocol, so no node's VIPs are taken off (before it, every request in the
+/// outage failed). Afterwards the cluster converges: a Service created right after gets its VIP.
+#[tokio::test]
+async fn traffic_outlives_a_frozen_api_server() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let ns = deploy(
+        "agents-outage",
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    eventually(&format!("{vip} answers the client"), LONG, || async move {
+        Client::get(vip).ok()
+    })
+    .await;
+    // Every agent hears the two others before the outage.
+    for node in c.nodes() {
+        let url = format!("http://{}:10264/metrics", c.node_ip(&node));
+        eventually(&format!("{node}'s agent hears two members"), LONG, || {
+            let url = url.clone();
+            async move {
+                let text = run(&["curl", "-sS", "--max-time", "2", &url]).ok()?;
+                text.lines()
+                    .any(|l| l == "local_agent_membership_members 2")
+                    .then_some(())
+            }
+        })
+        .await;
+    }
+
+    let outage = Duration::from_secs(40);
+    let traffic = requests_for(vip, outage + Duration::from_secs(15));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let frozen = FrozenApiServer::freeze();
+    tokio::time::sleep(outage).await;
+    drop(frozen);
+    let (failed, made) = traffic.await.unwrap();
+    println!(
+        "API server frozen {outage:?}: {} of {made} requests failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "requests failed while the API server was frozen: {failed:?}"
+    );
+    // The VIP is on one node only.
+    let holders = holders(vip);
+    assert_eq!(holders.len(), 1, "{vip} on {holders:?}");
+
+    // The cluster converges: a new Service gets its VIP, served.
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&load_balancer("after", "echo", "", "")),
+    );
+    let (after, _) = ingress(ns.name(), "after").await;
+    eventually(
+        &format!("{after} answers the client"),
+        LONG,
+        || async move { Client::get(after).ok() },
+    )
+    .await;
+}
+
+/// A client of the cluster with the token of the `local-agent` ServiceAccount bound to the agent pod
+/// on `node`, as that agent's own.
+async fn agent_client(node: &str) -> kube::Client {
+    let c = cluster();
+    let pod = c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "k8s-app=local-agent",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ],
+        None,
+    );
+    let token = c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "create",
+            "token",
+            "local-agent",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            pod.trim(),
+            "--duration",
+            "10m",
+        ],
+        None,
+    );
+    let admin = kube::config::Kubeconfig::read_from(c.admin_kubeconfig()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(admin, &Default::default())
+        .await
+        .unwrap();
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.trim().to_owned().into()),
+        ..Default::default()
+    };
+    kube::Client::try_from(config).unwrap()
+}
+
+/// An agent's token may write its own node's heartbeat Lease and no other Lease: not another node's
+/// heartbeat, not the kube-controller-manager's (the ValidatingAdmissionPolicy shipped with the agents).
+#[tokio::test]
+async fn an_agent_may_write_only_its_own_heartbeat() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let nodes = c.nodes();
+    let agent = agent_client(&nodes[0]).await;
+    let leases: kube::Api<Lease> = kube::Api::namespaced(agent, "kube-system");
+    let touch = serde_json::json!({"metadata": {"annotations": {"ccm-rs.test/touched": "yes"}}});
+    let patch = |name: String| {
+        let leases = leases.clone();
+        let touch = touch.clone();
+        async move {
+            leases
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&touch))
+                .await
+                .map(drop)
+        }
+    };
+    patch(format!("local-agent-{}", nodes[0]))
+        .await
+        .expect("its own heartbeat");
+    let refused = |what: &str, result: Result<(), kube::Error>| {
+        let text = result
+            .expect_err(&format!("{what} must be refused"))
+            .to_string();
+        assert!(
+            text.contains("may write only its own node's heartbeat Lease"),
+            "{what}: {text}"
+        );
+    };
+    // Another node's heartbeat, and the manager's leader Lease.
+    for other in [
+        format!("local-agent-{}", nodes[1]),
+        "cloud-controller-manager".to_owned(),
+    ] {
+        refused(&other, patch(other.clone()).await);
+    }
+    // A leader Lease of its own making (this cluster's kube-controller-manager elects no leader).
+    let forged: Lease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "kube-controller-manager"},
+        "spec": {"holderIdentity": "forged", "leaseDurationSeconds": 3600},
+    }))
+    .unwrap();
+    refused(
+        "creating kube-controller-manager",
+        leases.create(&Default::default(), &forged).await.map(drop),
+    );
+}

@@ -34,6 +34,40 @@ pub(crate) const LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "local-a
 /// without a class), so that the manager can tell whether any live agent serves a Service.
 pub(crate) const CLASS_ANNOTATION: &str = "local.ccm.rs/load-balancer-class";
 
+/// The annotation of an agent's Lease naming the address its membership protocol listens on (absent:
+/// membership is off there, and its Lease alone says whether it is alive).
+pub(crate) const MEMBERSHIP_ANNOTATION: &str = "local.ccm.rs/membership";
+
+/// The annotation of an agent's Lease saying how many other agents its membership protocol hears now.
+pub(crate) const MEMBERS_HEARD_ANNOTATION: &str = "local.ccm.rs/membership-peers";
+
+/// What an agent's Lease says of its membership protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Advertised {
+    /// Where it listens.
+    pub address: std::net::SocketAddr,
+    /// How many other agents it hears.
+    pub hears: usize,
+}
+
+/// What each agent's Lease says of its membership protocol, by node (those that speak it; a value
+/// that does not parse counts as not speaking it).
+pub(crate) fn advertised(leases: &[Arc<Lease>]) -> BTreeMap<String, Advertised> {
+    leases
+        .iter()
+        .filter_map(|lease| {
+            let node = lease.spec.as_ref()?.holder_identity.clone()?;
+            let annotations = lease.metadata.annotations.as_ref()?;
+            let address = annotations.get(MEMBERSHIP_ANNOTATION)?.parse().ok()?;
+            let hears = annotations
+                .get(MEMBERS_HEARD_ANNOTATION)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            Some((node, Advertised { address, hears }))
+        })
+        .collect()
+}
+
 /// The field manager of the agents' writes.
 pub(crate) const FIELD_MANAGER: &str = "local-agent";
 
@@ -126,6 +160,11 @@ pub(crate) struct Heartbeat {
     node: String,
     duration: Duration,
     class: Option<String>,
+    /// This agent's membership protocol: its address, and the view whose size the Lease reports.
+    membership: Option<(
+        std::net::SocketAddr,
+        Arc<std::sync::Mutex<super::membership::View>>,
+    )>,
 }
 
 impl Heartbeat {
@@ -140,7 +179,18 @@ impl Heartbeat {
             node: node.to_owned(),
             duration,
             class: class.map(str::to_owned),
+            membership: None,
         }
+    }
+
+    /// Says in the Lease where this agent's membership protocol listens and how many it hears.
+    pub(crate) fn with_membership(
+        mut self,
+        address: std::net::SocketAddr,
+        view: Arc<std::sync::Mutex<super::membership::View>>,
+    ) -> Self {
+        self.membership = Some((address, view));
+        self
     }
 
     /// Renews the Lease (server-side apply: creates it the first time).
@@ -150,10 +200,7 @@ impl Heartbeat {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
                 labels: Some([(LEASE_LABEL.0.to_owned(), LEASE_LABEL.1.to_owned())].into()),
-                annotations: self
-                    .class
-                    .as_ref()
-                    .map(|class| [(CLASS_ANNOTATION.to_owned(), class.clone())].into()),
+                annotations: Some(self.annotations()).filter(|a| !a.is_empty()),
                 ..Default::default()
             },
             spec: Some(LeaseSpec {
@@ -174,6 +221,19 @@ impl Heartbeat {
             )
             .await
             .map(drop)
+    }
+
+    fn annotations(&self) -> BTreeMap<String, String> {
+        let mut annotations = BTreeMap::new();
+        if let Some(class) = &self.class {
+            annotations.insert(CLASS_ANNOTATION.to_owned(), class.clone());
+        }
+        if let Some((address, view)) = &self.membership {
+            let hears = crate::instances::lock(view).members.len();
+            annotations.insert(MEMBERSHIP_ANNOTATION.to_owned(), address.to_string());
+            annotations.insert(MEMBERS_HEARD_ANNOTATION.to_owned(), hears.to_string());
+        }
+        annotations
     }
 
     /// Deletes the Lease: the other agents take this node's VIPs at once rather than after the

@@ -1,7 +1,7 @@
 //! The agent's own metrics (beside the data plane's, on the agent's `/metrics`).
 
 use cloud_provider::prometheus_client::{
-    metrics::{counter::Counter, gauge::Gauge},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
 
@@ -16,9 +16,30 @@ pub struct AgentMetrics {
     pub(crate) given_up: Counter,
     /// Heartbeat renewals that failed.
     pub(crate) heartbeat_failures: Counter,
+    /// Other agents the membership protocol hears now.
+    pub(crate) membership_members: Gauge,
+    /// Membership packets dropped, by reason.
+    membership_dropped: Family<Vec<(String, String)>, Counter>,
+    /// 1 while this node may not announce (fenced: cut off from its peers, or from the API server
+    /// without membership).
+    pub(crate) fenced: Gauge,
 }
 
 impl AgentMetrics {
+    /// Counts a membership packet dropped for `reason`.
+    pub(crate) fn membership_dropped(&self, reason: &str) {
+        self.membership_dropped
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+
+    /// The membership packets dropped for `reason` so far.
+    pub fn membership_dropped_total(&self, reason: &str) -> u64 {
+        self.membership_dropped
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .get()
+    }
+
     /// Registers them under `local_agent_*`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
@@ -40,6 +61,22 @@ impl AgentMetrics {
             "local_agent_heartbeat_failures",
             "Renewals of this node's heartbeat Lease that failed",
             self.heartbeat_failures.clone(),
+        );
+        registry.register(
+            "local_agent_membership_members",
+            "Other agents this node's membership protocol hears now",
+            self.membership_members.clone(),
+        );
+        registry.register(
+            "local_agent_membership_packets_dropped",
+            "Membership packets dropped, by reason (malformed, bad_mac, stale, replayed, refused)",
+            self.membership_dropped.clone(),
+        );
+        registry.register(
+            "local_agent_fenced",
+            "1 while this node may not announce: cut off from its peers (or, without membership, from \
+             the API server)",
+            self.fenced.clone(),
         );
     }
 }

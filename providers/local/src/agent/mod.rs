@@ -18,6 +18,8 @@
 
 mod announcer;
 pub(crate) mod heartbeat;
+mod judge;
+mod membership;
 mod metrics;
 pub(crate) mod plan;
 pub(crate) mod presence;
@@ -62,6 +64,8 @@ use crate::{
 
 use self::{
     heartbeat::{Heartbeat, LEASE_LABEL, Liveness},
+    judge::{Judge, Signals},
+    membership::{Membership, MembershipSettings},
     plan::{Served, node_unfit, nodes_with_ready_endpoints},
 };
 
@@ -71,6 +75,14 @@ pub const EVENT_VIP_ANNOUNCED: &str = "VIPAnnounced";
 /// How long a Service whose load balancer could not be served (a listener that cannot bind, the VIP
 /// refused by the interface) waits before it is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// How often an agent asks the peers whose Leases name a membership address, and that are no members
+/// of its view, to let it in.
+const JOIN_EVERY: Duration = Duration::from_secs(1);
+
+/// How long after its start the membership protocol is left to find the others before its view counts
+/// (until then, the Leases decide).
+const MEMBERSHIP_GRACE: Duration = Duration::from_secs(2);
 
 /// How often the agent looks again when nothing changed (a heartbeat that expires is also looked at
 /// when it expires).
@@ -116,6 +128,22 @@ pub struct AgentFlags {
     /// the Services without a class.
     #[arg(long, value_name = "CLASS")]
     pub load_balancer_class: Option<String>,
+    /// The key of the membership protocol between the agents (a file of at least 16 bytes: the
+    /// DaemonSet mounts it from the Secret local-agent-membership). With it, the agents judge each
+    /// other's liveness over the node network too, and keep announcing while the API server is away;
+    /// without it, a node whose heartbeat cannot be renewed stops announcing.
+    #[arg(long, value_name = "PATH")]
+    pub membership_key_file: Option<std::path::PathBuf>,
+    /// The UDP port of the membership protocol, on the node's InternalIP.
+    #[arg(long, default_value_t = 10265, value_name = "PORT")]
+    pub membership_port: u16,
+    /// How often each agent probes another one over the membership protocol.
+    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub membership_probe_interval: Duration,
+    /// How long an agent that answers no probe is suspected before it is declared down (and its
+    /// VIPs move).
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
+    pub membership_suspicion_timeout: Duration,
     /// Where /metrics (the data plane's, per listener) and /healthz are served, over plain HTTP; "0"
     /// turns it off.
     #[arg(long, default_value = "0.0.0.0:10264", value_name = "ADDRESS")]
@@ -132,6 +160,15 @@ impl AgentFlags {
             heartbeat: self.heartbeat,
             renew_interval: self.renew_interval,
             load_balancer_class: self.load_balancer_class.clone(),
+            membership: self
+                .membership_key_file
+                .as_ref()
+                .map(|key_file| MembershipFlags {
+                    key_file: key_file.clone(),
+                    port: self.membership_port,
+                    probe_interval: self.membership_probe_interval,
+                    suspicion_timeout: self.membership_suspicion_timeout,
+                }),
         }
     }
 
@@ -171,6 +208,46 @@ pub struct AgentSettings {
     /// The `loadBalancerClass` of the Services served (the manager's `--load-balancer-class`); `None`:
     /// the classless ones.
     pub load_balancer_class: Option<String>,
+    /// The membership protocol between the agents; `None`: off (the Leases alone decide).
+    pub membership: Option<MembershipFlags>,
+}
+
+/// The membership protocol's settings, as given.
+#[derive(Debug, Clone)]
+pub struct MembershipFlags {
+    /// The file with the shared key.
+    pub key_file: std::path::PathBuf,
+    /// The UDP port, on the node's InternalIP (0: any free port, for tests).
+    pub port: u16,
+    /// How often each agent probes another one.
+    pub probe_interval: Duration,
+    /// How long an agent that answers no probe is suspected before it is declared down.
+    pub suspicion_timeout: Duration,
+}
+
+impl MembershipFlags {
+    /// The key, read from its file (a trailing newline is not part of it).
+    fn key(&self) -> Result<Vec<u8>, Error> {
+        let path = self.key_file.display();
+        let mut key = std::fs::read(&self.key_file).map_err(|err| {
+            Error::Flag(format!(
+                "--membership-key-file {path}: cannot read it: {err} (the DaemonSet mounts it from \
+                 the Secret local-agent-membership: create it as docs/local-provider.md says)"
+            ))
+        })?;
+        while key.last().is_some_and(u8::is_ascii_whitespace) {
+            key.pop();
+        }
+        if key.len() < membership::MIN_KEY_LEN {
+            return Err(Error::Flag(format!(
+                "--membership-key-file {path}: the key has {} bytes; at least {} are needed \
+                 (openssl rand -hex 32 makes one)",
+                key.len(),
+                membership::MIN_KEY_LEN
+            )));
+        }
+        Ok(key)
+    }
 }
 
 impl AgentSettings {
@@ -206,6 +283,23 @@ impl AgentSettings {
                  renewal must not make the node look gone)",
                 self.renew_interval, self.heartbeat
             ));
+        }
+        if let Some(m) = &self.membership {
+            if m.probe_interval < Duration::from_millis(30) {
+                return flag(format!(
+                    "--membership-probe-interval {:?}: at least 30ms (a probe waits a third of it \
+                     for its answer)",
+                    m.probe_interval
+                ));
+            }
+            if m.suspicion_timeout < m.probe_interval {
+                return flag(format!(
+                    "--membership-suspicion-timeout {:?} must be at least \
+                     --membership-probe-interval {:?} (a suspected agent needs that long to say it \
+                     is alive)",
+                    m.suspicion_timeout, m.probe_interval
+                ));
+            }
         }
         Ok(())
     }
@@ -272,12 +366,35 @@ pub async fn run(
         watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
         &changed,
     );
-    let heartbeat = Heartbeat::new(
+    let membership = match &settings.membership {
+        None => {
+            tracing::warn!(
+                "membership is off (no --membership-key-file): this node stops announcing when its \
+                 heartbeat cannot be renewed, as while the API server is unreachable"
+            );
+            None
+        }
+        Some(flags) => Some(
+            start_membership(
+                &client,
+                &settings.node_name,
+                flags,
+                &metrics,
+                &changed,
+                &shutdown,
+            )
+            .await?,
+        ),
+    };
+    let mut heartbeat = Heartbeat::new(
         lease_api,
         &settings.node_name,
         settings.heartbeat,
         settings.load_balancer_class.as_deref(),
     );
+    if let Some(membership) = &membership {
+        heartbeat = heartbeat.with_membership(membership.address(), membership.shared_view());
+    }
     heartbeat
         .renew()
         .await
@@ -327,6 +444,11 @@ pub async fn run(
         announcer,
         metrics,
         liveness: Liveness::default(),
+        membership,
+        judge: Judge::default(),
+        joined_at: None,
+        fenced: None,
+        refused_members: BTreeSet::new(),
         announced: BTreeSet::new(),
         adopted,
         applied: BTreeMap::new(),
@@ -357,8 +479,70 @@ pub async fn run(
     if let Some(heartbeat) = heartbeat {
         heartbeat.release().await;
     }
+    if let Some(membership) = agent.membership.take() {
+        membership.stopped().await;
+    }
     cloud.inner.data_plane.shutdown().await;
     Ok(())
+}
+
+/// Starts the membership protocol on the node's InternalIP.
+async fn start_membership(
+    client: &Client,
+    node: &str,
+    flags: &MembershipFlags,
+    metrics: &AgentMetrics,
+    changed: &Arc<Notify>,
+    shutdown: &CancellationToken,
+) -> Result<Membership, Error> {
+    let key = flags.key()?;
+    let ip = node_internal_ip(client, node).await?;
+    let expected_members = Api::<Node>::all(client.clone())
+        .list_metadata(&Default::default())
+        .await
+        .map_err(|source| Error::Kube {
+            what: "local-agent: listing the Nodes (to size the membership protocol)".to_owned(),
+            source,
+        })?
+        .items
+        .len();
+    let settings = MembershipSettings {
+        key,
+        bind: std::net::SocketAddr::new(ip, flags.port),
+        probe_interval: flags.probe_interval,
+        suspicion_timeout: flags.suspicion_timeout,
+        expected_members,
+    };
+    let membership = Membership::start(
+        node,
+        settings,
+        metrics.clone(),
+        changed.clone(),
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|err| {
+        Error::Flag(format!(
+            "--membership-port {}: cannot listen on {ip} (the node's InternalIP): {err}",
+            flags.port
+        ))
+    })?;
+    tracing::info!(address = %membership.address(), probe_interval = ?flags.probe_interval, suspicion_timeout = ?flags.suspicion_timeout, "membership: listening");
+    Ok(membership)
+}
+
+/// The InternalIP of Node `name` (the first one its status lists).
+async fn node_internal_ip(client: &Client, name: &str) -> Result<IpAddr, Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = nodes.get(name).await.map_err(|source| Error::Kube {
+        what: format!("local-agent: reading Node {name}"),
+        source,
+    })?;
+    crate::instances::first_internal_ip(&node).ok_or_else(|| {
+        Error::Flag(format!(
+            "Node {name} has no InternalIP yet (the membership protocol listens on it)"
+        ))
+    })
 }
 
 /// The interface that has the InternalIP of Node `name` (the first one its status lists).
@@ -461,6 +645,16 @@ struct Agent {
     announcer: Box<dyn Announcer>,
     metrics: AgentMetrics,
     liveness: Liveness,
+    /// The membership protocol, when on.
+    membership: Option<Membership>,
+    /// Who is alive, and whether this node may announce.
+    judge: Judge,
+    /// When this agent last asked its peers to let it in.
+    joined_at: Option<Instant>,
+    /// Why this node may not announce, while it may not (logged when it changes).
+    fenced: Option<String>,
+    /// Members refused (not a Node, or not at one of its Node's addresses), logged once each.
+    refused_members: BTreeSet<String>,
     /// The VIPs on the interface.
     announced: BTreeSet<IpAddr>,
     /// The VIPs an earlier run left on the interface that this run has not announced (yet).
@@ -486,20 +680,32 @@ impl Agent {
         now: Instant,
     ) -> Option<Instant> {
         let config = self.cloud.config();
-        let me = self.settings.node_name.as_str();
+        let leases = leases.state();
         self.liveness
-            .observe(&leases.state(), now, k8s_openapi::jiff::Timestamp::now());
-        let mut alive = self.liveness.alive(now);
-        // This node's own heartbeat: what it knows of its renewals, not what the watch shows.
-        if self_fresh {
-            alive.insert(me.to_owned());
-        } else {
-            alive.remove(me);
-        }
+            .observe(&leases, now, k8s_openapi::jiff::Timestamp::now());
         let nodes = nodes.state();
+        let (signals, membership_wake) = self.signals(&leases, &nodes, self_fresh, now);
+        let judgement = self.judge.judge(&signals);
+        if judgement.fenced_because != self.fenced {
+            match &judgement.fenced_because {
+                Some(why) => tracing::warn!(%why, "this node stops announcing"),
+                None => tracing::info!(
+                    by_membership = judgement.by_membership,
+                    "this node may announce again"
+                ),
+            }
+            self.fenced = judgement.fenced_because.clone();
+            self.metrics.fenced.set(i64::from(self.fenced.is_some()));
+        }
+        let alive = judgement.alive;
+        let me = self.settings.node_name.as_str();
+        let heard = signals.members.unwrap_or_default();
         let serving: Vec<&Arc<Node>> = nodes
             .iter()
-            .filter(|n| node_unfit(n).is_none())
+            .filter(|n| {
+                let name = n.metadata.name.as_deref().unwrap_or_default();
+                node_unfit(n, heard.contains(name)).is_none()
+            })
             .filter(|n| self.cloud.backend_addresses(&config, n).is_some())
             .collect();
         let candidates: BTreeSet<String> = serving
@@ -523,10 +729,85 @@ impl Agent {
             .announced
             .set(i64::try_from(self.announced.len()).unwrap_or(i64::MAX));
         let retry = self.retry_at.values().min().copied();
-        [self.liveness.next_expiry(now), retry]
+        [self.liveness.next_expiry(now), retry, membership_wake]
             .into_iter()
             .flatten()
             .min()
+    }
+
+    /// What the Leases and the membership protocol say, for the [`Judge`]; asks the peers that speak
+    /// membership and are no members to let this agent in. Also returns when to look again for the
+    /// membership's sake (its grace ending, the next join).
+    fn signals(
+        &mut self,
+        leases: &[Arc<Lease>],
+        nodes: &[Arc<Node>],
+        self_fresh: bool,
+        now: Instant,
+    ) -> (Signals, Option<Instant>) {
+        let me = self.settings.node_name.clone();
+        let mut lease_alive = self.liveness.alive(now);
+        lease_alive.remove(&me);
+        let mut advertised = heartbeat::advertised(leases);
+        advertised.remove(&me);
+        let mut signals = Signals {
+            me,
+            self_fresh,
+            lease_alive,
+            speaks_membership: advertised.keys().cloned().collect(),
+            hears_others: advertised
+                .iter()
+                .filter(|(_, a)| a.hears > 0)
+                .map(|(node, _)| node.clone())
+                .collect(),
+            members: None,
+            heard_any: false,
+        };
+        let Some(membership) = &self.membership else {
+            return (signals, None);
+        };
+        let view = membership.view();
+        let mut members = BTreeSet::new();
+        for (node, address) in &view.members {
+            let known = nodes
+                .iter()
+                .find(|n| n.metadata.name.as_ref() == Some(node));
+            let at_its_address = known.is_some_and(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.addresses.as_ref())
+                    .is_some_and(|a| a.iter().any(|a| a.address == address.ip().to_string()))
+            });
+            if at_its_address {
+                members.insert(node.clone());
+            } else if self.refused_members.insert(node.clone()) {
+                tracing::warn!(%node, %address, "membership: a member that is no Node of this cluster, or not at its Node's address, is not counted");
+            }
+        }
+        self.refused_members
+            .retain(|n| view.members.contains_key(n));
+        let mut wake = Vec::new();
+        let strangers: Vec<(String, std::net::SocketAddr)> = advertised
+            .iter()
+            .filter(|(node, a)| view.members.get(*node) != Some(&a.address))
+            .map(|(node, a)| (node.clone(), a.address))
+            .collect();
+        if !strangers.is_empty() {
+            let due = self.joined_at.is_none_or(|at| now >= at + JOIN_EVERY);
+            if due {
+                membership.join(strangers);
+                self.joined_at = Some(now);
+            }
+            wake.push(self.joined_at.map_or(now, |at| at + JOIN_EVERY));
+        }
+        let counts_from = membership.started() + MEMBERSHIP_GRACE;
+        if now >= counts_from {
+            signals.members = Some(members);
+            signals.heard_any = view.heard_any;
+        } else {
+            wake.push(counts_from);
+        }
+        (signals, wake.into_iter().min())
     }
 
     /// `service` as served by this cloud's agents, or `None` when it is not (another class, not a
@@ -720,6 +1001,7 @@ mod tests {
             heartbeat: Duration::from_secs(3),
             renew_interval: Duration::from_secs(1),
             load_balancer_class: None,
+            membership: None,
         }
     }
 

@@ -57,8 +57,11 @@ pub(crate) fn announcer<'a>(
 }
 
 /// Why `node` cannot announce any VIP, or `None` when it can as far as the Node object goes (Ready and
-/// not excluded).
-pub(crate) fn node_unfit(node: &Node) -> Option<&'static str> {
+/// not excluded). `agent_heard`: its agent is a member of this agent's membership view; then a Ready
+/// condition of `Unknown` (the control plane stopped hearing its kubelet: the API server was away, or
+/// the node is cut from it) does not make it unfit, since its agent is heard directly. `False` (the
+/// kubelet says the node is not ready) always does.
+pub(crate) fn node_unfit(node: &Node, agent_heard: bool) -> Option<&'static str> {
     let labels = node.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_EXCLUDE)) {
         return Some("excluded from load balancers");
@@ -68,7 +71,7 @@ pub(crate) fn node_unfit(node: &Node) -> Option<&'static str> {
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True");
+        .is_some_and(|c| c.status == "True" || (agent_heard && c.status == "Unknown"));
     if !ready {
         return Some("not Ready");
     }
@@ -295,18 +298,31 @@ mod tests {
     #[test]
     fn nodes_that_cannot_announce() {
         let ready = serde_json::json!({"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-        assert_eq!(node_unfit(&node(ready.clone())), None);
+        assert_eq!(node_unfit(&node(ready.clone()), false), None);
         let mut excluded = ready.clone();
         excluded["metadata"]["labels"] = serde_json::json!({LABEL_EXCLUDE: ""});
         assert_eq!(
-            node_unfit(&node(excluded)),
+            node_unfit(&node(excluded.clone()), false),
             Some("excluded from load balancers")
         );
-        let mut not_ready = ready.clone();
-        not_ready["status"]["conditions"][0]["status"] = "Unknown".into();
-        assert_eq!(node_unfit(&node(not_ready)), Some("not Ready"));
         assert_eq!(
-            node_unfit(&node(serde_json::json!({"metadata": {"name": "n"}}))),
+            node_unfit(&node(excluded), true),
+            Some("excluded from load balancers")
+        );
+        // The control plane lost its kubelet: unfit, unless its agent is heard directly.
+        let mut unknown = ready.clone();
+        unknown["status"]["conditions"][0]["status"] = "Unknown".into();
+        assert_eq!(node_unfit(&node(unknown.clone()), false), Some("not Ready"));
+        assert_eq!(node_unfit(&node(unknown), true), None);
+        // The kubelet says not ready: unfit either way.
+        let mut not_ready = ready.clone();
+        not_ready["status"]["conditions"][0]["status"] = "False".into();
+        assert_eq!(
+            node_unfit(&node(not_ready.clone()), true),
+            Some("not Ready")
+        );
+        assert_eq!(
+            node_unfit(&node(serde_json::json!({"metadata": {"name": "n"}})), true),
             Some("not Ready")
         );
     }

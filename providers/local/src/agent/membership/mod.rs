@@ -1,0 +1,396 @@
+//! Liveness between the agents themselves, over the node network rather than through the API server:
+//! SWIM (the protocol of HashiCorp's memberlist, which MetalLB's speakers run), from the `foca` crate,
+//! over UDP on each node's InternalIP, every packet sealed with the key of a Secret ([`envelope`]).
+//!
+//! Why `foca`: it is SWIM with memberlist's extensions (suspicion, indirect probes, periodic gossip,
+//! rejoin after a false "down"), sans-IO (no runtime, no sockets of its own: it runs in one task of
+//! ours, on our socket, with our envelope), and small. The `memberlist` crate brings its own runtime
+//! abstraction, transports (TCP, QUIC) and encryption, which we would have to switch off or wrap.
+//!
+//! The agent reads a [`View`] of it: which other agents are members now (alive or suspected, not yet
+//! declared down), and whether any has been heard since this process started. What the agent makes of
+//! it is [`super::judge`]'s: the rules that decide who announces while the API server is away.
+
+mod envelope;
+mod peer;
+
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BinaryHeap},
+    net::SocketAddr,
+    num::{NonZeroU32, NonZeroUsize},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use foca::{AccumulatingRuntime, Foca, PostcardCodec, Timer};
+use rand::rngs::StdRng;
+use tokio::{net::UdpSocket, sync::Notify, task::JoinHandle};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use self::envelope::MIN_KEY_LEN;
+use self::{envelope::Envelope, peer::Peer};
+use super::AgentMetrics;
+use crate::instances::lock;
+
+/// The membership protocol's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct MembershipSettings {
+    /// The shared key (the membership Secret's), at least [`MIN_KEY_LEN`] bytes.
+    pub key: Vec<u8>,
+    /// Where this agent listens (the node's InternalIP and the membership port).
+    pub bind: SocketAddr,
+    /// How often each agent probes one other (round robin over the members).
+    pub probe_interval: Duration,
+    /// How long a member that did not answer a probe (directly, or through others) stays suspected
+    /// before it is declared down.
+    pub suspicion_timeout: Duration,
+    /// How many nodes the cluster has (sizes how often a change is gossiped).
+    pub expected_members: usize,
+}
+
+/// What the membership protocol says now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct View {
+    /// The other agents that are members now (alive or suspected), by node, with their address.
+    pub members: BTreeMap<String, SocketAddr>,
+    /// Whether any other agent has been a member since this process started.
+    pub heard_any: bool,
+}
+
+/// A running membership protocol: its task, and the view it keeps.
+pub(crate) struct Membership {
+    view: Arc<Mutex<View>>,
+    address: SocketAddr,
+    started: Instant,
+    join: tokio::sync::mpsc::UnboundedSender<Vec<(String, SocketAddr)>>,
+    task: JoinHandle<()>,
+}
+
+impl Membership {
+    /// Binds the socket and starts the protocol as `node`; every change of the view wakes `changed`.
+    /// The task stops when `shutdown` is cancelled, after telling the others that this agent leaves.
+    pub(crate) async fn start(
+        node: &str,
+        settings: MembershipSettings,
+        metrics: AgentMetrics,
+        changed: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> Result<Self, std::io::Error> {
+        let socket = UdpSocket::bind(settings.bind).await?;
+        let address = socket.local_addr()?;
+        let started_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+        let me = Peer {
+            node: node.to_owned(),
+            addr: address,
+            bump: started_ms,
+        };
+        let view = Arc::new(Mutex::new(View::default()));
+        let (join, joins) = tokio::sync::mpsc::unbounded_channel();
+        let envelope = Envelope::new(&settings.key, rand::random());
+        let config = config(&settings);
+        let task = tokio::spawn(
+            Protocol {
+                foca: Foca::new(me, config, rand::make_rng::<StdRng>(), PostcardCodec),
+                socket,
+                envelope,
+                timers: BinaryHeap::new(),
+                sequence: 0,
+                view: view.clone(),
+                metrics,
+                changed,
+            }
+            .run(joins, shutdown),
+        );
+        Ok(Self {
+            view,
+            address,
+            started: Instant::now(),
+            join,
+            task,
+        })
+    }
+
+    /// The address the others reach this agent at.
+    pub(crate) fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// When the protocol started.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The view, shared (the heartbeat reports its size).
+    pub(crate) fn shared_view(&self) -> Arc<Mutex<View>> {
+        self.view.clone()
+    }
+
+    /// The view as it is now.
+    pub(crate) fn view(&self) -> View {
+        lock(&self.view).clone()
+    }
+
+    /// Asks `peers` (node, address) to let this agent in; those already members are left alone.
+    pub(crate) fn join(&self, peers: Vec<(String, SocketAddr)>) {
+        let _ = self.join.send(peers);
+    }
+
+    /// Waits for the task (after `shutdown` was cancelled); says so if it had ended on its own.
+    pub(crate) async fn stopped(self) {
+        if let Err(err) = self.task.await {
+            tracing::error!(error = %err, "the membership protocol's task failed");
+        }
+    }
+}
+
+/// `foca`'s settings from ours: memberlist's LAN profile, with our probe interval and suspicion.
+fn config(settings: &MembershipSettings) -> foca::Config {
+    let size = u32::try_from(settings.expected_members.max(1)).unwrap_or(u32::MAX);
+    let mut config = foca::Config::new_lan(NonZeroU32::new(size).unwrap_or(NonZeroU32::MIN));
+    config.probe_period = settings.probe_interval;
+    // A probe's direct answer is awaited a third of the interval, then others are asked to relay it.
+    config.probe_rtt = settings.probe_interval / 3;
+    config.suspect_to_down_after = settings.suspicion_timeout;
+    // A partition that heals is noticed within seconds: ask two members known as down each 2 s.
+    config.periodic_announce_to_down_members = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(2),
+        num_members: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
+    });
+    config.periodic_announce = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(10),
+        num_members: NonZeroUsize::MIN,
+    });
+    config
+}
+
+/// The protocol's task: one socket, one `foca`, its timers.
+struct Protocol {
+    foca: Foca<Peer, PostcardCodec, StdRng, foca::NoCustomBroadcast>,
+    socket: UdpSocket,
+    envelope: Envelope,
+    /// `foca`'s timers, earliest first (the sequence keeps those due at one instant in order).
+    timers: BinaryHeap<Reverse<(Instant, u64, Timer<Peer>)>>,
+    sequence: u64,
+    view: Arc<Mutex<View>>,
+    metrics: AgentMetrics,
+    changed: Arc<Notify>,
+}
+
+impl Protocol {
+    async fn run(
+        mut self,
+        mut joins: tokio::sync::mpsc::UnboundedReceiver<Vec<(String, SocketAddr)>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut runtime = AccumulatingRuntime::new();
+        let mut buffer = vec![0u8; 65_536];
+        loop {
+            let next_timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
+            tokio::select! {
+                () = shutdown.cancelled() => {
+                    if let Err(err) = self.foca.leave_cluster(&mut runtime) {
+                        tracing::debug!(error = %err, "membership: leaving");
+                    }
+                    self.flush(&mut runtime).await;
+                    return;
+                }
+                received = self.socket.recv_from(&mut buffer) => match received {
+                    Ok((length, from)) => self.receive(&buffer[..length], from, &mut runtime),
+                    Err(err) => tracing::debug!(error = %err, "membership: receiving"),
+                },
+                Some(peers) = joins.recv() => {
+                    let members = lock(&self.view).members.clone();
+                    for (node, addr) in peers {
+                        if members.get(&node) == Some(&addr) || addr == self.foca.identity().addr {
+                            continue;
+                        }
+                        if let Err(err) = self.foca.announce(Peer { node, addr, bump: 0 }, &mut runtime) {
+                            tracing::debug!(error = %err, "membership: announcing");
+                        }
+                    }
+                }
+                () = sleep_until(next_timer) => {
+                    let now = Instant::now();
+                    while let Some(Reverse((at, _, _))) = self.timers.peek() && *at <= now {
+                        let Some(Reverse((_, _, timer))) = self.timers.pop() else { break };
+                        if let Err(err) = self.foca.handle_timer(timer, &mut runtime) {
+                            tracing::debug!(error = %err, "membership: a timer");
+                        }
+                    }
+                }
+            }
+            self.flush(&mut runtime).await;
+        }
+    }
+
+    /// Opens a datagram and hands its payload to `foca`; counts what is dropped.
+    fn receive(
+        &mut self,
+        packet: &[u8],
+        from: SocketAddr,
+        runtime: &mut AccumulatingRuntime<Peer>,
+    ) {
+        match self.envelope.open(packet, SystemTime::now()) {
+            Ok(payload) => {
+                if let Err(err) = self.foca.handle_data(payload, runtime) {
+                    // Sealed with our key, yet not a message `foca` takes (another version, or an
+                    // agent of ours declared down and not told yet): counted as malformed.
+                    tracing::debug!(%from, error = %err, "membership: a packet foca refused");
+                    self.metrics.membership_dropped("refused");
+                }
+            }
+            Err(why) => {
+                tracing::debug!(%from, reason = why.label(), "membership: a packet dropped");
+                self.metrics.membership_dropped(why.label());
+            }
+        }
+    }
+
+    /// Sends what `foca` queued, arms its timers, and publishes the view when it changed.
+    async fn flush(&mut self, runtime: &mut AccumulatingRuntime<Peer>) {
+        while let Some((to, data)) = runtime.to_send() {
+            let packet = self.envelope.seal(&data, SystemTime::now());
+            if let Err(err) = self.socket.send_to(&packet, to.addr).await {
+                tracing::debug!(to = %to.addr, error = %err, "membership: sending");
+            }
+        }
+        let now = Instant::now();
+        while let Some((after, timer)) = runtime.to_schedule() {
+            self.sequence += 1;
+            self.timers
+                .push(Reverse((now + after, self.sequence, timer)));
+        }
+        let mut notified = false;
+        while let Some(notification) = runtime.to_notify() {
+            tracing::debug!(?notification, "membership");
+            notified = true;
+        }
+        if notified {
+            self.publish();
+        }
+    }
+
+    fn publish(&self) {
+        let members: BTreeMap<String, SocketAddr> = self
+            .foca
+            .iter_members()
+            .map(|m| (m.id().node.clone(), m.id().addr))
+            .filter(|(node, _)| *node != self.foca.identity().node)
+            .collect();
+        let mut view = lock(&self.view);
+        if view.members != members {
+            for node in members.keys().filter(|n| !view.members.contains_key(*n)) {
+                tracing::info!(%node, "membership: agent up");
+            }
+            for node in view.members.keys().filter(|n| !members.contains_key(*n)) {
+                tracing::info!(%node, "membership: agent down");
+            }
+            view.heard_any |= !members.is_empty();
+            view.members = members;
+            self.metrics
+                .membership_members
+                .set(i64::try_from(view.members.len()).unwrap_or(i64::MAX));
+            drop(view);
+            self.changed.notify_one();
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"a key of the tests, 32 bytes....";
+
+    struct Running {
+        membership: Membership,
+        metrics: AgentMetrics,
+        stop: CancellationToken,
+    }
+
+    async fn start(node: &str, key: &[u8]) -> Running {
+        let metrics = AgentMetrics::default();
+        let stop = CancellationToken::new();
+        let settings = MembershipSettings {
+            key: key.to_vec(),
+            bind: "127.0.0.1:0".parse().unwrap(),
+            probe_interval: Duration::from_millis(100),
+            suspicion_timeout: Duration::from_millis(300),
+            expected_members: 3,
+        };
+        let membership = Membership::start(
+            node,
+            settings,
+            metrics.clone(),
+            Arc::new(Notify::new()),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        Running {
+            membership,
+            metrics,
+            stop,
+        }
+    }
+
+    /// Waits until `check` holds of `running`'s view (10 s at most).
+    async fn until(running: &Running, what: &str, check: impl Fn(&View) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !check(&running.membership.view()) {
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {:?}",
+                running.membership.view()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn names(view: &View) -> Vec<&str> {
+        view.members.keys().map(String::as_str).collect()
+    }
+
+    /// Three agents on the loopback: they find each other from one address each, one that stops is
+    /// declared down by the others within the suspicion, and one with another key is never let in
+    /// (its packets are counted as dropped).
+    #[tokio::test]
+    async fn agents_find_each_other_and_see_one_go() {
+        let a = start("a", KEY).await;
+        let b = start("b", KEY).await;
+        let c = start("c", KEY).await;
+        let mallory = start("mallory", b"not the key of the tests, at all").await;
+        // Each one knows only `a`'s address, as from its Lease.
+        let at_a = vec![("a".to_owned(), a.membership.address())];
+        for joining in [&b, &c, &mallory] {
+            joining.membership.join(at_a.clone());
+        }
+        for (running, others) in [(&a, ["b", "c"]), (&b, ["a", "c"]), (&c, ["a", "b"])] {
+            until(running, "all three members", |v| names(v) == others).await;
+            assert!(running.membership.view().heard_any);
+        }
+        assert!(mallory.membership.view().members.is_empty());
+        assert!(a.metrics.membership_dropped_total("bad_mac") > 0);
+        // `c` stops for good (killed: no goodbye): declared down by the others.
+        c.stop.cancel();
+        c.membership.task.abort();
+        let killed = Instant::now();
+        until(&a, "c declared down", |v| names(v) == ["b"]).await;
+        until(&b, "c declared down", |v| names(v) == ["a"]).await;
+        println!("c declared down after {:?}", killed.elapsed());
+        for running in [a, b, mallory] {
+            running.stop.cancel();
+            running.membership.stopped().await;
+        }
+    }
+}
