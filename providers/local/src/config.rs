@@ -68,6 +68,7 @@ fn default_pools() -> Vec<AddressPool> {
         namespaces: Vec::new(),
         service_selector: None,
         priority: None,
+        cross_namespace_sharing: false,
     }]
 }
 
@@ -174,6 +175,11 @@ pub struct AddressPool {
     /// MetalLB breaks ties by its own rules).
     #[serde(default)]
     pub priority: Option<u32>,
+    /// Whether Services of different namespaces may share one of its addresses with the same
+    /// `local.ccm.rs/allow-shared-ip` key (default `false`: a key spans one namespace, so a tenant
+    /// cannot join another tenant's address by guessing or learning its key).
+    #[serde(default)]
+    pub cross_namespace_sharing: bool,
 }
 
 /// Which Services a pool serves by their labels: `matchLabels`, as in a Kubernetes label selector

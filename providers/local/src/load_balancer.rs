@@ -89,6 +89,9 @@ pub const ANNOTATION_ALLOW_SHARED_IP: &str = "local.ccm.rs/allow-shared-ip";
 /// How a Service may share its VIPs ([`ANNOTATION_ALLOW_SHARED_IP`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Sharing {
+    /// The Service's namespace: a sharing key spans one namespace only, unless the address's pool
+    /// says `crossNamespaceSharing: true`.
+    namespace: String,
     /// The annotation's value.
     key: String,
     /// The Service's (port, protocol) pairs: two sharing Services must have none in common.
@@ -97,30 +100,52 @@ pub(crate) struct Sharing {
     local_selector: Option<BTreeMap<String, String>>,
 }
 
+/// How a refusal names `holder` (`namespace/name`) to a Service of `namespace`: by name in its own
+/// namespace, never in another (a tenant learns nothing of another namespace's Services).
+fn holder_text(namespace: &str, holder: &str) -> String {
+    if holder.split('/').next() == Some(namespace) {
+        format!("Service {holder}")
+    } else {
+        "a Service of another namespace".to_owned()
+    }
+}
+
 impl Sharing {
     /// Why a Service of `self` may not share an address with one of `other` (`other_name`), if it may
-    /// not.
-    fn conflict(&self, other: Option<&Sharing>, other_name: &str) -> Option<String> {
+    /// not. `cross_namespace`: the address's pool lets Services of different namespaces share.
+    fn conflict(
+        &self,
+        other: Option<&Sharing>,
+        other_name: &str,
+        cross_namespace: bool,
+    ) -> Option<String> {
+        let other_name = &holder_text(&self.namespace, other_name);
         let Some(other) = other else {
             return Some(format!(
-                "Service {other_name} holds it and allows no sharing ({ANNOTATION_ALLOW_SHARED_IP})"
+                "{other_name} holds it and allows no sharing ({ANNOTATION_ALLOW_SHARED_IP})"
             ));
         };
-        if other.key != self.key {
+        if other.namespace != self.namespace && !cross_namespace {
             return Some(format!(
-                "Service {other_name} holds it with {ANNOTATION_ALLOW_SHARED_IP}: {:?}, not {:?}",
-                other.key, self.key
+                "{other_name} holds it, and its pool shares addresses within one namespace only \
+                 (crossNamespaceSharing)"
+            ));
+        }
+        if other.key != self.key {
+            // Their key is never shown: it is what lets a Service in.
+            return Some(format!(
+                "{other_name} holds it with another {ANNOTATION_ALLOW_SHARED_IP} key"
             ));
         }
         if let Some((port, protocol)) = self.ports.intersection(&other.ports).next() {
             return Some(format!(
-                "Service {other_name} shares it and uses port {port}/{protocol} too"
+                "{other_name} shares it and uses port {port}/{protocol} too"
             ));
         }
         if self.local_selector != other.local_selector {
             return Some(format!(
-                "Service {other_name} shares it with another externalTrafficPolicy or, for Local, \
-                 another selector (the node that announces it must have the endpoints of both)"
+                "{other_name} shares it with another externalTrafficPolicy or, for Local, another \
+                 selector (the node that announces it must have the endpoints of both)"
             ));
         }
         None
@@ -412,6 +437,11 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             }
             let local = spec.external_traffic_policy.as_deref() == Some("Local");
             Some(Sharing {
+                namespace: service
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
                 key: key.to_owned(),
                 ports: ports
                     .iter()
@@ -484,7 +514,7 @@ impl Allocations {
             .get(key)
             .map(|r| r.ips.clone())
             .unwrap_or_default();
-        let free_for_us = |ip: &IpAddr| self.sharing_refused(ip, key, wanted).is_none();
+        let free_for_us = |ip: &IpAddr| self.sharing_refused(config, ip, key, wanted).is_none();
         let refusal = |pool: &AddressPool| pool.refuses(&wanted.namespace, &wanted.labels);
         if let Some(name) = &wanted.pool
             && let Some(why) = config
@@ -528,7 +558,7 @@ impl Allocations {
                         pool.name
                     ));
                 }
-                if let Some(why) = self.sharing_refused(ip, key, wanted) {
+                if let Some(why) = self.sharing_refused(config, ip, key, wanted) {
                     return Err(format!("the requested address {ip} is taken: {why}"));
                 }
                 Some(*ip)
@@ -642,17 +672,19 @@ impl Allocations {
             .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
             .collect();
         if let Some(sharing) = &wanted.sharing {
-            let compatible = |holders: &BTreeSet<String>| {
+            let compatible = |pool: &AddressPool, holders: &BTreeSet<String>| {
                 holders.iter().all(|holder| {
                     let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
-                    sharing.conflict(theirs, holder).is_none()
+                    sharing
+                        .conflict(theirs, holder, pool.cross_namespace_sharing)
+                        .is_none()
                 })
             };
             let shared = pools.iter().find_map(|pool| {
                 self.owners.iter().find_map(|(ip, holders)| {
                     (IpFamily::of(*ip) == family
                         && pool.addresses.iter().any(|r| r.contains(*ip))
-                        && compatible(holders))
+                        && compatible(pool, holders))
                     .then_some(*ip)
                 })
             });
@@ -668,14 +700,24 @@ impl Allocations {
     }
 
     /// Why `key` (asking `wanted`) may not hold `ip` beside the Services that hold it, if it may not.
-    fn sharing_refused(&self, ip: &IpAddr, key: &str, wanted: &Wanted) -> Option<String> {
+    fn sharing_refused(
+        &self,
+        config: &Config,
+        ip: &IpAddr,
+        key: &str,
+        wanted: &Wanted,
+    ) -> Option<String> {
         let holders = self.owners.get(ip)?;
+        let cross = config
+            .pool_of(*ip)
+            .is_some_and(|p| p.cross_namespace_sharing);
         holders.iter().filter(|h| *h != key).find_map(|holder| {
             let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
             match &wanted.sharing {
-                Some(mine) => mine.conflict(theirs, holder),
+                Some(mine) => mine.conflict(theirs, holder, cross),
                 None => Some(format!(
-                    "Service {holder} holds it (Services share an address only with the same {ANNOTATION_ALLOW_SHARED_IP})"
+                    "{} holds it (Services share an address only with the same {ANNOTATION_ALLOW_SHARED_IP})",
+                    holder_text(&wanted.namespace, holder)
                 )),
             }
         })
@@ -709,14 +751,24 @@ impl Allocations {
     /// Reserves the addresses a Service's status carries (at start). An address another Service
     /// already holds is not taken (and logged), unless both may share it (`sharing`: how this one may,
     /// read from the Service as it is).
-    fn reserve(&mut self, key: &str, uid: Option<&str>, ips: &[IpAddr], sharing: Option<Sharing>) {
+    fn reserve(
+        &mut self,
+        config: &Config,
+        key: &str,
+        uid: Option<&str>,
+        ips: &[IpAddr],
+        sharing: Option<Sharing>,
+    ) {
         let mut mine = Vec::new();
         for ip in ips {
+            let cross = config
+                .pool_of(*ip)
+                .is_some_and(|p| p.cross_namespace_sharing);
             let refused = self.owners.get(ip).and_then(|holders| {
                 holders.iter().filter(|h| *h != key).find_map(|holder| {
                     let theirs = self.services.get(holder).and_then(|r| r.sharing.as_ref());
                     match &sharing {
-                        Some(mine) => mine.conflict(theirs, holder),
+                        Some(mine) => mine.conflict(theirs, holder, cross),
                         None => Some(format!("Service {holder} holds it")),
                     }
                 })
@@ -866,6 +918,7 @@ impl LocalCloud {
             }
             let sharing = read_service(service, &config).ok().and_then(|w| w.sharing);
             allocations.reserve(
+                &config,
                 &key_of(service),
                 service.metadata.uid.as_deref(),
                 &ips,
@@ -1483,6 +1536,82 @@ mod tests {
         )
     }
 
+    /// A sharing key spans one namespace: a Service of another namespace with the same key gets an
+    /// address of its own, and asking for the holder's address is refused with a reason that names
+    /// neither the holder nor its key; a pool with `crossNamespaceSharing: true` lets it in.
+    #[test]
+    fn a_sharing_key_spans_one_namespace_unless_the_pool_says_otherwise() {
+        let in_ns = |namespace: &str, port: u16, ask: bool| {
+            let mut annotations = json!({ANNOTATION_ALLOW_SHARED_IP: "k"});
+            if ask {
+                annotations[ANNOTATION_LOAD_BALANCER_IPS] = json!("127.52.0.1");
+            }
+            svc(json!({
+                "metadata": {"namespace": namespace, "annotations": annotations},
+                "spec": {"ports": [{"port": port, "nodePort": 30000 + port, "protocol": "TCP"}]}
+            }))
+        };
+        for (cross, want) in [(false, None), (true, Some("127.52.0.1"))] {
+            let config = config(&format!(
+                "addressPools:\n  - {{name: a, addresses: [127.52.0.1-127.52.0.3], crossNamespaceSharing: {cross}}}\n"
+            ));
+            let mut allocations = Allocations::default();
+            let victim = allocate_for(
+                &mut allocations,
+                &config,
+                "victim/web",
+                &in_ns("victim", 443, false),
+            );
+            assert_eq!(victim.unwrap(), ips(&["127.52.0.1"]));
+            // The same key from another namespace, picking: its own address unless the pool shares.
+            let picked = allocate_for(
+                &mut allocations,
+                &config,
+                "tenant/x",
+                &in_ns("tenant", 80, false),
+            );
+            assert_eq!(
+                picked.unwrap(),
+                ips(&[want.unwrap_or("127.52.0.2")]),
+                "crossNamespaceSharing: {cross}"
+            );
+            allocations.release("tenant/x");
+            // Asking for the victim's address.
+            let asked = allocate_for(
+                &mut allocations,
+                &config,
+                "tenant/x",
+                &in_ns("tenant", 80, true),
+            );
+            match want {
+                Some(ip) => assert_eq!(asked.unwrap(), ips(&[ip])),
+                None => {
+                    let err = asked.unwrap_err();
+                    assert_eq!(
+                        err,
+                        "the requested address 127.52.0.1 is taken: a Service of another namespace \
+                         holds it, and its pool shares addresses within one namespace only \
+                         (crossNamespaceSharing)"
+                    );
+                    assert!(!err.contains("victim") && !err.contains("\"k\""), "{err}");
+                }
+            }
+        }
+        // Another namespace's holder without the key is not named either.
+        let config = config("addressPools:\n  - {name: a, addresses: [127.52.0.1-127.52.0.3]}\n");
+        let mut allocations = Allocations::default();
+        let plain = svc(json!({"metadata": {"namespace": "victim"}}));
+        allocate_for(&mut allocations, &config, "victim/web", &plain).unwrap();
+        let ask = svc(
+            json!({"metadata": {"namespace": "tenant", "annotations": {ANNOTATION_LOAD_BALANCER_IPS: "127.52.0.1"}}}),
+        );
+        let err = allocate_for(&mut allocations, &config, "tenant/x", &ask).unwrap_err();
+        assert!(
+            err.contains(": a Service of another namespace holds it"),
+            "{err}"
+        );
+    }
+
     /// Services with one `allow-shared-ip` key, distinct ports and the same traffic policy share an
     /// address, picked or asked for; any other pair does not, and the refusal says why; a shared
     /// address is free again only when its last Service goes.
@@ -1543,7 +1672,7 @@ mod tests {
             ),
             (
                 shared("j", 8081, ask(json!({}))),
-                "with local.ccm.rs/allow-shared-ip: \"k\", not \"j\"",
+                "Service ns/tls holds it with another local.ccm.rs/allow-shared-ip key",
             ),
             (shared("k", 443, ask(json!({}))), "uses port 443/TCP too"),
             (
@@ -1897,7 +2026,7 @@ mod tests {
             ..Default::default()
         });
         // Reserved at start: another Service cannot get it.
-        allocations.reserve("ns/web", Some("u1"), &ips(&["127.50.0.2"]), None);
+        allocations.reserve(&config, "ns/web", Some("u1"), &ips(&["127.50.0.2"]), None);
         let other = svc(json!({"metadata": {"name": "other", "uid": "u2"}}));
         let wanted = read_service(&other, &config).unwrap();
         assert_eq!(

@@ -697,14 +697,24 @@ impl Agent {
             self.fenced = judgement.fenced_because.clone();
             self.metrics.fenced.set(i64::from(self.fenced.is_some()));
         }
-        let alive = judgement.alive;
+        let alive = &judgement.alive;
         let me = self.settings.node_name.as_str();
         let heard = signals.members.unwrap_or_default();
+        // A node whose agent speaks membership and was declared down is taken for unreachable: no
+        // candidate, and no backend either (a dead node's first health check would hold the new
+        // announcer's data plane for the check's whole timeout). A crashed agent takes its node out of
+        // the backends for as long as it is down.
+        let declared_down = |name: &str| {
+            judgement.by_membership
+                && name != me
+                && signals.speaks_membership.contains(name)
+                && !heard.contains(name)
+        };
         let serving: Vec<&Arc<Node>> = nodes
             .iter()
             .filter(|n| {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
-                node_unfit(n, heard.contains(name)).is_none()
+                !declared_down(name) && node_unfit(n, heard.contains(name)).is_none()
             })
             .filter(|n| self.cloud.backend_addresses(&config, n).is_some())
             .collect();
