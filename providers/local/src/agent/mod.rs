@@ -714,7 +714,10 @@ impl Agent {
             .iter()
             .filter(|n| {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
-                !declared_down(name) && node_unfit(n, heard.contains(name)).is_none()
+                // This node's own agent is heard too: it is the one judging (and it serves only
+                // when the judge says so).
+                let agent_heard = heard.contains(name) || (name == me && judgement.by_membership);
+                !declared_down(name) && node_unfit(n, agent_heard).is_none()
             })
             .filter(|n| self.cloud.backend_addresses(&config, n).is_some())
             .collect();
