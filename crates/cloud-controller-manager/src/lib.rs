@@ -50,6 +50,7 @@ use app::controller_table::builtin_controllers;
 pub use app::{
     AppError, CommandLine, Options,
     command_line::BinaryIdentity,
+    connection_guard::{ConnectionLimits, serve_plain_http},
     controller_table::{ConfigureContext, ConfigureError, ControllerName, ControllerSpec},
 };
 

@@ -328,10 +328,11 @@ async fn each_vip_is_announced_from_one_node_and_a_dead_node_moves_only_its_own(
     }
     let holders: BTreeSet<&String> = announcer.values().collect();
     assert!(holders.len() >= 2, "every VIP on one node: {announcer:?}");
-    // Each agent's /metrics counts the VIPs its node announces (this test's, and any other's).
+    // Each agent's /metrics (on its node's loopback) counts the VIPs its node announces (this test's,
+    // and any other's).
     for node in &nodes {
-        let url = format!("http://{}:10264/metrics", c.node_ip(node));
-        let text = run(&["curl", "-sS", "--max-time", "2", &url]).unwrap();
+        let url = "http://127.0.0.1:10264/metrics";
+        let text = c.curl_on_node(node, url).unwrap();
         let announced: usize = text
             .lines()
             .find_map(|l| l.strip_prefix("local_agent_vips_announced "))
@@ -709,16 +710,19 @@ async fn traffic_outlives_a_frozen_api_server() {
     .await;
     // Every agent hears the two others before the outage.
     for node in c.nodes() {
-        let url = format!("http://{}:10264/metrics", c.node_ip(&node));
-        eventually(&format!("{node}'s agent hears two members"), LONG, || {
-            let url = url.clone();
-            async move {
-                let text = run(&["curl", "-sS", "--max-time", "2", &url]).ok()?;
+        let node = &node;
+        eventually(
+            &format!("{node}'s agent hears two members"),
+            LONG,
+            || async move {
+                let text = c
+                    .curl_on_node(node, "http://127.0.0.1:10264/metrics")
+                    .ok()?;
                 text.lines()
                     .any(|l| l == "local_agent_membership_members 2")
                     .then_some(())
-            }
-        })
+            },
+        )
         .await;
     }
 
@@ -852,4 +856,63 @@ async fn an_agent_may_write_only_its_own_heartbeat() {
         "creating kube-controller-manager",
         leases.create(&Default::default(), &forged).await.map(drop),
     );
+}
+
+/// An agent's `/metrics` is on its node's loopback only: the client on the nodes' network cannot read
+/// it. 2,000 connections opened to it on the node and left idle are capped (the agent holds at most 64)
+/// and leave its data plane serving; its `/readyz` says ready.
+#[tokio::test]
+async fn an_agents_endpoint_is_local_and_capped() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let _client = Client::new();
+    let ns = deploy(
+        "agents-endpoint",
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", ""),
+        ],
+    )
+    .await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    eventually(&format!("{vip} answers the client"), LONG, || async move {
+        Client::get(vip).ok()
+    })
+    .await;
+    let holder = holders(vip).pop().expect("a node holds the VIP");
+    let from_outside = Client::exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "2",
+        &format!("http://{}:10264/metrics", c.node_ip(&holder)),
+    ]);
+    assert!(
+        from_outside.is_err(),
+        "the client read the agent's metrics: {from_outside:?}"
+    );
+    assert_eq!(
+        c.curl_on_node(&holder, "http://127.0.0.1:10264/readyz")
+            .as_deref(),
+        Ok("ok")
+    );
+    // 2,000 connections opened on the holder's loopback and held (bash keeps each one's descriptor),
+    // while the client asks the VIP; then how many the agent kept open.
+    let script = "ulimit -n 4096; for i in $(seq 2000); do exec {fd}<>/dev/tcp/127.0.0.1/10264 || true; \
+                  done 2>/dev/null; sleep 5; ss -Htn state established '( dport = :10264 )' | wc -l";
+    let hog = std::thread::spawn({
+        let holder = holder.clone();
+        move || cluster().exec_on_node(&holder, &["bash", "-c", script])
+    });
+    for _ in 0..20 {
+        Client::get(vip).expect("the VIP answers while its agent's endpoint is flooded");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let output = hog.join().unwrap();
+    let held: usize = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{output:?}"));
+    println!("2,000 connections opened to the agent's endpoint: {held} still established");
+    assert!(held <= 64, "{held} connections held by the agent");
 }

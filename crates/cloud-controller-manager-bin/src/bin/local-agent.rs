@@ -5,8 +5,9 @@
 
 use std::{process::ExitCode, sync::Arc};
 
+use cloud_controller_manager::ConnectionLimits;
 use cloud_provider::{clap::Parser, prometheus_client};
-use cloud_provider_local::agent::{self, AgentFlags, AgentMetrics};
+use cloud_provider_local::agent::{self, AgentFlags, AgentHealth, AgentMetrics};
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -44,6 +45,7 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let metrics = AgentMetrics::default();
+    let health = AgentHealth::default();
     if flags.metrics_bind_address != "0" {
         let mut registry = prometheus_client::registry::Registry::default();
         cloud.data_plane().register_metrics(&mut registry);
@@ -51,11 +53,11 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
         serve_metrics(
             &flags.metrics_bind_address,
             Arc::new(registry),
+            health.clone(),
             shutdown.clone(),
-        )
-        .await?;
+        )?;
     }
-    agent::run(cloud, client, settings, metrics, shutdown)
+    agent::run(cloud, client, settings, metrics, health, shutdown)
         .await
         .map_err(|err| err.to_string())
 }
@@ -94,15 +96,30 @@ async fn stop_on_signal(shutdown: CancellationToken) {
     shutdown.cancel();
 }
 
-/// Serves `/metrics` (Prometheus text) and `/healthz` on `address` until `shutdown`.
-async fn serve_metrics(
+/// How many connections the agent's HTTP endpoint holds, and for how long when idle: enough for the
+/// kubelet's probes and a scraper, and no more (the process carries the node's VIPs' traffic, whose
+/// connections need the descriptors).
+const HTTP_LIMITS: ConnectionLimits = ConnectionLimits {
+    idle_timeout: std::time::Duration::from_secs(30),
+    max_connections: 64,
+    max_per_address: 16,
+};
+
+/// Serves `/metrics` (Prometheus text), `/healthz` and `/readyz` on `address` until `shutdown`.
+fn serve_metrics(
     address: &str,
     registry: Arc<prometheus_client::registry::Registry>,
+    health: AgentHealth,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
+    let listener = std::net::TcpListener::bind(address)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .map_err(|err| format!("--metrics-bind-address {address}: {err}"))?;
+    let answer = |result: Result<(), String>| match result {
+        Ok(()) => (axum::http::StatusCode::OK, "ok".to_owned()),
+        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),
+    };
+    let live = health.clone();
     let app = axum::Router::new()
         .route(
             "/metrics",
@@ -126,16 +143,22 @@ async fn serve_metrics(
                 }
             }),
         )
-        .route("/healthz", axum::routing::get(|| async { "ok" }));
-    tracing::info!(%address, "serving /metrics and /healthz");
-    tokio::spawn(async move {
-        let stopped = shutdown.cancelled_owned();
-        if let Err(err) = axum::serve(listener, app)
-            .with_graceful_shutdown(stopped)
-            .await
-        {
-            tracing::error!(error = %err, "the metrics server stopped");
-        }
-    });
+        .route(
+            "/healthz",
+            axum::routing::get(move || {
+                let result = live.live();
+                async move { answer(result) }
+            }),
+        )
+        .route(
+            "/readyz",
+            axum::routing::get(move || {
+                let result = health.ready();
+                async move { answer(result) }
+            }),
+        );
+    cloud_controller_manager::serve_plain_http(listener, app, HTTP_LIMITS, shutdown)
+        .map_err(|err| format!("--metrics-bind-address {address}: {err}"))?;
+    tracing::info!(%address, "serving /metrics, /healthz and /readyz");
     Ok(())
 }

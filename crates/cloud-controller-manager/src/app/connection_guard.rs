@@ -49,8 +49,11 @@ pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 /// The limits a [`GuardedAcceptor`] enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
+    /// A connection on which no byte moves for this long is closed.
     pub idle_timeout: Duration,
+    /// The most connections open at once; past it a new one is closed at once.
     pub max_connections: usize,
+    /// The most connections open at once from one address.
     pub max_per_address: usize,
 }
 
@@ -79,6 +82,7 @@ pub struct GuardedAcceptor {
 }
 
 impl GuardedAcceptor {
+    /// An acceptor that enforces `limits`.
     pub fn new(limits: ConnectionLimits) -> Self {
         Self {
             limits,
@@ -227,6 +231,38 @@ impl AsyncWrite for GuardedStream {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
     }
+}
+
+/// Serves `app` over plain HTTP on `listener` with the secure endpoint's bounds but `limits` (the
+/// caps, the idle timeout, hyper's header-read timeout), until `shutdown` (then open requests get 5 s).
+/// For the node agents' loopback `/metrics` and `/healthz`: a process that carries traffic must not
+/// let a client pile connections up in it.
+pub fn serve_plain_http(
+    listener: std::net::TcpListener,
+    app: axum::Router,
+    limits: ConnectionLimits,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> io::Result<()> {
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    tokio::spawn(async move {
+        shutdown.cancelled().await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    let mut server = axum_server::from_tcp(listener)?
+        .acceptor(GuardedAcceptor::new(limits))
+        .handle(handle);
+    server
+        .http_builder()
+        .http1()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    tokio::spawn(async move {
+        if let Err(err) = server.serve(app.into_make_service()).await {
+            tracing::error!(error = %err, "the HTTP endpoint stopped");
+        }
+    });
+    Ok(())
 }
 
 #[cfg(test)]

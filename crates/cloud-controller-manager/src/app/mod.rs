@@ -4,7 +4,7 @@ pub(crate) mod certificate_reload;
 pub(crate) mod client;
 pub(crate) mod client_factory;
 pub mod command_line;
-pub(crate) mod connection_guard;
+pub mod connection_guard;
 pub mod controller_table;
 pub mod controllers_flag;
 pub(crate) mod delegated_auth;

@@ -17,6 +17,7 @@
 //! the election and the serving do not depend on it.
 
 mod announcer;
+mod health;
 pub(crate) mod heartbeat;
 mod judge;
 mod membership;
@@ -24,6 +25,7 @@ mod metrics;
 pub(crate) mod plan;
 pub(crate) mod presence;
 
+pub use health::AgentHealth;
 pub use metrics::AgentMetrics;
 
 use std::{
@@ -144,9 +146,11 @@ pub struct AgentFlags {
     /// VIPs move).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
     pub membership_suspicion_timeout: Duration,
-    /// Where /metrics (the data plane's, per listener) and /healthz are served, over plain HTTP; "0"
-    /// turns it off.
-    #[arg(long, default_value = "0.0.0.0:10264", value_name = "ADDRESS")]
+    /// Where /metrics (the data plane's, per listener), /healthz and /readyz are served, over plain
+    /// HTTP: the node's loopback by default (the agents run on the host network: only the node's own
+    /// processes reach it); an address others reach exposes every Service's names and traffic to them
+    /// unauthenticated. "0" turns it off.
+    #[arg(long, default_value = "127.0.0.1:10264", value_name = "ADDRESS")]
     pub metrics_bind_address: String,
 }
 
@@ -313,6 +317,7 @@ pub async fn run(
     client: Client,
     settings: AgentSettings,
     metrics: AgentMetrics,
+    health: AgentHealth,
     shutdown: CancellationToken,
 ) -> Result<(), Error> {
     settings.check()?;
@@ -461,6 +466,7 @@ pub async fn run(
         let next = agent
             .step(&services, &nodes, &slices, &leases, self_fresh, now)
             .await;
+        health.looked(Instant::now(), agent.fenced.clone());
         let wait = next
             .map(|at| at.saturating_duration_since(Instant::now()))
             .unwrap_or(IDLE_LOOK)
@@ -1036,6 +1042,7 @@ mod tests {
                 nowhere.clone(),
                 settings,
                 AgentMetrics::default(),
+                AgentHealth::default(),
                 CancellationToken::new(),
             )
         };

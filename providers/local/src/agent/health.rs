@@ -1,0 +1,82 @@
+//! What the agent's `/healthz` and `/readyz` say: alive while its loop keeps looking (a look that never
+//! ends, such as a data-plane change stuck, makes it unhealthy, and the kubelet restarts it); ready
+//! while it may announce (not fenced: cut off from its peers, or from the API server without
+//! membership).
+
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use crate::instances::lock;
+
+/// How long without a finished look makes the agent unhealthy: three times the longest wait between
+/// two looks ([`super::IDLE_LOOK`]).
+pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Default)]
+struct State {
+    last_look: Option<Instant>,
+    fenced: Option<String>,
+}
+
+/// The agent's health; clones share it.
+#[derive(Debug, Clone, Default)]
+pub struct AgentHealth {
+    state: Arc<Mutex<State>>,
+}
+
+impl AgentHealth {
+    /// A look finished at `at`; `fenced`: why this node may not announce, if it may not.
+    pub(crate) fn looked(&self, at: Instant, fenced: Option<String>) {
+        let mut state = lock(&self.state);
+        state.last_look = Some(at);
+        state.fenced = fenced;
+    }
+
+    /// `/healthz`: `Err` (why) when a look started but none finished for [`STUCK_AFTER`].
+    pub fn live(&self) -> Result<(), String> {
+        self.live_at(Instant::now())
+    }
+
+    fn live_at(&self, now: Instant) -> Result<(), String> {
+        match lock(&self.state).last_look {
+            Some(at) if now.saturating_duration_since(at) > STUCK_AFTER => Err(format!(
+                "the agent's last look finished {:.0}s ago (stuck: a look ends within {}s)",
+                now.saturating_duration_since(at).as_secs_f64(),
+                STUCK_AFTER.as_secs()
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// `/readyz`: `Err` (why) before the first look, and while this node may not announce.
+    pub fn ready(&self) -> Result<(), String> {
+        let state = lock(&self.state);
+        match (&state.last_look, &state.fenced) {
+            (None, _) => Err("the agent has not looked at the cluster yet".to_owned()),
+            (Some(_), Some(why)) => Err(format!("fenced: {why}")),
+            (Some(_), None) => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn live_while_looking_ready_while_not_fenced() {
+        let health = AgentHealth::default();
+        assert!(health.live().is_ok(), "alive before the first look");
+        assert!(health.ready().unwrap_err().contains("not looked"));
+        let start = Instant::now();
+        health.looked(start, None);
+        assert!(health.ready().is_ok());
+        assert!(health.live_at(start + STUCK_AFTER).is_ok());
+        let stuck = health.live_at(start + STUCK_AFTER + Duration::from_secs(1));
+        assert!(stuck.unwrap_err().contains("stuck"));
+        health.looked(start, Some("cut off".into()));
+        assert_eq!(health.ready().unwrap_err(), "fenced: cut off");
+    }
+}
