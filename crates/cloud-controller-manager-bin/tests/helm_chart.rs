@@ -276,6 +276,10 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
             "files/cloud-config.yaml",
             "../../../overlays/local/cloud-config.yaml",
         ),
+        (
+            "files/service-account-credentials.yaml",
+            "../../../components/service-account-credentials/rbac.yaml",
+        ),
     ] {
         let path = chart().join(link);
         assert_eq!(

@@ -393,11 +393,23 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
     let _serial = SERIAL.lock().await;
     let (_, local) = render("deploy/overlays/local");
     let (yaml, objects) = render("deploy/overlays/local-daemonset");
-    // The same RBAC and cloud-config, a DaemonSet instead of the Deployment, nothing else.
+    // The same RBAC plus the token-requesting Role (its DaemonSet runs with
+    // --use-service-account-credentials) and the same cloud-config, a DaemonSet instead of the
+    // Deployment, nothing else.
+    let component =
+        workspace_root().join("deploy/components/service-account-credentials/rbac.yaml");
+    let mut expected = shipped_rbac();
+    expected.extend(rbac_objects(&parse(
+        &std::fs::read_to_string(&component).unwrap(),
+        "the service-account-credentials component",
+    )));
+    let mut rendered = rbac_objects(&objects);
+    rendered.sort_by_key(key);
+    expected.sort_by_key(key);
     assert_eq!(
-        rbac_objects(&objects),
-        shipped_rbac(),
-        "deploy/overlays/local-daemonset: the RBAC objects differ from deploy/rbac.yaml"
+        rendered, expected,
+        "deploy/overlays/local-daemonset: the RBAC objects differ from deploy/rbac.yaml and the \
+         service-account-credentials component"
     );
     let kinds: Vec<String> = objects
         .iter()

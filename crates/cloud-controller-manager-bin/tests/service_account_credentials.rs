@@ -296,7 +296,10 @@ impl ReducedIdentity {
         test_control_plane::apply_shipped_rbac().await;
         let client = admin().await;
         let name = unique_name("ccm-no-token");
-        let rbac = std::fs::read_to_string(workspace_root().join("deploy/rbac.yaml")).unwrap();
+        let rbac = std::fs::read_to_string(
+            workspace_root().join("deploy/components/service-account-credentials/rbac.yaml"),
+        )
+        .unwrap();
         let documents: Vec<Option<Value>> = serde_saphyr::from_multiple(&rbac).unwrap();
         let mut role: Role = documents
             .into_iter()
@@ -307,7 +310,7 @@ impl ReducedIdentity {
                         == "system:cloud-controller-manager:service-account-credentials"
             })
             .map(|d| serde_json::from_value(d).unwrap())
-            .expect("deploy/rbac.yaml has the service-account-credentials Role");
+            .expect("deploy/components/service-account-credentials has the Role");
         let rules = role.rules.take().unwrap_or_default();
         let before = rules.len();
         role.rules = Some(
@@ -457,7 +460,7 @@ async fn without_the_right_to_request_tokens_the_manager_stops_at_start_naming_t
     );
     assert!(
         error.ends_with(
-            "(403 Forbidden); the manager's identity needs create on serviceaccounts/token (deploy/rbac.yaml)"
+            "(403 Forbidden); the manager's identity needs create on serviceaccounts/token (deploy/components/service-account-credentials)"
         ),
         "{error}"
     );

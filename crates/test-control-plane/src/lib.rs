@@ -247,9 +247,13 @@ pub async fn apply_shipped_rbac() {
     static APPLIED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     APPLIED
         .get_or_init(|| async {
-            let yaml = std::fs::read_to_string(workspace_root().join("deploy/rbac.yaml"))
-                .expect("deploy/rbac.yaml");
-            apply_manifest(&control_plane().admin_client().await, &yaml, false).await;
+            for file in [
+                "deploy/rbac.yaml",
+                "deploy/components/service-account-credentials/rbac.yaml",
+            ] {
+                let yaml = std::fs::read_to_string(workspace_root().join(file)).expect(file);
+                apply_manifest(&control_plane().admin_client().await, &yaml, false).await;
+            }
         })
         .await;
 }

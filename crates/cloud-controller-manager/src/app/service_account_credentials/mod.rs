@@ -50,7 +50,7 @@ pub enum CredentialsError {
     #[error(
         "--use-service-account-credentials: cannot get a token for {NAMESPACE}/{service_account}: {}{}",
         brief(source),
-        if is_forbidden(source) { "; the manager's identity needs create on serviceaccounts/token (deploy/rbac.yaml)" } else { "" }
+        if is_forbidden(source) { "; the manager's identity needs create on serviceaccounts/token (deploy/components/service-account-credentials)" } else { "" }
     )]
     Token {
         /// The ServiceAccount.
@@ -63,7 +63,7 @@ pub enum CredentialsError {
     #[error(
         "--use-service-account-credentials: cannot {verb} the ServiceAccount {NAMESPACE}/{service_account}: {}{}",
         brief(source),
-        if is_forbidden(source) { "; the manager's identity needs get and create on serviceaccounts in kube-system (deploy/rbac.yaml)" } else { "" }
+        if is_forbidden(source) { "; the manager's identity needs get and create on serviceaccounts in kube-system (deploy/components/service-account-credentials)" } else { "" }
     )]
     ServiceAccount {
         /// The ServiceAccount.
@@ -373,7 +373,7 @@ mod tests {
         );
         assert!(
             err.ends_with(
-                "; the manager's identity needs create on serviceaccounts/token (deploy/rbac.yaml)"
+                "; the manager's identity needs create on serviceaccounts/token (deploy/components/service-account-credentials)"
             ),
             "{err}"
         );
