@@ -56,8 +56,14 @@ use serving::ServerState;
 pub use serving::ServingError;
 use write_fence::WriteFence;
 
-/// How long the manager waits for the API server to answer at start.
+/// How long the manager waits at start for an API server that answers, but not as one (TLS refused,
+/// unauthorized): a wrong configuration, said after this long. One that cannot be reached at all (an
+/// outage, an upgrade) is waited for as long as it takes: a manager that exited would be restarted by
+/// the kubelet with a back-off of up to 5 minutes, and be that late when the API server comes back.
 const API_SERVER_WAIT: Duration = Duration::from_secs(30);
+
+/// How often the wait for an unreachable API server says so (it tries every second).
+const API_SERVER_WAIT_LOG_EVERY: Duration = Duration::from_secs(30);
 /// How long in-flight work may take to finish after a shutdown signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 
@@ -90,8 +96,9 @@ pub enum AppError {
     /// `--use-service-account-credentials`: a controller's ServiceAccount or its token could not be had.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
-    /// The API server did not answer.
-    #[error("cannot reach the API server at {url} within {}s: {source}", API_SERVER_WAIT.as_secs())]
+    /// The API server answered, but not as one will after a wait (TLS refused, unauthorized, not an
+    /// API server at all), for [`API_SERVER_WAIT`]. One that cannot be reached is waited for.
+    #[error("the API server at {url} did not answer as one within {}s: {source}", API_SERVER_WAIT.as_secs())]
     ApiServer {
         /// The server's URL.
         url: String,
@@ -241,12 +248,9 @@ pub async fn run(
         service_account_credentials: options.generic.use_service_account_credentials,
     };
     let client = clients.build()?;
-    wait_for_api_server(&client, &url, &shutdown).await?;
-    if shutdown.is_cancelled() {
-        return Ok(());
-    }
 
-    // The secure endpoint serves on every replica, leader or not, so probes work during standby.
+    // The secure endpoint serves on every replica, leader or not, so probes work during standby, and
+    // while the API server is away (a manager that waits for it is alive, not one to restart).
     let health = Arc::new(Health::default());
     let dry_run_view = shadow.map(|report| {
         Arc::new(ShadowView {
@@ -267,6 +271,10 @@ pub async fn run(
         }),
         shutdown.clone(),
     )?;
+    wait_for_api_server(&client, &url, &shutdown).await?;
+    if shutdown.is_cancelled() {
+        return Ok(());
+    }
 
     if dry_run_view.is_some() {
         tracing::info!(
@@ -493,29 +501,105 @@ async fn run_controllers(
     Ok(())
 }
 
+/// Whether `err` says the API server could not be reached at all (refused, reset, timed out, or an
+/// answer of 5xx while it starts), rather than that it answered in a way that waiting will not change.
+fn unreachable(err: &kube::Error) -> bool {
+    if let kube::Error::Api(status) = err {
+        return status.code >= 500;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            if matches!(
+                io.kind(),
+                ConnectionRefused
+                    | ConnectionReset
+                    | ConnectionAborted
+                    | TimedOut
+                    | HostUnreachable
+                    | NetworkUnreachable
+                    | NotConnected
+                    | UnexpectedEof
+                    | BrokenPipe
+            ) {
+                return true;
+            }
+        }
+        if error.is::<tokio::time::error::Elapsed>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
+}
+
 async fn wait_for_api_server(
     client: &kube::Client,
     url: &str,
     shutdown: &CancellationToken,
 ) -> Result<(), AppError> {
-    let deadline = tokio::time::Instant::now() + API_SERVER_WAIT;
+    let started = tokio::time::Instant::now();
+    let mut said: Option<tokio::time::Instant> = None;
     loop {
         match client.apiserver_version().await {
             Ok(version) => {
                 tracing::info!(server = url, version = %version.git_version, "connected to the API server");
                 return Ok(());
             }
-            Err(source) if tokio::time::Instant::now() >= deadline => {
+            Err(source) if !unreachable(&source) && started.elapsed() >= API_SERVER_WAIT => {
                 return Err(AppError::ApiServer {
                     url: url.to_owned(),
                     source,
                 });
             }
-            Err(err) => tracing::info!(server = url, error = %err, "waiting for the API server"),
+            Err(err) => {
+                if said.is_none_or(|at| at.elapsed() >= API_SERVER_WAIT_LOG_EVERY) {
+                    tracing::info!(server = url, error = %err, waited = ?started.elapsed(), "waiting for the API server");
+                    said = Some(tokio::time::Instant::now());
+                }
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod api_server_wait_tests {
+    use super::unreachable;
+
+    fn status(code: u16) -> kube::Error {
+        kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"code": code, "message": "x"})).unwrap(),
+        ))
+    }
+
+    fn io(kind: std::io::ErrorKind) -> kube::Error {
+        kube::Error::Service(Box::new(std::io::Error::from(kind)))
+    }
+
+    /// An API server that cannot be reached is waited for; one that answers wrongly is not.
+    #[test]
+    fn unreachable_means_no_answer_or_a_5xx() {
+        use std::io::ErrorKind::*;
+        for kind in [
+            ConnectionRefused,
+            ConnectionReset,
+            TimedOut,
+            HostUnreachable,
+        ] {
+            assert!(unreachable(&io(kind)), "{kind:?}");
+        }
+        assert!(unreachable(&status(503)));
+        assert!(!unreachable(&status(401)));
+        assert!(!unreachable(&status(403)));
+        assert!(!unreachable(&io(InvalidData)), "a TLS failure is no outage");
+        assert!(
+            !unreachable(&io(Other)),
+            "a name that does not resolve is no outage"
+        );
     }
 }
