@@ -223,6 +223,16 @@ fn assert_same(actual: &[Value], expected: &[Value], what: &str) {
     assert!(actual == expected, "{what}:\n{}", explain());
 }
 
+/// The objects of `deploy/components/service-account-credentials` (the chart renders them with
+/// `useServiceAccountCredentials`).
+fn service_account_credentials_rbac() -> Vec<Value> {
+    let path = chart().join("files/service-account-credentials.yaml");
+    parse(
+        &std::fs::read_to_string(&path).unwrap(),
+        "the service-account-credentials component",
+    )
+}
+
 /// The one Deployment or DaemonSet among `objects`.
 fn workload(objects: &mut [Value]) -> &mut Value {
     let mut found = objects
@@ -542,12 +552,19 @@ fn kind_defaults_and_scheduling_overrides_change_only_their_fields() {
             let args = args(objects);
             let at = args.iter().position(|a| *a == cluster_cidr).unwrap() + 1;
             args.splice(at..at, extra.clone());
+            // With the flag, the Role that requests the controllers' tokens, and its binding.
+            objects.extend(service_account_credentials_rbac());
+            objects.sort_by_key(key);
         },
     );
     assert_override(
         &daemonset,
         &["--set", "useServiceAccountCredentials=false"],
-        |objects| args(objects).retain(|a| *a != extra[0]),
+        |objects| {
+            args(objects).retain(|a| *a != extra[0]);
+            let theirs: Vec<_> = service_account_credentials_rbac().iter().map(key).collect();
+            objects.retain(|o| !theirs.contains(&key(o)));
+        },
     );
     assert_override(
         &daemonset,
