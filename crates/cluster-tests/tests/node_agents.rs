@@ -687,16 +687,13 @@ fn requests_for(vip: IpAddr, length: Duration) -> tokio::task::JoinHandle<(Vec<S
     })
 }
 
-/// The API server frozen for 40 s while a client asks a VIP every 100 ms: the agents hear each other
-/// over their membership protocol, so no node's VIPs are taken off (before it, every request in the
-/// outage failed). Afterwards the cluster converges: a Service created right after gets its VIP.
-#[tokio::test]
-async fn traffic_outlives_a_frozen_api_server() {
-    let c = cluster();
-    c.ensure_manager(ManagerForm::Agents).await;
-    let _client = Client::new();
+/// The agents deployed, the client's namespace, and a namespace `prefix-…` with three echo pods behind
+/// a LoadBalancer Service whose VIP answers the client.
+async fn one_vip_served(prefix: &str) -> (Client, cluster_tests::Namespace, IpAddr) {
+    cluster().ensure_manager(ManagerForm::Agents).await;
+    let client = Client::new();
     let ns = deploy(
-        "agents-outage",
+        prefix,
         &[
             echo_app("echo", 3, true, None),
             load_balancer("web", "echo", "", ""),
@@ -708,6 +705,16 @@ async fn traffic_outlives_a_frozen_api_server() {
         Client::get(vip).ok()
     })
     .await;
+    (client, ns, vip)
+}
+
+/// The API server frozen for 40 s while a client asks a VIP every 100 ms: the agents hear each other
+/// over their membership protocol, so no node's VIPs are taken off (before it, every request in the
+/// outage failed). Afterwards the cluster converges: a Service created right after gets its VIP.
+#[tokio::test]
+async fn traffic_outlives_a_frozen_api_server() {
+    let c = cluster();
+    let (_client, ns, vip) = one_vip_served("agents-outage").await;
     // Every agent hears the two others before the outage.
     for node in c.nodes() {
         let node = &node;
@@ -864,21 +871,7 @@ async fn an_agent_may_write_only_its_own_heartbeat() {
 #[tokio::test]
 async fn an_agents_endpoint_is_local_and_capped() {
     let c = cluster();
-    c.ensure_manager(ManagerForm::Agents).await;
-    let _client = Client::new();
-    let ns = deploy(
-        "agents-endpoint",
-        &[
-            echo_app("echo", 3, true, None),
-            load_balancer("web", "echo", "", ""),
-        ],
-    )
-    .await;
-    let (vip, _) = ingress(ns.name(), "web").await;
-    eventually(&format!("{vip} answers the client"), LONG, || async move {
-        Client::get(vip).ok()
-    })
-    .await;
+    let (_client, _ns, vip) = one_vip_served("agents-endpoint").await;
     let holder = holders(vip).pop().expect("a node holds the VIP");
     let from_outside = Client::exec(&[
         "curl",
