@@ -46,7 +46,7 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// The most connections open at once from one address.
 pub const MAX_CONNECTIONS_PER_ADDRESS: usize = 128;
 
-/// The limits a [`GuardedAcceptor`] enforces.
+/// The limits on an endpoint's connections (the secure endpoint's, [`serve_plain_http`]'s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
     /// A connection on which no byte moves for this long is closed.

@@ -97,7 +97,7 @@ pub enum AppError {
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
     /// The API server answered, but not as one will after a wait (TLS refused, unauthorized, not an
-    /// API server at all), for [`API_SERVER_WAIT`]. One that cannot be reached is waited for.
+    /// API server at all), for 30 s. One that cannot be reached is waited for.
     #[error("the API server at {url} did not answer as one within {}s: {source}", API_SERVER_WAIT.as_secs())]
     ApiServer {
         /// The server's URL.
