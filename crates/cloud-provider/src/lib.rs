@@ -79,6 +79,7 @@ mod registry;
 mod routes;
 pub mod service_helpers;
 mod watch;
+mod watch_retry;
 mod zones;
 
 #[cfg(feature = "conformance")]
@@ -99,6 +100,7 @@ pub use registry::{
 };
 pub use routes::{Route, Routes};
 pub use watch::{panic_message, watch_cloud_config};
+pub use watch_retry::{WATCH_RETRY_FIRST, WATCH_RETRY_MAX, watch_retry_backoff};
 pub use zones::{Zone, Zones};
 
 /// The `#[async_trait]` attribute the provider traits are written with, so a provider needs no

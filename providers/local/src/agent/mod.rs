@@ -624,8 +624,13 @@ where
 {
     let (store, writer) = reflector::store();
     let changed = changed.clone();
-    let stream =
-        reflector::reflector(writer, watcher(api, config).default_backoff()).touched_objects();
+    let stream = reflector::reflector(
+        writer,
+        // Retried within 5 s, not kube-runtime's default 30 s: after a long API-server outage the
+        // agents see the changes made since within seconds of its end.
+        watcher(api, config).backoff(cloud_provider::watch_retry_backoff()),
+    )
+    .touched_objects();
     tokio::spawn(drive(stream, changed));
     store
 }
