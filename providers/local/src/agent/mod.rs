@@ -137,14 +137,19 @@ pub struct AgentFlags {
     #[arg(long, value_name = "PATH")]
     pub membership_key_file: Option<std::path::PathBuf>,
     /// The UDP port of the membership protocol, on the node's InternalIP.
-    #[arg(long, default_value_t = 10265, value_name = "PORT")]
+    #[arg(
+        long,
+        default_value_t = 10265,
+        value_name = "PORT",
+        requires = "membership_key_file"
+    )]
     pub membership_port: u16,
     /// How often each agent probes another one over the membership protocol.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_probe_interval: Duration,
     /// How long an agent that answers no probe is suspected before it is declared down (and its
     /// VIPs move).
-    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_suspicion_timeout: Duration,
     /// Where /metrics (the data plane's, per listener), /healthz and /readyz are served, over plain
     /// HTTP: the node's loopback by default (the agents run on the host network: only the node's own
@@ -460,7 +465,20 @@ pub async fn run(
         retry_at: HashMap::new(),
         failing: HashMap::new(),
     };
+    let mut failure = None;
     while !shutdown.is_cancelled() {
+        // The membership protocol's task ends only with `shutdown`: one that ended otherwise (a
+        // panic) stops the agent, loudly, rather than leave it judging by a view that no longer moves.
+        if agent.membership.as_ref().is_some_and(Membership::ended) {
+            failure = Some(Error::Flag(
+                "the membership protocol's task ended unexpectedly (see the log above); the agent \
+                 stops so that its pod restarts"
+                    .to_owned(),
+            ));
+            // The heartbeat's task and the data plane stop with it, as on a signal.
+            shutdown.cancel();
+            break;
+        }
         let now = Instant::now();
         let self_fresh = now.saturating_duration_since(*lock(&renewed)) < settings.heartbeat;
         let next = agent
@@ -489,7 +507,10 @@ pub async fn run(
         membership.stopped().await;
     }
     cloud.inner.data_plane.shutdown().await;
-    Ok(())
+    match failure {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 /// Starts the membership protocol on the node's InternalIP.
@@ -1114,6 +1135,56 @@ mod tests {
             let err = bad.check().unwrap_err().to_string();
             assert!(err.contains(expected), "{err}");
         }
+    }
+
+    /// A membership setting without the key is refused, not ignored; a key file that cannot be read or
+    /// is too short is named with what to do.
+    #[test]
+    fn membership_settings_need_a_key_and_a_good_one() {
+        use cloud_provider::clap::Parser;
+        for flag in [
+            "--membership-port=10266",
+            "--membership-probe-interval=100ms",
+            "--membership-suspicion-timeout=1s",
+        ] {
+            let err = AgentFlags::try_parse_from(["local-agent", "--node-name=n", flag])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("--membership-key-file"), "{flag}: {err}");
+        }
+        let flags = AgentFlags::try_parse_from([
+            "local-agent",
+            "--node-name=n",
+            "--membership-key-file=/nonexistent/key",
+            "--membership-port=10266",
+        ])
+        .unwrap();
+        let membership = flags.settings().membership.unwrap();
+        assert_eq!(membership.port, 10266);
+        let err = membership.key().unwrap_err().to_string();
+        assert!(
+            err.starts_with("--membership-key-file /nonexistent/key: cannot read it"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("key");
+        std::fs::write(&short, "too short\n").unwrap();
+        let err = MembershipFlags {
+            key_file: short.clone(),
+            ..membership.clone()
+        }
+        .key()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("the key has 9 bytes; at least 16"), "{err}");
+        std::fs::write(&short, "0123456789abcdef0123456789abcdef\n").unwrap();
+        let key = MembershipFlags {
+            key_file: short,
+            ..membership
+        }
+        .key()
+        .unwrap();
+        assert_eq!(key.len(), 32, "the trailing newline is not part of the key");
     }
 
     #[tokio::test]

@@ -138,6 +138,11 @@ impl Membership {
         let _ = self.join.send(peers);
     }
 
+    /// Whether the protocol's task has ended (it ends only with `shutdown`, or by a panic).
+    pub(crate) fn ended(&self) -> bool {
+        self.task.is_finished()
+    }
+
     /// Waits for the task (after `shutdown` was cancelled); says so if it had ended on its own.
     pub(crate) async fn stopped(self) {
         if let Err(err) = self.task.await {
@@ -382,8 +387,11 @@ mod tests {
         assert!(mallory.membership.view().members.is_empty());
         assert!(a.metrics.membership_dropped_total("bad_mac") > 0);
         // `c` stops for good (killed: no goodbye): declared down by the others.
-        c.stop.cancel();
+        assert!(!c.membership.ended());
         c.membership.task.abort();
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(c.membership.ended(), "an aborted task is seen as ended");
         let killed = Instant::now();
         until(&a, "c declared down", |v| names(v) == ["b"]).await;
         until(&b, "c declared down", |v| names(v) == ["a"]).await;
