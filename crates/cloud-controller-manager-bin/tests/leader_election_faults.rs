@@ -7,7 +7,6 @@ mod support;
 
 use std::{
     net::{IpAddr, Ipv4Addr},
-    process::Command,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -127,38 +126,6 @@ async fn a_leader_cut_off_silently_stops_writing_at_its_deadline_and_a_standby_t
     );
 }
 
-/// Stops (SIGSTOP) the test control plane's kube-apiserver; continues it when dropped.
-struct FrozenApiServer(u32);
-
-impl FrozenApiServer {
-    fn freeze() -> Self {
-        let pid: u32 =
-            std::fs::read_to_string(control_plane().dir().join("run/kube-apiserver.pid"))
-                .unwrap()
-                .trim()
-                .parse()
-                .unwrap();
-        assert!(
-            Command::new("kill")
-                .arg("-STOP")
-                .arg(pid.to_string())
-                .status()
-                .unwrap()
-                .success()
-        );
-        Self(pid)
-    }
-}
-
-impl Drop for FrozenApiServer {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .arg("-CONT")
-            .arg(self.0.to_string())
-            .status();
-    }
-}
-
 /// A frozen API server accepts connections and answers nothing: the leader's renewal hangs. It must
 /// give up at its deadline and exit 1, and a standby leads once the API server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +140,7 @@ async fn a_leader_whose_api_server_freezes_exits_at_its_deadline() {
     tokio::time::sleep(RETRY_PERIOD * 2).await;
 
     let frozen_at = Instant::now();
-    let frozen = FrozenApiServer::freeze();
+    let frozen = control_plane().freeze_api_server();
     let (code, exited_after) = exit_after(
         &mut leader,
         frozen_at,

@@ -193,6 +193,9 @@ impl CloudProvider for MeteredCloud {
     fn has_cluster_id(&self) -> bool {
         self.inner.has_cluster_id()
     }
+    fn rides_out_api_outages(&self) -> bool {
+        self.inner.rides_out_api_outages()
+    }
 }
 
 #[async_trait]

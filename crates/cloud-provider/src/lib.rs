@@ -66,6 +66,7 @@
 //! # assert!(cloud.instances_v2().is_some() && cloud.load_balancer().is_none());
 //! ```
 
+pub mod api_outage;
 mod clusters;
 pub mod config_values;
 mod error;
@@ -85,6 +86,7 @@ mod zones;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 
+pub use api_outage::{ApiOutage, ApiOutageReport};
 pub use clusters::Clusters;
 pub use error::{BoxError, CloudError, CloudResult};
 pub use helpers::{

@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Zones};
+use crate::{
+    ApiOutage, CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Zones,
+};
 
 /// What the manager hands a provider in [`CloudProvider::initialize`].
 #[derive(Clone)]
@@ -13,6 +15,9 @@ pub struct InitializeContext {
     pub client: kube::Client,
     /// Cancelled when the manager shuts down (or loses leadership); stop background work then.
     pub shutdown: CancellationToken,
+    /// Whether the leader is riding out an outage of the API server, for a provider that
+    /// [rides them out](CloudProvider::rides_out_api_outages); never, for the others.
+    pub api_outage: ApiOutage,
 }
 
 /// A cloud: the entry point of a provider.
@@ -85,6 +90,15 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// `--allow-untagged-cloud` is set.
     fn has_cluster_id(&self) -> bool {
         true
+    }
+
+    /// Whether the leader should ride out an API server it cannot reach instead of exiting at its renew
+    /// deadline (see [`crate::api_outage`]). `false`, upstream's behaviour, suits a provider whose data
+    /// plane is the cloud's; answer `true` when the manager's own process carries traffic, and watch
+    /// [`InitializeContext::api_outage`] to step down when another replica serves. Asked once, before
+    /// [`CloudProvider::initialize`].
+    fn rides_out_api_outages(&self) -> bool {
+        false
     }
 
     /// Adds the provider's own metrics to the manager's `/metrics` (for example its cloud API throttling

@@ -114,6 +114,22 @@ impl ControlPlane {
         self.component("start", name);
     }
 
+    /// Freezes the kube-apiserver (SIGSTOP): it keeps its connections and answers nothing, as a hung
+    /// API server or a silent network does. It continues (SIGCONT) when the guard is dropped, also when
+    /// the test panics.
+    pub fn freeze_api_server(&self) -> FrozenApiServer {
+        let pid_file = self.dir.join("run/kube-apiserver.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", pid_file.display()));
+        let pid = pid.trim().to_owned();
+        let stopped = Command::new("kill").args(["-STOP", &pid]).status();
+        assert!(
+            stopped.as_ref().is_ok_and(|s| s.success()),
+            "kill -STOP {pid} (the kube-apiserver): {stopped:?}"
+        );
+        FrozenApiServer(pid)
+    }
+
     fn component(&self, verb: &str, name: &str) {
         let script = workspace_root().join("hack/control-plane");
         let output = Command::new(&script)
@@ -128,6 +144,15 @@ impl ControlPlane {
             self.dir.display(),
             String::from_utf8_lossy(&output.stderr)
         );
+    }
+}
+
+/// The kube-apiserver frozen by [`ControlPlane::freeze_api_server`], until this is dropped.
+pub struct FrozenApiServer(String);
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-CONT", &self.0]).status();
     }
 }
 

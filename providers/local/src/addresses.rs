@@ -62,6 +62,8 @@ pub(crate) struct AddressManager {
     worker: Mutex<Option<mpsc::UnboundedSender<Job>>>,
     /// Sends a round of announcements ([`announce::announce`]; another function in tests).
     announce: announce::Announce,
+    /// What the `vip-netlink` thread has put on the interface (or taken over), as of its last job.
+    held: std::sync::Arc<Mutex<BTreeSet<IpAddr>>>,
 }
 
 /// What a job ended with: for an add, the warning of a VIP put on but not announced.
@@ -116,6 +118,7 @@ impl AddressManager {
             interface,
             worker: Mutex::new(None),
             announce: announce::announce,
+            held: Default::default(),
         }
     }
 
@@ -129,6 +132,11 @@ impl AddressManager {
     /// The interface the VIPs go on.
     pub(crate) fn interface(&self) -> &str {
         &self.interface
+    }
+
+    /// The VIPs on the interface now, as this manager put them there (or took them over).
+    pub(crate) fn held(&self) -> BTreeSet<IpAddr> {
+        lock(&self.held).clone()
     }
 
     /// Whether `ip` is one this manager puts on the interface.
@@ -232,6 +240,7 @@ impl AddressManager {
             announce: self.announce,
             repeats: BTreeMap::new(),
             warned: BTreeSet::new(),
+            held: self.held.clone(),
         };
         std::thread::Builder::new()
             .name("vip-netlink".to_owned())
@@ -259,6 +268,8 @@ struct Worker {
     /// The VIPs whose announcement failed and was logged as a warning (once per VIP; again only after
     /// one was sent).
     warned: BTreeSet<IpAddr>,
+    /// `added`, for [`AddressManager::held`]: updated after every job.
+    held: std::sync::Arc<Mutex<BTreeSet<IpAddr>>>,
 }
 
 impl Worker {
@@ -298,6 +309,7 @@ impl Worker {
                         continue;
                     }
                 };
+                lock(&self.held).clone_from(&self.added);
                 reply.send(result);
             }
         });
@@ -1296,6 +1308,7 @@ mod tests {
             announce: announce_without_cap_net_raw,
             repeats: BTreeMap::new(),
             warned: BTreeSet::new(),
+            held: Default::default(),
         };
         let (a, b) = (ip("198.51.100.204"), ip("2001:db8::204"));
         tracing::subscriber::with_default(subscriber, || {

@@ -18,6 +18,8 @@ mod addresses;
 pub mod agent;
 mod announce;
 mod config;
+mod conflict;
+mod heard;
 pub mod instances;
 pub mod load_balancer;
 mod watcher;
@@ -506,6 +508,64 @@ impl LocalCloud {
     }
 }
 
+impl LocalCloud {
+    /// While the leader rides out an outage of the API server, watches the VIP interface for another
+    /// host claiming one of its VIPs ([`conflict`]): a replica that took the Lease over serves them
+    /// now, and this one steps down (the manager exits, its VIPs come off). Loopback VIPs only (no
+    /// `vipInterface`): no other host can serve them, nothing to watch.
+    ///
+    /// A leader that cannot watch (no `CAP_NET_RAW`, the interface gone) steps down at once rather than
+    /// risk serving beside the next leader.
+    fn step_down_on_claims(
+        &self,
+        mut outage: cloud_provider::ApiOutage,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let Some(addresses) = &self.inner.addresses else {
+            return;
+        };
+        let interface = addresses.interface().to_owned();
+        let inner = self.inner.clone();
+        // Ends with `shutdown`, or when it stepped down (which shuts the manager down).
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = outage.wait_until(true) => {}
+                    () = shutdown.cancelled() => return,
+                }
+                let defended = inner.clone();
+                let watch = conflict::ConflictWatch::start(&interface, move || {
+                    defended
+                        .addresses
+                        .as_ref()
+                        .map(|a| a.held())
+                        .unwrap_or_default()
+                });
+                let mut watch = match watch {
+                    Ok(watch) => watch,
+                    Err(err) => {
+                        outage.step_down(format!(
+                            "cannot watch {interface} for another replica serving the VIPs ({err}): stepping down rather than risk serving beside it"
+                        ));
+                        return;
+                    }
+                };
+                tracing::warn!(%interface, "local cloud: riding out the API server's outage with the last configuration; probing {interface} every {:?} for another replica serving the VIPs", conflict::PROBE_INTERVAL);
+                tokio::select! {
+                    claim = watch.claim() => {
+                        outage.step_down(format!("another replica serves the VIPs now: {claim} on {interface}"));
+                        return;
+                    }
+                    () = outage.wait_until(false) => {
+                        tracing::info!(%interface, "local cloud: the lease is renewed; no longer probing for another replica");
+                    }
+                    () = shutdown.cancelled() => return,
+                }
+            }
+        });
+    }
+}
+
 #[async_trait]
 impl CloudProvider for LocalCloud {
     /// Reserves every VIP that a LoadBalancer Service's status carries (so no restart hands a taken
@@ -515,7 +575,14 @@ impl CloudProvider for LocalCloud {
         self.reserve_published_addresses(&ctx.client).await?;
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         self.stop_serving_on(ctx.shutdown.clone());
+        self.step_down_on_claims(ctx.api_outage.clone(), ctx.shutdown.clone());
         Ok(())
+    }
+
+    /// In leader mode the data plane runs in the manager's process: the leader keeps serving while it
+    /// rides out an API server it cannot reach (and steps down as soon as another replica serves).
+    fn rides_out_api_outages(&self) -> bool {
+        self.inner.load_balancer_in_force.mode == LoadBalancerMode::Leader
     }
 
     /// A node without a provider ID is this cloud's unless its inventory ignores it (no machine name,

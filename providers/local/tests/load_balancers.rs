@@ -461,6 +461,7 @@ async fn a_restarted_manager_keeps_every_vip() {
         cloud_provider::InitializeContext {
             client: admin().await,
             shutdown: stop.clone(),
+            api_outage: cloud_provider::ApiOutage::never(),
         },
     )
     .await
@@ -919,3 +920,75 @@ async fn with_node_agents_a_service_no_live_agent_serves_gets_a_warning_event() 
         .unwrap();
     s.finish().await;
 }
+
+/// Issue #47, leader mode: the data plane runs in the manager's process. With the API server frozen
+/// well past the Lease's renew deadline and its duration, the leader stops writing but rides the outage
+/// out instead of exiting: its VIP answers every request throughout. Once the API server is back it
+/// renews its Lease (nobody could take it), and writes again: a new Service gets its VIP.
+#[tokio::test]
+async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout() {
+    let _serial = SERIAL.lock().await;
+    let id = 16;
+    let np: Vec<u16> = (0..2).map(|n| Scenario::node_port(id, n)).collect();
+    let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(admin().await, "kube-system");
+    let _ = leases
+        .delete("cloud-controller-manager", &DeleteParams::default())
+        .await;
+    let s = Scenario::start_with(
+        id,
+        1,
+        &np,
+        &[],
+        "",
+        &[
+            "--leader-elect=true",
+            "--leader-elect-lease-duration=4s",
+            "--leader-elect-renew-deadline=3s",
+            "--leader-elect-retry-period=1s",
+        ],
+    )
+    .await;
+    let vip = s.service("served", &[(18080, "TCP", np[0])], json!({})).await;
+    connect(vip, 18080).await.expect("served before the freeze");
+    let holder = |lease: k8s_openapi::api::coordination::v1::Lease| {
+        lease.spec.and_then(|spec| spec.holder_identity)
+    };
+    let leader = holder(leases.get("cloud-controller-manager").await.unwrap());
+    assert!(leader.is_some(), "the manager leads");
+
+    // Frozen for the renew deadline, the lease duration and 5 s more: a connection every 100 ms.
+    let frozen = test_control_plane::control_plane().freeze_api_server();
+    let until = std::time::Instant::now() + Duration::from_secs(12);
+    let (mut tried, mut failed) = (0, Vec::new());
+    while std::time::Instant::now() < until {
+        tried += 1;
+        if let Err(err) = tokio::time::timeout(Duration::from_secs(1), connect(vip, 18080))
+            .await
+            .map_err(|_| "no answer within 1 s".to_owned())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            failed.push(err);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(s.manager().is_running(), "the leader rides the outage out");
+    drop(frozen);
+    assert!(
+        failed.is_empty(),
+        "{} of {tried} connections failed while the API server was frozen: {failed:?}",
+        failed.len()
+    );
+
+    // Back: the same leader renews, and writes again.
+    let second = s.service("after", &[(18081, "TCP", np[1])], json!({})).await;
+    connect(second, 18081).await.expect("the new Service is served");
+    assert_eq!(
+        holder(leases.get("cloud-controller-manager").await.unwrap()),
+        leader,
+        "the Lease is still the same leader's"
+    );
+    assert!(s.manager().is_running());
+    s.finish().await;
+}
+

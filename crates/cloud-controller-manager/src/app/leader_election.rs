@@ -15,7 +15,17 @@
 //!   leader that lost contact believing it leads; upstream bounds its renewals by the renew deadline
 //!   too. Meanwhile the [`WriteFence`] stops the controllers' writes at the deadline itself;
 //! - **release** on graceful shutdown: the holder is cleared, so another replica takes over at once
-//!   (upstream's manager waits out the lease instead).
+//!   (upstream's manager waits out the lease instead);
+//! - **riding out** (ours; only for a provider that
+//!   [rides out API outages](cloud_provider::CloudProvider::rides_out_api_outages)): a leader whose last
+//!   renewals failed because the API server could not be *reached* (no answer, refused, reset, a 5xx)
+//!   does not exit at its renew deadline. Its writes stop there all the same; it keeps trying every
+//!   retry period, tells the provider ([`cloud_provider::ApiOutage`]), and when the API server answers
+//!   it renews if the Lease is still its own, or exits if another replica holds it. Nobody can have
+//!   taken the Lease without reaching the API server, and the resourceVersion of the renewal makes any
+//!   write in between a conflict, so a renewal after riding out never overlaps another leader's term.
+//!   Another replica that could reach the API server takes the Lease once it expires and starts serving;
+//!   the provider hears that and steps down ([`cloud_provider::ApiOutage::step_down`]).
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
@@ -31,6 +41,8 @@ use kube::{
 };
 use tokio_util::sync::CancellationToken;
 
+use cloud_provider::ApiOutageReport;
+
 use super::{options::LeaderElectionOptions, write_fence::WriteFence};
 
 /// How long past the lease duration the watchdog tolerates a leader that has not renewed (upstream's
@@ -39,15 +51,63 @@ const WATCHDOG_SLACK: Duration = Duration::from_secs(20);
 
 /// The leader lost its lease.
 #[derive(Debug, thiserror::Error)]
-#[error(
-    "leaderelection lost: lease {namespace}/{name} was not renewed within the renew deadline of {deadline:?} (last renewed {:.1}s ago)",
-    since_renewal.as_secs_f64()
-)]
-pub struct LeadershipLost {
-    namespace: String,
-    name: String,
-    since_renewal: Duration,
-    deadline: Duration,
+pub enum LeadershipLost {
+    /// No renewal succeeded within the renew deadline (and the API server answered, or the provider
+    /// does not ride outages out).
+    #[error(
+        "leaderelection lost: lease {namespace}/{name} was not renewed within the renew deadline of {deadline:?} (last renewed {:.1}s ago)",
+        since_renewal.as_secs_f64()
+    )]
+    NotRenewed {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        name: String,
+        /// Since the start of the last successful renewal.
+        since_renewal: Duration,
+        /// `--leader-elect-renew-deadline`.
+        deadline: Duration,
+    },
+    /// The API server answered after the leader rode out an outage, and the Lease is another's.
+    #[error(
+        "leaderelection lost: lease {namespace}/{name} was taken over while the API server could not be reached (riding out for {:.1}s)",
+        riding_out_for.as_secs_f64()
+    )]
+    TakenOver {
+        /// The Lease's namespace.
+        namespace: String,
+        /// The Lease's name.
+        name: String,
+        /// How long the leader had ridden the outage out.
+        riding_out_for: Duration,
+    },
+    /// The provider stepped down while the leader rode out an outage (another replica serves).
+    #[error("leaderelection lost: stepped down while riding out the API server's outage: {reason}")]
+    SteppedDown {
+        /// What the provider said.
+        reason: String,
+    },
+}
+
+/// Why the last renewal attempt failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// No attempt failed yet within this renewal.
+    None,
+    /// The API server answered: another candidate holds the Lease, or a conflicting write.
+    HeldByAnother,
+    /// The API server answered with an error that waiting will not change (401, 403, ...).
+    Refused,
+    /// No answer, refused or reset connections, a 5xx: the API server could not be reached.
+    Unreachable,
+}
+
+/// How riding out an outage ended.
+enum RideOut {
+    /// The Lease was renewed: lead on.
+    Renewed,
+    /// `stop` was cancelled.
+    Stopped,
 }
 
 /// What was last seen of the Lease, and when (local time).
@@ -72,6 +132,11 @@ pub struct LeaderElector {
     /// When the last successful acquire or renew attempt started (what the fence counts from).
     last_renewal: Mutex<Option<Instant>>,
     fence: WriteFence,
+    /// For a provider that rides out API outages: what it is told.
+    outage: Option<ApiOutageReport>,
+    /// While riding out: when it started, and when the last attempt to renew ended (the watchdog's
+    /// sign that renewing goes on).
+    riding_out: Mutex<Option<(Instant, Instant)>>,
 }
 
 fn whole_seconds(duration: Duration) -> i32 {
@@ -108,7 +173,16 @@ impl LeaderElector {
             observed: Mutex::default(),
             last_renewal: Mutex::default(),
             fence,
+            outage: None,
+            riding_out: Mutex::default(),
         }
+    }
+
+    /// This candidate, which rides out an API server it cannot reach at its renew deadline instead of
+    /// losing leadership, telling the provider through `report` (see the module's documentation).
+    pub fn riding_out_outages(mut self, report: ApiOutageReport) -> Self {
+        self.outage = Some(report);
+        self
     }
 
     /// The fence this candidate opens while it leads: give it to every client that writes on the
@@ -153,36 +227,130 @@ impl LeaderElector {
     }
 
     /// Renews the Lease every retry period until `stop` is cancelled (`Ok`), or until leadership is
-    /// lost (`Err`): no renewal succeeded within the renew deadline of the last one. The write fence
-    /// is closed before this returns an error.
+    /// lost (`Err`): no renewal succeeded within the renew deadline of the last one (unless the API
+    /// server could not be reached and this candidate rides outages out: then until the API server
+    /// says another holds the Lease, or the provider steps down). The write fence is closed before
+    /// this returns an error.
     pub async fn keep_renewing(&self, stop: &CancellationToken) -> Result<(), LeadershipLost> {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(self.retry_period) => {}
                 () = stop.cancelled() => return Ok(()),
+                reason = self.stepped_down() => return Err(self.stepped_down_lost(reason)),
             }
+            let mut failure = Failure::None;
             loop {
                 let Some(deadline) = self
                     .fence
                     .valid_until()
                     .filter(|deadline| *deadline > Instant::now())
                 else {
+                    if failure == Failure::Unreachable && self.outage.is_some() {
+                        match self.ride_out(stop).await? {
+                            RideOut::Renewed => break,
+                            RideOut::Stopped => return Ok(()),
+                        }
+                    }
                     return Err(self.lost());
                 };
                 match self.attempt(deadline - Instant::now()).await {
                     Ok(true) => break,
                     // Held by another candidate, or a conflicting write: as upstream, keep trying
                     // until the deadline (the fence closes then in any case).
-                    Ok(false) => tracing::warn!("failed to renew lease: held by another candidate"),
-                    Err(err) => tracing::warn!(error = %err, "failed to renew lease"),
+                    Ok(false) => {
+                        failure = Failure::HeldByAnother;
+                        tracing::warn!("failed to renew lease: held by another candidate");
+                    }
+                    Err(err) => {
+                        failure = if err.unreachable() {
+                            Failure::Unreachable
+                        } else {
+                            Failure::Refused
+                        };
+                        tracing::warn!(error = %err, "failed to renew lease");
+                    }
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 tokio::select! {
                     () = tokio::time::sleep(self.retry_period.min(left)) => {}
                     () = stop.cancelled() => return Ok(()),
+                    reason = self.stepped_down() => return Err(self.stepped_down_lost(reason)),
                 }
             }
         }
+    }
+
+    /// Rides out an API server that could not be reached past the renew deadline: the fence is
+    /// closed, the provider is told, and renewal is tried every retry period until it succeeds (the
+    /// Lease was still this candidate's), the API server says another holds it, answers with an error
+    /// waiting will not change, the provider steps down, or `stop` is cancelled.
+    async fn ride_out(&self, stop: &CancellationToken) -> Result<RideOut, LeadershipLost> {
+        self.fence.close();
+        let started = Instant::now();
+        *self.riding_out.lock() = Some((started, started));
+        let report = self.outage.as_ref();
+        if let Some(report) = report {
+            report.set_riding_out(true);
+        }
+        tracing::warn!(
+            lease = %format!("{}/{}", self.namespace, self.name),
+            deadline = ?self.renew_deadline,
+            "the API server could not be reached to renew the lease within the renew deadline: writes stop, the provider keeps serving, and renewal goes on until the API server answers"
+        );
+        let ended = loop {
+            tokio::select! {
+                () = tokio::time::sleep(jittered(self.retry_period)) => {}
+                () = stop.cancelled() => break Ok(RideOut::Stopped),
+                reason = self.stepped_down() => break Err(self.stepped_down_lost(reason)),
+            }
+            let result = self.attempt(self.renew_deadline).await;
+            if let Some((_, last)) = self.riding_out.lock().as_mut() {
+                *last = Instant::now();
+            }
+            match result {
+                Ok(true) => {
+                    tracing::info!(
+                        riding_out_for = ?started.elapsed(),
+                        "the API server answers and the lease was still ours: renewed, writes resume"
+                    );
+                    break Ok(RideOut::Renewed);
+                }
+                Ok(false) => {
+                    self.fence.close();
+                    break Err(LeadershipLost::TakenOver {
+                        namespace: self.namespace.clone(),
+                        name: self.name.clone(),
+                        riding_out_for: started.elapsed(),
+                    });
+                }
+                Err(err) if err.unreachable() => {
+                    tracing::debug!(error = %err, "still riding out: the API server cannot be reached");
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "the API server answers but refused the renewal");
+                    break Err(self.lost());
+                }
+            }
+        };
+        *self.riding_out.lock() = None;
+        if let Some(report) = report {
+            report.set_riding_out(false);
+        }
+        ended
+    }
+
+    /// Waits until the provider steps down (never, for one that does not ride outages out).
+    async fn stepped_down(&self) -> String {
+        match &self.outage {
+            Some(report) => report.stepped_down().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Closes the fence for a provider that stepped down.
+    fn stepped_down_lost(&self, reason: String) -> LeadershipLost {
+        self.fence.close();
+        LeadershipLost::SteppedDown { reason }
     }
 
     /// One acquire or renew attempt, given up after `within`. On success the fence opens for the renew
@@ -207,7 +375,7 @@ impl LeaderElector {
     fn lost(&self) -> LeadershipLost {
         self.fence.close();
         let last = *self.last_renewal.lock();
-        LeadershipLost {
+        LeadershipLost::NotRenewed {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
             since_renewal: last.map(|at| at.elapsed()).unwrap_or_default(),
@@ -239,8 +407,21 @@ impl LeaderElector {
     }
 
     /// The `leaderElection` health check: failing when this candidate leads but has not renewed for
-    /// longer than the lease duration plus 20 s.
+    /// longer than the lease duration plus 20 s. While it rides out an outage, what counts is that it
+    /// goes on trying: a restart would not bring the API server back, and would drop the provider's
+    /// traffic.
     pub fn check(&self) -> Result<(), String> {
+        if let Some((started, last_try)) = *self.riding_out.lock() {
+            let since = last_try.elapsed();
+            return if since > self.lease_duration + WATCHDOG_SLACK {
+                Err(format!(
+                    "riding out the API server's outage for {:?}, but no renewal was tried for {since:?}",
+                    started.elapsed()
+                ))
+            } else {
+                Ok(())
+            };
+        }
         let last = *self.last_renewal.lock();
         match last {
             Some(at) if at.elapsed() > self.lease_duration + WATCHDOG_SLACK => Err(format!(
@@ -365,6 +546,16 @@ enum AttemptError {
     Api(kube::Error),
     #[error("no answer from the API server within {0:?}")]
     TimedOut(Duration),
+}
+
+impl AttemptError {
+    /// Whether the API server could not be reached (rather than answered with an error).
+    fn unreachable(&self) -> bool {
+        match self {
+            AttemptError::Api(err) => super::unreachable(err),
+            AttemptError::TimedOut(_) => true,
+        }
+    }
 }
 
 /// `<hostname>_<random UUID>`, as upstream names candidates.

@@ -282,13 +282,23 @@ pub async fn run(
             "--dry-run: leader election is off (a shadow writes nothing, so it needs no lease and must not take the acting manager's); every write is a recorded dry run, reported at /dry-run"
         );
     }
+    // What the provider sees of the leader riding out an API-server outage: nothing, unless it leads
+    // and the provider asked for it (the report is dropped otherwise).
+    let (outage_report, api_outage) = cloud_provider::ApiOutage::channel();
     let elector = if leading {
-        let elector = Arc::new(LeaderElector::new(
+        let mut elector = LeaderElector::new(
             clients.build_for_leader_election()?,
             &options.leader_election,
             leader_election::new_identity(),
             fence,
-        ));
+        );
+        if cloud.rides_out_api_outages() {
+            tracing::info!(
+                "the provider serves traffic from this process: a leader that cannot reach the API server at its renew deadline stops writing but keeps running, until the API server answers or another replica serves"
+            );
+            elector = elector.riding_out_outages(outage_report);
+        }
+        let elector = Arc::new(elector);
         health.watch_leader(elector.clone());
         let lease = &options.leader_election.leader_elect_resource_name;
         metrics.leader_election.set_leading(lease, false);
@@ -352,6 +362,7 @@ pub async fn run(
         &health,
         stop.clone(),
         &lost,
+        api_outage,
     )
     .await;
     stop.cancel();
@@ -393,6 +404,7 @@ async fn run_controllers(
     health: &Health,
     stop: CancellationToken,
     lost: &AtomicBool,
+    api_outage: cloud_provider::ApiOutage,
 ) -> Result<(), AppError> {
     // As upstream: the shared informers, the event sink and each controller have a client (and so a
     // client-side rate limit) of their own, so events and one busy controller do not starve another.
@@ -411,6 +423,7 @@ async fn run_controllers(
         .initialize(InitializeContext {
             client: client.clone(),
             shutdown: stop.clone(),
+            api_outage,
         })
         .await
         .map_err(|source| AppError::Initialize {

@@ -145,6 +145,9 @@ impl CloudProvider for ShadowCloud {
     fn has_cluster_id(&self) -> bool {
         self.inner.has_cluster_id()
     }
+    fn rides_out_api_outages(&self) -> bool {
+        self.inner.rides_out_api_outages()
+    }
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.register_metrics(registry);
     }

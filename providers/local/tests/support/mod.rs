@@ -108,6 +108,11 @@ impl RunningManager {
             .set_config(Config::parse(yaml, None).expect("valid local cloud config"));
     }
 
+    /// Whether the manager still runs (it has not returned, with or without an error).
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+
     /// Stops the manager (its data plane shuts down with it) and checks it stopped without error.
     pub async fn stop(self) {
         self.shutdown.cancel();
