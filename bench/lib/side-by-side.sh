@@ -4,7 +4,9 @@
 # client in a network namespace of its own on the bridge. Everything it creates is removed on exit.
 #
 # The caller sets: NAME (for logs), CLIENT_NS, CLIENT_IP, AGENT_ARGS (extra flags of the agents, may be
-# empty), and sources this from the repository's root. It defines: dir (the cluster's directory), log,
+# empty), MODE (`agents`, the default: the node agents serve; `leader`: the manager's Deployment serves
+# from the leader's node, `hack/cluster manager` without --agents), and sources this from the
+# repository's root. It defines: dir (the cluster's directory), log,
 # now, elapsed, in_client, vip_of SERVICE, answers VIP, settled VIP, node_ready NODE, ours_vip and
 # metallb_vip.
 work=$(mktemp -d "${TMPDIR:-/tmp}/ccm-$NAME.XXXXXX")
@@ -32,8 +34,12 @@ trap finish EXIT
 hack/cluster up --dir "$dir" --nodes 3 >/dev/null
 export KUBECONFIG=$dir/admin.kubeconfig
 image=$(hack/cluster image --dir "$dir" target/image/cloud-controller-manager.tar)
-hack/cluster manager --dir "$dir" --agents --image "$image" >/dev/null
-if [ -n "$AGENT_ARGS" ]; then
+case ${MODE:=agents} in
+  agents) hack/cluster manager --dir "$dir" --agents --image "$image" >/dev/null ;;
+  leader) hack/cluster manager --dir "$dir" --image "$image" >/dev/null ;;
+  *) log "MODE must be agents or leader, not $MODE"; exit 2 ;;
+esac
+if [ -n "$AGENT_ARGS" ] && [ "$MODE" = agents ]; then
   for arg in $AGENT_ARGS; do
     kubectl -n kube-system patch daemonset local-agent --type=json \
       -p "[{\"op\": \"add\", \"path\": \"/spec/template/spec/containers/0/args/-\", \"value\": \"$arg\"}]" >/dev/null

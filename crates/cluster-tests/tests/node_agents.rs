@@ -1,6 +1,8 @@
 //! The `local` cloud's node agents (`loadBalancer.mode: agents`, `hack/cluster manager --agents`) on a
 //! real cluster: each VIP announced and served from one node, elected per VIP; a node that dies moves
 //! only its VIPs, and a client on the bridge (a network namespace of its own) follows the announcement.
+//! Here too, with the same client: both modes (agents, and the leader's) through outages of the API
+//! server and cuts between the nodes.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -687,10 +689,13 @@ fn requests_for(vip: IpAddr, length: Duration) -> tokio::task::JoinHandle<(Vec<S
     })
 }
 
-/// The agents deployed, the client's namespace, and a namespace `prefix-…` with three echo pods behind
-/// a LoadBalancer Service whose VIP answers the client.
-async fn one_vip_served(prefix: &str) -> (Client, cluster_tests::Namespace, IpAddr) {
-    cluster().ensure_manager(ManagerForm::Agents).await;
+/// The manager deployed in `form`, the client's namespace, and a namespace `prefix-…` with three echo
+/// pods behind a LoadBalancer Service whose VIP answers the client.
+async fn one_vip_served(
+    form: ManagerForm,
+    prefix: &str,
+) -> (Client, cluster_tests::Namespace, IpAddr) {
+    cluster().ensure_manager(form).await;
     let client = Client::new();
     let ns = deploy(
         prefix,
@@ -714,7 +719,7 @@ async fn one_vip_served(prefix: &str) -> (Client, cluster_tests::Namespace, IpAd
 #[tokio::test]
 async fn traffic_outlives_a_frozen_api_server() {
     let c = cluster();
-    let (_client, ns, vip) = one_vip_served("agents-outage").await;
+    let (_client, ns, vip) = one_vip_served(ManagerForm::Agents, "agents-outage").await;
     // Every agent hears the two others before the outage.
     for node in c.nodes() {
         let node = &node;
@@ -871,7 +876,7 @@ async fn an_agent_may_write_only_its_own_heartbeat() {
 #[tokio::test]
 async fn an_agents_endpoint_is_local_and_capped() {
     let c = cluster();
-    let (_client, _ns, vip) = one_vip_served("agents-endpoint").await;
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-endpoint").await;
     let holder = holders(vip).pop().expect("a node holds the VIP");
     let from_outside = Client::exec(&[
         "curl",
@@ -908,4 +913,384 @@ async fn an_agents_endpoint_is_local_and_capped() {
         .unwrap_or_else(|_| panic!("{output:?}"));
     println!("2,000 connections opened to the agent's endpoint: {held} still established");
     assert!(held <= 64, "{held} connections held by the agent");
+}
+
+/// Requests to a VIP from the client every 100 ms, from [`Traffic::start`] until [`Traffic::stop`].
+struct Traffic {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(Vec<String>, usize)>,
+}
+
+impl Traffic {
+    fn start(vip: IpAddr) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let task = tokio::task::spawn_blocking({
+            let stop = stop.clone();
+            move || {
+                let start = Instant::now();
+                let (mut failed, mut made) = (Vec::new(), 0);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Err(err) = Client::get(vip) {
+                        failed.push(format!("{:.1}s: {err}", start.elapsed().as_secs_f64()));
+                    }
+                    made += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                (failed, made)
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// The requests that failed (when, since the start, and why), and how many were made.
+    async fn stop(self) -> (Vec<String>, usize) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// Packets between a node and some addresses dropped inside the node's own network namespace (an
+/// nftables table of its own), until dropped. The node's host-network pods (the manager, the agent,
+/// kube-proxy, the kubelet) are cut with it.
+struct NodeCut(String);
+
+impl NodeCut {
+    const TABLE: &'static str = "ccm_test_cut";
+
+    /// `node` cut from the API server only: its packets to the API server's port are dropped (those to
+    /// the `kubernetes` Service too: kube-proxy translates them before this filter sees them).
+    fn from_api_server(node: &str) -> Self {
+        let port = api_server_port();
+        let api = cluster().host_ip();
+        Self::install(
+            node,
+            &[format!("ip daddr {api} tcp dport {port} drop")],
+            &[],
+        )
+    }
+
+    /// `node` cut from the other nodes only, as if its link to them were down: every packet between
+    /// them is dropped, both ways, while the client, the host and the API server still reach it.
+    fn from_peers(node: &str) -> Self {
+        let c = cluster();
+        let peers: Vec<String> = c.nodes().into_iter().filter(|n| n != node).collect();
+        let v4: Vec<String> = peers.iter().map(|n| c.node_ip(n).to_string()).collect();
+        let v6: Vec<String> = peers
+            .iter()
+            .map(|n| match c.node_ip(n) {
+                IpAddr::V4(ip) => format!("fd00:89::{}", ip.octets()[3]),
+                IpAddr::V6(ip) => ip.to_string(),
+            })
+            .collect();
+        let (v4, v6) = (v4.join(", "), v6.join(", "));
+        Self::install(
+            node,
+            &[
+                format!("ip daddr {{ {v4} }} drop"),
+                format!("ip6 daddr {{ {v6} }} drop"),
+            ],
+            &[
+                format!("ip saddr {{ {v4} }} drop"),
+                format!("ip6 saddr {{ {v6} }} drop"),
+            ],
+        )
+    }
+
+    fn install(node: &str, output: &[String], input: &[String]) -> Self {
+        let c = cluster();
+        let nft = |command: String| {
+            let out = c.exec_on_node(node, &["nft", &command]);
+            assert!(out.status.success(), "nft {command} on {node}: {out:?}");
+        };
+        let _ = c.exec_on_node(node, &["nft", "delete", "table", "inet", Self::TABLE]);
+        nft(format!("add table inet {}", Self::TABLE));
+        for (chain, rules) in [("output", output), ("input", input)] {
+            nft(format!(
+                "add chain inet {} {chain} {{ type filter hook {chain} priority 0 ; }}",
+                Self::TABLE
+            ));
+            for rule in rules {
+                nft(format!("add rule inet {} {chain} {rule}", Self::TABLE));
+            }
+        }
+        Self(node.to_owned())
+    }
+}
+
+impl Drop for NodeCut {
+    fn drop(&mut self) {
+        let _ = cluster().exec_on_node(&self.0, &["nft", "delete", "table", "inet", Self::TABLE]);
+    }
+}
+
+/// The API server's port, from the cluster's kubeconfig (`server: https://<host>:<port>`).
+fn api_server_port() -> u16 {
+    let kubeconfig = std::fs::read_to_string(cluster().admin_kubeconfig()).unwrap();
+    kubeconfig
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("server: "))
+        .and_then(|url| url.rsplit(':').next())
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .expect("the kubeconfig names the API server's port")
+}
+
+/// The manager's pods: name, node, and how often their containers restarted.
+async fn manager_pods() -> Vec<(String, String, i32)> {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(cluster().client().await, "kube-system");
+    pods.list(&kube::api::ListParams::default().labels("k8s-app=cloud-controller-manager"))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|pod| {
+            let node = pod.spec.and_then(|s| s.node_name).unwrap_or_default();
+            let restarts = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.restart_count)
+                .sum();
+            (pod.metadata.name.unwrap_or_default(), node, restarts)
+        })
+        .collect()
+}
+
+/// The node of the manager's Lease holder (host-network pods have their node's host name).
+async fn leading_node() -> String {
+    let client = cluster().client().await;
+    let holder = eventually("the manager's Lease is held", LONG, || {
+        let client = client.clone();
+        async move { cluster_tests::manager_lease_holder(&client).await }
+    })
+    .await;
+    holder.split('_').next().unwrap_or_default().to_owned()
+}
+
+/// Issue #47, leader mode (the default): the API server frozen for 40 s while the client asks the VIP
+/// every 100 ms. The leader cannot renew its Lease, but it rides the outage out with its data plane
+/// serving, and no other replica can take the Lease either: no request fails, no manager restarts, and
+/// afterwards the same replica leads and a new Service gets its VIP.
+#[tokio::test]
+async fn a_leader_rides_out_a_frozen_api_server() {
+    let c = cluster();
+    let (_client, ns, vip) = one_vip_served(ManagerForm::Deployment, "leader-outage").await;
+    let kube = c.client().await;
+    let leader = cluster_tests::manager_lease_holder(&kube)
+        .await
+        .expect("a leader");
+    let restarts: i32 = manager_pods().await.iter().map(|p| p.2).sum();
+
+    let outage = Duration::from_secs(40);
+    let traffic = requests_for(vip, outage + Duration::from_secs(15));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let frozen = FrozenApiServer::freeze();
+    tokio::time::sleep(outage).await;
+    drop(frozen);
+    let (failed, made) = traffic.await.unwrap();
+    println!(
+        "leader mode, API server frozen {outage:?}: {} of {made} requests failed",
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "requests failed while the API server was frozen: {failed:?}"
+    );
+    assert_eq!(
+        cluster_tests::manager_lease_holder(&kube).await.as_deref(),
+        Some(leader.as_str()),
+        "the same replica leads"
+    );
+    assert_eq!(
+        manager_pods().await.iter().map(|p| p.2).sum::<i32>(),
+        restarts,
+        "no manager container restarted"
+    );
+
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&load_balancer("after", "echo", "", "")),
+    );
+    let (after, _) = ingress(ns.name(), "after").await;
+    eventually(
+        &format!("{after} answers the client"),
+        LONG,
+        || async move { Client::get(after).ok() },
+    )
+    .await;
+}
+
+/// Issue #47, leader mode: the leader's node cut from the API server, not from the other nodes. The
+/// leader rides the outage out, serving; the other replica takes the Lease once it expires and puts
+/// the VIP on its own node; the cut-off leader hears that node claim the VIP and steps down, so the VIP
+/// is on one node again a moment later, and the old leader's log says why it stepped down.
+#[tokio::test]
+async fn a_leader_cut_from_the_api_server_steps_down_when_the_next_leader_serves() {
+    let c = cluster();
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Deployment, "leader-cut").await;
+    let old = leading_node().await;
+    assert_eq!(
+        holders(vip),
+        std::slice::from_ref(&old),
+        "the leader's node holds {vip}"
+    );
+    let old_pod = manager_pods()
+        .await
+        .into_iter()
+        .find(|p| p.1 == old)
+        .expect("the leader's pod")
+        .0;
+
+    let traffic = Traffic::start(vip);
+    let cut = NodeCut::from_api_server(&old);
+    let cut_at = Instant::now();
+    let new = eventually("another replica leads", Duration::from_secs(90), || {
+        let old = old.clone();
+        async move {
+            let node = leading_node().await;
+            (node != old).then_some(node)
+        }
+    })
+    .await;
+    let led_after = cut_at.elapsed();
+    // Until only the new leader's node holds the VIP: how long both held it.
+    let mut both_since: Option<Instant> = None;
+    loop {
+        let now = holders(vip);
+        if now == [new.clone()] {
+            break;
+        }
+        if now.contains(&new) && now.contains(&old) {
+            both_since.get_or_insert_with(Instant::now);
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(120),
+            "{vip} is still on {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let both_for = both_since.map(|t| t.elapsed()).unwrap_or_default();
+    eventually(&format!("{vip} answers the client"), LONG, || async move {
+        Client::get(vip).ok()
+    })
+    .await;
+    let (failed, made) = traffic.stop().await;
+    println!(
+        "leader mode, {old} cut from the API server: {new} led after {:.1}s, both nodes held {vip} for {:.1}s, {} of {made} requests failed: {failed:?}",
+        led_after.as_secs_f64(),
+        both_for.as_secs_f64(),
+        failed.len()
+    );
+    drop(cut);
+    let log = c.kubectl(&["-n", "kube-system", "logs", &old_pod, "--previous"], None);
+    assert!(
+        log.contains("stepped down while riding out the API server's outage: another replica serves the VIPs now"),
+        "the old leader's log does not say it stepped down:\n{log}"
+    );
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "deployment/cloud-controller-manager",
+            "--timeout=120s",
+        ],
+        None,
+    );
+}
+
+/// Issue #47, agents: the node serving a VIP cut from the API server but not from the other nodes, for
+/// 40 s. Its agent cannot renew its heartbeat, but the others hear it over membership: the VIP stays on
+/// it and answers every request.
+#[tokio::test]
+async fn a_node_cut_from_the_api_server_keeps_serving_its_vips() {
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-api-cut").await;
+    let holder = holders(vip);
+    assert_eq!(holder.len(), 1, "{vip} on {holder:?}");
+    let holder = holder[0].clone();
+
+    let traffic = Traffic::start(vip);
+    let cut = NodeCut::from_api_server(&holder);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let still = holders(vip);
+    drop(cut);
+    let (failed, made) = traffic.stop().await;
+    println!(
+        "agents, {holder} cut from the API server for 40 s: {} of {made} requests failed",
+        failed.len()
+    );
+    assert_eq!(
+        still,
+        std::slice::from_ref(&holder),
+        "{vip} stays on {holder}"
+    );
+    assert!(failed.is_empty(), "requests failed: {failed:?}");
+}
+
+/// Issue #47, agents: the node serving a VIP cut from the other nodes (its link to them down) but not
+/// from the API server or the client. The others stop hearing it and take its VIP over within the
+/// failover time; it hears nobody while the Leases say the others hear each other, so it stops
+/// announcing: the VIP is on one node again at once, and the client's neighbour entry follows.
+#[tokio::test]
+async fn a_node_cut_from_its_peers_gives_its_vips_up() {
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-peer-cut").await;
+    let mac_of = nodes_by_mac();
+    let holder = holders(vip);
+    assert_eq!(holder.len(), 1, "{vip} on {holder:?}");
+    let old = holder[0].clone();
+
+    let traffic = Traffic::start(vip);
+    let cut = NodeCut::from_peers(&old);
+    let cut_at = Instant::now();
+    let (mut moved, mut both_since, mut both_for) = (None, None::<Instant>, Duration::ZERO);
+    loop {
+        let now = holders(vip);
+        if moved.is_none() && now.iter().any(|n| *n != old) {
+            moved = Some(cut_at.elapsed());
+        }
+        if now.len() > 1 {
+            both_since.get_or_insert_with(Instant::now);
+        } else if let Some(since) = both_since.take() {
+            both_for += since.elapsed();
+        }
+        if now.len() == 1 && now[0] != old {
+            break;
+        }
+        assert!(
+            cut_at.elapsed() < LONG,
+            "{vip} is still on {now:?} {LONG:?} after {old} was cut from its peers"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let new = holders(vip)[0].clone();
+    let relearnt = eventually(
+        "the client's neighbour entry names the new node",
+        LONG,
+        || {
+            let (new, mac_of) = (new.clone(), &mac_of);
+            async move {
+                Client::neighbour(vip)
+                    .and_then(|mac| mac_of.get(&mac).cloned())
+                    .filter(|node| *node == new)
+            }
+        },
+    )
+    .await;
+    eventually(&format!("{vip} answers the client"), LONG, || async move {
+        Client::get(vip).ok()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await; // the client's requests after the move
+    let (failed, made) = traffic.stop().await;
+    let on_old = vips_on(&old).contains(&vip);
+    drop(cut);
+    println!(
+        "agents, {old} cut from its peers: {vip} on {relearnt} after {:.1}s, on two nodes for {:.1}s, {} of {made} requests failed (until 3 s after it answered again): {failed:?}",
+        moved.unwrap_or_default().as_secs_f64(),
+        both_for.as_secs_f64(),
+        failed.len()
+    );
+    assert!(!on_old, "{old} still holds {vip}");
 }

@@ -2,7 +2,7 @@
 //! neighbour advertisements, parsed from whole Ethernet frames. Pure functions; the sockets that hear
 //! them are [`crate::conflict`]'s (and, in tests, `announce::capture`'s).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::announce::Mac;
 
@@ -37,10 +37,10 @@ pub(crate) enum Heard {
 impl Heard {
     /// The address announced.
     #[cfg(test)]
-    pub(crate) fn ip(&self) -> IpAddr {
+    pub(crate) fn ip(&self) -> std::net::IpAddr {
         match self {
-            Heard::Arp { sender_ip, .. } => IpAddr::V4(*sender_ip),
-            Heard::NeighbourAdvertisement { target, .. } => IpAddr::V6(*target),
+            Heard::Arp { sender_ip, .. } => std::net::IpAddr::V4(*sender_ip),
+            Heard::NeighbourAdvertisement { target, .. } => std::net::IpAddr::V6(*target),
         }
     }
 }

@@ -580,9 +580,12 @@ impl CloudProvider for LocalCloud {
     }
 
     /// In leader mode the data plane runs in the manager's process: the leader keeps serving while it
-    /// rides out an API server it cannot reach (and steps down as soon as another replica serves).
+    /// rides out an API server it cannot reach (and steps down as soon as another replica serves). In
+    /// agents mode the agents serve without the manager, and riding out spares the end of an outage a
+    /// new leader's wait for the old Lease to expire: the same leader renews at once and its caches
+    /// catch up within seconds.
     fn rides_out_api_outages(&self) -> bool {
-        self.inner.load_balancer_in_force.mode == LoadBalancerMode::Leader
+        true
     }
 
     /// A node without a provider ID is this cloud's unless its inventory ignores it (no machine name,

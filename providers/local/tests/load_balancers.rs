@@ -949,7 +949,9 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
         ],
     )
     .await;
-    let vip = s.service("served", &[(18080, "TCP", np[0])], json!({})).await;
+    let vip = s
+        .service("served", &[(18080, "TCP", np[0])], json!({}))
+        .await;
     connect(vip, 18080).await.expect("served before the freeze");
     let holder = |lease: k8s_openapi::api::coordination::v1::Lease| {
         lease.spec.and_then(|spec| spec.holder_identity)
@@ -981,8 +983,12 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
     );
 
     // Back: the same leader renews, and writes again.
-    let second = s.service("after", &[(18081, "TCP", np[1])], json!({})).await;
-    connect(second, 18081).await.expect("the new Service is served");
+    let second = s
+        .service("after", &[(18081, "TCP", np[1])], json!({}))
+        .await;
+    connect(second, 18081)
+        .await
+        .expect("the new Service is served");
     assert_eq!(
         holder(leases.get("cloud-controller-manager").await.unwrap()),
         leader,
@@ -991,4 +997,3 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
     assert!(s.manager().is_running());
     s.finish().await;
 }
-

@@ -25,7 +25,11 @@
 //!   taken the Lease without reaching the API server, and the resourceVersion of the renewal makes any
 //!   write in between a conflict, so a renewal after riding out never overlaps another leader's term.
 //!   Another replica that could reach the API server takes the Lease once it expires and starts serving;
-//!   the provider hears that and steps down ([`cloud_provider::ApiOutage::step_down`]).
+//!   the provider hears that and steps down ([`cloud_provider::ApiOutage::step_down`]). A candidate
+//!   counts a holder's silence only over time it could watch: an attempt that fails (no answer, an
+//!   error) forgets what it observed, so after an outage the holder has a whole lease duration from
+//!   the candidate's next successful read to renew, and a leader that rode the outage out is not
+//!   overtaken by a standby that merely saw the Lease unchanged across it.
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
@@ -201,7 +205,13 @@ impl LeaderElector {
                     return true;
                 }
                 Ok(false) => {}
-                Err(err) => tracing::warn!(error = %err, "error retrieving resource lock"),
+                Err(err) => {
+                    tracing::warn!(error = %err, "error retrieving resource lock");
+                    // A holder's silence counts only over time this candidate could watch: after an
+                    // outage of the API server, the holder (which may have ridden it out) gets a whole
+                    // lease duration from the next successful read to renew.
+                    *self.observed.lock() = None;
+                }
             }
             // Poll every retry period, but never sleep past the moment the holder's lease runs out.
             let mut wait = jittered(self.retry_period);
@@ -297,13 +307,23 @@ impl LeaderElector {
             deadline = ?self.renew_deadline,
             "the API server could not be reached to renew the lease within the renew deadline: writes stop, the provider keeps serving, and renewal goes on until the API server answers"
         );
+        // The first attempt at once: a process that was itself frozen past its deadline (rather than
+        // cut off) learns of a new holder now, not a retry period later.
+        let mut wait = Duration::ZERO;
         let ended = loop {
             tokio::select! {
-                () = tokio::time::sleep(jittered(self.retry_period)) => {}
+                () = tokio::time::sleep(wait) => {}
                 () = stop.cancelled() => break Ok(RideOut::Stopped),
                 reason = self.stepped_down() => break Err(self.stepped_down_lost(reason)),
             }
-            let result = self.attempt(self.renew_deadline).await;
+            wait = jittered(self.retry_period);
+            // A step-down does not wait for an attempt that hangs on an API server that cannot be
+            // reached: it ends leadership at once.
+            let result = tokio::select! {
+                result = self.attempt(self.renew_deadline) => result,
+                () = stop.cancelled() => break Ok(RideOut::Stopped),
+                reason = self.stepped_down() => break Err(self.stepped_down_lost(reason)),
+            };
             if let Some((_, last)) = self.riding_out.lock().as_mut() {
                 *last = Instant::now();
             }
