@@ -55,6 +55,7 @@ struct LeaseName {
 #[derive(Clone)]
 pub(crate) struct LeaderElectionMetrics {
     status: Family<LeaseName, Gauge>,
+    riding_out: Family<LeaseName, Gauge>,
 }
 
 impl LeaderElectionMetrics {
@@ -65,7 +66,22 @@ impl LeaderElectionMetrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
             status.clone(),
         );
-        Self { status }
+        let riding_out = Family::<LeaseName, Gauge>::default();
+        registry.register(
+            "leader_election_riding_out",
+            "1 while the leader rides out an API server it cannot reach (its writes stopped, its provider still serving), else 0. 'name' is the lease",
+            riding_out.clone(),
+        );
+        Self { status, riding_out }
+    }
+
+    /// Reports whether the leader of the Lease `name` rides out an unreachable API server.
+    pub fn set_riding_out(&self, name: &str, riding_out: bool) {
+        self.riding_out
+            .get_or_create(&LeaseName {
+                name: name.to_owned(),
+            })
+            .set(i64::from(riding_out));
     }
 
     /// Reports whether this replica leads the Lease `name`.

@@ -975,6 +975,19 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(s.manager().is_running(), "the leader rides the outage out");
+    let riding_out = |metrics: &str| {
+        metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(r#"leader_election_riding_out{name="cloud-controller-manager"} "#)
+            })
+            .map(str::to_owned)
+    };
+    assert_eq!(
+        riding_out(&s.manager().metrics.encode()).as_deref(),
+        Some("1"),
+        "the gauge says so"
+    );
     drop(frozen);
     assert!(
         failed.is_empty(),
@@ -995,5 +1008,9 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
         "the Lease is still the same leader's"
     );
     assert!(s.manager().is_running());
+    assert_eq!(
+        riding_out(&s.manager().metrics.encode()).as_deref(),
+        Some("0")
+    );
     s.finish().await;
 }

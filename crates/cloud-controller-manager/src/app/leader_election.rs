@@ -48,6 +48,7 @@ use tokio_util::sync::CancellationToken;
 use cloud_provider::ApiOutageReport;
 
 use super::{options::LeaderElectionOptions, write_fence::WriteFence};
+use crate::metrics::LeaderElectionMetrics;
 
 /// How long past the lease duration the watchdog tolerates a leader that has not renewed (upstream's
 /// `leaderElection` health check).
@@ -136,8 +137,8 @@ pub struct LeaderElector {
     /// When the last successful acquire or renew attempt started (what the fence counts from).
     last_renewal: Mutex<Option<Instant>>,
     fence: WriteFence,
-    /// For a provider that rides out API outages: what it is told.
-    outage: Option<ApiOutageReport>,
+    /// For a provider that rides out API outages: what it is told, and the gauge that shows it.
+    outage: Option<(ApiOutageReport, LeaderElectionMetrics)>,
     /// While riding out: when it started, and when the last attempt to renew ended (the watchdog's
     /// sign that renewing goes on).
     riding_out: Mutex<Option<(Instant, Instant)>>,
@@ -184,9 +185,22 @@ impl LeaderElector {
 
     /// This candidate, which rides out an API server it cannot reach at its renew deadline instead of
     /// losing leadership, telling the provider through `report` (see the module's documentation).
-    pub fn riding_out_outages(mut self, report: ApiOutageReport) -> Self {
-        self.outage = Some(report);
+    pub(crate) fn riding_out_outages(
+        mut self,
+        report: ApiOutageReport,
+        metrics: LeaderElectionMetrics,
+    ) -> Self {
+        metrics.set_riding_out(&self.name, false);
+        self.outage = Some((report, metrics));
         self
+    }
+
+    /// Tells the provider, and the metrics, that riding out started or ended.
+    fn report_riding_out(&self, riding_out: bool) {
+        if let Some((report, metrics)) = &self.outage {
+            report.set_riding_out(riding_out);
+            metrics.set_riding_out(&self.name, riding_out);
+        }
     }
 
     /// The fence this candidate opens while it leads: give it to every client that writes on the
@@ -298,10 +312,7 @@ impl LeaderElector {
         self.fence.close();
         let started = Instant::now();
         *self.riding_out.lock() = Some((started, started));
-        let report = self.outage.as_ref();
-        if let Some(report) = report {
-            report.set_riding_out(true);
-        }
+        self.report_riding_out(true);
         tracing::warn!(
             lease = %format!("{}/{}", self.namespace, self.name),
             deadline = ?self.renew_deadline,
@@ -353,16 +364,14 @@ impl LeaderElector {
             }
         };
         *self.riding_out.lock() = None;
-        if let Some(report) = report {
-            report.set_riding_out(false);
-        }
+        self.report_riding_out(false);
         ended
     }
 
     /// Waits until the provider steps down (never, for one that does not ride outages out).
     async fn stepped_down(&self) -> String {
         match &self.outage {
-            Some(report) => report.stepped_down().await,
+            Some((report, _)) => report.stepped_down().await,
             None => std::future::pending().await,
         }
     }

@@ -296,7 +296,7 @@ pub async fn run(
             tracing::info!(
                 "the provider serves traffic from this process: a leader that cannot reach the API server at its renew deadline stops writing but keeps running, until the API server answers or another replica serves"
             );
-            elector = elector.riding_out_outages(outage_report);
+            elector = elector.riding_out_outages(outage_report, metrics.leader_election.clone());
         }
         let elector = Arc::new(elector);
         health.watch_leader(elector.clone());
