@@ -269,7 +269,12 @@ impl LeaderElector {
                     .valid_until()
                     .filter(|deadline| *deadline > Instant::now())
                 else {
-                    if failure == Failure::Unreachable && self.outage.is_some() {
+                    // No failure seen means no attempt was made before the deadline passed (this
+                    // process was frozen, or the last renewal's answer came late): riding out tries at
+                    // once, and exits if another holds the Lease.
+                    if matches!(failure, Failure::Unreachable | Failure::None)
+                        && self.outage.is_some()
+                    {
                         match self.ride_out(stop).await? {
                             RideOut::Renewed => break,
                             RideOut::Stopped => return Ok(()),
@@ -316,7 +321,7 @@ impl LeaderElector {
         tracing::warn!(
             lease = %format!("{}/{}", self.namespace, self.name),
             deadline = ?self.renew_deadline,
-            "the API server could not be reached to renew the lease within the renew deadline: writes stop, the provider keeps serving, and renewal goes on until the API server answers"
+            "the lease was not renewed within the renew deadline (the API server could not be reached, or answered too late): writes stop, the provider keeps serving, and renewal goes on until the API server answers"
         );
         // The first attempt at once: a process that was itself frozen past its deadline (rather than
         // cut off) learns of a new holder now, not a retry period later.
@@ -339,6 +344,18 @@ impl LeaderElector {
                 *last = Instant::now();
             }
             match result {
+                // A renewal counts from when it was asked for: one that hung until the API server
+                // came back may leave the fence open for a moment only. Renew again at once, until
+                // the fence is open for a retry period at least.
+                Ok(true)
+                    if self
+                        .fence
+                        .valid_until()
+                        .is_none_or(|until| until < Instant::now() + self.retry_period) =>
+                {
+                    wait = Duration::ZERO;
+                    tracing::debug!("renewed by an answer that came late: renewing again");
+                }
                 Ok(true) => {
                     tracing::info!(
                         riding_out_for = ?started.elapsed(),
