@@ -1,9 +1,12 @@
 //! The Helm chart (`deploy/helm/cloud-controller-manager`): with default values it renders exactly the
-//! objects of `kubectl kustomize deploy/overlays/local`, and with `kind=DaemonSet` exactly those of
-//! `deploy/overlays/local-daemonset`; its RBAC and default cloud-config are the kustomize files
+//! objects of `kubectl kustomize deploy/overlays/local-agents` (agents mode, the manager unprivileged),
+//! with `loadBalancerMode=leader` and `privilegedPorts=true` exactly those of `deploy/overlays/local`,
+//! and with `kind=DaemonSet` as well exactly those of `deploy/overlays/local-daemonset`; its RBAC, the
+//! agents' objects, the PodDisruptionBudget and the default cloud-configs are the kustomize files
 //! themselves (symbolic links), also in a packaged chart; `helm lint --strict` passes; values that do
-//! not apply are refused with a clear message; each override changes what it says and nothing else; the
-//! render passes a server-side dry run on the test control plane.
+//! not apply, and capabilities no workload needs, are refused with a clear message; each override
+//! changes what it says and nothing else; the render passes a server-side dry run on the test control
+//! plane.
 //!
 //! helm is built from its Go module on first use by `hack/helm` (cached under `~/.cache/ccm-rs/helm`).
 
@@ -18,6 +21,32 @@ use test_control_plane::{control_plane, workspace_root};
 
 const CHART: &str = "deploy/helm/cloud-controller-manager";
 const CONTAINER: &str = "cloud-controller-manager";
+const AGENT: &str = "local-agent";
+
+/// The values that render `deploy/overlays/local`: leader mode, with privileged ports.
+const LEADER: [&str; 4] = [
+    "--set",
+    "loadBalancerMode=leader",
+    "--set",
+    "privilegedPorts=true",
+];
+
+/// The values that render `deploy/overlays/local-daemonset`.
+const LEADER_DAEMONSET: [&str; 6] = [
+    "--set",
+    "loadBalancerMode=leader",
+    "--set",
+    "privilegedPorts=true",
+    "--set",
+    "kind=DaemonSet",
+];
+
+/// Each overlay the chart renders exactly, with the values that render it.
+const OVERLAYS: [(&[&str], &str); 3] = [
+    (&[], "deploy/overlays/local-agents"),
+    (&LEADER, "deploy/overlays/local"),
+    (&LEADER_DAEMONSET, "deploy/overlays/local-daemonset"),
+];
 
 fn chart() -> PathBuf {
     workspace_root().join(CHART)
@@ -233,24 +262,47 @@ fn service_account_credentials_rbac() -> Vec<Value> {
     )
 }
 
-/// The one Deployment or DaemonSet among `objects`.
-fn workload(objects: &mut [Value]) -> &mut Value {
-    let mut found = objects
-        .iter_mut()
-        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet");
-    let workload = found.next().expect("a Deployment or a DaemonSet");
-    assert!(found.next().is_none(), "more than one workload");
+/// The workload (a Deployment or a DaemonSet) named `name` among `objects`: the one.
+fn workload_named<'a>(objects: &'a mut [Value], name: &str) -> &'a mut Value {
+    let mut found = objects.iter_mut().filter(|o| {
+        (o["kind"] == "Deployment" || o["kind"] == "DaemonSet") && o["metadata"]["name"] == name
+    });
+    let workload = found
+        .next()
+        .unwrap_or_else(|| panic!("no Deployment or DaemonSet {name}"));
+    assert!(found.next().is_none(), "more than one workload {name}");
     workload
 }
 
-fn container(objects: &mut [Value]) -> &mut Value {
-    let containers = workload(objects)
+/// The manager's Deployment or DaemonSet.
+fn workload(objects: &mut [Value]) -> &mut Value {
+    workload_named(objects, CONTAINER)
+}
+
+/// The one container of the workload `name`, which has the same name.
+fn only_container<'a>(objects: &'a mut [Value], name: &str) -> &'a mut Value {
+    let containers = workload_named(objects, name)
         .pointer_mut("/spec/template/spec/containers")
         .and_then(Value::as_array_mut)
         .unwrap();
     assert_eq!(containers.len(), 1, "{containers:?}");
-    assert_eq!(containers[0]["name"], CONTAINER);
+    assert_eq!(containers[0]["name"], name);
     &mut containers[0]
+}
+
+/// The manager's container.
+fn container(objects: &mut [Value]) -> &mut Value {
+    only_container(objects, CONTAINER)
+}
+
+/// The node agents' container (agents mode).
+fn agent(objects: &mut [Value]) -> &mut Value {
+    only_container(objects, AGENT)
+}
+
+/// Removes the objects of `kind` from `objects`.
+fn remove_kind(objects: &mut Vec<Value>, kind: &str) {
+    objects.retain(|o| o["kind"] != kind);
 }
 
 fn args(objects: &mut [Value]) -> &mut Vec<Value> {
@@ -287,8 +339,28 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
             "../../../overlays/local/cloud-config.yaml",
         ),
         (
+            "files/cloud-config-agents.yaml",
+            "../../../overlays/local-agents/cloud-config.yaml",
+        ),
+        (
+            "files/pod-disruption-budget.yaml",
+            "../../../base/pod-disruption-budget.yaml",
+        ),
+        (
             "files/service-account-credentials.yaml",
             "../../../components/service-account-credentials/rbac.yaml",
+        ),
+        (
+            "files/local-agents.yaml",
+            "../../../components/local-agents/agents.yaml",
+        ),
+        (
+            "files/local-agents-heartbeat-policy.yaml",
+            "../../../components/local-agents/heartbeat-policy.yaml",
+        ),
+        (
+            "files/local-agents-manager-rbac.yaml",
+            "../../../components/local-agents/manager-rbac.yaml",
         ),
     ] {
         let path = chart().join(link);
@@ -306,8 +378,8 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
 }
 
 #[test]
-fn helm_lint_strict_passes_for_both_kinds() {
-    for values in [&[][..], &["--set", "kind=DaemonSet"][..]] {
+fn helm_lint_strict_passes_for_every_overlays_values() {
+    for (values, _) in OVERLAYS {
         let mut args = vec!["lint", "--strict", CHART];
         args.extend_from_slice(values);
         let output = helm(&args);
@@ -320,31 +392,62 @@ fn helm_lint_strict_passes_for_both_kinds() {
             String::from_utf8_lossy(&output.stderr)
         );
         assert!(stdout.contains("0 chart(s) failed"), "{stdout}");
-        // Both symbolic links were followed (helm says so on stderr).
+        // The symbolic links were followed (helm says so on stderr).
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(
-            stderr.contains("templates/rbac.yaml resolves to")
-                && stderr.contains("files/cloud-config.yaml resolves to"),
-            "{stderr}"
-        );
+        for link in [
+            "templates/rbac.yaml",
+            "files/cloud-config.yaml",
+            "files/local-agents.yaml",
+        ] {
+            assert!(stderr.contains(&format!("{link} resolves to")), "{stderr}");
+        }
     }
 }
 
 #[test]
-fn default_values_render_exactly_the_local_overlay() {
+fn default_values_render_exactly_the_local_agents_overlay() {
+    let objects = template(&[]);
     assert_same(
-        &template(&[]),
-        &kustomize("deploy/overlays/local"),
-        "helm template (default values) vs kubectl kustomize deploy/overlays/local",
+        &objects,
+        &kustomize("deploy/overlays/local-agents"),
+        "helm template (default values) vs kubectl kustomize deploy/overlays/local-agents",
+    );
+    // Agents mode is the default: the manager binds nothing and runs as the base does, non-root with no
+    // capability; the agents carry the traffic.
+    let mut objects = objects;
+    let security = container(&mut objects)["securityContext"].clone();
+    assert_eq!(
+        security,
+        json!({
+            "runAsNonRoot": true,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] },
+        })
+    );
+    assert_eq!(
+        agent(&mut objects)["securityContext"]["capabilities"]["add"],
+        json!(["NET_ADMIN", "NET_RAW", "NET_BIND_SERVICE"])
     );
 }
 
 #[test]
-fn kind_daemonset_renders_exactly_the_local_daemonset_overlay() {
+fn leader_mode_with_privileged_ports_renders_exactly_the_local_overlay() {
     assert_same(
-        &template(&["--set", "kind=DaemonSet"]),
+        &template(&LEADER),
+        &kustomize("deploy/overlays/local"),
+        "helm template --set loadBalancerMode=leader --set privilegedPorts=true vs kubectl kustomize \
+         deploy/overlays/local",
+    );
+}
+
+#[test]
+fn leader_mode_as_a_daemonset_renders_exactly_the_local_daemonset_overlay() {
+    assert_same(
+        &template(&LEADER_DAEMONSET),
         &kustomize("deploy/overlays/local-daemonset"),
-        "helm template --set kind=DaemonSet vs kubectl kustomize deploy/overlays/local-daemonset",
+        "helm template --set loadBalancerMode=leader --set privilegedPorts=true --set kind=DaemonSet vs \
+         kubectl kustomize deploy/overlays/local-daemonset",
     );
 }
 
@@ -363,13 +466,7 @@ fn a_packaged_chart_holds_the_linked_files_and_renders_the_same() {
         "{}",
         String::from_utf8_lossy(&output.stdout)
     );
-    for (values, overlay) in [
-        (&[][..], "deploy/overlays/local"),
-        (
-            &["--set", "kind=DaemonSet"][..],
-            "deploy/overlays/local-daemonset",
-        ),
-    ] {
+    for (values, overlay) in OVERLAYS {
         assert_same(
             &parse(&template_yaml(&package, values), "helm template PACKAGE"),
             &kustomize(overlay),
@@ -417,15 +514,152 @@ fn values_that_do_not_apply_are_refused_with_a_clear_message() {
     );
     let message = refused(&["--set", "image.pullPolicy=Sometimes"]);
     assert!(message.contains("at '/image/pullPolicy'"), "{message}");
+    // An unknown mode: refused by the schema, and by the template when the schema is skipped.
+    let message = refused(&["--set", "loadBalancerMode=bgp"]);
+    assert!(
+        message.contains("at '/loadBalancerMode': value must be one of 'agents', 'leader'"),
+        "{message}"
+    );
+    let message = refused(&["--skip-schema-validation", "--set", "loadBalancerMode=bgp"]);
+    assert!(
+        message.contains("loadBalancerMode must be agents (the node agents announce and serve the VIPs) or leader (the leading manager does), not bgp"),
+        "{message}"
+    );
+    // A capability no workload needs: only NET_BIND_SERVICE, NET_ADMIN and NET_RAW, by the schema and by
+    // the template.
+    for capability in ["SYS_ADMIN", "NET_BROADCAST", "ALL"] {
+        let set = format!("capabilities.add={{NET_ADMIN,{capability}}}");
+        let message = refused(&[&LEADER[..], &["--set", &set]].concat());
+        assert!(
+            message.contains(
+                "at '/capabilities/add/1': value must be one of 'NET_ADMIN', 'NET_RAW', 'NET_BIND_SERVICE'"
+            ),
+            "{message}"
+        );
+        let message =
+            refused(&[&["--skip-schema-validation"][..], &LEADER, &["--set", &set]].concat());
+        assert!(
+            message.contains(&format!(
+                "capabilities.add: {capability} is not one the manager needs"
+            )),
+            "{message}"
+        );
+    }
     // Capabilities the kernel would drop (a non-root user's, at execve).
     let message = refused(&[
         "--set",
-        "privilegedPorts=false",
+        "loadBalancerMode=leader",
         "--set",
         "capabilities.add={NET_ADMIN}",
     ]);
     assert!(
         message.contains("capabilities.add (NET_ADMIN) needs privilegedPorts=true"),
+        "{message}"
+    );
+    // What only leader mode's manager needs, in agents mode (the default), and the agents' values in
+    // leader mode.
+    let message = refused(&["--set", "privilegedPorts=true"]);
+    assert!(
+        message.contains("privilegedPorts applies to loadBalancerMode=leader only: in agents mode the node agents bind the Services' ports"),
+        "{message}"
+    );
+    let message = refused(&["--set", "capabilities.add={NET_ADMIN,NET_RAW}"]);
+    assert!(
+        message.contains(
+            "capabilities.add (NET_ADMIN, NET_RAW) applies to loadBalancerMode=leader only"
+        ),
+        "{message}"
+    );
+    let message = refused(&[&LEADER[..], &["--set", "agents.args={--interface=bond0}"]].concat());
+    assert!(
+        message.contains("agents.args (--interface=bond0) applies to loadBalancerMode=agents only"),
+        "{message}"
+    );
+    // A cloud-config whose mode is not the chart's, either way.
+    let agents_config = workspace_root().join("deploy/overlays/local-agents/cloud-config.yaml");
+    let leader_config = workspace_root().join("deploy/overlays/local/cloud-config.yaml");
+    let message = refused(
+        &[
+            &LEADER[..],
+            &[
+                "--set-file",
+                &format!("cloudConfig={}", agents_config.display()),
+            ],
+        ]
+        .concat(),
+    );
+    assert!(
+        message.contains("loadBalancerMode is leader but the cloud-config's loadBalancer.mode is agents: the manager and the agents run the cloud-config's mode"),
+        "{message}"
+    );
+    let message = refused(&[
+        "--set-file",
+        &format!("cloudConfig={}", leader_config.display()),
+    ]);
+    assert!(
+        message.contains("loadBalancerMode is agents but the cloud-config's loadBalancer.mode is leader (its default: the file sets no mode)"),
+        "{message}"
+    );
+    // The agents' heartbeats in another namespace than the chart's agents and their policy.
+    let message = refused(&[
+        "--set-string",
+        "cloudConfig=loadBalancer: {mode: agents\\, agentNamespace: lb}",
+    ]);
+    assert!(
+        message.contains("the cloud-config's loadBalancer.agentNamespace is lb, but the chart runs the agents in kube-system"),
+        "{message}"
+    );
+    let message = refused(&["--set-string", "cloudConfig=not a map"]);
+    assert!(
+        message.contains("cloudConfig is not a YAML map"),
+        "{message}"
+    );
+    // The agents' flags the DaemonSet sets, and a class the manager does not serve.
+    for (flag, reason) in [
+        (
+            "--node-name=node-1",
+            "each agent takes its node's name from NODE_NAME",
+        ),
+        (
+            "--membership-key-file=/key",
+            "the agents read the Secret kube-system/local-agent-membership",
+        ),
+        (
+            "--cloud-config=/x",
+            "the agents read the manager's cloud-config",
+        ),
+        (
+            "--namespace=default",
+            "the agents' heartbeat Leases are in kube-system",
+        ),
+    ] {
+        let message = refused(&["--set", &format!("agents.args={{{flag}}}")]);
+        assert!(
+            message.contains(&format!(
+                "agents.args: {flag} sets a flag the chart owns: {reason}"
+            )),
+            "{message}"
+        );
+    }
+    let message = refused(&[
+        "--set",
+        "args={--load-balancer-class,example.com/edge}",
+        "--set",
+        "agents.args={--load-balancer-class=example.com/core}",
+    ]);
+    assert!(
+        message.contains("the manager's --load-balancer-class (example.com/edge, in args) and the agents' (example.com/core, in agents.args) differ"),
+        "{message}"
+    );
+    let message = refused(&["--set", "args={--load-balancer-class=example.com/edge}"]);
+    assert!(
+        message
+            .contains("(example.com/edge, in args) and the agents' (none, in agents.args) differ"),
+        "{message}"
+    );
+    let message = refused(&["--set", "agents.resources.limit.memory=1Gi"]);
+    assert!(
+        message.contains("at '/agents/resources': additional properties 'limit' not allowed"),
         "{message}"
     );
     // A flag a value owns, in args.
@@ -462,15 +696,23 @@ fn image_args_and_cloud_config_overrides_change_only_their_fields() {
             "image.pullPolicy=Always",
         ],
         |objects| {
-            let container = container(objects);
-            container["image"] = json!("ghcr.io/example/ccm:v9.9.9");
-            container["imagePullPolicy"] = json!("Always");
+            // The manager's and the agents' (one image holds both binaries).
+            for name in [CONTAINER, AGENT] {
+                let container = only_container(objects, name);
+                container["image"] = json!("ghcr.io/example/ccm:v9.9.9");
+                container["imagePullPolicy"] = json!("Always");
+            }
         },
     );
-    // Extra arguments go after the chart's own, in order.
-    for kind in ["kind=Deployment", "kind=DaemonSet"] {
+    // Extra arguments go after the chart's own, in order, in either mode and kind.
+    for values in [
+        &["--set", "kind=Deployment"][..],
+        &["--set", "kind=DaemonSet"],
+        &LEADER,
+        &LEADER_DAEMONSET,
+    ] {
         assert_override(
-            &["--set", kind],
+            values,
             &["--set", "args={--v=2,--concurrent-service-syncs=4}"],
             |objects| {
                 let args = args(objects);
@@ -482,24 +724,130 @@ fn image_args_and_cloud_config_overrides_change_only_their_fields() {
             },
         );
     }
-    // The cloud-config, from a file.
-    let file = tempfile::NamedTempFile::new().unwrap();
-    let cloud_config = "# mine\nunlistedNodes: ignore\nmachines:\n  node-a:\n    zone: rack-1\n\naddressPools:\n  - name: lan\n    addresses: [192.168.1.240/28]\n";
-    std::fs::write(file.path(), cloud_config).unwrap();
-    let set_file = format!("cloudConfig={}", file.path().display());
-    assert_override(&[], &["--set-file", &set_file], |objects| {
-        let config_map = objects
-            .iter_mut()
-            .find(|o| o["kind"] == "ConfigMap")
-            .unwrap();
-        assert_eq!(config_map["metadata"]["name"], "cloud-config");
-        config_map["data"] = json!({ "cloud-config": cloud_config });
+    // The cloud-config, from a file, in either mode (the file's mode is the chart's).
+    for (values, cloud_config) in [
+        (
+            &[][..],
+            "# mine\nunlistedNodes: ignore\nmachines:\n  node-a:\n    zone: rack-1\n\naddressPools:\n  - name: lan\n    addresses: [192.168.1.240/28]\nloadBalancer:\n  mode: agents\n",
+        ),
+        (
+            &LEADER[..],
+            "# mine\nunlistedNodes: ignore\nmachines:\n  node-a:\n    zone: rack-1\n\naddressPools:\n  - name: lan\n    addresses: [192.168.1.240/28]\n",
+        ),
+        (
+            &LEADER[..],
+            "addressPools:\n  - name: lan\n    addresses: [192.168.1.240/28]\nloadBalancer:\n  mode: leader\n  vipInterface: eth0\n",
+        ),
+    ] {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), cloud_config).unwrap();
+        let set_file = format!("cloudConfig={}", file.path().display());
+        assert_override(values, &["--set-file", &set_file], |objects| {
+            let config_map = objects
+                .iter_mut()
+                .find(|o| o["kind"] == "ConfigMap")
+                .unwrap();
+            assert_eq!(config_map["metadata"]["name"], "cloud-config");
+            config_map["data"] = json!({ "cloud-config": cloud_config });
+        });
+    }
+}
+
+#[test]
+fn agents_overrides_change_only_the_agents_container() {
+    // Arguments after the agents' own; a class both the manager and the agents serve.
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "agents.args={--interface=bond0,--load-balancer-class=example.com/edge}",
+            "--set",
+            "args={--load-balancer-class=example.com/edge}",
+        ],
+        |objects| {
+            let args = agent(objects)["args"].as_array_mut().unwrap();
+            assert_eq!(
+                args.last().unwrap(),
+                "--membership-key-file=/etc/local-agent-membership/key"
+            );
+            args.extend([
+                json!("--interface=bond0"),
+                json!("--load-balancer-class=example.com/edge"),
+            ]);
+            self::args(objects).push(json!("--load-balancer-class=example.com/edge"));
+        },
+    );
+    // Resources merge with the defaults.
+    assert_override(
+        &[],
+        &[
+            "--set",
+            "agents.resources.limits.memory=1Gi",
+            "--set",
+            "agents.resources.requests.cpu=null",
+        ],
+        |objects| {
+            agent(objects)["resources"] = json!({
+                "requests": { "memory": "64Mi" },
+                "limits": { "memory": "1Gi" },
+            });
+        },
+    );
+}
+
+#[test]
+fn the_pod_disruption_budget_is_for_a_deployment_of_two_replicas_or_more() {
+    let shipped = parse(
+        &std::fs::read_to_string(workspace_root().join("deploy/base/pod-disruption-budget.yaml"))
+            .unwrap(),
+        "deploy/base/pod-disruption-budget.yaml",
+    );
+    assert_eq!(shipped.len(), 1);
+    assert_eq!(shipped[0]["spec"]["maxUnavailable"], 1);
+    for (values, overlay) in OVERLAYS {
+        let budgets: Vec<Value> = template(values)
+            .into_iter()
+            .filter(|o| o["kind"] == "PodDisruptionBudget")
+            .collect();
+        if overlay.ends_with("daemonset") {
+            assert!(budgets.is_empty(), "{overlay}: {budgets:?}");
+        } else {
+            assert_eq!(budgets, shipped, "{overlay}");
+        }
+    }
+    // Three replicas: still one at a time. One, or none: nothing to protect, and no drain held up.
+    assert_override(&[], &["--set", "replicas=3"], |objects| {
+        workload(objects)["spec"]["replicas"] = json!(3)
     });
+    for replicas in ["replicas=1", "replicas=0"] {
+        assert_override(&[], &["--set", replicas], |objects| {
+            workload(objects)["spec"]["replicas"] = json!(replicas[9..].parse::<u32>().unwrap());
+            remove_kind(objects, "PodDisruptionBudget");
+        });
+    }
+    // A DaemonSet in agents mode: the manager's DaemonSet (leader mode's, unprivileged), no budget, the
+    // agents unchanged, and the Role to request the controllers' tokens (the DaemonSet's default).
+    let mut expected = template(&[]);
+    expected.retain(|o| o["kind"] != "Deployment" && o["kind"] != "PodDisruptionBudget");
+    let daemonset =
+        template(&[&LEADER_DAEMONSET[..], &["--set", "privilegedPorts=false"]].concat())
+            .into_iter()
+            .find(|o| o["kind"] == "DaemonSet")
+            .unwrap();
+    expected.push(daemonset);
+    expected.extend(service_account_credentials_rbac());
+    expected.sort_by_key(key);
+    assert_same(
+        &template(&["--set", "kind=DaemonSet"]),
+        &expected,
+        "helm template --set kind=DaemonSet (agents mode)",
+    );
 }
 
 #[test]
 fn security_overrides_change_only_the_containers_security_context() {
-    // privilegedPorts=false: the base's non-root container, exactly.
+    // In leader mode, privilegedPorts=false: the base's non-root container, exactly (as agents mode's
+    // manager, default_values_render_exactly_the_local_agents_overlay).
     let base: Vec<Value> = parse(
         &std::fs::read_to_string(workspace_root().join("deploy/deployment.yaml")).unwrap(),
         "deploy/deployment.yaml",
@@ -507,20 +855,32 @@ fn security_overrides_change_only_the_containers_security_context() {
     let base_security =
         base[0]["spec"]["template"]["spec"]["containers"][0]["securityContext"].clone();
     assert_eq!(base_security["runAsNonRoot"], true, "{base_security}");
-    for kind in ["kind=Deployment", "kind=DaemonSet"] {
-        assert_override(
-            &["--set", kind],
-            &["--set", "privilegedPorts=false"],
-            |objects| container(objects)["securityContext"] = base_security.clone(),
-        );
+    for values in [&LEADER[..], &LEADER_DAEMONSET] {
+        assert_override(values, &["--set", "privilegedPorts=false"], |objects| {
+            container(objects)["securityContext"] = base_security.clone()
+        });
     }
-    // capabilities.add: after NET_BIND_SERVICE, which is not repeated.
+    let mut agents_mode = template(&[]);
+    assert_eq!(
+        container(&mut agents_mode)["securityContext"],
+        base_security
+    );
+    // capabilities.add: after NET_BIND_SERVICE, which is not repeated; NET_ADMIN and NET_RAW for VIPs
+    // on an interface.
     assert_override(
-        &[],
+        &LEADER,
         &["--set", "capabilities.add={NET_ADMIN,NET_BIND_SERVICE}"],
         |objects| {
             container(objects)["securityContext"]["capabilities"]["add"] =
                 json!(["NET_BIND_SERVICE", "NET_ADMIN"]);
+        },
+    );
+    assert_override(
+        &LEADER_DAEMONSET,
+        &["--set", "capabilities.add={NET_ADMIN,NET_RAW}"],
+        |objects| {
+            container(objects)["securityContext"]["capabilities"]["add"] =
+                json!(["NET_BIND_SERVICE", "NET_ADMIN", "NET_RAW"]);
         },
     );
 }
@@ -533,12 +893,7 @@ fn kind_defaults_and_scheduling_overrides_change_only_their_fields() {
         json!("--use-service-account-credentials=true"),
         json!("--allocate-node-cidrs=true"),
     ];
-    assert_override(&[], &["--set", "replicas=3"], |objects| {
-        workload(objects)["spec"]["replicas"] = json!(3)
-    });
-    assert_override(&[], &["--set", "replicas=0"], |objects| {
-        workload(objects)["spec"]["replicas"] = json!(0)
-    });
+    // replicas: the_pod_disruption_budget_is_for_a_deployment_of_two_replicas_or_more.
     // The DaemonSet's two flags on a Deployment, in the DaemonSet's place; and off on a DaemonSet.
     assert_override(
         &[],
@@ -657,9 +1012,9 @@ fn kind_defaults_and_scheduling_overrides_change_only_their_fields() {
 }
 
 #[test]
-fn the_default_render_of_both_kinds_passes_a_server_side_dry_run() {
+fn the_render_for_each_overlays_values_passes_a_server_side_dry_run() {
     let kubeconfig = control_plane().admin_kubeconfig();
-    for values in [&[][..], &["--set", "kind=DaemonSet"][..]] {
+    for (values, overlay) in OVERLAYS {
         let yaml = template_yaml(&chart(), values);
         let output = kubectl(
             &[
@@ -674,17 +1029,30 @@ fn the_default_render_of_both_kinds_passes_a_server_side_dry_run() {
             ],
             Some(&yaml),
         );
-        let kind = if values.is_empty() {
-            "deployment.apps"
-        } else {
-            "daemonset.apps"
-        };
-        for object in [
-            format!("{kind}/cloud-controller-manager serverside-applied (server dry run)"),
-            "configmap/cloud-config serverside-applied (server dry run)".to_owned(),
-            "clusterrole.rbac.authorization.k8s.io/system:cloud-controller-manager serverside-applied (server dry run)".to_owned(),
-        ] {
-            assert!(output.contains(&object), "{object} not in:\n{output}");
+        let mut objects = vec![
+            "configmap/cloud-config",
+            "clusterrole.rbac.authorization.k8s.io/system:cloud-controller-manager",
+        ];
+        match overlay {
+            "deploy/overlays/local-agents" => objects.extend([
+                "deployment.apps/cloud-controller-manager",
+                "poddisruptionbudget.policy/cloud-controller-manager",
+                "daemonset.apps/local-agent",
+                "validatingadmissionpolicy.admissionregistration.k8s.io/local-agent-own-heartbeat",
+                "role.rbac.authorization.k8s.io/system:cloud-controller-manager:local-agent-heartbeats",
+            ]),
+            "deploy/overlays/local" => objects.extend([
+                "deployment.apps/cloud-controller-manager",
+                "poddisruptionbudget.policy/cloud-controller-manager",
+            ]),
+            _ => objects.push("daemonset.apps/cloud-controller-manager"),
+        }
+        for object in objects {
+            let line = format!("{object} serverside-applied (server dry run)");
+            assert!(
+                output.contains(&line),
+                "{overlay}: {line} not in:\n{output}"
+            );
         }
     }
 }

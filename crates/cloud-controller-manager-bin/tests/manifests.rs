@@ -1,7 +1,8 @@
 //! The kustomize base and overlays (`deploy/base`, `deploy/overlays/*`): each renders offline with
 //! `kubectl kustomize`, passes a server-side dry run on the test control plane, then applies for real;
 //! its permissions are exactly `deploy/rbac.yaml` (the role every controller test runs under), and it
-//! changes the base's Deployment only as the overlay says.
+//! changes the base's Deployment only as the overlay says. The Deployment's PodDisruptionBudget comes
+//! with it and goes with the DaemonSet form; every workload has memory requests and limits.
 
 mod support;
 
@@ -179,16 +180,17 @@ fn take_cloud_config(deployment: &mut Value, objects: &[Value]) -> String {
 }
 
 /// Deletes what an apply created besides the shared RBAC (which every test applies, unchanged): the
-/// Deployment and the ConfigMaps. Runs on drop, so a failed check cleans up too.
+/// Deployment, its PodDisruptionBudget and the ConfigMaps. Runs on drop, so a failed check cleans up
+/// too.
 struct Applied(Vec<Value>);
 
 impl Drop for Applied {
     fn drop(&mut self) {
-        for object in self
-            .0
-            .iter()
-            .filter(|o| o["kind"] == "Deployment" || o["kind"] == "ConfigMap")
-        {
+        for object in self.0.iter().filter(|o| {
+            o["kind"] == "Deployment"
+                || o["kind"] == "ConfigMap"
+                || o["kind"] == "PodDisruptionBudget"
+        }) {
             let (kind, namespace, name) = key(object);
             let output = Command::new("kubectl")
                 .arg("--kubeconfig")
@@ -212,11 +214,13 @@ impl Drop for Applied {
 /// and returns its objects and its Deployment; what it created is deleted when the guard drops.
 fn render_and_apply(dir: &str) -> (Applied, Vec<Value>, Value) {
     let (yaml, objects) = render(dir);
-    // Only the manager's identity, its permissions, its Deployment and its cloud-config.
+    // Only the manager's identity, its permissions, its Deployment with its PodDisruptionBudget, and
+    // its cloud-config.
     for object in &objects {
         assert!(
             is_rbac(object)
                 || (object["apiVersion"] == "apps/v1" && object["kind"] == "Deployment")
+                || (object["apiVersion"] == "policy/v1" && object["kind"] == "PodDisruptionBudget")
                 || (object["apiVersion"] == "v1" && object["kind"] == "ConfigMap"),
             "{dir} renders an unexpected object: {:?}",
             key(object)
@@ -267,7 +271,31 @@ fn render_and_apply(dir: &str) -> (Applied, Vec<Value>, Value) {
         deployment["spec"]["template"]["spec"]["serviceAccountName"], "cloud-controller-manager",
         "{dir}: the manager runs as another ServiceAccount"
     );
+    // The base's PodDisruptionBudget, unchanged, selecting the Deployment's pods.
+    assert_eq!(
+        the(&objects, "PodDisruptionBudget"),
+        &shipped_pod_disruption_budget(),
+        "{dir}: the PodDisruptionBudget"
+    );
+    assert_eq!(
+        deployment["spec"]["selector"]["matchLabels"],
+        shipped_pod_disruption_budget()["spec"]["selector"]["matchLabels"]
+    );
+    assert!(
+        applied.contains("poddisruptionbudget.policy/cloud-controller-manager serverside-applied"),
+        "{applied}"
+    );
     (guard, objects, deployment)
+}
+
+/// The base's PodDisruptionBudget, as `deploy/base/pod-disruption-budget.yaml` has it.
+fn shipped_pod_disruption_budget() -> Value {
+    let path = workspace_root().join("deploy/base/pod-disruption-budget.yaml");
+    let objects = parse(
+        &std::fs::read_to_string(&path).unwrap(),
+        "deploy/base/pod-disruption-budget.yaml",
+    );
+    the(&objects, "PodDisruptionBudget").clone()
 }
 
 /// The base's Deployment, as `deploy/deployment.yaml` has it.
@@ -285,7 +313,16 @@ async fn the_base_applies_and_is_the_shipped_files() {
     let _serial = SERIAL.lock().await;
     let (_applied, objects, deployment) = render_and_apply("deploy/base");
     assert_eq!(deployment, shipped_deployment());
-    assert_eq!(objects.len(), shipped_rbac().len() + 1, "{objects:?}");
+    // The RBAC, the Deployment and its PodDisruptionBudget.
+    assert_eq!(objects.len(), shipped_rbac().len() + 2, "{objects:?}");
+    assert_eq!(
+        shipped_pod_disruption_budget()["spec"],
+        json!({
+            "maxUnavailable": 1,
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+            "selector": { "matchLabels": { "k8s-app": "cloud-controller-manager" } },
+        })
+    );
     // A provider that ships (not `fake`), with no cloud-config.
     let args = args(&deployment);
     assert_eq!(args[0], "--cloud-provider=local", "{args:?}");
@@ -416,6 +453,7 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
         .filter(|o| !is_rbac(o))
         .map(|o| o["kind"].as_str().unwrap().to_owned())
         .collect();
+    // No PodDisruptionBudget: components/daemonset deletes the Deployment's.
     assert_eq!(kinds, ["ConfigMap", "DaemonSet"], "{kinds:?}");
     assert_eq!(the(&objects, "ConfigMap"), the(&local, "ConfigMap"));
     let copy = std::fs::read_to_string(
@@ -479,4 +517,66 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
         ),
         "{dry_run}"
     );
+}
+
+/// Memory requests and limits from measured figures (docs/deploy.md, "Memory"), the same in every form
+/// of a workload; no CPU limit (throttling would delay Lease renewals, heartbeats and the data plane).
+#[test]
+fn every_workload_has_memory_requests_and_limits_and_no_cpu_limit() {
+    let manager = json!({
+        "requests": { "cpu": "100m", "memory": "100Mi" },
+        "limits": { "memory": "512Mi" },
+    });
+    let agent = json!({
+        "requests": { "cpu": "50m", "memory": "64Mi" },
+        "limits": { "memory": "512Mi" },
+    });
+    for (dir, kind, name, expected) in [
+        ("deploy/base", "Deployment", CONTAINER, &manager),
+        ("deploy/overlays/local", "Deployment", CONTAINER, &manager),
+        ("deploy/overlays/aws", "Deployment", CONTAINER, &manager),
+        (
+            "deploy/overlays/local-daemonset",
+            "DaemonSet",
+            CONTAINER,
+            &manager,
+        ),
+        (
+            "deploy/overlays/local-agents",
+            "Deployment",
+            CONTAINER,
+            &manager,
+        ),
+        (
+            "deploy/overlays/local-agents",
+            "DaemonSet",
+            "local-agent",
+            &agent,
+        ),
+    ] {
+        let (_, objects) = render(dir);
+        let workload = objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{dir}: no {kind} {name}"));
+        let containers = workload["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .unwrap();
+        assert_eq!(containers.len(), 1, "{dir} {kind}");
+        assert_eq!(
+            &containers[0]["resources"], expected,
+            "{dir} {kind} {name}: resources"
+        );
+    }
+    // Each number's source is named beside it.
+    for file in [
+        "deploy/base/deployment.yaml",
+        "deploy/components/daemonset/daemonset.yaml",
+        "deploy/components/local-agents/agents.yaml",
+    ] {
+        let text = std::fs::read_to_string(workspace_root().join(file)).unwrap();
+        for source in ["bench/results/2026-11-28.md", "docs/real-cluster.md"] {
+            assert!(text.contains(source), "{file} does not name {source}");
+        }
+    }
 }

@@ -1,12 +1,63 @@
 {{/*
-The chart's logic. The objects are those of the kustomize overlays (deploy/overlays/local for
-kind: Deployment, deploy/overlays/local-daemonset for kind: DaemonSet), field for field, with no Helm
-labels or annotations; crates/cloud-controller-manager-bin/tests/helm_chart.rs checks they are equal.
+The chart's logic. The objects are those of the kustomize overlays (deploy/overlays/local-agents with the
+default values; deploy/overlays/local for loadBalancerMode leader with privilegedPorts, and
+deploy/overlays/local-daemonset with kind DaemonSet as well), field for field, with no Helm labels or
+annotations; crates/cloud-controller-manager-bin/tests/helm_chart.rs checks they are equal.
 */}}
 
 {{/* The labels of every object the chart writes (as deploy/base/deployment.yaml). */}}
 {{- define "ccm.labels" -}}
 k8s-app: cloud-controller-manager
+{{- end }}
+
+{{/* The image of the manager and of the agents (one image holds both binaries). */}}
+{{- define "ccm.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end }}
+
+{{/* The cloud-config: .Values.cloudConfig, or else the overlay's file for the load-balancer mode. */}}
+{{- define "ccm.cloudConfig" -}}
+{{- $config := .Values.cloudConfig -}}
+{{- if not $config -}}
+{{- $file := ternary "files/cloud-config-agents.yaml" "files/cloud-config.yaml" (eq .Values.loadBalancerMode "agents") -}}
+{{- $config = .Files.Get $file -}}
+{{- if not $config }}{{ fail (printf "%s is missing or empty: in the repository it is a symbolic link to the overlay's cloud-config.yaml; set cloudConfig, or use a chart with the file (helm package follows the links)" $file) }}{{ end -}}
+{{- end -}}
+{{- $config -}}
+{{- end }}
+
+{{/* A file of files/ (a symbolic link into deploy/), refusing an empty one. */}}
+{{- define "ccm.file" -}}
+{{- $content := .root.Files.Get .name -}}
+{{- if not $content }}{{ fail (printf "%s is missing or empty: in the repository it is a symbolic link into deploy/; use a chart with the file (helm package follows the links, cp -r without -L does not)" .name) }}{{ end -}}
+{{- $content -}}
+{{- end }}
+
+{{/* The PodDisruptionBudget's condition: "true" for a Deployment of two replicas or more. */}}
+{{- define "ccm.podDisruptionBudget" -}}
+{{- if eq .Values.kind "Deployment" -}}
+{{- $replicas := 2 -}}
+{{- if not (kindIs "invalid" .Values.replicas) }}{{ $replicas = int .Values.replicas }}{{ end -}}
+{{- if ge $replicas 2 }}true{{ end -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The value of a flag in a list of arguments (`--flag=value`, or `--flag value` as two items), "" without
+it. Called with (dict "args" LIST "flag" "--flag").
+*/}}
+{{- define "ccm.flagValue" -}}
+{{- $flag := .flag -}}
+{{- $value := "" -}}
+{{- $next := false -}}
+{{- range .args -}}
+{{- $arg := toString . -}}
+{{- if $next }}{{ $value = $arg }}{{ $next = false }}
+{{- else if eq $arg $flag }}{{ $next = true }}
+{{- else if hasPrefix (printf "%s=" $flag) $arg }}{{ $value = trimPrefix (printf "%s=" $flag) $arg }}
+{{- end -}}
+{{- end -}}
+{{- $value -}}
 {{- end }}
 
 {{/* "true" when the kind's --use-service-account-credentials is on (null: on for a DaemonSet only). */}}
@@ -24,20 +75,58 @@ k8s-app: cloud-controller-manager
 {{- end }}
 
 {{/*
-Refuses what the chart would otherwise have to ignore or get wrong: an unknown kind, a value that does
-not apply to the kind, and arguments that set a flag a value owns. values.schema.json refuses unknown keys
-and wrong types before this runs (and this repeats its kind check for --skip-schema-validation).
+Refuses what the chart would otherwise have to ignore or get wrong: an unknown kind or mode, a value that
+does not apply to the kind or the mode, a cloud-config whose mode is not the chart's, a capability no
+workload needs, and arguments that set a flag a value or the chart owns. values.schema.json refuses unknown
+keys and wrong types before this runs (and this repeats its kind, mode and capability checks for
+--skip-schema-validation).
 */}}
 {{- define "ccm.validate" -}}
 {{- $kind := .Values.kind -}}
 {{- if not (has $kind (list "Deployment" "DaemonSet")) -}}
 {{- fail (printf "kind must be Deployment or DaemonSet, not %v" $kind) -}}
 {{- end -}}
+{{- $mode := .Values.loadBalancerMode -}}
+{{- if not (has $mode (list "agents" "leader")) -}}
+{{- fail (printf "loadBalancerMode must be agents (the node agents announce and serve the VIPs) or leader (the leading manager does), not %v" $mode) -}}
+{{- end -}}
+{{- /* The cloud-config's loadBalancer.mode (the provider's default: leader) is what the manager and the agents run. */ -}}
+{{- $config := fromYaml (include "ccm.cloudConfig" .) -}}
+{{- if hasKey $config "Error" -}}
+{{- fail (printf "cloudConfig is not a YAML map, as the local provider's cloud-config is: %v" (get $config "Error")) -}}
+{{- end -}}
+{{- $configMode := "leader" -}}
+{{- $loadBalancer := get $config "loadBalancer" -}}
+{{- if kindIs "map" $loadBalancer }}{{ $configMode = get $loadBalancer "mode" | default "leader" | toString }}{{ end -}}
+{{- if ne $configMode $mode -}}
+{{- fail (printf "loadBalancerMode is %s but the cloud-config's loadBalancer.mode is %s%s: the manager and the agents run the cloud-config's mode, so the chart's must be the same; set loadBalancerMode=%s, or put `loadBalancer: {mode: %s}` in cloudConfig" $mode $configMode (ternary " (its default: the file sets no mode)" "" (not (and (kindIs "map" $loadBalancer) (hasKey $loadBalancer "mode")))) $configMode $mode) -}}
+{{- end -}}
+{{- if and (eq $mode "agents") (kindIs "map" $loadBalancer) (hasKey $loadBalancer "agentNamespace") (ne (toString (get $loadBalancer "agentNamespace")) "kube-system") -}}
+{{- fail (printf "the cloud-config's loadBalancer.agentNamespace is %v, but the chart runs the agents in kube-system (their heartbeat Leases, the manager's Role to read them and the admission policy local-agent-own-heartbeat are there): remove agentNamespace, or set it to kube-system" (get $loadBalancer "agentNamespace")) -}}
+{{- end -}}
 {{- if and (eq $kind "DaemonSet") (not (kindIs "invalid" .Values.replicas)) -}}
 {{- fail (printf "replicas (%v) applies to kind Deployment only: a DaemonSet runs one pod on each node its nodeSelector and tolerations admit; unset replicas or set kind=Deployment" .Values.replicas) -}}
 {{- end -}}
-{{- if and .Values.capabilities.add (not .Values.privilegedPorts) -}}
-{{- fail (printf "capabilities.add (%v) needs privilegedPorts=true: with privilegedPorts=false the manager runs as the non-root user 65532, whose added capabilities the kernel clears at execve (deploy/overlays/local/privileged-ports.yaml explains why)" (join ", " .Values.capabilities.add)) -}}
+{{- $add := .Values.capabilities.add | default list -}}
+{{- range $add -}}
+{{- if not (has . (list "NET_ADMIN" "NET_RAW" "NET_BIND_SERVICE")) -}}
+{{- fail (printf "capabilities.add: %v is not one the manager needs: NET_BIND_SERVICE binds ports below 1024 (privilegedPorts), NET_ADMIN and NET_RAW put VIPs on an interface and announce them; nothing else is accepted" .) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $mode "agents" -}}
+{{- if .Values.privilegedPorts -}}
+{{- fail "privilegedPorts applies to loadBalancerMode=leader only: in agents mode the node agents bind the Services' ports (with NET_BIND_SERVICE) and the manager binds none, so it runs as the non-root user 65532 with no capability; unset privilegedPorts, or set loadBalancerMode=leader" -}}
+{{- end -}}
+{{- if $add -}}
+{{- fail (printf "capabilities.add (%s) applies to loadBalancerMode=leader only: in agents mode the node agents put the VIPs on their interface and announce them (they have NET_ADMIN and NET_RAW) and the manager needs no capability; unset capabilities.add, or set loadBalancerMode=leader" (join ", " $add)) -}}
+{{- end -}}
+{{- else -}}
+{{- if .Values.agents.args -}}
+{{- fail (printf "agents.args (%s) applies to loadBalancerMode=agents only: in leader mode no node agent runs; unset agents.args, or set loadBalancerMode=agents" (join ", " .Values.agents.args)) -}}
+{{- end -}}
+{{- if and $add (not .Values.privilegedPorts) -}}
+{{- fail (printf "capabilities.add (%s) needs privilegedPorts=true: with privilegedPorts=false the manager runs as the non-root user 65532, whose added capabilities the kernel clears at execve (deploy/overlays/local/privileged-ports.yaml explains why)" (join ", " $add)) -}}
+{{- end -}}
 {{- end -}}
 {{- if and (include "ccm.allocateNodeCIDRs" .) (not .Values.clusterCIDR) -}}
 {{- fail "allocateNodeCIDRs needs clusterCIDR: the nodes' pod CIDRs are allocated from it (set clusterCIDR, or allocateNodeCIDRs=false)" -}}
@@ -47,6 +136,20 @@ and wrong types before this runs (and this repeats its kind check for --skip-sch
 {{- $flag := regexReplaceAll "=.*" (toString .) "" -}}
 {{- if hasKey $owned $flag -}}
 {{- fail (printf "args: %s sets a flag the chart owns: %s" . (get $owned $flag)) -}}
+{{- end -}}
+{{- end -}}
+{{- $agentOwned := dict "--cloud-config" "the agents read the manager's cloud-config (set the value cloudConfig)" "--membership-key-file" "the agents read the Secret kube-system/local-agent-membership, which the DaemonSet mounts there" "--node-name" "each agent takes its node's name from NODE_NAME, which the DaemonSet sets from spec.nodeName; one name for all would make every agent claim the same node" "--namespace" "the agents' heartbeat Leases are in kube-system, where the chart puts them (POD_NAMESPACE), the manager reads them and the admission policy local-agent-own-heartbeat expects them" -}}
+{{- range .Values.agents.args -}}
+{{- $flag := regexReplaceAll "=.*" (toString .) "" -}}
+{{- if hasKey $agentOwned $flag -}}
+{{- fail (printf "agents.args: %s sets a flag the chart owns: %s" . (get $agentOwned $flag)) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq $mode "agents" -}}
+{{- $managerClass := include "ccm.flagValue" (dict "args" .Values.args "flag" "--load-balancer-class") -}}
+{{- $agentClass := include "ccm.flagValue" (dict "args" .Values.agents.args "flag" "--load-balancer-class") -}}
+{{- if ne $managerClass $agentClass -}}
+{{- fail (printf "the manager's --load-balancer-class (%s, in args) and the agents' (%s, in agents.args) differ: the agents would serve other Services than those the manager gives VIPs; give both the same class" ($managerClass | default "none") ($agentClass | default "none")) -}}
 {{- end -}}
 {{- end -}}
 {{- end }}
@@ -104,7 +207,7 @@ spec:
       type: RuntimeDefault
   containers:
     - name: cloud-controller-manager
-      image: {{ printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) | quote }}
+      image: {{ include "ccm.image" . | quote }}
       {{- with .Values.image.pullPolicy }}
       imagePullPolicy: {{ . }}
       {{- end }}
@@ -159,4 +262,26 @@ spec:
     - name: cloud-config
       configMap:
         name: cloud-config
+{{- end }}
+
+{{/*
+The agents' DaemonSet: the component's (deploy/components/local-agents/agents.yaml, parsed), with the
+image and its pull policy from image.*, agents.args after its own arguments, and agents.resources.
+Called with (dict "root" $ "daemonSet" OBJECT).
+*/}}
+{{- define "ccm.agentDaemonSet" -}}
+{{- $root := .root -}}
+{{- $daemonSet := .daemonSet -}}
+{{- $containers := $daemonSet.spec.template.spec.containers -}}
+{{- $container := index $containers 0 -}}
+{{- if or (ne (len $containers) 1) (ne $container.name "local-agent") -}}
+{{- fail "files/local-agents.yaml: the DaemonSet must have one container, local-agent (the chart sets its image, arguments and resources)" -}}
+{{- end -}}
+{{- $_ := set $container "image" (include "ccm.image" $root) -}}
+{{- with $root.Values.image.pullPolicy }}{{ $_ := set $container "imagePullPolicy" . }}{{ end -}}
+{{- $args := $container.args | default list -}}
+{{- range $root.Values.agents.args }}{{ $args = append $args (toString .) }}{{ end -}}
+{{- $_ := set $container "args" $args -}}
+{{- if $root.Values.agents.resources }}{{ $_ := set $container "resources" $root.Values.agents.resources }}{{ else }}{{ $_ := unset $container "resources" }}{{ end -}}
+{{- toYaml $daemonSet -}}
 {{- end }}
