@@ -1183,11 +1183,23 @@ async fn a_leader_cut_from_the_api_server_steps_down_when_the_next_leader_serves
         failed.len()
     );
     drop(cut);
-    let log = c.kubectl(&["-n", "kube-system", "logs", &old_pod, "--previous"], None);
-    assert!(
-        log.contains("stepped down while riding out the API server's outage: another replica serves the VIPs now"),
-        "the old leader's log does not say it stepped down:\n{log}"
-    );
+    // The stepped-down container's log: the pod's last container until the kubelet restarted it (its
+    // restart waits out a back-off), the previous one after.
+    let said = "stepped down while riding out the API server's outage: another replica serves the VIPs now";
+    eventually("the old leader's log says it stepped down", LONG, || {
+        let old_pod = old_pod.clone();
+        async move {
+            [Some("--previous"), None].into_iter().find_map(|previous| {
+                let mut args = vec!["-n", "kube-system", "logs", old_pod.as_str()];
+                args.extend(previous);
+                let out = c.kubectl_output(&args, None);
+                String::from_utf8_lossy(&out.stdout)
+                    .contains(said)
+                    .then_some(())
+            })
+        }
+    })
+    .await;
     c.kubectl(
         &[
             "-n",
