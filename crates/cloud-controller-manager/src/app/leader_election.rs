@@ -24,6 +24,8 @@
 //!   it renews if the Lease is still its own, or exits if another replica holds it. Nobody can have
 //!   taken the Lease without reaching the API server, and the resourceVersion of the renewal makes any
 //!   write in between a conflict, so a renewal after riding out never overlaps another leader's term.
+//!   An answer that turns the renewal away (401, 403, 429: a restarted API server's first answers, before
+//!   its authorizer's caches are filled) keeps it riding out, since it says nothing of who holds the Lease.
 //!   Another replica that could reach the API server takes the Lease once it expires and starts serving;
 //!   the provider hears that and steps down ([`cloud_provider::ApiOutage::step_down`]). A candidate
 //!   counts a holder's silence only over time it could watch: an attempt that fails (no answer, an
@@ -374,6 +376,12 @@ impl LeaderElector {
                 Err(err) if err.unreachable() => {
                     tracing::debug!(error = %err, "still riding out: the API server cannot be reached");
                 }
+                // Another replica with the same rights is turned away as well: keep riding out (the
+                // writes stay stopped) rather than hand a restarting API server's first answers the
+                // traffic.
+                Err(err) if err.turned_away() => {
+                    tracing::warn!(error = %err, "still riding out: the API server turned the renewal away");
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "the API server answers but refused the renewal");
                     break Err(self.lost());
@@ -602,6 +610,13 @@ impl AttemptError {
             AttemptError::TimedOut(_) => true,
         }
     }
+
+    /// Whether the API server answered but turned the request away (401, 403, 429): what a restarted
+    /// API server answers until its authorizer's caches are filled (seen on `hack/cluster`: 403 on the
+    /// Lease for the first requests after a restart). It says nothing of who holds the Lease.
+    fn turned_away(&self) -> bool {
+        matches!(self, AttemptError::Api(kube::Error::Api(status)) if matches!(status.code, 401 | 403 | 429))
+    }
 }
 
 /// `<hostname>_<random UUID>`, as upstream names candidates.
@@ -626,6 +641,23 @@ mod tests {
         assert!(!host.is_empty());
         assert_eq!(id.len(), 36);
         assert_ne!(a, new_identity());
+    }
+
+    #[test]
+    fn a_refusal_turns_the_renewal_away_and_says_nothing_of_the_holder() {
+        let status = |code: u16| {
+            AttemptError::Api(kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused", "Forbidden").with_code(code),
+            )))
+        };
+        for code in [401, 403, 429] {
+            assert!(status(code).turned_away(), "{code}");
+            assert!(!status(code).unreachable(), "{code}");
+        }
+        for code in [404, 409, 422, 500] {
+            assert!(!status(code).turned_away(), "{code}");
+        }
+        assert!(!AttemptError::TimedOut(Duration::from_secs(1)).turned_away());
     }
 
     #[test]
