@@ -145,7 +145,8 @@ fn duplicate_address_solicitation(mac: Mac, ip: Ipv6Addr) -> [u8; SOLICITATION_F
 pub(crate) struct ConflictWatch {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
-    claims: tokio::sync::oneshot::Receiver<Claim>,
+    /// The first claim heard, or why the watch stopped before one.
+    claims: tokio::sync::oneshot::Receiver<Result<Claim, String>>,
 }
 
 impl ConflictWatch {
@@ -207,13 +208,29 @@ impl ConflictWatch {
                             }
                             next_probe = Instant::now() + PROBE_INTERVAL;
                         }
-                        let Ok(frame) = receiver.next() else {
-                            continue; // the read timed out
+                        let frame = match receiver.next() {
+                            Ok(frame) => frame,
+                            Err(err)
+                                if matches!(
+                                    err.kind(),
+                                    io::ErrorKind::TimedOut
+                                        | io::ErrorKind::WouldBlock
+                                        | io::ErrorKind::Interrupted
+                                ) =>
+                            {
+                                continue; // the read timed out
+                            }
+                            // The interface went away, or the socket broke: the watch cannot go on,
+                            // and says so (rather than spin on the error or end unseen).
+                            Err(err) => {
+                                let _ = found.send(Err(format!("reading frames on {interface}: {err}")));
+                                return;
+                            }
                         };
                         if let Some(claim) = heard::parse(frame).and_then(|h| claim_of(&h, mac))
                             && defended().contains(&claim.ip)
                         {
-                            let _ = found.send(claim);
+                            let _ = found.send(Ok(claim));
                             return;
                         }
                     }
@@ -226,12 +243,13 @@ impl ConflictWatch {
         })
     }
 
-    /// The first claim heard on a defended address (pending forever if the watch's thread ended
-    /// without one, which it does only when dropped).
-    pub(crate) async fn claim(&mut self) -> Claim {
+    /// The first claim heard on a defended address; `Err` with why when the watch stopped without one
+    /// (its socket failed, or its thread panicked): the caller can no longer tell whether another host
+    /// serves, and must act on that.
+    pub(crate) async fn claim(&mut self) -> Result<Claim, String> {
         match (&mut self.claims).await {
-            Ok(claim) => claim,
-            Err(_) => std::future::pending().await,
+            Ok(outcome) => outcome,
+            Err(_) => Err("the watch's thread ended without a word (it panicked)".to_owned()),
         }
     }
 }
@@ -423,7 +441,8 @@ mod tests {
         announce::announce(link.peer(), v4).unwrap();
         let claim = tokio::time::timeout(Duration::from_secs(5), watch.claim())
             .await
-            .expect("the announcement is heard");
+            .expect("the announcement is heard")
+            .unwrap();
         assert_eq!(
             claim,
             Claim {
@@ -461,8 +480,25 @@ mod tests {
                 ConflictWatch::start(link.name(), move || BTreeSet::from([ip])).unwrap();
             let claim = tokio::time::timeout(3 * PROBE_INTERVAL, watch.claim())
                 .await
-                .unwrap_or_else(|_| panic!("nobody answered the probe for {ip}"));
+                .unwrap_or_else(|_| panic!("nobody answered the probe for {ip}"))
+                .unwrap();
             assert_eq!(claim, Claim { ip, mac: theirs });
         }
+    }
+
+    /// A watch whose interface goes away says so (the leader then steps down) instead of spinning on
+    /// the socket's errors or ending unseen.
+    #[tokio::test]
+    async fn a_watch_whose_interface_goes_away_says_why() {
+        let link = TestInterface::create_veth("g");
+        let ip: IpAddr = "198.51.100.213".parse().unwrap();
+        let mut watch = ConflictWatch::start(link.name(), move || BTreeSet::from([ip])).unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(link);
+        let outcome = tokio::time::timeout(Duration::from_secs(5), watch.claim())
+            .await
+            .expect("the watch ends when its interface is gone");
+        let why = outcome.expect_err("no claim was made");
+        assert!(why.starts_with("reading frames on ccmt"), "{why}");
     }
 }

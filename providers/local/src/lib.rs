@@ -553,7 +553,10 @@ impl LocalCloud {
                 tracing::warn!(%interface, "local cloud: riding out the API server's outage with the last configuration; probing {interface} every {:?} for another replica serving the VIPs", conflict::PROBE_INTERVAL);
                 tokio::select! {
                     claim = watch.claim() => {
-                        outage.step_down(format!("another replica serves the VIPs now: {claim} on {interface}"));
+                        outage.step_down(match claim {
+                            Ok(claim) => format!("another replica serves the VIPs now: {claim} on {interface}"),
+                            Err(why) => format!("the watch for another replica serving the VIPs stopped ({why}): stepping down rather than risk serving beside it"),
+                        });
                         return;
                     }
                     () = outage.wait_until(false) => {
