@@ -340,11 +340,13 @@ async fn go_leads_ours_waits_then_takes_over_when_go_stops() {
         Some(holder(&lease(LEASE).await?)).filter(|h| !h.is_empty())
     })
     .await;
-    assert!(
-        go.logged(&format!("{go_id} became leader")),
-        "the holder {go_id} is the Go CCM:\n{}",
-        go.log()
-    );
+    // client-go writes the Lease first and logs its leader event after, asynchronously: wait for it.
+    eventually(
+        "the Go CCM's leader event (the holder is the Go CCM)",
+        WITHIN,
+        || async { go.logged(&format!("{go_id} became leader")).then_some(()) },
+    )
+    .await;
 
     // Ours starts and waits: the Go CCM goes on renewing for a whole lease duration and more.
     let (ours, ours_id) = start_ours(dir.path(), 0).await;
