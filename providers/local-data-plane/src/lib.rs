@@ -34,6 +34,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 mod budget;
 mod error;
+mod handover;
 mod health;
 pub mod metrics;
 mod pool;
@@ -42,6 +43,7 @@ mod tcp;
 mod udp;
 
 pub use error::{ApplyError, BindFailure, ListenerFailure};
+pub use handover::HandedSocket;
 pub use spec::{
     Backend, BackendState, HealthCheck, HealthCheckTiming, ListenerSpec, ListenerState,
     LoadBalancerSpec, LoadBalancerState, Protocol, Settings,
@@ -65,6 +67,9 @@ pub(crate) struct Inner {
     budget: Arc<budget::Budget>,
     probes: ProbeRegistry,
     load_balancers: Mutex<HashMap<String, Arc<LoadBalancer>>>,
+    /// Listening sockets handed over by the process this one replaces, taken by the listeners that
+    /// bind their address (see [`DataPlane::inherit`]).
+    inherited: Mutex<HashMap<ListenerKey, std::os::fd::OwnedFd>>,
 }
 
 /// One load balancer. `op` serializes `apply` and `remove` of this name; `run` is only held for
@@ -88,6 +93,9 @@ struct Running {
 struct RunningListener {
     shared: Arc<ListenerShared>,
     local_addr: SocketAddr,
+    /// This listener's share of its socket, to be handed over ([`DataPlane::hand_over`]); dropped
+    /// when it stops accepting.
+    socket: Option<handover::ListeningSocket>,
     /// Stops accepting (the socket closes when the accept loop ends).
     stop: CancellationToken,
     /// The accept loop; it returns the connections still open when it stops.
@@ -99,6 +107,7 @@ struct RunningListener {
 impl RunningListener {
     /// Stops accepting and waits until the socket is closed.
     async fn stop_accepting(&mut self) {
+        self.socket = None;
         self.stop.cancel();
         if let Some(accept_loop) = self.accept_loop.take() {
             match accept_loop.await {
@@ -147,6 +156,7 @@ impl DataPlane {
                 probes: ProbeRegistry::new(settings.health_check.clone()),
                 settings,
                 load_balancers: Mutex::new(HashMap::new()),
+                inherited: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -353,12 +363,19 @@ impl DataPlane {
     fn start_listener(&self, shared: Arc<ListenerShared>) -> std::io::Result<RunningListener> {
         let stop = CancellationToken::new();
         let span = info_span!("listener", listener = %shared.label);
-        let (local_addr, accept_loop) = match shared.spec.protocol {
+        let inherited = lock(&self.inner.inherited).remove(&shared.spec.key());
+        if inherited.is_some() {
+            info!(listener = %shared.label, "taking over the socket handed over");
+        }
+        let (local_addr, socket, accept_loop) = match shared.spec.protocol {
             Protocol::Tcp => {
-                let socket = tcp::bind(shared.spec.socket_addr())?;
+                let socket = Arc::new(match inherited {
+                    Some(fd) => handover::tcp_listener(fd, shared.spec.socket_addr())?,
+                    None => tcp::bind(shared.spec.socket_addr())?,
+                });
                 let local_addr = socket.local_addr()?;
                 let task = tcp::serve(
-                    socket,
+                    socket.clone(),
                     shared.clone(),
                     stop.clone(),
                     tcp::Timeouts {
@@ -366,23 +383,35 @@ impl DataPlane {
                         idle: self.inner.settings.tcp_idle_timeout,
                     },
                 );
-                (local_addr, tokio::spawn(task.instrument(span)))
+                (
+                    local_addr,
+                    handover::ListeningSocket::Tcp(socket),
+                    tokio::spawn(task.instrument(span)),
+                )
             }
             Protocol::Udp => {
-                let socket = udp::bind(shared.spec.socket_addr())?;
+                let socket = Arc::new(match inherited {
+                    Some(fd) => handover::udp_socket(fd, shared.spec.socket_addr())?,
+                    None => udp::bind(shared.spec.socket_addr())?,
+                });
                 let local_addr = socket.local_addr()?;
                 let task = udp::serve(
-                    socket,
+                    socket.clone(),
                     shared.clone(),
                     stop.clone(),
                     self.inner.settings.udp_idle_timeout,
                 );
-                (local_addr, tokio::spawn(task.instrument(span)))
+                (
+                    local_addr,
+                    handover::ListeningSocket::Udp(socket),
+                    tokio::spawn(task.instrument(span)),
+                )
             }
         };
         Ok(RunningListener {
             shared,
             local_addr,
+            socket: Some(socket),
             stop,
             accept_loop: Some(accept_loop),
             connections: JoinSet::new(),
@@ -459,6 +488,58 @@ impl DataPlane {
         let mut names: Vec<String> = lock(&self.inner.load_balancers).keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// A copy of every listening socket, to hand over to the process that replaces this one (a rolling
+    /// update of the node agents): that process takes them with [`DataPlane::inherit`] and accepts
+    /// from the same sockets, so no connection waiting to be accepted is refused. This one goes on
+    /// accepting until its [`DataPlane::shutdown`], whose drain then lets its own connections finish.
+    pub fn hand_over(&self) -> std::io::Result<Vec<HandedSocket>> {
+        let lbs: Vec<Arc<LoadBalancer>> =
+            lock(&self.inner.load_balancers).values().cloned().collect();
+        let mut handed = Vec::new();
+        for lb in lbs {
+            for (key, listener) in &lock(&lb.run).listeners {
+                if let Some(socket) = &listener.socket {
+                    handed.push(HandedSocket {
+                        protocol: key.protocol,
+                        addr: key.addr,
+                        fd: socket.duplicate()?,
+                    });
+                }
+            }
+        }
+        handed.sort_by_key(|h| (h.addr, h.protocol));
+        Ok(handed)
+    }
+
+    /// Takes the listening sockets the process this one replaces handed over ([`DataPlane::hand_over`]):
+    /// a listener of the same address and protocol started by a later [`DataPlane::apply`] accepts
+    /// from its socket instead of binding a new one. Those no listener takes are closed by
+    /// [`DataPlane::close_inherited`].
+    pub fn inherit(&self, sockets: Vec<HandedSocket>) {
+        let mut inherited = lock(&self.inner.inherited);
+        for socket in sockets {
+            inherited.insert(
+                ListenerKey {
+                    addr: socket.addr,
+                    protocol: socket.protocol,
+                },
+                socket.fd,
+            );
+        }
+    }
+
+    /// Closes the inherited sockets no listener took (their Services are no longer served here);
+    /// returns how many.
+    pub fn close_inherited(&self) -> usize {
+        let mut inherited = lock(&self.inner.inherited);
+        let left = inherited.len();
+        for key in inherited.keys() {
+            info!(listener = %format!("{}/{}", key.addr, key.protocol), "closing a socket handed over that no listener took");
+        }
+        inherited.clear();
+        left
     }
 
     /// Closes everything (manager shutdown, leadership lost): every load balancer is removed as by

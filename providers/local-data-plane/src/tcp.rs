@@ -40,13 +40,13 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// The accept loop of one listener; ends when `stop` is cancelled (dropping the socket, so new
-/// connections are refused) and hands back the connections that are still open, to be drained.
+/// The accept loop of one listener; ends when `stop` is cancelled (dropping its share of the socket,
+/// which closes with the last share, so new connections are refused) and hands back the connections that are still open, to be drained.
 ///
 /// Connections are tasks in a `JoinSet` owned by this loop: nothing on a connection's path polls a
 /// shared token or lock, and the drain cuts them by aborting the set.
 pub(crate) async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
     timeouts: Timeouts,

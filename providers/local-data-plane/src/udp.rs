@@ -98,13 +98,12 @@ impl FlowEntry {
 /// The receive loop of one listener; ends when `stop` is cancelled, and so do its flows (a UDP flow
 /// has no connection to drain): it returns an empty set.
 pub(crate) async fn serve(
-    socket: UdpSocket,
+    socket: Arc<UdpSocket>,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
     idle_timeout: Duration,
 ) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
-    let socket = Arc::new(socket);
     let epoch = Instant::now();
     let mut flows: HashMap<SocketAddr, FlowEntry> = HashMap::new();
     let mut buf = vec![0u8; MAX_DATAGRAM];

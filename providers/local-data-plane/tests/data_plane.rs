@@ -1288,3 +1288,131 @@ async fn an_idle_connection_is_closed_after_the_idle_timeout_and_a_busy_one_is_n
     assert_eq!(round_trip(&mut idle, b"still").await, b"still");
     plane.shutdown().await;
 }
+
+/// A rolling update of the process that runs the data plane: the old one hands its listening sockets
+/// over, the new one accepts from them, and the old one drains. No connection is refused at any point
+/// (a client connects all along), the connection the old one accepted goes on until it ends, and a
+/// UDP client keeps getting answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_successor_accepts_from_the_sockets_handed_over_while_the_old_drains() {
+    let t = 45;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    udp_echo(node_ip(t, 1), "n1").await;
+    let settings = Settings {
+        drain_timeout: Duration::from_secs(3),
+        ..fast_settings()
+    };
+    let lb = || {
+        spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080), udp_listener(vip(t), 8053)],
+            vec![backend("n1", node_ip(t, 1))],
+        )
+    };
+    let tcp = SocketAddr::new(vip(t), 8080);
+    let udp = SocketAddr::new(vip(t), 8053);
+    let old = DataPlane::new(settings.clone());
+    old.apply(lb()).await.expect("apply on the old");
+    let mut long_lived = TcpStream::connect(tcp).await.expect("connect");
+    assert_eq!(read_id(&mut long_lived).await, "n1");
+
+    // A client connecting all along: every connection must get its echo.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let client = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.is_cancelled() {
+                match TcpStream::connect(tcp).await {
+                    Ok(mut stream) => match within(SECOND, "an echo", async {
+                        read_id(&mut stream).await;
+                        round_trip(&mut stream, b"ping").await
+                    })
+                    .await
+                    {
+                        data if data == b"ping" => ok += 1,
+                        data => failed.push(format!("echo {data:?}")),
+                    },
+                    Err(err) => failed.push(err.to_string()),
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (ok, failed)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let handed = old.hand_over().expect("the sockets to hand over");
+    assert_eq!(
+        handed
+            .iter()
+            .map(|h| (h.addr, h.protocol))
+            .collect::<Vec<_>>(),
+        [(udp, Protocol::Udp), (tcp, Protocol::Tcp)]
+    );
+    let new = DataPlane::new(settings);
+    new.inherit(handed);
+    new.apply(lb()).await.expect("apply on the new");
+    assert_eq!(
+        new.close_inherited(),
+        0,
+        "every socket handed over is taken"
+    );
+    let old_stopping = tokio::spawn({
+        let old = old.clone();
+        async move { old.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        round_trip(&mut long_lived, b"still here").await,
+        b"still here",
+        "the old process's connection goes on while it drains"
+    );
+    let datagram = UdpSocket::bind((client_ip(t, 1), 0)).await.expect("bind");
+    datagram.send_to(b"hello", udp).await.expect("send");
+    let mut buf = [0u8; 64];
+    let (len, from) = within(SECOND, "a UDP answer", datagram.recv_from(&mut buf))
+        .await
+        .expect("recv");
+    assert_eq!((&buf[..len], from), (&b"n1:hello"[..], udp));
+    drop(long_lived);
+    within(3 * SECOND, "the old drains", old_stopping)
+        .await
+        .expect("old shutdown");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.cancel();
+    let (ok, failed) = client.await.expect("client");
+    assert!(
+        failed.is_empty(),
+        "{} of {} connections failed: {failed:?}",
+        failed.len(),
+        ok + failed.len()
+    );
+    assert!(ok > 10, "the client connected all along ({ok})");
+    let state = new.state("lb").expect("the new serves");
+    assert_eq!(state.listeners.len(), 2);
+    assert!(state.failed_listeners.is_empty());
+}
+
+/// A socket handed over for another address, or of the wrong kind, is refused by the listener that
+/// would take it, which says why; the listener binds nothing else in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_handed_over_for_another_address_is_refused_with_the_reason() {
+    let t = 46;
+    let wrong = std::net::UdpSocket::bind((vip(t), 0)).expect("bind");
+    let plane = DataPlane::new(fast_settings());
+    plane.inherit(vec![local_data_plane::HandedSocket {
+        protocol: Protocol::Tcp,
+        addr: SocketAddr::new(vip(t), 8080),
+        fd: wrong.into(),
+    }]);
+    let err = plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect_err("a UDP socket is no TCP listener");
+    assert!(err.to_string().contains("no listening TCP socket"), "{err}");
+}

@@ -1,0 +1,84 @@
+//! Listening sockets passed from one process to the next (a rolling update of the node agents): the
+//! new process accepts from the very sockets the old one listened on, so the kernel's queue of
+//! connections waiting to be accepted carries over and nothing is refused between the two. How the
+//! descriptors travel between the processes is the caller's (a Unix socket's `SCM_RIGHTS`).
+
+use std::{
+    io,
+    net::SocketAddr,
+    os::fd::{AsFd, OwnedFd},
+    sync::Arc,
+};
+
+use tokio::net::{TcpListener, UdpSocket};
+
+use crate::Protocol;
+
+/// One listening socket handed over: its address and protocol (what a listener is keyed by), and a
+/// descriptor of it.
+#[derive(Debug)]
+pub struct HandedSocket {
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The address it is bound to (VIP and port).
+    pub addr: SocketAddr,
+    /// The socket.
+    pub fd: OwnedFd,
+}
+
+/// A running listener's share of its socket.
+#[derive(Debug)]
+pub(crate) enum ListeningSocket {
+    Tcp(Arc<TcpListener>),
+    Udp(Arc<UdpSocket>),
+}
+
+impl ListeningSocket {
+    /// A new descriptor of the same socket.
+    pub(crate) fn duplicate(&self) -> io::Result<OwnedFd> {
+        match self {
+            ListeningSocket::Tcp(socket) => socket.as_fd().try_clone_to_owned(),
+            ListeningSocket::Udp(socket) => socket.as_fd().try_clone_to_owned(),
+        }
+    }
+}
+
+/// A TCP listener from a descriptor handed over; refused unless it is a TCP socket listening on
+/// `addr`.
+pub(crate) fn tcp_listener(fd: OwnedFd, addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = socket2::Socket::from(fd);
+    if socket.r#type()? != socket2::Type::STREAM || !socket.is_listener()? {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket handed over is no listening TCP socket",
+        ));
+    }
+    bound_to(&socket, addr)?;
+    socket.set_nonblocking(true)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// A UDP socket from a descriptor handed over; refused unless it is a UDP socket bound to `addr`.
+pub(crate) fn udp_socket(fd: OwnedFd, addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = socket2::Socket::from(fd);
+    if socket.r#type()? != socket2::Type::DGRAM {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "the socket handed over is no UDP socket",
+        ));
+    }
+    bound_to(&socket, addr)?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket.into())
+}
+
+fn bound_to(socket: &socket2::Socket, addr: SocketAddr) -> io::Result<()> {
+    let bound = socket.local_addr()?.as_socket();
+    if bound != Some(addr) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the socket handed over for {addr} is bound to {bound:?}"),
+        ));
+    }
+    Ok(())
+}
