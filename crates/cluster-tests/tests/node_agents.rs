@@ -1425,3 +1425,193 @@ async fn a_node_cut_from_its_peers_gives_its_vips_up() {
     );
     assert!(!on_old, "{old} still holds {vip}");
 }
+
+/// A metric of the agent on `node` (its first sample), if it answers.
+fn agent_metric(node: &str, name: &str) -> Option<f64> {
+    let text = cluster()
+        .curl_on_node(node, "http://127.0.0.1:10264/metrics")
+        .ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// What one worker of [`long_lived_connections`] saw.
+#[derive(Debug, Default)]
+struct LongLived {
+    connections: usize,
+    requests: usize,
+    errors: Vec<String>,
+}
+
+/// `workers` long-lived connections to `vip`, one after another per worker until `stop`: each an HTTP
+/// keep-alive connection asking every 200 ms, 20 times (4 s, less than hack/cluster's drain time of
+/// 5 s), then closed by the client. Whatever breaks one (a reset, a close, no answer) is an error.
+fn long_lived_connections(
+    vip: IpAddr,
+    workers: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<LongLived>> {
+    let started = Instant::now();
+    (0..workers)
+        .map(|worker| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                // Spread the workers' connections over the 4 s of one.
+                tokio::time::sleep(Duration::from_millis(200 * worker as u64)).await;
+                let mut seen = LongLived::default();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let at = || format!("{:.1}s", started.elapsed().as_secs_f64());
+                    let stream = tokio::time::timeout(
+                        Duration::from_secs(2),
+                        TcpStream::connect(SocketAddr::new(vip, 80)),
+                    )
+                    .await;
+                    let mut connection = match stream {
+                        Ok(Ok(stream)) => KeepAlive(BufReader::new(stream)),
+                        Ok(Err(err)) => {
+                            seen.errors.push(format!("{}: connect: {err}", at()));
+                            continue;
+                        }
+                        Err(_) => {
+                            seen.errors
+                                .push(format!("{}: connect: no answer in 2s", at()));
+                            continue;
+                        }
+                    };
+                    seen.connections += 1;
+                    for request in 0..20 {
+                        if let Err(err) = connection.get("/").await {
+                            seen.errors.push(format!(
+                                "{}: worker {worker}, request {request} of a connection: {err}",
+                                at()
+                            ));
+                            break;
+                        }
+                        seen.requests += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+/// Issue #47, item 3: the agents' DaemonSet rolled (`kubectl rollout restart`) while the client asks
+/// the VIP every 100 ms and 20 long-lived connections go through it (HTTP keep-alive, a request every
+/// 200 ms for 4 s each, opened one after another through the whole roll). On each node the new agent
+/// starts beside the old one (maxSurge), which hands it its VIPs, listening sockets and membership,
+/// then lets its own connections finish: no request fails, no long-lived connection is cut, and the
+/// VIP never leaves its node.
+#[tokio::test]
+async fn a_rolling_update_of_the_agents_cuts_no_connection() {
+    let c = cluster();
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-upgrade").await;
+    let holder = holders(vip);
+    assert_eq!(holder.len(), 1, "{vip} on {holder:?}");
+    let holder = holder[0].clone();
+
+    let traffic = Traffic::start(vip);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = long_lived_connections(vip, 20, &stop);
+    // Where the VIP is, every 250 ms through the roll.
+    let watching = tokio::task::spawn_blocking({
+        let stop = stop.clone();
+        move || {
+            let mut elsewhere = BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for node in holders(vip) {
+                    elsewhere.insert(node);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            elsewhere
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let rolling = Instant::now();
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "restart",
+            "daemonset/local-agent",
+        ],
+        None,
+    );
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "status",
+            "daemonset/local-agent",
+            "--timeout=300s",
+        ],
+        None,
+    );
+    // The old agents drain, then exit: one pod per node again.
+    let nodes = c.nodes().len();
+    eventually("the old agents gone", LONG, || async move {
+        let out = c.kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "k8s-app=local-agent",
+                "-o",
+                "name",
+            ],
+            None,
+        );
+        (out.lines().count() == nodes).then_some(())
+    })
+    .await;
+    let rolled = rolling.elapsed();
+    // The connections opened last run their course.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = LongLived::default();
+    for worker in workers {
+        let one = worker.await.unwrap();
+        seen.connections += one.connections;
+        seen.requests += one.requests;
+        seen.errors.extend(one.errors);
+    }
+    let (failed, made) = traffic.stop().await;
+    let holders_seen = watching.await.unwrap();
+    let handed_over = agent_metric(&holder, "local_agent_handovers_received_total");
+    println!(
+        "agents rolled in {:.0}s: {} of {made} new requests failed; {} long-lived connections ({} requests on them), {} cut; {vip} on {holders_seen:?} throughout; the new agent on {holder} received {handed_over:?} hand-over",
+        rolled.as_secs_f64(),
+        failed.len(),
+        seen.connections,
+        seen.requests,
+        seen.errors.len()
+    );
+    assert_eq!(
+        holders_seen,
+        BTreeSet::from([holder.clone()]),
+        "{vip} stayed on {holder}"
+    );
+    assert_eq!(
+        handed_over,
+        Some(1.0),
+        "the new agent on {holder} took over from the old one"
+    );
+    assert!(failed.is_empty(), "new requests failed: {failed:?}");
+    assert!(
+        seen.errors.is_empty(),
+        "long-lived connections were cut: {:?}",
+        seen.errors
+    );
+    assert!(
+        seen.connections >= 20,
+        "the long-lived connections ran ({})",
+        seen.connections
+    );
+}

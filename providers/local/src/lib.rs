@@ -122,6 +122,25 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A socket operation of the hand-over between a node agent and its successor failed.
+    #[error("--handover-socket {path}: {what}: {source}")]
+    HandoverIo {
+        /// The hand-over socket's path.
+        path: String,
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The other end of a hand-over broke its protocol.
+    #[error("--handover-socket {path}: {why}")]
+    Handover {
+        /// The hand-over socket's path.
+        path: String,
+        /// What was wrong.
+        why: String,
+    },
 }
 
 impl From<Error> for CloudError {

@@ -46,20 +46,87 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let metrics = AgentMetrics::default();
     let health = AgentHealth::default();
+    let mut serving = None;
     if flags.metrics_bind_address != "0" {
         let mut registry = prometheus_client::registry::Registry::default();
         cloud.data_plane().register_metrics(&mut registry);
         metrics.register(&mut registry);
-        serve_metrics(
-            &flags.metrics_bind_address,
-            Arc::new(registry),
-            health.clone(),
-            shutdown.clone(),
-        )?;
+        let registry = Arc::new(registry);
+        let address = flags.metrics_bind_address.clone();
+        match bind(&address) {
+            Ok(listener) => serve_metrics(
+                listener,
+                &address,
+                registry,
+                health.clone(),
+                shutdown.clone(),
+            )?,
+            // During a rolling update the agent this one replaces holds the address until it hands
+            // over (the kubelet's probes reach it meanwhile): bind it once free.
+            Err(err)
+                if err.kind() == std::io::ErrorKind::AddrInUse
+                    && flags.handover_socket.is_some() =>
+            {
+                tracing::info!(%address, "--metrics-bind-address is in use (by the agent this one replaces, until it hands over): serving once it is free");
+                serving = Some(tokio::spawn(serve_metrics_once_free(
+                    address,
+                    registry,
+                    health.clone(),
+                    shutdown.clone(),
+                )));
+            }
+            Err(err) => return Err(format!("--metrics-bind-address {address}: {err}")),
+        }
     }
-    agent::run(cloud, client, settings, metrics, health, shutdown)
+    let result = agent::run(cloud, client, settings, metrics, health, shutdown.clone())
         .await
-        .map_err(|err| err.to_string())
+        .map_err(|err| err.to_string());
+    if let Some(serving) = serving {
+        shutdown.cancel();
+        if let Ok(Err(err)) = serving.await {
+            return result.and(Err(err));
+        }
+    }
+    result
+}
+
+fn bind(address: &str) -> std::io::Result<std::net::TcpListener> {
+    std::net::TcpListener::bind(address).and_then(|l| l.set_nonblocking(true).map(|()| l))
+}
+
+/// How long an agent that replaces another waits for `--metrics-bind-address` to be free: the old
+/// agent frees it when it stops, which the DaemonSet asks for once this one is ready.
+const METRICS_ADDRESS_FREE_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Binds `address` once free (every 200 ms) and serves on it; stops the agent if it is not free
+/// within [`METRICS_ADDRESS_FREE_WITHIN`] (another process holds it: its probes would lie).
+async fn serve_metrics_once_free(
+    address: String,
+    registry: Arc<prometheus_client::registry::Registry>,
+    health: AgentHealth,
+    shutdown: CancellationToken,
+) -> Result<(), String> {
+    let deadline = tokio::time::Instant::now() + METRICS_ADDRESS_FREE_WITHIN;
+    loop {
+        match bind(&address) {
+            Ok(listener) => return serve_metrics(listener, &address, registry, health, shutdown),
+            Err(err) if tokio::time::Instant::now() >= deadline => {
+                let err = format!(
+                    "--metrics-bind-address {address}: still in use after {}s ({err}): another \
+                     process holds it, and the kubelet's probes of this agent reach that one",
+                    METRICS_ADDRESS_FREE_WITHIN.as_secs()
+                );
+                tracing::error!("{err}");
+                shutdown.cancel();
+                return Err(err);
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+        }
+    }
 }
 
 /// The client of `--kubeconfig`, else the pod's service account (or `$KUBECONFIG`).
@@ -107,14 +174,12 @@ const HTTP_LIMITS: ConnectionLimits = ConnectionLimits {
 
 /// Serves `/metrics` (Prometheus text), `/healthz` and `/readyz` on `address` until `shutdown`.
 fn serve_metrics(
+    listener: std::net::TcpListener,
     address: &str,
     registry: Arc<prometheus_client::registry::Registry>,
     health: AgentHealth,
     shutdown: CancellationToken,
 ) -> Result<(), String> {
-    let listener = std::net::TcpListener::bind(address)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .map_err(|err| format!("--metrics-bind-address {address}: {err}"))?;
     let answer = |result: Result<(), String>| match result {
         Ok(()) => (axum::http::StatusCode::OK, "ok".to_owned()),
         Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why),

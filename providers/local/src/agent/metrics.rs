@@ -23,6 +23,10 @@ pub struct AgentMetrics {
     /// 1 while this node may not announce (fenced: cut off from its peers, or from the API server
     /// without membership).
     pub(crate) fenced: Gauge,
+    /// Hand-overs this agent received from the one it replaced on its node.
+    pub(crate) handovers_received: Counter,
+    /// Hand-overs this agent gave to the one that replaced it on its node.
+    pub(crate) handovers_given: Counter,
 }
 
 impl AgentMetrics {
@@ -77,6 +81,17 @@ impl AgentMetrics {
             "1 while this node may not announce: cut off from its peers (or, without membership, from \
              the API server)",
             self.fenced.clone(),
+        );
+        registry.register(
+            "local_agent_handovers_received",
+            "Hand-overs (VIPs, listening sockets, membership) this agent received from the one it \
+             replaced on its node",
+            self.handovers_received.clone(),
+        );
+        registry.register(
+            "local_agent_handovers_given",
+            "Hand-overs this agent gave to the one that replaced it on its node",
+            self.handovers_given.clone(),
         );
     }
 }

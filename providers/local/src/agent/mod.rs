@@ -17,6 +17,7 @@
 //! the election and the serving do not depend on it.
 
 mod announcer;
+mod handover;
 mod health;
 pub(crate) mod heartbeat;
 mod judge;
@@ -151,6 +152,14 @@ pub struct AgentFlags {
     /// VIPs move).
     #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_suspicion_timeout: Duration,
+    /// A Unix socket through which an agent hands its VIPs, listening sockets and membership over to
+    /// the agent that replaces it on the same node (a rolling update with maxSurge), so that the
+    /// connections open at that moment are not cut: the old agent stops accepting, lets them finish
+    /// (the data plane's drainTimeout) and exits, leaving the VIPs on the interface. Both pods mount
+    /// its directory (a hostPath only root can write). Without it, an agent that stops takes its
+    /// VIPs off and they move to another node.
+    #[arg(long, value_name = "PATH")]
+    pub handover_socket: Option<std::path::PathBuf>,
     /// Where /metrics (the data plane's, per listener), /healthz and /readyz are served, over plain
     /// HTTP: the node's loopback by default (the agents run on the host network: only the node's own
     /// processes reach it); an address others reach exposes every Service's names and traffic to them
@@ -169,6 +178,7 @@ impl AgentFlags {
             heartbeat: self.heartbeat,
             renew_interval: self.renew_interval,
             load_balancer_class: self.load_balancer_class.clone(),
+            handover_socket: self.handover_socket.clone(),
             membership: self
                 .membership_key_file
                 .as_ref()
@@ -219,6 +229,9 @@ pub struct AgentSettings {
     pub load_balancer_class: Option<String>,
     /// The membership protocol between the agents; `None`: off (the Leases alone decide).
     pub membership: Option<MembershipFlags>,
+    /// The Unix socket of the hand-over to a successor on this node; `None`: no hand-over (an agent
+    /// that stops takes its VIPs off).
+    pub handover_socket: Option<std::path::PathBuf>,
 }
 
 /// The membership protocol's settings, as given.
@@ -348,6 +361,19 @@ pub async fn run(
             ),
         });
     }
+    // First of all, before the kubelet's first probe can make this pod ready: is an agent running on
+    // this node, which this one replaces (a rolling update)?
+    let mut replacing = None;
+    let mut point = None;
+    if let Some(path) = &settings.handover_socket {
+        match handover::open(path)? {
+            handover::Opened::Alone(bound) => point = Some(bound),
+            handover::Opened::Replacing(predecessor) => {
+                tracing::info!(socket = %path.display(), "an agent runs on this node: this one replaces it when it stops (it hands its VIPs, listeners and membership over)");
+                replacing = Some(predecessor);
+            }
+        }
+    }
     *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
     let changed = Arc::new(Notify::new());
     let kube_error = |what: &str| {
@@ -376,7 +402,7 @@ pub async fn run(
         watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
         &changed,
     );
-    let membership = match &settings.membership {
+    let membership_settings = match &settings.membership {
         None => {
             tracing::warn!(
                 "membership is off (no --membership-key-file): this node stops announcing when its \
@@ -384,17 +410,76 @@ pub async fn run(
             );
             None
         }
-        Some(flags) => Some(
-            start_membership(
-                &client,
+        Some(flags) => Some(membership_settings(&client, &settings.node_name, flags).await?),
+    };
+    let interface = match &settings.interface {
+        Some(interface) => interface.clone(),
+        None => node_interface(&client, &settings.node_name).await?,
+    };
+    let mirrors_ready = || async {
+        let _ = services.wait_until_ready().await;
+        let _ = nodes.wait_until_ready().await;
+        let _ = slices.wait_until_ready().await;
+        let _ = leases.wait_until_ready().await;
+    };
+    let mut handed = handover::Handed::default();
+    if let Some(predecessor) = replacing {
+        // Everything that needs the API server is done first, so that once the old agent hands
+        // over, this one answers its peers and accepts connections at once.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = mirrors_ready() => {}
+        }
+        tracing::info!("local-agent: ready; waiting for the agent this one replaces to hand over");
+        match predecessor.wait(&shutdown).await {
+            // Stopped before the hand-over: nothing of the node's was touched.
+            _ if shutdown.is_cancelled() => return Ok(()),
+            Ok(Some(received)) => {
+                tracing::info!(
+                    listeners = received.listeners.len(),
+                    membership = received.membership.is_some(),
+                    "local-agent: the agent this one replaces handed over"
+                );
+                metrics.handovers_received.inc();
+                handed = received;
+            }
+            Ok(None) => tracing::info!(
+                "local-agent: the agent this one replaces stopped without handing over: starting afresh"
+            ),
+            Err(err) => {
+                tracing::warn!(error = %err, "local-agent: the hand-over failed: starting afresh")
+            }
+        }
+        if let Some(path) = &settings.handover_socket {
+            point = Some(handover::Point::bind(path)?);
+        }
+    }
+    cloud
+        .inner
+        .data_plane
+        .inherit(std::mem::take(&mut handed.listeners));
+    let membership = match membership_settings {
+        None => None,
+        Some(membership_settings) => {
+            let port = membership_settings.bind;
+            let membership = Membership::start(
                 &settings.node_name,
-                flags,
-                &metrics,
-                &changed,
-                &shutdown,
+                membership_settings,
+                metrics.clone(),
+                changed.clone(),
+                handed.membership.take(),
             )
-            .await?,
-        ),
+            .await
+            .map_err(|err| {
+                Error::Flag(format!(
+                    "--membership-port {}: cannot listen on {} (the node's InternalIP): {err}",
+                    port.port(),
+                    port.ip()
+                ))
+            })?;
+            tracing::info!(address = %membership.address(), "membership: listening");
+            Some(membership)
+        }
     };
     let mut heartbeat = Heartbeat::new(
         lease_api,
@@ -419,10 +504,6 @@ pub async fn run(
         shutdown.clone(),
     ));
 
-    let interface = match &settings.interface {
-        Some(interface) => interface.clone(),
-        None => node_interface(&client, &settings.node_name).await?,
-    };
     let announcer: Box<dyn Announcer> = Box::new(AddressManager::new(interface.clone()));
     let ranges: Vec<_> = cloud
         .config()
@@ -440,12 +521,7 @@ pub async fn run(
 
     tokio::select! {
         () = shutdown.cancelled() => {}
-        () = async {
-            let _ = services.wait_until_ready().await;
-            let _ = nodes.wait_until_ready().await;
-            let _ = slices.wait_until_ready().await;
-            let _ = leases.wait_until_ready().await;
-        } => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),
+        () = mirrors_ready() => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),
     }
 
     let mut agent = Agent {
@@ -484,6 +560,15 @@ pub async fn run(
         let next = agent
             .step(&services, &nodes, &slices, &leases, self_fresh, now)
             .await;
+        // The sockets handed over that the first look's listeners did not take: Services this node
+        // no longer serves.
+        let unused = cloud.inner.data_plane.close_inherited();
+        if unused > 0 {
+            tracing::info!(
+                unused,
+                "closed the listening sockets handed over that no listener took"
+            );
+        }
         health.looked(Instant::now(), agent.fenced.clone());
         let wait = next
             .map(|at| at.saturating_duration_since(Instant::now()))
@@ -496,6 +581,51 @@ pub async fn run(
         }
     }
 
+    // A successor waits on this node (a rolling update): it gets the listening sockets and the
+    // membership socket, and this agent leaves the VIPs, the heartbeat and the membership to it.
+    let successors = match (&point, &failure) {
+        (Some(point), None) => point.successors(),
+        _ => Vec::new(),
+    };
+    if let Some(point) = point.as_ref().filter(|_| !successors.is_empty()) {
+        let heartbeat = beating.await.ok();
+        let membership = match agent.membership.take() {
+            Some(membership) => membership.hand_over().await,
+            None => None,
+        };
+        let handed = handover::Handed {
+            listeners: cloud.inner.data_plane.hand_over().unwrap_or_else(|err| {
+                tracing::error!(error = %err, "cannot copy the listening sockets to hand them over");
+                Vec::new()
+            }),
+            membership,
+        };
+        match point.hand_over(successors, &handed).await {
+            Ok(()) => {
+                tracing::info!(
+                    listeners = handed.listeners.len(),
+                    "local-agent: handed over to the agent that replaces this one (its VIPs stay on the interface); draining this process's connections"
+                );
+                agent.metrics.announced.set(0);
+                agent.metrics.handovers_given.inc();
+                drop(handed);
+                cloud.inner.data_plane.shutdown().await;
+                return Ok(());
+            }
+            Err(err) => {
+                // The heartbeat and the membership are stopped already: the others see this node
+                // go within the failover time, as if it had been killed.
+                tracing::warn!(error = %err, "local-agent: the hand-over failed; withdrawing the VIPs");
+                agent.announcer.withdraw_all_now();
+                agent.metrics.announced.set(0);
+                if let Some(heartbeat) = heartbeat {
+                    heartbeat.release().await;
+                }
+                cloud.inner.data_plane.shutdown().await;
+                return Ok(());
+            }
+        }
+    }
     tracing::info!(from = %agent.announcer.describe(), "local-agent: stopping; withdrawing the VIPs");
     agent.announcer.withdraw_all_now();
     agent.metrics.announced.set(0);
@@ -513,15 +643,12 @@ pub async fn run(
     }
 }
 
-/// Starts the membership protocol on the node's InternalIP.
-async fn start_membership(
+/// The membership protocol's settings: its address on the node's InternalIP, and its size.
+async fn membership_settings(
     client: &Client,
     node: &str,
     flags: &MembershipFlags,
-    metrics: &AgentMetrics,
-    changed: &Arc<Notify>,
-    shutdown: &CancellationToken,
-) -> Result<Membership, Error> {
+) -> Result<MembershipSettings, Error> {
     let key = flags.key()?;
     let ip = node_internal_ip(client, node).await?;
     let expected_members = Api::<Node>::all(client.clone())
@@ -533,29 +660,14 @@ async fn start_membership(
         })?
         .items
         .len();
-    let settings = MembershipSettings {
+    tracing::info!(probe_interval = ?flags.probe_interval, suspicion_timeout = ?flags.suspicion_timeout, "membership settings");
+    Ok(MembershipSettings {
         key,
         bind: std::net::SocketAddr::new(ip, flags.port),
         probe_interval: flags.probe_interval,
         suspicion_timeout: flags.suspicion_timeout,
         expected_members,
-    };
-    let membership = Membership::start(
-        node,
-        settings,
-        metrics.clone(),
-        changed.clone(),
-        shutdown.clone(),
-    )
-    .await
-    .map_err(|err| {
-        Error::Flag(format!(
-            "--membership-port {}: cannot listen on {ip} (the node's InternalIP): {err}",
-            flags.port
-        ))
-    })?;
-    tracing::info!(address = %membership.address(), probe_interval = ?flags.probe_interval, suspicion_timeout = ?flags.suspicion_timeout, "membership: listening");
-    Ok(membership)
+    })
 }
 
 /// The InternalIP of Node `name` (the first one its status lists).
@@ -1047,6 +1159,7 @@ mod tests {
             renew_interval: Duration::from_secs(1),
             load_balancer_class: None,
             membership: None,
+            handover_socket: None,
         }
     }
 

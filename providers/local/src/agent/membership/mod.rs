@@ -25,8 +25,11 @@ use std::{
 
 use foca::{AccumulatingRuntime, Foca, PostcardCodec, Timer};
 use rand::rngs::StdRng;
-use tokio::{net::UdpSocket, sync::Notify, task::JoinHandle};
-use tokio_util::sync::CancellationToken;
+use tokio::{
+    net::UdpSocket,
+    sync::{Notify, oneshot},
+    task::JoinHandle,
+};
 
 pub(crate) use self::envelope::MIN_KEY_LEN;
 use self::{envelope::Envelope, peer::Peer};
@@ -64,20 +67,50 @@ pub(crate) struct Membership {
     address: SocketAddr,
     started: Instant,
     join: tokio::sync::mpsc::UnboundedSender<Vec<(String, SocketAddr)>>,
-    task: JoinHandle<()>,
+    stop: Option<oneshot::Sender<Stop>>,
+    task: JoinHandle<Option<UdpSocket>>,
+}
+
+/// How the protocol's task stops.
+#[derive(Debug)]
+enum Stop {
+    /// Tells the others it leaves (the agent stops for good).
+    Leave,
+    /// Stops without a word and hands its socket back, for the agent that replaces this one on the
+    /// same node: the others keep this node as a member, and meet the successor as its newer self.
+    HandOver,
 }
 
 impl Membership {
-    /// Binds the socket and starts the protocol as `node`; every change of the view wakes `changed`.
-    /// The task stops when `shutdown` is cancelled, after telling the others that this agent leaves.
+    /// Binds the socket (or takes `inherited`, the socket the agent this one replaces handed over,
+    /// when it is bound to the same address) and starts the protocol as `node`; every change of the
+    /// view wakes `changed`. The task runs until [`Membership::stopped`] or
+    /// [`Membership::hand_over`].
     pub(crate) async fn start(
         node: &str,
         settings: MembershipSettings,
         metrics: AgentMetrics,
         changed: Arc<Notify>,
-        shutdown: CancellationToken,
+        inherited: Option<std::os::fd::OwnedFd>,
     ) -> Result<Self, std::io::Error> {
-        let socket = UdpSocket::bind(settings.bind).await?;
+        let socket = match inherited.map(take_socket) {
+            Some(Ok(socket))
+                if socket.local_addr()? == settings.bind || settings.bind.port() == 0 =>
+            {
+                tracing::info!(address = %settings.bind, "membership: on the socket handed over");
+                socket
+            }
+            Some(Ok(socket)) => {
+                tracing::warn!(handed = %socket.local_addr()?, bind = %settings.bind, "membership: the socket handed over is bound elsewhere: binding anew");
+                drop(socket);
+                UdpSocket::bind(settings.bind).await?
+            }
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "membership: the socket handed over is unusable: binding anew");
+                UdpSocket::bind(settings.bind).await?
+            }
+            None => UdpSocket::bind(settings.bind).await?,
+        };
         let address = socket.local_addr()?;
         let started_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -89,6 +122,7 @@ impl Membership {
         };
         let view = Arc::new(Mutex::new(View::default()));
         let (join, joins) = tokio::sync::mpsc::unbounded_channel();
+        let (stop, stopping) = oneshot::channel();
         let envelope = Envelope::new(&settings.key, rand::random());
         let config = config(&settings);
         let task = tokio::spawn(
@@ -102,13 +136,14 @@ impl Membership {
                 metrics,
                 changed,
             }
-            .run(joins, shutdown),
+            .run(joins, stopping),
         );
         Ok(Self {
             view,
             address,
             started: Instant::now(),
             join,
+            stop: Some(stop),
             task,
         })
     }
@@ -143,12 +178,47 @@ impl Membership {
         self.task.is_finished()
     }
 
-    /// Waits for the task (after `shutdown` was cancelled); says so if it had ended on its own.
+    /// Stops the protocol after telling the others that this agent leaves, and waits for its task;
+    /// says so if it had ended on its own.
     pub(crate) async fn stopped(self) {
-        if let Err(err) = self.task.await {
-            tracing::error!(error = %err, "the membership protocol's task failed");
+        self.stop_with(Stop::Leave).await;
+    }
+
+    /// Stops the protocol without a word (the others keep this node as a member) and returns its
+    /// socket, for the agent that replaces this one on this node.
+    pub(crate) async fn hand_over(self) -> Option<std::os::fd::OwnedFd> {
+        let socket = self.stop_with(Stop::HandOver).await?;
+        match socket.into_std() {
+            Ok(socket) => Some(socket.into()),
+            Err(err) => {
+                tracing::error!(error = %err, "membership: cannot hand the socket over");
+                None
+            }
         }
     }
+
+    async fn stop_with(mut self, how: Stop) -> Option<UdpSocket> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(how);
+        }
+        match self.task.await {
+            Ok(socket) => socket,
+            Err(err) => {
+                tracing::error!(error = %err, "the membership protocol's task failed");
+                None
+            }
+        }
+    }
+}
+
+/// A UDP socket from a descriptor handed over; refused unless it is one.
+fn take_socket(fd: std::os::fd::OwnedFd) -> std::io::Result<UdpSocket> {
+    let socket = std::net::UdpSocket::from(fd);
+    socket.set_nonblocking(true)?;
+    let socket = UdpSocket::from_std(socket)?;
+    // A descriptor of another kind fails here (no UDP socket has no local address).
+    socket.local_addr()?;
+    Ok(socket)
 }
 
 /// `foca`'s settings from ours: memberlist's LAN profile, with our probe interval and suspicion.
@@ -188,19 +258,24 @@ impl Protocol {
     async fn run(
         mut self,
         mut joins: tokio::sync::mpsc::UnboundedReceiver<Vec<(String, SocketAddr)>>,
-        shutdown: CancellationToken,
-    ) {
+        mut stop: oneshot::Receiver<Stop>,
+    ) -> Option<UdpSocket> {
         let mut runtime = AccumulatingRuntime::new();
         let mut buffer = vec![0u8; 65_536];
         loop {
             let next_timer = self.timers.peek().map(|Reverse((at, _, _))| *at);
             tokio::select! {
-                () = shutdown.cancelled() => {
+                how = &mut stop => {
+                    // A dropped sender (the agent gone without a word) leaves too.
+                    if let Ok(Stop::HandOver) = how {
+                        tracing::info!("membership: stopped for the successor, without leaving");
+                        return Some(self.socket);
+                    }
                     if let Err(err) = self.foca.leave_cluster(&mut runtime) {
                         tracing::debug!(error = %err, "membership: leaving");
                     }
                     self.flush(&mut runtime).await;
-                    return;
+                    return None;
                 }
                 received = self.socket.recv_from(&mut buffer) => match received {
                     Ok((length, from)) => self.receive(&buffer[..length], from, &mut runtime),
@@ -320,15 +395,22 @@ mod tests {
     struct Running {
         membership: Membership,
         metrics: AgentMetrics,
-        stop: CancellationToken,
     }
 
     async fn start(node: &str, key: &[u8]) -> Running {
+        start_on(node, key, "127.0.0.1:0".parse().unwrap(), None).await
+    }
+
+    async fn start_on(
+        node: &str,
+        key: &[u8],
+        bind: SocketAddr,
+        inherited: Option<std::os::fd::OwnedFd>,
+    ) -> Running {
         let metrics = AgentMetrics::default();
-        let stop = CancellationToken::new();
         let settings = MembershipSettings {
             key: key.to_vec(),
-            bind: "127.0.0.1:0".parse().unwrap(),
+            bind,
             probe_interval: Duration::from_millis(100),
             suspicion_timeout: Duration::from_millis(300),
             expected_members: 3,
@@ -338,14 +420,13 @@ mod tests {
             settings,
             metrics.clone(),
             Arc::new(Notify::new()),
-            stop.clone(),
+            inherited,
         )
         .await
         .unwrap();
         Running {
             membership,
             metrics,
-            stop,
         }
     }
 
@@ -397,8 +478,57 @@ mod tests {
         until(&b, "c declared down", |v| names(v) == ["a"]).await;
         println!("c declared down after {:?}", killed.elapsed());
         for running in [a, b, mallory] {
-            running.stop.cancel();
             running.membership.stopped().await;
         }
+    }
+
+    /// An agent replaced on its node (a rolling update) hands its socket to its successor, which
+    /// joins as the node's newer self: the others never see the node leave, and a stop for good
+    /// after that is seen (the successor's goodbye).
+    #[tokio::test]
+    async fn a_successor_on_the_socket_handed_over_never_leaves_the_view_of_the_others() {
+        let a = start("a", KEY).await;
+        let b = start("b", KEY).await;
+        b.membership
+            .join(vec![("a".to_owned(), a.membership.address())]);
+        until(&a, "b a member", |v| names(v) == ["b"]).await;
+        let address = b.membership.address();
+        let socket = b
+            .membership
+            .hand_over()
+            .await
+            .expect("the socket handed back");
+        let watching = tokio::spawn({
+            let view = a.membership.shared_view();
+            async move {
+                let mut gaps = 0;
+                for _ in 0..150 {
+                    if !lock(&view).members.contains_key("b") {
+                        gaps += 1;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                gaps
+            }
+        });
+        // The successor comes up a little later, as a process does.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let successor = start_on("b", KEY, address, Some(socket)).await;
+        assert_eq!(successor.membership.address(), address, "the same socket");
+        successor
+            .membership
+            .join(vec![("a".to_owned(), a.membership.address())]);
+        until(&successor, "a a member of the successor's view", |v| {
+            names(v) == ["a"]
+        })
+        .await;
+        assert_eq!(
+            watching.await.unwrap(),
+            0,
+            "a saw b leave during the hand-over"
+        );
+        successor.membership.stopped().await;
+        until(&a, "b gone after its goodbye", |v| v.members.is_empty()).await;
+        a.membership.stopped().await;
     }
 }
