@@ -629,6 +629,10 @@ fn values_that_do_not_apply_are_refused_with_a_clear_message() {
             "the agents read the manager's cloud-config",
         ),
         (
+            "--handover-socket=/tmp/h.sock",
+            "a rolling update hands over through the socket in the hostPath directory /run/local-agent",
+        ),
+        (
             "--namespace=default",
             "the agents' heartbeat Leases are in kube-system",
         ),
@@ -768,7 +772,7 @@ fn agents_overrides_change_only_the_agents_container() {
             let args = agent(objects)["args"].as_array_mut().unwrap();
             assert_eq!(
                 args.last().unwrap(),
-                "--membership-key-file=/etc/local-agent-membership/key"
+                "--handover-socket=/run/local-agent/handover.sock"
             );
             args.extend([
                 json!("--interface=bond0"),

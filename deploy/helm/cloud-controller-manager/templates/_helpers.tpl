@@ -138,7 +138,7 @@ keys and wrong types before this runs (and this repeats its kind, mode and capab
 {{- fail (printf "args: %s sets a flag the chart owns: %s" . (get $owned $flag)) -}}
 {{- end -}}
 {{- end -}}
-{{- $agentOwned := dict "--cloud-config" "the agents read the manager's cloud-config (set the value cloudConfig)" "--membership-key-file" "the agents read the Secret kube-system/local-agent-membership, which the DaemonSet mounts there" "--node-name" "each agent takes its node's name from NODE_NAME, which the DaemonSet sets from spec.nodeName; one name for all would make every agent claim the same node" "--namespace" "the agents' heartbeat Leases are in kube-system, where the chart puts them (POD_NAMESPACE), the manager reads them and the admission policy local-agent-own-heartbeat expects them" -}}
+{{- $agentOwned := dict "--cloud-config" "the agents read the manager's cloud-config (set the value cloudConfig)" "--membership-key-file" "the agents read the Secret kube-system/local-agent-membership, which the DaemonSet mounts there" "--handover-socket" "a rolling update hands over through the socket in the hostPath directory /run/local-agent, which the DaemonSet mounts there" "--node-name" "each agent takes its node's name from NODE_NAME, which the DaemonSet sets from spec.nodeName; one name for all would make every agent claim the same node" "--namespace" "the agents' heartbeat Leases are in kube-system, where the chart puts them (POD_NAMESPACE), the manager reads them and the admission policy local-agent-own-heartbeat expects them" -}}
 {{- range .Values.agents.args -}}
 {{- $flag := regexReplaceAll "=.*" (toString .) "" -}}
 {{- if hasKey $agentOwned $flag -}}
