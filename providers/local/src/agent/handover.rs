@@ -109,6 +109,8 @@ pub(crate) fn open(path: &Path) -> Result<Opened, Error> {
 pub(crate) struct Point {
     socket: OwnedFd,
     path: PathBuf,
+    /// The successors accepted so far, oldest first (those gone are dropped at each look).
+    waiting: Vec<OwnedFd>,
 }
 
 impl Point {
@@ -123,31 +125,57 @@ impl Point {
         let socket = seqpacket().map_err(io("creating a socket"))?;
         let address = SocketAddrUnix::new(path).map_err(|e| io("naming it")(e.into()))?;
         rustix::net::bind(&socket, &address).map_err(|e| io("binding it")(e.into()))?;
-        rustix::net::listen(&socket, 4).map_err(|e| io("listening on it")(e.into()))?;
+        rustix::net::listen(&socket, 16).map_err(|e| io("listening on it")(e.into()))?;
         Ok(Self {
             socket,
             path: path.to_owned(),
+            waiting: Vec::new(),
         })
     }
 
-    /// The successors that connected and wait, the newest first (accepted now, without waiting).
-    pub(crate) fn successors(&self) -> Vec<OwnedFd> {
-        let mut waiting = Vec::new();
+    /// Accepts the successors that connected since the last look and forgets those that went away
+    /// (a successor that crashed and restarts connects again each time: unaccepted, its old
+    /// connections would fill the queue). Called at each of the agent's looks; takes no time.
+    pub(crate) fn look(&mut self) {
         loop {
             match rustix::net::accept_with(
                 &self.socket,
                 SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
             ) {
                 Ok(successor) => match same_user(&successor) {
-                    Ok(()) => waiting.push(successor),
+                    Ok(()) => {
+                        tracing::info!(
+                            "an agent that replaces this one connected: it gets the hand-over when this one stops"
+                        );
+                        self.waiting.push(successor);
+                    }
                     Err(why) => {
-                        tracing::warn!(path = %self.path.display(), %why, "a successor refused")
+                        tracing::warn!(path = %self.path.display(), %why, "a successor refused");
                     }
                 },
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => break,
             }
         }
+        self.waiting.retain(|successor| {
+            let mut byte = [0u8; 1];
+            // Nothing to read and still open: it waits. A close (or a message: none is due) is no
+            // successor that waits.
+            matches!(
+                rustix::net::recv(
+                    successor,
+                    &mut byte,
+                    rustix::net::RecvFlags::PEEK | rustix::net::RecvFlags::DONTWAIT
+                ),
+                Err(rustix::io::Errno::AGAIN)
+            )
+        });
+    }
+
+    /// The successors that wait, the newest first.
+    pub(crate) fn successors(&mut self) -> Vec<OwnedFd> {
+        self.look();
+        let mut waiting = std::mem::take(&mut self.waiting);
         waiting.reverse();
         waiting
     }
@@ -441,7 +469,7 @@ mod tests {
     async fn the_successor_receives_the_listening_and_membership_sockets() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        let Opened::Alone(point) = opened(&path) else {
+        let Opened::Alone(mut point) = opened(&path) else {
             panic!("nobody runs yet")
         };
         let Opened::Replacing(predecessor) = opened(&path) else {
@@ -523,12 +551,12 @@ mod tests {
         assert!(matches!(outcome, Ok(None)), "{outcome:?}");
     }
 
-    /// Of two successors, the newest went away before the hand-over: the other one gets it.
+    /// Of two successors, the newest goes away as the hand-over starts: the other one gets it.
     #[tokio::test]
     async fn a_successor_gone_is_skipped_for_the_next() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        let Opened::Alone(point) = opened(&path) else {
+        let Opened::Alone(mut point) = opened(&path) else {
             panic!()
         };
         let Opened::Replacing(first) = opened(&path) else {
@@ -537,11 +565,11 @@ mod tests {
         let Opened::Replacing(gone) = opened(&path) else {
             panic!()
         };
+        let successors = point.successors();
+        assert_eq!(successors.len(), 2);
         drop(gone);
         let shutdown = CancellationToken::new();
         let waiting = tokio::spawn(async move { first.wait(&shutdown).await });
-        let successors = point.successors();
-        assert_eq!(successors.len(), 2);
         point
             .hand_over(successors, &Handed::default())
             .await
@@ -550,13 +578,36 @@ mod tests {
         assert!(received.listeners.is_empty() && received.membership.is_none());
     }
 
+    /// A successor that crashes and restarts connects again each time: the running agent forgets
+    /// the connections of those gone at each look, so the queue never fills, and only the one that
+    /// waits is a successor.
+    #[tokio::test]
+    async fn successors_that_crash_and_restart_do_not_fill_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handover.sock");
+        let Opened::Alone(mut point) = opened(&path) else {
+            panic!()
+        };
+        for _ in 0..40 {
+            let Opened::Replacing(crashed) = opened(&path) else {
+                panic!("the running agent still takes successors")
+            };
+            drop(crashed);
+            point.look();
+        }
+        let Opened::Replacing(_waiting) = opened(&path) else {
+            panic!()
+        };
+        assert_eq!(point.successors().len(), 1);
+    }
+
     /// Whatever else comes through the socket is refused with the reason, and a successor that is
     /// stopped while it waits touches nothing.
     #[tokio::test]
     async fn a_message_that_is_not_ours_is_refused_with_the_reason() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handover.sock");
-        let Opened::Alone(point) = opened(&path) else {
+        let Opened::Alone(mut point) = opened(&path) else {
             panic!()
         };
         let Opened::Replacing(predecessor) = opened(&path) else {

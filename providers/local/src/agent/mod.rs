@@ -569,6 +569,9 @@ pub async fn run(
                 "closed the listening sockets handed over that no listener took"
             );
         }
+        if let Some(point) = &mut point {
+            point.look();
+        }
         health.looked(Instant::now(), agent.fenced.clone());
         let wait = next
             .map(|at| at.saturating_duration_since(Instant::now()))
@@ -583,7 +586,7 @@ pub async fn run(
 
     // A successor waits on this node (a rolling update): it gets the listening sockets and the
     // membership socket, and this agent leaves the VIPs, the heartbeat and the membership to it.
-    let successors = match (&point, &failure) {
+    let successors = match (&mut point, &failure) {
         (Some(point), None) => point.successors(),
         _ => Vec::new(),
     };
