@@ -13,8 +13,9 @@
 //! membership at the same address as a newer self. The old agent meanwhile lets the connections it
 //! accepted finish, within the data plane's drain time.
 //!
-//! Messages are `SOCK_SEQPACKET` (one message per send, descriptors attached to it), JSON; both ends
-//! check that the other runs as the same user. `std` and tokio have no `SCM_RIGHTS` nor
+//! Messages are `SOCK_SEQPACKET` (one message per send, descriptors attached to it), JSON. The
+//! socket file is the agent's user's alone (mode 0600, in a directory only root writes), and a
+//! successor refuses one of another user. `std` and tokio have no `SCM_RIGHTS` nor
 //! `SOCK_SEQPACKET`: `rustix` gives both without `unsafe`.
 
 use std::{
@@ -87,9 +88,9 @@ pub(crate) fn open(path: &Path) -> Result<Opened, Error> {
     let io = io_error(path);
     let socket = seqpacket().map_err(io("creating a socket"))?;
     let address = SocketAddrUnix::new(path).map_err(|e| io("naming it")(e.into()))?;
+    owned_by_me(path)?;
     match rustix::net::connect(&socket, &address) {
         Ok(()) => {
-            same_user(&socket).map_err(|why| protocol(path, why))?;
             let socket = stream(socket).map_err(io("registering it"))?;
             Ok(Opened::Replacing(Predecessor {
                 socket,
@@ -125,6 +126,9 @@ impl Point {
         let socket = seqpacket().map_err(io("creating a socket"))?;
         let address = SocketAddrUnix::new(path).map_err(|e| io("naming it")(e.into()))?;
         rustix::net::bind(&socket, &address).map_err(|e| io("binding it")(e.into()))?;
+        // Only this user connects (connecting needs write permission on the file).
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .map_err(io("making it this user's alone"))?;
         rustix::net::listen(&socket, 16).map_err(|e| io("listening on it")(e.into()))?;
         Ok(Self {
             socket,
@@ -142,17 +146,12 @@ impl Point {
                 &self.socket,
                 SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
             ) {
-                Ok(successor) => match same_user(&successor) {
-                    Ok(()) => {
-                        tracing::info!(
-                            "an agent that replaces this one connected: it gets the hand-over when this one stops"
-                        );
-                        self.waiting.push(successor);
-                    }
-                    Err(why) => {
-                        tracing::warn!(path = %self.path.display(), %why, "a successor refused");
-                    }
-                },
+                Ok(successor) => {
+                    tracing::info!(
+                        "an agent that replaces this one connected: it gets the hand-over when this one stops"
+                    );
+                    self.waiting.push(successor);
+                }
                 Err(rustix::io::Errno::INTR) => {}
                 Err(_) => break,
             }
@@ -414,18 +413,21 @@ fn seqpacket() -> std::io::Result<OwnedFd> {
     )?)
 }
 
-/// Refuses a peer that runs as another user (the socket's directory is root's; this is the second
-/// lock).
-fn same_user(socket: &OwnedFd) -> Result<(), String> {
-    let peer = rustix::net::sockopt::socket_peercred(socket)
-        .map_err(|err| format!("cannot read the peer's credentials: {err}"))?;
-    let me = rustix::process::geteuid();
-    if peer.uid != me {
-        return Err(format!(
-            "the peer (pid {}) runs as uid {}, this agent as uid {}",
-            peer.pid.as_raw_nonzero(),
-            peer.uid.as_raw(),
-            me.as_raw()
+/// Refuses a socket file of another user: its listener would be no agent of ours. (The running
+/// agent's file is mode 0600, so only its user connects; `SO_PEERCRED` cannot be read across the
+/// pods' PID namespaces, where the peer's PID is 0.)
+fn owned_by_me(path: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = match std::fs::metadata(path) {
+        Ok(metadata) => metadata.uid(),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(io_error(path)("reading its owner")(err)),
+    };
+    let me = rustix::process::geteuid().as_raw();
+    if owner != me {
+        return Err(protocol(
+            path,
+            format!("the socket belongs to uid {owner}, this agent runs as uid {me}"),
         ));
     }
     Ok(())
