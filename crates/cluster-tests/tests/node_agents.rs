@@ -1460,7 +1460,21 @@ fn long_lived_connections(
                 tokio::time::sleep(Duration::from_millis(200 * worker as u64)).await;
                 let mut seen = LongLived::default();
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let at = || format!("{:.1}s", started.elapsed().as_secs_f64());
+                    // Since the start, and the time of day (UTC), to match the agents' logs.
+                    let at = || {
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap_or_default();
+                        let day = now.as_secs() % 86_400;
+                        format!(
+                            "{:.1}s ({:02}:{:02}:{:02}.{:03} UTC)",
+                            started.elapsed().as_secs_f64(),
+                            day / 3600,
+                            day / 60 % 60,
+                            day % 60,
+                            now.subsec_millis()
+                        )
+                    };
                     let stream = tokio::time::timeout(
                         Duration::from_secs(2),
                         TcpStream::connect(SocketAddr::new(vip, 80)),
@@ -1503,7 +1517,10 @@ fn long_lived_connections(
 /// starts beside the old one (maxSurge), which hands it its VIPs, listening sockets and membership,
 /// then lets its own connections finish: no request fails, no long-lived connection is cut, and the
 /// VIP never leaves its node.
-#[tokio::test]
+// Several threads, and kubectl off them: the long-lived connections must go on while `kubectl rollout
+// status` waits (on a one-thread runtime they would stall until it returns, and the old agent's drain
+// would cut them, idle).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     let c = cluster();
     let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-upgrade").await;
@@ -1531,27 +1548,31 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let rolling = Instant::now();
-    c.kubectl(
-        &[
-            "-n",
-            "kube-system",
-            "rollout",
-            "restart",
-            "daemonset/local-agent",
-        ],
-        None,
-    );
-    c.kubectl(
-        &[
-            "-n",
-            "kube-system",
-            "rollout",
-            "status",
-            "daemonset/local-agent",
-            "--timeout=300s",
-        ],
-        None,
-    );
+    tokio::task::spawn_blocking(move || {
+        c.kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "rollout",
+                "restart",
+                "daemonset/local-agent",
+            ],
+            None,
+        );
+        c.kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "rollout",
+                "status",
+                "daemonset/local-agent",
+                "--timeout=300s",
+            ],
+            None,
+        );
+    })
+    .await
+    .unwrap();
     // The old agents drain, then exit: one pod per node again.
     let nodes = c.nodes().len();
     eventually("the old agents gone", LONG, || async move {
