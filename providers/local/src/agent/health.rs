@@ -34,7 +34,7 @@ impl AgentHealth {
         state.fenced = fenced;
     }
 
-    /// `/healthz`: `Err` (why) when a look started but none finished for [`STUCK_AFTER`].
+    /// `/healthz`: `Err` (why) when a look started but none finished for 30 s (three times the longest wait between two looks).
     pub fn live(&self) -> Result<(), String> {
         self.live_at(Instant::now())
     }

@@ -1,18 +1,18 @@
 //! The node agent (`local-agent`, a DaemonSet from the manager's image) of `loadBalancer.mode:
 //! agents`: the manager assigns each Service its VIPs and writes its status; on every node an agent
 //! watches those Services, the Nodes, the EndpointSlices and the other agents' heartbeats, elects one
-//! node per VIP ([`plan`]), and, on the node elected, puts the VIP on the node's interface, announces
+//! node per VIP (module `plan`), and, on the node elected, puts the VIP on the node's interface, announces
 //! it to the link (gratuitous ARP, unsolicited neighbour advertisement) and serves it: with the `local`
 //! data plane (health checks, source ranges, PROXY protocol, per-listener metrics; `ipMode: Proxy`),
 //! or, for `local.ccm.rs/data-path: kube-proxy`, by leaving the traffic to kube-proxy (`ipMode: VIP`).
 //!
-//! A node whose agent stops renewing its heartbeat ([`heartbeat`]: 3 s by default) loses its VIPs to
+//! A node whose agent stops renewing its heartbeat (module `heartbeat`: 3 s by default) loses its VIPs to
 //! the next node of each VIP's order; every other VIP stays where it is, with its connections. An
 //! agent that stops cleanly takes its VIPs off and deletes its heartbeat, so they move at once; one
 //! that was killed finds its VIPs still on the interface when it starts again, takes them over, and
 //! removes those it no longer announces.
 //!
-//! The announcer is one part ([`announcer::Announcer`]; layer 2: the VIP on the interface and its
+//! The announcer is one part (the trait `announcer::Announcer`; layer 2: the VIP on the interface and its
 //! announcements): another way of telling the network (BGP) would be another implementation of it;
 //! the election and the serving do not depend on it.
 
