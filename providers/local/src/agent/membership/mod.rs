@@ -103,13 +103,13 @@ impl Membership {
             Some(Ok(socket)) => {
                 tracing::warn!(handed = %socket.local_addr()?, bind = %settings.bind, "membership: the socket handed over is bound elsewhere: binding anew");
                 drop(socket);
-                UdpSocket::bind(settings.bind).await?
+                bind_when_free(settings.bind).await?
             }
             Some(Err(err)) => {
                 tracing::warn!(error = %err, "membership: the socket handed over is unusable: binding anew");
-                UdpSocket::bind(settings.bind).await?
+                bind_when_free(settings.bind).await?
             }
-            None => UdpSocket::bind(settings.bind).await?,
+            None => bind_when_free(settings.bind).await?,
         };
         let address = socket.local_addr()?;
         let started_ms = SystemTime::now()
@@ -207,6 +207,32 @@ impl Membership {
                 tracing::error!(error = %err, "the membership protocol's task failed");
                 None
             }
+        }
+    }
+}
+
+/// How long [`bind_when_free`] waits for the address.
+const FREE_WITHIN: Duration = Duration::from_secs(30);
+
+/// Binds `address`, waiting up to [`FREE_WITHIN`] while it is in use: an agent of this node that
+/// stops without handing over (its pod deleted while the DaemonSet creates the next) holds it until it
+/// has taken its VIPs off and left the membership, which takes it a moment.
+async fn bind_when_free(address: SocketAddr) -> std::io::Result<UdpSocket> {
+    let deadline = tokio::time::Instant::now() + FREE_WITHIN;
+    let mut said = false;
+    loop {
+        match UdpSocket::bind(address).await {
+            Err(err)
+                if err.kind() == std::io::ErrorKind::AddrInUse
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                if !said {
+                    tracing::info!(%address, "membership: the address is in use (by the agent this one follows, stopping?): binding it once free");
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result,
         }
     }
 }
@@ -480,6 +506,22 @@ mod tests {
         for running in [a, b, mallory] {
             running.membership.stopped().await;
         }
+    }
+
+    /// An agent that starts while the one before it on its node still holds the membership address
+    /// (stopping without a hand-over) binds it once free instead of failing.
+    #[tokio::test]
+    async fn an_address_still_held_is_bound_once_free() {
+        let held = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let address = held.local_addr().unwrap();
+        let releasing = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
+        });
+        let running = start_on("b", KEY, address, None).await;
+        assert_eq!(running.membership.address(), address);
+        releasing.await.unwrap();
+        running.membership.stopped().await;
     }
 
     /// An agent replaced on its node (a rolling update) hands its socket to its successor, which
