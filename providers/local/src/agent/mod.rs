@@ -432,9 +432,10 @@ pub async fn run(
         }
         tracing::info!("local-agent: ready; waiting for the agent this one replaces to hand over");
         match predecessor.wait(&shutdown).await {
-            // Stopped before the hand-over: nothing of the node's was touched.
-            _ if shutdown.is_cancelled() => return Ok(()),
             Ok(Some(received)) => {
+                // Even if this agent is told to stop right now, the node's VIPs are its own from here:
+                // it goes on and stops as any agent does (VIPs off, heartbeat deleted, membership
+                // left), rather than leave them on the interface with nobody serving them.
                 tracing::info!(
                     listeners = received.listeners.len(),
                     membership = received.membership.is_some(),
@@ -443,6 +444,8 @@ pub async fn run(
                 metrics.handovers_received.inc();
                 handed = received;
             }
+            // Stopped before any hand-over: nothing of the node's was touched.
+            _ if shutdown.is_cancelled() => return Ok(()),
             Ok(None) => tracing::info!(
                 "local-agent: the agent this one replaces stopped without handing over: starting afresh"
             ),
