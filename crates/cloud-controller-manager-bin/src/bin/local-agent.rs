@@ -83,8 +83,14 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
         .map_err(|err| err.to_string());
     if let Some(serving) = serving {
         shutdown.cancel();
-        if let Ok(Err(err)) = serving.await {
-            return result.and(Err(err));
+        match serving.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => return result.and(Err(err)),
+            Err(err) => {
+                return result.and(Err(format!(
+                    "serving --metrics-bind-address once free failed: {err}"
+                )));
+            }
         }
     }
     result
