@@ -146,7 +146,7 @@ pub struct AgentFlags {
     )]
     pub membership_port: u16,
     /// How often each agent probes another one over the membership protocol.
-    #[arg(long, default_value = "200ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
+    #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_probe_interval: Duration,
     /// How long an agent that answers no probe is suspected before it is declared down (and its
     /// VIPs move).
