@@ -1,0 +1,229 @@
+//! A peer's settings, checked once before any connection is tried.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
+
+use crate::Error;
+
+/// The standard BGP port.
+pub const BGP_PORT: u16 = 179;
+
+/// One router to announce routes to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// The router's address.
+    pub address: IpAddr,
+    /// The router's port (179).
+    pub port: u16,
+    /// The router's AS number.
+    pub peer_asn: u32,
+    /// Our AS number (the same as `peer_asn` makes the session iBGP).
+    pub local_asn: u32,
+    /// Our BGP identifier (the node's IPv4 address, as a rule).
+    pub router_id: Ipv4Addr,
+    /// The hold time we propose, in seconds: 0 (no keepalives) or 3 to 65535. The session uses the
+    /// smaller of ours and the router's, and sends a KEEPALIVE every third of it.
+    pub hold_time: u16,
+    /// The address the connection leaves from (the node's address on the router's network); the
+    /// kernel picks one when unset.
+    pub source: Option<IpAddr>,
+    /// The TTL of our packets to an eBGP peer more than one hop away (eBGP multihop); single-hop
+    /// eBGP sends 1, iBGP the system's default.
+    pub ebgp_multihop: Option<u8>,
+    /// The next hop of IPv4 routes; unset, the connection's own address when it is IPv4.
+    pub next_hop_v4: Option<Ipv4Addr>,
+    /// The next hop of IPv6 routes; unset, the connection's own address when it is IPv6.
+    pub next_hop_v6: Option<Ipv6Addr>,
+    /// The first wait before connecting again after a failure; it doubles up to
+    /// [`PeerConfig::max_connect_retry`].
+    pub connect_retry: Duration,
+    /// The longest wait between attempts.
+    pub max_connect_retry: Duration,
+}
+
+impl PeerConfig {
+    /// A peer with the usual settings: port 179, hold time 90 s, retries from 1 s to 30 s.
+    pub fn new(address: IpAddr, peer_asn: u32, local_asn: u32, router_id: Ipv4Addr) -> PeerConfig {
+        PeerConfig {
+            address,
+            port: BGP_PORT,
+            peer_asn,
+            local_asn,
+            router_id,
+            hold_time: 90,
+            source: None,
+            ebgp_multihop: None,
+            next_hop_v4: None,
+            next_hop_v6: None,
+            connect_retry: Duration::from_secs(1),
+            max_connect_retry: Duration::from_secs(30),
+        }
+    }
+
+    /// The router's socket address.
+    pub fn socket_address(&self) -> SocketAddr {
+        SocketAddr::new(self.address, self.port)
+    }
+
+    /// Whether the router is in another AS.
+    pub fn is_external(&self) -> bool {
+        self.peer_asn != self.local_asn
+    }
+
+    /// Checks every setting, naming the first that is wrong.
+    pub fn validate(&self) -> Result<(), Error> {
+        let wrong = |what: String| {
+            Err(Error::Config {
+                peer: self.socket_address().to_string(),
+                what,
+            })
+        };
+        if self.address.is_unspecified() || self.address.is_multicast() {
+            return wrong(format!(
+                "address {} is not a router's address",
+                self.address
+            ));
+        }
+        if self.port == 0 {
+            return wrong("port 0".into());
+        }
+        for (name, asn) in [("peer ASN", self.peer_asn), ("local ASN", self.local_asn)] {
+            // 0 is reserved (RFC 7607) and 23456 stands for a 4-octet AS (RFC 6793).
+            if asn == 0 || asn == u32::from(crate::wire::AS_TRANS) {
+                return wrong(format!(
+                    "{name} {asn} is reserved (RFC 7607, RFC 6793): use your AS number"
+                ));
+            }
+        }
+        if self.router_id.is_unspecified() {
+            return wrong("router ID 0.0.0.0 (use the node's IPv4 address)".into());
+        }
+        if matches!(self.hold_time, 1 | 2) {
+            return wrong(format!(
+                "hold time {} s: 0 (no keepalives) or at least 3 s",
+                self.hold_time
+            ));
+        }
+        if let Some(source) = self.source
+            && source.is_ipv4() != self.address.is_ipv4()
+        {
+            return wrong(format!(
+                "source address {source} is not of the peer's family"
+            ));
+        }
+        if self.ebgp_multihop == Some(0) {
+            return wrong("eBGP multihop TTL 0 (1 to 255)".into());
+        }
+        if self.ebgp_multihop.is_some() && !self.is_external() {
+            return wrong("eBGP multihop on an iBGP peer (same AS): leave it out".into());
+        }
+        if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
+            return wrong(format!(
+                "connect retry {:?} must be above 0 and at most the maximum {:?}",
+                self.connect_retry, self.max_connect_retry
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> PeerConfig {
+        PeerConfig::new(
+            "192.168.0.1".parse().unwrap(),
+            64512,
+            64513,
+            Ipv4Addr::new(192, 168, 0, 2),
+        )
+    }
+
+    #[test]
+    fn each_wrong_setting_is_named() {
+        let cases: Vec<(PeerConfig, &str)> = vec![
+            (
+                PeerConfig {
+                    address: "0.0.0.0".parse().unwrap(),
+                    ..peer()
+                },
+                "address 0.0.0.0 is not a router's address",
+            ),
+            (PeerConfig { port: 0, ..peer() }, "port 0"),
+            (
+                PeerConfig {
+                    peer_asn: 0,
+                    ..peer()
+                },
+                "peer ASN 0 is reserved",
+            ),
+            (
+                PeerConfig {
+                    local_asn: 23456,
+                    ..peer()
+                },
+                "local ASN 23456 is reserved",
+            ),
+            (
+                PeerConfig {
+                    router_id: Ipv4Addr::UNSPECIFIED,
+                    ..peer()
+                },
+                "router ID 0.0.0.0",
+            ),
+            (
+                PeerConfig {
+                    hold_time: 2,
+                    ..peer()
+                },
+                "hold time 2 s",
+            ),
+            (
+                PeerConfig {
+                    source: Some("::1".parse().unwrap()),
+                    ..peer()
+                },
+                "source address ::1 is not of the peer's family",
+            ),
+            (
+                PeerConfig {
+                    ebgp_multihop: Some(0),
+                    ..peer()
+                },
+                "eBGP multihop TTL 0",
+            ),
+            (
+                PeerConfig {
+                    ebgp_multihop: Some(2),
+                    local_asn: 64512,
+                    ..peer()
+                },
+                "eBGP multihop on an iBGP peer",
+            ),
+            (
+                PeerConfig {
+                    connect_retry: Duration::ZERO,
+                    ..peer()
+                },
+                "connect retry 0ns must be above 0",
+            ),
+        ];
+        for (config, expected) in cases {
+            let error = config.validate().unwrap_err().to_string();
+            let peer = format!("BGP peer {}: ", config.socket_address());
+            assert!(error.starts_with(&peer), "{error}");
+            assert!(
+                error.contains(expected),
+                "{error} does not say {expected:?}"
+            );
+        }
+        peer().validate().unwrap();
+        PeerConfig {
+            hold_time: 0,
+            ..peer()
+        }
+        .validate()
+        .unwrap();
+    }
+}

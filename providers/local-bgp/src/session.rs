@@ -1,0 +1,544 @@
+//! One peer's session (RFC 4271 §8): connect, exchange OPENs, keep the router's table equal to the
+//! routes we are given, and start again with back-off when the session ends.
+//!
+//! We connect (the active side) and do not listen, as MetalLB's and kube-vip's speakers do: a router
+//! configured with us as a neighbour connects to us too, finds nobody listening, and uses our
+//! connection, so no collision (RFC 4271 §6.8) arises. Routes the router sends are not used (a node
+//! announces, it does not route by BGP), so an UPDATE we cannot parse is logged and skipped (RFC 7606's
+//! treat-as-withdraw, for a table we do not keep) rather than resetting the session.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::plan::{Routes, Session, Unannounced};
+use crate::wire::{self, Capability, Context, Family, Message, Notification, Open, Update, codes};
+use crate::{Error, PeerConfig};
+
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long we wait for the router's OPEN (RFC 4271 §8.2.2 suggests 4 minutes; a router answers at
+/// once, and a dead one should not hold the retry back that long).
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write may block before the connection counts as failed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The session's state (RFC 4271 §8.2.2), as far as an active speaker goes through it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum State {
+    /// Waiting before the next attempt, or stopped.
+    #[default]
+    Idle,
+    /// Connecting.
+    Connect,
+    /// Our OPEN is sent; waiting for the router's.
+    OpenSent,
+    /// OPENs exchanged; waiting for the router's KEEPALIVE.
+    OpenConfirm,
+    /// Routes are exchanged.
+    Established,
+}
+
+impl State {
+    /// The state's name in RFC 4271.
+    pub fn name(self) -> &'static str {
+        match self {
+            State::Idle => "Idle",
+            State::Connect => "Connect",
+            State::OpenSent => "OpenSent",
+            State::OpenConfirm => "OpenConfirm",
+            State::Established => "Established",
+        }
+    }
+}
+
+/// Counts of what went each way, since the peer was started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Sessions that reached Established.
+    pub established: u64,
+    /// UPDATEs sent.
+    pub updates_sent: u64,
+    /// UPDATEs received (and not used).
+    pub updates_received: u64,
+    /// UPDATEs received that could not be parsed (skipped).
+    pub updates_malformed: u64,
+    /// NOTIFICATIONs sent.
+    pub notifications_sent: u64,
+    /// NOTIFICATIONs received.
+    pub notifications_received: u64,
+    /// ROUTE-REFRESH requests answered.
+    pub route_refreshes: u64,
+}
+
+/// What a peer's session is doing, for status and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// The state now.
+    pub state: State,
+    /// Since when the session is established.
+    pub established_since: Option<Instant>,
+    /// The router's BGP identifier, once its OPEN came.
+    pub router_id: Option<Ipv4Addr>,
+    /// The hold time in force.
+    pub hold_time: Option<Duration>,
+    /// The families both sides announced.
+    pub families: Vec<Family>,
+    /// How many routes the router has from us.
+    pub announced: usize,
+    /// Routes we were given that this session cannot carry, with why.
+    pub unannounced: Vec<Unannounced>,
+    /// Why the last session ended or the last attempt failed.
+    pub last_error: Option<String>,
+    /// Counts.
+    pub counters: Counters,
+}
+
+/// How a session ended without an error.
+enum Ended {
+    Stopped,
+}
+
+/// Runs a peer until `stop`: sessions one after another, waiting between failed ones
+/// (`connect_retry`, doubling up to `max_connect_retry`, back to the start after an established one).
+pub(crate) async fn run(
+    config: PeerConfig,
+    mut routes: watch::Receiver<Routes>,
+    status: watch::Sender<PeerStatus>,
+    stop: CancellationToken,
+) {
+    let peer = config.socket_address();
+    let mut wait = config.connect_retry;
+    loop {
+        status.send_modify(|s| s.state = State::Connect);
+        let result = tokio::select! {
+            _ = stop.cancelled() => break,
+            result = connect(&config) => result,
+        };
+        let result = match result {
+            Ok(stream) => session(&config, stream, &mut routes, &status, &stop).await,
+            Err(error) => Err(error),
+        };
+        // A session that held for a while starts the back-off afresh; one that fails right after
+        // it is established (a router refusing our routes) keeps backing off.
+        let held = status
+            .borrow()
+            .established_since
+            .is_some_and(|since| since.elapsed() >= config.max_connect_retry);
+        status.send_modify(|s| {
+            s.state = State::Idle;
+            s.established_since = None;
+            s.announced = 0;
+            if let Err(error) = &result {
+                s.last_error = Some(error.to_string());
+            }
+        });
+        match result {
+            Ok(Ended::Stopped) => break,
+            Err(error) => {
+                if held {
+                    wait = config.connect_retry;
+                }
+                warn!(%peer, retry_in = ?wait, "{error}");
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = sleep(wait) => {}
+        }
+        wait = (wait * 2).min(config.max_connect_retry);
+    }
+    status.send_modify(|s| s.state = State::Idle);
+}
+
+async fn connect(config: &PeerConfig) -> Result<TcpStream, Error> {
+    let peer = config.socket_address();
+    let failed = |source| Error::Connect { peer, source };
+    let socket = match peer {
+        SocketAddr::V4(_) => TcpSocket::new_v4(),
+        SocketAddr::V6(_) => TcpSocket::new_v6(),
+    }
+    .map_err(failed)?;
+    if let Some(source) = config.source {
+        socket.bind(SocketAddr::new(source, 0)).map_err(failed)?;
+    }
+    // Single-hop eBGP goes out with TTL 1, as routers send it; multihop with the TTL asked for.
+    let ttl = match config.ebgp_multihop {
+        Some(ttl) => Some(u32::from(ttl)),
+        None if config.is_external() => Some(1),
+        None => None,
+    };
+    if let Some(ttl) = ttl {
+        let socket = socket2::SockRef::from(&socket);
+        match peer {
+            SocketAddr::V4(_) => socket.set_ttl_v4(ttl),
+            SocketAddr::V6(_) => socket.set_unicast_hops_v6(ttl),
+        }
+        .map_err(failed)?;
+    }
+    let stream = timeout(CONNECT_TIMEOUT, socket.connect(peer))
+        .await
+        .map_err(|_| failed(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(failed)?;
+    stream.set_nodelay(true).map_err(failed)?;
+    Ok(stream)
+}
+
+/// A connection: the stream, what was read of it and not yet decoded, and how to decode.
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    buffer: Vec<u8>,
+    context: Context,
+}
+
+impl Connection {
+    /// The next message. Cancel-safe: bytes read stay in the buffer until a whole message is taken.
+    async fn next(&mut self, counters: &mut Counters) -> Result<Message, Error> {
+        loop {
+            match wire::decode(&self.buffer, self.context) {
+                Ok(Some((message, used))) => {
+                    self.buffer.drain(..used);
+                    return Ok(message);
+                }
+                Ok(None) => {}
+                Err(malformed) => {
+                    if let Some(length) = wire::update_length(&self.buffer) {
+                        // We use no route of the router's: skip the UPDATE, keep the session.
+                        warn!(peer = %self.peer, "skipped an UPDATE: {}", malformed.reason);
+                        counters.updates_malformed += 1;
+                        self.buffer.drain(..length);
+                        continue;
+                    }
+                    let _ = self
+                        .send(&Message::Notification(malformed.notification.clone()))
+                        .await;
+                    counters.notifications_sent += 1;
+                    return Err(Error::Malformed {
+                        peer: self.peer,
+                        malformed,
+                    });
+                }
+            }
+            self.buffer.reserve(wire::MAX_LEN);
+            match self.stream.read_buf(&mut self.buffer).await {
+                Ok(0) => return Err(Error::Closed { peer: self.peer }),
+                Ok(_) => {}
+                Err(source) => {
+                    return Err(Error::Io {
+                        peer: self.peer,
+                        source,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, message: &Message) -> Result<(), Error> {
+        let bytes = wire::encode(message, self.context);
+        let io = |source| Error::Io {
+            peer: self.peer,
+            source,
+        };
+        timeout(WRITE_TIMEOUT, self.stream.write_all(&bytes))
+            .await
+            .map_err(|_| io(std::io::ErrorKind::TimedOut.into()))?
+            .map_err(io)
+    }
+
+    /// Sends a NOTIFICATION (its failure does not matter: the session ends either way).
+    async fn notify(&mut self, notification: Notification, counters: &mut Counters) {
+        counters.notifications_sent += 1;
+        let _ = self.send(&Message::Notification(notification)).await;
+    }
+}
+
+fn our_open(config: &PeerConfig) -> Open {
+    Open {
+        asn: config.local_asn,
+        hold_time: config.hold_time,
+        router_id: config.router_id,
+        capabilities: vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::Multiprotocol(Family::IPV6_UNICAST),
+            Capability::RouteRefresh,
+            Capability::FourOctetAs(config.local_asn),
+        ],
+    }
+}
+
+/// One session over a connected stream, until it fails or `stop`.
+async fn session(
+    config: &PeerConfig,
+    stream: TcpStream,
+    routes: &mut watch::Receiver<Routes>,
+    status: &watch::Sender<PeerStatus>,
+    stop: &CancellationToken,
+) -> Result<Ended, Error> {
+    let peer = config.socket_address();
+    let local = stream
+        .local_addr()
+        .map_err(|source| Error::Io { peer, source })?;
+    let mut connection = Connection {
+        stream,
+        peer,
+        buffer: Vec::new(),
+        context: Context::default(),
+    };
+    let mut counters = status.borrow().counters.clone();
+    let result = exchange(
+        config,
+        local.ip(),
+        &mut connection,
+        routes,
+        status,
+        stop,
+        &mut counters,
+    )
+    .await;
+    status.send_modify(|s| s.counters = counters);
+    result
+}
+
+async fn exchange(
+    config: &PeerConfig,
+    local: IpAddr,
+    connection: &mut Connection,
+    routes: &mut watch::Receiver<Routes>,
+    status: &watch::Sender<PeerStatus>,
+    stop: &CancellationToken,
+    counters: &mut Counters,
+) -> Result<Ended, Error> {
+    let peer = connection.peer;
+    connection.send(&Message::Open(our_open(config))).await?;
+    status.send_modify(|s| s.state = State::OpenSent);
+
+    let theirs = tokio::select! {
+        _ = stop.cancelled() => {
+            connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
+            return Ok(Ended::Stopped);
+        }
+        message = timeout(OPEN_TIMEOUT, connection.next(counters)) => match message {
+            Err(_) => {
+                connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
+                return Err(Error::HoldTimerExpired { peer, hold: OPEN_TIMEOUT });
+            }
+            Ok(message) => match message? {
+                Message::Open(open) => open,
+                Message::Notification(notification) => {
+                    counters.notifications_received += 1;
+                    return Err(Error::Notified { peer, notification });
+                }
+                other => {
+                    connection.notify(Notification { code: codes::FSM, subcode: 1, data: vec![] }, counters).await;
+                    return Err(Error::Unexpected { peer, message: other.kind(), state: State::OpenSent.name() });
+                }
+            },
+        },
+    };
+    if theirs.asn != config.peer_asn {
+        let data = u16::try_from(theirs.asn)
+            .unwrap_or(wire::AS_TRANS)
+            .to_be_bytes()
+            .to_vec();
+        connection
+            .notify(
+                Notification {
+                    code: codes::OPEN,
+                    subcode: codes::open::BAD_PEER_AS,
+                    data,
+                },
+                counters,
+            )
+            .await;
+        return Err(Error::BadPeerAs {
+            peer,
+            announced: theirs.asn,
+            configured: config.peer_asn,
+        });
+    }
+    if !config.is_external() && theirs.router_id == config.router_id {
+        let notification = Notification {
+            code: codes::OPEN,
+            subcode: codes::open::BAD_BGP_IDENTIFIER,
+            data: theirs.router_id.octets().to_vec(),
+        };
+        connection.notify(notification, counters).await;
+        return Err(Error::SameRouterId {
+            peer,
+            router_id: theirs.router_id,
+        });
+    }
+    connection.context.four_octet_as = theirs.has(|c| matches!(c, Capability::FourOctetAs(_)));
+    let ours = our_open(config);
+    let families: Vec<Family> = ours
+        .families()
+        .into_iter()
+        .filter(|f| theirs.families().contains(f))
+        .collect();
+    let hold = Duration::from_secs(u64::from(config.hold_time.min(theirs.hold_time)));
+    connection.send(&Message::Keepalive).await?;
+    status.send_modify(|s| {
+        s.state = State::OpenConfirm;
+        s.router_id = Some(theirs.router_id);
+        s.hold_time = Some(hold);
+        s.families = families.clone();
+    });
+
+    let mut deadline = Instant::now() + if hold.is_zero() { OPEN_TIMEOUT } else { hold };
+    tokio::select! {
+        _ = stop.cancelled() => {
+            connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
+            return Ok(Ended::Stopped);
+        }
+        _ = sleep_until(deadline) => {
+            connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
+            return Err(Error::HoldTimerExpired { peer, hold });
+        }
+        message = connection.next(counters) => match message? {
+            Message::Keepalive => {}
+            Message::Notification(notification) => {
+                counters.notifications_received += 1;
+                return Err(Error::Notified { peer, notification });
+            }
+            other => {
+                connection.notify(Notification { code: codes::FSM, subcode: 2, data: vec![] }, counters).await;
+                return Err(Error::Unexpected { peer, message: other.kind(), state: State::OpenConfirm.name() });
+            }
+        },
+    }
+
+    let session = Session {
+        local_asn: config.local_asn,
+        external: config.is_external(),
+        context: connection.context,
+        families: families.clone(),
+        next_hop_v4: config.next_hop_v4.or(match local {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        }),
+        next_hop_v6: config.next_hop_v6.or(match local {
+            IpAddr::V6(v6) => Some(v6),
+            IpAddr::V4(_) => None,
+        }),
+    };
+    counters.established += 1;
+    info!(%peer, router_id = %theirs.router_id, ?hold, "BGP session established");
+    status.send_modify(|s| {
+        s.state = State::Established;
+        s.established_since = Some(Instant::now());
+        s.last_error = None;
+        s.counters = counters.clone();
+    });
+
+    // The whole table, then End-of-RIB for each family.
+    let mut sent = Routes::new();
+    announce(&session, &mut sent, routes, connection, status, counters).await?;
+    for family in &families {
+        connection
+            .send(&Message::Update(Update::end_of_rib(*family)))
+            .await?;
+        counters.updates_sent += 1;
+    }
+
+    let keepalive_every = if hold.is_zero() {
+        Duration::MAX
+    } else {
+        hold / 3
+    };
+    let mut next_keepalive = Instant::now() + keepalive_every.min(Duration::from_secs(86400));
+    let mut routes_open = true;
+    deadline = Instant::now() + hold;
+    loop {
+        status.send_if_modified(|s| {
+            let changed = s.counters != *counters;
+            if changed {
+                s.counters = counters.clone();
+            }
+            changed
+        });
+        tokio::select! {
+            _ = stop.cancelled() => {
+                connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
+                return Ok(Ended::Stopped);
+            }
+            changed = routes.changed(), if routes_open => {
+                if changed.is_err() {
+                    // Nobody will change the routes any more: keep announcing the last ones.
+                    routes_open = false;
+                    continue;
+                }
+                announce(&session, &mut sent, routes, connection, status, counters).await?;
+            }
+            _ = sleep_until(next_keepalive), if !hold.is_zero() => {
+                connection.send(&Message::Keepalive).await?;
+                next_keepalive = Instant::now() + keepalive_every;
+            }
+            _ = sleep_until(deadline), if !hold.is_zero() => {
+                connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
+                return Err(Error::HoldTimerExpired { peer, hold });
+            }
+            message = connection.next(counters) => {
+                deadline = Instant::now() + hold;
+                match message? {
+                    Message::Keepalive => {}
+                    Message::Update(_) => counters.updates_received += 1,
+                    Message::RouteRefresh(family) => {
+                        debug!(%peer, %family, "route refresh");
+                        counters.route_refreshes += 1;
+                        let of_family: Routes =
+                            sent.iter().filter(|(p, _)| Family::of(p) == family).map(|(p, a)| (*p, a.clone())).collect();
+                        for update in session.plan(&Routes::new(), &of_family) {
+                            connection.send(&Message::Update(update)).await?;
+                            counters.updates_sent += 1;
+                        }
+                        if families.contains(&family) {
+                            connection.send(&Message::Update(Update::end_of_rib(family))).await?;
+                            counters.updates_sent += 1;
+                        }
+                    }
+                    Message::Notification(notification) => {
+                        counters.notifications_received += 1;
+                        return Err(Error::Notified { peer, notification });
+                    }
+                    Message::Open(_) => {
+                        connection.notify(Notification { code: codes::FSM, subcode: 3, data: vec![] }, counters).await;
+                        return Err(Error::Unexpected { peer, message: "OPEN", state: State::Established.name() });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Brings the router from `sent` to the routes wanted now, and says so in the status.
+async fn announce(
+    session: &Session,
+    sent: &mut Routes,
+    routes: &mut watch::Receiver<Routes>,
+    connection: &mut Connection,
+    status: &watch::Sender<PeerStatus>,
+    counters: &mut Counters,
+) -> Result<(), Error> {
+    let (wanted, unannounced) = session.announceable(&routes.borrow_and_update());
+    for update in session.plan(sent, &wanted) {
+        connection.send(&Message::Update(update)).await?;
+        counters.updates_sent += 1;
+    }
+    for refused in &unannounced {
+        warn!(peer = %connection.peer, prefix = %refused.prefix, "not announced: {}", refused.reason);
+    }
+    *sent = wanted;
+    status.send_modify(|s| {
+        s.announced = sent.len();
+        s.unannounced = unannounced;
+        s.counters = counters.clone();
+    });
+    Ok(())
+}

@@ -1,0 +1,286 @@
+//! Our speaker against FRR's bgpd, a real router (Debian's `frr`; `hack/routers install`), on
+//! loopback: each test's bgpd listens on a port of its own on 127.0.0.1, and our "nodes" connect from
+//! 127.0.0.2 and 127.0.0.3. Needs root (bgpd).
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use ipnet::IpNet;
+use local_bgp::{Path, Peer, PeerConfig, PeerStatus, Routes, State};
+use support::{Frr, eventually};
+use tokio::sync::watch;
+
+const ROUTER_ASN: u32 = 64512;
+const NODE_ASN: u32 = 64513;
+
+fn net(s: &str) -> IpNet {
+    s.parse().unwrap()
+}
+
+fn node(frr: &Frr, source: &str) -> PeerConfig {
+    let source: IpAddr = source.parse().unwrap();
+    let IpAddr::V4(router_id) = source else {
+        unreachable!()
+    };
+    PeerConfig {
+        port: frr.port,
+        source: Some(source),
+        // A router refuses a loopback next hop (a martian): the "nodes" name addresses of a network
+        // of theirs, as a node behind a NAT or with several interfaces would.
+        next_hop_v4: Some(Ipv4Addr::new(10, 0, 0, router_id.octets()[3])),
+        next_hop_v6: Some(format!("fd00::{}", router_id.octets()[3]).parse().unwrap()),
+        ..PeerConfig::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ROUTER_ASN,
+            NODE_ASN,
+            router_id,
+        )
+    }
+}
+
+fn neighbours(sources: &[&str]) -> String {
+    let mut config = String::new();
+    for source in sources {
+        config += &format!(
+            " neighbor {source} remote-as {NODE_ASN}\n neighbor {source} disable-connected-check\n"
+        );
+    }
+    config += " address-family ipv6 unicast\n";
+    for source in sources {
+        config += &format!("  neighbor {source} activate\n");
+    }
+    config += " exit-address-family\n";
+    config
+}
+
+async fn established(peer: &Peer) -> PeerStatus {
+    let mut status = peer.status();
+    eventually("the session is established", async || {
+        let now = status.borrow_and_update().clone();
+        if now.state == State::Established {
+            Ok(now)
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn frr_routes_each_vip_to_every_node_that_announces_it_and_forgets_what_is_withdrawn() {
+    let frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2", "127.0.0.3"])).await;
+    let tagged = Path {
+        communities: vec![(64513 << 16) | 100],
+        large_communities: vec![[64513, 1, 2]],
+        ..Path::default()
+    };
+    let table: Routes = [
+        (net("10.96.0.1/32"), Path::default()),
+        (net("10.96.0.2/32"), tagged),
+        (net("2001:db8:96::1/128"), Path::default()),
+    ]
+    .into();
+    let (routes, routes_rx) = watch::channel(table.clone());
+    let first = Peer::start(node(&frr, "127.0.0.2"), routes_rx.clone()).unwrap();
+    let second = Peer::start(node(&frr, "127.0.0.3"), routes_rx).unwrap();
+    established(&first).await;
+    let status = established(&second).await;
+    assert_eq!(status.router_id, Some(Ipv4Addr::new(10, 255, 0, 1)));
+
+    // Each VIP with one path per node, both used (ECMP).
+    for (family, prefix, hops) in [
+        ("ipv4", "10.96.0.1/32", ["10.0.0.2", "10.0.0.3"]),
+        ("ipv4", "10.96.0.2/32", ["10.0.0.2", "10.0.0.3"]),
+        ("ipv6", "2001:db8:96::1/128", ["fd00::2", "fd00::3"]),
+    ] {
+        let expected: Vec<(String, bool)> = hops.iter().map(|h| (h.to_string(), true)).collect();
+        eventually(&format!("{prefix} through both nodes"), async || {
+            let paths = frr.paths(family, prefix).await;
+            if paths == expected {
+                Ok(())
+            } else {
+                Err(format!("{paths:?}"))
+            }
+        })
+        .await;
+    }
+    let route = frr.route("ipv4", "10.96.0.2/32").await;
+    let path = &route["paths"][0];
+    assert_eq!(path["community"]["string"], "64513:100", "{route}");
+    assert_eq!(path["largeCommunity"]["string"], "64513:1:2", "{route}");
+    assert_eq!(path["aspath"]["string"], "64513", "{route}");
+
+    // A VIP gone is withdrawn from the router; nothing else is sent again.
+    let updates_before = first.status().borrow().counters.updates_sent;
+    let mut fewer = table.clone();
+    fewer.remove(&net("10.96.0.1/32"));
+    routes.send_replace(fewer.clone());
+    eventually("10.96.0.1/32 withdrawn", async || {
+        let paths = frr.paths("ipv4", "10.96.0.1/32").await;
+        if paths.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    assert_eq!(
+        first.status().borrow().counters.updates_sent,
+        updates_before + 1
+    );
+    routes.send_replace(fewer);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        first.status().borrow().counters.updates_sent,
+        updates_before + 1,
+        "no change, no UPDATE"
+    );
+
+    // A node that stops tells the router, which drops its paths at once.
+    first.stop().await.unwrap();
+    eventually("only the second node's path is left", async || {
+        let paths = frr.paths("ipv4", "10.96.0.2/32").await;
+        if paths == [("10.0.0.3".to_string(), true)] {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    assert!(
+        frr.log().contains("Administrative Shutdown") || frr.log().contains("Administratively"),
+        "{}",
+        frr.log()
+    );
+    second.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_route_refresh_from_the_router_is_answered_with_the_table() {
+    let frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2"])).await;
+    let (_routes, routes_rx) =
+        watch::channel(Routes::from([(net("10.96.1.1/32"), Path::default())]));
+    let peer = Peer::start(node(&frr, "127.0.0.2"), routes_rx).unwrap();
+    established(&peer).await;
+    eventually("the route", async || {
+        let paths = frr.paths("ipv4", "10.96.1.1/32").await;
+        if paths.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    frr.vtysh("clear bgp ipv4 unicast 127.0.0.2 soft in")
+        .await
+        .unwrap();
+    let mut status = peer.status();
+    eventually("the refresh answered", async || {
+        let now = status.borrow_and_update().clone();
+        if now.counters.route_refreshes >= 1 {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    assert_eq!(frr.paths("ipv4", "10.96.1.1/32").await.len(), 1);
+    assert_eq!(
+        peer.status().borrow().state,
+        State::Established,
+        "the session stays up"
+    );
+    peer.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_wrong_asn_on_either_side_is_said_out_loud_and_retried() {
+    let frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2", "127.0.0.3"])).await;
+    let (_routes, routes_rx) = watch::channel(Routes::new());
+    // We expect the router in another AS than its own: we refuse its OPEN.
+    let expects_other = Peer::start(
+        PeerConfig {
+            peer_asn: 64999,
+            ..node(&frr, "127.0.0.2")
+        },
+        routes_rx.clone(),
+    )
+    .unwrap();
+    // We announce another AS than the router expects of us: it refuses ours.
+    let announces_other = Peer::start(
+        PeerConfig {
+            local_asn: 64998,
+            ..node(&frr, "127.0.0.3")
+        },
+        routes_rx,
+    )
+    .unwrap();
+    for (peer, says) in [
+        (
+            &expects_other,
+            "BGP peer 127.0.0.1:".to_string()
+                + &frr.port.to_string()
+                + " announces AS 64512, configured as AS 64999",
+        ),
+        (
+            &announces_other,
+            "sent a NOTIFICATION: OPEN message error: bad peer AS".to_string(),
+        ),
+    ] {
+        let mut status = peer.status();
+        eventually(&says, async || {
+            let now = status.borrow_and_update().clone();
+            match &now.last_error {
+                Some(error) if error.contains(&says) => Ok(()),
+                _ => Err(format!("{now:?}")),
+            }
+        })
+        .await;
+    }
+    assert_ne!(frr.neighbour_state("127.0.0.2").await, "Established");
+    expects_other.stop().await.unwrap();
+    announces_other.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_router_that_goes_away_is_reconnected_when_it_is_back() {
+    let mut frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2"])).await;
+    let (_routes, routes_rx) =
+        watch::channel(Routes::from([(net("10.96.2.1/32"), Path::default())]));
+    let peer = Peer::start(
+        PeerConfig {
+            connect_retry: Duration::from_millis(200),
+            max_connect_retry: Duration::from_secs(1),
+            ..node(&frr, "127.0.0.2")
+        },
+        routes_rx,
+    )
+    .unwrap();
+    established(&peer).await;
+    frr.kill().await;
+    let mut status = peer.status();
+    eventually("the session seen down", async || {
+        let now = status.borrow_and_update().clone();
+        if now.state != State::Established && now.last_error.is_some() {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    frr.restart().await;
+    established(&peer).await;
+    eventually("the route back in the new bgpd", async || {
+        let paths = frr.paths("ipv4", "10.96.2.1/32").await;
+        if paths.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    assert_eq!(peer.status().borrow().counters.established, 2);
+    peer.stop().await.unwrap();
+}
