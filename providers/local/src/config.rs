@@ -14,6 +14,7 @@ use std::{
     time::Duration,
 };
 
+pub use crate::bgp_config::{Announce, BgpConfig, BgpPeer, Community, NodeSelector, PoolBgp};
 pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
 use serde::{Deserialize, Deserializer, de};
 
@@ -69,6 +70,8 @@ fn default_pools() -> Vec<AddressPool> {
         service_selector: None,
         priority: None,
         cross_namespace_sharing: false,
+        announce: Announce::L2,
+        bgp: None,
     }]
 }
 
@@ -180,6 +183,12 @@ pub struct AddressPool {
     /// cannot join another tenant's address by guessing or learning its key).
     #[serde(default)]
     pub cross_namespace_sharing: bool,
+    /// How the pool's VIPs reach the network: `l2` (the default) or `bgp` (node agents only).
+    #[serde(default)]
+    pub announce: Announce,
+    /// With `announce: bgp`: which peers the VIPs go to, and their communities and local preference.
+    #[serde(default)]
+    pub bgp: Option<PoolBgp>,
 }
 
 /// Which Services a pool serves by their labels: `matchLabels`, as in a Kubernetes label selector
@@ -385,6 +394,10 @@ pub struct LoadBalancerConfig {
     /// agent whose heartbeats would go elsewhere refuses to start. Refused in leader mode.
     #[serde(default)]
     pub agent_namespace: Option<String>,
+    /// The routers the node agents peer with, for pools with `announce: bgp` (`mode: agents`). Read
+    /// by each agent at start: a change needs the agents restarted.
+    #[serde(default)]
+    pub bgp: BgpConfig,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
     /// a config that still sets it is refused, naming the key, rather than read as if it did something.
     #[serde(default, deserialize_with = "refuse_ip_command")]
@@ -453,6 +466,7 @@ impl Default for LoadBalancerConfig {
             vip_interface: None,
             mode: LoadBalancerMode::default(),
             agent_namespace: None,
+            bgp: BgpConfig::default(),
             ip_command: Removed,
         }
     }
@@ -609,6 +623,7 @@ impl Config {
                     })?;
             }
         }
+        self.validate_bgp()?;
         let ranges: Vec<(&str, &AddressRange)> = self
             .address_pools
             .iter()
@@ -685,6 +700,75 @@ impl Config {
                 }
                 if address.address.is_empty() {
                     return Err(format!("machines.{name}.addresses: an address is empty"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The BGP peers, and the pools that announce by BGP.
+    fn validate_bgp(&self) -> Result<(), String> {
+        let peers = &self.load_balancer.bgp.peers;
+        let mut names = BTreeSet::new();
+        for peer in peers {
+            peer.validate()?;
+            if !names.insert(peer.name.as_str()) {
+                return Err(format!(
+                    "loadBalancer.bgp.peers: two peers are named {:?}",
+                    peer.name
+                ));
+            }
+        }
+        if !peers.is_empty() && self.load_balancer.mode != LoadBalancerMode::Agents {
+            return Err(
+                "loadBalancer.bgp is the agents mode's (mode: agents): the node agents \
+                 speak BGP, the leading manager does not; remove bgp or set mode: agents"
+                    .to_owned(),
+            );
+        }
+        for pool in &self.address_pools {
+            let name = &pool.name;
+            match (pool.announce, &pool.bgp) {
+                (Announce::L2, Some(_)) => {
+                    return Err(format!(
+                        "addressPools: pool {name:?} has a bgp block but announces by layer 2: set \
+                         announce: bgp, or remove the block"
+                    ));
+                }
+                (Announce::L2, None) => continue,
+                (Announce::Bgp, _) if self.load_balancer.mode != LoadBalancerMode::Agents => {
+                    return Err(format!(
+                        "addressPools: pool {name:?}: announce: bgp needs loadBalancer.mode: agents \
+                         (the node agents speak BGP)"
+                    ));
+                }
+                (Announce::Bgp, _) if peers.is_empty() => {
+                    return Err(format!(
+                        "addressPools: pool {name:?}: announce: bgp, but loadBalancer.bgp.peers is \
+                         empty: nobody to announce to"
+                    ));
+                }
+                (Announce::Bgp, bgp) => {
+                    let bgp = bgp.clone().unwrap_or_default();
+                    for peer in &bgp.peers {
+                        if !names.contains(peer.as_str()) {
+                            return Err(format!(
+                                "addressPools: pool {name:?}: bgp.peers names {peer:?}, which is no \
+                                 peer of loadBalancer.bgp.peers ({})",
+                                names.iter().copied().collect::<Vec<_>>().join(", ")
+                            ));
+                        }
+                    }
+                    let ibgp = peers
+                        .iter()
+                        .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
+                        .any(|p| p.peer_asn == p.my_asn);
+                    if bgp.local_pref.is_some() && !ibgp {
+                        return Err(format!(
+                            "addressPools: pool {name:?}: bgp.localPref goes to iBGP peers only \
+                             (peerASN equal to myASN), and every peer of the pool is eBGP: remove it"
+                        ));
+                    }
                 }
             }
         }
@@ -879,6 +963,65 @@ mod tests {
             .unwrap_err()
             .to_string();
             assert!(err.contains(expected), "{err} lacks {expected}");
+        }
+    }
+
+    const BGP_PEERS: &str = "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: tor-a, peerAddress: 10.89.0.250, peerASN: 64512, myASN: 64513}\n      - {name: tor-b, peerAddress: 'fd00:89::250', peerASN: 64513, myASN: 64513, holdTime: 9s, nodeSelectors: [{matchLabels: {rack: b}}]}\n";
+
+    #[test]
+    fn bgp_peers_and_pools_are_read() {
+        let config = Config::parse(
+            &format!("{BGP_PEERS}addressPools:\n  - name: routed\n    addresses: [10.90.0.0/24]\n    announce: bgp\n    bgp: {{peers: [tor-b], communities: ['64513:100', no-export, 'large:64513:1:2'], localPref: 200}}\n  - {{name: l2, addresses: [10.89.0.64/26]}}\n"),
+            None,
+        )
+        .unwrap();
+        let peers = &config.load_balancer.bgp.peers;
+        assert_eq!(peers.len(), 2);
+        assert_eq!(peers[0].peer_port, 179);
+        assert_eq!(peers[0].hold_time.0, Duration::from_secs(90));
+        assert!(peers[0].selects(&BTreeMap::new()));
+        assert!(!peers[1].selects(&BTreeMap::new()));
+        assert!(peers[1].selects(&[("rack".to_owned(), "b".to_owned())].into()));
+        let session = peers[1]
+            .session(Some(Ipv4Addr::new(10, 89, 0, 11)))
+            .unwrap();
+        assert_eq!(
+            (session.hold_time, session.router_id),
+            (9, Ipv4Addr::new(10, 89, 0, 11))
+        );
+        assert_eq!(config.address_pools[0].announce, Announce::Bgp);
+        assert_eq!(config.address_pools[1].announce, Announce::L2);
+        let path = config.address_pools[0].bgp.as_ref().unwrap().path();
+        assert_eq!(path.communities, vec![(64513 << 16) | 100, 0xFFFF_FF01]);
+        assert_eq!(path.large_communities, vec![[64513, 1, 2]]);
+        assert_eq!(path.local_preference, Some(200));
+        assert!(peers[1].session(None).unwrap_err().contains("set routerID"));
+    }
+
+    #[test]
+    fn bad_bgp_settings_are_named() {
+        let pool = |extra: &str| {
+            format!("addressPools:\n  - name: routed\n    addresses: [10.90.0.0/24]\n{extra}")
+        };
+        for (text, expected) in [
+            (format!("{BGP_PEERS}{}", pool("    bgp: {peers: [tor-a]}\n")), "pool \"routed\" has a bgp block but announces by layer 2"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-c]}\n")), "bgp.peers names \"tor-c\", which is no peer of loadBalancer.bgp.peers (tor-a, tor-b)"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-a], localPref: 10}\n")), "bgp.localPref goes to iBGP peers only"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {communities: ['64513:x']}\n")), "community \"64513:x\": not two 16-bit numbers"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 24}\n")), "unknown field `aggregationLength`"),
+            (format!("loadBalancer: {{mode: agents}}\n{}", pool("    announce: bgp\n")), "announce: bgp, but loadBalancer.bgp.peers is empty"),
+            (pool("    announce: bgp\n"), "announce: bgp needs loadBalancer.mode: agents"),
+            (pool("    announce: ospf\n"), "unknown variant `ospf`"),
+            ("loadBalancer: {bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}]}}".to_owned(), "loadBalancer.bgp is the agents mode's"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}, {name: a, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2}]}}".to_owned(), "two peers are named \"a\""),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 0, myASN: 2}]}}".to_owned(), "peers \"a\": BGP peer 10.0.0.1:179: peer ASN 0 is reserved"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, holdTime: 2s}]}}".to_owned(), "hold time 2 s"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 1, ebgpMultiHop: true}]}}".to_owned(), "ebgpMultiHop is for eBGP"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: secret}]}}".to_owned(), "unknown field `password`"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, nodeSelectors: [{matchLabels: {-x: y}}]}]}}".to_owned(), "nodeSelectors -x=y"),
+        ] {
+            let err = Config::parse(&text, None).unwrap_err().to_string();
+            assert!(err.contains(expected), "{err}\n  lacks {expected}");
         }
     }
 

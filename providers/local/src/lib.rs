@@ -17,6 +17,7 @@
 mod addresses;
 pub mod agent;
 mod announce;
+mod bgp_config;
 mod config;
 mod conflict;
 mod heard;
@@ -36,9 +37,9 @@ use cloud_provider::{
 use local_data_plane::DataPlane;
 
 pub use config::{
-    AddressConfig, AddressPool, AddressRange, AddressType, Config, Count, DEFAULT_POOL, GoDuration,
-    HealthCheckTiming, KubeletProbe, LoadBalancerConfig, LoadBalancerMode, Machine,
-    MachineDefaults, MachineState, UnlistedNodes,
+    AddressConfig, AddressPool, AddressRange, AddressType, Announce, BgpConfig, BgpPeer, Community,
+    Config, Count, DEFAULT_POOL, GoDuration, HealthCheckTiming, KubeletProbe, LoadBalancerConfig,
+    LoadBalancerMode, Machine, MachineDefaults, MachineState, NodeSelector, PoolBgp, UnlistedNodes,
 };
 
 use crate::instances::{ProbeFailures, lock};

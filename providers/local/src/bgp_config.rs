@@ -1,0 +1,309 @@
+//! The cloud-config's BGP settings: the routers the node agents peer with (`loadBalancer.bgp.peers`)
+//! and, per address pool, how its VIPs are announced (`announce: bgp` and the pool's `bgp` block).
+//! The field names are MetalLB's (`BGPPeer`, `BGPAdvertisement`) where MetalLB has the same setting, so
+//! that its users read them as they know them.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    str::FromStr,
+    time::Duration,
+};
+
+use serde::{Deserialize, Deserializer, de};
+
+use crate::config::GoDuration;
+
+/// How a pool's VIPs reach the network (`announce`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Announce {
+    /// One node per VIP holds it on its interface and tells the link (gratuitous ARP, unsolicited
+    /// neighbour advertisement): MetalLB's layer 2.
+    #[default]
+    L2,
+    /// Every node that can serve the VIP advertises a host route to it to its BGP peers, which spread
+    /// the traffic over them (ECMP). Needs `loadBalancer.mode: agents` and `loadBalancer.bgp.peers`.
+    Bgp,
+}
+
+/// `loadBalancer.bgp`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BgpConfig {
+    /// The routers the node agents peer with.
+    #[serde(default)]
+    pub peers: Vec<BgpPeer>,
+}
+
+/// A router (`loadBalancer.bgp.peers[]`); each node agent whose node it selects opens a session
+/// with it.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BgpPeer {
+    /// The peer's name, for pools' `bgp.peers`, logs and metrics.
+    pub name: String,
+    /// The router's address.
+    pub peer_address: IpAddr,
+    /// The router's AS number.
+    #[serde(rename = "peerASN")]
+    pub peer_asn: u32,
+    /// The nodes' AS number (the router's for iBGP).
+    #[serde(rename = "myASN")]
+    pub my_asn: u32,
+    /// The router's port (default 179).
+    #[serde(default = "bgp_port")]
+    pub peer_port: u16,
+    /// The hold time proposed (default 90s; 0s for none, else at least 3s).
+    #[serde(default = "default_hold")]
+    pub hold_time: GoDuration,
+    /// The node's address the session leaves from; unset, the kernel's choice (the node's address
+    /// on the router's network).
+    #[serde(default)]
+    pub source_address: Option<IpAddr>,
+    /// The router is more than one hop away (eBGP multihop: our packets go with TTL 255).
+    #[serde(default)]
+    pub ebgp_multi_hop: bool,
+    /// The BGP identifier; unset, the node's IPv4 InternalIP (a node without one needs it set).
+    #[serde(default, rename = "routerID")]
+    pub router_id: Option<Ipv4Addr>,
+    /// The nodes that peer with this router: those matching any of these selectors; none (the
+    /// default): every node.
+    #[serde(default)]
+    pub node_selectors: Vec<NodeSelector>,
+}
+
+/// A selector of nodes by their labels (`matchLabels`; `matchExpressions` is refused as an
+/// unknown key).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSelector {
+    /// Every one of these labels, with this value.
+    pub match_labels: BTreeMap<String, String>,
+}
+
+impl BgpPeer {
+    /// Whether a node with `labels` peers with this router.
+    pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.node_selectors.is_empty()
+            || self
+                .node_selectors
+                .iter()
+                .any(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+    }
+
+    /// The speaker's settings for this peer on a node whose IPv4 InternalIP is `node_ipv4`.
+    pub fn session(&self, node_ipv4: Option<Ipv4Addr>) -> Result<local_bgp::PeerConfig, String> {
+        let router_id = self.router_id.or(node_ipv4).ok_or_else(|| {
+            format!(
+                "loadBalancer.bgp.peers {:?}: the node has no IPv4 InternalIP to be its BGP \
+                 identifier: set routerID",
+                self.name
+            )
+        })?;
+        let hold = self.hold_time.0.as_secs();
+        let config = local_bgp::PeerConfig {
+            port: self.peer_port,
+            hold_time: u16::try_from(hold).unwrap_or(u16::MAX),
+            source: self.source_address,
+            ebgp_multihop: self.ebgp_multi_hop.then_some(255),
+            ..local_bgp::PeerConfig::new(self.peer_address, self.peer_asn, self.my_asn, router_id)
+        };
+        config
+            .validate()
+            .map_err(|e| format!("loadBalancer.bgp.peers {:?}: {e}", self.name))?;
+        Ok(config)
+    }
+
+    /// What the types alone cannot check.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let name = &self.name;
+        if name.is_empty() {
+            return Err("loadBalancer.bgp.peers: a peer has an empty name".to_owned());
+        }
+        let hold = self.hold_time.0;
+        if hold.subsec_nanos() != 0 || hold > Duration::from_secs(65535) {
+            return Err(format!(
+                "loadBalancer.bgp.peers {name:?}: holdTime {hold:?}: whole seconds, at most 65535s"
+            ));
+        }
+        if self.ebgp_multi_hop && self.peer_asn == self.my_asn {
+            return Err(format!(
+                "loadBalancer.bgp.peers {name:?}: ebgpMultiHop is for eBGP, and peerASN equals \
+                 myASN (iBGP): remove it"
+            ));
+        }
+        for (key, value) in self
+            .node_selectors
+            .iter()
+            .flat_map(|s| s.match_labels.iter())
+        {
+            cloud_provider::labels::check_qualified_name(key)
+                .and_then(|()| cloud_provider::labels::check_label_value(value))
+                .map_err(|why| {
+                    format!("loadBalancer.bgp.peers {name:?}: nodeSelectors {key}={value}: {why}")
+                })?;
+        }
+        // The speaker's own checks, with any identifier (the node's comes later).
+        self.session(Some(Ipv4Addr::new(192, 0, 2, 1))).map(|_| ())
+    }
+}
+
+fn bgp_port() -> u16 {
+    local_bgp::BGP_PORT
+}
+
+fn default_hold() -> GoDuration {
+    GoDuration(Duration::from_secs(90))
+}
+
+/// A pool's `bgp` block: how its VIPs are advertised (MetalLB's `BGPAdvertisement`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoolBgp {
+    /// The peers (by name) the VIPs go to; none (the default): every peer.
+    #[serde(default)]
+    pub peers: Vec<String>,
+    /// Communities on the routes: `64512:100`, a well-known name (`no-export`, `no-advertise`,
+    /// `no-export-subconfed`, `no-peer`), or `large:64512:1:2` (RFC 8092).
+    #[serde(default)]
+    pub communities: Vec<Community>,
+    /// LOCAL_PREF, sent to iBGP peers only (an eBGP peer never receives it, RFC 4271): refused when
+    /// every peer of the pool is eBGP.
+    #[serde(default)]
+    pub local_pref: Option<u32>,
+}
+
+impl PoolBgp {
+    /// The path attributes of the pool's routes.
+    pub fn path(&self) -> local_bgp::Path {
+        let mut path = local_bgp::Path {
+            local_preference: self.local_pref,
+            ..local_bgp::Path::default()
+        };
+        for community in &self.communities {
+            match *community {
+                Community::Standard(c) => path.communities.push(c),
+                Community::Large(c) => path.large_communities.push(c),
+            }
+        }
+        path.communities.sort_unstable();
+        path.communities.dedup();
+        path.large_communities.sort_unstable();
+        path.large_communities.dedup();
+        path
+    }
+}
+
+/// A BGP community.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Community {
+    /// RFC 1997: `asn << 16 | value`.
+    Standard(u32),
+    /// RFC 8092.
+    Large([u32; 3]),
+}
+
+impl FromStr for Community {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = |why: &str| {
+            format!(
+                "community {text:?}: {why} (expected ASN:VALUE with two 16-bit numbers such as \
+                 64512:100, a well-known name: no-export, no-advertise, no-export-subconfed, \
+                 no-peer, or large:ASN:VALUE:VALUE with three 32-bit numbers)"
+            )
+        };
+        let well_known = match text {
+            "no-export" => Some(0xFFFF_FF01),
+            "no-advertise" => Some(0xFFFF_FF02),
+            "no-export-subconfed" => Some(0xFFFF_FF03),
+            "no-peer" => Some(0xFFFF_FF04),
+            _ => None,
+        };
+        if let Some(value) = well_known {
+            return Ok(Community::Standard(value));
+        }
+        if let Some(large) = text.strip_prefix("large:") {
+            let parts: Vec<&str> = large.split(':').collect();
+            let numbers: Option<Vec<u32>> = parts.iter().map(|p| p.parse().ok()).collect();
+            return match numbers.as_deref() {
+                Some(&[a, b, c]) => Ok(Community::Large([a, b, c])),
+                _ => Err(bad("not three 32-bit numbers after large:")),
+            };
+        }
+        let Some((asn, value)) = text.split_once(':') else {
+            return Err(bad("no colon"));
+        };
+        match (asn.parse::<u16>(), value.parse::<u16>()) {
+            (Ok(asn), Ok(value)) => Ok(Community::Standard(
+                (u32::from(asn) << 16) | u32::from(value),
+            )),
+            _ => Err(bad("not two 16-bit numbers")),
+        }
+    }
+}
+
+impl fmt::Display for Community {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Community::Standard(c) => write!(f, "{}:{}", c >> 16, c & 0xffff),
+            Community::Large([a, b, c]) => write!(f, "large:{a}:{b}:{c}"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Community {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn communities_are_read_as_metallb_writes_them() {
+        for (text, expected) in [
+            ("64512:100", Community::Standard((64512 << 16) | 100)),
+            ("no-export", Community::Standard(0xFFFF_FF01)),
+            ("no-advertise", Community::Standard(0xFFFF_FF02)),
+            (
+                "large:4200000000:1:2",
+                Community::Large([4_200_000_000, 1, 2]),
+            ),
+        ] {
+            assert_eq!(text.parse::<Community>(), Ok(expected), "{text}");
+        }
+        for (text, says) in [
+            ("64512", "no colon"),
+            ("70000:1", "not two 16-bit numbers"),
+            ("large:1:2", "not three 32-bit numbers"),
+            ("no-exports", "no colon"),
+        ] {
+            let error = text.parse::<Community>().unwrap_err();
+            assert!(error.contains(says) && error.contains(text), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_pool_s_path_has_each_community_once() {
+        let pool = PoolBgp {
+            communities: vec![
+                "64512:2".parse().unwrap(),
+                "64512:1".parse().unwrap(),
+                "64512:2".parse().unwrap(),
+                "large:1:2:3".parse().unwrap(),
+            ],
+            local_pref: Some(200),
+            ..PoolBgp::default()
+        };
+        let path = pool.path();
+        assert_eq!(path.communities, vec![(64512 << 16) | 1, (64512 << 16) | 2]);
+        assert_eq!(path.large_communities, vec![[1, 2, 3]]);
+        assert_eq!(path.local_preference, Some(200));
+    }
+}
