@@ -118,6 +118,16 @@ impl Cluster {
         IpAddr::from([10, 89, 0, 10 + index])
     }
 
+    /// A node's IPv6 address on the bridge (`fd00:89::<10+i>`, hack/cluster's).
+    pub fn node_ip6(&self, node: &str) -> IpAddr {
+        let IpAddr::V4(v4) = self.node_ip(node) else {
+            unreachable!()
+        };
+        format!("fd00:89::{}", v4.octets()[3])
+            .parse()
+            .expect("an IPv6 address")
+    }
+
     /// The host's address on the bridge: where clients on the host come from.
     pub fn host_ip(&self) -> IpAddr {
         IpAddr::from([10, 89, 0, 1])

@@ -27,6 +27,8 @@ pub struct AgentMetrics {
     pub(crate) handovers_received: Counter,
     /// Hand-overs this agent gave to the one that replaced it on its node.
     pub(crate) handovers_given: Counter,
+    /// The BGP sessions' metrics (MetalLB's names).
+    pub(crate) bgp: super::BgpMetrics,
 }
 
 impl AgentMetrics {
@@ -93,5 +95,6 @@ impl AgentMetrics {
             "Hand-overs this agent gave to the one that replaced it on its node",
             self.handovers_given.clone(),
         );
+        self.bgp.register(registry);
     }
 }

@@ -12,11 +12,13 @@
 //! that was killed finds its VIPs still on the interface when it starts again, takes them over, and
 //! removes those it no longer announces.
 //!
-//! The announcer is one part (the trait `announcer::Announcer`; layer 2: the VIP on the interface and its
-//! announcements): another way of telling the network (BGP) would be another implementation of it;
-//! the election and the serving do not depend on it.
+//! The announcer is one part (the trait `announcer::Announcer`): layer 2 (the VIP on the interface and
+//! its announcements) for the pools with `announce: l2`, BGP (module `bgp`: the VIP on the loopback
+//! interface and a host route to it advertised to the node's peers) for those with `announce: bgp`,
+//! which every fit node announces rather than one; the serving does not depend on it.
 
 mod announcer;
+mod bgp;
 mod handover;
 mod health;
 pub(crate) mod heartbeat;
@@ -26,6 +28,7 @@ mod metrics;
 pub(crate) mod plan;
 pub(crate) mod presence;
 
+pub use bgp::BgpMetrics;
 pub use health::AgentHealth;
 pub use metrics::AgentMetrics;
 
@@ -52,11 +55,11 @@ use kube::{
     },
 };
 use local_data_plane::LoadBalancerSpec;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    CloudEvent, Config, Error, LoadBalancerMode, LocalCloud,
+    Announce, CloudEvent, Config, Error, LoadBalancerMode, LocalCloud,
     addresses::AddressManager,
     agent::announcer::Announcer,
     instances::lock,
@@ -66,6 +69,7 @@ use crate::{
 };
 
 use self::{
+    bgp::{BgpAnnouncer, Speaker},
     heartbeat::{Heartbeat, LEASE_LABEL, Liveness},
     judge::{Judge, Signals},
     membership::{Membership, MembershipSettings},
@@ -508,15 +512,34 @@ pub async fn run(
     ));
 
     let announcer: Box<dyn Announcer> = Box::new(AddressManager::new(interface.clone()));
-    let ranges: Vec<_> = cloud
-        .config()
-        .address_pools
-        .iter()
-        .flat_map(|p| p.addresses.iter().cloned())
-        .collect();
-    let adopted: BTreeSet<IpAddr> = match announcer.adopt(ranges).await {
+    let ranges = |announce: Announce| -> Vec<_> {
+        cloud
+            .config()
+            .address_pools
+            .iter()
+            .filter(|p| p.announce == announce)
+            .flat_map(|p| p.addresses.iter().cloned())
+            .collect()
+    };
+    let mut adopted: BTreeSet<IpAddr> = match announcer.adopt(ranges(Announce::L2)).await {
         Ok(found) => found.into_iter().collect(),
         Err(err) => return Err(Error::Flag(format!("--interface: {err}"))),
+    };
+    // BGP: sessions with the peers of loadBalancer.bgp.peers that select this node, from its address.
+    let (bgp, speaker) = if cloud.config().load_balancer.bgp.peers.is_empty() {
+        (None, None)
+    } else {
+        let node_ipv4 = match node_internal_ip(&client, &settings.node_name).await? {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        };
+        let (speaker, peers) = Speaker::new(node_ipv4, metrics.bgp.clone());
+        let (bgp, vips) = BgpAnnouncer::new(peers);
+        match bgp.adopt(ranges(Announce::Bgp)).await {
+            Ok(found) => adopted.extend(found),
+            Err(err) => return Err(Error::Flag(format!("the loopback interface: {err}"))),
+        }
+        (Some(bgp), Some((speaker, vips)))
     };
     if !adopted.is_empty() {
         tracing::info!(vips = ?adopted, "VIPs an earlier run left on the interface are taken over: kept where this node is elected, removed elsewhere");
@@ -531,6 +554,8 @@ pub async fn run(
         cloud: cloud.clone(),
         settings: settings.clone(),
         announcer,
+        bgp,
+        speaker,
         metrics,
         liveness: Liveness::default(),
         membership,
@@ -614,6 +639,9 @@ pub async fn run(
                 );
                 agent.metrics.announced.set(0);
                 agent.metrics.handovers_given.inc();
+                // The BGP sessions are the process's own: ended (the routers send this node's
+                // share elsewhere until the successor's sessions are up); the VIPs stay on.
+                agent.stop_bgp_sessions().await;
                 drop(handed);
                 cloud.inner.data_plane.shutdown().await;
                 return Ok(());
@@ -622,7 +650,8 @@ pub async fn run(
                 // The heartbeat and the membership are stopped already: the others see this node
                 // go within the failover time, as if it had been killed.
                 tracing::warn!(error = %err, "local-agent: the hand-over failed; withdrawing the VIPs");
-                agent.announcer.withdraw_all_now();
+                agent.stop_bgp_sessions().await;
+                agent.withdraw_all_now();
                 agent.metrics.announced.set(0);
                 if let Some(heartbeat) = heartbeat {
                     heartbeat.release().await;
@@ -633,7 +662,9 @@ pub async fn run(
         }
     }
     tracing::info!(from = %agent.announcer.describe(), "local-agent: stopping; withdrawing the VIPs");
-    agent.announcer.withdraw_all_now();
+    // The routes first (each router drops this node's at once), then the addresses.
+    agent.stop_bgp_sessions().await;
+    agent.withdraw_all_now();
     agent.metrics.announced.set(0);
     let heartbeat = beating.await.ok();
     if let Some(heartbeat) = heartbeat {
@@ -791,8 +822,12 @@ where
 struct Agent {
     cloud: LocalCloud,
     settings: AgentSettings,
-    /// Tells the network which VIPs this node holds.
+    /// Tells the network which VIPs of layer-2 pools this node holds.
     announcer: Box<dyn Announcer>,
+    /// The same for BGP pools, when BGP peers are configured.
+    bgp: Option<BgpAnnouncer>,
+    /// The BGP sessions, and the VIPs the BGP announcer holds.
+    speaker: Option<(Speaker, watch::Receiver<BTreeSet<IpAddr>>)>,
     metrics: AgentMetrics,
     liveness: Liveness,
     /// The membership protocol, when on.
@@ -818,6 +853,43 @@ struct Agent {
 }
 
 impl Agent {
+    /// The announcer of `ip`: BGP's for a VIP of a pool that announces by BGP, layer 2's otherwise.
+    fn announcer_of(&self, ip: IpAddr, config: &Config) -> &dyn Announcer {
+        match &self.bgp {
+            Some(bgp)
+                if config
+                    .pool_of(ip)
+                    .is_some_and(|p| p.announce == Announce::Bgp) =>
+            {
+                bgp
+            }
+            _ => self.announcer.as_ref(),
+        }
+    }
+
+    /// Stops announcing `ip`, whichever announcer holds it (a pool may have changed its way).
+    async fn withdraw(&self, ip: IpAddr) {
+        if let Some(bgp) = &self.bgp {
+            bgp.withdraw(ip).await;
+        }
+        self.announcer.withdraw(ip).await;
+    }
+
+    /// Stops announcing every VIP, before the process exits.
+    fn withdraw_all_now(&self) {
+        if let Some(bgp) = &self.bgp {
+            bgp.withdraw_all_now();
+        }
+        self.announcer.withdraw_all_now();
+    }
+
+    /// Ends the BGP sessions (a NOTIFICATION Cease to each router, which drops this node's routes).
+    async fn stop_bgp_sessions(&mut self) {
+        if let Some((speaker, _)) = self.speaker.take() {
+            speaker.stop().await;
+        }
+    }
+
     /// One look: elect, then converge the interface and the data plane. Returns when to look again
     /// without a change (a heartbeat that expires, a retry that is due).
     async fn step(
@@ -882,12 +954,28 @@ impl Agent {
             .into_iter()
             .filter_map(|s| self.served(s, &config, &slices))
             .collect();
-        let plan = plan::plan(me, &served, &candidates);
+        let routed = |ip: IpAddr| {
+            self.bgp.is_some()
+                && config
+                    .pool_of(ip)
+                    .is_some_and(|p| p.announce == Announce::Bgp)
+        };
+        let plan = plan::plan(me, &served, &candidates, routed);
         let backends: Vec<(String, Vec<IpAddr>)> = serving
             .iter()
             .filter_map(|n| self.cloud.backend_addresses(&config, n))
             .collect();
         self.converge(&plan, &served, &config, &backends, now).await;
+        if let Some((speaker, vips)) = &mut self.speaker {
+            let me = self.settings.node_name.as_str();
+            let labels = nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(me))
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default();
+            let vips = vips.borrow().clone();
+            speaker.sync(&config, &labels, &vips).await;
+        }
         self.metrics
             .announced
             .set(i64::try_from(self.announced.len()).unwrap_or(i64::MAX));
@@ -1029,7 +1117,7 @@ impl Agent {
             .collect::<Vec<_>>()
         {
             tracing::info!(%ip, "VIP left by an earlier run, not this node's: withdrawn");
-            self.announcer.withdraw(ip).await;
+            self.withdraw(ip).await;
             self.adopted.remove(&ip);
         }
         for ip in self
@@ -1040,7 +1128,7 @@ impl Agent {
         {
             let to = plan.announcers.get(&ip).cloned().flatten();
             tracing::info!(%ip, to = ?to, "VIP given up");
-            self.announcer.withdraw(ip).await;
+            self.withdraw(ip).await;
             self.announced.remove(&ip);
             self.metrics.given_up.inc();
         }
@@ -1100,7 +1188,9 @@ impl Agent {
             if self.announced.contains(ip) {
                 continue;
             }
-            let warning = self.announcer.announce(*ip).await?;
+            let announcer = self.announcer_of(*ip, config);
+            let warning = announcer.announce(*ip).await?;
+            let announced_by = announcer.describe();
             self.announced.insert(*ip);
             self.adopted.remove(ip);
             self.metrics.taken.inc();
@@ -1109,10 +1199,7 @@ impl Agent {
             self.cloud.record_event(
                 "Normal",
                 CloudEvent::about_vip(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
-                &format!(
-                    "{ip} is announced from node {node} ({})",
-                    self.announcer.describe()
-                ),
+                &format!("{ip} is announced from node {node} ({announced_by})"),
             );
             if let Some(warning) = warning {
                 self.cloud.report_unannounced_vip(service, &warning);

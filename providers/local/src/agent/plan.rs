@@ -125,8 +125,15 @@ pub(crate) struct Plan {
 }
 
 /// The plan of agent `me`, given the Services served, and the candidate nodes (fit, served by this
-/// cloud, heartbeat fresh).
-pub(crate) fn plan(me: &str, services: &[Served], candidates: &BTreeSet<String>) -> Plan {
+/// cloud, heartbeat fresh). A VIP for which `routed` is true (its pool announces by BGP) is announced
+/// by every fit candidate, each one a next hop of the routers' ECMP route; its entry in
+/// [`Plan::announcers`] is then `me` when this node is one of them, else the first fit one.
+pub(crate) fn plan(
+    me: &str,
+    services: &[Served],
+    candidates: &BTreeSet<String>,
+    routed: impl Fn(IpAddr) -> bool,
+) -> Plan {
     // Services sharing a VIP: a node must suit every one of them.
     let mut by_vip: BTreeMap<IpAddr, Vec<&Served>> = BTreeMap::new();
     for served in services {
@@ -143,7 +150,15 @@ pub(crate) fn plan(me: &str, services: &[Served], candidates: &BTreeSet<String>)
                     .is_none_or(|nodes| nodes.contains(*node))
             })
         });
-        let chosen = announcer(vip, fit.map(String::as_str)).map(str::to_owned);
+        let chosen = if routed(vip) {
+            let fit: Vec<&String> = fit.collect();
+            fit.iter()
+                .find(|n| n.as_str() == me)
+                .or(fit.first())
+                .map(|n| (*n).clone())
+        } else {
+            announcer(vip, fit.map(String::as_str)).map(str::to_owned)
+        };
         if chosen.as_deref() == Some(me) {
             for served in sharing {
                 out.mine.entry(served.key.clone()).or_default().push(vip);
@@ -211,7 +226,7 @@ mod tests {
             .collect();
         let plans: Vec<Plan> = ["n1", "n2", "n3"]
             .iter()
-            .map(|me| plan(me, &services, &nodes))
+            .map(|me| plan(me, &services, &nodes, |_| false))
             .collect();
         // Same announcers from every point of view, and each VIP announced by exactly one.
         assert!(plans.iter().all(|p| p.announcers == plans[0].announcers));
@@ -226,8 +241,8 @@ mod tests {
         let services: Vec<Served> = (1..=30)
             .map(|i| served(&format!("ns/s{i}"), &[&format!("10.0.0.{i}")], None))
             .collect();
-        let before = plan("n1", &services, &set(&["n1", "n2", "n3"])).announcers;
-        let after = plan("n1", &services, &set(&["n1", "n2"])).announcers;
+        let before = plan("n1", &services, &set(&["n1", "n2", "n3"]), |_| false).announcers;
+        let after = plan("n1", &services, &set(&["n1", "n2"]), |_| false).announcers;
         for (vip, was) in &before {
             let now = &after[vip];
             if was.as_deref() == Some("n3") {
@@ -238,7 +253,7 @@ mod tests {
         }
         // And when it comes back, it takes back exactly those.
         assert_eq!(
-            plan("n1", &services, &set(&["n1", "n2", "n3"])).announcers,
+            plan("n1", &services, &set(&["n1", "n2", "n3"]), |_| false).announcers,
             before
         );
     }
@@ -274,7 +289,7 @@ mod tests {
             ),
         ];
         for (services, expected) in table {
-            let announcers = plan("n1", services, &nodes).announcers;
+            let announcers = plan("n1", services, &nodes, |_| false).announcers;
             for (vip, node) in *expected {
                 assert_eq!(
                     announcers[&vip.parse::<IpAddr>().unwrap()].as_deref(),
@@ -288,10 +303,11 @@ mod tests {
             served("ns/a", &["10.0.0.1"], None),
             served("ns/b", &["10.0.0.1"], None),
         ];
-        let owner = plan("n1", &shared, &nodes).announcers[&"10.0.0.1".parse::<IpAddr>().unwrap()]
+        let owner = plan("n1", &shared, &nodes, |_| false).announcers
+            [&"10.0.0.1".parse::<IpAddr>().unwrap()]
             .clone()
             .unwrap();
-        let mine = plan(&owner, &shared, &nodes).mine;
+        let mine = plan(&owner, &shared, &nodes, |_| false).mine;
         assert_eq!(mine.keys().collect::<Vec<_>>(), ["ns/a", "ns/b"]);
     }
 
@@ -364,6 +380,36 @@ mod tests {
         assert_eq!(
             nodes_with_ready_endpoints("ns", "web", &slices),
             set(&["n1", "n3"])
+        );
+    }
+
+    #[test]
+    fn a_routed_vip_is_announced_by_every_fit_node() {
+        let services = vec![
+            served("default/web", &["10.90.0.1"], None),
+            served("default/local", &["10.90.0.2"], Some(&["n2", "n3"])),
+        ];
+        let nodes = set(&["n1", "n2", "n3"]);
+        for me in ["n1", "n2", "n3"] {
+            let plan = plan(me, &services, &nodes, |_| true);
+            assert_eq!(
+                plan.mine["default/web"],
+                vec!["10.90.0.1".parse::<IpAddr>().unwrap()],
+                "{me}"
+            );
+            assert_eq!(plan.mine.contains_key("default/local"), me != "n1", "{me}");
+            let announcers = &plan.announcers;
+            assert_eq!(
+                announcers[&"10.90.0.1".parse::<IpAddr>().unwrap()].as_deref(),
+                Some(me)
+            );
+            let local = announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()].as_deref();
+            assert_eq!(local, Some(if me == "n1" { "n2" } else { me }));
+        }
+        let nobody = plan("n1", &services, &set(&["n1"]), |_| true);
+        assert_eq!(
+            nobody.announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()],
+            None
         );
     }
 }

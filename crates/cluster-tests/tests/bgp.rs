@@ -1,0 +1,431 @@
+//! The node agents announcing by BGP (`hack/cluster manager --agents`: pool `routed`, 10.90.0.0/28 and
+//! fd00:90::/124, `announce: bgp`, peers `router` and `router6`) to a real router: FRR (zebra and
+//! bgpd, Debian's `frr`) in a network namespace of its own on the cluster's bridge (10.89.0.250,
+//! fd00:89::250, AS 64512, taking any node of the bridge's subnets as a neighbour), with a client
+//! behind it in another namespace that reaches the VIPs only through the routes the router learnt.
+//! The router spreads connections over its ECMP next hops by their ports (L4 hash), and masquerades
+//! the client's traffic to the bridge.
+
+use std::{
+    net::{IpAddr, SocketAddr},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use cluster_tests::{
+    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer,
+};
+use serde_json::Value;
+
+const ROUTER_NETNS: &str = "ccm-router";
+const CLIENT_NETNS: &str = "ccm-routed-client";
+const ROUTER_LINK: &str = "ccm-router-h";
+
+fn run(command: &[&str]) -> Result<String, String> {
+    let output = Command::new(command[0])
+        .args(&command[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", command.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+fn in_netns(netns: &str, command: &[&str]) -> Result<String, String> {
+    let mut all = vec!["ip", "netns", "exec", netns];
+    all.extend_from_slice(command);
+    run(&all)
+}
+
+/// The router and the client behind it; both namespaces (and their links) are removed when dropped.
+struct Router {
+    dir: tempfile::TempDir,
+    daemons: Vec<Child>,
+}
+
+impl Router {
+    fn start() -> Self {
+        Self::remove();
+        let dir = tempfile::tempdir().unwrap();
+        // zebra and bgpd run as the user frr and write their sockets here.
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o777),
+        )
+        .unwrap();
+        for command in [
+            vec!["ip", "netns", "add", ROUTER_NETNS],
+            vec!["ip", "netns", "add", CLIENT_NETNS],
+            vec![
+                "ip",
+                "link",
+                "add",
+                ROUTER_LINK,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                ROUTER_NETNS,
+            ],
+            vec!["ip", "link", "set", ROUTER_LINK, "master", "ccm-br0", "up"],
+            vec![
+                "ip",
+                "-n",
+                ROUTER_NETNS,
+                "link",
+                "add",
+                "client",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "eth0",
+                "netns",
+                CLIENT_NETNS,
+            ],
+        ] {
+            run(&command).unwrap();
+        }
+        for command in [
+            "ip address add 10.89.0.250/24 dev eth0",
+            "ip address add fd00:89::250/64 dev eth0 nodad",
+            "ip address add 10.88.0.1/30 dev client",
+            "ip address add fd00:88::1/126 dev client nodad",
+            "ip link set lo up",
+            "ip link set eth0 up",
+            "ip link set client up",
+            "sysctl -q -w net.ipv4.ip_forward=1",
+            "sysctl -q -w net.ipv6.conf.all.forwarding=1",
+            // ECMP by the connection's ports too, so that one client's connections spread.
+            "sysctl -q -w net.ipv4.fib_multipath_hash_policy=1",
+            "sysctl -q -w net.ipv6.fib_multipath_hash_policy=1",
+        ] {
+            in_netns(ROUTER_NETNS, &command.split(' ').collect::<Vec<_>>()).unwrap();
+        }
+        // The client's traffic leaves for the bridge as the router's own: the nodes answer it on-link.
+        let nat = "table inet ccm_router_nat {\n chain post {\n  type nat hook postrouting priority 100;\n  oifname \"eth0\" masquerade\n }\n}\n";
+        let nft = dir.path().join("nat.nft");
+        std::fs::write(&nft, nat).unwrap();
+        in_netns(ROUTER_NETNS, &["nft", "-f", &nft.display().to_string()]).unwrap();
+        for command in [
+            "ip address add 10.88.0.2/30 dev eth0",
+            "ip address add fd00:88::2/126 dev eth0 nodad",
+            "ip link set lo up",
+            "ip link set eth0 up",
+            "ip route add default via 10.88.0.1",
+            "ip -6 route add default via fd00:88::1",
+        ] {
+            in_netns(CLIENT_NETNS, &command.split(' ').collect::<Vec<_>>()).unwrap();
+        }
+        let bgpd = "frr defaults datacenter\nhostname ccm-router\nlog stdout informational\n\
+            router bgp 64512\n bgp router-id 10.89.0.250\n no bgp ebgp-requires-policy\n\
+            \x20neighbor nodes peer-group\n neighbor nodes remote-as 64513\n bgp listen range 10.89.0.0/24 peer-group nodes\n\
+            \x20neighbor nodes6 peer-group\n neighbor nodes6 remote-as 64513\n bgp listen range fd00:89::/64 peer-group nodes6\n\
+            \x20address-family ipv4 unicast\n  maximum-paths 8\n  no neighbor nodes6 activate\n exit-address-family\n\
+            \x20address-family ipv6 unicast\n  maximum-paths 8\n  neighbor nodes6 activate\n exit-address-family\n";
+        std::fs::write(dir.path().join("bgpd.conf"), bgpd).unwrap();
+        std::fs::write(dir.path().join("zebra.conf"), "hostname ccm-router\n").unwrap();
+        let path = |name: &str| dir.path().join(name).display().to_string();
+        let mut daemons = Vec::new();
+        for (daemon, extra) in [("zebra", vec![]), ("bgpd", vec!["-S"])] {
+            let log = std::fs::File::create(dir.path().join(format!("{daemon}.log"))).unwrap();
+            let mut command = Command::new("ip");
+            command
+                .args([
+                    "netns",
+                    "exec",
+                    ROUTER_NETNS,
+                    &format!("/usr/lib/frr/{daemon}"),
+                ])
+                .args([
+                    "-f",
+                    &path(&format!("{daemon}.conf")),
+                    "-i",
+                    &path(&format!("{daemon}.pid")),
+                ])
+                .args(["-z", &path("zserv.api"), "--vty_socket", &path("")])
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log);
+            daemons.push(command.spawn().unwrap());
+            // bgpd connects to zebra's socket at start.
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Router { dir, daemons }
+    }
+
+    fn remove() {
+        let _ = run(&["ip", "netns", "del", CLIENT_NETNS]);
+        let _ = run(&["ip", "netns", "del", ROUTER_NETNS]);
+        let _ = run(&["ip", "link", "del", ROUTER_LINK]);
+    }
+
+    fn vtysh(&self, command: &str) -> Result<Value, String> {
+        let text = run(&[
+            "vtysh",
+            "--vty_socket",
+            &self.dir.path().display().to_string(),
+            "-c",
+            command,
+        ])?;
+        serde_json::from_str(&text).map_err(|e| format!("{command}: {e}: {text}"))
+    }
+
+    /// The next hops bgpd has for `prefix` (best and multipath), sorted.
+    fn bgp_next_hops(&self, prefix: &str) -> Vec<String> {
+        let family = if prefix.contains(':') { "ipv6" } else { "ipv4" };
+        let table = self
+            .vtysh(&format!("show bgp {family} unicast json"))
+            .unwrap_or_default();
+        let mut hops: Vec<String> = table["routes"][prefix]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                p["bestpath"].as_bool() == Some(true) || p["multipath"].as_bool() == Some(true)
+            })
+            .filter_map(|p| p["nexthops"][0]["ip"].as_str().map(str::to_owned))
+            .collect();
+        hops.sort();
+        hops
+    }
+
+    /// The next hops of `prefix` in the router's kernel table (where zebra put the ECMP route).
+    fn kernel_next_hops(&self, prefix: &str) -> Vec<String> {
+        let family = if prefix.contains(':') { "-6" } else { "-4" };
+        let text = in_netns(ROUTER_NETNS, &["ip", family, "-j", "route", "show", prefix])
+            .unwrap_or_default();
+        let routes: Value = serde_json::from_str(&text).unwrap_or_default();
+        let mut hops: Vec<String> = routes
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|r| {
+                let single = r["gateway"].as_str().map(str::to_owned);
+                let multi = r["nexthops"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|h| h["gateway"].as_str().map(str::to_owned));
+                single.into_iter().chain(multi).collect::<Vec<_>>()
+            })
+            .collect();
+        hops.sort();
+        hops
+    }
+
+    /// `GET /` through `vip` from the client behind the router: the pod's name.
+    fn get(vip: IpAddr) -> Result<String, String> {
+        in_netns(
+            CLIENT_NETNS,
+            &[
+                "curl",
+                "-sS",
+                "--max-time",
+                "2",
+                &format!("http://{}/", SocketAddr::new(vip, 80)),
+            ],
+        )
+    }
+
+    fn logs(&self) -> String {
+        ["zebra", "bgpd"]
+            .iter()
+            .map(|d| {
+                std::fs::read_to_string(self.dir.path().join(format!("{d}.log")))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        for daemon in &mut self.daemons {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+        }
+        Self::remove();
+    }
+}
+
+/// The `local_lb_connections` the agent on `node` counted for the load balancer `key`.
+fn node_connections(node: &str, key: &str) -> f64 {
+    let text = cluster()
+        .curl_on_node(node, "http://127.0.0.1:10264/metrics")
+        .unwrap_or_default();
+    let label = format!("load_balancer=\"{key}\"");
+    text.lines()
+        .filter(|l| l.starts_with("local_lb_connections_total{") && l.contains(&label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+fn host_route(ip: IpAddr) -> String {
+    let bits = if ip.is_ipv4() { 32 } else { 128 };
+    format!("{ip}/{bits}")
+}
+
+#[tokio::test]
+async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_through_its_nodes() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let router = Router::start();
+    let nodes = c.nodes();
+    let node_ips: Vec<String> = nodes.iter().map(|n| c.node_ip(n).to_string()).collect();
+
+    // Every node peers with the router.
+    eventually("the router has a session with every node", LONG, || async {
+        let summary = router.vtysh("show bgp ipv4 unicast summary json").ok()?;
+        let up = summary["peers"]
+            .as_object()?
+            .values()
+            .filter(|p| p["state"].as_str() == Some("Established"))
+            .count();
+        (up == nodes.len()).then_some(())
+    })
+    .await;
+
+    let pool = "\"local.ccm.rs/address-pool\": routed";
+    let ns = deploy(
+        "bgp",
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", pool),
+            load_balancer(
+                "web6",
+                "echo",
+                "ipFamilies: [IPv6]\n  ipFamilyPolicy: SingleStack",
+                pool,
+            ),
+        ],
+    )
+    .await;
+    let (vip, ip_mode) = ingress(ns.name(), "web").await;
+    assert!(
+        vip.to_string().starts_with("10.90.0."),
+        "{vip} is not of the routed pool"
+    );
+    assert_eq!(ip_mode, "Proxy");
+
+    // One path per node in the router's BGP table, and the same ECMP route in its kernel.
+    let mut expected = node_ips.clone();
+    expected.sort();
+    let prefix = host_route(vip);
+    eventually(&format!("{prefix} through every node"), LONG, || async {
+        let bgp = router.bgp_next_hops(&prefix);
+        let kernel = router.kernel_next_hops(&prefix);
+        (bgp == expected && kernel == expected).then_some(())
+    })
+    .await;
+
+    // The client behind the router reaches it; its connections spread over the nodes.
+    let key = format!("{}/web", ns.name());
+    let before: Vec<f64> = nodes.iter().map(|n| node_connections(n, &key)).collect();
+    let mut failed = Vec::new();
+    for _ in 0..60 {
+        if let Err(err) = Router::get(vip) {
+            failed.push(err);
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 60 requests failed: {failed:?}\n{}",
+        failed.len(),
+        router.logs()
+    );
+    let through: Vec<f64> = nodes
+        .iter()
+        .zip(&before)
+        .map(|(n, b)| node_connections(n, &key) - b)
+        .collect();
+    assert!(
+        through.iter().filter(|n| **n > 0.0).count() >= 2,
+        "60 connections went through {through:?} (per node): the router's ECMP did not spread them"
+    );
+
+    // IPv6: the session with router6 carries it.
+    let (vip6, _) = ingress(ns.name(), "web6").await;
+    let prefix6 = host_route(vip6);
+    let mut expected6: Vec<String> = nodes.iter().map(|n| c.node_ip6(n).to_string()).collect();
+    expected6.sort();
+    eventually(&format!("{prefix6} through every node"), LONG, || async {
+        (router.bgp_next_hops(&prefix6) == expected6
+            && router.kernel_next_hops(&prefix6) == expected6)
+            .then_some(())
+    })
+    .await;
+    eventually("the client reaches the IPv6 VIP", LONG, || async {
+        Router::get(vip6).ok()
+    })
+    .await;
+
+    // externalTrafficPolicy: Local: only the nodes with a ready endpoint are next hops, and they follow
+    // the endpoint when it moves.
+    let first = &nodes[1];
+    let second = &nodes[2];
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(
+            &[
+                echo_app("pinned", 1, false, Some(first)),
+                load_balancer("local", "pinned", "externalTrafficPolicy: Local", pool),
+            ]
+            .join("---\n"),
+        ),
+    );
+    let (local_vip, _) = ingress(ns.name(), "local").await;
+    let local_prefix = host_route(local_vip);
+    for node in [first, second] {
+        if node == second {
+            c.kubectl(
+                &["-n", ns.name(), "apply", "-f", "-"],
+                Some(&echo_app("pinned", 1, false, Some(second))),
+            );
+        }
+        let expected = vec![c.node_ip(node).to_string()];
+        eventually(
+            &format!("{local_prefix} through {node} only"),
+            LONG,
+            || async {
+                (router.bgp_next_hops(&local_prefix) == expected
+                    && router.kernel_next_hops(&local_prefix) == expected)
+                    .then_some(())
+            },
+        )
+        .await;
+        eventually(
+            &format!("the client reaches {local_vip} through {node}"),
+            LONG,
+            || async { Router::get(local_vip).ok() },
+        )
+        .await;
+    }
+
+    // The Service gone: its routes are withdrawn from every node.
+    c.kubectl(&["-n", ns.name(), "delete", "service", "web"], None);
+    eventually(&format!("{prefix} withdrawn"), LONG, || async {
+        (router.bgp_next_hops(&prefix).is_empty() && router.kernel_next_hops(&prefix).is_empty())
+            .then_some(())
+    })
+    .await;
+
+    // The agents' metrics say the sessions are up, with MetalLB's names.
+    for node in &nodes {
+        let text = c
+            .curl_on_node(node, "http://127.0.0.1:10264/metrics")
+            .unwrap_or_default();
+        let line = format!("metallb_bgp_session_up{{peer=\"10.89.0.250:179\"}} 1");
+        assert!(text.contains(&line), "{node}: no {line:?} in its metrics");
+    }
+}

@@ -1,0 +1,371 @@
+//! Announcing by BGP (pools with `announce: bgp`): every node that may serve a VIP holds it on its
+//! loopback interface (so that its data plane can listen on it; nothing is told to the link) and
+//! advertises a host route to it, with its own address as next hop, to each peer of
+//! `loadBalancer.bgp.peers` that selects the node. The routers spread the VIP's traffic over those
+//! nodes (ECMP) and drop a node's routes when its session ends.
+//!
+//! [`BgpAnnouncer`] is the [`Announcer`] of those VIPs; [`Speaker`] runs one session per selected peer
+//! (the `local-bgp` crate) and tells each the routes that go to it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr},
+};
+
+use cloud_provider::{
+    async_trait,
+    prometheus_client::{
+        metrics::{counter::Counter, family::Family, gauge::Gauge},
+        registry::Registry,
+    },
+};
+use ipnet::IpNet;
+use local_bgp::{Peer, PeerConfig, PeerStatus, Routes, State};
+use tokio::sync::watch;
+
+use crate::{
+    AddressRange, Announce, BgpPeer, Config, addresses::AddressManager, agent::announcer::Announcer,
+};
+
+/// The interface BGP VIPs go on: the node's own, never announced to a link.
+const LOOPBACK: &str = "lo";
+
+/// The VIPs of BGP pools this node serves: on the loopback interface, and in the routes the
+/// [`Speaker`] advertises.
+pub(crate) struct BgpAnnouncer {
+    loopback: AddressManager,
+    vips: watch::Sender<BTreeSet<IpAddr>>,
+    peers: watch::Receiver<Vec<String>>,
+}
+
+impl BgpAnnouncer {
+    /// An announcer whose VIPs the speaker reads from `vips`, and which names the peers in `peers`.
+    pub(crate) fn new(
+        peers: watch::Receiver<Vec<String>>,
+    ) -> (Self, watch::Receiver<BTreeSet<IpAddr>>) {
+        let (vips, receiver) = watch::channel(BTreeSet::new());
+        (
+            Self {
+                loopback: AddressManager::new(LOOPBACK.to_owned()),
+                vips,
+                peers,
+            },
+            receiver,
+        )
+    }
+}
+
+#[async_trait]
+impl Announcer for BgpAnnouncer {
+    fn describe(&self) -> String {
+        let peers = self.peers.borrow();
+        if peers.is_empty() {
+            "BGP, with no peer selecting this node".to_owned()
+        } else {
+            format!("BGP to {}", peers.join(", "))
+        }
+    }
+
+    async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String> {
+        self.loopback.add(ip).await?;
+        self.vips.send_if_modified(|vips| vips.insert(ip));
+        Ok(None)
+    }
+
+    async fn withdraw(&self, ip: IpAddr) {
+        // The route first, so that no router sends the VIP here once the data plane lets it go.
+        self.vips.send_if_modified(|vips| vips.remove(&ip));
+        self.loopback.remove(ip).await;
+    }
+
+    fn withdraw_all_now(&self) {
+        self.vips.send_if_modified(|vips| {
+            let had = !vips.is_empty();
+            vips.clear();
+            had
+        });
+        self.loopback.remove_all_now();
+    }
+
+    async fn adopt(&self, ranges: Vec<AddressRange>) -> Result<Vec<IpAddr>, String> {
+        self.loopback.adopt(ranges).await
+    }
+}
+
+/// One session with a peer, and the routes it is told.
+struct Session {
+    settings: BgpPeer,
+    peer: Peer,
+    routes: watch::Sender<Routes>,
+    /// The counters last put in the metrics.
+    counted: local_bgp::Counters,
+}
+
+/// The sessions of this node with the peers that select it.
+pub(crate) struct Speaker {
+    node_ipv4: Option<Ipv4Addr>,
+    sessions: BTreeMap<String, Session>,
+    /// Peers that cannot be started (no router ID…), with what was logged.
+    refused: BTreeMap<String, String>,
+    /// Names and addresses of the peers with a session, for the announcer's events.
+    peers: watch::Sender<Vec<String>>,
+    metrics: BgpMetrics,
+}
+
+impl Speaker {
+    /// A speaker for a node whose IPv4 InternalIP (its default BGP identifier) is `node_ipv4`.
+    pub(crate) fn new(
+        node_ipv4: Option<Ipv4Addr>,
+        metrics: BgpMetrics,
+    ) -> (Self, watch::Receiver<Vec<String>>) {
+        let (peers, receiver) = watch::channel(Vec::new());
+        let speaker = Self {
+            node_ipv4,
+            sessions: BTreeMap::new(),
+            refused: BTreeMap::new(),
+            peers,
+            metrics,
+        };
+        (speaker, receiver)
+    }
+
+    /// Starts the sessions of the peers that select a node labelled `labels` and stops the others
+    /// (a peer whose settings changed starts again), then tells each the routes of `vips` that go to
+    /// it. Nothing is sent when nothing changed.
+    pub(crate) async fn sync(
+        &mut self,
+        config: &Config,
+        labels: &BTreeMap<String, String>,
+        vips: &BTreeSet<IpAddr>,
+    ) {
+        let wanted: BTreeMap<&str, &BgpPeer> = config
+            .load_balancer
+            .bgp
+            .peers
+            .iter()
+            .filter(|p| p.selects(labels))
+            .map(|p| (p.name.as_str(), p))
+            .collect();
+        let gone: Vec<String> = self
+            .sessions
+            .iter()
+            .filter(|(name, session)| wanted.get(name.as_str()) != Some(&&session.settings))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            if let Some(session) = self.sessions.remove(&name) {
+                tracing::info!(peer = %name, "BGP: this node no longer peers with it (or its settings changed): ending the session");
+                self.metrics.forget(&session.peer);
+                stop(session.peer).await;
+            }
+        }
+        self.refused
+            .retain(|name, _| wanted.contains_key(name.as_str()));
+        for (name, settings) in &wanted {
+            if self.sessions.contains_key(*name) {
+                continue;
+            }
+            match settings.session(self.node_ipv4) {
+                Ok(peer_config) => self.start(settings, peer_config),
+                Err(why) => {
+                    if self.refused.get(*name) != Some(&why) {
+                        tracing::error!(peer = %name, "BGP: cannot peer: {why}");
+                        self.refused.insert((*name).to_owned(), why);
+                    }
+                }
+            }
+        }
+        let names: Vec<String> = self
+            .sessions
+            .iter()
+            .map(|(name, s)| format!("{name} ({})", s.peer.config().socket_address()))
+            .collect();
+        self.peers.send_if_modified(|peers| {
+            let changed = *peers != names;
+            *peers = names;
+            changed
+        });
+        for (name, session) in &mut self.sessions {
+            let routes = routes_for(name, config, vips);
+            session.routes.send_if_modified(|sent| {
+                let changed = *sent != routes;
+                *sent = routes;
+                changed
+            });
+            let status = session.peer.status().borrow().clone();
+            self.metrics
+                .observe(&session.peer, &status, &mut session.counted);
+        }
+    }
+
+    fn start(&mut self, settings: &BgpPeer, config: PeerConfig) {
+        let (routes, receiver) = watch::channel(Routes::new());
+        match Peer::start(config, receiver) {
+            Ok(peer) => {
+                tracing::info!(peer = %settings.name, address = %peer.config().socket_address(), "BGP: peering");
+                self.sessions.insert(
+                    settings.name.clone(),
+                    Session {
+                        settings: settings.clone(),
+                        peer,
+                        routes,
+                        counted: Default::default(),
+                    },
+                );
+            }
+            Err(err) => {
+                let why = err.to_string();
+                if self.refused.get(&settings.name) != Some(&why) {
+                    tracing::error!(peer = %settings.name, "BGP: cannot peer: {why}");
+                    self.refused.insert(settings.name.clone(), why);
+                }
+            }
+        }
+    }
+
+    /// Ends every session with a NOTIFICATION (Cease): each router drops this node's routes at once.
+    pub(crate) async fn stop(self) {
+        for (_, session) in self.sessions {
+            self.metrics.forget(&session.peer);
+            stop(session.peer).await;
+        }
+    }
+}
+
+async fn stop(peer: Peer) {
+    let address = peer.config().socket_address();
+    if let Err(err) = peer.stop().await {
+        tracing::error!(peer = %address, "BGP: {err}");
+    }
+}
+
+/// The routes peer `name` is told: a host route per VIP of a pool that announces by BGP to it.
+fn routes_for(name: &str, config: &Config, vips: &BTreeSet<IpAddr>) -> Routes {
+    vips.iter()
+        .filter_map(|ip| {
+            let pool = config.pool_of(*ip)?;
+            if pool.announce != Announce::Bgp {
+                return None;
+            }
+            let bgp = pool.bgp.clone().unwrap_or_default();
+            if !bgp.peers.is_empty() && !bgp.peers.iter().any(|p| p == name) {
+                return None;
+            }
+            Some((IpNet::from(*ip), bgp.path()))
+        })
+        .collect()
+}
+
+/// The BGP metrics, with MetalLB's names and its `peer` label (`address:port`), so that its
+/// dashboards and alerts read ours.
+#[derive(Debug, Clone, Default)]
+pub struct BgpMetrics {
+    session_up: Family<Vec<(String, String)>, Gauge>,
+    announced: Family<Vec<(String, String)>, Gauge>,
+    updates: Family<Vec<(String, String)>, Counter>,
+    notifications_sent: Family<Vec<(String, String)>, Gauge>,
+    updates_received: Family<Vec<(String, String)>, Gauge>,
+}
+
+impl BgpMetrics {
+    fn label(peer: &Peer) -> Vec<(String, String)> {
+        vec![(
+            "peer".to_owned(),
+            peer.config().socket_address().to_string(),
+        )]
+    }
+
+    fn observe(&self, peer: &Peer, status: &PeerStatus, counted: &mut local_bgp::Counters) {
+        let label = Self::label(peer);
+        let gauge = |family: &Family<Vec<(String, String)>, Gauge>, value: u64| {
+            family
+                .get_or_create(&label)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        gauge(
+            &self.session_up,
+            u64::from(status.state == State::Established),
+        );
+        gauge(&self.announced, status.announced as u64);
+        gauge(&self.notifications_sent, status.counters.notifications_sent);
+        gauge(&self.updates_received, status.counters.updates_received);
+        // The peer's counters only grow (its task keeps them across reconnections).
+        let sent = status.counters.updates_sent;
+        self.updates
+            .get_or_create(&label)
+            .inc_by(sent.saturating_sub(counted.updates_sent));
+        *counted = status.counters.clone();
+    }
+
+    fn forget(&self, peer: &Peer) {
+        let label = Self::label(peer);
+        self.session_up.get_or_create(&label).set(0);
+        self.announced.get_or_create(&label).set(0);
+    }
+
+    /// Registers them under MetalLB's names (`metallb_bgp_updates_total` is the counter
+    /// `metallb_bgp_updates`: the exposition adds `_total`).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "metallb_bgp_session_up",
+            "BGP session state (1 is up, 0 is down)",
+            self.session_up.clone(),
+        );
+        registry.register(
+            "metallb_bgp_announced_prefixes_total",
+            "Number of prefixes currently being advertised on the BGP session",
+            self.announced.clone(),
+        );
+        registry.register(
+            "metallb_bgp_updates",
+            "Number of BGP UPDATE messages sent",
+            self.updates.clone(),
+        );
+        registry.register(
+            "metallb_bgp_notifications_sent",
+            "Number of BGP NOTIFICATION messages sent since the agent started",
+            self.notifications_sent.clone(),
+        );
+        registry.register(
+            "metallb_bgp_updates_total_received",
+            "Number of BGP UPDATE messages received since the agent started",
+            self.updates_received.clone(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, None).unwrap()
+    }
+
+    #[test]
+    fn each_peer_is_told_the_vips_of_the_pools_that_go_to_it() {
+        let config = config(
+            "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}\n      - {name: b, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2}\n\
+             addressPools:\n  - {name: both, addresses: [10.90.0.0/24], announce: bgp, bgp: {communities: ['1:2']}}\n  - {name: only-b, addresses: [10.91.0.0/24], announce: bgp, bgp: {peers: [b]}}\n  - {name: l2, addresses: [10.92.0.0/24]}\n",
+        );
+        let vips: BTreeSet<IpAddr> = ["10.90.0.1", "10.91.0.1", "10.92.0.1", "10.93.0.1"]
+            .iter()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let tagged = local_bgp::Path {
+            communities: vec![(1 << 16) | 2],
+            ..Default::default()
+        };
+        assert_eq!(
+            routes_for("a", &config, &vips),
+            Routes::from([("10.90.0.1/32".parse().unwrap(), tagged.clone())])
+        );
+        assert_eq!(
+            routes_for("b", &config, &vips),
+            Routes::from([
+                ("10.90.0.1/32".parse().unwrap(), tagged),
+                ("10.91.0.1/32".parse().unwrap(), local_bgp::Path::default()),
+            ])
+        );
+    }
+}
