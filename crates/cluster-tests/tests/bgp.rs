@@ -286,13 +286,17 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
 
     // Every node peers with the router.
     eventually("the router has a session with every node", LONG, || async {
-        let summary = router.vtysh("show bgp ipv4 unicast summary json").ok()?;
-        let up = summary["peers"]
-            .as_object()?
-            .values()
-            .filter(|p| p["state"].as_str() == Some("Established"))
-            .count();
-        (up == nodes.len()).then_some(())
+        let summary = router.vtysh("show bgp summary json").ok()?;
+        let established = |family: &str, address: String| {
+            summary[family]["peers"][&address]["state"].as_str() == Some("Established")
+        };
+        nodes
+            .iter()
+            .all(|n| {
+                established("ipv4Unicast", c.node_ip(n).to_string())
+                    && established("ipv6Unicast", c.node_ip6(n).to_string())
+            })
+            .then_some(())
     })
     .await;
 
@@ -302,10 +306,12 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
         &[
             echo_app("echo", 3, true, None),
             load_balancer("web", "echo", "", pool),
+            // Dual-stack, IPv6 first: the pods have IPv4 addresses only, so a single-stack IPv6
+            // Service would have no endpoints (kube-proxy rejects its traffic).
             load_balancer(
                 "web6",
                 "echo",
-                "ipFamilies: [IPv6]\n  ipFamilyPolicy: SingleStack",
+                "ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv6, IPv4]",
                 pool,
             ),
         ],
@@ -329,7 +335,13 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
     })
     .await;
 
-    // The client behind the router reaches it; its connections spread over the nodes.
+    // The client behind the router reaches it (once kube-proxy on every node programmed the new
+    // Service's NodePort, which each node's data plane relays to: until then a connection relayed
+    // to a node without it is refused); its connections spread over the nodes.
+    eventually("10 answers in a row through the router", LONG, || async {
+        (0..10).all(|_| Router::get(vip).is_ok()).then_some(())
+    })
+    .await;
     let key = format!("{}/web", ns.name());
     let before: Vec<f64> = nodes.iter().map(|n| node_connections(n, &key)).collect();
     let mut failed = Vec::new();
@@ -356,6 +368,10 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
 
     // IPv6: the session with router6 carries it.
     let (vip6, _) = ingress(ns.name(), "web6").await;
+    assert!(
+        vip6.is_ipv6(),
+        "{vip6}: the first ingress of an IPv6-first Service"
+    );
     let prefix6 = host_route(vip6);
     let mut expected6: Vec<String> = nodes.iter().map(|n| c.node_ip6(n).to_string()).collect();
     expected6.sort();

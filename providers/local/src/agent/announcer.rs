@@ -20,6 +20,11 @@ pub(crate) trait Announcer: Send + Sync {
     /// was told (what was not sent, and why).
     async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String>;
 
+    /// The data plane serves `ip` now (its listeners are bound and its backends' health known), or
+    /// kube-proxy does: an announcer that can wait for that (BGP: the route) tells the network now.
+    /// Called after every successful apply; idempotent.
+    async fn serving(&self, _ip: IpAddr) {}
+
     /// Stops announcing `ip` (failures are logged).
     async fn withdraw(&self, ip: IpAddr);
 

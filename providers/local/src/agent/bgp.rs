@@ -66,10 +66,15 @@ impl Announcer for BgpAnnouncer {
         }
     }
 
+    /// Puts `ip` on the loopback interface, for the data plane to listen on; the route waits for
+    /// [`Announcer::serving`], so that no router sends a connection here before it can be served.
     async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String> {
         self.loopback.add(ip).await?;
-        self.vips.send_if_modified(|vips| vips.insert(ip));
         Ok(None)
+    }
+
+    async fn serving(&self, ip: IpAddr) {
+        self.vips.send_if_modified(|vips| vips.insert(ip));
     }
 
     async fn withdraw(&self, ip: IpAddr) {
@@ -186,7 +191,7 @@ impl Speaker {
             changed
         });
         for (name, session) in &mut self.sessions {
-            let routes = routes_for(name, config, vips);
+            let routes = routes_for(name, session.settings.peer_address, config, vips);
             session.routes.send_if_modified(|sent| {
                 let changed = *sent != routes;
                 *sent = routes;
@@ -239,9 +244,12 @@ async fn stop(peer: Peer) {
     }
 }
 
-/// The routes peer `name` is told: a host route per VIP of a pool that announces by BGP to it.
-fn routes_for(name: &str, config: &Config, vips: &BTreeSet<IpAddr>) -> Routes {
+/// The routes peer `name` (at `address`) is told: a host route per VIP of its address's family (a
+/// session's own address is the next hop, so an IPv4 session carries IPv4 routes) of a pool that
+/// announces by BGP to it.
+fn routes_for(name: &str, address: IpAddr, config: &Config, vips: &BTreeSet<IpAddr>) -> Routes {
     vips.iter()
+        .filter(|ip| ip.is_ipv4() == address.is_ipv4())
         .filter_map(|ip| {
             let pool = config.pool_of(*ip)?;
             if pool.announce != Announce::Bgp {
@@ -346,22 +354,29 @@ mod tests {
     fn each_peer_is_told_the_vips_of_the_pools_that_go_to_it() {
         let config = config(
             "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}\n      - {name: b, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2}\n\
-             addressPools:\n  - {name: both, addresses: [10.90.0.0/24], announce: bgp, bgp: {communities: ['1:2']}}\n  - {name: only-b, addresses: [10.91.0.0/24], announce: bgp, bgp: {peers: [b]}}\n  - {name: l2, addresses: [10.92.0.0/24]}\n",
+             addressPools:\n  - {name: both, addresses: [10.90.0.0/24], announce: bgp, bgp: {communities: ['1:2']}}\n  - {name: only-b, addresses: [10.91.0.0/24], announce: bgp, bgp: {peers: [b]}}\n  - {name: l2, addresses: [10.92.0.0/24]}\n  - {name: six, addresses: ['fd00:90::/120'], announce: bgp}\n",
         );
-        let vips: BTreeSet<IpAddr> = ["10.90.0.1", "10.91.0.1", "10.92.0.1", "10.93.0.1"]
-            .iter()
-            .map(|v| v.parse().unwrap())
-            .collect();
+        let vips: BTreeSet<IpAddr> = [
+            "10.90.0.1",
+            "10.91.0.1",
+            "10.92.0.1",
+            "10.93.0.1",
+            "fd00:90::1",
+        ]
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+        let (a, b) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
         let tagged = local_bgp::Path {
             communities: vec![(1 << 16) | 2],
             ..Default::default()
         };
         assert_eq!(
-            routes_for("a", &config, &vips),
+            routes_for("a", a, &config, &vips),
             Routes::from([("10.90.0.1/32".parse().unwrap(), tagged.clone())])
         );
         assert_eq!(
-            routes_for("b", &config, &vips),
+            routes_for("b", b, &config, &vips),
             Routes::from([
                 ("10.90.0.1/32".parse().unwrap(), tagged),
                 ("10.91.0.1/32".parse().unwrap(), local_bgp::Path::default()),

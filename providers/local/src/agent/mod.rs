@@ -1170,9 +1170,23 @@ impl Agent {
         self.failing.retain(|key, _| plan.mine.contains_key(key));
     }
 
-    /// Puts `vips` on the interface (announced), and runs the data plane's load balancer of `served`
-    /// on them when its traffic is the data plane's.
+    /// Puts `vips` on the interface (announced), runs the data plane's load balancer of `served` on
+    /// them when its traffic is the data plane's, then tells their announcers they are served.
     async fn serve(
+        &mut self,
+        served: &Served,
+        vips: &[IpAddr],
+        config: &Config,
+        backends: &[(String, Vec<IpAddr>)],
+    ) -> Result<(), String> {
+        self.serve_vips(served, vips, config, backends).await?;
+        for ip in vips {
+            self.announcer_of(*ip, config).serving(*ip).await;
+        }
+        Ok(())
+    }
+
+    async fn serve_vips(
         &mut self,
         served: &Served,
         vips: &[IpAddr],
