@@ -445,3 +445,103 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
         assert!(text.contains(line), "{node}: no {line:?} in its metrics");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_update_of_the_agents_keeps_every_route_and_fails_no_request() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let router = std::sync::Arc::new(Router::start());
+    let nodes = c.nodes();
+    let ns = deploy(
+        "bgp-roll",
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", "\"local.ccm.rs/address-pool\": routed"),
+        ],
+    )
+    .await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    let prefix = host_route(vip);
+    eventually(&format!("{prefix} through every node"), LONG, || async {
+        (router.kernel_next_hops(&prefix).len() == nodes.len()).then_some(())
+    })
+    .await;
+    eventually("10 answers in a row through the router", LONG, || async {
+        (0..10).all(|_| Router::get(vip).is_ok()).then_some(())
+    })
+    .await;
+
+    // While the agents roll: the router's kernel route sampled, and the client asking, every 100 ms.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (router, stop, prefix) = (router.clone(), stop.clone(), prefix.clone());
+        std::thread::spawn(move || {
+            let mut fewest = usize::MAX;
+            let (mut asked, mut failed) = (0, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                fewest = fewest.min(router.kernel_next_hops(&prefix).len());
+                asked += 1;
+                if let Err(err) = Router::get(vip) {
+                    failed.push(err);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (fewest, asked, failed)
+        })
+    };
+    c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "rollout",
+            "restart",
+            "daemonset/local-agent",
+        ],
+        None,
+    );
+    let status = tokio::task::spawn_blocking(|| {
+        cluster().kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "rollout",
+                "status",
+                "daemonset/local-agent",
+                "--timeout=180s",
+            ],
+            None,
+        )
+    });
+    status.await.unwrap();
+    // The last node's successor opens its sessions after its hand-over: a few seconds more.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (fewest, asked, failed) = tokio::task::spawn_blocking(move || sampler.join().unwrap())
+        .await
+        .unwrap();
+    println!(
+        "agents rolled over BGP: {} of {asked} requests failed; the route had at least {fewest} of {} next hops",
+        failed.len(),
+        nodes.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {asked} requests failed: {failed:?}",
+        failed.len()
+    );
+    assert_eq!(
+        fewest,
+        nodes.len(),
+        "a node's route left the router's kernel during the roll (graceful restart should keep it)"
+    );
+    // Every node's new agent has its sessions up, and the routes are fresh (not stale).
+    eventually("the routes refreshed by the new agents", LONG, || async {
+        let table = router
+            .vtysh(&format!("show bgp ipv4 unicast {prefix} json"))
+            .ok()?;
+        let paths = table["paths"].as_array()?;
+        (paths.len() == nodes.len() && paths.iter().all(|p| p["stale"].as_bool() != Some(true)))
+            .then_some(())
+    })
+    .await;
+}

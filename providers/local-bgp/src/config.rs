@@ -39,6 +39,13 @@ pub struct PeerConfig {
     pub connect_retry: Duration,
     /// The longest wait between attempts.
     pub max_connect_retry: Duration,
+    /// Graceful restart (RFC 4724): the restart time announced, in seconds (at most 4095), for which
+    /// a router keeps our routes after the session closed without a NOTIFICATION
+    /// ([`crate::Peer::stop_for_restart`]); `None`: not announced.
+    pub graceful_restart: Option<u16>,
+    /// This speaker restarted (a node agent that took over from the one before it): its first OPEN
+    /// says so (the graceful restart capability's R bit).
+    pub restarted: bool,
 }
 
 impl PeerConfig {
@@ -57,6 +64,8 @@ impl PeerConfig {
             next_hop_v6: None,
             connect_retry: Duration::from_secs(1),
             max_connect_retry: Duration::from_secs(30),
+            graceful_restart: None,
+            restarted: false,
         }
     }
 
@@ -116,6 +125,12 @@ impl PeerConfig {
         }
         if self.ebgp_multihop.is_some() && !self.is_external() {
             return wrong("eBGP multihop on an iBGP peer (same AS): leave it out".into());
+        }
+        if self.graceful_restart.is_some_and(|t| t > 4095) {
+            return wrong(format!(
+                "graceful restart time {} s: at most 4095 s (12 bits, RFC 4724)",
+                self.graceful_restart.unwrap_or_default()
+            ));
         }
         if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
             return wrong(format!(

@@ -6,7 +6,9 @@
 //! (RFC 6793), IPv4 and IPv6 unicast (RFC 4760) and route refresh (RFC 2918), keeps the router's
 //! table equal to the [`Routes`] it is given (withdrawals and announcements, each sent once: a change
 //! that changes nothing sends nothing), answers ROUTE-REFRESH, and starts again with back-off when the
-//! session ends. Every NOTIFICATION either side sends is put in words ([`Notification`]'s `Display`).
+//! session ends. With graceful restart (RFC 4724, [`PeerConfig::graceful_restart`]) a speaker that
+//! restarts ([`Peer::stop_for_restart`], then a new [`Peer`] with [`PeerConfig::restarted`]) keeps its
+//! routes in the router meanwhile. Every NOTIFICATION either side sends is put in words ([`Notification`]'s `Display`).
 //!
 //! The crate has no Kubernetes types, like `local-data-plane`. Where its pieces are:
 //! [`wire`] the messages, [`plan`] what to send (pure), `session` the state machine.
@@ -23,9 +25,10 @@ pub use plan::{Path, Routes, Unannounced};
 pub use session::{Counters, PeerStatus, State};
 pub use wire::Notification;
 
+use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+
 use tracing::Instrument;
 
 /// One router we announce routes to: its session runs in a task of the current runtime until
@@ -33,7 +36,7 @@ use tracing::Instrument;
 pub struct Peer {
     config: PeerConfig,
     status: watch::Receiver<PeerStatus>,
-    stop: CancellationToken,
+    stop: Arc<session::Stop>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -43,7 +46,7 @@ impl Peer {
     pub fn start(config: PeerConfig, routes: watch::Receiver<Routes>) -> Result<Peer, Error> {
         config.validate()?;
         let (status_tx, status) = watch::channel(PeerStatus::default());
-        let stop = CancellationToken::new();
+        let stop = Arc::new(session::Stop::default());
         let span = tracing::info_span!("bgp_peer", peer = %config.socket_address());
         let task = tokio::spawn(
             session::run(config.clone(), routes, status_tx, stop.clone()).instrument(span),
@@ -68,8 +71,21 @@ impl Peer {
 
     /// Ends the session (a NOTIFICATION Cease, administrative shutdown: the router withdraws our
     /// routes at once) and waits for its task. A panic of the task is reported as an error.
-    pub async fn stop(mut self) -> Result<(), Error> {
-        self.stop.cancel();
+    pub async fn stop(self) -> Result<(), Error> {
+        self.end(false).await
+    }
+
+    /// Ends the session for a restart of the speaker: the connection is closed without a
+    /// NOTIFICATION, so that a router that negotiated graceful restart
+    /// ([`PeerConfig::graceful_restart`]) keeps our routes, marked stale, until a session of the
+    /// restarted speaker ([`PeerConfig::restarted`]) sends them again and its End-of-RIB, or the
+    /// restart time runs out. A router without it drops them as for any lost session.
+    pub async fn stop_for_restart(self) -> Result<(), Error> {
+        self.end(true).await
+    }
+
+    async fn end(mut self, for_restart: bool) -> Result<(), Error> {
+        self.stop.stop(for_restart);
         let Some(task) = self.task.take() else {
             return Ok(());
         };
@@ -82,6 +98,10 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        self.stop.cancel();
+        // A Peer dropped without a stop: its session ends as by `stop` (with a Cease), unless an
+        // `end` already chose how.
+        if self.task.is_some() {
+            self.stop.stop(false);
+        }
     }
 }

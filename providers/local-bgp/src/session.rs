@@ -10,15 +10,19 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
+
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::plan::{Routes, Session, Unannounced};
-use crate::wire::{self, Capability, Context, Family, Message, Notification, Open, Update, codes};
+use crate::wire::{
+    self, Capability, Context, Family, GracefulRestart, Message, Notification, Open, Update, codes,
+};
 use crate::{Error, PeerConfig};
 
 /// How long a connection attempt may take.
@@ -105,13 +109,53 @@ enum Ended {
     Stopped,
 }
 
+/// Tells a peer's task to stop, and how.
+#[derive(Debug, Default)]
+pub(crate) struct Stop {
+    token: CancellationToken,
+    for_restart: AtomicBool,
+}
+
+impl Stop {
+    /// Stops the session with a NOTIFICATION Cease (the router drops our routes at once), or, for a
+    /// restart, by closing the connection without one: a router that negotiated graceful restart
+    /// keeps our routes (stale) until we are back or the restart time runs out (RFC 4724).
+    pub(crate) fn stop(&self, for_restart: bool) {
+        self.for_restart.store(for_restart, Ordering::SeqCst);
+        self.token.cancel();
+    }
+
+    async fn cancelled(&self) {
+        self.token.cancelled().await;
+    }
+}
+
+/// Ends a session we were told to stop: with a Cease, unless it stops for a restart.
+async fn stopping(
+    connection: &mut Connection,
+    stop: &Stop,
+    counters: &mut Counters,
+) -> Result<Ended, Error> {
+    if stop.for_restart.load(Ordering::SeqCst) {
+        tracing::info!(peer = %connection.peer, "closing the BGP session for a restart (no NOTIFICATION: a router doing graceful restart keeps the routes)");
+    } else {
+        connection
+            .notify(
+                Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN),
+                counters,
+            )
+            .await;
+    }
+    Ok(Ended::Stopped)
+}
+
 /// Runs a peer until `stop`: sessions one after another, waiting between failed ones
 /// (`connect_retry`, doubling up to `max_connect_retry`, back to the start after an established one).
 pub(crate) async fn run(
     config: PeerConfig,
     mut routes: watch::Receiver<Routes>,
     status: watch::Sender<PeerStatus>,
-    stop: CancellationToken,
+    stop: std::sync::Arc<Stop>,
 ) {
     let peer = config.socket_address();
     let mut wait = config.connect_retry;
@@ -259,17 +303,28 @@ impl Connection {
     }
 }
 
-fn our_open(config: &PeerConfig) -> Open {
+/// Our OPEN. `restarted`: this is the first session since the speaker (re)started, which the
+/// graceful restart capability says with its R bit.
+fn our_open(config: &PeerConfig, restarted: bool) -> Open {
+    let mut capabilities = vec![
+        Capability::Multiprotocol(Family::IPV4_UNICAST),
+        Capability::Multiprotocol(Family::IPV6_UNICAST),
+        Capability::RouteRefresh,
+        Capability::FourOctetAs(config.local_asn),
+    ];
+    if let Some(restart_time) = config.graceful_restart {
+        // The F bit: the node forwards (serves) its VIPs across the speaker's restart.
+        capabilities.push(Capability::GracefulRestart(GracefulRestart {
+            restarting: restarted,
+            restart_time,
+            families: vec![(Family::IPV4_UNICAST, true), (Family::IPV6_UNICAST, true)],
+        }));
+    }
     Open {
         asn: config.local_asn,
         hold_time: config.hold_time,
         router_id: config.router_id,
-        capabilities: vec![
-            Capability::Multiprotocol(Family::IPV4_UNICAST),
-            Capability::Multiprotocol(Family::IPV6_UNICAST),
-            Capability::RouteRefresh,
-            Capability::FourOctetAs(config.local_asn),
-        ],
+        capabilities,
     }
 }
 
@@ -279,7 +334,7 @@ async fn session(
     stream: TcpStream,
     routes: &mut watch::Receiver<Routes>,
     status: &watch::Sender<PeerStatus>,
-    stop: &CancellationToken,
+    stop: &Stop,
 ) -> Result<Ended, Error> {
     let peer = config.socket_address();
     let local = stream
@@ -312,18 +367,19 @@ async fn exchange(
     connection: &mut Connection,
     routes: &mut watch::Receiver<Routes>,
     status: &watch::Sender<PeerStatus>,
-    stop: &CancellationToken,
+    stop: &Stop,
     counters: &mut Counters,
 ) -> Result<Ended, Error> {
     let peer = connection.peer;
-    connection.send(&Message::Open(our_open(config))).await?;
+    // The R bit goes with the first session of a speaker that restarted only.
+    let restarted = config.restarted && counters.established == 0;
+    connection
+        .send(&Message::Open(our_open(config, restarted)))
+        .await?;
     status.send_modify(|s| s.state = State::OpenSent);
 
     let theirs = tokio::select! {
-        _ = stop.cancelled() => {
-            connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
-            return Ok(Ended::Stopped);
-        }
+        _ = stop.cancelled() => return stopping(connection, stop, counters).await,
         message = timeout(OPEN_TIMEOUT, connection.next(counters)) => match message {
             Err(_) => {
                 connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
@@ -376,7 +432,7 @@ async fn exchange(
         });
     }
     connection.context.four_octet_as = theirs.has(|c| matches!(c, Capability::FourOctetAs(_)));
-    let ours = our_open(config);
+    let ours = our_open(config, restarted);
     let families: Vec<Family> = ours
         .families()
         .into_iter()
@@ -393,10 +449,7 @@ async fn exchange(
 
     let mut deadline = Instant::now() + if hold.is_zero() { OPEN_TIMEOUT } else { hold };
     tokio::select! {
-        _ = stop.cancelled() => {
-            connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
-            return Ok(Ended::Stopped);
-        }
+        _ = stop.cancelled() => return stopping(connection, stop, counters).await,
         _ = sleep_until(deadline) => {
             connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
             return Err(Error::HoldTimerExpired { peer, hold });
@@ -464,10 +517,7 @@ async fn exchange(
             changed
         });
         tokio::select! {
-            _ = stop.cancelled() => {
-                connection.notify(Notification::cease(codes::cease::ADMINISTRATIVE_SHUTDOWN), counters).await;
-                return Ok(Ended::Stopped);
-            }
+            _ = stop.cancelled() => return stopping(connection, stop, counters).await,
             changed = routes.changed(), if routes_open => {
                 if changed.is_err() {
                     // Nobody will change the routes any more: keep announcing the last ones.

@@ -284,3 +284,81 @@ async fn a_router_that_goes_away_is_reconnected_when_it_is_back() {
     assert_eq!(peer.status().borrow().counters.established, 2);
     peer.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn with_graceful_restart_the_router_keeps_the_routes_while_the_node_restarts() {
+    let frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2"])).await;
+    let (_routes, routes_rx) =
+        watch::channel(Routes::from([(net("10.96.3.1/32"), Path::default())]));
+    let config = PeerConfig {
+        graceful_restart: Some(120),
+        ..node(&frr, "127.0.0.2")
+    };
+    let peer = Peer::start(config.clone(), routes_rx.clone()).unwrap();
+    established(&peer).await;
+    eventually("the route", async || {
+        let paths = frr.paths("ipv4", "10.96.3.1/32").await;
+        if paths.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    let stale = async || {
+        let route = frr.route("ipv4", "10.96.3.1/32").await;
+        route["paths"][0]["stale"].as_bool().unwrap_or(false)
+    };
+    assert!(!stale().await);
+
+    // The speaker goes away without a NOTIFICATION: the router keeps the route, stale.
+    peer.stop_for_restart().await.unwrap();
+    eventually("the router sees the session down", async || {
+        let state = frr.neighbour_state("127.0.0.2").await;
+        if state != "Established" {
+            Ok(())
+        } else {
+            Err(state)
+        }
+    })
+    .await;
+    for _ in 0..10 {
+        assert_eq!(
+            frr.paths("ipv4", "10.96.3.1/32").await.len(),
+            1,
+            "{}",
+            frr.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(stale().await, "{}", frr.route("ipv4", "10.96.3.1/32").await);
+
+    // The restarted speaker sends it again, and its End-of-RIB: no longer stale.
+    let again = Peer::start(
+        PeerConfig {
+            restarted: true,
+            ..config
+        },
+        routes_rx,
+    )
+    .unwrap();
+    established(&again).await;
+    eventually("the route refreshed", async || {
+        if frr.paths("ipv4", "10.96.3.1/32").await.len() == 1 && !stale().await {
+            Ok(())
+        } else {
+            Err(frr.route("ipv4", "10.96.3.1/32").await.to_string())
+        }
+    })
+    .await;
+    again.stop().await.unwrap();
+    eventually("a stop with a Cease drops it at once", async || {
+        let paths = frr.paths("ipv4", "10.96.3.1/32").await;
+        if paths.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+}

@@ -72,7 +72,15 @@ pub struct BgpPeer {
     /// default): every node.
     #[serde(default)]
     pub node_selectors: Vec<NodeSelector>,
+    /// Graceful restart (RFC 4724, restart time 120 s): when an agent hands over to its successor
+    /// (a rolling update), it closes its sessions without a NOTIFICATION and the router keeps the
+    /// node's routes until the successor's sessions send them again (default `false`).
+    #[serde(default)]
+    pub enable_graceful_restart: bool,
 }
+
+/// The restart time announced with graceful restart (FRR's default).
+pub const GRACEFUL_RESTART_TIME: u16 = 120;
 
 /// A selector of nodes by their labels (`matchLabels`; `matchExpressions` is refused as an
 /// unknown key).
@@ -108,6 +116,9 @@ impl BgpPeer {
             hold_time: u16::try_from(hold).unwrap_or(u16::MAX),
             source: self.source_address,
             ebgp_multihop: self.ebgp_multi_hop.then_some(255),
+            graceful_restart: self
+                .enable_graceful_restart
+                .then_some(GRACEFUL_RESTART_TIME),
             ..local_bgp::PeerConfig::new(self.peer_address, self.peer_asn, self.my_asn, router_id)
         };
         config

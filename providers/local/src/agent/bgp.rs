@@ -109,6 +109,8 @@ struct Session {
 /// The sessions of this node with the peers that select it.
 pub(crate) struct Speaker {
     node_ipv4: Option<Ipv4Addr>,
+    /// This agent took over from the one before it on its node: its first sessions say so.
+    restarted: bool,
     sessions: BTreeMap<String, Session>,
     /// Peers that cannot be started (no router ID…), with what was logged.
     refused: BTreeMap<String, String>,
@@ -118,14 +120,18 @@ pub(crate) struct Speaker {
 }
 
 impl Speaker {
-    /// A speaker for a node whose IPv4 InternalIP (its default BGP identifier) is `node_ipv4`.
+    /// A speaker for a node whose IPv4 InternalIP (its default BGP identifier) is `node_ipv4`;
+    /// `restarted`: its agent took over from the one before it (the routers doing graceful restart
+    /// kept the node's routes for it).
     pub(crate) fn new(
         node_ipv4: Option<Ipv4Addr>,
+        restarted: bool,
         metrics: BgpMetrics,
     ) -> (Self, watch::Receiver<Vec<String>>) {
         let (peers, receiver) = watch::channel(Vec::new());
         let speaker = Self {
             node_ipv4,
+            restarted,
             sessions: BTreeMap::new(),
             refused: BTreeMap::new(),
             peers,
@@ -135,14 +141,8 @@ impl Speaker {
     }
 
     /// Starts the sessions of the peers that select a node labelled `labels` and stops the others
-    /// (a peer whose settings changed starts again), then tells each the routes of `vips` that go to
-    /// it. Nothing is sent when nothing changed.
-    pub(crate) async fn sync(
-        &mut self,
-        config: &Config,
-        labels: &BTreeMap<String, String>,
-        vips: &BTreeSet<IpAddr>,
-    ) {
+    /// (a peer whose settings changed starts again).
+    pub(crate) async fn select(&mut self, config: &Config, labels: &BTreeMap<String, String>) {
         let wanted: BTreeMap<&str, &BgpPeer> = config
             .load_balancer
             .bgp
@@ -171,7 +171,16 @@ impl Speaker {
                 continue;
             }
             match settings.session(self.node_ipv4) {
-                Ok(peer_config) => self.start(settings, peer_config),
+                Ok(peer_config) => {
+                    let restarted = self.restarted;
+                    self.start(
+                        settings,
+                        local_bgp::PeerConfig {
+                            restarted,
+                            ..peer_config
+                        },
+                    )
+                }
                 Err(why) => {
                     if self.refused.get(*name) != Some(&why) {
                         tracing::error!(peer = %name, "BGP: cannot peer: {why}");
@@ -190,6 +199,11 @@ impl Speaker {
             *peers = names;
             changed
         });
+    }
+
+    /// Tells each session the routes of `vips` that go to it (nothing is sent when nothing changed),
+    /// and updates the metrics.
+    pub(crate) fn advertise(&mut self, config: &Config, vips: &BTreeSet<IpAddr>) {
         for (name, session) in &mut self.sessions {
             let routes = routes_for(name, session.settings.peer_address, config, vips);
             session.routes.send_if_modified(|sent| {
@@ -229,10 +243,20 @@ impl Speaker {
     }
 
     /// Ends every session with a NOTIFICATION (Cease): each router drops this node's routes at once.
-    pub(crate) async fn stop(self) {
+    /// `for_restart` (the agent hands over to its successor): without one, so that the routers that
+    /// do graceful restart keep this node's routes for the successor.
+    pub(crate) async fn stop(self, for_restart: bool) {
         for (_, session) in self.sessions {
             self.metrics.forget(&session.peer);
-            stop(session.peer).await;
+            let address = session.peer.config().socket_address();
+            let stopped = if for_restart {
+                session.peer.stop_for_restart().await
+            } else {
+                session.peer.stop().await
+            };
+            if let Err(err) = stopped {
+                tracing::error!(peer = %address, "BGP: {err}");
+            }
         }
     }
 }

@@ -427,6 +427,7 @@ pub async fn run(
         let _ = leases.wait_until_ready().await;
     };
     let mut handed = handover::Handed::default();
+    let mut took_over = false;
     if let Some(predecessor) = replacing {
         // Everything that needs the API server is done first, so that once the old agent hands
         // over, this one answers its peers and accepts connections at once.
@@ -447,6 +448,7 @@ pub async fn run(
                 );
                 metrics.handovers_received.inc();
                 handed = received;
+                took_over = true;
             }
             // Stopped before any hand-over: nothing of the node's was touched.
             _ if shutdown.is_cancelled() => return Ok(()),
@@ -533,7 +535,7 @@ pub async fn run(
             IpAddr::V4(v4) => Some(v4),
             IpAddr::V6(_) => None,
         };
-        let (speaker, peers) = Speaker::new(node_ipv4, metrics.bgp.clone());
+        let (speaker, peers) = Speaker::new(node_ipv4, took_over, metrics.bgp.clone());
         let (bgp, vips) = BgpAnnouncer::new(peers);
         match bgp.adopt(ranges(Announce::Bgp)).await {
             Ok(found) => adopted.extend(found),
@@ -639,9 +641,11 @@ pub async fn run(
                 );
                 agent.metrics.announced.set(0);
                 agent.metrics.handovers_given.inc();
-                // The BGP sessions are the process's own: ended (the routers send this node's
-                // share elsewhere until the successor's sessions are up); the VIPs stay on.
-                agent.stop_bgp_sessions().await;
+                // The BGP sessions are the process's own: closed without a NOTIFICATION, so that
+                // routers doing graceful restart keep this node's routes until the successor's
+                // sessions send them again (others send its share elsewhere meanwhile); the VIPs
+                // stay on.
+                agent.stop_bgp_sessions(true).await;
                 drop(handed);
                 cloud.inner.data_plane.shutdown().await;
                 return Ok(());
@@ -650,7 +654,7 @@ pub async fn run(
                 // The heartbeat and the membership are stopped already: the others see this node
                 // go within the failover time, as if it had been killed.
                 tracing::warn!(error = %err, "local-agent: the hand-over failed; withdrawing the VIPs");
-                agent.stop_bgp_sessions().await;
+                agent.stop_bgp_sessions(false).await;
                 agent.withdraw_all_now();
                 agent.metrics.announced.set(0);
                 if let Some(heartbeat) = heartbeat {
@@ -663,7 +667,7 @@ pub async fn run(
     }
     tracing::info!(from = %agent.announcer.describe(), "local-agent: stopping; withdrawing the VIPs");
     // The routes first (each router drops this node's at once), then the addresses.
-    agent.stop_bgp_sessions().await;
+    agent.stop_bgp_sessions(false).await;
     agent.withdraw_all_now();
     agent.metrics.announced.set(0);
     let heartbeat = beating.await.ok();
@@ -883,10 +887,11 @@ impl Agent {
         self.announcer.withdraw_all_now();
     }
 
-    /// Ends the BGP sessions (a NOTIFICATION Cease to each router, which drops this node's routes).
-    async fn stop_bgp_sessions(&mut self) {
+    /// Ends the BGP sessions: with a NOTIFICATION Cease to each router, which drops this node's
+    /// routes, or, `for_restart`, without one (see [`Speaker::stop`]).
+    async fn stop_bgp_sessions(&mut self, for_restart: bool) {
         if let Some((speaker, _)) = self.speaker.take() {
-            speaker.stop().await;
+            speaker.stop(for_restart).await;
         }
     }
 
@@ -965,16 +970,21 @@ impl Agent {
             .iter()
             .filter_map(|n| self.cloud.backend_addresses(&config, n))
             .collect();
-        self.converge(&plan, &served, &config, &backends, now).await;
-        if let Some((speaker, vips)) = &mut self.speaker {
+        // The BGP sessions of the peers that select this node first, so that the announcements'
+        // events name them; their routes after, once the data plane serves.
+        if let Some((speaker, _)) = &mut self.speaker {
             let me = self.settings.node_name.as_str();
             let labels = nodes
                 .iter()
                 .find(|n| n.metadata.name.as_deref() == Some(me))
                 .and_then(|n| n.metadata.labels.clone())
                 .unwrap_or_default();
+            speaker.select(&config, &labels).await;
+        }
+        self.converge(&plan, &served, &config, &backends, now).await;
+        if let Some((speaker, vips)) = &mut self.speaker {
             let vips = vips.borrow().clone();
-            speaker.sync(&config, &labels, &vips).await;
+            speaker.advertise(&config, &vips);
         }
         self.metrics
             .announced
