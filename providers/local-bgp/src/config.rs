@@ -46,6 +46,18 @@ pub struct PeerConfig {
     /// This speaker restarted (a node agent that took over from the one before it): its first OPEN
     /// says so (the graceful restart capability's R bit).
     pub restarted: bool,
+    /// The TCP MD5 key shared with the router (RFC 2385; 1 to 80 bytes).
+    pub password: Option<Password>,
+}
+
+/// A TCP MD5 key; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(pub Vec<u8>);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Password(<{} bytes>)", self.0.len())
+    }
 }
 
 impl PeerConfig {
@@ -66,6 +78,7 @@ impl PeerConfig {
             max_connect_retry: Duration::from_secs(30),
             graceful_restart: None,
             restarted: false,
+            password: None,
         }
     }
 
@@ -130,6 +143,15 @@ impl PeerConfig {
             return wrong(format!(
                 "graceful restart time {} s: at most 4095 s (12 bits, RFC 4724)",
                 self.graceful_restart.unwrap_or_default()
+            ));
+        }
+        if let Some(Password(key)) = &self.password
+            && (key.is_empty() || key.len() > crate::md5::MAX_KEY_LEN)
+        {
+            return wrong(format!(
+                "a TCP MD5 password of {} bytes: 1 to {} bytes",
+                key.len(),
+                crate::md5::MAX_KEY_LEN
             ));
         }
         if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
@@ -234,6 +256,14 @@ mod tests {
             );
         }
         peer().validate().unwrap();
+        let secret = PeerConfig {
+            password: Some(Password(b"secret".to_vec())),
+            ..peer()
+        };
+        assert!(
+            !format!("{secret:?}").contains("secret\""),
+            "the key is never printed"
+        );
         PeerConfig {
             hold_time: 0,
             ..peer()

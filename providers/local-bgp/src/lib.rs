@@ -15,11 +15,12 @@
 
 mod config;
 mod error;
+mod md5;
 pub mod plan;
 mod session;
 pub mod wire;
 
-pub use config::{BGP_PORT, PeerConfig};
+pub use config::{BGP_PORT, Password, PeerConfig};
 pub use error::Error;
 pub use plan::{Path, Routes, Unannounced};
 pub use session::{Counters, PeerStatus, State};

@@ -212,6 +212,9 @@ async fn connect(config: &PeerConfig) -> Result<TcpStream, Error> {
     if let Some(source) = config.source {
         socket.bind(SocketAddr::new(source, 0)).map_err(failed)?;
     }
+    if let Some(password) = &config.password {
+        crate::md5::set(&socket, peer.ip(), &password.0).map_err(failed)?;
+    }
     // Single-hop eBGP goes out with TTL 1, as routers send it; multihop with the TTL asked for.
     let ttl = match config.ebgp_multihop {
         Some(ttl) => Some(u32::from(ttl)),
@@ -228,7 +231,16 @@ async fn connect(config: &PeerConfig) -> Result<TcpStream, Error> {
     }
     let stream = timeout(CONNECT_TIMEOUT, socket.connect(peer))
         .await
-        .map_err(|_| failed(std::io::ErrorKind::TimedOut.into()))?
+        .map_err(|_| {
+            // A router that does not share our MD5 key drops our segments without a word.
+            let why = if config.password.is_some() {
+                "timed out (with a TCP MD5 password: a router that does not have the same one drops \
+                 our segments silently, which looks like this)"
+            } else {
+                "timed out"
+            };
+            failed(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+        })?
         .map_err(failed)?;
     stream.set_nodelay(true).map_err(failed)?;
     Ok(stream)

@@ -362,3 +362,50 @@ async fn with_graceful_restart_the_router_keeps_the_routes_while_the_node_restar
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_tcp_md5_password_is_used_and_a_wrong_one_is_said_out_loud() {
+    let mut config = neighbours(&["127.0.0.2", "127.0.0.3"]);
+    config += " neighbor 127.0.0.2 password s3cret\n neighbor 127.0.0.3 password s3cret\n";
+    let frr = Frr::start(ROUTER_ASN, &config).await;
+    let (_routes, routes_rx) =
+        watch::channel(Routes::from([(net("10.96.4.1/32"), Path::default())]));
+    let signed = Peer::start(
+        PeerConfig {
+            password: Some(local_bgp::Password(b"s3cret".to_vec())),
+            ..node(&frr, "127.0.0.2")
+        },
+        routes_rx.clone(),
+    )
+    .unwrap();
+    established(&signed).await;
+    eventually("the route", async || {
+        let paths = frr.paths("ipv4", "10.96.4.1/32").await;
+        if paths.len() == 1 {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+    let wrong = Peer::start(
+        PeerConfig {
+            password: Some(local_bgp::Password(b"guess".to_vec())),
+            ..node(&frr, "127.0.0.3")
+        },
+        routes_rx,
+    )
+    .unwrap();
+    let mut status = wrong.status();
+    eventually("the wrong password reported", async || {
+        let now = status.borrow_and_update().clone();
+        match &now.last_error {
+            Some(error) if error.contains("with a TCP MD5 password") => Ok(()),
+            _ => Err(format!("{now:?}")),
+        }
+    })
+    .await;
+    assert_ne!(frr.neighbour_state("127.0.0.3").await, "Established");
+    signed.stop().await.unwrap();
+    wrong.stop().await.unwrap();
+}

@@ -77,6 +77,28 @@ pub struct BgpPeer {
     /// node's routes until the successor's sessions send them again (default `false`).
     #[serde(default)]
     pub enable_graceful_restart: bool,
+    /// The TCP MD5 password shared with the router (RFC 2385), in the cloud-config itself.
+    #[serde(default)]
+    pub password: Option<String>,
+    /// A file holding the TCP MD5 password (a Secret mounted into the agents' pods), read when the
+    /// session starts; its trailing newline is not part of the password.
+    #[serde(default)]
+    pub password_file: Option<std::path::PathBuf>,
+    /// MetalLB's `passwordSecret`: refused, naming `passwordFile` (the agents read no Secret through
+    /// the API server).
+    #[serde(default, deserialize_with = "refuse_password_secret")]
+    password_secret: Refused,
+}
+
+/// A key that is refused when set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Refused;
+
+fn refuse_password_secret<'de, D: Deserializer<'de>>(_: D) -> Result<Refused, D::Error> {
+    Err(de::Error::custom(
+        "passwordSecret: the node agents read no Secret through the API server; mount the Secret \
+         into the agents' pods and name the file with passwordFile",
+    ))
 }
 
 /// The restart time announced with graceful restart (FRR's default).
@@ -111,7 +133,25 @@ impl BgpPeer {
             )
         })?;
         let hold = self.hold_time.0.as_secs();
+        let password = match (&self.password, &self.password_file) {
+            (Some(password), _) => Some(password.clone().into_bytes()),
+            (None, Some(file)) => Some(
+                std::fs::read_to_string(file)
+                    .map_err(|e| {
+                        format!(
+                            "loadBalancer.bgp.peers {:?}: passwordFile {}: {e}",
+                            self.name,
+                            file.display()
+                        )
+                    })?
+                    .trim_end_matches(['\n', '\r'])
+                    .as_bytes()
+                    .to_vec(),
+            ),
+            (None, None) => None,
+        };
         let config = local_bgp::PeerConfig {
+            password: password.map(local_bgp::Password),
             port: self.peer_port,
             hold_time: u16::try_from(hold).unwrap_or(u16::MAX),
             source: self.source_address,
@@ -139,6 +179,11 @@ impl BgpPeer {
                 "loadBalancer.bgp.peers {name:?}: holdTime {hold:?}: whole seconds, at most 65535s"
             ));
         }
+        if self.password.is_some() && self.password_file.is_some() {
+            return Err(format!(
+                "loadBalancer.bgp.peers {name:?}: password and passwordFile both set: keep one"
+            ));
+        }
         if self.ebgp_multi_hop && self.peer_asn == self.my_asn {
             return Err(format!(
                 "loadBalancer.bgp.peers {name:?}: ebgpMultiHop is for eBGP, and peerASN equals \
@@ -156,8 +201,15 @@ impl BgpPeer {
                     format!("loadBalancer.bgp.peers {name:?}: nodeSelectors {key}={value}: {why}")
                 })?;
         }
-        // The speaker's own checks, with any identifier (the node's comes later).
-        self.session(Some(Ipv4Addr::new(192, 0, 2, 1))).map(|_| ())
+        // The speaker's own checks, with any identifier (the node's comes later) and without the
+        // password file (read when a session starts, on the node).
+        let without_file = BgpPeer {
+            password_file: None,
+            ..self.clone()
+        };
+        without_file
+            .session(Some(Ipv4Addr::new(192, 0, 2, 1)))
+            .map(|_| ())
     }
 }
 
@@ -298,6 +350,29 @@ mod tests {
             let error = text.parse::<Community>().unwrap_err();
             assert!(error.contains(says) && error.contains(text), "{error}");
         }
+    }
+
+    #[test]
+    fn a_password_file_is_read_when_the_session_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tor-a");
+        let text = format!(
+            "loadBalancer: {{mode: agents, bgp: {{peers: [{{name: tor-a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passwordFile: {}}}]}}}}",
+            file.display()
+        );
+        let config = crate::Config::parse(&text, None).unwrap();
+        let peer = &config.load_balancer.bgp.peers[0];
+        let missing = peer.session(Some(Ipv4Addr::LOCALHOST)).unwrap_err();
+        assert!(
+            missing.contains("passwordFile") && missing.contains("tor-a"),
+            "{missing}"
+        );
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let session = peer.session(Some(Ipv4Addr::LOCALHOST)).unwrap();
+        assert_eq!(
+            session.password,
+            Some(local_bgp::Password(b"s3cret".to_vec()))
+        );
     }
 
     #[test]

@@ -1017,7 +1017,9 @@ mod tests {
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 0, myASN: 2}]}}".to_owned(), "peers \"a\": BGP peer 10.0.0.1:179: peer ASN 0 is reserved"),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, holdTime: 2s}]}}".to_owned(), "hold time 2 s"),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 1, ebgpMultiHop: true}]}}".to_owned(), "ebgpMultiHop is for eBGP"),
-            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: secret}]}}".to_owned(), "unknown field `password`"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passwordSecret: {name: x}}]}}".to_owned(), "mount the Secret into the agents' pods and name the file with passwordFile"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: x, passwordFile: /y}]}}".to_owned(), "password and passwordFile both set"),
+            (format!("loadBalancer: {{mode: agents, bgp: {{peers: [{{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: {}}}]}}}}", "x".repeat(81)), "a TCP MD5 password of 81 bytes"),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, nodeSelectors: [{matchLabels: {-x: y}}]}]}}".to_owned(), "nodeSelectors -x=y"),
         ] {
             let err = Config::parse(&text, None).unwrap_err().to_string();
