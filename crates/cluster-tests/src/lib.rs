@@ -316,6 +316,23 @@ impl Cluster {
     }
 }
 
+/// Runs `command` on the host: its standard output, or the command and what it said on failure.
+pub fn run(command: &[&str]) -> Result<String, String> {
+    let output = std::process::Command::new(command[0])
+        .args(&command[1..])
+        .output()
+        .map_err(|err| format!("{}: {err}", command.join(" ")))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{}: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
 /// The holder of the manager's Lease, if it is held.
 pub async fn manager_lease_holder(client: &Client) -> Option<String> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =

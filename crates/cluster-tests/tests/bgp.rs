@@ -13,29 +13,13 @@ use std::{
 };
 
 use cluster_tests::{
-    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer,
+    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer, run,
 };
 use serde_json::Value;
 
 const ROUTER_NETNS: &str = "ccm-router";
 const CLIENT_NETNS: &str = "ccm-routed-client";
 const ROUTER_LINK: &str = "ccm-router-h";
-
-fn run(command: &[&str]) -> Result<String, String> {
-    let output = Command::new(command[0])
-        .args(&command[1..])
-        .output()
-        .map_err(|e| format!("{}: {e}", command.join(" ")))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{}: {}",
-            command.join(" "),
-            String::from_utf8_lossy(&output.stderr)
-        ))
-    }
-}
 
 fn in_netns(netns: &str, command: &[&str]) -> Result<String, String> {
     let mut all = vec!["ip", "netns", "exec", netns];

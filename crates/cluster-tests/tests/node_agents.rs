@@ -7,12 +7,11 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
-    process::Command,
     time::{Duration, Instant},
 };
 
 use cluster_tests::{
-    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer, node_mac,
+    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer, node_mac, run,
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
@@ -128,22 +127,6 @@ impl Drop for Client {
         // Deleting the namespace deletes its veth, and with it the peer on the bridge.
         let _ = run(&["ip", "netns", "del", CLIENT_NETNS]);
         let _ = run(&["ip", "link", "del", "ccm-client-h"]);
-    }
-}
-
-fn run(command: &[&str]) -> Result<String, String> {
-    let output = Command::new(command[0])
-        .args(&command[1..])
-        .output()
-        .map_err(|err| format!("{}: {err}", command.join(" ")))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{}: {}",
-            command.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
     }
 }
 

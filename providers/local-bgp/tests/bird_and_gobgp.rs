@@ -4,37 +4,15 @@
 
 mod support;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
-use ipnet::IpNet;
-use local_bgp::{Path, Peer, PeerConfig, Routes, State};
-use support::{Bird, GoBgp, Router, eventually};
+use local_bgp::{Path, Peer, Routes, State};
+use support::{Bird, GoBgp, NODE_ASN, ROUTER_ASN, eventually, net, node};
 use tokio::sync::watch;
 
-const ROUTER_ASN: u32 = 64512;
-const NODE_ASN: u32 = 64513;
-
-fn net(s: &str) -> IpNet {
-    s.parse().unwrap()
-}
-
-fn node(router: &impl Router, source: Ipv4Addr) -> PeerConfig {
-    let last = source.octets()[3];
-    PeerConfig {
-        port: router.port(),
-        source: Some(IpAddr::V4(source)),
-        next_hop_v4: Some(Ipv4Addr::new(10, 0, 0, last)),
-        next_hop_v6: Some(format!("fd00::{last}").parse().unwrap()),
-        ..PeerConfig::new(
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            ROUTER_ASN,
-            NODE_ASN,
-            source,
-        )
-    }
-}
-
-async fn each_vip_through_both_nodes_then_withdrawn_then_one_node_gone(router: &impl Router) {
+async fn each_vip_through_both_nodes_then_withdrawn_then_one_node_gone(
+    router: &impl support::Router,
+) {
     let name = router.name();
     let tagged = Path {
         communities: vec![(64513 << 16) | 100],

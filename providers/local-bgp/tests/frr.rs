@@ -4,40 +4,16 @@
 
 mod support;
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use ipnet::IpNet;
 use local_bgp::{Path, Peer, PeerConfig, PeerStatus, Routes, State};
-use support::{Frr, eventually};
+use support::{Frr, NODE_ASN, ROUTER_ASN, eventually, net};
 use tokio::sync::watch;
 
-const ROUTER_ASN: u32 = 64512;
-const NODE_ASN: u32 = 64513;
-
-fn net(s: &str) -> IpNet {
-    s.parse().unwrap()
-}
-
+/// A "node" at `source` (`127.0.0.x`) peering with `frr`.
 fn node(frr: &Frr, source: &str) -> PeerConfig {
-    let source: IpAddr = source.parse().unwrap();
-    let IpAddr::V4(router_id) = source else {
-        unreachable!()
-    };
-    PeerConfig {
-        port: frr.port,
-        source: Some(source),
-        // A router refuses a loopback next hop (a martian): the "nodes" name addresses of a network
-        // of theirs, as a node behind a NAT or with several interfaces would.
-        next_hop_v4: Some(Ipv4Addr::new(10, 0, 0, router_id.octets()[3])),
-        next_hop_v6: Some(format!("fd00::{}", router_id.octets()[3]).parse().unwrap()),
-        ..PeerConfig::new(
-            IpAddr::V4(Ipv4Addr::LOCALHOST),
-            ROUTER_ASN,
-            NODE_ASN,
-            router_id,
-        )
-    }
+    support::node(frr, source.parse().unwrap())
 }
 
 fn neighbours(sources: &[&str]) -> String {

@@ -12,6 +12,34 @@ use tokio::process::{Child, Command};
 
 const BGPD: &str = "/usr/lib/frr/bgpd";
 
+/// The routers' AS, and the "nodes'".
+pub const ROUTER_ASN: u32 = 64512;
+pub const NODE_ASN: u32 = 64513;
+
+pub fn net(s: &str) -> ipnet::IpNet {
+    s.parse().unwrap()
+}
+
+/// A "node" at `source` (127.0.0.x) peering with `router`. A router refuses a loopback next hop (a
+/// martian): the "nodes" name addresses of a network of theirs (10.0.0.x, fd00::x), as a node behind
+/// a NAT or with several interfaces would.
+pub fn node(router: &impl Router, source: std::net::Ipv4Addr) -> local_bgp::PeerConfig {
+    use std::net::{IpAddr, Ipv4Addr};
+    let last = source.octets()[3];
+    local_bgp::PeerConfig {
+        port: router.port(),
+        source: Some(IpAddr::V4(source)),
+        next_hop_v4: Some(Ipv4Addr::new(10, 0, 0, last)),
+        next_hop_v6: Some(format!("fd00::{last}").parse().unwrap()),
+        ..local_bgp::PeerConfig::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ROUTER_ASN,
+            NODE_ASN,
+            source,
+        )
+    }
+}
+
 /// Installs the routers if missing (`hack/routers install`, once per test binary) and returns
 /// the directory of GoBGP's binaries.
 pub fn routers() -> &'static PathBuf {
