@@ -284,6 +284,33 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
     })
     .await;
 
+    // Each node says so in an event (after the Warning ones of the attempts made before the router
+    // was up).
+    eventually(
+        "a BGPSessionEstablished event on every node",
+        LONG,
+        || async {
+            let regarding = c.kubectl(
+                &[
+                    "-n",
+                    "default",
+                    "get",
+                    "events.events.k8s.io",
+                    "--field-selector",
+                    "reason=BGPSessionEstablished",
+                    "-o",
+                    "jsonpath={.items[*].regarding.name}",
+                ],
+                None,
+            );
+            nodes
+                .iter()
+                .all(|n| regarding.split_whitespace().any(|r| r == n))
+                .then_some(())
+        },
+    )
+    .await;
+
     let pool = "\"local.ccm.rs/address-pool\": routed";
     let ns = deploy(
         "bgp",

@@ -181,6 +181,23 @@ impl<'a> CloudEvent<'a> {
             action,
         }
     }
+
+    /// An event about the Node `node` (recorded in `default`, where events about cluster-scoped
+    /// objects go).
+    fn about_node(node: &str, reason: &'static str, action: &'static str) -> Self {
+        CloudEvent {
+            namespace: "default",
+            name_prefix: format!("{node}.bgp-"),
+            regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(node.to_owned()),
+                ..Default::default()
+            }),
+            reason,
+            action,
+        }
+    }
 }
 
 /// The `local` cloud. Cheap to clone; clones share one cloud.

@@ -104,7 +104,59 @@ struct Session {
     routes: watch::Sender<Routes>,
     /// The counters last put in the metrics.
     counted: local_bgp::Counters,
+    /// What the node's events last said of the session.
+    reported: Reported,
 }
+
+/// What the node's events last said of a session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+enum Reported {
+    #[default]
+    Nothing,
+    Established,
+    Failed(String),
+}
+
+/// The event a change of a session's status calls for: its type, reason and note. An error is
+/// reported once, until the session is established or fails otherwise; an established session once
+/// after each failure (and at its first establishment).
+fn event_for(
+    name: &str,
+    address: std::net::SocketAddr,
+    status: &PeerStatus,
+    reported: &mut Reported,
+) -> Option<(&'static str, &'static str, String)> {
+    let now = if status.state == State::Established {
+        Reported::Established
+    } else if let Some(error) = &status.last_error {
+        Reported::Failed(error.clone())
+    } else {
+        return None;
+    };
+    if now == *reported {
+        return None;
+    }
+    *reported = now.clone();
+    Some(match now {
+        Reported::Established => (
+            "Normal",
+            EVENT_SESSION_ESTABLISHED,
+            format!("BGP session with peer {name} ({address}) established"),
+        ),
+        Reported::Failed(error) => (
+            "Warning",
+            EVENT_SESSION_FAILED,
+            format!("peer {name}: {error}"),
+        ),
+        Reported::Nothing => return None,
+    })
+}
+
+/// The reason of the Warning event on a Node whose BGP session with a peer failed (a NOTIFICATION,
+/// a refused connection, a timeout), with what happened in words.
+pub const EVENT_SESSION_FAILED: &str = "BGPSessionFailed";
+/// The reason of the Normal event on a Node whose BGP session with a peer is established.
+pub const EVENT_SESSION_ESTABLISHED: &str = "BGPSessionEstablished";
 
 /// The sessions of this node with the peers that select it.
 pub(crate) struct Speaker {
@@ -202,8 +254,14 @@ impl Speaker {
     }
 
     /// Tells each session the routes of `vips` that go to it (nothing is sent when nothing changed),
-    /// and updates the metrics.
-    pub(crate) fn advertise(&mut self, config: &Config, vips: &BTreeSet<IpAddr>) {
+    /// updates the metrics, and reports each session that failed or came up since the last look
+    /// (`report(type, reason, note)`: an event on the node).
+    pub(crate) fn advertise(
+        &mut self,
+        config: &Config,
+        vips: &BTreeSet<IpAddr>,
+        report: impl Fn(&'static str, &'static str, &str),
+    ) {
         for (name, session) in &mut self.sessions {
             let routes = routes_for(name, session.settings.peer_address, config, vips);
             session.routes.send_if_modified(|sent| {
@@ -212,6 +270,12 @@ impl Speaker {
                 changed
             });
             let status = session.peer.status().borrow().clone();
+            let address = session.peer.config().socket_address();
+            if let Some((type_, reason, note)) =
+                event_for(name, address, &status, &mut session.reported)
+            {
+                report(type_, reason, &note);
+            }
             self.metrics
                 .observe(&session.peer, &status, &mut session.counted);
         }
@@ -229,6 +293,7 @@ impl Speaker {
                         peer,
                         routes,
                         counted: Default::default(),
+                        reported: Reported::Nothing,
                     },
                 );
             }
@@ -372,6 +437,41 @@ mod tests {
 
     fn config(text: &str) -> Config {
         Config::parse(text, None).unwrap()
+    }
+
+    #[test]
+    fn a_session_s_failures_and_recovery_are_each_reported_once() {
+        let address = "10.0.0.1:179".parse().unwrap();
+        let mut reported = Reported::default();
+        let status = |state: State, error: Option<&str>| PeerStatus {
+            state,
+            last_error: error.map(str::to_owned),
+            ..PeerStatus::default()
+        };
+        let mut events = Vec::new();
+        for status in [
+            status(State::Connect, None),
+            status(State::Idle, Some("cannot connect: refused")),
+            status(State::Connect, Some("cannot connect: refused")),
+            status(State::Idle, Some("sent a NOTIFICATION: bad peer AS")),
+            status(State::Established, None),
+            status(State::Established, None),
+            status(State::Idle, Some("closed the connection")),
+        ] {
+            if let Some((type_, reason, note)) = event_for("tor-a", address, &status, &mut reported)
+            {
+                events.push(format!("{type_} {reason}: {note}"));
+            }
+        }
+        assert_eq!(
+            events,
+            [
+                "Warning BGPSessionFailed: peer tor-a: cannot connect: refused",
+                "Warning BGPSessionFailed: peer tor-a: sent a NOTIFICATION: bad peer AS",
+                "Normal BGPSessionEstablished: BGP session with peer tor-a (10.0.0.1:179) established",
+                "Warning BGPSessionFailed: peer tor-a: closed the connection",
+            ]
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod metrics;
 pub(crate) mod plan;
 pub(crate) mod presence;
 
-pub use bgp::BgpMetrics;
+pub use bgp::{BgpMetrics, EVENT_SESSION_ESTABLISHED, EVENT_SESSION_FAILED};
 pub use health::AgentHealth;
 pub use metrics::AgentMetrics;
 
@@ -984,7 +984,10 @@ impl Agent {
         self.converge(&plan, &served, &config, &backends, now).await;
         if let Some((speaker, vips)) = &mut self.speaker {
             let vips = vips.borrow().clone();
-            speaker.advertise(&config, &vips);
+            let (cloud, node) = (&self.cloud, self.settings.node_name.as_str());
+            speaker.advertise(&config, &vips, |type_, reason, note| {
+                cloud.record_event(type_, CloudEvent::about_node(node, reason, "Peer"), note);
+            });
         }
         self.metrics
             .announced
