@@ -333,6 +333,29 @@ pub fn run(command: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The kube-apiserver of the cluster stopped (SIGSTOP: it holds its connections and answers nothing,
+/// as an API server stalled on etcd does) until dropped, which resumes it.
+pub struct FrozenApiServer(String);
+
+impl FrozenApiServer {
+    /// Freezes it now.
+    pub fn freeze() -> Self {
+        let pid_file = cluster().dir().join("cp/run/kube-apiserver.pid");
+        let pid = std::fs::read_to_string(&pid_file)
+            .unwrap_or_else(|err| panic!("{}: {err}", pid_file.display()))
+            .trim()
+            .to_owned();
+        run(&["kill", "-STOP", &pid]).unwrap();
+        Self(pid)
+    }
+}
+
+impl Drop for FrozenApiServer {
+    fn drop(&mut self) {
+        let _ = run(&["kill", "-CONT", &self.0]);
+    }
+}
+
 /// The holder of the manager's Lease, if it is held.
 pub async fn manager_lease_holder(client: &Client) -> Option<String> {
     let leases: kube::Api<k8s_openapi::api::coordination::v1::Lease> =

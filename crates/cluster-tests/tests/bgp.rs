@@ -463,43 +463,10 @@ async fn a_rolling_update_of_the_agents_keeps_every_route_and_fails_no_request()
     c.ensure_manager(ManagerForm::Agents).await;
     let router = std::sync::Arc::new(Router::start());
     let nodes = c.nodes();
-    let ns = deploy(
-        "bgp-roll",
-        &[
-            echo_app("echo", 3, true, None),
-            load_balancer("web", "echo", "", "\"local.ccm.rs/address-pool\": routed"),
-        ],
-    )
-    .await;
-    let (vip, _) = ingress(ns.name(), "web").await;
-    let prefix = host_route(vip);
-    eventually(&format!("{prefix} through every node"), LONG, || async {
-        (router.kernel_next_hops(&prefix).len() == nodes.len()).then_some(())
-    })
-    .await;
-    eventually("10 answers in a row through the router", LONG, || async {
-        (0..10).all(|_| Router::get(vip).is_ok()).then_some(())
-    })
-    .await;
+    let (_ns, vip, prefix) = routed_service(&router, "bgp-roll").await;
 
     // While the agents roll: the router's kernel route sampled, and the client asking, every 100 ms.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let (router, stop, prefix) = (router.clone(), stop.clone(), prefix.clone());
-        std::thread::spawn(move || {
-            let mut fewest = usize::MAX;
-            let (mut asked, mut failed) = (0, Vec::new());
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                fewest = fewest.min(router.kernel_next_hops(&prefix).len());
-                asked += 1;
-                if let Err(err) = Router::get(vip) {
-                    failed.push(err);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            (fewest, asked, failed)
-        })
-    };
+    let sampler = Sampler::start(router.clone(), vip, prefix.clone());
     c.kubectl(
         &[
             "-n",
@@ -526,10 +493,7 @@ async fn a_rolling_update_of_the_agents_keeps_every_route_and_fails_no_request()
     status.await.unwrap();
     // The last node's successor opens its sessions after its hand-over: a few seconds more.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (fewest, asked, failed) = tokio::task::spawn_blocking(move || sampler.join().unwrap())
-        .await
-        .unwrap();
+    let (fewest, asked, failed) = sampler.stop().await;
     println!(
         "agents rolled over BGP: {} of {asked} requests failed; the route had at least {fewest} of {} next hops",
         failed.len(),
@@ -555,4 +519,102 @@ async fn a_rolling_update_of_the_agents_keeps_every_route_and_fails_no_request()
             .then_some(())
     })
     .await;
+}
+
+/// The router's kernel route to a VIP sampled, and the client behind it asking the VIP, every 100 ms,
+/// on a thread of its own until stopped.
+struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, usize, Vec<String>)>,
+}
+
+impl Sampler {
+    fn start(router: std::sync::Arc<Router>, vip: IpAddr, prefix: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut fewest = usize::MAX;
+                let (mut asked, mut failed) = (0, Vec::new());
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    fewest = fewest.min(router.kernel_next_hops(&prefix).len());
+                    asked += 1;
+                    if let Err(err) = Router::get(vip) {
+                        failed.push(err);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                (fewest, asked, failed)
+            })
+        };
+        Sampler { stop, thread }
+    }
+
+    /// The fewest next hops seen, the requests asked, and those that failed.
+    async fn stop(self) -> (usize, usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join().unwrap())
+            .await
+            .unwrap()
+    }
+}
+
+/// A routed Service (`web`, over the echo app on every node) in a namespace of the test's own, once
+/// the router has its route through every node and the client gets steady answers: its VIP and
+/// host route.
+async fn routed_service(
+    router: &Router,
+    prefix_of_namespace: &str,
+) -> (cluster_tests::Namespace, IpAddr, String) {
+    let nodes = cluster().nodes();
+    let ns = deploy(
+        prefix_of_namespace,
+        &[
+            echo_app("echo", 3, true, None),
+            load_balancer("web", "echo", "", "\"local.ccm.rs/address-pool\": routed"),
+        ],
+    )
+    .await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    let prefix = host_route(vip);
+    eventually(&format!("{prefix} through every node"), LONG, || async {
+        (router.kernel_next_hops(&prefix).len() == nodes.len()).then_some(())
+    })
+    .await;
+    eventually("10 answers in a row through the router", LONG, || async {
+        (0..10).all(|_| Router::get(vip).is_ok()).then_some(())
+    })
+    .await;
+    (ns, vip, prefix)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routed_vip_keeps_serving_while_the_api_server_is_frozen() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let router = std::sync::Arc::new(Router::start());
+    let nodes = c.nodes();
+    let (_ns, vip, prefix) = routed_service(&router, "bgp-frozen").await;
+    let sampler = Sampler::start(router.clone(), vip, prefix.clone());
+    {
+        let _frozen = cluster_tests::FrozenApiServer::freeze();
+        tokio::time::sleep(Duration::from_secs(40)).await;
+    }
+    let (fewest, asked, failed) = sampler.stop().await;
+    println!(
+        "API server frozen 40s over BGP: {} of {asked} requests failed; the route had at least {fewest} of {} next hops",
+        failed.len(),
+        nodes.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {asked} requests failed while frozen: {failed:?}",
+        failed.len()
+    );
+    assert_eq!(
+        fewest,
+        nodes.len(),
+        "a node's route left the router while the API server was frozen"
+    );
 }

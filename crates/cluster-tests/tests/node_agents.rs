@@ -11,7 +11,8 @@ use std::{
 };
 
 use cluster_tests::{
-    LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress, load_balancer, node_mac, run,
+    FrozenApiServer, LONG, ManagerForm, cluster, deploy, echo_app, eventually, ingress,
+    load_balancer, node_mac, run,
 };
 use tokio::{
     io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader},
@@ -630,28 +631,6 @@ async fn ingresses(namespace: &str, name: &str, count: usize) -> Vec<IpAddr> {
         },
     )
     .await
-}
-
-/// The kube-apiserver of the cluster stopped (SIGSTOP: it holds its connections and answers nothing,
-/// as an API server stalled on etcd does) until dropped, which resumes it.
-struct FrozenApiServer(String);
-
-impl FrozenApiServer {
-    fn freeze() -> Self {
-        let pid_file = cluster().dir().join("cp/run/kube-apiserver.pid");
-        let pid = std::fs::read_to_string(&pid_file)
-            .unwrap_or_else(|err| panic!("{}: {err}", pid_file.display()))
-            .trim()
-            .to_owned();
-        run(&["kill", "-STOP", &pid]).unwrap();
-        Self(pid)
-    }
-}
-
-impl Drop for FrozenApiServer {
-    fn drop(&mut self) {
-        let _ = run(&["kill", "-CONT", &self.0]);
-    }
 }
 
 /// Requests to `vip` from the client every 100 ms for `length`: the moments (since the start) of those

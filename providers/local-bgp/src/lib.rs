@@ -60,6 +60,12 @@ impl Peer {
         })
     }
 
+    /// Whether the session's task ended although the peer was not stopped (a bug: it panicked).
+    /// [`Peer::stop`] then reports the panic.
+    pub fn has_failed(&self) -> bool {
+        self.task.as_ref().is_some_and(|task| task.is_finished())
+    }
+
     /// The peer's settings.
     pub fn config(&self) -> &PeerConfig {
         &self.config

@@ -6,7 +6,7 @@ mod support;
 
 use std::net::Ipv4Addr;
 
-use local_bgp::{Path, Peer, Routes, State};
+use local_bgp::{Peer, State};
 use support::{Bird, GoBgp, NODE_ASN, ROUTER_ASN, eventually, net, node};
 use tokio::sync::watch;
 
@@ -14,17 +14,7 @@ async fn each_vip_through_both_nodes_then_withdrawn_then_one_node_gone(
     router: &impl support::Router,
 ) {
     let name = router.name();
-    let tagged = Path {
-        communities: vec![(64513 << 16) | 100],
-        large_communities: vec![[64513, 1, 2]],
-        ..Path::default()
-    };
-    let table: Routes = [
-        (net("10.96.0.1/32"), Path::default()),
-        (net("10.96.0.2/32"), tagged),
-        (net("2001:db8:96::1/128"), Path::default()),
-    ]
-    .into();
+    let table = support::two_vips_and_a_tagged_one();
     let (routes, routes_rx) = watch::channel(table.clone());
     let first = Peer::start(node(router, Ipv4Addr::new(127, 0, 0, 2)), routes_rx.clone()).unwrap();
     let second = Peer::start(node(router, Ipv4Addr::new(127, 0, 0, 3)), routes_rx).unwrap();

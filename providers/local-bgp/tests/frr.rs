@@ -47,17 +47,7 @@ async fn established(peer: &Peer) -> PeerStatus {
 #[tokio::test]
 async fn frr_routes_each_vip_to_every_node_that_announces_it_and_forgets_what_is_withdrawn() {
     let frr = Frr::start(ROUTER_ASN, &neighbours(&["127.0.0.2", "127.0.0.3"])).await;
-    let tagged = Path {
-        communities: vec![(64513 << 16) | 100],
-        large_communities: vec![[64513, 1, 2]],
-        ..Path::default()
-    };
-    let table: Routes = [
-        (net("10.96.0.1/32"), Path::default()),
-        (net("10.96.0.2/32"), tagged),
-        (net("2001:db8:96::1/128"), Path::default()),
-    ]
-    .into();
+    let table = support::two_vips_and_a_tagged_one();
     let (routes, routes_rx) = watch::channel(table.clone());
     let first = Peer::start(node(&frr, "127.0.0.2"), routes_rx.clone()).unwrap();
     let second = Peer::start(node(&frr, "127.0.0.3"), routes_rx).unwrap();

@@ -79,7 +79,7 @@ pub struct BgpPeer {
     pub enable_graceful_restart: bool,
     /// The TCP MD5 password shared with the router (RFC 2385), in the cloud-config itself.
     #[serde(default)]
-    pub password: Option<String>,
+    pub password: Option<BgpPassword>,
     /// A file holding the TCP MD5 password (a Secret mounted into the agents' pods), read when the
     /// session starts; its trailing newline is not part of the password.
     #[serde(default)]
@@ -88,6 +88,17 @@ pub struct BgpPeer {
     /// the API server).
     #[serde(default, deserialize_with = "refuse_password_secret")]
     password_secret: Refused,
+}
+
+/// A TCP MD5 password from the cloud-config; never printed (`Debug` says how long it is).
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct BgpPassword(pub String);
+
+impl fmt::Debug for BgpPassword {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BgpPassword(<{} bytes>)", self.0.len())
+    }
 }
 
 /// A key that is refused when set.
@@ -134,7 +145,7 @@ impl BgpPeer {
         })?;
         let hold = self.hold_time.0.as_secs();
         let password = match (&self.password, &self.password_file) {
-            (Some(password), _) => Some(password.clone().into_bytes()),
+            (Some(password), _) => Some(password.0.clone().into_bytes()),
             (None, Some(file)) => Some(
                 std::fs::read_to_string(file)
                     .map_err(|e| {
@@ -366,6 +377,15 @@ mod tests {
         assert!(
             missing.contains("passwordFile") && missing.contains("tor-a"),
             "{missing}"
+        );
+        let inline = crate::Config::parse(
+            "loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: s3cret}]}}",
+            None,
+        )
+        .unwrap();
+        assert!(
+            !format!("{inline:?}").contains("s3cret"),
+            "a password is never printed"
         );
         std::fs::write(&file, "s3cret\n").unwrap();
         let session = peer.session(Some(Ipv4Addr::LOCALHOST)).unwrap();

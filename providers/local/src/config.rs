@@ -14,7 +14,9 @@ use std::{
     time::Duration,
 };
 
-pub use crate::bgp_config::{Announce, BgpConfig, BgpPeer, Community, NodeSelector, PoolBgp};
+pub use crate::bgp_config::{
+    Announce, BgpConfig, BgpPassword, BgpPeer, Community, NodeSelector, PoolBgp,
+};
 pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
 use serde::{Deserialize, Deserializer, de};
 
@@ -759,6 +761,24 @@ impl Config {
                             ));
                         }
                     }
+                    // A peer is told the VIPs of its own address's family: each family of the
+                    // pool needs a peer of that family, or its VIPs would go nowhere.
+                    let pool_peers: Vec<&BgpPeer> = peers
+                        .iter()
+                        .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
+                        .collect();
+                    for (v4, family) in [(true, "IPv4"), (false, "IPv6")] {
+                        let has_family = pool.addresses.iter().any(|r| r.first().is_ipv4() == v4);
+                        if has_family && !pool_peers.iter().any(|p| p.peer_address.is_ipv4() == v4)
+                        {
+                            return Err(format!(
+                                "addressPools: pool {name:?} has {family} addresses, but none of its \
+                                 BGP peers has an {family} address: a peer is told the VIPs of its \
+                                 own address's family (the session's address is their next hop); add \
+                                 an {family} peer or remove those addresses"
+                            ));
+                        }
+                    }
                     let ibgp = peers
                         .iter()
                         .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
@@ -971,7 +991,7 @@ mod tests {
     #[test]
     fn bgp_peers_and_pools_are_read() {
         let config = Config::parse(
-            &format!("{BGP_PEERS}addressPools:\n  - name: routed\n    addresses: [10.90.0.0/24]\n    announce: bgp\n    bgp: {{peers: [tor-b], communities: ['64513:100', no-export, 'large:64513:1:2'], localPref: 200}}\n  - {{name: l2, addresses: [10.89.0.64/26]}}\n"),
+            &format!("{BGP_PEERS}addressPools:\n  - name: routed\n    addresses: [10.90.0.0/24]\n    announce: bgp\n    bgp: {{peers: [tor-a, tor-b], communities: ['64513:100', no-export, 'large:64513:1:2'], localPref: 200}}\n  - {{name: l2, addresses: [10.89.0.64/26]}}\n"),
             None,
         )
         .unwrap();
@@ -1007,6 +1027,7 @@ mod tests {
             (format!("{BGP_PEERS}{}", pool("    bgp: {peers: [tor-a]}\n")), "pool \"routed\" has a bgp block but announces by layer 2"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-c]}\n")), "bgp.peers names \"tor-c\", which is no peer of loadBalancer.bgp.peers (tor-a, tor-b)"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-a], localPref: 10}\n")), "bgp.localPref goes to iBGP peers only"),
+            (format!("{BGP_PEERS}addressPools:\n  - {{name: six, addresses: ['fd00:90::/120'], announce: bgp, bgp: {{peers: [tor-a]}}}}\n"), "pool \"six\" has IPv6 addresses, but none of its BGP peers has an IPv6 address"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {communities: ['64513:x']}\n")), "community \"64513:x\": not two 16-bit numbers"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 24}\n")), "unknown field `aggregationLength`"),
             (format!("loadBalancer: {{mode: agents}}\n{}", pool("    announce: bgp\n")), "announce: bgp, but loadBalancer.bgp.peers is empty"),

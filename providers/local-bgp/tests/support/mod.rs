@@ -20,6 +20,22 @@ pub fn net(s: &str) -> ipnet::IpNet {
     s.parse().unwrap()
 }
 
+/// The table the interop tests announce: an IPv4 VIP, one with a community and a large community
+/// (64513:100, 64513:1:2), and an IPv6 VIP.
+pub fn two_vips_and_a_tagged_one() -> local_bgp::Routes {
+    let tagged = local_bgp::Path {
+        communities: vec![(64513 << 16) | 100],
+        large_communities: vec![[64513, 1, 2]],
+        ..local_bgp::Path::default()
+    };
+    [
+        (net("10.96.0.1/32"), local_bgp::Path::default()),
+        (net("10.96.0.2/32"), tagged),
+        (net("2001:db8:96::1/128"), local_bgp::Path::default()),
+    ]
+    .into()
+}
+
 /// A "node" at `source` (127.0.0.x) peering with `router`. A router refuses a loopback next hop (a
 /// martian): the "nodes" name addresses of a network of theirs (10.0.0.x, fd00::x), as a node behind
 /// a NAT or with several interfaces would.

@@ -203,10 +203,14 @@ impl Speaker {
             .filter(|p| p.selects(labels))
             .map(|p| (p.name.as_str(), p))
             .collect();
+        // A session whose task ended (it panicked) is stopped, which logs the panic, and started
+        // again below, like one whose settings changed.
         let gone: Vec<String> = self
             .sessions
             .iter()
-            .filter(|(name, session)| wanted.get(name.as_str()) != Some(&&session.settings))
+            .filter(|(name, session)| {
+                wanted.get(name.as_str()) != Some(&&session.settings) || session.peer.has_failed()
+            })
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
@@ -477,7 +481,7 @@ mod tests {
     #[test]
     fn each_peer_is_told_the_vips_of_the_pools_that_go_to_it() {
         let config = config(
-            "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}\n      - {name: b, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2}\n\
+            "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}\n      - {name: b, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2}\n      - {name: c, peerAddress: 'fd00::2', peerASN: 1, myASN: 2}\n\
              addressPools:\n  - {name: both, addresses: [10.90.0.0/24], announce: bgp, bgp: {communities: ['1:2']}}\n  - {name: only-b, addresses: [10.91.0.0/24], announce: bgp, bgp: {peers: [b]}}\n  - {name: l2, addresses: [10.92.0.0/24]}\n  - {name: six, addresses: ['fd00:90::/120'], announce: bgp}\n",
         );
         let vips: BTreeSet<IpAddr> = [

@@ -565,7 +565,7 @@ pub async fn run(
         joined_at: None,
         fenced: None,
         refused_members: BTreeSet::new(),
-        announced: BTreeSet::new(),
+        announced: BTreeMap::new(),
         adopted,
         applied: BTreeMap::new(),
         retry_at: HashMap::new(),
@@ -845,7 +845,8 @@ struct Agent {
     /// Members refused (not a Node, or not at one of its Node's addresses), logged once each.
     refused_members: BTreeSet<String>,
     /// The VIPs on the interface.
-    announced: BTreeSet<IpAddr>,
+    /// (with whether by BGP, so that a pool whose `announce` changed is announced again its new way).
+    announced: BTreeMap<IpAddr, bool>,
     /// The VIPs an earlier run left on the interface that this run has not announced (yet).
     adopted: BTreeSet<IpAddr>,
     /// What the data plane runs, by Service.
@@ -857,16 +858,18 @@ struct Agent {
 }
 
 impl Agent {
+    /// Whether `ip` is announced by BGP: its pool says so (and BGP peers are configured).
+    fn is_routed(&self, ip: IpAddr, config: &Config) -> bool {
+        self.bgp.is_some()
+            && config
+                .pool_of(ip)
+                .is_some_and(|p| p.announce == Announce::Bgp)
+    }
+
     /// The announcer of `ip`: BGP's for a VIP of a pool that announces by BGP, layer 2's otherwise.
     fn announcer_of(&self, ip: IpAddr, config: &Config) -> &dyn Announcer {
         match &self.bgp {
-            Some(bgp)
-                if config
-                    .pool_of(ip)
-                    .is_some_and(|p| p.announce == Announce::Bgp) =>
-            {
-                bgp
-            }
+            Some(bgp) if self.is_routed(ip, config) => bgp,
             _ => self.announcer.as_ref(),
         }
     }
@@ -959,12 +962,7 @@ impl Agent {
             .into_iter()
             .filter_map(|s| self.served(s, &config, &slices))
             .collect();
-        let routed = |ip: IpAddr| {
-            self.bgp.is_some()
-                && config
-                    .pool_of(ip)
-                    .is_some_and(|p| p.announce == Announce::Bgp)
-        };
+        let routed = |ip: IpAddr| self.is_routed(ip, &config);
         let plan = plan::plan(me, &served, &candidates, routed);
         let backends: Vec<(String, Vec<IpAddr>)> = serving
             .iter()
@@ -1135,7 +1133,8 @@ impl Agent {
         }
         for ip in self
             .announced
-            .difference(&wanted)
+            .keys()
+            .filter(|ip| !wanted.contains(ip))
             .copied()
             .collect::<Vec<_>>()
         {
@@ -1212,13 +1211,20 @@ impl Agent {
         // a node that takes it over does not serve it until it is mended.
         let wanted = read_service(service, config)?;
         for ip in vips {
-            if self.announced.contains(ip) {
-                continue;
+            let routed = self.is_routed(*ip, config);
+            match self.announced.get(ip) {
+                Some(by_bgp) if *by_bgp == routed => continue,
+                Some(_) => {
+                    tracing::info!(%ip, by_bgp = routed, "the VIP's pool announces it another way now: announcing it again that way");
+                    self.withdraw(*ip).await;
+                    self.announced.remove(ip);
+                }
+                None => {}
             }
             let announcer = self.announcer_of(*ip, config);
             let warning = announcer.announce(*ip).await?;
             let announced_by = announcer.describe();
-            self.announced.insert(*ip);
+            self.announced.insert(*ip, routed);
             self.adopted.remove(ip);
             self.metrics.taken.inc();
             let node = &self.settings.node_name;
