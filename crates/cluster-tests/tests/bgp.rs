@@ -207,6 +207,33 @@ impl Router {
         hops
     }
 
+    /// Waits until every node has its IPv4 and IPv6 sessions up with the router (the agents retry
+    /// with back-off up to 30 s, and a router started after another one went away is found after
+    /// the nodes' hold timer and their next attempt); fails with bgpd's view and log.
+    fn wait_for_every_node(&self) {
+        let c = cluster();
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let summary = self.vtysh("show bgp summary json").unwrap_or_default();
+            let established = |family: &str, address: String| {
+                summary[family]["peers"][&address]["state"].as_str() == Some("Established")
+            };
+            let up = c.nodes().iter().all(|n| {
+                established("ipv4Unicast", c.node_ip(n).to_string())
+                    && established("ipv6Unicast", c.node_ip6(n).to_string())
+            });
+            if up {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the router has no session with every node after 120 s: {summary}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     /// `GET /` through `vip` from the client behind the router: the pod's name.
     fn get(vip: IpAddr) -> Result<String, String> {
         in_netns(
@@ -269,20 +296,7 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
     let node_ips: Vec<String> = nodes.iter().map(|n| c.node_ip(n).to_string()).collect();
 
     // Every node peers with the router.
-    eventually("the router has a session with every node", LONG, || async {
-        let summary = router.vtysh("show bgp summary json").ok()?;
-        let established = |family: &str, address: String| {
-            summary[family]["peers"][&address]["state"].as_str() == Some("Established")
-        };
-        nodes
-            .iter()
-            .all(|n| {
-                established("ipv4Unicast", c.node_ip(n).to_string())
-                    && established("ipv6Unicast", c.node_ip6(n).to_string())
-            })
-            .then_some(())
-    })
-    .await;
+    router.wait_for_every_node();
 
     // Each node says so in an event (after the Warning ones of the attempts made before the router
     // was up).
@@ -568,6 +582,7 @@ async fn routed_service(
     prefix_of_namespace: &str,
 ) -> (cluster_tests::Namespace, IpAddr, String) {
     let nodes = cluster().nodes();
+    router.wait_for_every_node();
     let ns = deploy(
         prefix_of_namespace,
         &[
