@@ -4,6 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use crate::Error;
+use crate::bfd::BfdProfile;
 
 /// The standard BGP port.
 pub const BGP_PORT: u16 = 179;
@@ -48,6 +49,9 @@ pub struct PeerConfig {
     pub restarted: bool,
     /// The TCP MD5 key shared with the router (RFC 2385; 1 to 80 bytes).
     pub password: Option<Password>,
+    /// BFD with the router (single hop), with these timers: the session ends as soon as BFD finds
+    /// the router gone. Needs [`crate::Peer::start_with_bfd`].
+    pub bfd: Option<BfdProfile>,
 }
 
 /// A TCP MD5 key; never printed.
@@ -79,6 +83,7 @@ impl PeerConfig {
             graceful_restart: None,
             restarted: false,
             password: None,
+            bfd: None,
         }
     }
 
@@ -153,6 +158,17 @@ impl PeerConfig {
                 key.len(),
                 crate::md5::MAX_KEY_LEN
             ));
+        }
+        if let Some(profile) = &self.bfd {
+            if self.ebgp_multihop.is_some() {
+                return wrong(
+                    "BFD with an eBGP multihop peer: multihop BFD (RFC 5883) is not implemented"
+                        .into(),
+                );
+            }
+            if let Some(problem) = profile.problem() {
+                return wrong(problem);
+            }
         }
         if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
             return wrong(format!(
@@ -244,6 +260,34 @@ mod tests {
                     ..peer()
                 },
                 "connect retry 0ns must be above 0",
+            ),
+            (
+                PeerConfig {
+                    bfd: Some(BfdProfile::default()),
+                    ebgp_multihop: Some(2),
+                    ..peer()
+                },
+                "multihop BFD (RFC 5883) is not implemented",
+            ),
+            (
+                PeerConfig {
+                    bfd: Some(BfdProfile {
+                        detect_multiplier: 1,
+                        ..BfdProfile::default()
+                    }),
+                    ..peer()
+                },
+                "BFD detect multiplier 1: it must be from 2 to 255",
+            ),
+            (
+                PeerConfig {
+                    bfd: Some(BfdProfile {
+                        transmit_interval: Duration::from_millis(5),
+                        ..BfdProfile::default()
+                    }),
+                    ..peer()
+                },
+                "BFD transmit interval 5ms: it must be from 10 ms to 60 s",
             ),
         ];
         for (config, expected) in cases {

@@ -106,4 +106,33 @@ pub enum Error {
         /// The panic.
         what: String,
     },
+    /// The BFD endpoint could not bind its port (another BFD daemon, such as FRR's bfdd, may run on
+    /// the node).
+    #[error(
+        "BFD: cannot receive on {address}: {source} (does another BFD daemon, such as FRR's bfdd, run on this node?)"
+    )]
+    BfdBind {
+        /// The address and port.
+        address: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A BFD session's socket could not be made.
+    #[error("BFD peer {peer}: cannot open a socket to it: {source}")]
+    BfdSocket {
+        /// The peer.
+        peer: std::net::IpAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// BFD found the router gone: the BGP session ended at once.
+    #[error(
+        "BGP peer {peer}: BFD session down ({diagnostic}); the BGP session is ended (we sent it a NOTIFICATION: BFD down)"
+    )]
+    BfdDown {
+        /// The peer.
+        peer: SocketAddr,
+        /// Why BFD went down.
+        diagnostic: crate::bfd::Diagnostic,
+    },
 }

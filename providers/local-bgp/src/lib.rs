@@ -10,9 +10,14 @@
 //! restarts ([`Peer::stop_for_restart`], then a new [`Peer`] with [`PeerConfig::restarted`]) keeps its
 //! routes in the router meanwhile. Every NOTIFICATION either side sends is put in words ([`Notification`]'s `Display`).
 //!
+//! With a BFD profile ([`PeerConfig::bfd`], [`Peer::start_with_bfd`]) the peer also runs BFD
+//! (RFC 5880/5881) with the router: the router withdraws our routes within the profile's detection
+//! time of the node's death, and we end the session as soon as BFD finds the router gone.
+//!
 //! The crate has no Kubernetes types, like `local-data-plane`. Where its pieces are:
-//! [`wire`] the messages, [`plan`] what to send (pure), `session` the state machine.
+//! [`wire`] the messages, [`plan`] what to send (pure), `session` the state machine, [`bfd`] BFD.
 
+pub mod bfd;
 mod config;
 mod error;
 mod md5;
@@ -20,6 +25,7 @@ pub mod plan;
 mod session;
 pub mod wire;
 
+pub use bfd::{Bfd, BfdProfile, BfdState, BfdStatus};
 pub use config::{BGP_PORT, Password, PeerConfig};
 pub use error::Error;
 pub use plan::{Path, Routes, Unannounced};
@@ -39,25 +45,65 @@ pub struct Peer {
     status: watch::Receiver<PeerStatus>,
     stop: Arc<session::Stop>,
     task: Option<JoinHandle<()>>,
+    bfd: Option<bfd::BfdSession>,
 }
 
 impl Peer {
     /// Checks `config` and starts the peer's session on the current tokio runtime; it announces the
     /// routes `routes` holds, and follows them as they change.
+    /// A peer with a BFD profile ([`PeerConfig::bfd`]) needs [`Peer::start_with_bfd`].
     pub fn start(config: PeerConfig, routes: watch::Receiver<Routes>) -> Result<Peer, Error> {
+        if config.bfd.is_some() {
+            return Err(Error::Config {
+                peer: config.socket_address().to_string(),
+                what: "a BFD profile needs the node's BFD endpoint (Peer::start_with_bfd)".into(),
+            });
+        }
+        Peer::launch(config, routes, None)
+    }
+
+    /// As [`Peer::start`], and with the BFD session [`PeerConfig::bfd`] asks for (if it does) on
+    /// the node's BFD endpoint `bfd`: it runs as long as the peer, and ends the BGP session when
+    /// it finds the router gone.
+    pub fn start_with_bfd(
+        config: PeerConfig,
+        routes: watch::Receiver<Routes>,
+        bfd: &Bfd,
+    ) -> Result<Peer, Error> {
+        config.validate()?;
+        let session = match config.bfd {
+            Some(profile) => Some(bfd.session(config.address, config.source, profile)?),
+            None => None,
+        };
+        Peer::launch(config, routes, session)
+    }
+
+    fn launch(
+        config: PeerConfig,
+        routes: watch::Receiver<Routes>,
+        bfd: Option<bfd::BfdSession>,
+    ) -> Result<Peer, Error> {
         config.validate()?;
         let (status_tx, status) = watch::channel(PeerStatus::default());
         let stop = Arc::new(session::Stop::default());
         let span = tracing::info_span!("bgp_peer", peer = %config.socket_address());
+        let bfd_status = bfd.as_ref().map(bfd::BfdSession::status);
         let task = tokio::spawn(
-            session::run(config.clone(), routes, status_tx, stop.clone()).instrument(span),
+            session::run(config.clone(), routes, status_tx, stop.clone(), bfd_status)
+                .instrument(span),
         );
         Ok(Peer {
             config,
             status,
             stop,
             task: Some(task),
+            bfd,
         })
+    }
+
+    /// The BFD session's status, now and as it changes, when the peer has one.
+    pub fn bfd_status(&self) -> Option<watch::Receiver<BfdStatus>> {
+        self.bfd.as_ref().map(bfd::BfdSession::status)
     }
 
     /// Whether the session's task ended although the peer was not stopped (a bug: it panicked).
@@ -93,13 +139,19 @@ impl Peer {
 
     async fn end(mut self, for_restart: bool) -> Result<(), Error> {
         self.stop.stop(for_restart);
-        let Some(task) = self.task.take() else {
-            return Ok(());
+        let result = match self.task.take() {
+            Some(task) => task.await.map_err(|error| Error::Panicked {
+                peer: self.config.socket_address(),
+                what: error.to_string(),
+            }),
+            None => Ok(()),
         };
-        task.await.map_err(|error| Error::Panicked {
-            peer: self.config.socket_address(),
-            what: error.to_string(),
-        })
+        // After the BGP session: its AdminDown tells the router the path did not fail, so a
+        // restart's closed connection stays a graceful restart.
+        if let Some(bfd) = self.bfd.take() {
+            bfd.stop().await;
+        }
+        result
     }
 }
 

@@ -19,6 +19,7 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use crate::bfd::BfdStatus;
 use crate::plan::{Routes, Session, Unannounced};
 use crate::wire::{
     self, Capability, Context, Family, GracefulRestart, Message, Notification, Open, Update, codes,
@@ -156,6 +157,7 @@ pub(crate) async fn run(
     mut routes: watch::Receiver<Routes>,
     status: watch::Sender<PeerStatus>,
     stop: std::sync::Arc<Stop>,
+    bfd: Option<watch::Receiver<BfdStatus>>,
 ) {
     let peer = config.socket_address();
     let mut wait = config.connect_retry;
@@ -166,7 +168,7 @@ pub(crate) async fn run(
             result = connect(&config) => result,
         };
         let result = match result {
-            Ok(stream) => session(&config, stream, &mut routes, &status, &stop).await,
+            Ok(stream) => session(&config, stream, &mut routes, &status, &stop, bfd.clone()).await,
             Err(error) => Err(error),
         };
         // A session that held for a while starts the back-off afresh; one that fails right after
@@ -347,6 +349,7 @@ async fn session(
     routes: &mut watch::Receiver<Routes>,
     status: &watch::Sender<PeerStatus>,
     stop: &Stop,
+    bfd: Option<watch::Receiver<BfdStatus>>,
 ) -> Result<Ended, Error> {
     let peer = config.socket_address();
     let local = stream
@@ -366,6 +369,7 @@ async fn session(
         routes,
         status,
         stop,
+        bfd,
         &mut counters,
     )
     .await;
@@ -373,6 +377,8 @@ async fn session(
     result
 }
 
+// Each argument is a distinct input or output of the session; a struct of them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     config: &PeerConfig,
     local: IpAddr,
@@ -380,6 +386,7 @@ async fn exchange(
     routes: &mut watch::Receiver<Routes>,
     status: &watch::Sender<PeerStatus>,
     stop: &Stop,
+    mut bfd: Option<watch::Receiver<BfdStatus>>,
     counters: &mut Counters,
 ) -> Result<Ended, Error> {
     let peer = connection.peer;
@@ -520,6 +527,10 @@ async fn exchange(
     let mut next_keepalive = Instant::now() + keepalive_every.min(Duration::from_secs(86400));
     let mut routes_open = true;
     deadline = Instant::now() + hold;
+    // BFD failures before this session do not end it; one while it runs does (RFC 5882 §3.2).
+    let bfd_failures = bfd
+        .as_mut()
+        .map_or(0, |bfd| bfd.borrow_and_update().failures);
     loop {
         status.send_if_modified(|s| {
             let changed = s.counters != *counters;
@@ -545,6 +556,12 @@ async fn exchange(
             _ = sleep_until(deadline), if !hold.is_zero() => {
                 connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
                 return Err(Error::HoldTimerExpired { peer, hold });
+            }
+            Some(bfd) = bfd_changed(&mut bfd) => {
+                if bfd.failures > bfd_failures {
+                    connection.notify(Notification::cease(codes::cease::BFD_DOWN), counters).await;
+                    return Err(Error::BfdDown { peer, diagnostic: bfd.diagnostic });
+                }
             }
             message = connection.next(counters) => {
                 deadline = Instant::now() + hold;
@@ -577,6 +594,18 @@ async fn exchange(
             }
         }
     }
+}
+
+/// The BFD session's status when it changes; never, without BFD or once it is gone.
+async fn bfd_changed(bfd: &mut Option<watch::Receiver<BfdStatus>>) -> Option<BfdStatus> {
+    let Some(receiver) = bfd else {
+        return std::future::pending().await;
+    };
+    if receiver.changed().await.is_err() {
+        *bfd = None;
+        return None;
+    }
+    Some(receiver.borrow_and_update().clone())
 }
 
 /// Brings the router from `sent` to the routes wanted now, and says so in the status.

@@ -77,6 +77,8 @@ pub mod codes {
         pub const PEER_DECONFIGURED: u8 = 3;
         /// Connection collision resolution.
         pub const CONNECTION_COLLISION: u8 = 7;
+        /// BFD down (RFC 9384).
+        pub const BFD_DOWN: u8 = 10;
     }
 
     /// Subcodes of [`ROUTE_REFRESH`].
