@@ -113,13 +113,23 @@ impl Router {
             router bgp 64512\n bgp router-id 10.89.0.250\n no bgp ebgp-requires-policy\n\
             \x20neighbor nodes peer-group\n neighbor nodes remote-as 64513\n bgp listen range 10.89.0.0/24 peer-group nodes\n\
             \x20neighbor nodes6 peer-group\n neighbor nodes6 remote-as 64513\n bgp listen range fd00:89::/64 peer-group nodes6\n\
+            \x20neighbor nodes bfd profile nodes\n neighbor nodes6 bfd profile nodes\n\
             \x20address-family ipv4 unicast\n  maximum-paths 8\n  no neighbor nodes6 activate\n exit-address-family\n\
             \x20address-family ipv6 unicast\n  maximum-paths 8\n  neighbor nodes6 activate\n exit-address-family\n";
         std::fs::write(dir.path().join("bgpd.conf"), bgpd).unwrap();
         std::fs::write(dir.path().join("zebra.conf"), "hostname ccm-router\n").unwrap();
+        // BFD with every node at the nodes' profile (hack/cluster: MetalLB's default, 300 ms x 3).
+        let bfdd = "hostname ccm-router\nlog stdout informational\nbfd\n profile nodes\n  \
+            detect-multiplier 3\n  receive-interval 300\n  transmit-interval 300\n";
+        std::fs::write(dir.path().join("bfdd.conf"), bfdd).unwrap();
         let path = |name: &str| dir.path().join(name).display().to_string();
         let mut daemons = Vec::new();
-        for (daemon, extra) in [("zebra", vec![]), ("bgpd", vec!["-S"])] {
+        let bfdctl = path("bfdd.sock");
+        for (daemon, extra) in [
+            ("zebra", vec![]),
+            ("bfdd", vec!["--bfdctl", bfdctl.as_str()]),
+            ("bgpd", vec!["-S"]),
+        ] {
             let log = std::fs::File::create(dir.path().join(format!("{daemon}.log"))).unwrap();
             let mut command = Command::new("ip");
             command
@@ -141,7 +151,7 @@ impl Router {
                 .stdout(log.try_clone().unwrap())
                 .stderr(log);
             daemons.push(command.spawn().unwrap());
-            // bgpd connects to zebra's socket at start.
+            // bfdd and bgpd connect to zebra's socket at start.
             std::thread::sleep(Duration::from_millis(500));
         }
         Router { dir, daemons }
@@ -248,8 +258,22 @@ impl Router {
         )
     }
 
+    /// bfdd's sessions that are up, by the nodes' addresses, sorted.
+    fn bfd_up(&self) -> Vec<String> {
+        let peers = self.vtysh("show bfd peers json").unwrap_or_default();
+        let mut up: Vec<String> = peers
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["status"].as_str() == Some("up"))
+            .filter_map(|p| p["peer"].as_str().map(str::to_owned))
+            .collect();
+        up.sort();
+        up
+    }
+
     fn logs(&self) -> String {
-        ["zebra", "bgpd"]
+        ["zebra", "bfdd", "bgpd"]
             .iter()
             .map(|d| {
                 std::fs::read_to_string(self.dir.path().join(format!("{d}.log")))
@@ -295,8 +319,17 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
     let nodes = c.nodes();
     let node_ips: Vec<String> = nodes.iter().map(|n| c.node_ip(n).to_string()).collect();
 
-    // Every node peers with the router.
+    // Every node peers with the router, and runs BFD with it over IPv4 and IPv6.
     router.wait_for_every_node();
+    let mut all: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| [c.node_ip(n).to_string(), c.node_ip6(n).to_string()])
+        .collect();
+    all.sort();
+    eventually("BFD up with every node", LONG, || async {
+        (router.bfd_up() == all).then_some(())
+    })
+    .await;
 
     // Each node says so in an event (after the Warning ones of the attempts made before the router
     // was up).
@@ -466,8 +499,94 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
         let text = c
             .curl_on_node(node, "http://127.0.0.1:10264/metrics")
             .unwrap_or_default();
-        let line = "metallb_bgp_session_up{peer=\"10.89.0.250:179\"} 1";
-        assert!(text.contains(line), "{node}: no {line:?} in its metrics");
+        for line in [
+            "metallb_bgp_session_up{peer=\"10.89.0.250:179\"} 1",
+            "metallb_bfd_session_up{peer=\"10.89.0.250\"} 1",
+            "metallb_bfd_session_up{peer=\"fd00:89::250\"} 1",
+        ] {
+            assert!(text.contains(line), "{node}: no {line:?} in its metrics");
+        }
+    }
+}
+
+/// A node dies (its link to the bridge cut, as `bench/local-failover` does): the router's BFD finds
+/// it gone after 3 missed packets of 300 ms, and drops its routes then rather than after the 9 s
+/// hold time; the client's requests go to the other nodes. Its link back, its sessions come back
+/// and the router routes to it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_s_routes_are_withdrawn_by_bfd() {
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Agents).await;
+    let router = std::sync::Arc::new(Router::start());
+    let nodes = c.nodes();
+    let (_ns, vip, prefix) = routed_service(&router, "bgp-bfd").await;
+    let mut all: Vec<String> = nodes
+        .iter()
+        .flat_map(|n| [c.node_ip(n).to_string(), c.node_ip6(n).to_string()])
+        .collect();
+    all.sort();
+    eventually("BFD up with every node", LONG, || async {
+        (router.bfd_up() == all).then_some(())
+    })
+    .await;
+
+    let victim = nodes[1].clone();
+    let victim_ip = c.node_ip(&victim).to_string();
+    let sampler = Sampler::start(router.clone(), vip, prefix.clone());
+    let link = Link::cut(&victim);
+    let cut = std::time::Instant::now();
+    eventually(
+        &format!("{victim}'s next hop gone from the router's kernel table"),
+        LONG,
+        || async { (!router.kernel_next_hops(&prefix).contains(&victim_ip)).then_some(()) },
+    )
+    .await;
+    let withdrawn_after = cut.elapsed();
+    // Still cut: the router's BFD ended the session (its log: the Cease, subcode BFD Down, it sent),
+    // not its hold timer.
+    let logs = router.logs();
+    assert!(
+        logs.contains(&format!(
+            "sent to neighbor {victim_ip} 6/10 (Cease/BFD Down)"
+        )) || logs.contains(&format!(
+            "{victim_ip}(Unknown) in vrf default Down BFD down received"
+        )),
+        "the router dropped {victim_ip} other than by BFD:\n{logs}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    drop(link);
+    let (_, requests, failed) = sampler.stop().await;
+    eprintln!(
+        "{victim} cut: its routes withdrawn after {withdrawn_after:?} (BFD 300 ms x 3, hold time 9 s); \
+         {} of {requests} requests failed meanwhile (those hashed to it until then)",
+        failed.len()
+    );
+
+    // The node back: its sessions and BFD come back, and so does its next hop.
+    router.wait_for_every_node();
+    eventually("BFD up with every node again", LONG, || async {
+        (router.bfd_up() == all).then_some(())
+    })
+    .await;
+    eventually(&format!("{victim} routed to again"), LONG, || async {
+        (router.kernel_next_hops(&prefix).len() == nodes.len()).then_some(())
+    })
+    .await;
+}
+
+/// A node's link to the bridge, set down; up again when dropped.
+struct Link(String);
+
+impl Link {
+    fn cut(node: &str) -> Self {
+        run(&["ip", "link", "set", node, "down"]).unwrap();
+        Link(node.to_owned())
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        let _ = run(&["ip", "link", "set", &self.0, "up"]);
     }
 }
 

@@ -35,6 +35,123 @@ pub struct BgpConfig {
     /// The routers the node agents peer with.
     #[serde(default)]
     pub peers: Vec<BgpPeer>,
+    /// BFD profiles, by name, for peers' `bfdProfile`.
+    #[serde(default)]
+    pub bfd_profiles: Vec<BfdProfile>,
+}
+
+impl BgpConfig {
+    /// The BFD timers `peer` asks for, if it names a profile (checked to exist by validation).
+    pub fn bfd_of(&self, peer: &BgpPeer) -> Option<local_bgp::BfdProfile> {
+        let name = peer.bfd_profile.as_ref()?;
+        self.bfd_profiles
+            .iter()
+            .find(|p| &p.name == name)
+            .map(BfdProfile::timers)
+    }
+}
+
+/// A BFD profile (`loadBalancer.bgp.bfdProfiles[]`), MetalLB's `BFDProfile` with the same fields and
+/// units (milliseconds): single-hop BFD (RFC 5881) in asynchronous mode. Echo mode and multihop BFD
+/// are not implemented: `echoMode: true`, `echoInterval` and `minimumTtl` are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BfdProfile {
+    /// The profile's name, for peers' `bfdProfile`.
+    pub name: String,
+    /// The shortest interval between the router's packets we can take, in milliseconds (default
+    /// 300; 10 to 60000).
+    #[serde(default = "default_bfd_interval")]
+    pub receive_interval: u32,
+    /// The interval we want between our packets, in milliseconds (default 300; 10 to 60000).
+    #[serde(default = "default_bfd_interval")]
+    pub transmit_interval: u32,
+    /// Packets missed in a row before the other side counts as gone (default 3; 2 to 255). The
+    /// router drops a dead node's routes within `transmitInterval x detectMultiplier` (with the
+    /// router's receive interval, if longer).
+    #[serde(default = "default_bfd_multiplier")]
+    pub detect_multiplier: u32,
+    /// Send nothing until the router's first packet (default `false`).
+    #[serde(default)]
+    pub passive_mode: bool,
+    /// Echo mode: refused when `true` (not implemented).
+    #[serde(default, deserialize_with = "refuse_echo_mode")]
+    echo_mode: bool,
+    /// Refused: echo mode is not implemented.
+    #[serde(default, deserialize_with = "refuse_echo_interval")]
+    echo_interval: Refused,
+    /// Refused: it is for multihop BFD, which is not implemented (single hop takes TTL 255 only).
+    #[serde(default, deserialize_with = "refuse_minimum_ttl")]
+    minimum_ttl: Refused,
+}
+
+fn default_bfd_interval() -> u32 {
+    300
+}
+
+fn default_bfd_multiplier() -> u32 {
+    3
+}
+
+fn refuse_echo_mode<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    if bool::deserialize(d)? {
+        return Err(de::Error::custom(
+            "echoMode: echo mode is not implemented (BFD runs in asynchronous mode): remove it or \
+             set it false",
+        ));
+    }
+    Ok(false)
+}
+
+fn refuse_echo_interval<'de, D: Deserializer<'de>>(_: D) -> Result<Refused, D::Error> {
+    Err(de::Error::custom(
+        "echoInterval: echo mode is not implemented (BFD runs in asynchronous mode): remove it",
+    ))
+}
+
+fn refuse_minimum_ttl<'de, D: Deserializer<'de>>(_: D) -> Result<Refused, D::Error> {
+    Err(de::Error::custom(
+        "minimumTtl is for multihop BFD, which is not implemented; single-hop BFD takes packets \
+         sent with TTL 255 only (RFC 5881): remove it",
+    ))
+}
+
+impl BfdProfile {
+    /// The speaker's timers.
+    pub fn timers(&self) -> local_bgp::BfdProfile {
+        local_bgp::BfdProfile {
+            receive_interval: Duration::from_millis(u64::from(self.receive_interval)),
+            transmit_interval: Duration::from_millis(u64::from(self.transmit_interval)),
+            detect_multiplier: u8::try_from(self.detect_multiplier).unwrap_or(u8::MAX),
+            passive: self.passive_mode,
+        }
+    }
+
+    /// What the types alone cannot check.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        let name = &self.name;
+        if name.is_empty() {
+            return Err("loadBalancer.bgp.bfdProfiles: a profile has an empty name".to_owned());
+        }
+        for (field, ms) in [
+            ("receiveInterval", self.receive_interval),
+            ("transmitInterval", self.transmit_interval),
+        ] {
+            if !(10..=60_000).contains(&ms) {
+                return Err(format!(
+                    "loadBalancer.bgp.bfdProfiles {name:?}: {field} {ms}: milliseconds, from 10 \
+                     to 60000"
+                ));
+            }
+        }
+        if !(2..=255).contains(&self.detect_multiplier) {
+            return Err(format!(
+                "loadBalancer.bgp.bfdProfiles {name:?}: detectMultiplier {}: from 2 to 255",
+                self.detect_multiplier
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A router (`loadBalancer.bgp.peers[]`); each node agent whose node it selects opens a session
@@ -84,6 +201,10 @@ pub struct BgpPeer {
     /// session starts; its trailing newline is not part of the password.
     #[serde(default)]
     pub password_file: Option<std::path::PathBuf>,
+    /// The BFD profile (of `loadBalancer.bgp.bfdProfiles`) of the node's BFD session with the
+    /// router; unset, no BFD. Single hop only: refused with `ebgpMultiHop`.
+    #[serde(default)]
+    pub bfd_profile: Option<String>,
     /// MetalLB's `passwordSecret`: refused, naming `passwordFile` (the agents read no Secret through
     /// the API server).
     #[serde(default, deserialize_with = "refuse_password_secret")]
@@ -134,8 +255,13 @@ impl BgpPeer {
                 .any(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
     }
 
-    /// The speaker's settings for this peer on a node whose IPv4 InternalIP is `node_ipv4`.
-    pub fn session(&self, node_ipv4: Option<Ipv4Addr>) -> Result<local_bgp::PeerConfig, String> {
+    /// The speaker's settings for this peer on a node whose IPv4 InternalIP is `node_ipv4`, with
+    /// the timers of its BFD profile `bfd` ([`BgpConfig::bfd_of`]).
+    pub fn session(
+        &self,
+        node_ipv4: Option<Ipv4Addr>,
+        bfd: Option<local_bgp::BfdProfile>,
+    ) -> Result<local_bgp::PeerConfig, String> {
         let router_id = self.router_id.or(node_ipv4).ok_or_else(|| {
             format!(
                 "loadBalancer.bgp.peers {:?}: the node has no IPv4 InternalIP to be its BGP \
@@ -170,6 +296,7 @@ impl BgpPeer {
             graceful_restart: self
                 .enable_graceful_restart
                 .then_some(GRACEFUL_RESTART_TIME),
+            bfd,
             ..local_bgp::PeerConfig::new(self.peer_address, self.peer_asn, self.my_asn, router_id)
         };
         config
@@ -178,8 +305,8 @@ impl BgpPeer {
         Ok(config)
     }
 
-    /// What the types alone cannot check.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    /// What the types alone cannot check; `bfd`: the timers of the profile it names.
+    pub(crate) fn validate(&self, bfd: Option<local_bgp::BfdProfile>) -> Result<(), String> {
         let name = &self.name;
         if name.is_empty() {
             return Err("loadBalancer.bgp.peers: a peer has an empty name".to_owned());
@@ -219,7 +346,7 @@ impl BgpPeer {
             ..self.clone()
         };
         without_file
-            .session(Some(Ipv4Addr::new(192, 0, 2, 1)))
+            .session(Some(Ipv4Addr::new(192, 0, 2, 1)), bfd)
             .map(|_| ())
     }
 }
@@ -373,7 +500,7 @@ mod tests {
         );
         let config = crate::Config::parse(&text, None).unwrap();
         let peer = &config.load_balancer.bgp.peers[0];
-        let missing = peer.session(Some(Ipv4Addr::LOCALHOST)).unwrap_err();
+        let missing = peer.session(Some(Ipv4Addr::LOCALHOST), None).unwrap_err();
         assert!(
             missing.contains("passwordFile") && missing.contains("tor-a"),
             "{missing}"
@@ -388,7 +515,7 @@ mod tests {
             "a password is never printed"
         );
         std::fs::write(&file, "s3cret\n").unwrap();
-        let session = peer.session(Some(Ipv4Addr::LOCALHOST)).unwrap();
+        let session = peer.session(Some(Ipv4Addr::LOCALHOST), None).unwrap();
         assert_eq!(
             session.password,
             Some(local_bgp::Password(b"s3cret".to_vec()))

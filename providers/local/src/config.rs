@@ -15,7 +15,7 @@ use std::{
 };
 
 pub use crate::bgp_config::{
-    Announce, BgpConfig, BgpPassword, BgpPeer, Community, NodeSelector, PoolBgp,
+    Announce, BfdProfile, BgpConfig, BgpPassword, BgpPeer, Community, NodeSelector, PoolBgp,
 };
 pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
 use serde::{Deserialize, Deserializer, de};
@@ -711,9 +711,34 @@ impl Config {
     /// The BGP peers, and the pools that announce by BGP.
     fn validate_bgp(&self) -> Result<(), String> {
         let peers = &self.load_balancer.bgp.peers;
+        let profiles = &self.load_balancer.bgp.bfd_profiles;
+        let mut profile_names = BTreeSet::new();
+        for profile in profiles {
+            profile.validate()?;
+            if !profile_names.insert(profile.name.as_str()) {
+                return Err(format!(
+                    "loadBalancer.bgp.bfdProfiles: two profiles are named {:?}",
+                    profile.name
+                ));
+            }
+        }
         let mut names = BTreeSet::new();
         for peer in peers {
-            peer.validate()?;
+            if let Some(profile) = &peer.bfd_profile
+                && !profile_names.contains(profile.as_str())
+            {
+                return Err(format!(
+                    "loadBalancer.bgp.peers {:?}: bfdProfile {profile:?} is no profile of \
+                     loadBalancer.bgp.bfdProfiles ({})",
+                    peer.name,
+                    if profile_names.is_empty() {
+                        "it has none".to_owned()
+                    } else {
+                        profile_names.iter().copied().collect::<Vec<_>>().join(", ")
+                    }
+                ));
+            }
+            peer.validate(self.load_balancer.bgp.bfd_of(peer))?;
             if !names.insert(peer.name.as_str()) {
                 return Err(format!(
                     "loadBalancer.bgp.peers: two peers are named {:?}",
@@ -1003,7 +1028,7 @@ mod tests {
         assert!(!peers[1].selects(&BTreeMap::new()));
         assert!(peers[1].selects(&[("rack".to_owned(), "b".to_owned())].into()));
         let session = peers[1]
-            .session(Some(Ipv4Addr::new(10, 89, 0, 11)))
+            .session(Some(Ipv4Addr::new(10, 89, 0, 11)), None)
             .unwrap();
         assert_eq!(
             (session.hold_time, session.router_id),
@@ -1015,7 +1040,41 @@ mod tests {
         assert_eq!(path.communities, vec![(64513 << 16) | 100, 0xFFFF_FF01]);
         assert_eq!(path.large_communities, vec![[64513, 1, 2]]);
         assert_eq!(path.local_preference, Some(200));
-        assert!(peers[1].session(None).unwrap_err().contains("set routerID"));
+        assert!(
+            peers[1]
+                .session(None, None)
+                .unwrap_err()
+                .contains("set routerID")
+        );
+    }
+
+    #[test]
+    fn bfd_profiles_are_read_as_metallb_writes_them() {
+        let config = Config::parse(
+            "loadBalancer:\n  mode: agents\n  bgp:\n    bfdProfiles:\n      - {name: fast, receiveInterval: 100, transmitInterval: 150, detectMultiplier: 5, passiveMode: true, echoMode: false}\n      - {name: defaults}\n    peers:\n      - {name: tor-a, peerAddress: 10.89.0.250, peerASN: 64512, myASN: 64513, bfdProfile: fast}\n      - {name: tor-b, peerAddress: 10.89.0.251, peerASN: 64512, myASN: 64513, bfdProfile: defaults}\n      - {name: tor-c, peerAddress: 10.89.0.252, peerASN: 64512, myASN: 64513}\n",
+            None,
+        )
+        .unwrap();
+        let bgp = &config.load_balancer.bgp;
+        let fast = bgp.bfd_of(&bgp.peers[0]).unwrap();
+        assert_eq!(
+            fast,
+            local_bgp::BfdProfile {
+                receive_interval: Duration::from_millis(100),
+                transmit_interval: Duration::from_millis(150),
+                detect_multiplier: 5,
+                passive: true,
+            }
+        );
+        assert_eq!(
+            bgp.bfd_of(&bgp.peers[1]),
+            Some(local_bgp::BfdProfile::default())
+        );
+        assert_eq!(bgp.bfd_of(&bgp.peers[2]), None);
+        let session = bgp.peers[0]
+            .session(Some(Ipv4Addr::new(10, 89, 0, 11)), Some(fast))
+            .unwrap();
+        assert_eq!(session.bfd, Some(fast));
     }
 
     #[test]
@@ -1042,6 +1101,15 @@ mod tests {
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: x, passwordFile: /y}]}}".to_owned(), "password and passwordFile both set"),
             (format!("loadBalancer: {{mode: agents, bgp: {{peers: [{{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: {}}}]}}}}", "x".repeat(81)), "a TCP MD5 password of 81 bytes"),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, nodeSelectors: [{matchLabels: {-x: y}}]}]}}".to_owned(), "nodeSelectors -x=y"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, bfdProfile: fast}]}}".to_owned(), "peers \"a\": bfdProfile \"fast\" is no profile of loadBalancer.bgp.bfdProfiles (it has none)"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast}], peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, ebgpMultiHop: true, bfdProfile: fast}]}}".to_owned(), "multihop BFD (RFC 5883) is not implemented"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast}, {name: fast}]}}".to_owned(), "two profiles are named \"fast\""),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, detectMultiplier: 1}]}}".to_owned(), "bfdProfiles \"fast\": detectMultiplier 1: from 2 to 255"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, receiveInterval: 5}]}}".to_owned(), "bfdProfiles \"fast\": receiveInterval 5: milliseconds, from 10 to 60000"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, echoMode: true}]}}".to_owned(), "echoMode: echo mode is not implemented"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, echoInterval: 50}]}}".to_owned(), "echoInterval: echo mode is not implemented"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, minimumTtl: 254}]}}".to_owned(), "minimumTtl is for multihop BFD"),
+            ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast, echo: true}]}}".to_owned(), "unknown field `echo`"),
         ] {
             let err = Config::parse(&text, None).unwrap_err().to_string();
             assert!(err.contains(expected), "{err}\n  lacks {expected}");

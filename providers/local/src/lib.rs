@@ -37,10 +37,10 @@ use cloud_provider::{
 use local_data_plane::DataPlane;
 
 pub use config::{
-    AddressConfig, AddressPool, AddressRange, AddressType, Announce, BgpConfig, BgpPassword,
-    BgpPeer, Community, Config, Count, DEFAULT_POOL, GoDuration, HealthCheckTiming, KubeletProbe,
-    LoadBalancerConfig, LoadBalancerMode, Machine, MachineDefaults, MachineState, NodeSelector,
-    PoolBgp, UnlistedNodes,
+    AddressConfig, AddressPool, AddressRange, AddressType, Announce, BfdProfile, BgpConfig,
+    BgpPassword, BgpPeer, Community, Config, Count, DEFAULT_POOL, GoDuration, HealthCheckTiming,
+    KubeletProbe, LoadBalancerConfig, LoadBalancerMode, Machine, MachineDefaults, MachineState,
+    NodeSelector, PoolBgp, UnlistedNodes,
 };
 
 use crate::instances::{ProbeFailures, lock};

@@ -301,6 +301,9 @@ fn receiving_socket(address: SocketAddr) -> std::io::Result<UdpSocket> {
     } else {
         setsockopt(&socket, sockopt::Ipv4RecvTtl, &true)?;
     }
+    // A node agent's successor binds the port while the agent it replaces still has it (the
+    // hand-over of a rolling update): both may, for that moment.
+    socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&address.into())?;
     UdpSocket::from_std(socket.into())

@@ -20,7 +20,7 @@ use cloud_provider::{
     },
 };
 use ipnet::IpNet;
-use local_bgp::{Peer, PeerConfig, PeerStatus, Routes, State};
+use local_bgp::{Bfd, BfdState, BfdStatus, Peer, PeerConfig, PeerStatus, Routes, State};
 use tokio::sync::watch;
 
 use crate::{
@@ -100,6 +100,8 @@ impl Announcer for BgpAnnouncer {
 /// One session with a peer, and the routes it is told.
 struct Session {
     settings: BgpPeer,
+    /// The timers of its BFD profile, if it names one.
+    bfd: Option<local_bgp::BfdProfile>,
     peer: Peer,
     routes: watch::Sender<Routes>,
     /// The counters last put in the metrics.
@@ -164,6 +166,8 @@ pub(crate) struct Speaker {
     /// This agent took over from the one before it on its node: its first sessions say so.
     restarted: bool,
     sessions: BTreeMap<String, Session>,
+    /// The node's BFD endpoint, bound when a peer first asks for BFD.
+    bfd: Option<Bfd>,
     /// Peers that cannot be started (no router ID…), with what was logged.
     refused: BTreeMap<String, String>,
     /// Names and addresses of the peers with a session, for the announcer's events.
@@ -185,6 +189,7 @@ impl Speaker {
             node_ipv4,
             restarted,
             sessions: BTreeMap::new(),
+            bfd: None,
             refused: BTreeMap::new(),
             peers,
             metrics,
@@ -195,13 +200,12 @@ impl Speaker {
     /// Starts the sessions of the peers that select a node labelled `labels` and stops the others
     /// (a peer whose settings changed starts again).
     pub(crate) async fn select(&mut self, config: &Config, labels: &BTreeMap<String, String>) {
-        let wanted: BTreeMap<&str, &BgpPeer> = config
-            .load_balancer
-            .bgp
+        let bgp = &config.load_balancer.bgp;
+        let wanted: BTreeMap<&str, (&BgpPeer, Option<local_bgp::BfdProfile>)> = bgp
             .peers
             .iter()
             .filter(|p| p.selects(labels))
-            .map(|p| (p.name.as_str(), p))
+            .map(|p| (p.name.as_str(), (p, bgp.bfd_of(p))))
             .collect();
         // A session whose task ended (it panicked) is stopped, which logs the panic, and started
         // again below, like one whose settings changed.
@@ -209,7 +213,8 @@ impl Speaker {
             .sessions
             .iter()
             .filter(|(name, session)| {
-                wanted.get(name.as_str()) != Some(&&session.settings) || session.peer.has_failed()
+                wanted.get(name.as_str()) != Some(&(&session.settings, session.bfd))
+                    || session.peer.has_failed()
             })
             .map(|(name, _)| name.clone())
             .collect();
@@ -222,11 +227,11 @@ impl Speaker {
         }
         self.refused
             .retain(|name, _| wanted.contains_key(name.as_str()));
-        for (name, settings) in &wanted {
+        for (name, (settings, bfd)) in &wanted {
             if self.sessions.contains_key(*name) {
                 continue;
             }
-            match settings.session(self.node_ipv4) {
+            match settings.session(self.node_ipv4, *bfd) {
                 Ok(peer_config) => {
                     let restarted = self.restarted;
                     self.start(
@@ -282,18 +287,37 @@ impl Speaker {
             }
             self.metrics
                 .observe(&session.peer, &status, &mut session.counted);
+            if let Some(bfd) = session.peer.bfd_status() {
+                self.metrics.observe_bfd(&session.peer, &bfd.borrow());
+            }
         }
+    }
+
+    /// The node's BFD endpoint, bound at the first call.
+    fn bfd(&mut self) -> Result<&Bfd, local_bgp::Error> {
+        if self.bfd.is_none() {
+            self.bfd = Some(Bfd::bind()?);
+        }
+        Ok(self.bfd.as_ref().expect("bound above"))
     }
 
     fn start(&mut self, settings: &BgpPeer, config: PeerConfig) {
         let (routes, receiver) = watch::channel(Routes::new());
-        match Peer::start(config, receiver) {
+        let bfd = config.bfd;
+        let started = if bfd.is_some() {
+            self.bfd()
+                .and_then(|endpoint| Peer::start_with_bfd(config, receiver, endpoint))
+        } else {
+            Peer::start(config, receiver)
+        };
+        match started {
             Ok(peer) => {
                 tracing::info!(peer = %settings.name, address = %peer.config().socket_address(), "BGP: peering");
                 self.sessions.insert(
                     settings.name.clone(),
                     Session {
                         settings: settings.clone(),
+                        bfd,
                         peer,
                         routes,
                         counted: Default::default(),
@@ -366,6 +390,11 @@ pub struct BgpMetrics {
     updates: Family<Vec<(String, String)>, Counter>,
     notifications_sent: Family<Vec<(String, String)>, Gauge>,
     updates_received: Family<Vec<(String, String)>, Gauge>,
+    bfd_session_up: Family<Vec<(String, String)>, Gauge>,
+    bfd_packets_in: Family<Vec<(String, String)>, Gauge>,
+    bfd_packets_out: Family<Vec<(String, String)>, Gauge>,
+    bfd_up_events: Family<Vec<(String, String)>, Gauge>,
+    bfd_down_events: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl BgpMetrics {
@@ -398,10 +427,37 @@ impl BgpMetrics {
         *counted = status.counters.clone();
     }
 
+    /// MetalLB's BFD metrics are labelled with the peer's address alone.
+    fn bfd_label(peer: &Peer) -> Vec<(String, String)> {
+        vec![("peer".to_owned(), peer.config().address.to_string())]
+    }
+
+    fn observe_bfd(&self, peer: &Peer, status: &BfdStatus) {
+        let label = Self::bfd_label(peer);
+        let gauge = |family: &Family<Vec<(String, String)>, Gauge>, value: u64| {
+            family
+                .get_or_create(&label)
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        };
+        gauge(
+            &self.bfd_session_up,
+            u64::from(status.state == BfdState::Up),
+        );
+        gauge(&self.bfd_packets_in, status.packets_received);
+        gauge(&self.bfd_packets_out, status.packets_sent);
+        gauge(&self.bfd_up_events, status.up_events);
+        gauge(&self.bfd_down_events, status.down_events);
+    }
+
     fn forget(&self, peer: &Peer) {
         let label = Self::label(peer);
         self.session_up.get_or_create(&label).set(0);
         self.announced.get_or_create(&label).set(0);
+        if peer.bfd_status().is_some() {
+            self.bfd_session_up
+                .get_or_create(&Self::bfd_label(peer))
+                .set(0);
+        }
     }
 
     /// Registers them under MetalLB's names (`metallb_bgp_updates_total` is the counter
@@ -431,6 +487,31 @@ impl BgpMetrics {
             "metallb_bgp_updates_total_received",
             "Number of BGP UPDATE messages received since the agent started",
             self.updates_received.clone(),
+        );
+        registry.register(
+            "metallb_bfd_session_up",
+            "BFD session state (1 is up, 0 is down)",
+            self.bfd_session_up.clone(),
+        );
+        registry.register(
+            "metallb_bfd_control_packet_input",
+            "Number of received BFD control packets",
+            self.bfd_packets_in.clone(),
+        );
+        registry.register(
+            "metallb_bfd_control_packet_output",
+            "Number of sent BFD control packets",
+            self.bfd_packets_out.clone(),
+        );
+        registry.register(
+            "metallb_bfd_session_up_events",
+            "Number of times the BFD session came up",
+            self.bfd_up_events.clone(),
+        );
+        registry.register(
+            "metallb_bfd_session_down_events",
+            "Number of times the BFD session went down from up",
+            self.bfd_down_events.clone(),
         );
     }
 }
