@@ -25,7 +25,7 @@ pub mod plan;
 mod session;
 pub mod wire;
 
-pub use bfd::{Bfd, BfdProfile, BfdState, BfdStatus};
+pub use bfd::{Bfd, BfdProfile, BfdResume, BfdSession, BfdState, BfdStatus};
 pub use config::{BGP_PORT, Password, PeerConfig};
 pub use error::Error;
 pub use plan::{Path, Routes, Unannounced};
@@ -60,6 +60,17 @@ impl Peer {
             });
         }
         Peer::launch(config, routes, None)
+    }
+
+    /// As [`Peer::start_with_bfd`], with a BFD session already running: one taken over from a
+    /// node agent's predecessor ([`Bfd::resume`]).
+    pub fn start_with_bfd_session(
+        config: PeerConfig,
+        routes: watch::Receiver<Routes>,
+        session: BfdSession,
+    ) -> Result<Peer, Error> {
+        config.validate()?;
+        Peer::launch(config, routes, Some(session))
     }
 
     /// As [`Peer::start`], and with the BFD session [`PeerConfig::bfd`] asks for (if it does) on
@@ -129,7 +140,8 @@ impl Peer {
     }
 
     /// Ends the session for a restart of the speaker: the connection is closed without a
-    /// NOTIFICATION, so that a router that negotiated graceful restart
+    /// NOTIFICATION, the BFD session stops without a packet (for the successor to take it over with
+    /// [`Bfd::resume`], from [`BfdStatus::resume`]), so that a router that negotiated graceful restart
     /// ([`PeerConfig::graceful_restart`]) keeps our routes, marked stale, until a session of the
     /// restarted speaker ([`PeerConfig::restarted`]) sends them again and its End-of-RIB, or the
     /// restart time runs out. A router without it drops them as for any lost session.
@@ -146,10 +158,16 @@ impl Peer {
             }),
             None => Ok(()),
         };
-        // After the BGP session: its AdminDown tells the router the path did not fail, so a
-        // restart's closed connection stays a graceful restart.
+        // After the BGP session. For a restart, the BFD session stops without a word: the
+        // successor takes it over as it is ([`Bfd::resume`]), so the router's BFD sees no change
+        // (a new session would first say Down, which a router takes for the path failing and ends
+        // the BGP session, flushing the routes graceful restart keeps). Else it says AdminDown.
         if let Some(bfd) = self.bfd.take() {
-            bfd.stop().await;
+            if for_restart {
+                bfd.stop_for_handover().await;
+            } else {
+                bfd.stop().await;
+            }
         }
         result
     }

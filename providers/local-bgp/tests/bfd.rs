@@ -438,17 +438,19 @@ async fn a_router_gone_silent_ends_our_session_at_once() {
     peer.stop().await.unwrap();
 }
 
-/// A node agent's restart under graceful restart: BFD says AdminDown as the old speaker stops, which
-/// the router does not take for a dead path, so it keeps the routes (stale) until the restarted
-/// speaker sends them again. They are never missing from its table.
+/// A node agent's rolling update under graceful restart, as the agents do it: the successor starts
+/// while the old speaker still runs, takes its BFD session over (same discriminators, same port:
+/// [`Bfd::resume`]) and opens its own BGP session; the old one then closes its BGP session without a
+/// NOTIFICATION and stops its BFD session without a word. The router's BFD session never leaves Up,
+/// and the route never leaves its table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_with_graceful_restart_keeps_the_routes_with_bfd_on() {
+async fn a_hand_over_under_graceful_restart_keeps_bfd_up_and_the_routes() {
     let _port = HOST_PORT.lock().await;
     let router = Router::start(3, FAST_FRR).await;
     let routes = vip_routes();
-    let bfd = Bfd::bind().unwrap();
+    let old_bfd = Bfd::bind().unwrap();
     let config = router.node(false, fast());
-    let before = Peer::start_with_bfd(config.clone(), routes.subscribe(), &bfd).unwrap();
+    let before = Peer::start_with_bfd(config.clone(), routes.subscribe(), &old_bfd).unwrap();
     eventually("BGP and BFD up", async || {
         let state = router.neighbour_state("ipv4", "10.251.3.1").await;
         let bfd = router.bfd_peer("10.251.3.1").await["status"].clone();
@@ -459,62 +461,85 @@ async fn a_restart_with_graceful_restart_keeps_the_routes_with_bfd_on() {
         }
     })
     .await;
+    let remote_id = router.bfd_peer("10.251.3.1").await["remote-id"].clone();
 
+    // The router's table and BFD session, sampled every 50 ms through the hand-over.
     let watching = tokio::spawn({
         let vty = router.dir.path().display().to_string();
         async move {
-            let mut missing = 0;
+            let (mut missing, mut bfd_not_up) = (0, Vec::new());
             let until = Instant::now() + Duration::from_secs(6);
             while Instant::now() < until {
-                let output = Command::new("vtysh")
-                    .args(["--vty_socket", &vty])
-                    .args([
-                        "-d",
-                        "bgpd",
-                        "-c",
-                        "show bgp ipv4 unicast 10.96.1.1/32 json",
-                    ])
-                    .output()
-                    .await
-                    .unwrap();
-                let route: Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
+                let ask = async |daemon: &str, command: &str| -> Value {
+                    let output = Command::new("vtysh")
+                        .args(["--vty_socket", &vty, "-d", daemon, "-c", command])
+                        .output()
+                        .await
+                        .unwrap();
+                    serde_json::from_slice(&output.stdout).unwrap_or_default()
+                };
+                let route = ask("bgpd", "show bgp ipv4 unicast 10.96.1.1/32 json").await;
                 if route["paths"].as_array().is_none_or(|p| p.is_empty()) {
                     missing += 1;
                 }
+                let peers = ask("bfdd", "show bfd peers json").await;
+                let status = peers
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["peer"] == "10.251.3.1")
+                    .map(|p| p["status"].to_string());
+                if status.as_deref() != Some("\"up\"") {
+                    bfd_not_up.push(status);
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            missing
+            (missing, bfd_not_up)
         }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    before.stop_for_restart().await.unwrap();
-    drop(bfd);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let bfd = Bfd::bind().unwrap();
-    let after = Peer::start_with_bfd(
+    let resume = before
+        .bfd_status()
+        .unwrap()
+        .borrow()
+        .resume
+        .expect("an Up session can be resumed");
+    let new_bfd = Bfd::bind().unwrap();
+    let after = Peer::start_with_bfd_session(
         PeerConfig {
             restarted: true,
             ..config
         },
         routes.subscribe(),
-        &bfd,
+        new_bfd.resume(&resume).unwrap(),
     )
     .unwrap();
-    let missing = watching.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    before.stop_for_restart().await.unwrap();
+    drop(old_bfd);
+    let (missing, bfd_not_up) = watching.await.unwrap();
     assert_eq!(
         missing,
         0,
         "the route went missing {missing} times\n{}",
         router.logs()
     );
-    eventually("BFD up again with the restarted speaker", async || {
-        let bfd = router.bfd_peer("10.251.3.1").await["status"].clone();
-        if bfd == "up" {
-            Ok(())
-        } else {
-            Err(format!("BFD {bfd}"))
-        }
-    })
+    assert!(
+        bfd_not_up.is_empty(),
+        "the router's BFD session left Up: {bfd_not_up:?}\n{}",
+        router.logs()
+    );
+    let frr = router.bfd_peer("10.251.3.1").await;
+    assert_eq!(frr["remote-id"], remote_id, "the same session: {frr}");
+    assert_eq!(frr["status"], "up", "{frr}");
+    assert_eq!(after.bfd_status().unwrap().borrow().state, BfdState::Up);
+    eventually(
+        "the restarted speaker's session established",
+        async || match router.neighbour_state("ipv4", "10.251.3.1").await.as_str() {
+            "Established" => Ok(()),
+            other => Err(other.to_string()),
+        },
+    )
     .await;
     after.stop().await.unwrap();
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::BfdProfile;
 use super::packet::{BfdState, ControlPacket, Diagnostic};
+use super::{BfdProfile, BfdResume};
 
 /// The slowest a session sends while it is not Up (RFC 5880 §6.8.3: at least one second).
 pub(crate) const SLOW_TX: Duration = Duration::from_secs(1);
@@ -71,6 +71,34 @@ impl Machine {
         }
     }
 
+    /// A session another process ran Up until now (a node agent's predecessor), taken over as it
+    /// is: the router sees the same discriminators and no change of state.
+    pub fn resumed(profile: BfdProfile, resume: &BfdResume, now: Instant) -> Machine {
+        let mut machine = Machine::new(profile, resume.local_discriminator);
+        machine.remote_discriminator = resume.remote_discriminator;
+        machine.state = BfdState::Up;
+        machine.remote_state = BfdState::Up;
+        machine.remote_min_rx = resume.remote_min_rx;
+        machine.remote_desired_tx = resume.remote_desired_tx;
+        machine.remote_detect_mult = resume.remote_detect_mult;
+        machine.detect_deadline = Some(now + machine.detection_time());
+        machine
+    }
+
+    /// What a successor needs to take the session over ([`Machine::resumed`]), while it is Up.
+    pub fn resume(&self, local: std::net::SocketAddr, peer: std::net::IpAddr) -> Option<BfdResume> {
+        (self.state == BfdState::Up).then_some(BfdResume {
+            peer,
+            local,
+            profile: self.profile,
+            local_discriminator: self.local_discriminator,
+            remote_discriminator: self.remote_discriminator,
+            remote_min_rx: self.remote_min_rx,
+            remote_desired_tx: self.remote_desired_tx,
+            remote_detect_mult: self.remote_detect_mult,
+        })
+    }
+
     /// The interval we ask for between our packets: the profile's once Up, at least a second before.
     fn desired_min_tx(&self) -> Duration {
         if self.state == BfdState::Up {
@@ -78,6 +106,11 @@ impl Machine {
         } else {
             self.profile.transmit_interval.max(SLOW_TX)
         }
+    }
+
+    /// The session's timers.
+    pub fn profile(&self) -> BfdProfile {
+        self.profile
     }
 
     /// Our detection multiplier.
@@ -405,6 +438,31 @@ mod tests {
         assert_eq!(
             slow_receiver.transmit_interval(),
             Some(Duration::from_secs(2))
+        );
+    }
+
+    #[test]
+    fn a_resumed_session_goes_on_where_its_predecessor_was() {
+        let now = Instant::now();
+        let before = up(now);
+        let local = "10.0.0.1:50000".parse().unwrap();
+        let resume = before.resume(local, "10.0.0.2".parse().unwrap()).unwrap();
+        let mut after = Machine::resumed(profile(), &resume, now);
+        let packet = after.packet();
+        assert_eq!(packet.state, BfdState::Up);
+        assert_eq!(
+            (packet.my_discriminator, packet.your_discriminator),
+            (ME, ROUTER)
+        );
+        assert!(!packet.poll, "nothing changed for the router");
+        assert_eq!(after.transmit_interval(), before.transmit_interval());
+        assert_eq!(after.detect_deadline(), Some(now + before.detection_time()));
+        let received = after.receive(&from_router(BfdState::Up, ME), now);
+        assert_eq!(received.change, None);
+        assert_eq!(
+            Machine::new(profile(), ME).resume(local, resume.peer),
+            None,
+            "not Up"
         );
     }
 

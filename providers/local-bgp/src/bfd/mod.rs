@@ -92,6 +92,29 @@ impl BfdProfile {
     }
 }
 
+/// What a node agent's successor needs to take a BFD session over without the router noticing
+/// ([`Bfd::resume`]): the same source address and port, the same discriminators, the router's
+/// timers as they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BfdResume {
+    /// The router's address.
+    pub peer: IpAddr,
+    /// The session's source address and port.
+    pub local: SocketAddr,
+    /// Its timers.
+    pub profile: BfdProfile,
+    /// Our discriminator.
+    pub local_discriminator: u32,
+    /// The router's.
+    pub remote_discriminator: u32,
+    /// The shortest interval between our packets the router takes.
+    pub remote_min_rx: Duration,
+    /// The interval the router wants between its packets.
+    pub remote_desired_tx: Duration,
+    /// The router's detection multiplier.
+    pub remote_detect_mult: u8,
+}
+
 /// What a BFD session is doing, for status and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BfdStatus {
@@ -119,6 +142,8 @@ pub struct BfdStatus {
     pub packets_sent: u64,
     /// The detection time in force.
     pub detection_time: Option<Duration>,
+    /// While Up: what a successor needs to take the session over.
+    pub resume: Option<BfdResume>,
 }
 
 type Inbox = mpsc::Sender<(ControlPacket, Instant)>;
@@ -203,8 +228,41 @@ impl Bfd {
                 what,
             });
         }
-        let socket = sending_socket(peer, source, self.inner.port)
+        let socket = sending_socket(peer, source, self.inner.port, None)
             .map_err(|source| Error::BfdSocket { peer, source })?;
+        let discriminator = rand::rng().random_range(1..=u32::MAX);
+        self.start(peer, socket, Machine::new(profile, discriminator))
+    }
+
+    /// Takes over a session a node agent's predecessor ran ([`BfdStatus::resume`]): from the same
+    /// address and port (both processes' sockets allow it), with the same discriminators, Up. The
+    /// predecessor stops its own without a word ([`BfdSession::stop_for_handover`]).
+    pub fn resume(&self, resume: &BfdResume) -> Result<BfdSession, Error> {
+        let peer = resume.peer;
+        if let Some(what) = resume.profile.problem() {
+            return Err(Error::Config {
+                peer: peer.to_string(),
+                what,
+            });
+        }
+        let socket = sending_socket(
+            peer,
+            Some(resume.local.ip()),
+            self.inner.port,
+            Some(resume.local.port()),
+        )
+        .map_err(|source| Error::BfdSocket { peer, source })?;
+        let machine = Machine::resumed(resume.profile, resume, Instant::now());
+        self.start(peer, socket, machine)
+    }
+
+    fn start(
+        &self,
+        peer: IpAddr,
+        socket: UdpSocket,
+        machine: Machine,
+    ) -> Result<BfdSession, Error> {
+        let profile = machine.profile();
         let (inbox, packets) = mpsc::channel(16);
         {
             let mut sessions = self
@@ -220,16 +278,17 @@ impl Bfd {
             }
             sessions.insert(peer, inbox);
         }
-        let discriminator = rand::rng().random_range(1..=u32::MAX);
         let (status_tx, status) = watch::channel(BfdStatus::default());
         let stop = CancellationToken::new();
+        let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let task = tokio::spawn(
             run(
-                Machine::new(profile, discriminator),
+                machine,
                 socket,
                 packets,
                 status_tx,
                 stop.clone(),
+                silent.clone(),
             )
             .instrument(tracing::info_span!("bfd_session", %peer)),
         );
@@ -238,6 +297,8 @@ impl Bfd {
             peer,
             status,
             stop,
+            silent,
+            profile,
             task: Some(task),
         })
     }
@@ -250,13 +311,28 @@ pub struct BfdSession {
     peer: IpAddr,
     status: watch::Receiver<BfdStatus>,
     stop: CancellationToken,
+    /// Stop without AdminDown (a hand-over).
+    silent: Arc<std::sync::atomic::AtomicBool>,
+    profile: BfdProfile,
     task: Option<JoinHandle<()>>,
 }
 
 impl BfdSession {
+    /// Ends the session without a packet, for a successor that takes it over ([`Bfd::resume`]):
+    /// the router hears the same session from it.
+    pub async fn stop_for_handover(self) {
+        self.silent.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop().await;
+    }
+
     /// The session's status, now and as it changes.
     pub fn status(&self) -> watch::Receiver<BfdStatus> {
         self.status.clone()
+    }
+
+    /// The session's timers.
+    pub fn profile(&self) -> BfdProfile {
+        self.profile
     }
 
     /// Ends the session as RFC 5880 §6.8.16 has it: a few packets saying AdminDown, which the
@@ -351,7 +427,12 @@ fn receive_one(
 
 /// A session's own socket: from `source` (or the kernel's choice) and a port from 49152 (RFC 5881
 /// §4: one per session), TTL 255, connected to the router's port.
-fn sending_socket(peer: IpAddr, source: Option<IpAddr>, port: u16) -> std::io::Result<UdpSocket> {
+fn sending_socket(
+    peer: IpAddr,
+    source: Option<IpAddr>,
+    port: u16,
+    local_port: Option<u16>,
+) -> std::io::Result<UdpSocket> {
     use socket2::{Domain, Protocol, Socket, Type};
     let target = SocketAddr::new(peer, port);
     let socket = Socket::new(
@@ -363,11 +444,18 @@ fn sending_socket(peer: IpAddr, source: Option<IpAddr>, port: u16) -> std::io::R
         IpAddr::V4(_) => socket.set_ttl_v4(u32::from(TTL))?,
         IpAddr::V6(_) => socket.set_unicast_hops_v6(u32::from(TTL))?,
     }
+    // A node agent's successor takes the session over from the same port ([`Bfd::resume`]).
+    socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     let ip = source.unwrap_or(match peer {
         IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
         IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
     });
+    if let Some(local_port) = local_port {
+        socket.bind(&SocketAddr::new(ip, local_port).into())?;
+        socket.connect(&target.into())?;
+        return UdpSocket::from_std(socket.into());
+    }
     let mut rng = rand::rng();
     let mut last = None;
     for _ in 0..64 {
@@ -447,7 +535,10 @@ async fn run(
     mut packets: mpsc::Receiver<(ControlPacket, Instant)>,
     status: watch::Sender<BfdStatus>,
     stop: CancellationToken,
+    silent: Arc<std::sync::atomic::AtomicBool>,
 ) {
+    let local = socket.local_addr().ok();
+    let peer = socket.peer_addr().ok().map(|a| a.ip());
     let multiplier = machine.detect_multiplier();
     let mut next_send = Instant::now();
     let mut sent = 0u64;
@@ -533,11 +624,18 @@ async fn run(
                 packets_received: received,
                 packets_sent: sent,
                 detection_time: (machine.state == BfdState::Up).then(|| machine.detection_time()),
+                resume: local
+                    .zip(peer)
+                    .and_then(|(local, peer)| machine.resume(local, peer)),
             };
             let changed = *s != next;
             *s = next;
             changed
         });
+    }
+    if silent.load(std::sync::atomic::Ordering::SeqCst) {
+        debug!("BFD session handed over: stopped without a word");
+        return;
     }
     // §6.8.16: AdminDown, said a few times a transmit interval apart (at most 100 ms).
     machine.admin_down();

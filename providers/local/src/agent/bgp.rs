@@ -20,7 +20,9 @@ use cloud_provider::{
     },
 };
 use ipnet::IpNet;
-use local_bgp::{Bfd, BfdState, BfdStatus, Peer, PeerConfig, PeerStatus, Routes, State};
+use local_bgp::{
+    Bfd, BfdSession, BfdState, BfdStatus, Peer, PeerConfig, PeerStatus, Routes, State,
+};
 use tokio::sync::watch;
 
 use crate::{
@@ -166,8 +168,12 @@ pub(crate) struct Speaker {
     /// This agent took over from the one before it on its node: its first sessions say so.
     restarted: bool,
     sessions: BTreeMap<String, Session>,
-    /// The node's BFD endpoint, bound when a peer first asks for BFD.
+    /// The node's BFD endpoint, bound when a peer first asks for BFD (at once when sessions were
+    /// handed over).
     bfd: Option<Bfd>,
+    /// BFD sessions taken over from the agent this one replaced, by router address, until a peer
+    /// with the same BFD timers claims each (the first look stops the others).
+    resumed: BTreeMap<IpAddr, BfdSession>,
     /// Peers that cannot be started (no router ID…), with what was logged.
     refused: BTreeMap<String, String>,
     /// Names and addresses of the peers with a session, for the announcer's events.
@@ -179,22 +185,45 @@ impl Speaker {
     /// A speaker for a node whose IPv4 InternalIP (its default BGP identifier) is `node_ipv4`;
     /// `restarted`: its agent took over from the one before it (the routers doing graceful restart
     /// kept the node's routes for it).
+    /// `handed_bfd`: the BFD sessions the agent it replaced ran, taken over at once (the routers'
+    /// detection time is short).
     pub(crate) fn new(
         node_ipv4: Option<Ipv4Addr>,
         restarted: bool,
         metrics: BgpMetrics,
+        handed_bfd: Vec<local_bgp::BfdResume>,
     ) -> (Self, watch::Receiver<Vec<String>>) {
         let (peers, receiver) = watch::channel(Vec::new());
-        let speaker = Self {
+        let mut speaker = Self {
             node_ipv4,
             restarted,
             sessions: BTreeMap::new(),
             bfd: None,
+            resumed: BTreeMap::new(),
             refused: BTreeMap::new(),
             peers,
             metrics,
         };
+        for resume in handed_bfd {
+            match speaker.bfd().and_then(|bfd| bfd.resume(&resume)) {
+                Ok(session) => {
+                    tracing::info!(peer = %resume.peer, "BFD: took the session over from the agent this one replaced");
+                    speaker.resumed.insert(resume.peer, session);
+                }
+                Err(err) => {
+                    tracing::warn!(peer = %resume.peer, "BFD: cannot take the session over: {err}")
+                }
+            }
+        }
         (speaker, receiver)
+    }
+
+    /// The BFD sessions that are Up, for this agent's successor.
+    pub(crate) fn bfd_handover(&self) -> Vec<local_bgp::BfdResume> {
+        self.sessions
+            .values()
+            .filter_map(|s| s.peer.bfd_status()?.borrow().resume)
+            .collect()
     }
 
     /// Starts the sessions of the peers that select a node labelled `labels` and stops the others
@@ -250,6 +279,10 @@ impl Speaker {
                 }
             }
         }
+        // BFD sessions taken over that no peer claimed (its settings changed meanwhile): ended.
+        for (_, session) in std::mem::take(&mut self.resumed) {
+            session.stop().await;
+        }
         let names: Vec<String> = self
             .sessions
             .iter()
@@ -304,11 +337,16 @@ impl Speaker {
     fn start(&mut self, settings: &BgpPeer, config: PeerConfig) {
         let (routes, receiver) = watch::channel(Routes::new());
         let bfd = config.bfd;
-        let started = if bfd.is_some() {
-            self.bfd()
-                .and_then(|endpoint| Peer::start_with_bfd(config, receiver, endpoint))
-        } else {
-            Peer::start(config, receiver)
+        let resumed = self
+            .resumed
+            .remove(&config.address)
+            .filter(|session| Some(session.profile()) == bfd);
+        let started = match (bfd, resumed) {
+            (Some(_), Some(session)) => Peer::start_with_bfd_session(config, receiver, session),
+            (Some(_), None) => self
+                .bfd()
+                .and_then(|endpoint| Peer::start_with_bfd(config, receiver, endpoint)),
+            (None, _) => Peer::start(config, receiver),
         };
         match started {
             Ok(peer) => {

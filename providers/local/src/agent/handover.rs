@@ -54,6 +54,9 @@ pub(crate) struct Handed {
     pub listeners: Vec<HandedSocket>,
     /// The membership protocol's socket.
     pub membership: Option<OwnedFd>,
+    /// The BFD sessions that are Up, for the successor to take over as they are (the routers see no
+    /// change; a new session would first say Down, which ends their BGP sessions).
+    pub bfd: Vec<local_bgp::BfdResume>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -63,6 +66,9 @@ enum Message {
     Listeners { sockets: Vec<Listener> },
     /// The membership socket, attached.
     Membership,
+    /// The BFD sessions, described (sent only when there are some, so that a successor of an older
+    /// version is not sent what it does not know).
+    Bfd { sessions: Vec<HandedBfd> },
     /// Everything was sent.
     Done,
     /// The successor's answer: everything was taken.
@@ -73,6 +79,65 @@ enum Message {
 struct Listener {
     protocol: String,
     addr: SocketAddr,
+}
+
+/// A BFD session as [`local_bgp::BfdResume`] has it, intervals in microseconds.
+#[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+struct HandedBfd {
+    peer: std::net::IpAddr,
+    local: SocketAddr,
+    receive_interval_us: u64,
+    transmit_interval_us: u64,
+    detect_multiplier: u8,
+    passive: bool,
+    local_discriminator: u32,
+    remote_discriminator: u32,
+    remote_min_rx_us: u64,
+    remote_desired_tx_us: u64,
+    remote_detect_mult: u8,
+}
+
+fn micros(interval: Duration) -> u64 {
+    u64::try_from(interval.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl From<&local_bgp::BfdResume> for HandedBfd {
+    fn from(r: &local_bgp::BfdResume) -> Self {
+        HandedBfd {
+            peer: r.peer,
+            local: r.local,
+            receive_interval_us: micros(r.profile.receive_interval),
+            transmit_interval_us: micros(r.profile.transmit_interval),
+            detect_multiplier: r.profile.detect_multiplier,
+            passive: r.profile.passive,
+            local_discriminator: r.local_discriminator,
+            remote_discriminator: r.remote_discriminator,
+            remote_min_rx_us: micros(r.remote_min_rx),
+            remote_desired_tx_us: micros(r.remote_desired_tx),
+            remote_detect_mult: r.remote_detect_mult,
+        }
+    }
+}
+
+impl From<HandedBfd> for local_bgp::BfdResume {
+    fn from(h: HandedBfd) -> Self {
+        local_bgp::BfdResume {
+            peer: h.peer,
+            local: h.local,
+            profile: local_bgp::BfdProfile {
+                receive_interval: Duration::from_micros(h.receive_interval_us),
+                transmit_interval: Duration::from_micros(h.transmit_interval_us),
+                detect_multiplier: h.detect_multiplier,
+                passive: h.passive,
+            },
+            local_discriminator: h.local_discriminator,
+            remote_discriminator: h.remote_discriminator,
+            remote_min_rx: Duration::from_micros(h.remote_min_rx_us),
+            remote_desired_tx: Duration::from_micros(h.remote_desired_tx_us),
+            remote_detect_mult: h.remote_detect_mult,
+        }
+    }
 }
 
 /// What [`open`] found at the socket's path.
@@ -223,6 +288,10 @@ impl Point {
             )
             .await?;
         }
+        if !handed.bfd.is_empty() {
+            let sessions = handed.bfd.iter().map(HandedBfd::from).collect();
+            send(&successor, &Message::Bfd { sessions }, &[], &self.path).await?;
+        }
         send(&successor, &Message::Done, &[], &self.path).await?;
         match tokio::time::timeout(TAKEN_WITHIN, receive(&successor, &self.path)).await {
             Ok(Ok(Some((Message::Taken, _)))) => Ok(()),
@@ -297,6 +366,11 @@ impl Predecessor {
                         ));
                     }
                 },
+                Message::Bfd { sessions } => {
+                    handed
+                        .bfd
+                        .extend(sessions.into_iter().map(local_bgp::BfdResume::from));
+                }
                 Message::Done => {
                     send(&self.socket, &Message::Taken, &[], &self.path).await?;
                     return Ok(Some(handed));
@@ -488,6 +562,16 @@ mod tests {
             udp.local_addr().unwrap(),
             membership.local_addr().unwrap(),
         );
+        let bfd = local_bgp::BfdResume {
+            peer: "10.89.0.250".parse().unwrap(),
+            local: "10.89.0.11:49200".parse().unwrap(),
+            profile: local_bgp::BfdProfile::default(),
+            local_discriminator: 7,
+            remote_discriminator: 9,
+            remote_min_rx: Duration::from_millis(300),
+            remote_desired_tx: Duration::from_millis(250),
+            remote_detect_mult: 3,
+        };
         let handed = Handed {
             listeners: vec![
                 HandedSocket {
@@ -502,6 +586,7 @@ mod tests {
                 },
             ],
             membership: Some(membership.into()),
+            bfd: vec![bfd],
         };
         let successors = point.successors();
         assert_eq!(successors.len(), 1);
@@ -523,6 +608,7 @@ mod tests {
             ]
         );
         assert_eq!(local_addr(received.membership.as_ref().unwrap()), addrs.2);
+        assert_eq!(received.bfd, [bfd], "the BFD sessions, as they were");
         // The successor listens for its own successor at the same path.
         let _next_point = Point::bind(&path).unwrap();
         assert!(matches!(opened(&path), Opened::Replacing(_)));

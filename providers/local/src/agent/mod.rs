@@ -535,7 +535,12 @@ pub async fn run(
             IpAddr::V4(v4) => Some(v4),
             IpAddr::V6(_) => None,
         };
-        let (speaker, peers) = Speaker::new(node_ipv4, took_over, metrics.bgp.clone());
+        let (speaker, peers) = Speaker::new(
+            node_ipv4,
+            took_over,
+            metrics.bgp.clone(),
+            std::mem::take(&mut handed.bfd),
+        );
         let (bgp, vips) = BgpAnnouncer::new(peers);
         match bgp.adopt(ranges(Announce::Bgp)).await {
             Ok(found) => adopted.extend(found),
@@ -632,6 +637,11 @@ pub async fn run(
                 Vec::new()
             }),
             membership,
+            bfd: agent
+                .speaker
+                .as_ref()
+                .map(|(speaker, _)| speaker.bfd_handover())
+                .unwrap_or_default(),
         };
         match point.hand_over(successors, &handed).await {
             Ok(()) => {
