@@ -640,7 +640,8 @@ async fn a_rolling_update_of_the_agents_keeps_every_route_and_fails_no_request()
     assert_eq!(
         fewest,
         nodes.len(),
-        "a node's route left the router's kernel during the roll (graceful restart should keep it)"
+        "a node's route left the router's kernel during the roll (graceful restart should keep it)\n{}",
+        router.logs()
     );
     // Every node's new agent has its sessions up, and the routes are fresh (not stale).
     eventually("the routes refreshed by the new agents", LONG, || async {

@@ -360,7 +360,7 @@ fn default_hold() -> GoDuration {
 }
 
 /// A pool's `bgp` block: how its VIPs are advertised (MetalLB's `BGPAdvertisement`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolBgp {
     /// The peers (by name) the VIPs go to; none (the default): every peer.
@@ -374,9 +374,91 @@ pub struct PoolBgp {
     /// every peer of the pool is eBGP.
     #[serde(default)]
     pub local_pref: Option<u32>,
+    /// The length of the prefix an IPv4 VIP is announced in (default 32: a host route): a node
+    /// announces the prefix of this length that holds each VIP it serves, once however many of its
+    /// VIPs it holds. At least the length of every CIDR of the pool, so that no address outside
+    /// the pool is announced.
+    #[serde(default = "default_aggregation_v4")]
+    pub aggregation_length: u8,
+    /// The same for IPv6 VIPs (default 128).
+    #[serde(default = "default_aggregation_v6", rename = "aggregationLengthV6")]
+    pub aggregation_length_v6: u8,
+}
+
+impl Default for PoolBgp {
+    fn default() -> Self {
+        PoolBgp {
+            peers: Vec::new(),
+            communities: Vec::new(),
+            local_pref: None,
+            aggregation_length: default_aggregation_v4(),
+            aggregation_length_v6: default_aggregation_v6(),
+        }
+    }
+}
+
+fn default_aggregation_v4() -> u8 {
+    32
+}
+
+fn default_aggregation_v6() -> u8 {
+    128
 }
 
 impl PoolBgp {
+    /// The prefix `ip` is announced in: itself, or the aggregate of the pool's length.
+    pub fn prefix_of(&self, ip: IpAddr) -> ipnet::IpNet {
+        let length = match ip {
+            IpAddr::V4(_) => self.aggregation_length,
+            IpAddr::V6(_) => self.aggregation_length_v6,
+        };
+        ipnet::IpNet::new(ip, length)
+            .map(|net| net.trunc())
+            .unwrap_or_else(|_| ipnet::IpNet::from(ip))
+    }
+
+    /// Whether the aggregation lengths are valid for a pool of `ranges`: within the family's bits,
+    /// and no aggregate of a VIP of the pool reaches outside the range it is in. What is wrong, in
+    /// words, if anything.
+    pub fn aggregation_problem(&self, ranges: &[crate::AddressRange]) -> Option<String> {
+        if self.aggregation_length > 32 {
+            return Some(format!(
+                "bgp.aggregationLength {}: at most 32",
+                self.aggregation_length
+            ));
+        }
+        if self.aggregation_length_v6 > 128 {
+            return Some(format!(
+                "bgp.aggregationLengthV6 {}: at most 128",
+                self.aggregation_length_v6
+            ));
+        }
+        for range in ranges {
+            // Every aggregate lies between those of the range's ends; a CIDR's network and
+            // broadcast addresses may be in one.
+            let (first, last) = range.span();
+            let low = self.prefix_of(range.first());
+            let high = self.prefix_of(range.last());
+            if low.network() < first || high.broadcast() > last {
+                let (field, length) = if range.first().is_ipv4() {
+                    ("aggregationLength", self.aggregation_length)
+                } else {
+                    ("aggregationLengthV6", self.aggregation_length_v6)
+                };
+                let outside = if low.network() < range.first() {
+                    low
+                } else {
+                    high
+                };
+                return Some(format!(
+                    "bgp.{field} {length}: {outside} reaches outside the pool's addresses \
+                     {first}-{last}: use a length at least that of the pool's CIDRs"
+                ));
+            }
+        }
+        None
+    }
+
     /// The path attributes of the pool's routes.
     pub fn path(&self) -> local_bgp::Path {
         let mut path = local_bgp::Path {

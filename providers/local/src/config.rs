@@ -262,6 +262,28 @@ impl AddressRange {
     }
 
     /// Whether `ip` lies in the range.
+    /// The block the range covers as a CIDR would (with the network and broadcast addresses a CIDR
+    /// pool does not hand out, and the IPv6 subnet-router anycast address), or the range itself
+    /// when it is no such block.
+    pub fn span(&self) -> (IpAddr, IpAddr) {
+        let v4 = self.first.is_ipv4();
+        let (first, last) = (to_u128(self.first), to_u128(self.last));
+        let widened = if v4 {
+            first.checked_sub(1).zip(last.checked_add(1))
+        } else {
+            first.checked_sub(1).map(|f| (f, last))
+        };
+        if let Some((low, high)) = widened {
+            let size = high - low + 1;
+            let aligned = size.is_power_of_two() && low % size == 0;
+            let in_family = !v4 || high <= u128::from(u32::MAX);
+            if aligned && in_family && size >= 4 {
+                return (from_u128(low, v4), from_u128(high, v4));
+            }
+        }
+        (self.first, self.last)
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.first.is_ipv4() && self.first <= ip && ip <= self.last
     }
@@ -804,6 +826,9 @@ impl Config {
                             ));
                         }
                     }
+                    if let Some(problem) = bgp.aggregation_problem(&pool.addresses) {
+                        return Err(format!("addressPools: pool {name:?}: {problem}"));
+                    }
                     let ibgp = peers
                         .iter()
                         .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
@@ -1049,6 +1074,24 @@ mod tests {
     }
 
     #[test]
+    fn a_range_spans_the_block_its_cidr_was() {
+        for (text, first, last) in [
+            ("10.90.0.0/24", "10.90.0.0", "10.90.0.255"),
+            ("10.90.0.0/30", "10.90.0.0", "10.90.0.3"),
+            ("10.90.0.10-10.90.0.20", "10.90.0.10", "10.90.0.20"),
+            ("10.0.0.5/32", "10.0.0.5", "10.0.0.5"),
+            ("fd00:90::/120", "fd00:90::", "fd00:90::ff"),
+        ] {
+            let range: AddressRange = text.parse().unwrap();
+            assert_eq!(
+                range.span(),
+                (first.parse().unwrap(), last.parse().unwrap()),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
     fn bfd_profiles_are_read_as_metallb_writes_them() {
         let config = Config::parse(
             "loadBalancer:\n  mode: agents\n  bgp:\n    bfdProfiles:\n      - {name: fast, receiveInterval: 100, transmitInterval: 150, detectMultiplier: 5, passiveMode: true, echoMode: false}\n      - {name: defaults}\n    peers:\n      - {name: tor-a, peerAddress: 10.89.0.250, peerASN: 64512, myASN: 64513, bfdProfile: fast}\n      - {name: tor-b, peerAddress: 10.89.0.251, peerASN: 64512, myASN: 64513, bfdProfile: defaults}\n      - {name: tor-c, peerAddress: 10.89.0.252, peerASN: 64512, myASN: 64513}\n",
@@ -1088,7 +1131,9 @@ mod tests {
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-a], localPref: 10}\n")), "bgp.localPref goes to iBGP peers only"),
             (format!("{BGP_PEERS}addressPools:\n  - {{name: six, addresses: ['fd00:90::/120'], announce: bgp, bgp: {{peers: [tor-a]}}}}\n"), "pool \"six\" has IPv6 addresses, but none of its BGP peers has an IPv6 address"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {communities: ['64513:x']}\n")), "community \"64513:x\": not two 16-bit numbers"),
-            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 24}\n")), "unknown field `aggregationLength`"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 20}\n")), "pool \"routed\": bgp.aggregationLength 20: 10.90.0.0/20 reaches outside the pool's addresses 10.90.0.0-10.90.0.255"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 33}\n")), "bgp.aggregationLength 33: at most 32"),
+            (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationPrefix: 24}\n")), "unknown field `aggregationPrefix`"),
             (format!("loadBalancer: {{mode: agents}}\n{}", pool("    announce: bgp\n")), "announce: bgp, but loadBalancer.bgp.peers is empty"),
             (pool("    announce: bgp\n"), "announce: bgp needs loadBalancer.mode: agents"),
             (pool("    announce: ospf\n"), "unknown variant `ospf`"),

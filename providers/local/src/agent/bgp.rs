@@ -19,7 +19,6 @@ use cloud_provider::{
         registry::Registry,
     },
 };
-use ipnet::IpNet;
 use local_bgp::{
     Bfd, BfdSession, BfdState, BfdStatus, Peer, PeerConfig, PeerStatus, Routes, State,
 };
@@ -414,7 +413,8 @@ fn routes_for(name: &str, address: IpAddr, config: &Config, vips: &BTreeSet<IpAd
             if !bgp.peers.is_empty() && !bgp.peers.iter().any(|p| p == name) {
                 return None;
             }
-            Some((IpNet::from(*ip), bgp.path()))
+            // Several VIPs of an aggregated pool make one route.
+            Some((bgp.prefix_of(*ip), bgp.path()))
         })
         .collect()
 }
@@ -629,5 +629,31 @@ mod tests {
                 ("10.91.0.1/32".parse().unwrap(), local_bgp::Path::default()),
             ])
         );
+    }
+
+    #[test]
+    fn an_aggregated_pool_s_vips_make_one_route_per_aggregate() {
+        let config = config(
+            "loadBalancer:\n  mode: agents\n  bgp:\n    peers:\n      - {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}\n      - {name: a6, peerAddress: 'fd00::1', peerASN: 1, myASN: 2}\n\
+             addressPools:\n  - {name: agg, addresses: [10.94.0.0/23, 'fd00:94::/64'], announce: bgp, bgp: {aggregationLength: 24, aggregationLengthV6: 120}}\n",
+        );
+        let vips: BTreeSet<IpAddr> = [
+            "10.94.0.1",
+            "10.94.0.2",
+            "10.94.1.9",
+            "fd00:94::1",
+            "fd00:94::2",
+        ]
+        .iter()
+        .map(|v| v.parse().unwrap())
+        .collect();
+        let routes = |name: &str, address: &str| -> Vec<String> {
+            routes_for(name, address.parse().unwrap(), &config, &vips)
+                .keys()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(routes("a", "10.0.0.1"), ["10.94.0.0/24", "10.94.1.0/24"]);
+        assert_eq!(routes("a6", "fd00::1"), ["fd00:94::/120"]);
     }
 }
