@@ -261,7 +261,6 @@ impl AddressRange {
         self.last
     }
 
-    /// Whether `ip` lies in the range.
     /// The block the range covers as a CIDR would (with the network and broadcast addresses a CIDR
     /// pool does not hand out, and the IPv6 subnet-router anycast address), or the range itself
     /// when it is no such block.
@@ -284,6 +283,7 @@ impl AddressRange {
         (self.first, self.last)
     }
 
+    /// Whether `ip` lies in the range.
     pub fn contains(&self, ip: IpAddr) -> bool {
         ip.is_ipv4() == self.first.is_ipv4() && self.first <= ip && ip <= self.last
     }
