@@ -372,6 +372,13 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
                 "ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv6, IPv4]",
                 pool,
             ),
+            // kube-proxy carries this one's traffic from whichever node the router picks.
+            load_balancer(
+                "web-kp",
+                "echo",
+                "",
+                &format!("{pool}, \"local.ccm.rs/data-path\": kube-proxy"),
+            ),
         ],
     )
     .await;
@@ -422,6 +429,30 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
     assert!(
         through.iter().filter(|n| **n > 0.0).count() >= 2,
         "60 connections went through {through:?} (per node): the router's ECMP did not spread them"
+    );
+
+    // The kube-proxy data path (ipMode: VIP): each node holds the VIP on its loopback and kube-proxy
+    // takes what the router sends it there to the pods.
+    let (vip_kp, ip_mode_kp) = ingress(ns.name(), "web-kp").await;
+    assert_eq!(ip_mode_kp, "VIP");
+    let prefix_kp = host_route(vip_kp);
+    eventually(&format!("{prefix_kp} through every node"), LONG, || async {
+        (router.kernel_next_hops(&prefix_kp) == expected).then_some(())
+    })
+    .await;
+    let pods: std::collections::BTreeSet<String> = eventually(
+        "30 answers in a row from the kube-proxy VIP through the router",
+        LONG,
+        || async {
+            let answers: Result<Vec<String>, String> =
+                (0..30).map(|_| Router::get(vip_kp)).collect();
+            answers.ok().map(|a| a.into_iter().collect())
+        },
+    )
+    .await;
+    assert!(
+        pods.len() >= 2,
+        "30 requests through the router reached only {pods:?}"
     );
 
     // IPv6: the session with router6 carries it.
