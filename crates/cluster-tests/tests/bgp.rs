@@ -321,15 +321,7 @@ async fn a_routed_vip_is_reached_through_every_node_and_an_endpoint_only_vip_thr
 
     // Every node peers with the router, and runs BFD with it over IPv4 and IPv6.
     router.wait_for_every_node();
-    let mut all: Vec<String> = nodes
-        .iter()
-        .flat_map(|n| [c.node_ip(n).to_string(), c.node_ip6(n).to_string()])
-        .collect();
-    all.sort();
-    eventually("BFD up with every node", LONG, || async {
-        (router.bfd_up() == all).then_some(())
-    })
-    .await;
+    bfd_up_with_every_node(&router).await;
 
     // Each node says so in an event (after the Warning ones of the attempts made before the router
     // was up).
@@ -551,15 +543,7 @@ async fn a_dead_node_s_routes_are_withdrawn_by_bfd() {
     let router = std::sync::Arc::new(Router::start());
     let nodes = c.nodes();
     let (_ns, vip, prefix) = routed_service(&router, "bgp-bfd").await;
-    let mut all: Vec<String> = nodes
-        .iter()
-        .flat_map(|n| [c.node_ip(n).to_string(), c.node_ip6(n).to_string()])
-        .collect();
-    all.sort();
-    eventually("BFD up with every node", LONG, || async {
-        (router.bfd_up() == all).then_some(())
-    })
-    .await;
+    bfd_up_with_every_node(&router).await;
 
     let victim = nodes[1].clone();
     let victim_ip = c.node_ip(&victim).to_string();
@@ -595,12 +579,24 @@ async fn a_dead_node_s_routes_are_withdrawn_by_bfd() {
 
     // The node back: its sessions and BFD come back, and so does its next hop.
     router.wait_for_every_node();
-    eventually("BFD up with every node again", LONG, || async {
-        (router.bfd_up() == all).then_some(())
-    })
-    .await;
+    bfd_up_with_every_node(&router).await;
     eventually(&format!("{victim} routed to again"), LONG, || async {
         (router.kernel_next_hops(&prefix).len() == nodes.len()).then_some(())
+    })
+    .await;
+}
+
+/// Waits until the router's BFD sessions with every node, over IPv4 and IPv6, are up.
+async fn bfd_up_with_every_node(router: &Router) {
+    let c = cluster();
+    let mut all: Vec<String> = c
+        .nodes()
+        .iter()
+        .flat_map(|n| [c.node_ip(n).to_string(), c.node_ip6(n).to_string()])
+        .collect();
+    all.sort();
+    eventually("BFD up with every node", LONG, || async {
+        (router.bfd_up() == all).then_some(())
     })
     .await;
 }
