@@ -316,20 +316,27 @@ async fn a_tenant_may_name_only_its_own_pools_and_aws_resources() {
                     Some(())
                 }
                 Err(err) => panic!("patching the Service: {err}"),
-                // Not yet in force: take the change back and try again.
-                Ok(_) => {
-                    services
-                        .patch(
-                            "old",
-                            &PatchParams::default(),
-                            &Patch::Merge(
-                                json!({ "metadata": { "annotations": { "team": null } } }),
-                            ),
-                        )
-                        .await
-                        .expect("annotation removed");
-                    None
-                }
+                // Not yet in force: take the change back and try again. The label may come into
+                // force between the two patches: then taking it back is refused the same way.
+                Ok(_) => match services
+                    .patch(
+                        "old",
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({ "metadata": { "annotations": { "team": null } } })),
+                    )
+                    .await
+                {
+                    Ok(_) => None,
+                    Err(kube::Error::Api(status)) if status.code == 403 => {
+                        assert!(
+                            status.message.contains("address pool \"team-b\""),
+                            "{}",
+                            status.message
+                        );
+                        Some(())
+                    }
+                    Err(err) => panic!("taking the annotation back: {err}"),
+                },
             }
         },
     )
