@@ -295,49 +295,44 @@ async fn a_tenant_may_name_only_its_own_pools_and_aws_resources() {
         .await
         .expect("namespace labelled");
     let services: Api<Service> = Api::namespaced(client.clone(), &late);
+    // Whether the policy refused a patch of the Service for its pool `team-b` (`Some`), let it
+    // through (`None`), or failed otherwise (a panic).
+    let refused_for_its_pool = |result: Result<Service, kube::Error>, what: &str| match result {
+        Ok(_) => None,
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            assert!(
+                status.message.contains("address pool \"team-b\""),
+                "{}",
+                status.message
+            );
+            Some(())
+        }
+        Err(err) => panic!("{what}: {err}"),
+    };
+    let annotate = |value: serde_json::Value| {
+        let services = services.clone();
+        async move {
+            services
+                .patch(
+                    "old",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "metadata": { "annotations": { "team": value } } })),
+                )
+                .await
+        }
+    };
     eventually(
         "the namespace's label in force",
         Duration::from_secs(30),
         || async {
-            match services
-                .patch(
-                    "old",
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({ "metadata": { "annotations": { "team": "a" } } })),
-                )
-                .await
+            if let Some(()) =
+                refused_for_its_pool(annotate(json!("a")).await, "patching the Service")
             {
-                Err(kube::Error::Api(status)) if status.code == 403 => {
-                    assert!(
-                        status.message.contains("address pool \"team-b\""),
-                        "{}",
-                        status.message
-                    );
-                    Some(())
-                }
-                Err(err) => panic!("patching the Service: {err}"),
-                // Not yet in force: take the change back and try again. The label may come into
-                // force between the two patches: then taking it back is refused the same way.
-                Ok(_) => match services
-                    .patch(
-                        "old",
-                        &PatchParams::default(),
-                        &Patch::Merge(json!({ "metadata": { "annotations": { "team": null } } })),
-                    )
-                    .await
-                {
-                    Ok(_) => None,
-                    Err(kube::Error::Api(status)) if status.code == 403 => {
-                        assert!(
-                            status.message.contains("address pool \"team-b\""),
-                            "{}",
-                            status.message
-                        );
-                        Some(())
-                    }
-                    Err(err) => panic!("taking the annotation back: {err}"),
-                },
+                return Some(());
             }
+            // Not yet in force: take the change back and try again. The label may come into force
+            // between the two patches: then taking it back is refused the same way.
+            refused_for_its_pool(annotate(json!(null)).await, "taking the annotation back")
         },
     )
     .await;

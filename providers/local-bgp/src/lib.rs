@@ -117,10 +117,12 @@ impl Peer {
         self.bfd.as_ref().map(bfd::BfdSession::status)
     }
 
-    /// Whether the session's task ended although the peer was not stopped (a bug: it panicked).
-    /// [`Peer::stop`] then reports the panic.
+    /// Whether the session's task, or its BFD session's or BFD endpoint's, ended although the peer
+    /// was not stopped (a bug: it panicked). [`Peer::stop`] then reports the BGP task's panic; the
+    /// BFD session's is reported when it is stopped.
     pub fn has_failed(&self) -> bool {
         self.task.as_ref().is_some_and(|task| task.is_finished())
+            || self.bfd.as_ref().is_some_and(bfd::BfdSession::has_failed)
     }
 
     /// The peer's settings.

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use local_bgp::{Bfd, BfdProfile, BfdState, Peer, PeerConfig, Routes};
 use serde_json::Value;
-use support::{NODE_ASN, ROUTER_ASN, eventually, net, routers};
+use support::{NODE_ASN, ROUTER_ASN, eventually, net, routers, vtysh_at};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
@@ -150,19 +150,7 @@ impl Router {
     }
 
     async fn vtysh(&self, daemon: &str, command: &str) -> Result<Value, String> {
-        let output = Command::new("vtysh")
-            .args(["--vty_socket", &self.dir.path().display().to_string()])
-            .args(["-d", daemon, "-c", command])
-            .output()
-            .await
-            .map_err(|e| format!("vtysh: {e}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "vtysh -c {command:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ));
-        }
-        serde_json::from_slice(&output.stdout).map_err(|e| format!("vtysh -c {command:?}: {e}"))
+        vtysh_at(self.dir.path(), Some(daemon), command).await
     }
 
     /// bfdd's view of its session with `peer`: its status (`up`, `down` …) and the remote's
@@ -465,18 +453,15 @@ async fn a_hand_over_under_graceful_restart_keeps_bfd_up_and_the_routes() {
 
     // The router's table and BFD session, sampled every 50 ms through the hand-over.
     let watching = tokio::spawn({
-        let vty = router.dir.path().display().to_string();
+        let vty = router.dir.path().to_path_buf();
         async move {
             let (mut missing, mut bfd_not_up) = (0, Vec::new());
             let until = Instant::now() + Duration::from_secs(6);
             while Instant::now() < until {
                 let ask = async |daemon: &str, command: &str| -> Value {
-                    let output = Command::new("vtysh")
-                        .args(["--vty_socket", &vty, "-d", daemon, "-c", command])
-                        .output()
+                    vtysh_at(&vty, Some(daemon), command)
                         .await
-                        .unwrap();
-                    serde_json::from_slice(&output.stdout).unwrap_or_default()
+                        .unwrap_or_default()
                 };
                 let route = ask("bgpd", "show bgp ipv4 unicast 10.96.1.1/32 json").await;
                 if route["paths"].as_array().is_none_or(|p| p.is_empty()) {

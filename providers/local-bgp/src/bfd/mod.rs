@@ -171,6 +171,12 @@ pub struct Bfd {
 }
 
 impl Bfd {
+    /// Whether a receiving task ended (a bug: it panicked): the endpoint hears nothing more, and a
+    /// new one must be bound.
+    pub fn has_failed(&self) -> bool {
+        self.inner.receivers.iter().any(JoinHandle::is_finished)
+    }
+
     /// Binds UDP port 3784 on every IPv4 and IPv6 address of the host (IPv6 only where the host has
     /// it), on the current tokio runtime.
     pub fn bind() -> Result<Bfd, Error> {
@@ -330,6 +336,12 @@ impl BfdSession {
         self.status.clone()
     }
 
+    /// Whether the session's task, or its endpoint's, ended although the session was not stopped (a
+    /// bug: it panicked).
+    pub fn has_failed(&self) -> bool {
+        self.task.as_ref().is_some_and(JoinHandle::is_finished) || self.bfd.has_failed()
+    }
+
     /// The session's timers.
     pub fn profile(&self) -> BfdProfile {
         self.profile
@@ -342,7 +354,7 @@ impl BfdSession {
         if let Some(task) = self.task.take()
             && let Err(error) = task.await
         {
-            warn!(peer = %self.peer, "the BFD session's task failed: {error}");
+            tracing::error!(peer = %self.peer, "the BFD session's task failed: {error}");
         }
     }
 }

@@ -98,6 +98,33 @@ pub async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Result<T,
     }
 }
 
+/// Runs a vtysh command against the FRR daemons whose sockets are in `dir` (`daemon`: one of them
+/// only); the output of a command ending in ` json` is parsed.
+pub async fn vtysh_at(dir: &Path, daemon: Option<&str>, command: &str) -> Result<Value, String> {
+    let mut vtysh = Command::new("vtysh");
+    vtysh.args(["--vty_socket", &dir.display().to_string()]);
+    if let Some(daemon) = daemon {
+        vtysh.args(["-d", daemon]);
+    }
+    let output = vtysh
+        .args(["-c", command])
+        .output()
+        .await
+        .map_err(|e| format!("vtysh: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "vtysh -c {command:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    if command.ends_with(" json") {
+        serde_json::from_str(&text).map_err(|e| format!("vtysh -c {command:?}: {e}: {text}"))
+    } else {
+        Ok(Value::String(text.into_owned()))
+    }
+}
+
 /// An FRR bgpd on 127.0.0.1:`port`, without zebra (routes are not put in a kernel table; what it
 /// learnt is read with vtysh).
 pub struct Frr {
@@ -181,28 +208,7 @@ impl Frr {
 
     /// Runs a vtysh command against this bgpd; JSON output is parsed.
     pub async fn vtysh(&self, command: &str) -> Result<Value, String> {
-        let output = Command::new("vtysh")
-            .args([
-                "--vty_socket",
-                &self.dir.path().display().to_string(),
-                "-c",
-                command,
-            ])
-            .output()
-            .await
-            .map_err(|e| format!("vtysh: {e}"))?;
-        if !output.status.success() {
-            return Err(format!(
-                "vtysh -c {command:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
-            ));
-        }
-        let text = String::from_utf8_lossy(&output.stdout);
-        if command.ends_with(" json") {
-            serde_json::from_str(&text).map_err(|e| format!("vtysh -c {command:?}: {e}: {text}"))
-        } else {
-            Ok(Value::String(text.into_owned()))
-        }
+        vtysh_at(self.dir.path(), None, command).await
     }
 
     /// The paths bgpd has for `prefix` in `family` (`ipv4` or `ipv6`) unicast: each path's next hop,

@@ -235,6 +235,12 @@ impl Speaker {
             .filter(|p| p.selects(labels))
             .map(|p| (p.name.as_str(), (p, bgp.bfd_of(p))))
             .collect();
+        // A BFD endpoint whose receiving task ended (it panicked) hears nothing more: a new one is
+        // bound for the sessions that start again below.
+        if self.bfd.as_ref().is_some_and(Bfd::has_failed) {
+            tracing::error!("BFD: the node's endpoint stopped receiving (a bug): binding it again");
+            self.bfd = None;
+        }
         // A session whose task ended (it panicked) is stopped, which logs the panic, and started
         // again below, like one whose settings changed.
         let gone: Vec<String> = self
