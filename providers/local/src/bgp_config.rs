@@ -26,6 +26,10 @@ pub enum Announce {
     /// Every node that can serve the VIP advertises a host route to it to its BGP peers, which spread
     /// the traffic over them (ECMP). Needs `loadBalancer.mode: agents` and `loadBalancer.bgp.peers`.
     Bgp,
+    /// Nobody announces them: the pool's addresses are given out and written in the Services'
+    /// status, and something else routes them to the nodes (kube-proxy takes them on whichever node
+    /// they reach). MetalLB's pool without an advertisement. Needs `loadBalancer.mode: agents`.
+    None,
 }
 
 /// `loadBalancer.bgp`.
@@ -236,23 +240,13 @@ fn refuse_password_secret<'de, D: Deserializer<'de>>(_: D) -> Result<Refused, D:
 /// The restart time announced with graceful restart (FRR's default).
 pub const GRACEFUL_RESTART_TIME: u16 = 120;
 
-/// A selector of nodes by their labels (`matchLabels`; `matchExpressions` is refused as an
-/// unknown key).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NodeSelector {
-    /// Every one of these labels, with this value.
-    pub match_labels: BTreeMap<String, String>,
-}
+/// A selector of nodes by their labels (a Kubernetes label selector).
+pub type NodeSelector = crate::selector::LabelSelector;
 
 impl BgpPeer {
     /// Whether a node with `labels` peers with this router.
     pub fn selects(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.node_selectors.is_empty()
-            || self
-                .node_selectors
-                .iter()
-                .any(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+        crate::selector::any_selects(&self.node_selectors, labels)
     }
 
     /// The speaker's settings for this peer on a node whose IPv4 InternalIP is `node_ipv4`, with
@@ -327,17 +321,6 @@ impl BgpPeer {
                 "loadBalancer.bgp.peers {name:?}: ebgpMultiHop is for eBGP, and peerASN equals \
                  myASN (iBGP): remove it"
             ));
-        }
-        for (key, value) in self
-            .node_selectors
-            .iter()
-            .flat_map(|s| s.match_labels.iter())
-        {
-            cloud_provider::labels::check_qualified_name(key)
-                .and_then(|()| cloud_provider::labels::check_label_value(value))
-                .map_err(|why| {
-                    format!("loadBalancer.bgp.peers {name:?}: nodeSelectors {key}={value}: {why}")
-                })?;
         }
         // The speaker's own checks, with any identifier (the node's comes later) and without the
         // password file (read when a session starts, on the node).

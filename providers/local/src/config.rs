@@ -21,6 +21,7 @@ pub use cloud_provider::config_values::{AddressConfig, AddressType, GoDuration};
 use serde::{Deserialize, Deserializer, de};
 
 use crate::Error;
+pub use crate::selector::{LabelSelector, any_selects};
 
 /// The default pool's only range: 127.240.0.0/16, loopback addresses any process can bind.
 pub const DEFAULT_POOL: &str = "127.240.0.0/16";
@@ -70,6 +71,10 @@ fn default_pools() -> Vec<AddressPool> {
         auto_assign: true,
         namespaces: Vec::new(),
         service_selector: None,
+        service_selectors: Vec::new(),
+        namespace_selectors: Vec::new(),
+        node_selectors: Vec::new(),
+        avoid_buggy_ips: false,
         priority: None,
         cross_namespace_sharing: false,
         announce: Announce::L2,
@@ -171,9 +176,27 @@ pub struct AddressPool {
     #[serde(default)]
     pub namespaces: Vec<String>,
     /// The labels a Service must carry to take addresses from the pool; none (the default): every
-    /// Service.
+    /// Service. A Kubernetes label selector (`matchLabels`, `matchExpressions`).
     #[serde(default)]
-    pub service_selector: Option<ServiceSelector>,
+    pub service_selector: Option<LabelSelector>,
+    /// More selectors of Services, any one of which suffices (MetalLB's `serviceSelectors`); with
+    /// `serviceSelector` too, a Service must match it and one of these.
+    #[serde(default)]
+    pub service_selectors: Vec<LabelSelector>,
+    /// Selectors of namespaces by their labels: a Service in a namespace one of them selects may take
+    /// addresses from the pool as if the namespace were listed in `namespaces` (MetalLB's
+    /// `namespaceSelectors`).
+    #[serde(default)]
+    pub namespace_selectors: Vec<LabelSelector>,
+    /// The nodes that may announce the pool's VIPs (layer 2: be elected; BGP: advertise them): those
+    /// any one of these selects; none (the default): every node. MetalLB's `L2Advertisement` and
+    /// `BGPAdvertisement` `nodeSelectors`.
+    #[serde(default)]
+    pub node_selectors: Vec<LabelSelector>,
+    /// Never gives out an IPv4 address ending in `.0` or `.255`, which some old routers drop (MetalLB's
+    /// `avoidBuggyIPs`, default `false`).
+    #[serde(default)]
+    pub avoid_buggy_ips: bool,
     /// Where the pool ranks when a Service that names no pool is given an address: pools with a
     /// priority (1 or more; 0 is refused) first, the lowest number first, then the pools without one; in
     /// the file's order among equals (MetalLB's `serviceAllocation.priority`, with the file's order where
@@ -193,43 +216,74 @@ pub struct AddressPool {
     pub bgp: Option<PoolBgp>,
 }
 
-/// Which Services a pool serves by their labels: `matchLabels`, as in a Kubernetes label selector
-/// (`matchExpressions` is refused as an unknown key).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ServiceSelector {
-    /// Every one of these labels, with this value.
-    pub match_labels: BTreeMap<String, String>,
-}
-
 impl AddressPool {
-    /// Why the pool does not serve a Service in `namespace` with `labels` (`None`: it does).
-    pub fn refuses(&self, namespace: &str, labels: &BTreeMap<String, String>) -> Option<String> {
-        if !self.namespaces.is_empty() && !self.namespaces.iter().any(|n| n == namespace) {
+    /// Why the pool does not serve a Service in `namespace` (labelled `namespace_labels`) with
+    /// `labels` (`None`: it does).
+    pub fn refuses(
+        &self,
+        namespace: &str,
+        namespace_labels: &BTreeMap<String, String>,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<String> {
+        let scoped = !self.namespaces.is_empty() || !self.namespace_selectors.is_empty();
+        if scoped
+            && !self.namespaces.iter().any(|n| n == namespace)
+            && !self
+                .namespace_selectors
+                .iter()
+                .any(|s| s.matches(namespace_labels))
+        {
+            let mut scope: Vec<String> = self.namespaces.clone();
+            scope.extend(
+                self.namespace_selectors
+                    .iter()
+                    .map(|s| format!("namespaces labelled {s}")),
+            );
             return Some(format!(
                 "pool {:?} serves the namespaces {} only",
                 self.name,
-                self.namespaces.join(", ")
+                scope.join(", ")
             ));
         }
-        let selector = self.service_selector.as_ref()?;
-        if selector
-            .match_labels
-            .iter()
-            .any(|(key, value)| labels.get(key) != Some(value))
+        if let Some(selector) = &self.service_selector
+            && !selector.matches(labels)
         {
-            let wanted: Vec<String> = selector
-                .match_labels
+            return Some(format!(
+                "pool {:?} serves Services labelled {selector} only",
+                self.name
+            ));
+        }
+        if !any_selects(&self.service_selectors, labels) {
+            let wanted: Vec<String> = self
+                .service_selectors
                 .iter()
-                .map(|(key, value)| format!("{key}={value}"))
+                .map(|s| format!("({s})"))
                 .collect();
             return Some(format!(
                 "pool {:?} serves Services labelled {} only",
                 self.name,
-                wanted.join(",")
+                wanted.join(" or ")
             ));
         }
         None
+    }
+
+    /// Whether the pool may give out `ip` (`avoidBuggyIPs` keeps IPv4 `.0` and `.255` back).
+    pub fn gives_out(&self, ip: IpAddr) -> bool {
+        !(self.avoid_buggy_ips && matches!(ip, IpAddr::V4(v4) if matches!(v4.octets()[3], 0 | 255)))
+    }
+
+    /// Whether a node labelled `labels` may announce the pool's VIPs (`nodeSelectors`).
+    pub fn announced_by(&self, labels: &BTreeMap<String, String>) -> bool {
+        any_selects(&self.node_selectors, labels)
+    }
+
+    /// Every label key the pool's Service selectors read.
+    pub fn service_label_keys(&self) -> impl Iterator<Item = &str> {
+        self.service_selector
+            .iter()
+            .chain(&self.service_selectors)
+            .flat_map(LabelSelector::keys)
     }
 }
 
@@ -422,10 +476,55 @@ pub struct LoadBalancerConfig {
     /// by each agent at start: a change needs the agents restarted.
     #[serde(default)]
     pub bgp: BgpConfig,
+    /// Whether MetalLB's objects (`metallb.io`) are read as configuration, and from where.
+    #[serde(default)]
+    pub metallb: MetallbConfig,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
     /// a config that still sets it is refused, naming the key, rather than read as if it did something.
     #[serde(default, deserialize_with = "refuse_ip_command")]
     ip_command: Removed,
+}
+
+/// `loadBalancer.metallb`: MetalLB's objects as configuration (`docs/local-provider.md`, "Coming
+/// from MetalLB").
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MetallbConfig {
+    /// When they are read (default `auto`).
+    #[serde(default)]
+    pub objects: MetallbObjects,
+    /// The namespace they are read from (default `metallb-system`, MetalLB's).
+    #[serde(default = "default_metallb_namespace")]
+    pub namespace: String,
+}
+
+impl Default for MetallbConfig {
+    fn default() -> Self {
+        MetallbConfig {
+            objects: MetallbObjects::default(),
+            namespace: default_metallb_namespace(),
+        }
+    }
+}
+
+fn default_metallb_namespace() -> String {
+    crate::metallb::DEFAULT_NAMESPACE.to_owned()
+}
+
+/// When MetalLB's objects are read (`loadBalancer.metallb.objects`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MetallbObjects {
+    /// When the `metallb.io` CRDs exist and the cloud-config defines no `addressPools` of its own:
+    /// MetalLB's pools are then the pools (a cluster whose cloud-config has pools may run MetalLB
+    /// beside `local` for another class, and its objects are MetalLB's alone).
+    #[default]
+    Auto,
+    /// Whenever the CRDs exist; with the cloud-config's pools too, MetalLB's `IPAddressPool`s are
+    /// then refused (an event on each) and its peers and BFD profiles read.
+    Read,
+    /// Never.
+    Ignore,
 }
 
 /// Who announces and serves the VIPs (`loadBalancer.mode`).
@@ -491,6 +590,7 @@ impl Default for LoadBalancerConfig {
             mode: LoadBalancerMode::default(),
             agent_namespace: None,
             bgp: BgpConfig::default(),
+            metallb: MetallbConfig::default(),
             ip_command: Removed,
         }
     }
@@ -615,6 +715,16 @@ impl Config {
             if !names.insert(pool.name.as_str()) {
                 return Err(format!("addressPools: two pools are named {:?}", pool.name));
             }
+            if !pool.node_selectors.is_empty()
+                && self.load_balancer.mode != LoadBalancerMode::Agents
+            {
+                return Err(format!(
+                    "addressPools: pool {:?}: nodeSelectors choose the node agents that announce \
+                     its VIPs, and needs loadBalancer.mode: agents (in leader mode the leading \
+                     manager announces every VIP)",
+                    pool.name
+                ));
+            }
             if pool.priority == Some(0) {
                 // MetalLB reads 0 as "no priority" (last); here it would be the first: refused rather
                 // than read one way when the file's author meant the other.
@@ -631,20 +741,6 @@ impl Config {
                         pool.name
                     )
                 })?;
-            }
-            for (key, value) in pool
-                .service_selector
-                .iter()
-                .flat_map(|s| s.match_labels.iter())
-            {
-                cloud_provider::labels::check_qualified_name(key)
-                    .and_then(|()| cloud_provider::labels::check_label_value(value))
-                    .map_err(|why| {
-                        format!(
-                            "addressPools: pool {:?}: serviceSelector.matchLabels {key}={value}: {why}",
-                            pool.name
-                        )
-                    })?;
             }
         }
         self.validate_bgp()?;
@@ -692,6 +788,14 @@ impl Config {
                  --interface); remove vipInterface"
                 .to_owned());
         }
+        cloud_provider::labels::check_dns_label(&self.load_balancer.metallb.namespace).map_err(
+            |why| {
+                format!(
+                    "loadBalancer.metallb.namespace {:?}: {why}",
+                    self.load_balancer.metallb.namespace
+                )
+            },
+        )?;
         if let Some(namespace) = &self.load_balancer.agent_namespace {
             if self.load_balancer.mode != LoadBalancerMode::Agents {
                 return Err(
@@ -784,7 +888,20 @@ impl Config {
                          announce: bgp, or remove the block"
                     ));
                 }
-                (Announce::L2, None) => continue,
+                (Announce::L2, None) => {}
+                (Announce::None, Some(_)) => {
+                    return Err(format!(
+                        "addressPools: pool {name:?} has a bgp block but announces none: set \
+                         announce: bgp, or remove the block"
+                    ));
+                }
+                (Announce::None, None) if self.load_balancer.mode != LoadBalancerMode::Agents => {
+                    return Err(format!(
+                        "addressPools: pool {name:?}: announce: none needs loadBalancer.mode: \
+                         agents (in leader mode the leading manager announces every VIP)"
+                    ));
+                }
+                (Announce::None, None) => {}
                 (Announce::Bgp, _) if self.load_balancer.mode != LoadBalancerMode::Agents => {
                     return Err(format!(
                         "addressPools: pool {name:?}: announce: bgp needs loadBalancer.mode: agents \
@@ -799,45 +916,8 @@ impl Config {
                 }
                 (Announce::Bgp, bgp) => {
                     let bgp = bgp.clone().unwrap_or_default();
-                    for peer in &bgp.peers {
-                        if !names.contains(peer.as_str()) {
-                            return Err(format!(
-                                "addressPools: pool {name:?}: bgp.peers names {peer:?}, which is no \
-                                 peer of loadBalancer.bgp.peers ({})",
-                                names.iter().copied().collect::<Vec<_>>().join(", ")
-                            ));
-                        }
-                    }
-                    // A peer is told the VIPs of its own address's family: each family of the
-                    // pool needs a peer of that family, or its VIPs would go nowhere.
-                    let pool_peers: Vec<&BgpPeer> = peers
-                        .iter()
-                        .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
-                        .collect();
-                    for (v4, family) in [(true, "IPv4"), (false, "IPv6")] {
-                        let has_family = pool.addresses.iter().any(|r| r.first().is_ipv4() == v4);
-                        if has_family && !pool_peers.iter().any(|p| p.peer_address.is_ipv4() == v4)
-                        {
-                            return Err(format!(
-                                "addressPools: pool {name:?} has {family} addresses, but none of its \
-                                 BGP peers has an {family} address: a peer is told the VIPs of its \
-                                 own address's family (the session's address is their next hop); add \
-                                 an {family} peer or remove those addresses"
-                            ));
-                        }
-                    }
-                    if let Some(problem) = bgp.aggregation_problem(&pool.addresses) {
+                    if let Some(problem) = bgp_pool_problem(pool, &bgp, peers) {
                         return Err(format!("addressPools: pool {name:?}: {problem}"));
-                    }
-                    let ibgp = peers
-                        .iter()
-                        .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
-                        .any(|p| p.peer_asn == p.my_asn);
-                    if bgp.local_pref.is_some() && !ibgp {
-                        return Err(format!(
-                            "addressPools: pool {name:?}: bgp.localPref goes to iBGP peers only \
-                             (peerASN equal to myASN), and every peer of the pool is eBGP: remove it"
-                        ));
                     }
                 }
             }
@@ -859,6 +939,56 @@ impl Config {
             .iter()
             .find(|p| p.addresses.iter().any(|r| r.contains(ip)))
     }
+}
+
+/// What is wrong with announcing `pool` by BGP as `bgp` says to `peers` (the routers in force), in
+/// words, if anything: peers it names that are not there, a family of its addresses no peer of its
+/// carries, an aggregate reaching outside it, a local preference no iBGP peer receives.
+pub(crate) fn bgp_pool_problem(
+    pool: &AddressPool,
+    bgp: &PoolBgp,
+    peers: &[BgpPeer],
+) -> Option<String> {
+    for peer in &bgp.peers {
+        if !peers.iter().any(|p| &p.name == peer) {
+            return Some(format!(
+                "bgp.peers names {peer:?}, which is no peer of loadBalancer.bgp.peers ({})",
+                peers
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    // A peer is told the VIPs of its own address's family: each family of the pool needs a peer of
+    // that family, or its VIPs would go nowhere.
+    let pool_peers: Vec<&BgpPeer> = peers
+        .iter()
+        .filter(|p| bgp.peers.is_empty() || bgp.peers.contains(&p.name))
+        .collect();
+    for (v4, family) in [(true, "IPv4"), (false, "IPv6")] {
+        let has_family = pool.addresses.iter().any(|r| r.first().is_ipv4() == v4);
+        if has_family && !pool_peers.iter().any(|p| p.peer_address.is_ipv4() == v4) {
+            return Some(format!(
+                "it has {family} addresses, but none of its BGP peers has an {family} address: a \
+                 peer is told the VIPs of its own address's family (the session's address is their \
+                 next hop); add an {family} peer or remove those addresses"
+            ));
+        }
+    }
+    if let Some(problem) = bgp.aggregation_problem(&pool.addresses) {
+        return Some(problem);
+    }
+    let ibgp = pool_peers.iter().any(|p| p.peer_asn == p.my_asn);
+    if bgp.local_pref.is_some() && !ibgp {
+        return Some(
+            "bgp.localPref goes to iBGP peers only (peerASN equal to myASN), and every peer of \
+             the pool is eBGP: remove it"
+                .to_owned(),
+        );
+    }
+    None
 }
 
 #[cfg(test)]
@@ -1001,14 +1131,40 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect()
         };
-        assert_eq!(pool.refuses("shop", &labels(&[("tier", "edge")])), None);
+        let none = labels(&[]);
         assert_eq!(
-            pool.refuses("db", &labels(&[("tier", "edge")])).as_deref(),
+            pool.refuses("shop", &none, &labels(&[("tier", "edge")])),
+            None
+        );
+        assert_eq!(
+            pool.refuses("db", &none, &labels(&[("tier", "edge")]))
+                .as_deref(),
             Some("pool \"team\" serves the namespaces shop, web only")
         );
         assert_eq!(
-            pool.refuses("web", &labels(&[("tier", "core")])).as_deref(),
+            pool.refuses("web", &none, &labels(&[("tier", "core")]))
+                .as_deref(),
             Some("pool \"team\" serves Services labelled tier=edge only")
+        );
+        // Selectors of namespaces and of Services, MetalLB's: any one suffices.
+        let selected = Config::parse(
+            "addressPools:\n  - name: team\n    addresses: [127.1.0.0/30]\n    namespaces: [shop]\n    namespaceSelectors: [{matchLabels: {team: a}}]\n    serviceSelectors: [{matchLabels: {tier: edge}}, {matchExpressions: [{key: tier, operator: In, values: [core]}]}]\n",
+            None,
+        )
+        .unwrap();
+        let pool = &selected.address_pools[0];
+        let core = labels(&[("tier", "core")]);
+        assert_eq!(pool.refuses("shop", &none, &core), None);
+        assert_eq!(pool.refuses("db", &labels(&[("team", "a")]), &core), None);
+        assert_eq!(
+            pool.refuses("db", &labels(&[("team", "b")]), &core)
+                .as_deref(),
+            Some("pool \"team\" serves the namespaces shop, namespaces labelled team=a only")
+        );
+        assert_eq!(
+            pool.refuses("shop", &none, &labels(&[("tier", "web")]))
+                .as_deref(),
+            Some("pool \"team\" serves Services labelled (tier=edge) or (tier in (core)) only")
         );
         for (yaml, expected) in [
             (
@@ -1017,11 +1173,15 @@ mod tests {
             ),
             (
                 "serviceSelector: {matchLabels: {-tier: edge}}",
-                "pool \"team\": serviceSelector.matchLabels -tier=edge",
+                "line 4 column 22: matchLabels: label key \"-tier\"",
             ),
             (
-                "serviceSelector: {matchExpressions: []}",
-                "unknown field `matchExpressions`",
+                "serviceSelector: {matchExpressions: [{key: a, operator: Has}]}",
+                "operator \"Has\" is not one of",
+            ),
+            (
+                "nodeSelectors: [{matchFields: {}}]",
+                "unknown field `matchFields`",
             ),
         ] {
             let err = Config::parse(
@@ -1129,7 +1289,7 @@ mod tests {
             (format!("{BGP_PEERS}{}", pool("    bgp: {peers: [tor-a]}\n")), "pool \"routed\" has a bgp block but announces by layer 2"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-c]}\n")), "bgp.peers names \"tor-c\", which is no peer of loadBalancer.bgp.peers (tor-a, tor-b)"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {peers: [tor-a], localPref: 10}\n")), "bgp.localPref goes to iBGP peers only"),
-            (format!("{BGP_PEERS}addressPools:\n  - {{name: six, addresses: ['fd00:90::/120'], announce: bgp, bgp: {{peers: [tor-a]}}}}\n"), "pool \"six\" has IPv6 addresses, but none of its BGP peers has an IPv6 address"),
+            (format!("{BGP_PEERS}addressPools:\n  - {{name: six, addresses: ['fd00:90::/120'], announce: bgp, bgp: {{peers: [tor-a]}}}}\n"), "pool \"six\": it has IPv6 addresses, but none of its BGP peers has an IPv6 address"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {communities: ['64513:x']}\n")), "community \"64513:x\": not two 16-bit numbers"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 20}\n")), "pool \"routed\": bgp.aggregationLength 20: 10.90.0.0/20 reaches outside the pool's addresses 10.90.0.0-10.90.0.255"),
             (format!("{BGP_PEERS}{}", pool("    announce: bgp\n    bgp: {aggregationLength: 33}\n")), "bgp.aggregationLength 33: at most 32"),
@@ -1145,7 +1305,7 @@ mod tests {
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passwordSecret: {name: x}}]}}".to_owned(), "mount the Secret into the agents' pods and name the file with passwordFile"),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: x, passwordFile: /y}]}}".to_owned(), "password and passwordFile both set"),
             (format!("loadBalancer: {{mode: agents, bgp: {{peers: [{{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, password: {}}}]}}}}", "x".repeat(81)), "a TCP MD5 password of 81 bytes"),
-            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, nodeSelectors: [{matchLabels: {-x: y}}]}]}}".to_owned(), "nodeSelectors -x=y"),
+            ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, nodeSelectors: [{matchLabels: {-x: y}}]}]}}".to_owned(), "matchLabels: label key \"-x\""),
             ("loadBalancer: {mode: agents, bgp: {peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, bfdProfile: fast}]}}".to_owned(), "peers \"a\": bfdProfile \"fast\" is no profile of loadBalancer.bgp.bfdProfiles (it has none)"),
             ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast}], peers: [{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, ebgpMultiHop: true, bfdProfile: fast}]}}".to_owned(), "multihop BFD (RFC 5883) is not implemented"),
             ("loadBalancer: {mode: agents, bgp: {bfdProfiles: [{name: fast}, {name: fast}]}}".to_owned(), "two profiles are named \"fast\""),

@@ -23,6 +23,8 @@ mod conflict;
 mod heard;
 pub mod instances;
 pub mod load_balancer;
+pub mod metallb;
+mod selector;
 mod watcher;
 
 use std::{
@@ -39,8 +41,8 @@ use local_data_plane::DataPlane;
 pub use config::{
     AddressConfig, AddressPool, AddressRange, AddressType, Announce, BfdProfile, BgpConfig,
     BgpPassword, BgpPeer, Community, Config, Count, DEFAULT_POOL, GoDuration, HealthCheckTiming,
-    KubeletProbe, LoadBalancerConfig, LoadBalancerMode, Machine, MachineDefaults, MachineState,
-    NodeSelector, PoolBgp, UnlistedNodes,
+    KubeletProbe, LabelSelector, LoadBalancerConfig, LoadBalancerMode, Machine, MachineDefaults,
+    MachineState, MetallbConfig, MetallbObjects, NodeSelector, PoolBgp, UnlistedNodes,
 };
 
 use crate::instances::{ProbeFailures, lock};
@@ -208,7 +210,12 @@ pub struct LocalCloud {
 }
 
 struct Inner {
+    /// The config in force: the cloud-config's, with what MetalLB's objects make out.
     config: RwLock<Arc<Config>>,
+    /// The cloud-config as last read (its `loadBalancer` section the one in force).
+    file_config: Mutex<Config>,
+    /// What MetalLB's objects make out, once read ([`metallb`]).
+    metallb: Mutex<Option<metallb::Translation>>,
     /// Every machine name a config read by this process listed.
     ever_listed: Mutex<BTreeSet<String>>,
     probe_failures: ProbeFailures,
@@ -257,6 +264,8 @@ impl LocalCloud {
         let cloud = Self {
             inner: Arc::new(Inner {
                 config: RwLock::new(Arc::new(Config::default())),
+                file_config: Mutex::new(Config::default()),
+                metallb: Mutex::new(None),
                 ever_listed: Mutex::new(BTreeSet::new()),
                 probe_failures: Mutex::new(HashMap::new()),
                 load_balancers: Mutex::new(load_balancer::Allocations::default()),
@@ -349,6 +358,51 @@ impl LocalCloud {
         }
         config.load_balancer = self.inner.load_balancer_in_force.clone();
         lock(&self.inner.ever_listed).extend(config.machines.keys().cloned());
+        *lock(&self.inner.file_config) = config;
+        self.put_in_force();
+    }
+
+    /// Puts what MetalLB's objects make out in force beside the cloud-config ([`metallb::translate`]).
+    pub(crate) fn set_metallb(&self, translation: metallb::Translation) {
+        *lock(&self.inner.metallb) = Some(translation);
+        self.put_in_force();
+    }
+
+    /// The cloud-config as last read, without what MetalLB's objects make out.
+    pub(crate) fn file_config(&self) -> Config {
+        lock(&self.inner.file_config).clone()
+    }
+
+    /// Puts in force the cloud-config with MetalLB's pools (when it has none of its own), peers and
+    /// BFD profiles. Should the two together fail the cloud-config's checks (which the translation
+    /// guards against), the cloud-config alone is put in force and the reason logged and reported.
+    fn put_in_force(&self) {
+        let file = lock(&self.inner.file_config).clone();
+        let translation = lock(&self.inner.metallb).clone();
+        let config = match translation {
+            Some(metallb) => {
+                let mut merged = file.clone();
+                if !metallb.pools.is_empty() {
+                    merged.address_pools = metallb.pools;
+                }
+                let bgp = &mut merged.load_balancer.bgp;
+                bgp.peers.extend(metallb.peers);
+                bgp.bfd_profiles.extend(metallb.bfd_profiles);
+                match merged.validate() {
+                    Ok(()) => merged,
+                    Err(why) => {
+                        let message = format!(
+                            "MetalLB's objects and the cloud-config together are refused, so the \
+                             cloud-config alone is in force: {why}"
+                        );
+                        tracing::error!("local cloud: {message}");
+                        self.report_rejected_config(&message);
+                        file
+                    }
+                }
+            }
+            None => file,
+        };
         *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
     }
 
@@ -462,6 +516,11 @@ impl LocalCloud {
 
     /// Records a Warning event, once `initialize` has given the cloud a client (so only the leader
     /// reports). Best effort: a failed write is logged.
+    /// Whether events can be recorded (a client is known: after `initialize`, or in a node agent).
+    fn can_report(&self) -> bool {
+        lock(&self.inner.reporter).is_some()
+    }
+
     fn record_warning(&self, what: CloudEvent<'_>, message: &str) {
         self.record_event("Warning", what, message);
     }
@@ -613,6 +672,8 @@ impl CloudProvider for LocalCloud {
     /// address to another Service), then, when `ctx.shutdown` is cancelled, takes the VIPs off
     /// `vipInterface` (before the process can exit) and shuts the data plane down.
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
+        // MetalLB's pools first: the addresses Services carry are reserved in them.
+        metallb::watch::start(self, ctx.client.clone(), ctx.shutdown.clone(), true, None).await?;
         self.reserve_published_addresses(&ctx.client).await?;
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         self.stop_serving_on(ctx.shutdown.clone());

@@ -225,6 +225,9 @@ pub(crate) struct Wanted {
     pool: Option<String>,
     /// The Service's namespace and labels, which a pool may be limited to.
     namespace: String,
+    /// The labels of the Service's namespace, read only when a pool selects namespaces by label
+    /// ([`LocalCloud::namespace_labels`]); else none.
+    namespace_labels: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
     /// (port, protocol, node port), sorted.
     ports: Vec<(u16, Protocol, u16)>,
@@ -253,6 +256,86 @@ fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
         .map(|v| v.trim())
 }
 
+/// MetalLB's spellings of [`ANNOTATION_LOAD_BALANCER_IPS`], [`ANNOTATION_ADDRESS_POOL`] and
+/// [`ANNOTATION_ALLOW_SHARED_IP`], read as ours (its older `metallb.universe.tf/` prefix too), so that a
+/// Service MetalLB served keeps its addresses and pool.
+pub const METALLB_ANNOTATIONS: [(&str, [&str; 2]); 3] = [
+    (
+        ANNOTATION_LOAD_BALANCER_IPS,
+        [
+            "metallb.io/loadBalancerIPs",
+            "metallb.universe.tf/loadBalancerIPs",
+        ],
+    ),
+    (
+        ANNOTATION_ADDRESS_POOL,
+        [
+            "metallb.io/address-pool",
+            "metallb.universe.tf/address-pool",
+        ],
+    ),
+    (
+        ANNOTATION_ALLOW_SHARED_IP,
+        [
+            "metallb.io/allow-shared-ip",
+            "metallb.universe.tf/allow-shared-ip",
+        ],
+    ),
+];
+
+/// MetalLB's annotation that says which pool it took a Service's address from: MetalLB's own
+/// output, not a request, so neither read nor refused.
+const METALLB_OUTPUT_ANNOTATION: &str = "ip-allocated-from-pool";
+
+/// The value of `ours` or of one of MetalLB's spellings of it (with the key it was found under); two
+/// spellings with different values are refused, naming both. A MetalLB annotation that is no
+/// spelling of ours is refused by name.
+fn annotation_or_metallb<'a>(
+    service: &'a Service,
+    ours: &'static str,
+) -> Result<Option<(&'a str, &'a str)>, String> {
+    let Some(annotations) = service.metadata.annotations.as_ref() else {
+        return Ok(None);
+    };
+    let spellings = METALLB_ANNOTATIONS
+        .iter()
+        .find(|(key, _)| *key == ours)
+        .map(|(_, theirs)| theirs.as_slice())
+        .unwrap_or_default();
+    let mut found: Option<(&str, &str)> = None;
+    for key in std::iter::once(&ours).chain(spellings) {
+        let Some((key, value)) = annotations.get_key_value(*key) else {
+            continue;
+        };
+        let value = value.trim();
+        match found {
+            Some((first, seen)) if seen != value => {
+                return Err(format!(
+                    "{first} says {seen:?} and {key} says {value:?}: keep one (they are the same \
+                     setting)"
+                ));
+            }
+            Some(_) => {}
+            None => found = Some((key.as_str(), value)),
+        }
+    }
+    Ok(found)
+}
+
+/// A MetalLB annotation on the Service that `local` does not read (no spelling of one of ours), if
+/// any: refused by name rather than ignored.
+fn unread_metallb_annotation(service: &Service) -> Option<&str> {
+    let annotations = service.metadata.annotations.as_ref()?;
+    annotations.keys().map(String::as_str).find(|key| {
+        let metallb = key.starts_with("metallb.io/") || key.starts_with("metallb.universe.tf/");
+        metallb
+            && !key.ends_with(METALLB_OUTPUT_ANNOTATION)
+            && !METALLB_ANNOTATIONS
+                .iter()
+                .any(|(_, theirs)| theirs.contains(key))
+    })
+}
+
 /// Reads everything the load balancer needs from the Service; `Err` says what is wrong, naming the
 /// field or annotation.
 pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted, String> {
@@ -271,13 +354,25 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         .map(|(i, f)| (*f, i == 0 || policy == "RequireDualStack"))
         .collect();
 
-    let (source, requested_text) = match annotation(service, ANNOTATION_LOAD_BALANCER_IPS) {
-        Some(value) => (ANNOTATION_LOAD_BALANCER_IPS, value.to_owned()),
-        None => (
-            "spec.loadBalancerIP",
-            spec.load_balancer_ip.clone().unwrap_or_default(),
-        ),
-    };
+    if let Some(key) = unread_metallb_annotation(service) {
+        return Err(format!(
+            "{key}: a MetalLB annotation local does not read (it reads {}); remove it",
+            METALLB_ANNOTATIONS
+                .iter()
+                .flat_map(|(_, theirs)| theirs.iter().take(1))
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let (source, requested_text) =
+        match annotation_or_metallb(service, ANNOTATION_LOAD_BALANCER_IPS)? {
+            Some((key, value)) => (key, value.to_owned()),
+            None => (
+                "spec.loadBalancerIP",
+                spec.load_balancer_ip.clone().unwrap_or_default(),
+            ),
+        };
     let mut requested = BTreeMap::new();
     for entry in requested_text
         .split(',')
@@ -307,7 +402,8 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         }
     }
 
-    let pool = annotation(service, ANNOTATION_ADDRESS_POOL)
+    let pool = annotation_or_metallb(service, ANNOTATION_ADDRESS_POOL)?
+        .map(|(_, value)| value)
         .filter(|p| !p.is_empty())
         .map(str::to_owned);
     if let Some(name) = &pool
@@ -426,9 +522,9 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         }
     }
 
-    let sharing = match annotation(service, ANNOTATION_ALLOW_SHARED_IP) {
+    let sharing = match annotation_or_metallb(service, ANNOTATION_ALLOW_SHARED_IP)? {
         None => None,
-        Some(key) => {
+        Some((_, key)) => {
             if key.is_empty() {
                 return Err(format!(
                     "{ANNOTATION_ALLOW_SHARED_IP}: the sharing key is empty (Services with the same \
@@ -461,6 +557,7 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             .namespace
             .clone()
             .unwrap_or_else(|| "default".to_owned()),
+        namespace_labels: BTreeMap::new(),
         labels: service.metadata.labels.clone().unwrap_or_default(),
         ports,
         health_check,
@@ -515,7 +612,9 @@ impl Allocations {
             .map(|r| r.ips.clone())
             .unwrap_or_default();
         let free_for_us = |ip: &IpAddr| self.sharing_refused(config, ip, key, wanted).is_none();
-        let refusal = |pool: &AddressPool| pool.refuses(&wanted.namespace, &wanted.labels);
+        let refusal = |pool: &AddressPool| {
+            pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
+        };
         if let Some(name) = &wanted.pool
             && let Some(why) = config
                 .address_pools
@@ -530,6 +629,7 @@ impl Allocations {
             ));
         }
         let pool_ok = |ip: &IpAddr| match (config.pool_of(*ip), &wanted.pool) {
+            (Some(pool), _) if !pool.gives_out(*ip) => false,
             (Some(pool), Some(name)) => &pool.name == name && refusal(pool).is_none(),
             (Some(pool), None) => refusal(pool).is_none(),
             (None, _) => false,
@@ -555,6 +655,13 @@ impl Allocations {
                 if let Some(why) = refusal(pool) {
                     return Err(format!(
                         "the requested address {ip} is in pool {:?}, which this Service may not use: {why}",
+                        pool.name
+                    ));
+                }
+                if !pool.gives_out(*ip) {
+                    return Err(format!(
+                        "the requested address {ip} is in pool {:?}, which gives out no IPv4 \
+                         address ending in .0 or .255 (avoidBuggyIPs)",
                         pool.name
                     ));
                 }
@@ -669,7 +776,10 @@ impl Allocations {
                 Some(name) => &p.name == name,
                 None => p.auto_assign,
             })
-            .filter(|p| p.refuses(&wanted.namespace, &wanted.labels).is_none())
+            .filter(|p| {
+                p.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
+                    .is_none()
+            })
             .collect();
         if let Some(sharing) = &wanted.sharing {
             let compatible = |pool: &AddressPool, holders: &BTreeSet<String>| {
@@ -694,9 +804,12 @@ impl Allocations {
         }
         pools
             .iter()
-            .flat_map(|p| p.addresses.iter())
-            .filter(|r| IpFamily::of(r.first()) == family)
-            .find_map(|r| r.addresses().find(|ip| !self.owners.contains_key(ip)))
+            .flat_map(|p| p.addresses.iter().map(move |r| (*p, r)))
+            .filter(|(_, r)| IpFamily::of(r.first()) == family)
+            .find_map(|(p, r)| {
+                r.addresses()
+                    .find(|ip| p.gives_out(*ip) && !self.owners.contains_key(ip))
+            })
     }
 
     /// Why `key` (asking `wanted`) may not hold `ip` beside the Services that hold it, if it may not.
@@ -933,6 +1046,37 @@ impl LocalCloud {
         Ok(())
     }
 
+    /// The labels of namespace `namespace`, read from the API server only when a pool of `config`
+    /// selects namespaces by label (`namespaceSelectors`); else none. Without a client (before
+    /// `initialize`), none.
+    pub(crate) async fn namespace_labels(
+        &self,
+        config: &Config,
+        namespace: &str,
+    ) -> Result<BTreeMap<String, String>, Error> {
+        if config
+            .address_pools
+            .iter()
+            .all(|p| p.namespace_selectors.is_empty())
+        {
+            return Ok(BTreeMap::new());
+        }
+        let Some((client, _)) = lock(&self.inner.reporter).clone() else {
+            return Ok(BTreeMap::new());
+        };
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+        let found = namespaces
+            .get_opt(namespace)
+            .await
+            .map_err(|source| Error::Kube {
+                what: format!(
+                    "local cloud: reading the labels of namespace {namespace} (a pool selects namespaces by label)"
+                ),
+                source,
+            })?;
+        Ok(found.and_then(|n| n.metadata.labels).unwrap_or_default())
+    }
+
     async fn ensure(
         &self,
         service: &Service,
@@ -945,7 +1089,8 @@ impl LocalCloud {
             service: key.clone(),
             message,
         };
-        let wanted = read_service(service, &config).map_err(bad)?;
+        let mut wanted = read_service(service, &config).map_err(bad)?;
+        wanted.namespace_labels = self.namespace_labels(&config, &wanted.namespace).await?;
         let uid = service.metadata.uid.as_deref();
         // Backends: the nodes this cloud knows (listed or adopted) at their InternalIPs; nodes it
         // ignores (another cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines
@@ -1082,10 +1227,11 @@ impl LocalCloud {
     ) -> Result<LoadBalancerPreview, Error> {
         let key = key_of(service);
         let config = self.config();
-        let wanted = read_service(service, &config).map_err(|message| Error::Service {
+        let mut wanted = read_service(service, &config).map_err(|message| Error::Service {
             service: key.clone(),
             message,
         })?;
+        wanted.namespace_labels = self.namespace_labels(&config, &wanted.namespace).await?;
         let backends: Vec<(String, Vec<IpAddr>)> = nodes
             .iter()
             .filter_map(|node| self.backend_addresses(&config, node))
@@ -1132,7 +1278,9 @@ impl LocalCloud {
                         pool.name
                     ))
                 }
-                Some(pool) => pool.refuses(&wanted.namespace, &wanted.labels),
+                Some(pool) => {
+                    pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
+                }
             };
             if let Some(why) = why {
                 detail.push(format!("the address {ip} would change: {why}"));
@@ -1272,8 +1420,7 @@ impl LoadBalancer for LocalCloud {
             .config()
             .address_pools
             .iter()
-            .filter_map(|p| p.service_selector.as_ref())
-            .flat_map(|s| s.match_labels.keys().cloned())
+            .flat_map(|p| p.service_label_keys().map(str::to_owned))
             .collect();
         keys.into_iter().collect()
     }
@@ -1435,6 +1582,65 @@ mod tests {
         );
         assert!(wanted.source_ranges.is_empty(), "allow-all is no filter");
         assert!(!wanted.proxy_protocol && wanted.session_affinity.is_none());
+    }
+
+    #[test]
+    fn metallb_s_annotations_are_read_as_ours() {
+        let config = Config::parse(
+            "addressPools: [{name: gold, addresses: [127.52.0.0/24]}]\n",
+            None,
+        )
+        .unwrap();
+        for prefix in ["metallb.io", "metallb.universe.tf"] {
+            let service = svc(json!({"metadata": {"annotations": {
+                format!("{prefix}/loadBalancerIPs"): "127.52.0.7",
+                format!("{prefix}/address-pool"): "gold",
+                format!("{prefix}/allow-shared-ip"): "k",
+                // MetalLB's own output: neither read nor refused.
+                format!("{prefix}/ip-allocated-from-pool"): "gold",
+            }}}));
+            let wanted = read_service(&service, &config).unwrap();
+            assert_eq!(
+                wanted.requested.values().copied().collect::<Vec<_>>(),
+                ["127.52.0.7".parse::<IpAddr>().unwrap()],
+                "{prefix}"
+            );
+            assert_eq!(wanted.pool.as_deref(), Some("gold"), "{prefix}");
+            assert_eq!(
+                wanted.sharing.map(|s| s.key).as_deref(),
+                Some("k"),
+                "{prefix}"
+            );
+        }
+        for (annotations, wanted) in [
+            (
+                json!({ANNOTATION_ADDRESS_POOL: "gold", "metallb.io/address-pool": "silver"}),
+                "local.ccm.rs/address-pool says \"gold\" and metallb.io/address-pool says \"silver\"",
+            ),
+            (
+                json!({"metallb.io/loadBalancerIPs": "x"}),
+                "metallb.io/loadBalancerIPs: \"x\" is not an IP address",
+            ),
+            (
+                json!({"metallb.universe.tf/address-pool": "lead"}),
+                "there is no address pool \"lead\"",
+            ),
+            (
+                json!({"metallb.io/bgp-communities": "a"}),
+                "metallb.io/bgp-communities: a MetalLB annotation local does not read",
+            ),
+        ] {
+            let service = svc(json!({"metadata": {"annotations": annotations}}));
+            let err = read_service(&service, &config).unwrap_err();
+            assert!(err.contains(wanted), "{err}\n  lacks {wanted}");
+        }
+        // The same value under two spellings is one setting.
+        let service = svc(json!({"metadata": {"annotations": {
+            ANNOTATION_ADDRESS_POOL: "gold", "metallb.io/address-pool": "gold"}}}));
+        assert_eq!(
+            read_service(&service, &config).unwrap().pool.as_deref(),
+            Some("gold")
+        );
     }
 
     #[test]

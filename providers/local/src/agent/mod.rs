@@ -384,6 +384,16 @@ pub async fn run(
         let what = what.to_owned();
         move |source| Error::Kube { what, source }
     };
+    // MetalLB's pools and peers, when read, before the VIPs an earlier run left are looked at. The
+    // manager reports the objects refused; the agents only read them.
+    crate::metallb::watch::start(
+        &cloud,
+        client.clone(),
+        shutdown.clone(),
+        false,
+        Some(changed.clone()),
+    )
+    .await?;
 
     let services = mirror::<Service>(
         Api::all(client.clone()),
@@ -527,8 +537,10 @@ pub async fn run(
         Ok(found) => found.into_iter().collect(),
         Err(err) => return Err(Error::Flag(format!("--interface: {err}"))),
     };
-    // BGP: sessions with the peers of loadBalancer.bgp.peers that select this node, from its address.
-    let (bgp, speaker) = if cloud.config().load_balancer.bgp.peers.is_empty() {
+    // BGP: sessions with the peers of loadBalancer.bgp.peers that select this node, from its address
+    // (MetalLB's BGPPeers, read as they come, may add peers later).
+    let metallb_peers = crate::metallb::watch::may_add_peers(&cloud.file_config());
+    let (bgp, speaker) = if cloud.config().load_balancer.bgp.peers.is_empty() && !metallb_peers {
         (None, None)
     } else {
         let node_ipv4 = match node_internal_ip(&client, &settings.node_name).await? {
@@ -973,7 +985,17 @@ impl Agent {
             .filter_map(|s| self.served(s, &config, &slices))
             .collect();
         let routed = |ip: IpAddr| self.is_routed(ip, &config);
-        let plan = plan::plan(me, &served, &candidates, routed);
+        let labels_of: BTreeMap<&str, &BTreeMap<String, String>> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
+            .collect();
+        let no_labels = BTreeMap::new();
+        let may_announce = |vip: IpAddr, node: &str| {
+            config.pool_of(vip).is_none_or(|pool| {
+                pool.announced_by(labels_of.get(node).copied().unwrap_or(&no_labels))
+            })
+        };
+        let plan = plan::plan(me, &served, &candidates, routed, may_announce);
         let backends: Vec<(String, Vec<IpAddr>)> = serving
             .iter()
             .filter_map(|n| self.cloud.backend_addresses(&config, n))
@@ -1097,9 +1119,15 @@ impl Agent {
         {
             return None;
         }
+        // A pool that announces none (MetalLB's pool without an advertisement): its VIPs are left to
+        // whatever routes them.
         let vips: Vec<IpAddr> = published_ips(&service)
             .into_iter()
-            .filter(|ip| config.pool_of(*ip).is_some())
+            .filter(|ip| {
+                config
+                    .pool_of(*ip)
+                    .is_some_and(|p| p.announce != Announce::None)
+            })
             .collect();
         if vips.is_empty() {
             return None;

@@ -125,7 +125,8 @@ pub(crate) struct Plan {
 }
 
 /// The plan of agent `me`, given the Services served, and the candidate nodes (fit, served by this
-/// cloud, heartbeat fresh). A VIP for which `routed` is true (its pool announces by BGP) is announced
+/// cloud, heartbeat fresh), of which only those `may_announce` a VIP (its pool's `nodeSelectors`) are
+/// its candidates. A VIP for which `routed` is true (its pool announces by BGP) is announced
 /// by every fit candidate, each one a next hop of the routers' ECMP route; its entry in
 /// [`Plan::announcers`] is then `me` when this node is one of them, else the first fit one.
 pub(crate) fn plan(
@@ -133,6 +134,7 @@ pub(crate) fn plan(
     services: &[Served],
     candidates: &BTreeSet<String>,
     routed: impl Fn(IpAddr) -> bool,
+    may_announce: impl Fn(IpAddr, &str) -> bool,
 ) -> Plan {
     // Services sharing a VIP: a node must suit every one of them.
     let mut by_vip: BTreeMap<IpAddr, Vec<&Served>> = BTreeMap::new();
@@ -144,11 +146,12 @@ pub(crate) fn plan(
     let mut out = Plan::default();
     for (vip, sharing) in by_vip {
         let fit = candidates.iter().filter(|node| {
-            sharing.iter().all(|s| {
-                s.local_endpoints
-                    .as_ref()
-                    .is_none_or(|nodes| nodes.contains(*node))
-            })
+            may_announce(vip, node.as_str())
+                && sharing.iter().all(|s| {
+                    s.local_endpoints
+                        .as_ref()
+                        .is_none_or(|nodes| nodes.contains(*node))
+                })
         });
         let chosen = if routed(vip) {
             let fit: Vec<&String> = fit.collect();
@@ -226,7 +229,7 @@ mod tests {
             .collect();
         let plans: Vec<Plan> = ["n1", "n2", "n3"]
             .iter()
-            .map(|me| plan(me, &services, &nodes, |_| false))
+            .map(|me| plan(me, &services, &nodes, |_| false, |_, _| true))
             .collect();
         // Same announcers from every point of view, and each VIP announced by exactly one.
         assert!(plans.iter().all(|p| p.announcers == plans[0].announcers));
@@ -241,8 +244,15 @@ mod tests {
         let services: Vec<Served> = (1..=30)
             .map(|i| served(&format!("ns/s{i}"), &[&format!("10.0.0.{i}")], None))
             .collect();
-        let before = plan("n1", &services, &set(&["n1", "n2", "n3"]), |_| false).announcers;
-        let after = plan("n1", &services, &set(&["n1", "n2"]), |_| false).announcers;
+        let before = plan(
+            "n1",
+            &services,
+            &set(&["n1", "n2", "n3"]),
+            |_| false,
+            |_, _| true,
+        )
+        .announcers;
+        let after = plan("n1", &services, &set(&["n1", "n2"]), |_| false, |_, _| true).announcers;
         for (vip, was) in &before {
             let now = &after[vip];
             if was.as_deref() == Some("n3") {
@@ -253,7 +263,14 @@ mod tests {
         }
         // And when it comes back, it takes back exactly those.
         assert_eq!(
-            plan("n1", &services, &set(&["n1", "n2", "n3"]), |_| false).announcers,
+            plan(
+                "n1",
+                &services,
+                &set(&["n1", "n2", "n3"]),
+                |_| false,
+                |_, _| true
+            )
+            .announcers,
             before
         );
     }
@@ -289,7 +306,7 @@ mod tests {
             ),
         ];
         for (services, expected) in table {
-            let announcers = plan("n1", services, &nodes, |_| false).announcers;
+            let announcers = plan("n1", services, &nodes, |_| false, |_, _| true).announcers;
             for (vip, node) in *expected {
                 assert_eq!(
                     announcers[&vip.parse::<IpAddr>().unwrap()].as_deref(),
@@ -303,11 +320,11 @@ mod tests {
             served("ns/a", &["10.0.0.1"], None),
             served("ns/b", &["10.0.0.1"], None),
         ];
-        let owner = plan("n1", &shared, &nodes, |_| false).announcers
+        let owner = plan("n1", &shared, &nodes, |_| false, |_, _| true).announcers
             [&"10.0.0.1".parse::<IpAddr>().unwrap()]
             .clone()
             .unwrap();
-        let mine = plan(&owner, &shared, &nodes, |_| false).mine;
+        let mine = plan(&owner, &shared, &nodes, |_| false, |_, _| true).mine;
         assert_eq!(mine.keys().collect::<Vec<_>>(), ["ns/a", "ns/b"]);
     }
 
@@ -384,6 +401,38 @@ mod tests {
     }
 
     #[test]
+    fn only_the_nodes_a_pool_selects_announce_its_vips() {
+        // 10.90.0.1's pool selects n2 and n3; 10.90.1.1's selects none of the live nodes.
+        let services = vec![
+            served("default/a", &["10.90.0.1"], None),
+            served("default/b", &["10.90.1.1"], None),
+            served("default/c", &["10.90.2.1"], Some(&["n1", "n3"])),
+        ];
+        let nodes = set(&["n1", "n2", "n3"]);
+        let may = |vip: IpAddr, node: &str| match vip.to_string().as_str() {
+            "10.90.0.1" => node != "n1",
+            "10.90.1.1" => node == "n9",
+            _ => node == "n2" || node == "n3",
+        };
+        for routed in [false, true] {
+            let plan = plan("n1", &services, &nodes, |_| routed, may);
+            let announcer = |vip: &str| plan.announcers[&vip.parse::<IpAddr>().unwrap()].clone();
+            assert!(
+                matches!(announcer("10.90.0.1").as_deref(), Some("n2" | "n3")),
+                "routed {routed}"
+            );
+            assert_eq!(announcer("10.90.1.1"), None, "routed {routed}");
+            // ETP Local and the pool's selector together: n3 only.
+            assert_eq!(
+                announcer("10.90.2.1").as_deref(),
+                Some("n3"),
+                "routed {routed}"
+            );
+            assert!(plan.mine.is_empty(), "routed {routed}");
+        }
+    }
+
+    #[test]
     fn a_routed_vip_is_announced_by_every_fit_node() {
         let services = vec![
             served("default/web", &["10.90.0.1"], None),
@@ -391,7 +440,7 @@ mod tests {
         ];
         let nodes = set(&["n1", "n2", "n3"]);
         for me in ["n1", "n2", "n3"] {
-            let plan = plan(me, &services, &nodes, |_| true);
+            let plan = plan(me, &services, &nodes, |_| true, |_, _| true);
             assert_eq!(
                 plan.mine["default/web"],
                 vec!["10.90.0.1".parse::<IpAddr>().unwrap()],
@@ -406,7 +455,7 @@ mod tests {
             let local = announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()].as_deref();
             assert_eq!(local, Some(if me == "n1" { "n2" } else { me }));
         }
-        let nobody = plan("n1", &services, &set(&["n1"]), |_| true);
+        let nobody = plan("n1", &services, &set(&["n1"]), |_| true, |_, _| true);
         assert_eq!(
             nobody.announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()],
             None

@@ -1,0 +1,264 @@
+//! Keeps what MetalLB's objects make out in force as they change: one reflector per kind in MetalLB's
+//! namespace, and on every change (or every [`RECHECK`], which also catches a cloud-config edit) the
+//! objects are translated again and the result put in force when it differs. The manager (`report`)
+//! records a Warning event [`super::EVENT_REFUSED`] on each object refused, once per reason.
+
+use std::{collections::BTreeSet, sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    runtime::{
+        WatchStreamExt,
+        reflector::{self, Store},
+        watcher,
+    },
+};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::{GROUP, Kind, Object, Refusal, Translation, translate};
+use crate::{CloudEvent, Config, LocalCloud, MetallbObjects, lock};
+
+/// How often the objects are translated again without a change (a cloud-config edit changes what
+/// they make out), and how often a cluster without MetalLB's CRDs is looked at again.
+const RECHECK: Duration = Duration::from_secs(30);
+
+/// Whether `config` asks for MetalLB's objects (the CRDs aside), and from which namespace.
+fn wanted(config: &Config) -> Option<String> {
+    let settings = &config.load_balancer.metallb;
+    let own_pools = config.address_pools != Config::default().address_pools;
+    match settings.objects {
+        MetallbObjects::Ignore => None,
+        MetallbObjects::Auto if own_pools => None,
+        MetallbObjects::Auto | MetallbObjects::Read => Some(settings.namespace.clone()),
+    }
+}
+
+/// Whether MetalLB's objects may bring BGP peers to a cloud-config `config` (they are read).
+pub(crate) fn may_add_peers(config: &Config) -> bool {
+    wanted(config).is_some()
+}
+
+/// Whether the API server serves `metallb.io` (MetalLB's CRDs are installed).
+async fn served(client: &Client) -> Result<bool, kube::Error> {
+    match kube::discovery::group(client, GROUP).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(kube::Error::Discovery(_)) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+fn resource(kind: Kind) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, kind.version(), kind.name()),
+        kind.plural(),
+    )
+}
+
+fn object(kind: Kind, found: &DynamicObject) -> Object {
+    Object {
+        kind,
+        name: found.metadata.name.clone().unwrap_or_default(),
+        labels: found.metadata.labels.clone().unwrap_or_default(),
+        created: found
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        spec: found
+            .data
+            .get("spec")
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({})),
+    }
+}
+
+/// Reads MetalLB's objects once and puts what they make out in force (when the cloud-config asks for
+/// them and the CRDs exist), then keeps it in force in the background until `shutdown`, waking
+/// `on_change` whenever it changes. A cluster without the CRDs is looked at again every [`RECHECK`].
+/// Called before the cloud gives out or reserves addresses, so that the pools are MetalLB's from the
+/// start.
+pub(crate) async fn start(
+    cloud: &LocalCloud,
+    client: Client,
+    shutdown: CancellationToken,
+    report: bool,
+    on_change: Option<Arc<Notify>>,
+) -> Result<(), crate::Error> {
+    let Some(namespace) = wanted(&cloud.file_config()) else {
+        tracing::debug!("MetalLB's objects are not read (loadBalancer.metallb)");
+        return Ok(());
+    };
+    let kube_error = |what: &str| {
+        let what = format!("local cloud: {what}");
+        move |source| crate::Error::Kube { what, source }
+    };
+    if served(&client)
+        .await
+        .map_err(kube_error("looking for MetalLB's CRDs (metallb.io)"))?
+    {
+        let mut objects = Vec::new();
+        for kind in Kind::ALL {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), &namespace, &resource(kind));
+            let list = api
+                .list(&Default::default())
+                .await
+                .map_err(kube_error(&format!(
+                    "listing MetalLB's {} objects in {namespace}",
+                    kind.name()
+                )))?;
+            objects.extend(list.items.iter().map(|o| object(kind, o)));
+        }
+        let translation = translate(&objects, &cloud.file_config());
+        tracing::info!(
+            namespace,
+            objects = objects.len(),
+            pools = translation.pools.len(),
+            peers = translation.peers.len(),
+            refused = translation.refusals.len(),
+            "MetalLB's objects read"
+        );
+        cloud.set_metallb(translation);
+    } else {
+        tracing::info!(
+            "MetalLB's CRDs (metallb.io) are not installed: looking again every {RECHECK:?}"
+        );
+    }
+    let cloud = cloud.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = keep(&cloud, client, &namespace, report, on_change) => {}
+            () = shutdown.cancelled() => {}
+        }
+    });
+    Ok(())
+}
+
+/// Waits for the CRDs, then watches the objects and keeps their translation in force (forever: the
+/// caller ends it).
+async fn keep(
+    cloud: &LocalCloud,
+    client: Client,
+    namespace: &str,
+    report: bool,
+    on_change: Option<Arc<Notify>>,
+) {
+    loop {
+        match served(&client).await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(err) => tracing::warn!(error = %err, "looking for MetalLB's CRDs failed; retrying"),
+        }
+        tokio::time::sleep(RECHECK).await;
+    }
+    let changed = Arc::new(Notify::new());
+    let mut drivers = tokio::task::JoinSet::new();
+    let stores: Vec<(Kind, Store<DynamicObject>)> = Kind::ALL
+        .iter()
+        .map(|kind| {
+            let resource = resource(*kind);
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), namespace, &resource);
+            let writer = reflector::store::Writer::new(resource);
+            let store = writer.as_reader();
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .backoff(cloud_provider::watch_retry_backoff()),
+            );
+            let changed = changed.clone();
+            let name = kind.name();
+            drivers.spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(_) => changed.notify_one(),
+                        Err(err) => {
+                            tracing::warn!(kind = name, error = %err, "watching MetalLB's objects failed; retrying");
+                        }
+                    }
+                }
+            });
+            (*kind, store)
+        })
+        .collect();
+    for (_, store) in &stores {
+        // A store that never fills (its watch keeps failing) is waited for no longer than RECHECK:
+        // the others' objects are read meanwhile.
+        let _ = tokio::time::timeout(RECHECK, store.wait_until_ready()).await;
+    }
+    let mut told: BTreeSet<Refusal> = BTreeSet::new();
+    loop {
+        let objects: Vec<Object> = stores
+            .iter()
+            .flat_map(|(kind, store)| store.state().into_iter().map(|o| object(*kind, &o)))
+            .collect();
+        let translation = translate(&objects, &cloud.file_config());
+        if report {
+            tell(cloud, namespace, &translation, &mut told);
+        }
+        if lock(&cloud.inner.metallb).as_ref() != Some(&translation) {
+            tracing::info!(
+                pools = translation.pools.len(),
+                peers = translation.peers.len(),
+                refused = translation.refusals.len(),
+                "MetalLB's objects changed: put in force"
+            );
+            cloud.set_metallb(translation);
+            if let Some(notify) = &on_change {
+                notify.notify_one();
+            }
+        }
+        tokio::select! {
+            () = changed.notified() => {
+                // The objects of one `kubectl apply` arrive together: read them together.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            () = tokio::time::sleep(RECHECK) => {}
+        }
+    }
+}
+
+/// Records a Warning event on each object refused for a reason not yet told; a reason that went away
+/// is forgotten (told again should it come back).
+fn tell(
+    cloud: &LocalCloud,
+    namespace: &str,
+    translation: &Translation,
+    told: &mut BTreeSet<Refusal>,
+) {
+    if !cloud.can_report() {
+        return;
+    }
+    let now: BTreeSet<Refusal> = translation.refusals.iter().cloned().collect();
+    for refusal in now.difference(told) {
+        tracing::warn!(kind = refusal.kind.name(), name = %refusal.name, "MetalLB object refused: {}", refusal.message);
+        cloud.record_warning(
+            CloudEvent {
+                namespace,
+                name_prefix: format!("{}.metallb-", refusal.name),
+                regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
+                    api_version: Some(format!("{GROUP}/{}", refusal.kind.version())),
+                    kind: Some(refusal.kind.name().to_owned()),
+                    name: Some(refusal.name.clone()),
+                    namespace: Some(namespace.to_owned()),
+                    ..Default::default()
+                }),
+                reason: super::EVENT_REFUSED,
+                action: "ReadMetalLBObject",
+            },
+            &format!(
+                "{} {:?} is refused: {}",
+                refusal.kind.name(),
+                refusal.name,
+                refusal.message
+            ),
+        );
+    }
+    *told = now;
+}
