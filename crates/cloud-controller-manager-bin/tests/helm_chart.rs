@@ -362,6 +362,10 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
             "files/local-agents-manager-rbac.yaml",
             "../../../components/local-agents/manager-rbac.yaml",
         ),
+        (
+            "files/local-agents-metallb-rbac.yaml",
+            "../../../components/local-agents/metallb-rbac.yaml",
+        ),
     ] {
         let path = chart().join(link);
         assert_eq!(

@@ -49,6 +49,10 @@ pub struct Config {
     /// The optional kubelet probe (off by default).
     #[serde(default)]
     pub kubelet_probe: KubeletProbe,
+    /// Set by the cloud, never read from the file: the pools in force are MetalLB's (`metallb`), whose
+    /// Services' traffic kube-proxy carries by default, as under MetalLB.
+    #[serde(skip)]
+    pub(crate) metallb_pools: bool,
 }
 
 impl Default for Config {
@@ -60,6 +64,7 @@ impl Default for Config {
             address_pools: default_pools(),
             load_balancer: LoadBalancerConfig::default(),
             kubelet_probe: KubeletProbe::default(),
+            metallb_pools: false,
         }
     }
 }
@@ -79,6 +84,7 @@ fn default_pools() -> Vec<AddressPool> {
         cross_namespace_sharing: false,
         announce: Announce::L2,
         bgp: None,
+        metallb_election: false,
     }]
 }
 
@@ -214,6 +220,10 @@ pub struct AddressPool {
     /// With `announce: bgp`: which peers the VIPs go to, and their communities and local preference.
     #[serde(default)]
     pub bgp: Option<PoolBgp>,
+    /// Set for the pools read from MetalLB's objects, never from the file: layer 2 elects the node
+    /// that announces a VIP as MetalLB's speakers do (`agent::plan::metallb_announcer`).
+    #[serde(skip)]
+    pub(crate) metallb_election: bool,
 }
 
 impl AddressPool {
@@ -787,6 +797,16 @@ impl Config {
                  manager puts no VIP on any interface and each node agent takes its own (local-agent \
                  --interface); remove vipInterface"
                 .to_owned());
+        }
+        if self.load_balancer.metallb.objects == MetallbObjects::Read
+            && self.load_balancer.mode != LoadBalancerMode::Agents
+        {
+            return Err(
+                "loadBalancer.metallb.objects: read is the agents mode's (mode: agents): in \
+                 leader mode the leading manager announces every VIP itself, and MetalLB's objects \
+                 are not read"
+                    .to_owned(),
+            );
         }
         cloud_provider::labels::check_dns_label(&self.load_balancer.metallb.namespace).map_err(
             |why| {

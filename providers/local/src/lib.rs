@@ -384,6 +384,7 @@ impl LocalCloud {
                 let mut merged = file.clone();
                 if !metallb.pools.is_empty() {
                     merged.address_pools = metallb.pools;
+                    merged.metallb_pools = true;
                 }
                 let bgp = &mut merged.load_balancer.bgp;
                 bgp.peers.extend(metallb.peers);

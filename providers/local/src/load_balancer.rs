@@ -497,6 +497,9 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
     };
 
     let data_path = match annotation(service, ANNOTATION_DATA_PATH) {
+        // MetalLB's pools: kube-proxy carries the traffic, as under MetalLB (unless PROXY protocol is
+        // asked for, which only the data plane sends).
+        None if config.metallb_pools && !proxy_protocol => DataPath::KubeProxy,
         None | Some("proxy") => DataPath::Proxy,
         Some("kube-proxy") => DataPath::KubeProxy,
         Some(other) => {
@@ -634,6 +637,14 @@ impl Allocations {
             (Some(pool), None) => refusal(pool).is_none(),
             (None, _) => false,
         };
+        // A dual-stack Service new to addresses takes both from one pool when a pool can give both
+        // (MetalLB's rule), else each from the most preferred pool of its family.
+        let one_pool = (wanted.families.len() == 2
+            && wanted.requested.is_empty()
+            && current.is_empty()
+            && published.is_empty())
+        .then(|| self.pool_for_both(config, wanted))
+        .flatten();
         let mut ips = Vec::new();
         for (family, required) in &wanted.families {
             let of_family = |ip: &&IpAddr| IpFamily::of(**ip) == *family;
@@ -678,7 +689,7 @@ impl Allocations {
             {
                 Some(*ip)
             } else {
-                self.first_free(config, *family, wanted)
+                self.first_free(config, *family, wanted, one_pool.as_deref())
             };
             match chosen {
                 Some(ip) => ips.push(ip),
@@ -768,7 +779,14 @@ impl Allocations {
     /// preference (priority, then the file's order; only pools that serve the Service's namespace and
     /// labels): for a Service that allows sharing, the first address a compatible Service holds
     /// (sharers meet on one address, as MetalLB's do), else the lowest free one.
-    fn first_free(&self, config: &Config, family: IpFamily, wanted: &Wanted) -> Option<IpAddr> {
+    /// `only`: from that pool alone.
+    fn first_free(
+        &self,
+        config: &Config,
+        family: IpFamily,
+        wanted: &Wanted,
+        only: Option<&str>,
+    ) -> Option<IpAddr> {
         let pools: Vec<&AddressPool> = config
             .pools_by_preference()
             .into_iter()
@@ -776,6 +794,7 @@ impl Allocations {
                 Some(name) => &p.name == name,
                 None => p.auto_assign,
             })
+            .filter(|p| only.is_none_or(|name| p.name == name))
             .filter(|p| {
                 p.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
                     .is_none()
@@ -810,6 +829,21 @@ impl Allocations {
                 r.addresses()
                     .find(|ip| p.gives_out(*ip) && !self.owners.contains_key(ip))
             })
+    }
+
+    /// The most preferred pool that can give `wanted` an address of both families, if any.
+    fn pool_for_both(&self, config: &Config, wanted: &Wanted) -> Option<String> {
+        config
+            .pools_by_preference()
+            .into_iter()
+            .map(|p| p.name.as_str())
+            .find(|name| {
+                wanted.families.iter().all(|(family, _)| {
+                    self.first_free(config, *family, wanted, Some(name))
+                        .is_some()
+                })
+            })
+            .map(str::to_owned)
     }
 
     /// Why `key` (asking `wanted`) may not hold `ip` beside the Services that hold it, if it may not.
@@ -1644,6 +1678,30 @@ mod tests {
     }
 
     #[test]
+    fn metallb_s_pools_leave_the_traffic_to_kube_proxy_by_default() {
+        let mut config = Config::parse("loadBalancer: {mode: agents}\n", None).unwrap();
+        config.metallb_pools = true;
+        let plain = svc(json!({}));
+        assert_eq!(
+            read_service(&plain, &config).unwrap().data_path,
+            DataPath::KubeProxy
+        );
+        for (annotations, wanted) in [
+            (json!({ANNOTATION_DATA_PATH: "proxy"}), DataPath::Proxy),
+            // PROXY protocol, which only the data plane sends.
+            (json!({ANNOTATION_PROXY_PROTOCOL: "v2"}), DataPath::Proxy),
+        ] {
+            let service = svc(json!({"metadata": {"annotations": annotations}}));
+            assert_eq!(read_service(&service, &config).unwrap().data_path, wanted);
+        }
+        config.metallb_pools = false;
+        assert_eq!(
+            read_service(&plain, &config).unwrap().data_path,
+            DataPath::Proxy
+        );
+    }
+
+    #[test]
     fn local_traffic_affinity_ranges_and_proxy() {
         let mut service = svc(json!({
             "metadata": {"annotations": {ANNOTATION_PROXY_PROTOCOL: "v2"}},
@@ -1925,6 +1983,36 @@ mod tests {
     }
 
     const DUAL_POOLS: &str = "addressPools:\n  - {name: a, addresses: [127.50.0.1-127.50.0.2, 'fd00:50::/126']}\n  - {name: b, addresses: [127.51.0.0/30], autoAssign: false}\n";
+
+    #[test]
+    fn a_dual_stack_service_takes_both_addresses_from_one_pool_when_one_can() {
+        // `v4` is preferred for IPv4 but has no IPv6; `both` has both: MetalLB's rule takes both from
+        // `both`. Once `both` has no IPv4 left, each family comes from its own most preferred pool.
+        let config = config(
+            "addressPools:\n  - {name: v4, addresses: [127.52.0.1-127.52.0.2], priority: 1}\n  - {name: both, addresses: [127.53.0.1-127.53.0.1, 'fd00:53::/126']}\n",
+        );
+        let mut allocations = Allocations::default();
+        let require = dual("RequireDualStack", &["IPv4", "IPv6"]);
+        assert_eq!(
+            allocate_for(&mut allocations, &config, "ns/a", &require).unwrap(),
+            ips(&["127.53.0.1", "fd00:53::1"])
+        );
+        assert_eq!(
+            allocate_for(&mut allocations, &config, "ns/b", &require).unwrap(),
+            ips(&["127.52.0.1", "fd00:53::2"])
+        );
+        // A single-stack Service still takes the most preferred pool of its family.
+        assert_eq!(
+            allocate_for(
+                &mut allocations,
+                &config,
+                "ns/c",
+                &dual("SingleStack", &["IPv4"])
+            )
+            .unwrap(),
+            ips(&["127.52.0.2"])
+        );
+    }
 
     #[test]
     fn families_pools_and_requests() {

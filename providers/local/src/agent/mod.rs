@@ -995,7 +995,19 @@ impl Agent {
                 pool.announced_by(labels_of.get(node).copied().unwrap_or(&no_labels))
             })
         };
-        let plan = plan::plan(me, &served, &candidates, routed, may_announce);
+        let metallb_election = |vip: IpAddr| {
+            config
+                .pool_of(vip)
+                .is_some_and(|pool| pool.metallb_election)
+        };
+        let plan = plan::plan(
+            me,
+            &served,
+            &candidates,
+            routed,
+            may_announce,
+            metallb_election,
+        );
         let backends: Vec<(String, Vec<IpAddr>)> = serving
             .iter()
             .filter_map(|n| self.cloud.backend_addresses(&config, n))

@@ -46,6 +46,20 @@ pub(crate) fn rank(node: &str, vip: IpAddr) -> u64 {
     hash ^ (hash >> 33)
 }
 
+/// MetalLB's layer-2 election, for the pools read from MetalLB's objects: the node whose
+/// SHA-256 of `node#ip` is the lowest, `ip` being the first address of the Service (so a dual-stack
+/// Service's two VIPs go to one node), as MetalLB's speakers elect. A hand-over from MetalLB then moves
+/// no VIP to another node.
+pub(crate) fn metallb_announcer<'a>(
+    ip: IpAddr,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    candidates.into_iter().min_by_key(|node| {
+        let digest = ring::digest::digest(&ring::digest::SHA256, format!("{node}#{ip}").as_bytes());
+        <[u8; 32]>::try_from(digest.as_ref()).unwrap_or([u8::MAX; 32])
+    })
+}
+
 /// The announcer of `vip` among `candidates`: the lowest rank, the lowest name on a tie.
 pub(crate) fn announcer<'a>(
     vip: IpAddr,
@@ -126,7 +140,8 @@ pub(crate) struct Plan {
 
 /// The plan of agent `me`, given the Services served, and the candidate nodes (fit, served by this
 /// cloud, heartbeat fresh), of which only those `may_announce` a VIP (its pool's `nodeSelectors`) are
-/// its candidates. A VIP for which `routed` is true (its pool announces by BGP) is announced
+/// its candidates. A VIP whose pool is MetalLB's (`metallb_election`) is elected as MetalLB elects
+/// ([`metallb_announcer`]). A VIP for which `routed` is true (its pool announces by BGP) is announced
 /// by every fit candidate, each one a next hop of the routers' ECMP route; its entry in
 /// [`Plan::announcers`] is then `me` when this node is one of them, else the first fit one.
 pub(crate) fn plan(
@@ -135,6 +150,7 @@ pub(crate) fn plan(
     candidates: &BTreeSet<String>,
     routed: impl Fn(IpAddr) -> bool,
     may_announce: impl Fn(IpAddr, &str) -> bool,
+    metallb_election: impl Fn(IpAddr) -> bool,
 ) -> Plan {
     // Services sharing a VIP: a node must suit every one of them.
     let mut by_vip: BTreeMap<IpAddr, Vec<&Served>> = BTreeMap::new();
@@ -159,6 +175,13 @@ pub(crate) fn plan(
                 .find(|n| n.as_str() == me)
                 .or(fit.first())
                 .map(|n| (*n).clone())
+        } else if metallb_election(vip) {
+            let key = sharing
+                .first()
+                .and_then(|s| s.vips.first())
+                .copied()
+                .unwrap_or(vip);
+            metallb_announcer(key, fit.map(String::as_str)).map(str::to_owned)
         } else {
             announcer(vip, fit.map(String::as_str)).map(str::to_owned)
         };
@@ -229,7 +252,7 @@ mod tests {
             .collect();
         let plans: Vec<Plan> = ["n1", "n2", "n3"]
             .iter()
-            .map(|me| plan(me, &services, &nodes, |_| false, |_, _| true))
+            .map(|me| plan(me, &services, &nodes, |_| false, |_, _| true, |_| false))
             .collect();
         // Same announcers from every point of view, and each VIP announced by exactly one.
         assert!(plans.iter().all(|p| p.announcers == plans[0].announcers));
@@ -250,9 +273,18 @@ mod tests {
             &set(&["n1", "n2", "n3"]),
             |_| false,
             |_, _| true,
+            |_| false,
         )
         .announcers;
-        let after = plan("n1", &services, &set(&["n1", "n2"]), |_| false, |_, _| true).announcers;
+        let after = plan(
+            "n1",
+            &services,
+            &set(&["n1", "n2"]),
+            |_| false,
+            |_, _| true,
+            |_| false,
+        )
+        .announcers;
         for (vip, was) in &before {
             let now = &after[vip];
             if was.as_deref() == Some("n3") {
@@ -268,7 +300,8 @@ mod tests {
                 &services,
                 &set(&["n1", "n2", "n3"]),
                 |_| false,
-                |_, _| true
+                |_, _| true,
+                |_| false
             )
             .announcers,
             before
@@ -306,7 +339,8 @@ mod tests {
             ),
         ];
         for (services, expected) in table {
-            let announcers = plan("n1", services, &nodes, |_| false, |_, _| true).announcers;
+            let announcers =
+                plan("n1", services, &nodes, |_| false, |_, _| true, |_| false).announcers;
             for (vip, node) in *expected {
                 assert_eq!(
                     announcers[&vip.parse::<IpAddr>().unwrap()].as_deref(),
@@ -320,11 +354,11 @@ mod tests {
             served("ns/a", &["10.0.0.1"], None),
             served("ns/b", &["10.0.0.1"], None),
         ];
-        let owner = plan("n1", &shared, &nodes, |_| false, |_, _| true).announcers
+        let owner = plan("n1", &shared, &nodes, |_| false, |_, _| true, |_| false).announcers
             [&"10.0.0.1".parse::<IpAddr>().unwrap()]
             .clone()
             .unwrap();
-        let mine = plan(&owner, &shared, &nodes, |_| false, |_, _| true).mine;
+        let mine = plan(&owner, &shared, &nodes, |_| false, |_, _| true, |_| false).mine;
         assert_eq!(mine.keys().collect::<Vec<_>>(), ["ns/a", "ns/b"]);
     }
 
@@ -415,7 +449,7 @@ mod tests {
             _ => node == "n2" || node == "n3",
         };
         for routed in [false, true] {
-            let plan = plan("n1", &services, &nodes, |_| routed, may);
+            let plan = plan("n1", &services, &nodes, |_| routed, may, |_| false);
             let announcer = |vip: &str| plan.announcers[&vip.parse::<IpAddr>().unwrap()].clone();
             assert!(
                 matches!(announcer("10.90.0.1").as_deref(), Some("n2" | "n3")),
@@ -433,6 +467,36 @@ mod tests {
     }
 
     #[test]
+    fn metallb_s_pools_elect_as_metallb_s_speakers_do() {
+        // The orders below computed apart (Python: sha256(b"node#ip"), lowest first).
+        let nodes = set(&["n1", "n2", "n3"]);
+        for (ip, order) in [
+            ("10.89.0.128", ["n3", "n2", "n1"]),
+            ("10.89.0.130", ["n1", "n3", "n2"]),
+            ("fd00:89::300", ["n2", "n3", "n1"]),
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            assert_eq!(
+                metallb_announcer(ip, nodes.iter().map(String::as_str)),
+                Some(order[0])
+            );
+            let without_first = nodes.iter().map(String::as_str).filter(|n| *n != order[0]);
+            assert_eq!(metallb_announcer(ip, without_first), Some(order[1]), "{ip}");
+        }
+        // A dual-stack Service's two VIPs go where its first address is elected (10.89.0.130: n1),
+        // although its IPv6 address alone would elect n2.
+        let services = vec![served("ns/dual", &["10.89.0.130", "fd00:89::300"], None)];
+        let plan = plan("n1", &services, &nodes, |_| false, |_, _| true, |_| true);
+        assert_eq!(
+            plan.mine["ns/dual"],
+            vec![
+                "10.89.0.130".parse::<IpAddr>().unwrap(),
+                "fd00:89::300".parse::<IpAddr>().unwrap()
+            ]
+        );
+    }
+
+    #[test]
     fn a_routed_vip_is_announced_by_every_fit_node() {
         let services = vec![
             served("default/web", &["10.90.0.1"], None),
@@ -440,7 +504,7 @@ mod tests {
         ];
         let nodes = set(&["n1", "n2", "n3"]);
         for me in ["n1", "n2", "n3"] {
-            let plan = plan(me, &services, &nodes, |_| true, |_, _| true);
+            let plan = plan(me, &services, &nodes, |_| true, |_, _| true, |_| false);
             assert_eq!(
                 plan.mine["default/web"],
                 vec!["10.90.0.1".parse::<IpAddr>().unwrap()],
@@ -455,7 +519,14 @@ mod tests {
             let local = announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()].as_deref();
             assert_eq!(local, Some(if me == "n1" { "n2" } else { me }));
         }
-        let nobody = plan("n1", &services, &set(&["n1"]), |_| true, |_, _| true);
+        let nobody = plan(
+            "n1",
+            &services,
+            &set(&["n1"]),
+            |_| true,
+            |_, _| true,
+            |_| false,
+        );
         assert_eq!(
             nobody.announcers[&"10.90.0.2".parse::<IpAddr>().unwrap()],
             None

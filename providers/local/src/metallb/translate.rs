@@ -489,6 +489,7 @@ fn address_pool(object: &Object) -> Result<AddressPool, String> {
         cross_namespace_sharing: true,
         announce: Announce::None,
         bgp: None,
+        metallb_election: true,
     })
 }
 

@@ -25,10 +25,15 @@ use crate::{CloudEvent, Config, LocalCloud, MetallbObjects, lock};
 /// they make out), and how often a cluster without MetalLB's CRDs is looked at again.
 const RECHECK: Duration = Duration::from_secs(30);
 
-/// Whether `config` asks for MetalLB's objects (the CRDs aside), and from which namespace.
+/// Whether `config` asks for MetalLB's objects (the CRDs aside), and from which namespace. Never in
+/// leader mode, whose deployment has no permission to read them (the leading manager announces every
+/// VIP itself; MetalLB's advertisements, peers and node selectors mean nothing there).
 fn wanted(config: &Config) -> Option<String> {
     let settings = &config.load_balancer.metallb;
     let own_pools = config.address_pools != Config::default().address_pools;
+    if config.load_balancer.mode != crate::LoadBalancerMode::Agents {
+        return None;
+    }
     match settings.objects {
         MetallbObjects::Ignore => None,
         MetallbObjects::Auto if own_pools => None,
@@ -90,7 +95,13 @@ pub(crate) async fn start(
     on_change: Option<Arc<Notify>>,
 ) -> Result<(), crate::Error> {
     let Some(namespace) = wanted(&cloud.file_config()) else {
-        tracing::debug!("MetalLB's objects are not read (loadBalancer.metallb)");
+        if report && matches!(served(&client).await, Ok(true)) {
+            tracing::info!(
+                "MetalLB's CRDs are installed, and its objects are not read: local reads them in \
+                 loadBalancer.mode: agents, when the cloud-config defines no addressPools or sets \
+                 loadBalancer.metallb.objects: read (docs/local-provider.md, \"Coming from MetalLB\")"
+            );
+        }
         return Ok(());
     };
     let kube_error = |what: &str| {

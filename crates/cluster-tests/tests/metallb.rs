@@ -1,0 +1,428 @@
+//! The hand-over from MetalLB to `local` and back, on a real cluster: MetalLB v0.15 (its controller and
+//! speakers, built from its Go module: `hack/cluster metallb --default-class`) is the cluster's load
+//! balancer, configured by its own objects (three pools: one scoped to a namespace, one not
+//! auto-assigned, one IPv6, besides a dual-stack one; an `L2Advertisement` with a node selector) and
+//! serving twelve Services.
+//! Then MetalLB's controller and speakers stop and `local` starts (`hack/cluster manager --agents`
+//! with a cloud-config without pools: it reads MetalLB's objects); every Service keeps its addresses,
+//! field for field (kube-proxy carries the traffic, as under MetalLB: `ipMode: VIP`), no status write
+//! changes an address meanwhile, and each VIP answers a client on the bridge again, announced by the
+//! node MetalLB announced it from (ours elects as MetalLB's speakers do), one the advertisement
+//! selects. A new Service gets an address from the right
+//! pool. Then the way back: `local` goes, MetalLB starts again, and the addresses still stay.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use cluster_tests::{
+    LONG, ManagerForm, Namespace, cluster, echo_app, eventually, host_neighbour, http_get, node_mac,
+};
+use k8s_openapi::api::core::v1::Service;
+
+/// MetalLB's objects: pools on the bridge's subnet outside the manager's own pool (.64/26) and the
+/// test clients' addresses (.200, ::200).
+fn metallb_objects(team_namespace: &str) -> String {
+    format!(
+        r#"apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: general, namespace: metallb-system}}
+spec: {{addresses: [10.89.0.128/28, 'fd00:89::300/124'], avoidBuggyIPs: true}}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: team, namespace: metallb-system}}
+spec: {{addresses: [10.89.0.144/29], serviceAllocation: {{priority: 1, namespaces: [{team_namespace}]}}}}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: manual, namespace: metallb-system}}
+spec: {{addresses: [10.89.0.152-10.89.0.159], autoAssign: false}}
+---
+apiVersion: metallb.io/v1beta1
+kind: IPAddressPool
+metadata: {{name: six, namespace: metallb-system}}
+spec: {{addresses: ['fd00:89::310/124'], autoAssign: false}}
+---
+apiVersion: metallb.io/v1beta1
+kind: L2Advertisement
+metadata: {{name: l2, namespace: metallb-system}}
+spec: {{nodeSelectors: [{{matchLabels: {{metallb-test/l2: "yes"}}}}]}}
+"#
+    )
+}
+
+/// The nodes the `L2Advertisement` selects.
+const ANNOUNCING: [&str; 2] = ["ccm-node-1", "ccm-node-2"];
+
+/// A LoadBalancer Service for the echo app on TCP `port` (to its 8080).
+fn service(name: &str, port: u16, spec: &str, annotations: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata:
+  name: {name}
+  annotations: {{{annotations}}}
+spec:
+  type: LoadBalancer
+  selector: {{app: echo}}
+  {spec}
+  ports:
+  - {{name: http, port: {port}, targetPort: 8080, protocol: TCP}}
+"#
+    )
+}
+
+/// `namespace/name` → (ingress IPs, TCP port), of every Service of `namespaces`.
+type Ingresses = BTreeMap<String, (Vec<IpAddr>, u16)>;
+
+async fn ingresses(namespaces: &[&str]) -> Ingresses {
+    let client = cluster().client().await;
+    let mut out = BTreeMap::new();
+    for namespace in namespaces {
+        let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), namespace);
+        for s in api.list(&Default::default()).await.unwrap().items {
+            let ips: Vec<IpAddr> = s
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.as_deref()?.parse().ok())
+                .collect();
+            let port = s
+                .spec
+                .as_ref()
+                .and_then(|s| s.ports.as_ref())
+                .and_then(|p| p.first())
+                .map(|p| u16::try_from(p.port).unwrap_or_default())
+                .unwrap_or_default();
+            out.insert(
+                format!("{namespace}/{}", s.metadata.name.unwrap_or_default()),
+                (ips, port),
+            );
+        }
+    }
+    out
+}
+
+/// The full ingress of every Service, as the API server has it (compared field by field).
+async fn raw_ingress(namespaces: &[&str]) -> BTreeMap<String, serde_json::Value> {
+    let client = cluster().client().await;
+    let mut out = BTreeMap::new();
+    for namespace in namespaces {
+        let api: kube::Api<Service> = kube::Api::namespaced(client.clone(), namespace);
+        for s in api.list(&Default::default()).await.unwrap().items {
+            let ingress = s
+                .status
+                .and_then(|s| s.load_balancer)
+                .map(|lb| serde_json::to_value(lb).unwrap())
+                .unwrap_or_default();
+            out.insert(
+                format!("{namespace}/{}", s.metadata.name.unwrap_or_default()),
+                ingress,
+            );
+        }
+    }
+    out
+}
+
+/// Waits until every Service of `namespaces` has as many addresses as `expected` says.
+async fn all_assigned(namespaces: &[&str], expected: &BTreeMap<&str, usize>) -> Ingresses {
+    eventually("every Service has its addresses", LONG, || async move {
+        let now = ingresses(namespaces).await;
+        expected
+            .iter()
+            .all(|(key, n)| now.get(*key).is_some_and(|(ips, _)| ips.len() == *n))
+            .then_some(now)
+    })
+    .await
+}
+
+/// Waits until every IPv4 VIP of `services` answers HTTP from the host (a client on the bridge); the
+/// time each took. IPv6 VIPs have their addresses checked only: this cluster's pods have IPv4 addresses
+/// only, so kube-proxy, which carries the traffic under MetalLB and under `local` alike, has no IPv6
+/// endpoint to send them to.
+async fn all_answer(services: &Ingresses, since: Instant) -> BTreeMap<(String, IpAddr), Duration> {
+    let mut took = BTreeMap::new();
+    for (key, (ips, port)) in services {
+        for ip in ips.iter().filter(|ip| ip.is_ipv4()) {
+            let address = SocketAddr::new(*ip, *port);
+            eventually(
+                &format!("{key} answers at {address}"),
+                LONG,
+                || async move { http_get(address, "/").await.ok() },
+            )
+            .await;
+            took.insert((key.clone(), *ip), since.elapsed());
+        }
+    }
+    took
+}
+
+fn in_net(ip: IpAddr, net: &str) -> bool {
+    net.parse::<ipnet::IpNet>().unwrap().contains(&ip)
+}
+
+#[tokio::test]
+async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
+    let c = cluster();
+    // MetalLB alone serves Services of no class: ours goes first (its agents too).
+    c.ensure_manager(ManagerForm::Agents).await;
+    c.script("manager", &["--delete"]);
+    for node in ANNOUNCING {
+        c.kubectl(
+            &["label", "node", node, "metallb-test/l2=yes", "--overwrite"],
+            None,
+        );
+    }
+    c.script("metallb", &["--default-class"]);
+
+    let team = Namespace::new("mlb-team");
+    let shop = Namespace::new("mlb-shop");
+    c.kubectl(&["apply", "-f", "-"], Some(&metallb_objects(team.name())));
+    let dual = "ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]";
+    let six = "ipFamilyPolicy: SingleStack\n  ipFamilies: [IPv6]";
+    let shared = "\"metallb.io/allow-shared-ip\": k";
+    let documents: Vec<(&Namespace, String)> = vec![
+        (&team, service("web", 80, "", "")),
+        (
+            &team,
+            service("local", 80, "externalTrafficPolicy: Local", ""),
+        ),
+        (
+            &team,
+            service("named", 80, "", "\"metallb.io/address-pool\": general"),
+        ),
+        (&shop, service("web", 80, "", "")),
+        (
+            &shop,
+            service("local", 80, "externalTrafficPolicy: Local", ""),
+        ),
+        (
+            &shop,
+            service(
+                "asked",
+                80,
+                "",
+                "\"metallb.io/loadBalancerIPs\": 10.89.0.153",
+            ),
+        ),
+        (
+            &shop,
+            service("spec-ip", 80, "loadBalancerIP: 10.89.0.154", ""),
+        ),
+        (
+            &shop,
+            service(
+                "named",
+                80,
+                "",
+                "\"metallb.universe.tf/address-pool\": manual",
+            ),
+        ),
+        (&shop, service("shared-a", 8081, "", shared)),
+        (&shop, service("shared-b", 8082, "", shared)),
+        (&shop, service("dual", 80, dual, "")),
+        (
+            &shop,
+            service("six", 80, six, "\"metallb.io/address-pool\": six"),
+        ),
+    ];
+    for ns in [&team, &shop] {
+        c.kubectl(
+            &["-n", ns.name(), "apply", "-f", "-"],
+            Some(&echo_app("echo", 3, true, None)),
+        );
+    }
+    for (ns, document) in &documents {
+        c.kubectl(&["-n", ns.name(), "apply", "-f", "-"], Some(document));
+    }
+    for ns in [&team, &shop] {
+        cluster_tests::wait_rollout(ns.name(), "echo").await;
+    }
+    let namespaces = [team.name(), shop.name()];
+    let key = |ns: &Namespace, name: &str| format!("{}/{name}", ns.name());
+    let mut expected: BTreeMap<String, usize> = documents
+        .iter()
+        .map(|(ns, d)| {
+            let name = d
+                .lines()
+                .nth(3)
+                .unwrap()
+                .trim()
+                .trim_start_matches("name: ");
+            (key(ns, name), 1)
+        })
+        .collect();
+    expected.insert(key(&shop, "dual"), 2);
+    let expected_ref: BTreeMap<&str, usize> =
+        expected.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+
+    // MetalLB's assignment, checked against its objects.
+    let metallb = all_assigned(&namespaces, &expected_ref).await;
+    let ips = |name: &str| metallb[name].0.clone();
+    for name in ["web", "local"] {
+        assert!(
+            ips(&key(&team, name))
+                .iter()
+                .all(|ip| in_net(*ip, "10.89.0.144/29")),
+            "{name}: team pool"
+        );
+        assert!(
+            ips(&key(&shop, name))
+                .iter()
+                .all(|ip| in_net(*ip, "10.89.0.128/28")),
+            "{name}: general pool"
+        );
+    }
+    assert_eq!(
+        ips(&key(&shop, "asked")),
+        ["10.89.0.153".parse::<IpAddr>().unwrap()]
+    );
+    assert_eq!(
+        ips(&key(&shop, "spec-ip")),
+        ["10.89.0.154".parse::<IpAddr>().unwrap()]
+    );
+    assert!(in_net(ips(&key(&shop, "named"))[0], "10.89.0.152/29"));
+    assert_eq!(ips(&key(&shop, "shared-a")), ips(&key(&shop, "shared-b")));
+    assert!(in_net(ips(&key(&shop, "six"))[0], "fd00:89::310/124"));
+    // MetalLB takes a dual-stack Service's two addresses from one pool.
+    let dual_ips = ips(&key(&shop, "dual"));
+    assert!(
+        in_net(dual_ips[0], "10.89.0.128/28") && in_net(dual_ips[1], "fd00:89::300/124"),
+        "{dual_ips:?}"
+    );
+    let before_raw = raw_ingress(&namespaces).await;
+    all_answer(&metallb, Instant::now()).await;
+    // Who announces each IPv4 VIP under MetalLB: the MAC the host resolved it to.
+    let announced_by_metallb: BTreeMap<IpAddr, String> = metallb
+        .values()
+        .flat_map(|(ips, _)| ips.iter().copied().filter(IpAddr::is_ipv4))
+        .map(|ip| {
+            let (mac, _) =
+                host_neighbour(ip).unwrap_or_else(|| panic!("no neighbour entry for {ip}"));
+            (ip, mac)
+        })
+        .collect();
+
+    // The hand-over: MetalLB's controller and speakers stop (its objects stay), ours starts. A watcher
+    // of the Services' status notes every address it sees change meanwhile.
+    let changes = Arc::new(Mutex::new(Vec::<String>::new()));
+    let watching = {
+        let changes = changes.clone();
+        let namespaces: Vec<String> = namespaces.iter().map(|n| n.to_string()).collect();
+        let baseline = metallb.clone();
+        tokio::spawn(async move {
+            loop {
+                let names: Vec<&str> = namespaces.iter().map(String::as_str).collect();
+                for (key, (ips, _)) in ingresses(&names).await {
+                    if baseline.get(&key).is_some_and(|(was, _)| *was != ips) {
+                        changes.lock().unwrap().push(format!("{key}: {ips:?}"));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    let stopped = Instant::now();
+    c.kubectl(
+        &[
+            "-n",
+            "metallb-system",
+            "delete",
+            "deployment/controller",
+            "daemonset/speaker",
+            "--wait=true",
+        ],
+        None,
+    );
+    let config = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        config.path(),
+        "# No pools: MetalLB's objects are read (loadBalancer.metallb.objects: auto).\nloadBalancer:\n  mode: agents\n  healthCheck: {interval: 1s, timeout: 500ms, healthyThreshold: 1, unhealthyThreshold: 2}\n  drainTimeout: 5s\n",
+    )
+    .unwrap();
+    c.script(
+        "manager",
+        &[
+            "--agents",
+            "--cloud-config",
+            config.path().to_str().unwrap(),
+        ],
+    );
+    let took = all_answer(&metallb, stopped).await;
+    let slowest = took.values().max().copied().unwrap_or_default();
+    println!(
+        "the hand-over: every VIP answered {slowest:?} after MetalLB's speakers were told to stop ({} VIPs; ours deployed after)",
+        took.len()
+    );
+    // Settled: every ingress as MetalLB wrote it, field for field, and none changed meanwhile.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    watching.abort();
+    assert_eq!(raw_ingress(&namespaces).await, before_raw);
+    assert_eq!(
+        *changes.lock().unwrap(),
+        Vec::<String>::new(),
+        "an address changed during the hand-over"
+    );
+    // Each IPv4 VIP is announced by the node MetalLB announced it from (ours elects as MetalLB's
+    // speakers do), one the advertisement selects.
+    let macs: BTreeMap<String, &str> = ["ccm-node-1", "ccm-node-2", "ccm-node-3"]
+        .into_iter()
+        .map(|n| (node_mac(n), n))
+        .collect();
+    for (vip, metallb_mac) in &announced_by_metallb {
+        let node = macs[metallb_mac];
+        assert!(
+            ANNOUNCING.contains(&node),
+            "{vip}: MetalLB announced it from {node}"
+        );
+        let held = c.exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
+        assert!(
+            String::from_utf8_lossy(&held.stdout).contains(&format!(" {vip}/")),
+            "{vip}: MetalLB announced it from {node}, which does not hold it now"
+        );
+    }
+
+    // A new Service gets an address from the right pool.
+    c.kubectl(
+        &["-n", team.name(), "apply", "-f", "-"],
+        Some(&service("fresh", 80, "", "")),
+    );
+    c.kubectl(
+        &["-n", shop.name(), "apply", "-f", "-"],
+        Some(&service("fresh", 80, "", "")),
+    );
+    let (team_fresh, _) = cluster_tests::ingress(team.name(), "fresh").await;
+    let (shop_fresh, _) = cluster_tests::ingress(shop.name(), "fresh").await;
+    assert!(in_net(team_fresh, "10.89.0.144/29"), "{team_fresh}");
+    assert!(
+        in_net(shop_fresh, "10.89.0.128/28") && !shop_fresh.to_string().ends_with(".128"),
+        "{shop_fresh}: general, its .0 avoided"
+    );
+    let with_fresh = ingresses(&namespaces).await;
+
+    // The way back: ours goes, MetalLB starts again; nothing moves.
+    c.script("manager", &["--delete"]);
+    c.script("metallb", &["--default-class"]);
+    all_answer(&with_fresh, Instant::now()).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        ingresses(&namespaces).await,
+        with_fresh,
+        "MetalLB kept every address"
+    );
+
+    // Ours again, as the other tests have it (its finalizers on the Services let them go).
+    c.script("metallb", &["--default-class", "--delete"]);
+    for node in ANNOUNCING {
+        c.kubectl(&["label", "node", node, "metallb-test/l2-"], None);
+    }
+    c.script("manager", &["--agents"]);
+    c.ensure_manager(ManagerForm::Agents).await;
+}
