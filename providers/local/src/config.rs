@@ -201,7 +201,7 @@ pub struct AddressPool {
     pub node_selectors: Vec<LabelSelector>,
     /// Never gives out an IPv4 address ending in `.0` or `.255`, which some old routers drop (MetalLB's
     /// `avoidBuggyIPs`, default `false`).
-    #[serde(default)]
+    #[serde(default, rename = "avoidBuggyIPs")]
     pub avoid_buggy_ips: bool,
     /// Where the pool ranks when a Service that names no pool is given an address: pools with a
     /// priority (1 or more; 0 is refused) first, the lowest number first, then the pools without one; in

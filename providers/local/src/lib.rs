@@ -24,6 +24,7 @@ mod heard;
 pub mod instances;
 pub mod load_balancer;
 pub mod metallb;
+pub mod pool_usage;
 mod selector;
 mod watcher;
 

@@ -1080,6 +1080,13 @@ impl LocalCloud {
         Ok(())
     }
 
+    /// How full each pool in force is ([`crate::pool_usage`]).
+    pub fn pool_usage(&self) -> Vec<crate::pool_usage::PoolUsage> {
+        let config = self.config();
+        let owners = lock(&self.inner.load_balancers).owners.clone();
+        crate::pool_usage::usage(&config, &owners)
+    }
+
     /// The labels of namespace `namespace`, read from the API server only when a pool of `config`
     /// selects namespaces by label (`namespaceSelectors`); else none. Without a client (before
     /// `initialize`), none.

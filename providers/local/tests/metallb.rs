@@ -294,6 +294,50 @@ async fn metallb_s_objects_are_the_pools_and_what_is_refused_is_said_on_the_obje
         "{other_web} {shared}"
     );
 
+    // Each pool's usage in its status, in MetalLB's fields; `reserved` ran out (asked, named, spec-ip).
+    let pools = metallb_api(
+        admin().await,
+        &metallb,
+        "IPAddressPool",
+        "ipaddresspools",
+        "v1beta1",
+    );
+    for (name, assigned, available) in [("reserved", 3, 0), ("main", 1, 6)] {
+        let pools = pools.clone();
+        eventually(&format!("the usage of pool {name}"), LONG, || {
+            let pools = pools.clone();
+            async move {
+                let status = pools.get(name).await.ok()?.data.get("status")?.clone();
+                (status
+                    == json!({"assignedIPv4": assigned, "assignedIPv6": 0,
+                              "availableIPv4": available, "availableIPv6": 0}))
+                .then_some(())
+            }
+        })
+        .await;
+    }
+    let exhausted = eventually("the event of the exhausted pool", LONG, || {
+        let metallb = metallb.clone();
+        async move {
+            Some(events_in(&metallb, "reserved", "PoolExhausted").await).filter(|e| !e.is_empty())
+        }
+    })
+    .await;
+    assert!(
+        exhausted[0]
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("has no free address"),
+        "{:?}",
+        exhausted[0].note
+    );
+    assert!(
+        events_in(&metallb, "main", "PoolExhausted")
+            .await
+            .is_empty()
+    );
+
     // Refusals, each on its object, naming the field.
     for (name, wanted) in [
         (

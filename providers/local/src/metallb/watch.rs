@@ -3,12 +3,16 @@
 //! objects are translated again and the result put in force when it differs. The manager (`report`)
 //! records a Warning event [`super::EVENT_REFUSED`] on each object refused, once per reason.
 
-use std::{collections::BTreeSet, sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures::StreamExt;
 use kube::{
     Api, Client,
-    api::{ApiResource, DynamicObject, GroupVersionKind},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
     runtime::{
         WatchStreamExt,
         reflector::{self, Store},
@@ -19,7 +23,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{GROUP, Kind, Object, Refusal, Translation, translate};
-use crate::{CloudEvent, Config, LocalCloud, MetallbObjects, lock};
+use crate::{CloudEvent, Config, LocalCloud, MetallbObjects, lock, pool_usage::PoolUsage};
+
+/// The reason of the Warning event on an `IPAddressPool` that ran out of the addresses of a family.
+pub const EVENT_POOL_EXHAUSTED: &str = "PoolExhausted";
+
+/// How often the pools' usage is looked at (and written when it changed).
+const USAGE_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How often the objects are translated again without a change (a cloud-config edit changes what
 /// they make out), and how often a cluster without MetalLB's CRDs is looked at again.
@@ -204,6 +214,8 @@ async fn keep(
         let _ = tokio::time::timeout(RECHECK, store.wait_until_ready()).await;
     }
     let mut told: BTreeSet<Refusal> = BTreeSet::new();
+    let mut written: BTreeMap<String, PoolUsage> = BTreeMap::new();
+    let mut usage_tick = tokio::time::interval(USAGE_INTERVAL);
     loop {
         let objects: Vec<Object> = stores
             .iter()
@@ -225,13 +237,108 @@ async fn keep(
                 notify.notify_one();
             }
         }
-        tokio::select! {
-            () = changed.notified() => {
-                // The objects of one `kubectl apply` arrive together: read them together.
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let recheck = tokio::time::sleep(RECHECK);
+        tokio::pin!(recheck);
+        loop {
+            tokio::select! {
+                () = changed.notified() => {
+                    // The objects of one `kubectl apply` arrive together: read them together.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    break;
+                }
+                () = &mut recheck => break,
+                _ = usage_tick.tick(), if report => {
+                    write_usage(cloud, &client, namespace, &stores, &mut written).await;
+                }
             }
-            () = tokio::time::sleep(RECHECK) => {}
         }
+    }
+}
+
+/// Writes the usage of each pool read from an `IPAddressPool` into its status, in MetalLB's fields
+/// (`assignedIPv4`, `assignedIPv6`, `availableIPv4`, `availableIPv6`; `kubectl -n metallb-system get
+/// ipaddresspools -o yaml`), when it changed since last written; a pool that runs out of the addresses
+/// of a family gets a Warning event [`EVENT_POOL_EXHAUSTED`]. A failed write is logged and tried again.
+async fn write_usage(
+    cloud: &LocalCloud,
+    client: &Client,
+    namespace: &str,
+    stores: &[(Kind, Store<DynamicObject>)],
+    written: &mut BTreeMap<String, PoolUsage>,
+) {
+    if !cloud.config().metallb_pools {
+        return;
+    }
+    let Some((_, pools)) = stores.iter().find(|(k, _)| *k == Kind::IpAddressPool) else {
+        return;
+    };
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), namespace, &resource(Kind::IpAddressPool));
+    for usage in cloud.pool_usage() {
+        let Some(object) = pools
+            .state()
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(usage.name.as_str()))
+        else {
+            continue;
+        };
+        let status = serde_json::json!({
+            "assignedIPv4": usage.assigned_v4,
+            "assignedIPv6": usage.assigned_v6,
+            "availableIPv4": usage.available_v4,
+            "availableIPv6": usage.available_v6,
+        });
+        let before = written.get(&usage.name);
+        let was_exhausted = before.is_some_and(PoolUsage::exhausted);
+        if object.data.get("status") != Some(&status) {
+            let patch = serde_json::json!({"status": status});
+            match api
+                .patch_status(&usage.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(pool = %usage.name, error = %err, "writing the usage of MetalLB's IPAddressPool failed; trying again");
+                    continue;
+                }
+            }
+        }
+        if usage.exhausted() && !was_exhausted {
+            cloud.record_warning(
+                CloudEvent {
+                    namespace,
+                    name_prefix: format!("{}.exhausted-", usage.name),
+                    regarding: Some(reference(Kind::IpAddressPool, &usage.name, namespace)),
+                    reason: EVENT_POOL_EXHAUSTED,
+                    action: "AssignAddress",
+                },
+                &format!(
+                    "IPAddressPool {:?} has no free address of a family it has ({} IPv4 and {} IPv6 \
+                     addresses given out, {} and {} free): a Service that needs one gets none from it",
+                    usage.name,
+                    usage.assigned_v4,
+                    usage.assigned_v6,
+                    usage.available_v4,
+                    usage.available_v6
+                ),
+            );
+        }
+        written.insert(usage.name.clone(), usage);
+    }
+}
+
+/// A reference to a MetalLB object, for an event about it.
+fn reference(
+    kind: Kind,
+    name: &str,
+    namespace: &str,
+) -> k8s_openapi::api::core::v1::ObjectReference {
+    k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some(format!("{GROUP}/{}", kind.version())),
+        kind: Some(kind.name().to_owned()),
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..Default::default()
     }
 }
 
@@ -253,13 +360,7 @@ fn tell(
             CloudEvent {
                 namespace,
                 name_prefix: format!("{}.metallb-", refusal.name),
-                regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
-                    api_version: Some(format!("{GROUP}/{}", refusal.kind.version())),
-                    kind: Some(refusal.kind.name().to_owned()),
-                    name: Some(refusal.name.clone()),
-                    namespace: Some(namespace.to_owned()),
-                    ..Default::default()
-                }),
+                regarding: Some(reference(refusal.kind, &refusal.name, namespace)),
                 reason: super::EVENT_REFUSED,
                 action: "ReadMetalLBObject",
             },
