@@ -897,7 +897,7 @@ impl Allocations {
 
     /// Reserves the addresses a Service's status carries (at start). An address another Service
     /// already holds is not taken (and logged), unless both may share it (`sharing`: how this one may,
-    /// read from the Service as it is).
+    /// read from the Service as it is). `data_path`: the one its status's `ipMode` says.
     fn reserve(
         &mut self,
         config: &Config,
@@ -905,6 +905,7 @@ impl Allocations {
         uid: Option<&str>,
         ips: &[IpAddr],
         sharing: Option<Sharing>,
+        data_path: DataPath,
     ) {
         let mut mine = Vec::new();
         for ip in ips {
@@ -937,11 +938,29 @@ impl Allocations {
                     uid: uid.map(str::to_owned),
                     ips: mine,
                     applied: None,
-                    data_path: DataPath::default(),
+                    data_path,
                     sharing,
                 },
             );
         }
+    }
+}
+
+/// The data path a Service's status says carries its traffic: `ipMode: VIP` (kube-proxy's, as
+/// MetalLB's Services and ours with `local.ccm.rs/data-path: kube-proxy` say), else the data plane's.
+fn published_data_path(service: &Service) -> DataPath {
+    let vip_mode = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .and_then(|ingress| ingress.first())
+        .and_then(|i| i.ip_mode.as_deref())
+        == Some("VIP");
+    if vip_mode {
+        DataPath::KubeProxy
+    } else {
+        DataPath::Proxy
     }
 }
 
@@ -1070,6 +1089,7 @@ impl LocalCloud {
                 service.metadata.uid.as_deref(),
                 &ips,
                 sharing,
+                published_data_path(service),
             );
             reserved += ips.len();
         }
@@ -2327,7 +2347,14 @@ mod tests {
             ..Default::default()
         });
         // Reserved at start: another Service cannot get it.
-        allocations.reserve(&config, "ns/web", Some("u1"), &ips(&["127.50.0.2"]), None);
+        allocations.reserve(
+            &config,
+            "ns/web",
+            Some("u1"),
+            &ips(&["127.50.0.2"]),
+            None,
+            DataPath::Proxy,
+        );
         let other = svc(json!({"metadata": {"name": "other", "uid": "u2"}}));
         let wanted = read_service(&other, &config).unwrap();
         assert_eq!(

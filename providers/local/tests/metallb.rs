@@ -455,3 +455,113 @@ async fn snapshot(namespaces: &[&String]) -> Vec<(String, String, Vec<IpAddr>)> 
     out.sort();
     out
 }
+
+/// Shadow mode beside MetalLB: a manager with `--dry-run` reads MetalLB's objects, reserves the
+/// addresses MetalLB wrote, and its preview (what `/dry-run` reports) says each Service keeps them, or
+/// why one would not; it writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_beside_metallb_reports_each_service_kept_or_why_not() {
+    let _serial = SERIAL.lock().await;
+    install_metallb_crds().await;
+    forget_earlier_runs().await;
+    let metallb = test_control_plane::unique_name("mlb");
+    let shop = test_control_plane::unique_name("shop");
+    for namespace in [&metallb, &shop] {
+        ensure_namespace(namespace).await;
+    }
+    let none = json!({});
+    apply(
+        &metallb,
+        "IPAddressPool",
+        "p",
+        json!({"addresses": ["127.62.0.0/29"]}),
+        none.clone(),
+    )
+    .await;
+    apply(
+        &metallb,
+        "L2Advertisement",
+        "l2",
+        none.clone(),
+        none.clone(),
+    )
+    .await;
+    // The Services as MetalLB left them: addresses in its pool (`kept-*`), or in none (`lost`).
+    let api = services(&shop).await;
+    for (name, ip) in [
+        ("kept-a", "127.62.0.0"),
+        ("kept-b", "127.62.0.5"),
+        ("lost", "127.99.0.1"),
+    ] {
+        create_service(&shop, service(name, 80, none.clone(), none.clone())).await;
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"status": {"loadBalancer": {"ingress": [{"ip": ip, "ipMode": "VIP"}]}}}),
+            ),
+        )
+        .await
+        .expect("status written");
+    }
+    let before = snapshot(&[&shop]).await;
+
+    let manager = RunningManager::start(
+        &format!("unlistedNodes: ignore\nloadBalancer:\n  mode: agents\n  metallb: {{namespace: {metallb}}}\n"),
+        &["--dry-run"],
+    )
+    .await;
+    // The service controller's would-be ensures, one per Service, are previews.
+    eventually("the shadow's previews", LONG, || {
+        let metrics = manager.metrics.encode();
+        async move {
+            let count = |preview: &str| {
+                metrics
+                    .lines()
+                    .find(|l| l.starts_with(&format!(
+                        r#"cloud_controller_manager_dry_run_cloud_writes_total{{call="ensure_load_balancer",preview="{preview}"}}"#
+                    )))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            (count("upToDate") >= 2.0 && count("change") >= 1.0).then_some(())
+        }
+    })
+    .await;
+    let cloud = &manager.cloud;
+    for (name, wanted) in [
+        ("kept-a", None),
+        ("kept-b", None),
+        (
+            "lost",
+            Some("the address 127.99.0.1 would change: it is in no address pool now"),
+        ),
+    ] {
+        let service = api.get(name).await.unwrap();
+        let preview =
+            cloud_provider::LoadBalancer::preview_load_balancer(cloud, "kubernetes", &service, &[])
+                .await
+                .unwrap();
+        match (wanted, preview) {
+            (None, cloud_provider::LoadBalancerPreview::UpToDate) => {}
+            (Some(wanted), cloud_provider::LoadBalancerPreview::Change { detail, .. }) => {
+                assert!(detail.contains(wanted), "{name}: {detail}");
+            }
+            (wanted, preview) => panic!("{name}: {preview:?}, wanted {wanted:?}"),
+        }
+    }
+    // Nothing written: the statuses as MetalLB left them, and no finalizer of ours.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(snapshot(&[&shop]).await, before);
+    for service in api.list(&Default::default()).await.unwrap().items {
+        assert_eq!(
+            service.metadata.finalizers, None,
+            "{:?}",
+            service.metadata.name
+        );
+    }
+    manager.stop().await;
+    let _ = api
+        .delete_collection(&Default::default(), &Default::default())
+        .await;
+}
