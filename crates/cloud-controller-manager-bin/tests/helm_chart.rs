@@ -366,6 +366,14 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
             "files/local-agents-metallb-rbac.yaml",
             "../../../components/local-agents/metallb-rbac.yaml",
         ),
+        (
+            "files/local-pools-crd.yaml",
+            "../../../components/local-pools/localpools-crd.yaml",
+        ),
+        (
+            "files/local-pools-rbac.yaml",
+            "../../../components/local-pools/rbac.yaml",
+        ),
     ] {
         let path = chart().join(link);
         assert_eq!(

@@ -210,27 +210,47 @@ impl Drop for Applied {
     }
 }
 
+/// The RBAC objects of `deploy/components/local-pools` (the manager's right to write LocalPools),
+/// which every `local` overlay includes.
+fn local_pools_rbac() -> Vec<Value> {
+    let path = workspace_root().join("deploy/components/local-pools/rbac.yaml");
+    rbac_objects(&parse(
+        &std::fs::read_to_string(path).unwrap(),
+        "the local-pools component",
+    ))
+}
+
 /// Renders `dir`, applies it (server-side dry run, then for real), checks its kinds and permissions,
 /// and returns its objects and its Deployment; what it created is deleted when the guard drops.
 fn render_and_apply(dir: &str) -> (Applied, Vec<Value>, Value) {
     let (yaml, objects) = render(dir);
+    let local = dir.starts_with("deploy/overlays/local");
     // Only the manager's identity, its permissions, its Deployment with its PodDisruptionBudget, and
-    // its cloud-config.
+    // its cloud-config; for `local`, the LocalPool CRD too (deploy/components/local-pools).
     for object in &objects {
         assert!(
             is_rbac(object)
                 || (object["apiVersion"] == "apps/v1" && object["kind"] == "Deployment")
                 || (object["apiVersion"] == "policy/v1" && object["kind"] == "PodDisruptionBudget")
-                || (object["apiVersion"] == "v1" && object["kind"] == "ConfigMap"),
+                || (object["apiVersion"] == "v1" && object["kind"] == "ConfigMap")
+                || (local
+                    && object["kind"] == "CustomResourceDefinition"
+                    && object["metadata"]["name"] == "localpools.local.ccm.rs"),
             "{dir} renders an unexpected object: {:?}",
             key(object)
         );
     }
-    // Exactly deploy/rbac.yaml: the same objects, names, rules, role references and subjects, nothing
-    // added, removed or widened.
+    // Exactly deploy/rbac.yaml (and, for `local`, the local-pools component's): the same objects,
+    // names, rules, role references and subjects, nothing added, removed or widened.
+    let mut expected = shipped_rbac();
+    if local {
+        expected.extend(local_pools_rbac());
+        expected.sort_by_key(key);
+    }
+    let mut rendered = rbac_objects(&objects);
+    rendered.sort_by_key(key);
     assert_eq!(
-        rbac_objects(&objects),
-        shipped_rbac(),
+        rendered, expected,
         "{dir}: the RBAC objects differ from deploy/rbac.yaml"
     );
 
@@ -440,6 +460,7 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
         &std::fs::read_to_string(&component).unwrap(),
         "the service-account-credentials component",
     )));
+    expected.extend(local_pools_rbac());
     let mut rendered = rbac_objects(&objects);
     rendered.sort_by_key(key);
     expected.sort_by_key(key);
@@ -453,8 +474,13 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
         .filter(|o| !is_rbac(o))
         .map(|o| o["kind"].as_str().unwrap().to_owned())
         .collect();
-    // No PodDisruptionBudget: components/daemonset deletes the Deployment's.
-    assert_eq!(kinds, ["ConfigMap", "DaemonSet"], "{kinds:?}");
+    // No PodDisruptionBudget: components/daemonset deletes the Deployment's. The LocalPool CRD, as
+    // in the local overlay.
+    assert_eq!(
+        kinds,
+        ["CustomResourceDefinition", "ConfigMap", "DaemonSet"],
+        "{kinds:?}"
+    );
     assert_eq!(the(&objects, "ConfigMap"), the(&local, "ConfigMap"));
     let copy = std::fs::read_to_string(
         workspace_root().join("deploy/overlays/local-daemonset/cloud-config.yaml"),

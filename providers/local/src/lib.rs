@@ -24,6 +24,7 @@ mod heard;
 pub mod instances;
 pub mod load_balancer;
 pub mod metallb;
+pub mod pool_objects;
 pub mod pool_usage;
 mod selector;
 mod watcher;
@@ -678,6 +679,7 @@ impl CloudProvider for LocalCloud {
         metallb::watch::start(self, ctx.client.clone(), ctx.shutdown.clone(), true, None).await?;
         self.reserve_published_addresses(&ctx.client).await?;
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
+        pool_objects::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
         self.stop_serving_on(ctx.shutdown.clone());
         self.step_down_on_claims(ctx.api_outage.clone(), ctx.shutdown.clone());
         Ok(())

@@ -13,7 +13,6 @@ mod translate;
 pub(crate) mod watch;
 
 pub use translate::{Translation, translate};
-pub use watch::EVENT_POOL_EXHAUSTED;
 
 use std::collections::BTreeMap;
 

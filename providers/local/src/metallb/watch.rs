@@ -23,10 +23,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{GROUP, Kind, Object, Refusal, Translation, translate};
-use crate::{CloudEvent, Config, LocalCloud, MetallbObjects, lock, pool_usage::PoolUsage};
-
-/// The reason of the Warning event on an `IPAddressPool` that ran out of the addresses of a family.
-pub const EVENT_POOL_EXHAUSTED: &str = "PoolExhausted";
+use crate::{
+    CloudEvent, Config, LocalCloud, MetallbObjects, lock, pool_objects::EVENT_POOL_EXHAUSTED,
+    pool_usage::PoolUsage,
+};
 
 /// How often the pools' usage is looked at (and written when it changed).
 const USAGE_INTERVAL: Duration = Duration::from_secs(2);
