@@ -6,7 +6,8 @@
 //! Then MetalLB's controller and speakers stop and `local` starts (`hack/cluster manager --agents`
 //! with a cloud-config without pools: it reads MetalLB's objects); every Service keeps its addresses,
 //! field for field (kube-proxy carries the traffic, as under MetalLB: `ipMode: VIP`), no status write
-//! changes an address meanwhile, and each VIP answers a client on the bridge again, announced by the
+//! changes an address meanwhile, each Service gets an event saying it was taken over and kept its
+//! addresses, and each VIP answers a client on the bridge again, announced by the
 //! node MetalLB announced it from (ours elects as MetalLB's speakers do), one the advertisement
 //! selects. A new Service gets an address from the right
 //! pool. Then the way back: `local` goes, MetalLB starts again, and the addresses still stay.
@@ -387,6 +388,31 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
             String::from_utf8_lossy(&held.stdout).contains(&format!(" {vip}/")),
             "{vip}: MetalLB announced it from {node}, which does not hold it now"
         );
+    }
+
+    // Each Service was told: it keeps its addresses, now served by local.
+    for (service, (ips, _)) in &metallb {
+        let (namespace, name) = service.split_once('/').unwrap();
+        let events: kube::Api<k8s_openapi::api::events::v1::Event> =
+            kube::Api::namespaced(c.client().await, namespace);
+        let note = eventually(&format!("{service} told of the hand-over"), LONG, || {
+            let events = events.clone();
+            async move {
+                events
+                    .list(&Default::default())
+                    .await
+                    .ok()?
+                    .items
+                    .into_iter()
+                    .find_map(|e| {
+                        (e.reason.as_deref() == Some("TakenOverFromMetalLB")
+                            && e.regarding.as_ref()?.name.as_deref() == Some(name))
+                        .then(|| e.note.unwrap_or_default())
+                    })
+            }
+        })
+        .await;
+        assert!(note.contains(&ips[0].to_string()), "{service}: {note}");
     }
 
     // A new Service gets an address from the right pool.

@@ -677,8 +677,9 @@ impl CloudProvider for LocalCloud {
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         // MetalLB's pools first: the addresses Services carry are reserved in them.
         metallb::watch::start(self, ctx.client.clone(), ctx.shutdown.clone(), true, None).await?;
-        self.reserve_published_addresses(&ctx.client).await?;
+        let taken_over = self.reserve_published_addresses(&ctx.client).await?;
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
+        self.tell_taken_over(&taken_over);
         pool_objects::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
         self.stop_serving_on(ctx.shutdown.clone());
         self.step_down_on_claims(ctx.api_outage.clone(), ctx.shutdown.clone());

@@ -287,6 +287,10 @@ pub const METALLB_ANNOTATIONS: [(&str, [&str; 2]); 3] = [
 /// output, not a request, so neither read nor refused.
 const METALLB_OUTPUT_ANNOTATION: &str = "ip-allocated-from-pool";
 
+/// The reason of the Normal event on a Service taken over from MetalLB at the manager's start: it
+/// keeps its addresses.
+pub const EVENT_TAKEN_OVER: &str = "TakenOverFromMetalLB";
+
 /// The value of `ours` or of one of MetalLB's spellings of it (with the key it was found under); two
 /// spellings with different values are refused, naming both. A MetalLB annotation that is no
 /// spelling of ours is refused by name.
@@ -1048,10 +1052,13 @@ fn addresses_to_reserve(service: &Service, config: &Config) -> Vec<IpAddr> {
 
 impl LocalCloud {
     /// Reserves the VIPs every LoadBalancer Service's status carries.
+    /// Returns the Services taken over from MetalLB: those MetalLB gave their addresses to (its
+    /// annotation `metallb.io/ip-allocated-from-pool`), which this cloud never served (no cleanup
+    /// finalizer), whose addresses are now reserved in MetalLB's pools read as this cloud's.
     pub(crate) async fn reserve_published_addresses(
         &self,
         client: &kube::Client,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<(Service, Vec<IpAddr>)>, Error> {
         let services: Api<Service> = Api::all(client.clone());
         // A new leader may meet a passing API hiccup: a few tries, 1 s apart, before start-up fails
         // (no controller may run before the published addresses are reserved).
@@ -1077,10 +1084,25 @@ impl LocalCloud {
         let config = self.config();
         let mut allocations = lock(&self.inner.load_balancers);
         let mut reserved = 0;
+        let mut taken_over = Vec::new();
         for service in &list.items {
             let ips = addresses_to_reserve(service, &config);
             if ips.is_empty() {
                 continue;
+            }
+            let from_metallb = config.metallb_pools
+                && service.metadata.annotations.as_ref().is_some_and(|a| {
+                    a.keys()
+                        .any(|k| k.ends_with(&format!("/{METALLB_OUTPUT_ANNOTATION}")))
+                })
+                && !service
+                    .metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == "service.kubernetes.io/load-balancer-cleanup");
+            if from_metallb {
+                taken_over.push((service.clone(), ips.clone()));
             }
             let sharing = read_service(service, &config).ok().and_then(|w| w.sharing);
             allocations.reserve(
@@ -1095,9 +1117,27 @@ impl LocalCloud {
         }
         tracing::info!(
             addresses = reserved,
+            taken_over_from_metallb = taken_over.len(),
             "local cloud: reserved the load-balancer addresses Services carry"
         );
-        Ok(())
+        Ok(taken_over)
+    }
+
+    /// Tells each Service taken over from MetalLB (a Normal event [`EVENT_TAKEN_OVER`]) that it keeps
+    /// its addresses, now served by this cloud.
+    pub(crate) fn tell_taken_over(&self, taken_over: &[(Service, Vec<IpAddr>)]) {
+        for (service, ips) in taken_over {
+            let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
+            self.record_event(
+                "Normal",
+                crate::CloudEvent::about_vip(service, EVENT_TAKEN_OVER, "TakeOver"),
+                &format!(
+                    "keeps {} from MetalLB's pools, now served by the local cloud (MetalLB's objects \
+                     read as its configuration)",
+                    ips.join(", ")
+                ),
+            );
+        }
     }
 
     /// How full each pool in force is ([`crate::pool_usage`]).
