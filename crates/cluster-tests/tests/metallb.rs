@@ -2,20 +2,22 @@
 //! speakers, built from its Go module: `hack/cluster metallb --default-class`) is the cluster's load
 //! balancer, configured by its own objects (three pools: one scoped to a namespace, one not
 //! auto-assigned, one IPv6, besides a dual-stack one; an `L2Advertisement` with a node selector) and
-//! serving twelve Services.
-//! Then MetalLB's controller and speakers stop and `local` starts (`hack/cluster manager --agents`
-//! with a cloud-config without pools: it reads MetalLB's objects); every Service keeps its addresses,
-//! field for field (kube-proxy carries the traffic, as under MetalLB: `ipMode: VIP`), no status write
-//! changes an address meanwhile, each Service gets an event saying it was taken over and kept its
-//! addresses, and each VIP answers a client on the bridge again, announced by the
-//! node MetalLB announced it from (ours elects as MetalLB's speakers do), one the advertisement
-//! selects. A new Service gets an address from the right
-//! pool. Then the way back: `local` goes, MetalLB starts again, and the addresses still stay.
+//! serving twelve Services. Then `local` starts beside it (`hack/cluster manager --agents` with a
+//! cloud-config without pools: it reads MetalLB's objects), its agents take each VIP on the node
+//! MetalLB's speaker announces it from (they elect as MetalLB does), and MetalLB's controller and
+//! speakers stop. No request of a client on the bridge to any VIP fails meanwhile, no VIP moves to
+//! another node, every Service keeps its ingress field for field (kube-proxy carries the traffic, as
+//! under MetalLB: `ipMode: VIP`) and no status write changes an address, and each Service gets an event
+//! saying it was taken over. A new Service gets an address from the right pool. Then the way back:
+//! `local` goes, MetalLB starts again, and the addresses still stay.
 
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -174,6 +176,7 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
     let c = cluster();
     // MetalLB alone serves Services of no class: ours goes first (its agents too).
     c.ensure_manager(ManagerForm::Agents).await;
+    let restore = Restore;
     c.script("manager", &["--delete"]);
     for node in ANNOUNCING {
         c.kubectl(
@@ -311,8 +314,11 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
         })
         .collect();
 
-    // The hand-over: MetalLB's controller and speakers stop (its objects stay), ours starts. A watcher
-    // of the Services' status notes every address it sees change meanwhile.
+    // The hand-over, with no gap: ours starts beside MetalLB (its agents announce each VIP from the
+    // node MetalLB's speaker announces it from, since they elect as MetalLB does, and kube-proxy
+    // carries the traffic under both), then MetalLB's controller and speakers stop (its objects stay).
+    // A watcher of the Services' status notes every address it sees change, and a client on the
+    // bridge sends requests to every IPv4 VIP throughout.
     let changes = Arc::new(Mutex::new(Vec::<String>::new()));
     let watching = {
         let changes = changes.clone();
@@ -330,18 +336,31 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
             }
         })
     };
-    let stopped = Instant::now();
-    c.kubectl(
-        &[
-            "-n",
-            "metallb-system",
-            "delete",
-            "deployment/controller",
-            "daemonset/speaker",
-            "--wait=true",
-        ],
-        None,
-    );
+    let targets: Vec<SocketAddr> = metallb
+        .values()
+        .flat_map(|(ips, port)| {
+            ips.iter()
+                .filter(|ip| ip.is_ipv4())
+                .map(move |ip| SocketAddr::new(*ip, *port))
+        })
+        .collect();
+    let stop_probing = Arc::new(AtomicBool::new(false));
+    let probing = {
+        let stop = stop_probing.clone();
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u64, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                for target in &targets {
+                    match http_get(*target, "/").await {
+                        Ok(_) => ok += 1,
+                        Err(err) => failed.push(err),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (ok, failed)
+        })
+    };
     let config = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(
         config.path(),
@@ -356,23 +375,8 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
             config.path().to_str().unwrap(),
         ],
     );
-    let took = all_answer(&metallb, stopped).await;
-    let slowest = took.values().max().copied().unwrap_or_default();
-    println!(
-        "the hand-over: every VIP answered {slowest:?} after MetalLB's speakers were told to stop ({} VIPs; ours deployed after)",
-        took.len()
-    );
-    // Settled: every ingress as MetalLB wrote it, field for field, and none changed meanwhile.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    watching.abort();
-    assert_eq!(raw_ingress(&namespaces).await, before_raw);
-    assert_eq!(
-        *changes.lock().unwrap(),
-        Vec::<String>::new(),
-        "an address changed during the hand-over"
-    );
-    // Each IPv4 VIP is announced by the node MetalLB announced it from (ours elects as MetalLB's
-    // speakers do), one the advertisement selects.
+    // Each IPv4 VIP is held by the node MetalLB announces it from (one the advertisement selects)
+    // before MetalLB stops.
     let macs: BTreeMap<String, &str> = ["ccm-node-1", "ccm-node-2", "ccm-node-3"]
         .into_iter()
         .map(|n| (node_mac(n), n))
@@ -383,13 +387,56 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
             ANNOUNCING.contains(&node),
             "{vip}: MetalLB announced it from {node}"
         );
-        let held = c.exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
-        assert!(
-            String::from_utf8_lossy(&held.stdout).contains(&format!(" {vip}/")),
-            "{vip}: MetalLB announced it from {node}, which does not hold it now"
-        );
+        eventually(
+            &format!("{vip} held by {node}, which MetalLB announced it from"),
+            LONG,
+            || async move {
+                let held = c.exec_on_node(node, &["ip", "-o", "address", "show", "dev", "eth0"]);
+                String::from_utf8_lossy(&held.stdout)
+                    .contains(&format!(" {vip}/"))
+                    .then_some(())
+            },
+        )
+        .await;
     }
-
+    c.kubectl(
+        &[
+            "-n",
+            "metallb-system",
+            "delete",
+            "deployment/controller",
+            "daemonset/speaker",
+            "--wait=true",
+        ],
+        None,
+    );
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop_probing.store(true, Ordering::Relaxed);
+    let (ok, failed) = probing.await.unwrap();
+    println!(
+        "the hand-over: {} of {} requests to {} VIPs failed, from before ours started to 10 s after MetalLB stopped",
+        failed.len(),
+        ok + failed.len() as u64,
+        announced_by_metallb.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "requests failed during the hand-over: {failed:?}"
+    );
+    for (vip, metallb_mac) in &announced_by_metallb {
+        let (mac, _) =
+            host_neighbour(*vip).unwrap_or_else(|| panic!("no neighbour entry for {vip}"));
+        assert_eq!(&mac, metallb_mac, "{vip} moved to another node");
+    }
+    // Settled: every ingress as MetalLB wrote it, field for field, and none changed meanwhile.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    watching.abort();
+    assert_eq!(raw_ingress(&namespaces).await, before_raw);
+    assert_eq!(
+        *changes.lock().unwrap(),
+        Vec::<String>::new(),
+        "an address changed during the hand-over"
+    );
     // Each Service was told: it keeps its addresses, now served by local.
     for (service, (ips, _)) in &metallb {
         let (namespace, name) = service.split_once('/').unwrap();
@@ -444,11 +491,37 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
         "MetalLB kept every address"
     );
 
-    // Ours again, as the other tests have it (its finalizers on the Services let them go).
-    c.script("metallb", &["--default-class", "--delete"]);
-    for node in ANNOUNCING {
-        c.kubectl(&["label", "node", node, "metallb-test/l2-"], None);
-    }
-    c.script("manager", &["--agents"]);
+    drop(restore);
     c.ensure_manager(ManagerForm::Agents).await;
+}
+
+/// Puts the cluster back as the other tests have it, when the test ends or fails: MetalLB gone, the
+/// nodes' labels off, ours in agents mode with `hack/cluster`'s own cloud-config (whose finalizers on
+/// the Services then let them go).
+struct Restore;
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let c = cluster();
+        // Not `Cluster::script`, which panics on failure: this may run while the test panics.
+        let script = |args: &[&str]| {
+            let status =
+                std::process::Command::new(cluster_tests::workspace_root().join("hack/cluster"))
+                    .args(args)
+                    .arg("--dir")
+                    .arg(c.dir())
+                    .status();
+            if !status.is_ok_and(|s| s.success()) {
+                eprintln!(
+                    "putting the cluster back: hack/cluster {} failed",
+                    args.join(" ")
+                );
+            }
+        };
+        script(&["metallb", "--default-class", "--delete"]);
+        for node in ANNOUNCING {
+            let _ = c.kubectl_output(&["label", "node", node, "metallb-test/l2-"], None);
+        }
+        script(&["manager", "--agents"]);
+    }
 }
