@@ -206,15 +206,7 @@ async fn step(cloud: &LocalCloud, api: &Api<DynamicObject>) -> Result<(), kube::
                     reason: EVENT_POOL_EXHAUSTED,
                     action: "AssignAddress",
                 },
-                &format!(
-                    "pool {:?} has no free address of a family it has ({} IPv4 and {} IPv6 \
-                     addresses given out, {} and {} free): a Service that needs one gets none from it",
-                    pool.name,
-                    usage.assigned_v4,
-                    usage.assigned_v6,
-                    usage.available_v4,
-                    usage.available_v6
-                ),
+                &usage.exhausted_note(&format!("pool {:?}", pool.name)),
             );
         }
     }

@@ -27,6 +27,15 @@ pub struct PoolUsage {
 }
 
 impl PoolUsage {
+    /// The note of the `PoolExhausted` event about it; `what`: how the pool is named (`pool "web"`).
+    pub fn exhausted_note(&self, what: &str) -> String {
+        format!(
+            "{what} has no free address of a family it has ({} IPv4 and {} IPv6 addresses given \
+             out, {} and {} free): a Service that needs one gets none from it",
+            self.assigned_v4, self.assigned_v6, self.available_v4, self.available_v6
+        )
+    }
+
     /// Whether it has addresses of a family and none of that family is free.
     pub fn exhausted(&self) -> bool {
         (self.available_v4 == 0 && self.assigned_v4 > 0)

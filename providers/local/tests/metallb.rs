@@ -205,11 +205,7 @@ async fn metallb_s_objects_are_the_pools_and_what_is_refused_is_said_on_the_obje
     .await;
     apply(&metallb, "L2Advertisement", "nic", json!({"ipAddressPoolSelectors": [{"matchLabels": {"family": "v6"}}], "interfaces": ["eth9"]}), none.clone()).await;
 
-    let manager = RunningManager::start(
-        &format!("unlistedNodes: ignore\nloadBalancer:\n  mode: agents\n  metallb: {{namespace: {metallb}}}\n"),
-        &[],
-    )
-    .await;
+    let manager = start_manager(&metallb, &[]).await;
 
     for (namespace, body) in [
         (&shop, service("web", 80, none.clone(), none.clone())),
@@ -396,11 +392,7 @@ async fn metallb_s_objects_are_the_pools_and_what_is_refused_is_said_on_the_obje
     // every address stays.
     let before: Vec<(String, String, Vec<IpAddr>)> = snapshot(&[&shop, &other]).await;
     manager.stop().await;
-    let manager = RunningManager::start(
-        &format!("unlistedNodes: ignore\nloadBalancer:\n  mode: agents\n  metallb: {{namespace: {metallb}}}\n"),
-        &[],
-    )
-    .await;
+    let manager = start_manager(&metallb, &[]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(snapshot(&[&shop, &other]).await, before);
 
@@ -432,6 +424,17 @@ async fn forget_earlier_runs() {
             let _ = api.delete(&service, &Default::default()).await;
         }
     }
+}
+
+/// A manager in agents mode whose pools are MetalLB's objects of namespace `metallb`.
+async fn start_manager(metallb: &str, args: &[&str]) -> RunningManager {
+    RunningManager::start(
+        &format!(
+            "unlistedNodes: ignore\nloadBalancer:\n  mode: agents\n  metallb: {{namespace: {metallb}}}\n"
+        ),
+        args,
+    )
+    .await
 }
 
 /// Every Service of `namespaces` with its ingress IPs.
@@ -506,11 +509,7 @@ async fn a_shadow_beside_metallb_reports_each_service_kept_or_why_not() {
     }
     let before = snapshot(&[&shop]).await;
 
-    let manager = RunningManager::start(
-        &format!("unlistedNodes: ignore\nloadBalancer:\n  mode: agents\n  metallb: {{namespace: {metallb}}}\n"),
-        &["--dry-run"],
-    )
-    .await;
+    let manager = start_manager(&metallb, &["--dry-run"]).await;
     // The service controller's would-be ensures, one per Service, are previews.
     eventually("the shadow's previews", LONG, || {
         let metrics = manager.metrics.encode();

@@ -493,6 +493,16 @@ fn address_pool(object: &Object) -> Result<AddressPool, String> {
     })
 }
 
+/// The names of the objects taken, for a message: `a, b`, or `none is`.
+fn taken<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    if names.is_empty() {
+        "none is".to_owned()
+    } else {
+        names.join(", ")
+    }
+}
+
 /// The pools an advertisement selects: those it names, those its selectors select (by the pools'
 /// labels), or every pool when it does neither. A name of no pool taken is refused.
 fn pools_selected(
@@ -505,11 +515,7 @@ fn pools_selected(
         if !pool_labels.contains_key(name) {
             return Err(format!(
                 "spec.ipAddressPools: {name:?} is no IPAddressPool taken ({})",
-                if pool_labels.is_empty() {
-                    "none is".to_owned()
-                } else {
-                    pool_labels.keys().cloned().collect::<Vec<_>>().join(", ")
-                }
+                taken(pool_labels.keys().map(String::as_str))
             ));
         }
     }
@@ -572,11 +578,7 @@ fn bgp_advertisement(
         if !peers.contains(peer.as_str()) {
             return Err(format!(
                 "spec.peers: {peer:?} is no BGPPeer taken ({})",
-                if peers.is_empty() {
-                    "none is".to_owned()
-                } else {
-                    peers.iter().copied().collect::<Vec<_>>().join(", ")
-                }
+                taken(peers.iter().copied())
             ));
         }
     }

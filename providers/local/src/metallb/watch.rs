@@ -312,15 +312,7 @@ async fn write_usage(
                     reason: EVENT_POOL_EXHAUSTED,
                     action: "AssignAddress",
                 },
-                &format!(
-                    "IPAddressPool {:?} has no free address of a family it has ({} IPv4 and {} IPv6 \
-                     addresses given out, {} and {} free): a Service that needs one gets none from it",
-                    usage.name,
-                    usage.assigned_v4,
-                    usage.assigned_v6,
-                    usage.available_v4,
-                    usage.available_v6
-                ),
+                &usage.exhausted_note(&format!("IPAddressPool {:?}", usage.name)),
             );
         }
         written.insert(usage.name.clone(), usage);
