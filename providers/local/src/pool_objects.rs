@@ -5,8 +5,8 @@
 //! and deletes those of pools that are gone. Pools read from MetalLB's objects are shown in their
 //! `IPAddressPool`s' status instead (`metallb::watch`), and have no `LocalPool`.
 //!
-//! [`object`] is pure; [`spawn`] runs the loop. Without the CRD (`deploy/components/local-pools`) the
-//! loop logs once that the pools are not published, and looks again every [`RECHECK`].
+//! [`object`] is pure; `spawn` runs the loop. Without the CRD (`deploy/components/local-pools`) the
+//! loop logs once that the pools are not published, and looks again every 30 s.
 
 use std::{collections::BTreeMap, time::Duration};
 

@@ -4,7 +4,7 @@
 //!
 //! [`translate`] is pure: the objects of MetalLB's namespace in, the pools, BGP peers and BFD profiles
 //! they make out, and a refusal for every object (or field of one) `local` does not take, which the
-//! watcher ([`watch`]) records as a Warning event on the object. An object refused is left out; the
+//! watcher (`watch`) records as a Warning event on the object. An object refused is left out; the
 //! others are served. Where the semantics differ from MetalLB's, `docs/local-provider.md` ("Coming
 //! from MetalLB") says how.
 
