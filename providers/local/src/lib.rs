@@ -205,6 +205,37 @@ impl<'a> CloudEvent<'a> {
     }
 }
 
+/// Runs the loop `make` builds until `shutdown`: a run that panics (a bug) is logged as an error and
+/// started again after a second, so that it neither ends unseen nor takes the manager down; one that
+/// returns is done. The supervisor itself only waits, and cannot panic.
+pub(crate) fn supervise<F, Fut>(
+    name: &'static str,
+    shutdown: tokio_util::sync::CancellationToken,
+    make: F,
+) where
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    tokio::spawn(async move {
+        loop {
+            let mut run = tokio::spawn(make());
+            tokio::select! {
+                result = &mut run => match result {
+                    Err(err) if err.is_panic() => {
+                        tracing::error!(task = name, error = %err, "local cloud: a background task panicked (a bug); starting it again");
+                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                    }
+                    _ => return,
+                },
+                () = shutdown.cancelled() => {
+                    run.abort();
+                    return;
+                }
+            }
+        }
+    });
+}
+
 /// The `local` cloud. Cheap to clone; clones share one cloud.
 #[derive(Clone)]
 pub struct LocalCloud {
@@ -377,7 +408,7 @@ impl LocalCloud {
 
     /// Puts in force the cloud-config with MetalLB's pools (when it has none of its own), peers and
     /// BFD profiles. Should the two together fail the cloud-config's checks (which the translation
-    /// guards against), the cloud-config alone is put in force and the reason logged and reported.
+    /// guards against), the last good config stays in force and the reason is logged and reported.
     fn put_in_force(&self) {
         let file = lock(&self.inner.file_config).clone();
         let translation = lock(&self.inner.metallb).clone();
@@ -394,13 +425,15 @@ impl LocalCloud {
                 match merged.validate() {
                     Ok(()) => merged,
                     Err(why) => {
+                        // The last good config stays: dropping MetalLB's pools would take their
+                        // Services' addresses out of every pool, and the next sync would move them.
                         let message = format!(
-                            "MetalLB's objects and the cloud-config together are refused, so the \
-                             cloud-config alone is in force: {why}"
+                            "MetalLB's objects and the cloud-config together are refused; the last \
+                             good configuration stays in force: {why}"
                         );
                         tracing::error!("local cloud: {message}");
                         self.report_rejected_config(&message);
-                        file
+                        return;
                     }
                 }
             }

@@ -111,11 +111,9 @@ fn exhausted_of(object: &DynamicObject) -> Option<(bool, String)> {
 
 /// Runs the loop until `shutdown` (the leading manager's, from `initialize`).
 pub(crate) fn spawn(cloud: LocalCloud, client: Client, shutdown: CancellationToken) {
-    tokio::spawn(async move {
-        tokio::select! {
-            () = publish(&cloud, client) => {}
-            () = shutdown.cancelled() => {}
-        }
+    crate::supervise("LocalPool objects", shutdown, move || {
+        let (cloud, client) = (cloud.clone(), client.clone());
+        async move { publish(&cloud, client).await }
     });
 }
 

@@ -12,7 +12,7 @@ mod spec;
 mod translate;
 pub(crate) mod watch;
 
-pub use translate::{Translation, translate};
+pub use translate::{Translation, translate, translate_keeping};
 
 use std::collections::BTreeMap;
 

@@ -223,6 +223,62 @@ pub fn translate(objects: &[Object], file: &Config) -> Translation {
     out
 }
 
+/// [`translate`], keeping each object's last good version: an object refused now (a malformed edit)
+/// whose earlier version was taken is read as that version, as a refused cloud-config edit leaves the
+/// last good file in force, so that its pool's Services keep their addresses. The refusal is still
+/// reported, saying so. `last_good` is updated: the objects taken now, and none that is gone.
+pub fn translate_keeping(
+    objects: &[Object],
+    file: &Config,
+    last_good: &mut BTreeMap<(Kind, String), Object>,
+) -> Translation {
+    let first = translate(objects, file);
+    let refused: BTreeSet<(Kind, String)> = first
+        .refusals
+        .iter()
+        .map(|r| (r.kind, r.name.clone()))
+        .collect();
+    let key = |o: &Object| (o.kind, o.name.clone());
+    let kept: BTreeSet<(Kind, String)> = objects
+        .iter()
+        .filter(|o| refused.contains(&key(o)))
+        .filter(|o| {
+            last_good
+                .get(&key(o))
+                .is_some_and(|good| good.spec != o.spec)
+        })
+        .map(key)
+        .collect();
+    last_good.retain(|k, _| objects.iter().any(|o| key(o) == *k));
+    for object in objects.iter().filter(|o| !refused.contains(&key(o))) {
+        last_good.insert(key(object), object.clone());
+    }
+    if kept.is_empty() {
+        return first;
+    }
+    let effective: Vec<Object> = objects
+        .iter()
+        .map(|o| match kept.contains(&key(o)) {
+            true => last_good[&key(o)].clone(),
+            false => o.clone(),
+        })
+        .collect();
+    // The refusals of the objects read as they are now, and those of the edits not taken.
+    let mut out = translate(&effective, file);
+    out.refusals.extend(
+        first
+            .refusals
+            .into_iter()
+            .filter(|r| kept.contains(&(r.kind, r.name.clone())))
+            .map(|mut r| {
+                r.message.push_str("; its last good version stays in force");
+                r
+            }),
+    );
+    out.refusals.sort();
+    out
+}
+
 impl Translation {
     fn refuse(&mut self, object: &Object, why: &str) {
         self.refusals.push(Refusal {
@@ -941,6 +997,33 @@ mod tests {
                 .iter()
                 .all(|r| r.message.contains("mode: agents only"))
         );
+    }
+
+    #[test]
+    fn a_malformed_edit_keeps_the_last_good_version() {
+        let mut last_good = BTreeMap::new();
+        let good = translate_keeping(&setup(), &agents(), &mut last_good);
+        assert!(good.refusals.is_empty());
+        // `main` edited with a bad CIDR: refused, and its last good version stays in force.
+        let mut edited = setup();
+        edited[0].spec = json!({"addresses": ["10.89.0.0/33"]});
+        let out = translate_keeping(&edited, &agents(), &mut last_good);
+        assert_eq!(out.pools, good.pools);
+        assert_eq!(out.refusals.len(), 1);
+        assert!(
+            out.refusals[0]
+                .message
+                .ends_with("its last good version stays in force"),
+            "{:?}",
+            out.refusals
+        );
+        // Deleted, it goes; made again as malformed, nothing is kept for it.
+        let without: Vec<Object> = setup().into_iter().skip(1).collect();
+        let out = translate_keeping(&without, &agents(), &mut last_good);
+        assert!(out.pools.iter().all(|p| p.name != "main"));
+        let out = translate_keeping(&edited, &agents(), &mut last_good);
+        assert!(out.pools.iter().all(|p| p.name != "main"));
+        assert!(!out.refusals[0].message.contains("last good"));
     }
 
     #[test]

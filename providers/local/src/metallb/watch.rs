@@ -22,7 +22,7 @@ use kube::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{GROUP, Kind, Object, Refusal, Translation, translate};
+use super::{GROUP, Kind, Object, Refusal, Translation, translate, translate_keeping};
 use crate::{
     CloudEvent, Config, LocalCloud, MetallbObjects, lock, pool_objects::EVENT_POOL_EXHAUSTED,
     pool_usage::PoolUsage,
@@ -151,11 +151,14 @@ pub(crate) async fn start(
         );
     }
     let cloud = cloud.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = keep(&cloud, client, &namespace, report, on_change) => {}
-            () = shutdown.cancelled() => {}
-        }
+    crate::supervise("MetalLB's objects", shutdown, move || {
+        let (cloud, client, namespace, on_change) = (
+            cloud.clone(),
+            client.clone(),
+            namespace.clone(),
+            on_change.clone(),
+        );
+        async move { keep(&cloud, client, &namespace, report, on_change).await }
     });
     Ok(())
 }
@@ -214,6 +217,7 @@ async fn keep(
         let _ = tokio::time::timeout(RECHECK, store.wait_until_ready()).await;
     }
     let mut told: BTreeSet<Refusal> = BTreeSet::new();
+    let mut last_good = BTreeMap::new();
     let mut written: BTreeMap<String, PoolUsage> = BTreeMap::new();
     let mut usage_tick = tokio::time::interval(USAGE_INTERVAL);
     loop {
@@ -221,7 +225,7 @@ async fn keep(
             .iter()
             .flat_map(|(kind, store)| store.state().into_iter().map(|o| object(*kind, &o)))
             .collect();
-        let translation = translate(&objects, &cloud.file_config());
+        let translation = translate_keeping(&objects, &cloud.file_config(), &mut last_good);
         if report {
             tell(cloud, namespace, &translation, &mut told);
         }
