@@ -24,6 +24,7 @@ mod heard;
 pub mod instances;
 pub mod load_balancer;
 pub mod metallb;
+pub mod pool_metrics;
 pub mod pool_objects;
 pub mod pool_usage;
 mod selector;
@@ -755,6 +756,9 @@ impl CloudProvider for LocalCloud {
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.data_plane.register_metrics(registry);
+        registry.register_collector(Box::new(pool_metrics::PoolCollector {
+            inner: Arc::downgrade(&self.inner),
+        }));
     }
 }
 

@@ -1147,6 +1147,24 @@ impl LocalCloud {
         crate::pool_usage::usage(&config, &owners)
     }
 
+    /// Every address a pool of `config` has given out, with its pool ([`crate::pool_metrics`]).
+    pub(crate) fn assigned_addresses<'c>(
+        &self,
+        config: &'c crate::config::Config,
+    ) -> Vec<(IpAddr, &'c crate::config::AddressPool)> {
+        let owners = lock(&self.inner.load_balancers).owners.clone();
+        owners
+            .keys()
+            .filter_map(|ip| {
+                let pool = config
+                    .address_pools
+                    .iter()
+                    .find(|p| p.addresses.iter().any(|r| r.contains(*ip)))?;
+                Some((*ip, pool))
+            })
+            .collect()
+    }
+
     /// The labels of namespace `namespace`, read from the API server only when a pool of `config`
     /// selects namespaces by label (`namespaceSelectors`); else none. Without a client (before
     /// `initialize`), none.

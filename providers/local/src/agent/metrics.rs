@@ -1,5 +1,7 @@
 //! The agent's own metrics (beside the data plane's, on the agent's `/metrics`).
 
+use std::net::IpAddr;
+
 use cloud_provider::prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
@@ -10,6 +12,7 @@ use cloud_provider::prometheus_client::{
 pub struct AgentMetrics {
     /// VIPs this node announces now.
     pub(crate) announced: Gauge,
+    vip_announced: Family<Vec<(String, String)>, Gauge>,
     /// VIPs this node started announcing (elected, or back after a failure).
     pub(crate) taken: Counter,
     /// VIPs this node stopped announcing (another node elected, the Service gone).
@@ -33,6 +36,20 @@ pub struct AgentMetrics {
 
 impl AgentMetrics {
     /// Counts a membership packet dropped for `reason`.
+    /// Reports the VIPs this node announces now: their count, and one series each.
+    pub(crate) fn set_announced<'a>(&self, vips: impl ExactSizeIterator<Item = &'a IpAddr>) {
+        self.announced
+            .set(i64::try_from(vips.len()).unwrap_or(i64::MAX));
+        // Cleared and filled again: a scrape in between may miss a VIP for an instant, which the
+        // alert on a VIP without an announcer waits out (deploy/monitoring/alerts.yaml).
+        self.vip_announced.clear();
+        for ip in vips {
+            self.vip_announced
+                .get_or_create(&vec![("address".to_owned(), ip.to_string())])
+                .set(1);
+        }
+    }
+
     pub(crate) fn membership_dropped(&self, reason: &str) {
         self.membership_dropped
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
@@ -54,6 +71,11 @@ impl AgentMetrics {
             self.announced.clone(),
         );
         registry.register(
+            "local_agent_vip_announced",
+            "1 for each VIP this node announces now (label address)",
+            self.vip_announced.clone(),
+        );
+        registry.register(
             "local_agent_vips_taken",
             "VIPs this node started announcing",
             self.taken.clone(),
@@ -73,6 +95,13 @@ impl AgentMetrics {
             "Other agents this node's membership protocol hears now",
             self.membership_members.clone(),
         );
+        // Zero for every reason from the start (the label values the counter can take).
+        let reasons = super::membership::Dropped::ALL.map(|why| why.label());
+        for reason in reasons.into_iter().chain(["refused"]) {
+            self.membership_dropped
+                .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+                .inc_by(0);
+        }
         registry.register(
             "local_agent_membership_packets_dropped",
             "Membership packets dropped, by reason (malformed, bad_mac, stale, replayed, refused)",
@@ -96,5 +125,43 @@ impl AgentMetrics {
             self.handovers_given.clone(),
         );
         self.bgp.register(registry);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use cloud_provider::prometheus_client::{encoding::text::encode, registry::Registry};
+
+    use super::AgentMetrics;
+
+    fn scrape(metrics: &AgentMetrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn each_announced_vip_is_a_series_and_every_drop_reason_starts_at_zero() {
+        let metrics = AgentMetrics::default();
+        let vips: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        metrics.set_announced(vips.iter());
+        let text = scrape(&metrics);
+        for line in [
+            "local_agent_vips_announced 2",
+            r#"local_agent_vip_announced{address="10.0.0.1"} 1"#,
+            r#"local_agent_vip_announced{address="fd00::1"} 1"#,
+            r#"local_agent_membership_packets_dropped_total{reason="bad_mac"} 0"#,
+            r#"local_agent_membership_packets_dropped_total{reason="refused"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} not in:\n{text}");
+        }
+        metrics.set_announced(vips[1..].iter());
+        let text = scrape(&metrics);
+        assert!(!text.contains(r#"address="10.0.0.1""#), "{text}");
+        assert!(text.contains("local_agent_vips_announced 1"), "{text}");
     }
 }

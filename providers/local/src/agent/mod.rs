@@ -661,7 +661,7 @@ pub async fn run(
                     listeners = handed.listeners.len(),
                     "local-agent: handed over to the agent that replaces this one (its VIPs stay on the interface); draining this process's connections"
                 );
-                agent.metrics.announced.set(0);
+                agent.metrics.set_announced([].iter());
                 agent.metrics.handovers_given.inc();
                 // The BGP sessions are the process's own: closed without a NOTIFICATION, so that
                 // routers doing graceful restart keep this node's routes until the successor's
@@ -678,7 +678,7 @@ pub async fn run(
                 tracing::warn!(error = %err, "local-agent: the hand-over failed; withdrawing the VIPs");
                 agent.stop_bgp_sessions(false).await;
                 agent.withdraw_all_now();
-                agent.metrics.announced.set(0);
+                agent.metrics.set_announced([].iter());
                 if let Some(heartbeat) = heartbeat {
                     heartbeat.release().await;
                 }
@@ -691,7 +691,7 @@ pub async fn run(
     // The routes first (each router drops this node's at once), then the addresses.
     agent.stop_bgp_sessions(false).await;
     agent.withdraw_all_now();
-    agent.metrics.announced.set(0);
+    agent.metrics.set_announced([].iter());
     let heartbeat = beating.await.ok();
     if let Some(heartbeat) = heartbeat {
         heartbeat.release().await;
@@ -1031,9 +1031,7 @@ impl Agent {
                 cloud.record_event(type_, CloudEvent::about_node(node, reason, "Peer"), note);
             });
         }
-        self.metrics
-            .announced
-            .set(i64::try_from(self.announced.len()).unwrap_or(i64::MAX));
+        self.metrics.set_announced(self.announced.keys());
         let retry = self.retry_at.values().min().copied();
         [self.liveness.next_expiry(now), retry, membership_wake]
             .into_iter()

@@ -51,6 +51,10 @@ pub(crate) enum Dropped {
 }
 
 impl Dropped {
+    /// Every reason, so that the counter starts with a zero for each (an alert's `increase` sees the
+    /// first drop).
+    pub(crate) const ALL: [Self; 4] = [Self::Malformed, Self::BadMac, Self::Stale, Self::Replayed];
+
     /// The metric label.
     pub(crate) fn label(self) -> &'static str {
         match self {

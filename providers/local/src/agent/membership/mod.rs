@@ -31,7 +31,7 @@ use tokio::{
     task::JoinHandle,
 };
 
-pub(crate) use self::envelope::MIN_KEY_LEN;
+pub(crate) use self::envelope::{Dropped, MIN_KEY_LEN};
 use self::{envelope::Envelope, peer::Peer};
 use super::AgentMetrics;
 use crate::instances::lock;
