@@ -1072,3 +1072,187 @@ fn the_render_for_each_overlays_values_passes_a_server_side_dry_run() {
         }
     }
 }
+
+#[test]
+fn every_values_example_lints_strictly_and_renders() {
+    let dir = workspace_root().join("deploy/helm/examples");
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|err| panic!("{}: {err}", dir.display()))
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 4, "{examples:?}");
+    for example in &examples {
+        let file = example.to_str().unwrap();
+        let output = helm(&["lint", "--strict", CHART, "-f", file]);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("0 chart(s) failed"),
+            "helm lint --strict -f {file}: {}\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let objects = template(&["-f", file]);
+        assert!(
+            objects
+                .iter()
+                .any(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet"),
+            "{file}: no workload rendered"
+        );
+    }
+}
+
+/// The monitoring objects (all off by default) are deploy/monitoring/'s files as they are: the
+/// PrometheusRule's groups those of alerts.yaml, each dashboard ConfigMap the dashboard's JSON; the
+/// ServiceMonitors scrape the manager's secure port and the agents' bind address.
+#[test]
+fn monitoring_objects_are_the_monitoring_files() {
+    let monitoring = workspace_root().join("deploy/monitoring");
+    let objects = template(&["-f", "deploy/helm/examples/monitoring.yaml"]);
+    let of_kind =
+        |kind: &str| -> Vec<&Value> { objects.iter().filter(|o| o["kind"] == kind).collect() };
+    let alerts = std::fs::read_to_string(monitoring.join("alerts.yaml")).unwrap();
+    let alerts: Value = serde_saphyr::from_str(&alerts).unwrap();
+    let rules = of_kind("PrometheusRule");
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["spec"]["groups"], alerts["groups"]);
+    assert_eq!(
+        rules[0]["metadata"]["labels"]["release"],
+        "kube-prometheus-stack"
+    );
+    for name in ["cloud-controller-manager", "local-load-balancers"] {
+        let map = objects
+            .iter()
+            .find(|o| {
+                o["kind"] == "ConfigMap"
+                    && o["metadata"]["name"] == format!("ccm-rs-dashboard-{name}")
+            })
+            .unwrap_or_else(|| panic!("no ConfigMap for the dashboard {name}"));
+        assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
+        let file =
+            std::fs::read_to_string(monitoring.join(format!("dashboards/{name}.json"))).unwrap();
+        assert_eq!(
+            map["data"][format!("{name}.json")].as_str().unwrap(),
+            file.trim_end()
+        );
+    }
+    let monitors = of_kind("ServiceMonitor");
+    let endpoint = |name: &str| {
+        monitors
+            .iter()
+            .find(|m| m["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no ServiceMonitor {name}"))["spec"]["endpoints"][0]
+            .clone()
+    };
+    assert_eq!(endpoint("cloud-controller-manager")["scheme"], "https");
+    assert_eq!(
+        endpoint("cloud-controller-manager")["port"],
+        "https-metrics"
+    );
+    assert_eq!(endpoint("local-agent")["port"], "http-metrics");
+    let services = of_kind("Service");
+    let port = |name: &str| {
+        services
+            .iter()
+            .find(|s| s["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no Service {name}"))["spec"]["ports"][0]["port"]
+            .clone()
+    };
+    assert_eq!(port("cloud-controller-manager-metrics"), 10258);
+    // The job of the agents' scrape is the Service's name, which the alert LocalAgentDown reads.
+    assert_eq!(port("local-agent"), 10264);
+    assert!(alerts.to_string().contains(r#"up{job=\"local-agent\"}"#));
+    let mut rendered = objects.clone();
+    let args = agent(&mut rendered)["args"].as_array().unwrap().clone();
+    assert!(
+        args.contains(&json!("--metrics-bind-address=0.0.0.0:10264")),
+        "{args:?}"
+    );
+    // Off by default: none of them.
+    let defaults = template(&[]);
+    for kind in ["ServiceMonitor", "PrometheusRule", "Service"] {
+        assert!(
+            !defaults.iter().any(|o| o["kind"] == kind),
+            "{kind} rendered by default"
+        );
+    }
+}
+
+#[test]
+fn wrong_monitoring_values_are_refused_naming_the_field() {
+    // A misspelt key.
+    let message = refused(&["--set", "monitoring.servicemonitor.enabled=true"]);
+    assert!(
+        message.contains("at '/monitoring': additional properties 'servicemonitor' not allowed"),
+        "{message}"
+    );
+    // A number for a string, a string for a boolean.
+    let message = refused(&["--set", "monitoring.serviceMonitor.interval=30"]);
+    assert!(
+        message.contains("at '/monitoring/serviceMonitor/interval': got number, want string"),
+        "{message}"
+    );
+    let message = refused(&["--set", "monitoring.prometheusRule.enabled=on"]);
+    assert!(
+        message.contains("at '/monitoring/prometheusRule/enabled': got string, want boolean"),
+        "{message}"
+    );
+    let message = refused(&["--set", "agents.metricsBindAddress=10264"]);
+    assert!(
+        message.contains("at '/agents/metricsBindAddress'"),
+        "{message}"
+    );
+    // The agents' ServiceMonitor without an address Prometheus can reach, or in leader mode.
+    let message = refused(&[
+        "--set",
+        "monitoring.serviceMonitor.enabled=true",
+        "--set",
+        "monitoring.serviceMonitor.agents=true",
+    ]);
+    assert!(
+        message.contains("the agents serve /metrics on their node's loopback (127.0.0.1:10264), which Prometheus cannot reach; set agents.metricsBindAddress"),
+        "{message}"
+    );
+    let message = refused(&[
+        "--set",
+        "monitoring.serviceMonitor.enabled=true",
+        "--set",
+        "monitoring.serviceMonitor.agents=true",
+        "--set",
+        "agents.metricsBindAddress=127.0.0.1:9999",
+    ]);
+    assert!(
+        message.contains("the agents serve /metrics on 127.0.0.1:9999"),
+        "{message}"
+    );
+    // Set twice.
+    let message = refused(&[
+        "--set",
+        "agents.metricsBindAddress=0.0.0.0:10264",
+        "--set",
+        "agents.args={--metrics-bind-address=0.0.0.0:9000}",
+    ]);
+    assert!(
+        message.contains("agents.args: --metrics-bind-address=0.0.0.0:9000 sets a flag the chart owns: the value agents.metricsBindAddress sets it"),
+        "{message}"
+    );
+    let message = refused(&["--set", "monitoring.serviceMonitor.agents=true"]);
+    assert!(
+        message
+            .contains("monitoring.serviceMonitor.agents needs monitoring.serviceMonitor.enabled"),
+        "{message}"
+    );
+    let message = refused(&[
+        "-f",
+        "deploy/helm/examples/monitoring.yaml",
+        "--set",
+        "loadBalancerMode=leader",
+        "--set",
+        "privilegedPorts=true",
+    ]);
+    assert!(
+        message.contains("applies to loadBalancerMode agents only"),
+        "{message}"
+    );
+}

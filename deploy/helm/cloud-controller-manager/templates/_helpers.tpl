@@ -104,6 +104,18 @@ keys and wrong types before this runs (and this repeats its kind, mode and capab
 {{- if and (eq $mode "agents") (kindIs "map" $loadBalancer) (hasKey $loadBalancer "agentNamespace") (ne (toString (get $loadBalancer "agentNamespace")) "kube-system") -}}
 {{- fail (printf "the cloud-config's loadBalancer.agentNamespace is %v, but the chart runs the agents in kube-system (their heartbeat Leases, the manager's Role to read them and the admission policy local-agent-own-heartbeat are there): remove agentNamespace, or set it to kube-system" (get $loadBalancer "agentNamespace")) -}}
 {{- end -}}
+{{- if .Values.monitoring.serviceMonitor.agents -}}
+{{- if not .Values.monitoring.serviceMonitor.enabled -}}
+{{- fail "monitoring.serviceMonitor.agents needs monitoring.serviceMonitor.enabled" -}}
+{{- end -}}
+{{- if ne $mode "agents" -}}
+{{- fail "monitoring.serviceMonitor.agents applies to loadBalancerMode agents only: in leader mode the data plane's metrics are the manager's" -}}
+{{- end -}}
+{{- $bind := .Values.agents.metricsBindAddress | default "" -}}
+{{- if or (eq $bind "") (hasPrefix "127." $bind) (hasPrefix "[::1]" $bind) (hasPrefix "localhost" $bind) -}}
+{{- fail (printf "monitoring.serviceMonitor.agents: the agents serve /metrics on %s, which Prometheus cannot reach; set agents.metricsBindAddress (e.g. 0.0.0.0:10264: plain HTTP, readable by anyone who reaches the nodes)" (ternary "their node's loopback (127.0.0.1:10264)" $bind (eq $bind ""))) -}}
+{{- end -}}
+{{- end -}}
 {{- if and (eq $kind "DaemonSet") (not (kindIs "invalid" .Values.replicas)) -}}
 {{- fail (printf "replicas (%v) applies to kind Deployment only: a DaemonSet runs one pod on each node its nodeSelector and tolerations admit; unset replicas or set kind=Deployment" .Values.replicas) -}}
 {{- end -}}
@@ -139,6 +151,9 @@ keys and wrong types before this runs (and this repeats its kind, mode and capab
 {{- end -}}
 {{- end -}}
 {{- $agentOwned := dict "--cloud-config" "the agents read the manager's cloud-config (set the value cloudConfig)" "--membership-key-file" "the agents read the Secret kube-system/local-agent-membership, which the DaemonSet mounts there" "--handover-socket" "a rolling update hands over through the socket in the hostPath directory /run/local-agent, which the DaemonSet mounts there" "--node-name" "each agent takes its node's name from NODE_NAME, which the DaemonSet sets from spec.nodeName; one name for all would make every agent claim the same node" "--namespace" "the agents' heartbeat Leases are in kube-system, where the chart puts them (POD_NAMESPACE), the manager reads them and the admission policy local-agent-own-heartbeat expects them" -}}
+{{- if .Values.agents.metricsBindAddress -}}
+{{- $_ := set $agentOwned "--metrics-bind-address" "the value agents.metricsBindAddress sets it" -}}
+{{- end -}}
 {{- range .Values.agents.args -}}
 {{- $flag := regexReplaceAll "=.*" (toString .) "" -}}
 {{- if hasKey $agentOwned $flag -}}
@@ -280,6 +295,7 @@ Called with (dict "root" $ "daemonSet" OBJECT).
 {{- $_ := set $container "image" (include "ccm.image" $root) -}}
 {{- with $root.Values.image.pullPolicy }}{{ $_ := set $container "imagePullPolicy" . }}{{ end -}}
 {{- $args := $container.args | default list -}}
+{{- with $root.Values.agents.metricsBindAddress }}{{ $args = append $args (printf "--metrics-bind-address=%s" .) }}{{ end -}}
 {{- range $root.Values.agents.args }}{{ $args = append $args (toString .) }}{{ end -}}
 {{- $_ := set $container "args" $args -}}
 {{- if $root.Values.agents.resources }}{{ $_ := set $container "resources" $root.Values.agents.resources }}{{ else }}{{ $_ := unset $container "resources" }}{{ end -}}
