@@ -43,6 +43,8 @@ pub struct Metrics {
     pub(crate) leader_election: LeaderElectionMetrics,
     /// The periodic controllers' passes (`periodic_*`).
     pub(crate) periodic: crate::controllers::periodic::PeriodicMetrics,
+    /// The controllers' background loops that died (`controller_background_loop_failures_total`).
+    pub(crate) background_loops: crate::controllers::background_loop::BackgroundLoopMetrics,
 }
 
 /// The `name` label of `leader_election_master_status` (the Lease's name).
@@ -113,6 +115,8 @@ impl Metrics {
         let work_queues = WorkQueueMetrics::register(&mut registry);
         let leader_election = LeaderElectionMetrics::register(&mut registry);
         let periodic = crate::controllers::periodic::PeriodicMetrics::register(&mut registry);
+        let background_loops =
+            crate::controllers::background_loop::BackgroundLoopMetrics::register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -124,6 +128,7 @@ impl Metrics {
             work_queues,
             leader_election,
             periodic,
+            background_loops,
         }
     }
 

@@ -1,6 +1,6 @@
 //! A controller's own health check: a controller whose reconciles keep panicking fails it, and with it
 //! `/healthz`, instead of running on silently degraded (a kubelet's liveness probe then restarts the
-//! manager).
+//! manager); so does, for good, one whose background loop died ([`super::background_loop`]).
 
 use parking_lot::Mutex;
 use std::{
@@ -20,12 +20,25 @@ pub const WINDOW: Duration = Duration::from_secs(600);
 #[derive(Clone, Debug, Default)]
 pub struct ControllerHealth {
     panics: Arc<Mutex<VecDeque<Instant>>>,
+    /// Why a background loop of the controller died, if one did: the check fails from then on.
+    dead_loop: Arc<Mutex<Option<String>>>,
 }
 
 impl ControllerHealth {
     /// Records a panic of one reconcile (the work-queue runner does so for its controllers).
     pub fn panicked(&self) {
         self.record(Instant::now());
+    }
+
+    /// Records that the controller's loop `loop_name` panicked or ended early (`why`): the check fails
+    /// from now on (the first such loop is the one named).
+    pub fn background_loop_failed(&self, loop_name: &str, why: &str) {
+        self.dead_loop.lock().get_or_insert_with(|| {
+            format!(
+                "its {loop_name} loop {why}; the controller no longer does that work until the \
+                 manager restarts"
+            )
+        });
     }
 
     fn record(&self, at: Instant) {
@@ -43,12 +56,16 @@ impl ControllerHealth {
         }
     }
 
-    /// `Err` while [`PANICS_FOR_UNHEALTHY`] or more reconciles panicked within [`WINDOW`].
+    /// `Err` while [`PANICS_FOR_UNHEALTHY`] or more reconciles panicked within [`WINDOW`], and for good
+    /// once a background loop died.
     pub fn check(&self) -> Result<(), String> {
         self.check_at(Instant::now())
     }
 
     fn check_at(&self, now: Instant) -> Result<(), String> {
+        if let Some(dead) = self.dead_loop.lock().as_ref() {
+            return Err(dead.clone());
+        }
         let mut panics = self.panics.lock();
         Self::forget_old(&mut panics, now);
         if panics.len() >= PANICS_FOR_UNHEALTHY {

@@ -6,6 +6,7 @@
 //! IPAM) are internal; a provider's own controller joins the table with
 //! [`crate::ControllerSpec`] and [`crate::Manager::with_controller`].
 
+pub mod background_loop;
 mod backoff;
 pub mod controller_health;
 pub(crate) mod ipam;
@@ -60,6 +61,27 @@ pub struct ControllerContext {
 }
 
 impl ControllerContext {
+    /// Runs `task` as the background loop `loop_name` of this controller, beside its work queue or
+    /// passes ([`background_loop`]): if it panics or ends while the manager is not stopping, that is
+    /// logged and counted and the controller's health check fails for good. Wait for it with
+    /// [`background_loop::BackgroundLoop::finished`] when the controller stops.
+    pub fn spawn_loop(
+        &self,
+        loop_name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> background_loop::BackgroundLoop {
+        background_loop::spawn(&self.loop_reporting(), loop_name, task)
+    }
+
+    fn loop_reporting(&self) -> background_loop::LoopReporting {
+        background_loop::LoopReporting {
+            controller: self.name,
+            health: self.health.clone(),
+            metrics: self.metrics.background_loops.clone(),
+            shutdown: self.shutdown.clone(),
+        }
+    }
+
     /// The periodic runner of this controller ([`periodic::Runner::run`]): for controllers that work
     /// in passes over every object, with this controller's name, health check and stop token.
     pub fn periodic_runner(&self) -> periodic::Runner {
@@ -68,6 +90,7 @@ impl ControllerContext {
             health: self.health.clone(),
             metrics: self.metrics.periodic.clone(),
             shutdown: self.shutdown.clone(),
+            loops: self.loop_reporting(),
         }
     }
 }

@@ -137,9 +137,21 @@ pub struct Runner {
     /// Stops the runner between passes (a pass in flight finishes: the controller's passes are
     /// bounded).
     pub(crate) shutdown: CancellationToken,
+    /// Where the controller's background loops report ([`Runner::spawn_loop`]).
+    pub(crate) loops: super::background_loop::LoopReporting,
 }
 
 impl Runner {
+    /// Runs `task` as a background loop of this controller beside its passes
+    /// ([`super::ControllerContext::spawn_loop`]).
+    pub fn spawn_loop(
+        &self,
+        loop_name: &'static str,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> super::background_loop::BackgroundLoop {
+        super::background_loop::spawn(&self.loops, loop_name, task)
+    }
+
     /// Runs `pass` every `period` (start to start; a pass longer than the period delays the next, none
     /// is skipped or doubled), and, with `requests`, also when asked, until shutdown.
     pub async fn run<F, Fut>(self, period: Duration, requests: Option<PassRequests>, mut pass: F)
@@ -152,6 +164,7 @@ impl Runner {
             health,
             metrics,
             shutdown,
+            loops: _,
         } = self;
         let mut ticks = tokio::time::interval(period);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -221,6 +234,12 @@ mod tests {
                 health: ControllerHealth::default(),
                 metrics,
                 shutdown: shutdown.clone(),
+                loops: crate::controllers::background_loop::LoopReporting {
+                    controller: "test",
+                    health: ControllerHealth::default(),
+                    metrics: Default::default(),
+                    shutdown: shutdown.clone(),
+                },
             },
             registry,
         )

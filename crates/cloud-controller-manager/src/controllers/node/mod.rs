@@ -186,14 +186,18 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         let context = context.clone();
         async move { context.follow_ups.finish().await }
     };
+    let loops = ctx.clone();
     Some(Box::pin(async move {
-        let status_loop = tokio::spawn(status::run(
-            context.clone(),
-            nodes,
-            status_period,
-            status_workers,
-            shutdown.clone(),
-        ));
+        let status_loop = loops.spawn_loop(
+            "address-refresh",
+            status::run(
+                context.clone(),
+                nodes,
+                status_period,
+                status_workers,
+                shutdown.clone(),
+            ),
+        );
         // Nodes are initialized in the order they registered (kube-runtime's Controller would take the
         // backlog in hash order; see work_queue).
         work_queue::run(
@@ -208,7 +212,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         )
         .await;
         finish_follow_ups.await;
-        let _ = status_loop.await;
+        status_loop.finished().await;
         Ok(())
     }))
 }

@@ -158,7 +158,8 @@ async fn run(
     // Node changes that matter ask for a pass, at most one per MIN_INTERVAL (upstream's rate limiter).
     let requests = changes.as_ref().map(|_| PassRequests::new(MIN_INTERVAL));
     let watching = changes.zip(requests.clone()).map(|(changes, requests)| {
-        tokio::spawn(async move {
+        // Its changes end only when the caches stop, at shutdown.
+        runner.spawn_loop("node-watch", async move {
             let mut views = NodeViews::default();
             let mut changes = std::pin::pin!(changes);
             while let Some(change) = changes.next().await {
@@ -201,6 +202,7 @@ async fn run(
         .await;
     if let Some(watching) = watching {
         watching.abort();
+        watching.finished().await;
     }
 }
 

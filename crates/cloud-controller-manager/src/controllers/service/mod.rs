@@ -283,6 +283,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         node_sync_wanted: tokio::sync::Notify::new(),
     });
     let shutdown = ctx.shutdown.clone();
+    let loops = ctx.clone();
     let reporting = work_queue::Reporting {
         metrics: ctx.metrics.work_queues.queue(ctx.name),
         health: ctx.health.clone(),
@@ -294,31 +295,25 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             return Ok(());
         }
         let (triggers, deletions) = deletion::split_changes(service_changes);
-        let deleted = tokio::spawn(deletion::handle_deletions(
-            context.clone(),
-            deletions,
-            shutdown.clone(),
-        ));
-        let node_sync = tokio::spawn(node_sync::node_sync_loop(
-            context.clone(),
-            node_changes,
-            shutdown.clone(),
-        ));
+        let deleted = loops.spawn_loop(
+            "deletions",
+            deletion::handle_deletions(context.clone(), deletions, shutdown.clone()),
+        );
+        let node_sync = loops.spawn_loop(
+            "node-sync",
+            node_sync::node_sync_loop(context.clone(), node_changes, shutdown.clone()),
+        );
         let sweep = orphan_sweep_period.map(|period| {
-            tokio::spawn(sweep::sweep_loop(
-                context.clone(),
-                services.clone(),
-                period,
-                shutdown.clone(),
-            ))
+            loops.spawn_loop(
+                "orphan-sweep",
+                sweep::sweep_loop(context.clone(), services.clone(), period, shutdown.clone()),
+            )
         });
         let drifts = drift.map(|(period, action)| {
-            tokio::spawn(drift::drift_loop(
-                context.clone(),
-                period,
-                action,
-                shutdown.clone(),
-            ))
+            loops.spawn_loop(
+                "drift-check",
+                drift::drift_loop(context.clone(), period, action, shutdown.clone()),
+            )
         });
         // Syncs the node sync and the drift check ask for (a load balancer whose backends changed
         // during its ensure, one that drifted) join the Services' own changes on the one work queue.
@@ -341,13 +336,13 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             shutdown.clone(),
         )
         .await;
-        let _ = deleted.await;
-        let _ = node_sync.await;
+        deleted.finished().await;
+        node_sync.finished().await;
         if let Some(sweep) = sweep {
-            let _ = sweep.await;
+            sweep.finished().await;
         }
         if let Some(drifts) = drifts {
-            let _ = drifts.await;
+            drifts.finished().await;
         }
         Ok(())
     }))
