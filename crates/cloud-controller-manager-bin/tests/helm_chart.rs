@@ -1181,78 +1181,80 @@ fn monitoring_objects_are_the_monitoring_files() {
 
 #[test]
 fn wrong_monitoring_values_are_refused_naming_the_field() {
-    // A misspelt key.
-    let message = refused(&["--set", "monitoring.servicemonitor.enabled=true"]);
-    assert!(
-        message.contains("at '/monitoring': additional properties 'servicemonitor' not allowed"),
-        "{message}"
-    );
-    // A number for a string, a string for a boolean.
-    let message = refused(&["--set", "monitoring.serviceMonitor.interval=30"]);
-    assert!(
-        message.contains("at '/monitoring/serviceMonitor/interval': got number, want string"),
-        "{message}"
-    );
-    let message = refused(&["--set", "monitoring.prometheusRule.enabled=on"]);
-    assert!(
-        message.contains("at '/monitoring/prometheusRule/enabled': got string, want boolean"),
-        "{message}"
-    );
-    let message = refused(&["--set", "agents.metricsBindAddress=10264"]);
-    assert!(
-        message.contains("at '/agents/metricsBindAddress'"),
-        "{message}"
-    );
-    // The agents' ServiceMonitor without an address Prometheus can reach, or in leader mode.
-    let message = refused(&[
-        "--set",
-        "monitoring.serviceMonitor.enabled=true",
-        "--set",
-        "monitoring.serviceMonitor.agents=true",
-    ]);
-    assert!(
-        message.contains("the agents serve /metrics on their node's loopback (127.0.0.1:10264), which Prometheus cannot reach; set agents.metricsBindAddress"),
-        "{message}"
-    );
-    let message = refused(&[
-        "--set",
-        "monitoring.serviceMonitor.enabled=true",
-        "--set",
-        "monitoring.serviceMonitor.agents=true",
-        "--set",
-        "agents.metricsBindAddress=127.0.0.1:9999",
-    ]);
-    assert!(
-        message.contains("the agents serve /metrics on 127.0.0.1:9999"),
-        "{message}"
-    );
-    // Set twice.
-    let message = refused(&[
-        "--set",
-        "agents.metricsBindAddress=0.0.0.0:10264",
-        "--set",
-        "agents.args={--metrics-bind-address=0.0.0.0:9000}",
-    ]);
-    assert!(
-        message.contains("agents.args: --metrics-bind-address=0.0.0.0:9000 sets a flag the chart owns: the value agents.metricsBindAddress sets it"),
-        "{message}"
-    );
-    let message = refused(&["--set", "monitoring.serviceMonitor.agents=true"]);
-    assert!(
-        message
-            .contains("monitoring.serviceMonitor.agents needs monitoring.serviceMonitor.enabled"),
-        "{message}"
-    );
-    let message = refused(&[
-        "-f",
-        "deploy/helm/examples/monitoring.yaml",
-        "--set",
-        "loadBalancerMode=leader",
-        "--set",
-        "privilegedPorts=true",
-    ]);
-    assert!(
-        message.contains("applies to loadBalancerMode agents only"),
-        "{message}"
-    );
+    let cases: [(&[&str], &str); 10] = [
+        // A misspelt key.
+        (
+            &["--set", "monitoring.servicemonitor.enabled=true"],
+            "at '/monitoring': additional properties 'servicemonitor' not allowed",
+        ),
+        // A number for a string, a string for a boolean, an address without a port.
+        (
+            &["--set", "monitoring.serviceMonitor.interval=30"],
+            "at '/monitoring/serviceMonitor/interval': got number, want string",
+        ),
+        (
+            &["--set", "monitoring.prometheusRule.enabled=on"],
+            "at '/monitoring/prometheusRule/enabled': got string, want boolean",
+        ),
+        (
+            &["--set", "agents.metricsBindAddress=10264"],
+            "at '/agents/metricsBindAddress'",
+        ),
+        // The agents' ServiceMonitor without an address Prometheus can reach, alone, or in leader mode.
+        (
+            &[
+                "--set",
+                "monitoring.serviceMonitor.enabled=true",
+                "--set",
+                "monitoring.serviceMonitor.agents=true",
+            ],
+            "the agents serve /metrics on their node's loopback (127.0.0.1:10264), which Prometheus \
+             cannot reach; set agents.metricsBindAddress",
+        ),
+        (
+            &[
+                "--set",
+                "monitoring.serviceMonitor.enabled=true",
+                "--set",
+                "monitoring.serviceMonitor.agents=true",
+                "--set",
+                "agents.metricsBindAddress=127.0.0.1:9999",
+            ],
+            "the agents serve /metrics on 127.0.0.1:9999",
+        ),
+        (
+            &["--set", "monitoring.serviceMonitor.agents=true"],
+            "monitoring.serviceMonitor.agents needs monitoring.serviceMonitor.enabled",
+        ),
+        (
+            &[
+                "-f",
+                "deploy/helm/examples/monitoring.yaml",
+                "--set",
+                "loadBalancerMode=leader",
+                "--set",
+                "privilegedPorts=true",
+            ],
+            "applies to loadBalancerMode agents only",
+        ),
+        // Set twice.
+        (
+            &[
+                "--set",
+                "agents.metricsBindAddress=0.0.0.0:10264",
+                "--set",
+                "agents.args={--metrics-bind-address=0.0.0.0:9000}",
+            ],
+            "agents.args: --metrics-bind-address=0.0.0.0:9000 sets a flag the chart owns: the value \
+             agents.metricsBindAddress sets it",
+        ),
+        (
+            &["--set", "monitoring.dashboards.labels.grafana_dashboard=1"],
+            "at '/monitoring/dashboards/labels/grafana_dashboard': got number, want string",
+        ),
+    ];
+    for (values, expected) in cases {
+        let message = refused(values);
+        assert!(message.contains(expected), "{values:?}: {message}");
+    }
 }
