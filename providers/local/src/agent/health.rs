@@ -18,6 +18,8 @@ pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
 struct State {
     last_look: Option<Instant>,
     fenced: Option<String>,
+    /// A part of the agent that died (a watch whose task panicked or ended): unhealthy for good.
+    dead: Option<String>,
 }
 
 /// The agent's health; clones share it.
@@ -34,13 +36,25 @@ impl AgentHealth {
         state.fenced = fenced;
     }
 
-    /// `/healthz`: `Err` (why) when a look started but none finished for 30 s (three times the longest wait between two looks).
+    /// `what` (a part of the agent) panicked or ended (`why`): `/healthz` fails from now on.
+    pub(crate) fn part_died(&self, what: &str, why: &str) {
+        lock(&self.state)
+            .dead
+            .get_or_insert_with(|| format!("{what} {why}; the agent must restart"));
+    }
+
+    /// `/healthz`: `Err` (why) when a look started but none finished for 30 s (three times the longest
+    /// wait between two looks), and for good once a part of the agent died.
     pub fn live(&self) -> Result<(), String> {
         self.live_at(Instant::now())
     }
 
     fn live_at(&self, now: Instant) -> Result<(), String> {
-        match lock(&self.state).last_look {
+        let state = lock(&self.state);
+        if let Some(dead) = &state.dead {
+            return Err(dead.clone());
+        }
+        match state.last_look {
             Some(at) if now.saturating_duration_since(at) > STUCK_AFTER => Err(format!(
                 "the agent's last look finished {:.0}s ago (stuck: a look ends within {}s)",
                 now.saturating_duration_since(at).as_secs_f64(),
@@ -64,6 +78,20 @@ impl AgentHealth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_part_fails_liveness_for_good() {
+        let health = AgentHealth::default();
+        health.looked(Instant::now(), None);
+        assert_eq!(health.live(), Ok(()));
+        health.part_died("the watch of services", "panicked: a bug");
+        health.part_died("the watch of nodes", "ended");
+        health.looked(Instant::now(), None);
+        assert_eq!(
+            health.live(),
+            Err("the watch of services panicked: a bug; the agent must restart".to_owned())
+        );
+    }
 
     #[test]
     fn live_while_looking_ready_while_not_fenced() {

@@ -35,12 +35,13 @@ pub use metrics::AgentMetrics;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    panic::AssertUnwindSafe,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
 use cloud_provider::clap;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::{
     coordination::v1::Lease,
     core::v1::{Node, Service},
@@ -399,22 +400,26 @@ pub async fn run(
         Api::all(client.clone()),
         watcher::Config::default(),
         &changed,
+        &health,
     );
     let nodes = mirror::<Node>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &changed,
+        &health,
     );
     let slices = mirror::<EndpointSlice>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &changed,
+        &health,
     );
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
     let leases = mirror::<Lease>(
         lease_api.clone(),
         watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
         &changed,
+        &health,
     );
     let membership_settings = match &settings.membership {
         None => {
@@ -812,8 +817,15 @@ async fn beat(
     }
 }
 
-/// A store kept by a watch of `api`, whose every change wakes `changed`.
-fn mirror<K>(api: Api<K>, config: watcher::Config, changed: &Arc<Notify>) -> Store<K>
+/// A store kept by a watch of `api`, whose every change wakes `changed`. Its watch retries for ever;
+/// if its task panics or ends anyway, the store would go stale unseen: that fails `health` for good
+/// (the kubelet restarts the agent), as a store's writer cannot be had again to restart it in place.
+fn mirror<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    changed: &Arc<Notify>,
+    health: &AgentHealth,
+) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
     K: serde::de::DeserializeOwned,
@@ -827,7 +839,22 @@ where
         watcher(api, config).backoff(cloud_provider::watch_retry_backoff()),
     )
     .touched_objects();
-    tokio::spawn(drive(stream, changed));
+    let health = health.clone();
+    tokio::spawn(async move {
+        let why = match AssertUnwindSafe(drive(stream, changed))
+            .catch_unwind()
+            .await
+        {
+            Ok(()) => "ended".to_owned(),
+            Err(panic) => format!(
+                "panicked: {}",
+                cloud_provider::panic_message(panic.as_ref())
+            ),
+        };
+        let what = format!("the watch of {}", K::plural(&()));
+        tracing::error!("local-agent: {what} {why}; the agent's health check fails from now on");
+        health.part_died(&what, &why);
+    });
     store
 }
 
