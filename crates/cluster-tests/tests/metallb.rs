@@ -426,7 +426,34 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
     for (vip, metallb_mac) in &announced_by_metallb {
         let (mac, _) =
             host_neighbour(*vip).unwrap_or_else(|| panic!("no neighbour entry for {vip}"));
-        assert_eq!(&mac, metallb_mac, "{vip} moved to another node");
+        if &mac != metallb_mac {
+            // What the agents did with it (seen once in many runs: which node took it, and why,
+            // is in their log).
+            let logs = c.kubectl_output(
+                &[
+                    "-n",
+                    "kube-system",
+                    "logs",
+                    "-l",
+                    "k8s-app=local-agent",
+                    "--prefix",
+                    "--tail=400",
+                ],
+                None,
+            );
+            let about: Vec<String> = String::from_utf8_lossy(&logs.stdout)
+                .lines()
+                .filter(|l| {
+                    l.contains(&vip.to_string()) || l.contains("member") || l.contains("fenced")
+                })
+                .map(str::to_owned)
+                .collect();
+            panic!(
+                "{vip} moved to another node: the host's neighbour entry is {mac}, MetalLB's node's \
+                 {metallb_mac}; the agents' log about it:\n{}",
+                about.join("\n")
+            );
+        }
     }
     // Settled: every ingress as MetalLB wrote it, field for field, and none changed meanwhile.
     tokio::time::sleep(Duration::from_secs(5)).await;
