@@ -424,11 +424,11 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
         failed.is_empty(),
         "requests failed during the hand-over: {failed:?}"
     );
-    // Where each VIP is now. MetalLB's speakers stop one by one, and one that outlives the VIP's
-    // speaker takes it over (memberlist sees that node leave) and sends its gratuitous ARP before it
-    // stops too: the host's entry may then name that node although ours never moved the VIP (seen once
-    // in several runs; kube-proxy there carried the requests, none failed). Ours must still hold it
-    // on MetalLB's node and answer for it: asked again, the host resolves it there.
+    // Where each VIP is now. Once in several runs the host's entry named another node 10 s after
+    // MetalLB stopped, with no request failed. What fits (not proven): MetalLB's speakers stop one by
+    // one, and one that outlives the VIP's speaker takes it over and sends its gratuitous ARP before
+    // it stops too. Ours must still hold it on MetalLB's node and answer for it: asked again, the host
+    // resolves it there (and the line printed names the node the entry had).
     let port_of: BTreeMap<IpAddr, u16> = metallb
         .values()
         .flat_map(|(ips, port)| ips.iter().map(move |ip| (*ip, *port)))
