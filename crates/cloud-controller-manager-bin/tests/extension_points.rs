@@ -18,16 +18,19 @@ use cloud_controller_manager::{
     informers::wait_for_cache_sync,
 };
 use cloud_provider::{
-    CloudConfig, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderResult,
-    Registry, async_trait, clap, node_address,
+    CloudConfig, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, LoadBalancer,
+    ProviderResult, Registry, async_trait, clap, node_address,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 use kube::{
     Api, ResourceExt,
     api::{Patch, PatchParams},
 };
 use serde_json::json;
-use support::{SERIAL, create_node, delete_nodes, eventually, free_port, get_node, https_get};
+use support::{
+    SERIAL, create_node, delete_nodes, ensure_namespace, eventually, free_port, get_node,
+    https_get, load_balancer_service, services, status_ip,
+};
 use test_control_plane::{control_plane, kubelet_node, unique_name};
 use tokio_util::sync::CancellationToken;
 
@@ -407,4 +410,124 @@ async fn a_providers_controller_on_the_work_queue_survives_a_panicking_key() {
     let mut all: Vec<&str> = good.iter().map(String::as_str).collect();
     all.push(&poison);
     delete_nodes(&all).await;
+}
+
+/// A cloud with load balancers that offers only what the trait requires: no listing (so no sweep of
+/// orphaned load balancers) and no preview (so no drift check).
+struct BasicLoadBalancers {
+    zoned: Zoned,
+}
+
+#[async_trait]
+impl InstancesV2 for BasicLoadBalancers {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
+        self.zoned.instance_exists(node).await
+    }
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
+        self.zoned.instance_shutdown(node).await
+    }
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
+        self.zoned.instance_metadata(node).await
+    }
+}
+
+fn ingress() -> LoadBalancerStatus {
+    LoadBalancerStatus {
+        ingress: Some(vec![LoadBalancerIngress {
+            ip: Some("192.0.2.10".into()),
+            ..Default::default()
+        }]),
+    }
+}
+
+#[async_trait]
+impl LoadBalancer for BasicLoadBalancers {
+    async fn get_load_balancer(
+        &self,
+        _: &str,
+        _: &Service,
+    ) -> CloudResult<Option<LoadBalancerStatus>> {
+        Ok(Some(ingress()))
+    }
+    async fn ensure_load_balancer(
+        &self,
+        _: &str,
+        _: &Service,
+        _: &[Arc<Node>],
+    ) -> CloudResult<LoadBalancerStatus> {
+        Ok(ingress())
+    }
+    async fn update_load_balancer(&self, _: &str, _: &Service, _: &[Arc<Node>]) -> CloudResult<()> {
+        Ok(())
+    }
+    async fn ensure_load_balancer_deleted(&self, _: &str, _: &Service) -> CloudResult<()> {
+        Ok(())
+    }
+}
+
+impl CloudProvider for BasicLoadBalancers {
+    fn provider_name(&self) -> &str {
+        "zoned"
+    }
+    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
+        Some(self)
+    }
+    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
+        Some(self)
+    }
+}
+
+/// The service controller's orphan sweep and drift check end by design when the cloud cannot list or
+/// preview its load balancers: that is no failure of the controller (its health check stays ok), unlike
+/// a background loop that panics or ends otherwise (`controllers::background_loop`).
+#[tokio::test]
+async fn a_sweep_and_a_drift_check_the_cloud_cannot_do_leave_the_controller_healthy() {
+    let _serial = SERIAL.lock().await;
+    let mut registry = Registry::new();
+    registry
+        .register("zoned", |_: &CloudConfig| -> ProviderResult {
+            Ok(Arc::new(BasicLoadBalancers {
+                zoned: Zoned {
+                    zone: "zone-b".into(),
+                },
+            }))
+        })
+        .unwrap();
+    let (shutdown, task, port) = run_manager(
+        Manager::with_registry(registry),
+        &[
+            "--controllers=service",
+            "--orphaned-load-balancer-sweep-period=1s",
+            "--load-balancer-drift-period=1s",
+        ],
+    )
+    .await;
+    let namespace = unique_name("basic-lb");
+    ensure_namespace(&namespace).await;
+    let api = services(&namespace).await;
+    api.create(&Default::default(), &load_balancer_service("web", &[80]))
+        .await
+        .unwrap();
+    eventually(
+        "the Service has its ingress",
+        Duration::from_secs(30),
+        || async { status_ip(&api.get("web").await.ok()?).filter(|ip| ip == "192.0.2.10") },
+    )
+    .await;
+    // Both loops have run (and ended: the cloud can do neither) within a few periods.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (code, body) = https_get(port, "/healthz?verbose", None).await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("[+]service-lb-controller ok"), "{body}");
+    api.delete("web", &Default::default()).await.unwrap();
+    eventually("the Service is gone", Duration::from_secs(30), || async {
+        api.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
 }

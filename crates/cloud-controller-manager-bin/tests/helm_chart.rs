@@ -1181,7 +1181,19 @@ fn monitoring_objects_are_the_monitoring_files() {
 
 #[test]
 fn wrong_monitoring_values_are_refused_naming_the_field() {
-    let cases: [(&[&str], &str); 10] = [
+    let cases: [(&[&str], &str); 11] = [
+        // A setting of the agents in leader mode, where none runs.
+        (
+            &[
+                "--set",
+                "loadBalancerMode=leader",
+                "--set",
+                "privilegedPorts=true",
+                "--set",
+                "agents.metricsBindAddress=0.0.0.0:10264",
+            ],
+            "agents.metricsBindAddress (0.0.0.0:10264) applies to loadBalancerMode=agents only",
+        ),
         // A misspelt key.
         (
             &["--set", "monitoring.servicemonitor.enabled=true"],

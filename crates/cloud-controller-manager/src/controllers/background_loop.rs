@@ -1,7 +1,8 @@
 //! A controller's background loops (beside its work queue or its passes: the service controller's node
 //! sync, deletions, orphan sweep and drift check; the node controller's status refresh; the route
 //! controller's node watch), each a task of its own that is never forgotten: a loop that panics, or
-//! ends while the manager is not stopping, is logged at error level, counted
+//! ends while the manager is not stopping (unless it is one that ends by design when the cloud cannot
+//! do its work: [`Ends::WhenNothingToDo`]), is logged at error level, counted
 //! (`controller_background_loop_failures_total{name,loop}`), and fails its controller's health check for
 //! good ([`ControllerHealth::background_loop_failed`]), so that `/healthz` fails and the kubelet's
 //! liveness probe restarts the manager, instead of a manager that looks healthy and no longer does that
@@ -86,10 +87,22 @@ impl BackgroundLoop {
     }
 }
 
+/// When a loop may end before the manager stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ends {
+    /// Never: an end before shutdown is a failure (the loop's input ended, or it returned by mistake).
+    AtShutdown,
+    /// Also when it has nothing to do, by design: the orphan sweep when the provider does not list its
+    /// load balancers, the drift check when it cannot preview them (each logs why). Only a panic is a
+    /// failure.
+    WhenNothingToDo,
+}
+
 /// Runs `task` as the loop `loop_name` of the controller `reporting.controller`.
 pub(crate) fn spawn(
     reporting: &LoopReporting,
     loop_name: &'static str,
+    ends: Ends,
     task: impl Future<Output = ()> + Send + 'static,
 ) -> BackgroundLoop {
     let LoopReporting {
@@ -106,7 +119,7 @@ pub(crate) fn spawn(
     let handle = tokio::spawn(
         async move {
             let why = match AssertUnwindSafe(task).catch_unwind().await {
-                Ok(()) if shutdown.is_cancelled() => return,
+                Ok(()) if shutdown.is_cancelled() || ends == Ends::WhenNothingToDo => return,
                 Ok(()) => "ended while the manager was not stopping".to_owned(),
                 Err(panic) => format!(
                     "panicked: {}",
@@ -155,14 +168,21 @@ mod tests {
     async fn a_loop_that_panics_fails_the_health_check_for_good_and_is_counted() {
         let (reporting, registry) = new_reporting();
         // Counted from zero as soon as it runs.
-        let running = spawn(&reporting, "node-sync", std::future::pending());
+        let running = spawn(
+            &reporting,
+            "node-sync",
+            Ends::AtShutdown,
+            std::future::pending(),
+        );
         assert!(scrape(&registry).contains(
             r#"controller_background_loop_failures_total{name="service-lb-controller",loop="node-sync"} 0"#
         ));
         running.abort();
-        spawn(&reporting, "drift", async { panic!("a bug") })
-            .finished()
-            .await;
+        spawn(&reporting, "drift", Ends::WhenNothingToDo, async {
+            panic!("a bug")
+        })
+        .finished()
+        .await;
         let err = reporting.health.check().unwrap_err();
         assert_eq!(
             err,
@@ -177,7 +197,9 @@ mod tests {
     #[tokio::test]
     async fn a_loop_that_ends_early_fails_the_check_and_one_that_ends_at_shutdown_does_not() {
         let (reporting, _registry) = new_reporting();
-        spawn(&reporting, "sweep", async {}).finished().await;
+        spawn(&reporting, "sweep", Ends::AtShutdown, async {})
+            .finished()
+            .await;
         assert!(
             reporting
                 .health
@@ -188,11 +210,16 @@ mod tests {
 
         let (stopping, registry) = new_reporting();
         let shutdown = stopping.shutdown.clone();
-        let waiting = spawn(&stopping, "deletions", async move {
+        let waiting = spawn(&stopping, "deletions", Ends::AtShutdown, async move {
             shutdown.cancelled().await;
         });
         stopping.shutdown.cancel();
         waiting.finished().await;
+        assert_eq!(stopping.health.check(), Ok(()));
+        // One that ends by design when it has nothing to do (the cloud cannot sweep) is not a failure.
+        spawn(&stopping, "orphan-sweep", Ends::WhenNothingToDo, async {})
+            .finished()
+            .await;
         assert_eq!(stopping.health.check(), Ok(()));
         assert!(scrape(&registry).contains(r#"loop="deletions"} 0"#));
     }

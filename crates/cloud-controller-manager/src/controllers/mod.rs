@@ -62,15 +62,17 @@ pub struct ControllerContext {
 
 impl ControllerContext {
     /// Runs `task` as the background loop `loop_name` of this controller, beside its work queue or
-    /// passes ([`background_loop`]): if it panics or ends while the manager is not stopping, that is
-    /// logged and counted and the controller's health check fails for good. Wait for it with
+    /// passes ([`background_loop`]): if it panics, or ends while the manager is not stopping when
+    /// `ends` says it must not, that is logged and counted and the controller's health check fails for
+    /// good. Wait for it with
     /// [`background_loop::BackgroundLoop::finished`] when the controller stops.
     pub fn spawn_loop(
         &self,
         loop_name: &'static str,
+        ends: background_loop::Ends,
         task: impl Future<Output = ()> + Send + 'static,
     ) -> background_loop::BackgroundLoop {
-        background_loop::spawn(&self.loop_reporting(), loop_name, task)
+        background_loop::spawn(&self.loop_reporting(), loop_name, ends, task)
     }
 
     fn loop_reporting(&self) -> background_loop::LoopReporting {

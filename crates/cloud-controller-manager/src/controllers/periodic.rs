@@ -149,7 +149,12 @@ impl Runner {
         loop_name: &'static str,
         task: impl Future<Output = ()> + Send + 'static,
     ) -> super::background_loop::BackgroundLoop {
-        super::background_loop::spawn(&self.loops, loop_name, task)
+        super::background_loop::spawn(
+            &self.loops,
+            loop_name,
+            super::background_loop::Ends::AtShutdown,
+            task,
+        )
     }
 
     /// Runs `pass` every `period` (start to start; a pass longer than the period delays the next, none

@@ -136,6 +136,9 @@ keys and wrong types before this runs (and this repeats its kind, mode and capab
 {{- if .Values.agents.args -}}
 {{- fail (printf "agents.args (%s) applies to loadBalancerMode=agents only: in leader mode no node agent runs; unset agents.args, or set loadBalancerMode=agents" (join ", " .Values.agents.args)) -}}
 {{- end -}}
+{{- if .Values.agents.metricsBindAddress -}}
+{{- fail (printf "agents.metricsBindAddress (%s) applies to loadBalancerMode=agents only: in leader mode no node agent runs, and the data plane's metrics are the manager's; unset agents.metricsBindAddress, or set loadBalancerMode=agents" .Values.agents.metricsBindAddress) -}}
+{{- end -}}
 {{- if and $add (not .Values.privilegedPorts) -}}
 {{- fail (printf "capabilities.add (%s) needs privilegedPorts=true: with privilegedPorts=false the manager runs as the non-root user 65532, whose added capabilities the kernel clears at execve (deploy/overlays/local/privileged-ports.yaml explains why)" (join ", " $add)) -}}
 {{- end -}}

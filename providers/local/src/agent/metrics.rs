@@ -1,6 +1,10 @@
 //! The agent's own metrics (beside the data plane's, on the agent's `/metrics`).
 
-use std::net::IpAddr;
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
 
 use cloud_provider::prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
@@ -13,6 +17,8 @@ pub struct AgentMetrics {
     /// VIPs this node announces now.
     pub(crate) announced: Gauge,
     vip_announced: Family<Vec<(String, String)>, Gauge>,
+    /// The VIPs `vip_announced` has a series for.
+    vip_series: Arc<Mutex<BTreeSet<IpAddr>>>,
     /// VIPs this node started announcing (elected, or back after a failure).
     pub(crate) taken: Counter,
     /// VIPs this node stopped announcing (another node elected, the Service gone).
@@ -36,18 +42,21 @@ pub struct AgentMetrics {
 
 impl AgentMetrics {
     /// Counts a membership packet dropped for `reason`.
-    /// Reports the VIPs this node announces now: their count, and one series each.
+    /// Reports the VIPs this node announces now: their count, and one series each (a VIP no longer
+    /// announced loses its series; the others keep theirs, so no scrape misses one).
     pub(crate) fn set_announced<'a>(&self, vips: impl ExactSizeIterator<Item = &'a IpAddr>) {
         self.announced
             .set(i64::try_from(vips.len()).unwrap_or(i64::MAX));
-        // Cleared and filled again: a scrape in between may miss a VIP for an instant, which the
-        // alert on a VIP without an announcer waits out (deploy/monitoring/alerts.yaml).
-        self.vip_announced.clear();
-        for ip in vips {
-            self.vip_announced
-                .get_or_create(&vec![("address".to_owned(), ip.to_string())])
-                .set(1);
+        let now: BTreeSet<IpAddr> = vips.copied().collect();
+        let label = |ip: &IpAddr| vec![("address".to_owned(), ip.to_string())];
+        let mut series = crate::instances::lock(&self.vip_series);
+        for gone in series.difference(&now) {
+            self.vip_announced.remove(&label(gone));
         }
+        for ip in &now {
+            self.vip_announced.get_or_create(&label(ip)).set(1);
+        }
+        *series = now;
     }
 
     pub(crate) fn membership_dropped(&self, reason: &str) {

@@ -190,6 +190,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
     Some(Box::pin(async move {
         let status_loop = loops.spawn_loop(
             "address-refresh",
+            crate::controllers::background_loop::Ends::AtShutdown,
             status::run(
                 context.clone(),
                 nodes,

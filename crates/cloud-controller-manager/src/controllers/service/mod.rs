@@ -46,7 +46,9 @@ use self::{
 };
 use futures::StreamExt;
 
-use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff, work_queue};
+use super::{
+    ControllerContext, ControllerTask, background_loop::Ends, backoff::PerObjectBackoff, work_queue,
+};
 use crate::{events::EventRecorder, informers::wait_for_cache_sync};
 
 /// The event source, as upstream names it.
@@ -297,21 +299,25 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         let (triggers, deletions) = deletion::split_changes(service_changes);
         let deleted = loops.spawn_loop(
             "deletions",
+            Ends::AtShutdown,
             deletion::handle_deletions(context.clone(), deletions, shutdown.clone()),
         );
         let node_sync = loops.spawn_loop(
             "node-sync",
+            Ends::AtShutdown,
             node_sync::node_sync_loop(context.clone(), node_changes, shutdown.clone()),
         );
         let sweep = orphan_sweep_period.map(|period| {
             loops.spawn_loop(
                 "orphan-sweep",
+                Ends::WhenNothingToDo,
                 sweep::sweep_loop(context.clone(), services.clone(), period, shutdown.clone()),
             )
         });
         let drifts = drift.map(|(period, action)| {
             loops.spawn_loop(
                 "drift-check",
+                Ends::WhenNothingToDo,
                 drift::drift_loop(context.clone(), period, action, shutdown.clone()),
             )
         });
