@@ -18,6 +18,9 @@ pub struct InitializeContext {
     /// Whether the leader is riding out an outage of the API server, for a provider that
     /// [rides them out](CloudProvider::rides_out_api_outages); never, for the others.
     pub api_outage: ApiOutage,
+    /// The cluster's name (`--cluster-name`): the one the load-balancer calls get, for a provider whose
+    /// background work must tell its own cluster's cloud objects from another's.
+    pub cluster_name: String,
 }
 
 /// A cloud: the entry point of a provider.

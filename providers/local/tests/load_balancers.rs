@@ -462,6 +462,7 @@ async fn a_restarted_manager_keeps_every_vip() {
             client: admin().await,
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
+            cluster_name: "kubernetes".to_owned(),
         },
     )
     .await

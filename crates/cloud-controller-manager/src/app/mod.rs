@@ -363,6 +363,7 @@ pub async fn run(
         stop.clone(),
         &lost,
         api_outage,
+        &options.cloud.cluster_name,
     )
     .await;
     stop.cancel();
@@ -405,6 +406,7 @@ async fn run_controllers(
     stop: CancellationToken,
     lost: &AtomicBool,
     api_outage: cloud_provider::ApiOutage,
+    cluster_name: &str,
 ) -> Result<(), AppError> {
     // As upstream: the shared informers, the event sink and each controller have a client (and so a
     // client-side rate limit) of their own, so events and one busy controller do not starve another.
@@ -424,6 +426,7 @@ async fn run_controllers(
             client: client.clone(),
             shutdown: stop.clone(),
             api_outage,
+            cluster_name: cluster_name.to_owned(),
         })
         .await
         .map_err(|source| AppError::Initialize {
