@@ -51,27 +51,41 @@ pub fn workspace_root() -> PathBuf {
 /// The control plane of this test run, started on first use.
 pub fn control_plane() -> &'static ControlPlane {
     static PLANE: OnceLock<ControlPlane> = OnceLock::new();
-    PLANE.get_or_init(|| {
-        let dir = match std::env::var_os(ENV_VAR) {
-            Some(dir) => PathBuf::from(dir),
-            None => workspace_root().join("target/test-control-plane"),
-        };
-        let script = workspace_root().join("hack/control-plane");
-        // `up` is a no-op on a running control plane, so this both checks and, if needed, starts it.
-        let output = Command::new(&script)
-            .args(["up", "--dir"])
-            .arg(&dir)
-            .output()
-            .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
-        assert!(
-            output.status.success(),
-            "the test control plane did not start ({} up --dir {}):\n{}",
-            script.display(),
-            dir.display(),
-            String::from_utf8_lossy(&output.stderr)
-        );
-        ControlPlane { dir }
-    })
+    PLANE.get_or_init(|| start(ENV_VAR, "target/test-control-plane"))
+}
+
+/// The environment variable that names a running second control plane's directory: the infra cluster
+/// of the `kubevirt` provider's tests.
+pub const INFRA_ENV_VAR: &str = "CCM_TEST_INFRA_CONTROL_PLANE";
+
+/// A second control plane, apart from [`control_plane`] (its own etcd and API server): the infra
+/// cluster whose VirtualMachineInstances the `kubevirt` provider's tests make. Started on first use as
+/// [`control_plane`] is (`CCM_TEST_INFRA_CONTROL_PLANE`, else `target/test-infra-control-plane`).
+pub fn infra_control_plane() -> &'static ControlPlane {
+    static PLANE: OnceLock<ControlPlane> = OnceLock::new();
+    PLANE.get_or_init(|| start(INFRA_ENV_VAR, "target/test-infra-control-plane"))
+}
+
+fn start(env_var: &str, default_dir: &str) -> ControlPlane {
+    let dir = match std::env::var_os(env_var) {
+        Some(dir) => PathBuf::from(dir),
+        None => workspace_root().join(default_dir),
+    };
+    let script = workspace_root().join("hack/control-plane");
+    // `up` is a no-op on a running control plane, so this both checks and, if needed, starts it.
+    let output = Command::new(&script)
+        .args(["up", "--dir"])
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {}: {err}", script.display()));
+    assert!(
+        output.status.success(),
+        "the test control plane did not start ({} up --dir {}):\n{}",
+        script.display(),
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    ControlPlane { dir }
 }
 
 impl ControlPlane {

@@ -136,6 +136,8 @@ where
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
         match event {
+            // `Init` starts a (re)list, which may fail yet: only what a list or watch gave counts.
+            Ok(watcher::Event::Init) => {}
             Ok(_) => {
                 if !last_error.is_empty() {
                     tracing::info!(watch = what, "kubevirt-eps: the watch works again");
