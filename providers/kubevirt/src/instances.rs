@@ -138,14 +138,18 @@ impl Instances<'_> {
         Ok(None)
     }
 
-    /// The VMI the node's provider ID names (`None`: no such VMI). A node without a provider ID, or
-    /// with another cloud's, is an error, as upstream's: never "gone", which would delete the node.
+    /// The VMI the node's provider ID names (`None`: no such VMI). A node without a provider ID yet is
+    /// looked for as [`Instances::metadata`] does (the framework's contract: upstream errs there);
+    /// another cloud's provider ID is an error, never "gone" (which would delete the node).
     async fn by_provider_id(&self, node: &Node) -> Result<Option<Vmi>, Error> {
         let provider_id = node
             .spec
             .as_ref()
             .and_then(|s| s.provider_id.as_deref())
             .unwrap_or_default();
+        if provider_id.is_empty() {
+            return self.find(node).await;
+        }
         let name = vmi_name(provider_id).ok_or_else(|| Error::ProviderId {
             node: node.metadata.name.clone().unwrap_or_default(),
             provider_id: provider_id.to_owned(),

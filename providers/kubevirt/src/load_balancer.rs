@@ -48,8 +48,6 @@ pub struct Desired {
     pub external_ips: Option<Vec<String>>,
     /// Copied when set (at creation only, as upstream).
     pub load_balancer_ip: Option<String>,
-    /// Copied when set (at creation only, as upstream).
-    pub health_check_node_port: Option<i32>,
 }
 
 /// `namespace/name` of a Service.
@@ -117,7 +115,6 @@ pub fn desired(
         selector,
         external_ips: spec.external_ips.clone().filter(|ips| !ips.is_empty()),
         load_balancer_ip: spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty()),
-        health_check_node_port: spec.health_check_node_port.filter(|p| *p > 0),
     })
 }
 
@@ -139,7 +136,6 @@ impl Desired {
                 selector: self.selector.clone(),
                 external_ips: self.external_ips.clone(),
                 load_balancer_ip: self.load_balancer_ip.clone(),
-                health_check_node_port: self.health_check_node_port,
                 ..Default::default()
             }),
             status: None,
@@ -486,6 +482,16 @@ mod tests {
             "team-a"
         );
         assert_eq!(service.metadata.namespace.as_deref(), Some("infra-ns"));
+        let mut with_check = tenant("Local", &[("http", 80, Some(30080))]);
+        with_check.spec.as_mut().unwrap().health_check_node_port = Some(32123);
+        let infra = super::desired(&with_check, "a1", "c", &config())
+            .unwrap()
+            .to_service("infra-ns");
+        assert_eq!(
+            infra.spec.unwrap().health_check_node_port,
+            None,
+            "the infra cluster allocates its own"
+        );
     }
 
     #[test]

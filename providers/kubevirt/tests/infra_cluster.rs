@@ -797,3 +797,74 @@ async fn what_is_wrong_is_said() {
     assert!(none.is_instance_not_found(), "{none}");
     stop.cancel();
 }
+
+/// Plays the infra cluster's load-balancer implementation until `stop`: every infra Service of `bed`
+/// without an address gets 192.0.2.50.
+async fn give_addresses(bed: &InfraBed, stop: CancellationToken) {
+    let api = bed.services().await;
+    while !stop.is_cancelled() {
+        for service in api.list(&ListParams::default()).await.unwrap().items {
+            let has = service
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|l| l.ingress.as_ref())
+                .is_some_and(|i| !i.is_empty());
+            if !has {
+                let _ = api
+                    .patch_status(
+                        service.metadata.name.as_deref().unwrap(),
+                        &PatchParams::default(),
+                        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}})),
+                    )
+                    .await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_kubevirt_provider_passes_the_conformance_suite() {
+    use cloud_provider::conformance::{Fixtures, run};
+    let _serial = SERIAL.lock().await;
+    let bed = infra_bed("loadBalancer:\n  creationPollInterval: 1\n", true).await;
+    let (running, stopped) = (unique_name("vm"), unique_name("vm"));
+    bed.vmi(&running, "infra-a", &["10.89.10.1"], None).await;
+    bed.vmi(&stopped, "infra-b", &["10.89.10.2"], None).await;
+    bed.set_phase(&stopped, "Succeeded").await;
+    let cloud = bed.cloud();
+    let stop = CancellationToken::new();
+    cloud
+        .initialize(cloud_provider::InitializeContext {
+            client: tenant().await,
+            shutdown: stop.clone(),
+            api_outage: cloud_provider::ApiOutage::never(),
+            cluster_name: CLUSTER.into(),
+        })
+        .await
+        .unwrap();
+    let addresses = tokio::spawn({
+        let bed = InfraBed {
+            namespace: bed.namespace.clone(),
+            config: tempfile::NamedTempFile::new().unwrap(),
+        };
+        let stop = stop.clone();
+        async move { give_addresses(&bed, stop).await }
+    });
+    let fixtures = Fixtures::new(&running, &unique_name("absent"))
+        .with_shutdown_node(&stopped)
+        .with_backend_nodes(&[&running]);
+    let report = run(&cloud, &fixtures).await;
+    stop.cancel();
+    addresses.await.unwrap();
+    report.assert_passed();
+    assert!(
+        report
+            .passed()
+            .iter()
+            .any(|r| r.name == "load_balancer_is_listed_and_deleted_as_an_orphan"),
+        "the sweep's contract is checked, not skipped: {:?}",
+        report.results
+    );
+}

@@ -68,6 +68,26 @@ fn call<T>(what: &str, result: Result<T, CloudError>) -> Result<T, Stop> {
     result.map_err(|err| Stop::Fail(format!("{what} failed: {err}")))
 }
 
+/// `ensure_load_balancer`, called again while it answers [`CloudError::RetryAfter`] (a load balancer
+/// still provisioning, as the trait allows), after the delay it asks for, for up to a minute.
+async fn ensure_ready(
+    lb: &dyn crate::LoadBalancer,
+    cluster_name: &str,
+    service: &k8s_openapi::api::core::v1::Service,
+    nodes: &[std::sync::Arc<Node>],
+) -> Result<k8s_openapi::api::core::v1::LoadBalancerStatus, CloudError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match lb.ensure_load_balancer(cluster_name, service, nodes).await {
+            Err(err) if std::time::Instant::now() < deadline => match err.retry_delay() {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => return Err(err),
+            },
+            other => return other,
+        }
+    }
+}
+
 fn name(node: &Node) -> &str {
     node.metadata.name.as_deref().unwrap_or_default()
 }
@@ -355,8 +375,7 @@ async fn load_balancer_ensure_is_idempotent_and_get_agrees(
     };
     let first = call(
         "ensure_load_balancer",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
-            .await,
+        ensure_ready(lb, &f.cluster_name, &f.service, &f.backend_nodes).await,
     )?;
     ensure!(
         has_ingress(&first),
@@ -364,8 +383,7 @@ async fn load_balancer_ensure_is_idempotent_and_get_agrees(
     );
     let second = call(
         "ensure_load_balancer (again)",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
-            .await,
+        ensure_ready(lb, &f.cluster_name, &f.service, &f.backend_nodes).await,
     )?;
     ensure!(
         first == second,
@@ -391,8 +409,7 @@ async fn load_balancer_update_and_delete_are_idempotent(
     };
     call(
         "ensure_load_balancer",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
-            .await,
+        ensure_ready(lb, &f.cluster_name, &f.service, &f.backend_nodes).await,
     )?;
     // Fewer backends when there are several; else the same ones again (an update must accept both).
     let fewer = match f.backend_nodes.len() {
@@ -465,8 +482,7 @@ async fn load_balancer_is_listed_and_deleted_as_an_orphan(
     );
     call(
         "ensure_load_balancer",
-        lb.ensure_load_balancer(&f.cluster_name, &f.service, &f.backend_nodes)
-            .await,
+        ensure_ready(lb, &f.cluster_name, &f.service, &f.backend_nodes).await,
     )?;
     let listed = call(
         "list_load_balancers",
@@ -528,8 +544,7 @@ async fn load_balancer_serves_local_traffic_policy_and_source_ranges(
         .map_err(|err| Stop::Fail(format!("the fixture's Service: {err}")))?;
     let status = call(
         "ensure_load_balancer(externalTrafficPolicy: Local, source ranges)",
-        lb.ensure_load_balancer(&f.cluster_name, &service, &f.backend_nodes)
-            .await,
+        ensure_ready(lb, &f.cluster_name, &service, &f.backend_nodes).await,
     )?;
     ensure!(
         has_ingress(&status),
