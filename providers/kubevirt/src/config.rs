@@ -353,6 +353,13 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_parses() {
+        let example = parse(include_str!("../cloud-config.example.yaml")).unwrap();
+        assert_eq!(example.namespace.as_deref(), Some("tenant-a"));
+        assert!(example.load_balancer.unwrap().eps_controller);
+    }
+
+    #[test]
     fn interfaces_switched_off() {
         let config =
             parse("loadBalancer:\n  enabled: false\ninstancesV2:\n  enabled: false\n").unwrap();
