@@ -92,15 +92,16 @@ class Bed:
         self.nodes.append(name)
         self.tenant.request("POST", "/api/v1/nodes", {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
-            "spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]}})
+            "spec": {"taints": [{"key": UNINITIALIZED, "value": "true", "effect": "NoSchedule"}]},
+            "status": {"addresses": [{"type": "Hostname", "address": name}]}})
         self.ready(name, True)
 
     def ready(self, name: str, ready: bool) -> None:
+        """The node's Ready condition, as a kubelet would post it (its addresses left alone)."""
         self.tenant.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {
             "conditions": [{"type": "Ready", "status": "True" if ready else "False", "reason": "Bench",
                             "message": "set by the bench", "lastHeartbeatTime": now(),
-                            "lastTransitionTime": now()}],
-            "addresses": [{"type": "Hostname", "address": name}]}},
+                            "lastTransitionTime": now()}]}},
             content_type="application/strategic-merge-patch+json")
 
     def service(self, short: str, etp: str = "Cluster", ports=((80, 8080),)) -> str:
@@ -127,8 +128,11 @@ class Bed:
 
     def state(self) -> dict:
         """What the manager owns, with this run's tag made neutral."""
-        tenant_services = {s["metadata"]["uid"]: s["metadata"]["name"] for s in
-                           self.tenant.request("GET", f"/api/v1/namespaces/{NS}/services")["items"]}
+        tenant_list = self.tenant.request("GET", f"/api/v1/namespaces/{NS}/services")["items"]
+        tenant_services = {s["metadata"]["uid"]: s["metadata"]["name"] for s in tenant_list}
+        # The tenant's node ports differ from run to run: each is named by its Service and port.
+        node_ports = {p["nodePort"]: f"nodePort of {s['metadata']['name']}:{p['port']}"
+                      for s in tenant_list for p in s["spec"].get("ports") or [] if p.get("nodePort")}
         out: dict = {"infra services": {}, "infra endpointslices": [], "nodes": {}, "tenant services": {}}
         for s in self.infra.request("GET", f"/api/v1/namespaces/{self.ns}/services")["items"]:
             spec = s["spec"]
@@ -137,7 +141,9 @@ class Bed:
                 "labels": labels, "annotations": s["metadata"].get("annotations") or {},
                 "type": spec.get("type"), "selector": spec.get("selector"),
                 "externalTrafficPolicy": spec.get("externalTrafficPolicy"),
-                "ports": [{k: p.get(k) for k in ("name", "protocol", "port", "targetPort")} for p in spec.get("ports") or []],
+                "ports": [{**{k: p.get(k) for k in ("name", "protocol", "port")},
+                           "targetPort": node_ports.get(p.get("targetPort"), p.get("targetPort"))}
+                          for p in spec.get("ports") or []],
                 "healthCheckNodePort set": bool(spec.get("healthCheckNodePort")),
             }
         for e in self.infra.request("GET", f"/apis/discovery.k8s.io/v1/namespaces/{self.ns}/endpointslices")["items"]:
@@ -147,7 +153,7 @@ class Bed:
                 "addressType": e["addressType"],
                 "endpoints": sorted(json.dumps({k: v for k, v in x.items() if k != "zone"}, sort_keys=True)
                                     for x in e.get("endpoints") or []),
-                "ports": e.get("ports")})
+                "ports": [{**p, "port": node_ports.get(p.get("port"), p.get("port"))} for p in e.get("ports") or []]})
         out["infra endpointslices"].sort(key=lambda x: json.dumps(x, sort_keys=True))
         for name in self.nodes:
             n = self.tenant.request("GET", f"/api/v1/nodes/{name}", ok=(404,))
@@ -258,7 +264,7 @@ SCENARIOS = [
 
 def run(kind: str, binary: str, index: int, scenario, args, tenant: Kube, infra: Kube, work: str) -> dict:
     title, extra, steps = scenario
-    bed = Bed(tenant, infra, f"{kind[0]}{index}")
+    bed = Bed(tenant, infra, f"{kind}-{index}")
     config = os.path.join(work, f"{kind}-{index}.yaml")
     with open(config, "w") as f:
         f.write(f"kubeconfig: {os.path.join(args.infra, 'ccm.kubeconfig')}\nnamespace: {bed.ns}\n"
@@ -283,6 +289,7 @@ def run(kind: str, binary: str, index: int, scenario, args, tenant: Kube, infra:
             steps(bed)
             time.sleep(SETTLE)
             state = bed.state()
+            state["manager at the end"] = "running" if proc.poll() is None else f"exited with {proc.returncode}"
             state["API writes"] = {"tenant": writes(args.tenant, started), "infra": writes(args.infra, started)}
         finally:
             proc.send_signal(signal.SIGTERM)
@@ -311,6 +318,9 @@ def writes(cp_dir: str, since: str) -> dict[str, int]:
                 continue
             ref = event.get("objectRef") or {}
             key = f"{event['verb']} {ref.get('resource', '?')}{'/' + ref['subresource'] if ref.get('subresource') else ''}"
+            code = (event.get("responseStatus") or {}).get("code", 0)
+            if not 200 <= code < 300:
+                key += f" ({code})"
             counts[key] = counts.get(key, 0) + 1
     return dict(sorted(counts.items()))
 
@@ -336,6 +346,15 @@ def setup(tenant: Kube, infra: Kube, crds: str) -> None:
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     for path in ("deploy/rbac.yaml", "deploy/kubevirt/tenant-rbac.yaml"):
         kubectl_apply(tenant, os.path.join(root, path))
+    # Ours writes events.k8s.io/v1 events (deploy/rbac.yaml); upstream's framework v0.34 core/v1 ones.
+    tenant.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterroles", {
+        "metadata": {"name": "bench-core-events"},
+        "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "update"]}]}, ok=(409,))
+    tenant.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": "bench-core-events"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "bench-core-events"},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                      "name": "system:cloud-controller-manager"}]}, ok=(409,))
     infra.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
         "metadata": {"name": "bench-ccm-admin"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
@@ -375,29 +394,51 @@ def main() -> None:
                             {k: v for k, v in ours.items() if k != "API writes"})
         results.append({"scenario": scenario[0], "identical": not diffs, "differences": diffs,
                         "upstream": up, "ours": ours})
+    meta = {"upstream_commit": args.upstream_commit, "date": str(datetime.date.today()), "logs": work}
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=1, sort_keys=True)
+    write_report(results, meta, args.out)
+
+
+def write_report(results: list[dict], meta: dict, out: str) -> None:
     same = sum(r["identical"] for r in results)
     lines = [f"kubevirt differential: {same} of {len(results)} identical", "",
-             f"Upstream kubevirt-cloud-controller-manager at commit {args.upstream_commit} against ours, "
+             f"Upstream kubevirt-cloud-controller-manager at commit {meta['upstream_commit']} against ours, "
              f"one after the other on one tenant and one infra control plane (bench/kubevirt/run, "
-             f"{datetime.date.today()}). Per scenario: the infra Services and mirrored EndpointSlices, the tenant "
-             "nodes' provider-owned fields and the tenant Services' status, names made comparable. Logs: "
-             f"{work}.", "", "| scenario | identical | differences |", "|---|---|---|"]
+             f"{meta['date']}). Per scenario: the infra Services and mirrored EndpointSlices, the tenant "
+             "nodes' provider-owned fields, the tenant Services' status and whether the manager still runs, "
+             f"names made comparable. Logs: {meta['logs']}.", "",
+             "| scenario | identical | differences |", "|---|---|---|"]
     for r in results:
         lines.append(f"| {r['scenario']} | {'yes' if r['identical'] else 'no'} | "
                      f"{'<br>'.join(d.replace('|', '/') for d in r['differences']) or '-'} |")
-    lines += ["", "API writes by the manager's user during each scenario (the API servers' audit logs; reads are not "
-              "audited), upstream / ours:", "", "| scenario | tenant | infra |", "|---|---|---|"]
+
+    def count(writes: dict[str, int], refused: bool) -> int:
+        return sum(n for k, n in writes.items() if k.endswith(")") == refused)
+
+    lines += ["", "API writes by the manager's user during each scenario, from the API servers' audit logs (reads "
+              "are not audited): done, then refused in parentheses (409: a conflict, written again; 403: not "
+              "allowed), upstream / ours; by verb and resource in the .json.", "",
+              "| scenario | tenant | infra |", "|---|---|---|"]
     for r in results:
-        def total(side: str, who: str) -> int:
-            return sum(r[who]["API writes"][side].values())
-        lines.append(f"| {r['scenario']} | {total('tenant', 'upstream')} / {total('tenant', 'ours')} | "
-                     f"{total('infra', 'upstream')} / {total('infra', 'ours')} |")
-    with open(args.out, "w") as f:
+        cells = []
+        for side in ("tenant", "infra"):
+            up, ours = r["upstream"]["API writes"][side], r["ours"]["API writes"][side]
+            cells.append(f"{count(up, False)} ({count(up, True)}) / {count(ours, False)} ({count(ours, True)})")
+        lines.append(f"| {r['scenario']} | {cells[0]} | {cells[1]} |")
+    with open(out, "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(results, f, indent=1, sort_keys=True)
     print("\n".join(lines))
 
 
+def report_only() -> None:
+    """`--report FILE.json`: writes FILE.md again from the data of an earlier run."""
+    data = json.load(open(sys.argv[2]))
+    write_report(data["results"], data["meta"], os.path.splitext(sys.argv[2])[0] + ".md")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--report":
+        report_only()
+    else:
+        main()

@@ -88,15 +88,18 @@ impl InfraMetrics {
 /// The infra cluster, in the provider's namespace there.
 pub struct Infra {
     client: Client,
+    watch_client: Client,
     namespace: String,
     limiter: DefaultDirectRateLimiter,
     metrics: InfraMetrics,
 }
 
 impl Infra {
-    /// The infra cluster reached by `client`, in `namespace`, at `qps` requests a second with `burst`.
+    /// The infra cluster reached by `client` (for calls: its timeouts bounded) and `watch_client` (for
+    /// watches), in `namespace`, at `qps` requests a second with `burst`.
     pub fn new(
         client: Client,
+        watch_client: Client,
         namespace: String,
         qps: f32,
         burst: u32,
@@ -110,6 +113,7 @@ impl Infra {
             .allow_burst(burst);
         Arc::new(Self {
             client,
+            watch_client,
             namespace,
             limiter: RateLimiter::direct(quota),
             metrics,
@@ -121,9 +125,9 @@ impl Infra {
         &self.namespace
     }
 
-    /// The client (for watches, which are not rate-limited per event).
-    pub fn client(&self) -> &Client {
-        &self.client
+    /// The client for watches (long polls: the client's default timeouts; not rate-limited per event).
+    pub fn watch_client(&self) -> &Client {
+        &self.watch_client
     }
 
     async fn call<T>(

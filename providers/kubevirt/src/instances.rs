@@ -313,10 +313,16 @@ mod tests {
         assert_eq!(provider_id("vm-1"), "kubevirt://vm-1");
     }
 
+    /// A VMI, the node's previous addresses, and the addresses expected (or a fragment of the error).
+    type AddressCase = (
+        Vmi,
+        Vec<NodeAddress>,
+        Result<Vec<NodeAddress>, &'static str>,
+    );
+
     #[test]
     fn addresses_of_the_default_interface() {
-        // (interfaces, the node's previous addresses, expected)
-        let cases: Vec<(Vmi, Vec<NodeAddress>, Result<Vec<NodeAddress>, &str>)> = vec![
+        let cases: Vec<AddressCase> = vec![
             (
                 vmi(vec![(
                     "default",

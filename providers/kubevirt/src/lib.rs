@@ -31,6 +31,9 @@ pub use config::Config;
 pub use error::Error;
 use infra::{Infra, InfraMetrics};
 
+/// How long one call to the infra API server may take before it fails (and is retried).
+pub const INFRA_CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// The name the provider registers under, and the scheme of its provider IDs.
 pub const PROVIDER_NAME: &str = "kubevirt";
 
@@ -121,13 +124,26 @@ impl KubevirtCloud {
             .namespace
             .clone()
             .unwrap_or_else(|| client_config.default_namespace.clone());
-        let client = kube::Client::try_from(client_config).map_err(|err| Error::Kubeconfig {
-            path: origin.clone(),
-            message: err.to_string(),
-        })?;
+        // Calls get a bounded wait, so an infra API server that hangs (as one that is away behind a
+        // silent network does) fails them and the controllers retry, instead of waiting out the
+        // client's default of nearly five minutes per call. Watches keep the default: they are long
+        // polls by design.
+        let mut calls_config = client_config.clone();
+        calls_config.read_timeout = Some(INFRA_CALL_TIMEOUT);
+        calls_config.write_timeout = Some(INFRA_CALL_TIMEOUT);
+        calls_config.connect_timeout = Some(INFRA_CALL_TIMEOUT);
+        let build = |config: kube::Config| {
+            kube::Client::try_from(config).map_err(|err| Error::Kubeconfig {
+                path: origin.clone(),
+                message: err.to_string(),
+            })
+        };
+        let client = build(calls_config)?;
+        let watch_client = build(client_config)?;
         tracing::info!(kubeconfig = %origin, namespace = %namespace, "kubevirt: the infra cluster");
         Ok(Infra::new(
             client,
+            watch_client,
             namespace,
             self.config.infra_qps,
             self.config.infra_burst,

@@ -290,30 +290,61 @@ impl LoadBalancers<'_> {
                 }
             },
         };
-        let age = infra
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| Timestamp::now().duration_since(t.0).unsigned_abs())
-            .unwrap_or_default();
-        match readiness(&infra, age, self.config.creation_poll_timeout) {
-            Readiness::Ready(status) => Ok(status),
-            Readiness::Waiting => Err(CloudError::retry_after(
-                format!(
-                    "infra Service {}/{} has no address yet",
-                    self.infra.namespace(),
-                    desired.name
-                ),
-                self.config.creation_poll_interval,
-            )),
-            Readiness::TimedOut(age) => Err(Error::Infrastructure(format!(
-                "infra Service {}/{} has had no address for {}s (loadBalancer.creationPollTimeout is {}s): does a load-balancer implementation serve the infra cluster?",
-                self.infra.namespace(),
-                desired.name,
-                age.as_secs(),
-                self.config.creation_poll_timeout.as_secs()
-            ))
-            .into()),
+        let age = |infra: &Service| {
+            infra
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| Timestamp::now().duration_since(t.0).unsigned_abs())
+                .unwrap_or_default()
+        };
+        let mut infra = infra;
+        // An infra cluster's load balancer usually answers within a second or two: look again a few
+        // times within one poll interval (0.2 s, then doubling) before handing the Service back to the
+        // controller, so a normal provisioning is neither a Warning event nor a held worker (upstream
+        // holds it up to the timeout).
+        let mut pause = Duration::from_millis(200);
+        let mut waited = Duration::ZERO;
+        loop {
+            match readiness(&infra, age(&infra), self.config.creation_poll_timeout) {
+                Readiness::Ready(status) => return Ok(status),
+                Readiness::Waiting if waited + pause <= self.config.creation_poll_interval => {
+                    tokio::time::sleep(pause).await;
+                    waited += pause;
+                    pause *= 2;
+                    match self.infra.service(&desired.name).await? {
+                        Some(again) => infra = again,
+                        None => {
+                            return Err(Error::Infrastructure(format!(
+                                "infra Service {}/{} was deleted while it waited for its address",
+                                self.infra.namespace(),
+                                desired.name
+                            ))
+                            .into());
+                        }
+                    }
+                }
+                Readiness::Waiting => {
+                    return Err(CloudError::retry_after(
+                        format!(
+                            "infra Service {}/{} has no address yet",
+                            self.infra.namespace(),
+                            desired.name
+                        ),
+                        self.config.creation_poll_interval,
+                    ));
+                }
+                Readiness::TimedOut(age) => {
+                    return Err(Error::Infrastructure(format!(
+                        "infra Service {}/{} has had no address for {}s (loadBalancer.creationPollTimeout is {}s): does a load-balancer implementation serve the infra cluster?",
+                        self.infra.namespace(),
+                        desired.name,
+                        age.as_secs(),
+                        self.config.creation_poll_timeout.as_secs()
+                    ))
+                    .into());
+                }
+            }
         }
     }
 

@@ -868,3 +868,94 @@ async fn the_kubevirt_provider_passes_the_conformance_suite() {
         report.results
     );
 }
+
+#[tokio::test]
+async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
+    let _serial = SERIAL.lock().await;
+    let bed = infra_bed("loadBalancer:\n  creationPollInterval: 1\n", true).await;
+    let namespace = unique_name("away");
+    let tenant = tenant().await;
+    Api::<Namespace>::all(tenant.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (shutdown, task) = start_manager(&bed, "service").await;
+    // The infra API server answers nothing (SIGSTOP) while a tenant Service is created.
+    let frozen = infra_control_plane().freeze_api_server();
+    let services: Api<Service> = Api::namespaced(tenant.clone(), &namespace);
+    let web = services
+        .create(&PostParams::default(), &lb_service("web", "Cluster"))
+        .await
+        .unwrap();
+    // The manager says so on the Service (a Warning event) and keeps the work.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(tenant.clone(), &namespace);
+    eventually(
+        "a Warning event on the Service while the infra API server is away",
+        || {
+            let events = events.clone();
+            async move {
+                let list = events.list(&ListParams::default()).await.ok()?;
+                list.items
+                    .iter()
+                    .any(|e| {
+                        e.reason.as_deref() == Some("SyncLoadBalancerFailed")
+                            && e.message
+                                .as_deref()
+                                .is_some_and(|m| m.contains("infra API server"))
+                    })
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    drop(frozen);
+    // Back: the infra Service is created, gets its address, and the tenant reports it.
+    let infra_name = cloud_provider::default_load_balancer_name(&web);
+    let infra_services = bed.services().await;
+    eventually("the infra Service after the outage", || {
+        let api = infra_services.clone();
+        let name = infra_name.clone();
+        async move { api.get_opt(&name).await.ok()? }
+    })
+    .await;
+    infra_services
+        .patch_status(
+            &infra_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.41"}]}}})),
+        )
+        .await
+        .unwrap();
+    eventually("the tenant Service's address after the outage", || {
+        let services = services.clone();
+        async move {
+            let ingress = services
+                .get("web")
+                .await
+                .ok()?
+                .status?
+                .load_balancer?
+                .ingress?;
+            (ingress.first()?.ip.as_deref() == Some("192.0.2.41")).then_some(())
+        }
+    })
+    .await;
+    services
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the infra Service deleted", || {
+        let api = infra_services.clone();
+        let name = infra_name.clone();
+        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+    let _ = Api::<Namespace>::all(tenant)
+        .delete(&namespace, &DeleteParams::default())
+        .await;
+}

@@ -50,7 +50,7 @@ struct Caches {
 pub async fn run(tenant: Client, infra: Arc<Infra>, cluster: String, shutdown: CancellationToken) {
     let wake = Arc::new(Notify::new());
     let namespace = infra.namespace().to_owned();
-    let infra_client = infra.client().clone();
+    let infra_client = infra.watch_client().clone();
 
     let (services, services_writer) = reflector::store();
     let services_watch = watch(
