@@ -27,6 +27,15 @@ use serde_json::json;
 const CLASS: &str = "ccm.rs/kubevirt";
 const INFRA_NAMESPACE: &str = "tenant-1";
 
+/// A tenant Node the test made, deleted when dropped.
+struct TenantNode(&'static str);
+
+impl Drop for TenantNode {
+    fn drop(&mut self) {
+        let _ = cluster().kubectl_output(&["delete", "node", self.0, "--wait=false"], None);
+    }
+}
+
 /// The bed, taken down when dropped (also when the test fails).
 struct Bed(PathBuf);
 
@@ -160,6 +169,119 @@ async fn a_tenant_service_is_reachable_through_the_infra_clusters_load_balancer(
             .await
             .expect("the VIP answers with one VMI down");
     }
+
+    // A node of the kubevirt cloud: registered with its provider ID (as a kubelet started with
+    // --provider-id=kubevirt://<vmi> would be), so the cluster's own manager leaves it alone. The
+    // kubevirt manager initializes it from its VMI, and taints it when the VMI fails.
+    let extra = "vm-extra";
+    vmi_api
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                "metadata": {"name": extra, "annotations": {"kubevirt.io/instancetype-name": "u1.large"}},
+                "spec": {"domain": {"devices": {}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    vmi_api
+        .patch_status(
+            extra,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running", "nodeName": "infra-host",
+                "interfaces": [{"name": "default", "ipAddress": "10.89.0.99", "ipAddresses": ["10.89.0.99"]}]}})),
+        )
+        .await
+        .unwrap();
+    let _extra_node = TenantNode(extra);
+    c.kubectl(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {extra}, labels: {{kubernetes.io/hostname: {extra}}}}}\n\
+             spec:\n  providerID: kubevirt://{extra}\n  taints: [{{key: node.cloudprovider.kubernetes.io/uninitialized, value: 'true', effect: NoSchedule}}]\n"
+        )),
+    );
+    let tenant_nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.client().await);
+    let set_ready = |ready: &'static str| {
+        let nodes = tenant_nodes.clone();
+        async move {
+            nodes
+                .patch_status(
+                    extra,
+                    &PatchParams::default(),
+                    &Patch::Strategic(json!({"status": {"conditions": [{"type": "Ready", "status": ready,
+                        "reason": "Test", "message": "set by the test",
+                        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+                )
+                .await
+                .unwrap();
+        }
+    };
+    set_ready("True").await;
+    let initialized = eventually("the kubevirt node initialized from its VMI", LONG, || {
+        let nodes = tenant_nodes.clone();
+        async move {
+            let node = nodes.get(extra).await.ok()?;
+            let taints = node.spec.as_ref()?.taints.clone().unwrap_or_default();
+            (!taints
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/uninitialized"))
+            .then_some(node)
+        }
+    })
+    .await;
+    let labels = initialized.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels
+            .get("node.kubernetes.io/instance-type")
+            .map(String::as_str),
+        Some("u1.large")
+    );
+    assert_eq!(
+        labels
+            .get("topology.kubernetes.io/zone")
+            .map(String::as_str),
+        Some("zone-a")
+    );
+    assert_eq!(
+        labels
+            .get("topology.kubernetes.io/region")
+            .map(String::as_str),
+        Some("region-1")
+    );
+    let addresses: Vec<(String, String)> = initialized
+        .status
+        .and_then(|s| s.addresses)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| (a.type_, a.address))
+        .collect();
+    assert!(
+        addresses.contains(&("InternalIP".to_owned(), "10.89.0.99".to_owned())),
+        "{addresses:?}"
+    );
+    vmi_api
+        .patch_status(
+            extra,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Failed"}})),
+        )
+        .await
+        .unwrap();
+    set_ready("False").await;
+    eventually("the shutdown taint on the failed VMI's node", LONG, || {
+        let nodes = tenant_nodes.clone();
+        async move {
+            let node = nodes.get(extra).await.ok()?;
+            node.spec?
+                .taints?
+                .iter()
+                .any(|t| t.key == "node.cloudprovider.kubernetes.io/shutdown")
+                .then_some(())
+        }
+    })
+    .await;
 
     // Deleting the tenant Service deletes the infra Service (and so the VIP).
     c.kubectl(
