@@ -79,6 +79,7 @@ mod provider;
 mod registry;
 mod routes;
 pub mod service_helpers;
+mod supervise;
 mod watch;
 mod watch_retry;
 mod zones;
@@ -101,6 +102,7 @@ pub use registry::{
     RegistryError, read_flags,
 };
 pub use routes::{Route, Routes};
+pub use supervise::supervise;
 pub use watch::{panic_message, watch_cloud_config};
 pub use watch_retry::{WATCH_RETRY_FIRST, WATCH_RETRY_MAX, watch_retry_backoff};
 pub use zones::{Zone, Zones};

@@ -76,6 +76,14 @@ impl CloudConfig {
         }
     }
 
+    /// How errors name the file: its path, or `<cloud-config>` for contents from nowhere in particular.
+    pub fn source_name(&self) -> String {
+        self.path
+            .as_deref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "<cloud-config>".to_owned())
+    }
+
     /// The contents as UTF-8 text; `Ok(None)` when no cloud-config was given.
     pub fn text(&self) -> Result<Option<&str>, std::str::Utf8Error> {
         self.contents

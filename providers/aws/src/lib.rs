@@ -56,10 +56,7 @@ register_provider!(PROVIDER_NAME, new_provider);
 /// The registry factory: parses the `--cloud-config` (upstream's INI format); the SDK is loaded on first
 /// use, the standard way.
 pub fn new_provider(config: &CloudConfig) -> ProviderResult {
-    let source = config
-        .path()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "<cloud-config>".to_owned());
+    let source = config.source_name();
     let text = config.text().map_err(|e| Error::ConfigFile {
         source_name: source.clone(),
         message: format!("not UTF-8: {e}"),

@@ -43,10 +43,7 @@ register_provider!(PROVIDER_NAME, new_provider);
 /// missing or malformed one stops the manager at start, naming it); the client is built at
 /// [`CloudProvider::initialize`].
 pub fn new_provider(config: &CloudConfig) -> ProviderResult {
-    let source = config
-        .path()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "<cloud-config>".to_owned());
+    let source = config.source_name();
     let text = config.text().map_err(|e| Error::Config {
         source_name: source.clone(),
         message: format!("not UTF-8: {e}"),
@@ -152,33 +149,6 @@ impl KubevirtCloud {
     }
 }
 
-/// Runs the task `make` builds until `shutdown`: a run that panics (a bug) is logged and started again
-/// after a second, so it neither ends unseen nor takes the manager down; one that returns is done.
-fn supervise<F, Fut>(name: &'static str, shutdown: tokio_util::sync::CancellationToken, make: F)
-where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(async move {
-        loop {
-            let mut run = tokio::spawn(make());
-            tokio::select! {
-                result = &mut run => match result {
-                    Err(err) if err.is_panic() => {
-                        tracing::error!(task = name, error = %err, "kubevirt: a background task panicked (a bug); starting it again");
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
-                    _ => return,
-                },
-                () = shutdown.cancelled() => {
-                    run.abort();
-                    return;
-                }
-            }
-        }
-    });
-}
-
 #[cloud_provider::async_trait]
 impl CloudProvider for KubevirtCloud {
     /// Connects to the infra cluster, says at once (without stopping) when it refuses the provider,
@@ -203,7 +173,7 @@ impl CloudProvider for KubevirtCloud {
             let tenant = ctx.client.clone();
             let cluster = ctx.cluster_name.clone();
             let stop = ctx.shutdown.clone();
-            supervise("kubevirt-eps", ctx.shutdown.clone(), move || {
+            cloud_provider::supervise("kubevirt-eps", ctx.shutdown.clone(), move || {
                 eps::run(tenant.clone(), infra.clone(), cluster.clone(), stop.clone())
             });
         }

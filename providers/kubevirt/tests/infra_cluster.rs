@@ -32,12 +32,20 @@ const WAIT: Duration = Duration::from_secs(30);
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 const CLUSTER: &str = "kubernetes";
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    eventually_within(WAIT, what, check).await
+}
+
+async fn eventually_within<T, F, Fut>(wait: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + wait;
     loop {
         if let Some(v) = check().await {
             return v;
@@ -436,6 +444,67 @@ fn node_port(service: &Service, index: usize) -> i32 {
         .unwrap()
 }
 
+/// A namespace of the test's own in the tenant cluster.
+async fn tenant_namespace(prefix: &str) -> String {
+    let namespace = unique_name(prefix);
+    Api::<Namespace>::all(tenant().await)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    namespace
+}
+
+/// The infra Service `name`, once it exists.
+async fn wait_infra_service(api: &Api<Service>, name: &str) -> Service {
+    eventually(&format!("the infra Service {name}"), || async move {
+        api.get_opt(name).await.ok()?
+    })
+    .await
+}
+
+/// Plays the infra cluster's load-balancer implementation for one Service: gives it `ip`.
+async fn give_address(api: &Api<Service>, name: &str, ip: &str) {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": ip}]}}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until the tenant Service `name` reports `ip`.
+async fn tenant_address(services: &Api<Service>, name: &str, ip: &str) {
+    eventually(
+        &format!("the tenant Service {name} at {ip}"),
+        || async move {
+            let ingress = services
+                .get(name)
+                .await
+                .ok()?
+                .status?
+                .load_balancer?
+                .ingress?;
+            (ingress.first()?.ip.as_deref() == Some(ip)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Waits until none of the infra Services `names` exists.
+async fn infra_services_gone(api: &Api<Service>, names: &[&str]) {
+    eventually("the infra Services deleted", || async move {
+        for name in names {
+            api.get_opt(name).await.ok()?.is_none().then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
     let _serial = SERIAL.lock().await;
@@ -448,15 +517,8 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
     let node_b = unique_name("vm");
     bed.vmi(&node_a, "infra-a", &["10.89.8.11"], None).await;
     bed.vmi(&node_b, "infra-b", &["10.89.8.12"], None).await;
-    let namespace = unique_name("shop");
+    let namespace = tenant_namespace("shop").await;
     let tenant = tenant().await;
-    Api::<Namespace>::all(tenant.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
-        )
-        .await
-        .unwrap();
     let (shutdown, task) = start_manager(&bed, "service").await;
     let services: Api<Service> = Api::namespaced(tenant.clone(), &namespace);
     let web = services
@@ -465,12 +527,7 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
         .unwrap();
     let infra_name = cloud_provider::default_load_balancer_name(&web);
     let infra_services = bed.services().await;
-    let infra_service = eventually("the infra Service", || {
-        let api = infra_services.clone();
-        let name = infra_name.clone();
-        async move { api.get_opt(&name).await.ok()? }
-    })
-    .await;
+    let infra_service = wait_infra_service(&infra_services, &infra_name).await;
     let labels = infra_service.metadata.labels.clone().unwrap();
     assert_eq!(labels["cluster.x-k8s.io/tenant-service-name"], "web");
     assert_eq!(
@@ -510,28 +567,8 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
             .and_then(|l| l.ingress)
             .is_none()
     );
-    infra_services
-        .patch_status(
-            &infra_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.40"}]}}})),
-        )
-        .await
-        .unwrap();
-    eventually("the tenant Service's address", || {
-        let services = services.clone();
-        async move {
-            let ingress = services
-                .get("web")
-                .await
-                .ok()?
-                .status?
-                .load_balancer?
-                .ingress?;
-            (ingress.first()?.ip.as_deref() == Some("192.0.2.40")).then_some(())
-        }
-    })
-    .await;
+    give_address(&infra_services, &infra_name, "192.0.2.40").await;
+    tenant_address(&services, "web", "192.0.2.40").await;
     // A new port reaches the infra Service.
     services
         .patch(
@@ -567,12 +604,7 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
         .await
         .unwrap();
     let local_infra = cloud_provider::default_load_balancer_name(&local);
-    let created = eventually("the Local infra Service", || {
-        let api = infra_services.clone();
-        let name = local_infra.clone();
-        async move { api.get_opt(&name).await.ok()? }
-    })
-    .await;
+    let created = wait_infra_service(&infra_services, &local_infra).await;
     assert_eq!(created.spec.unwrap().selector, None);
     let tenant_slices: Api<EndpointSlice> = Api::namespaced(tenant.clone(), &namespace);
     let tenant_slice = |node: &str| -> EndpointSlice {
@@ -685,15 +717,7 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
         .delete("local", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the infra Services deleted", || {
-        let api = infra_services.clone();
-        let (a, b) = (infra_name.clone(), local_infra.clone());
-        async move {
-            (api.get_opt(&a).await.ok()?.is_none() && api.get_opt(&b).await.ok()?.is_none())
-                .then_some(())
-        }
-    })
-    .await;
+    infra_services_gone(&infra_services, &[&infra_name, &local_infra]).await;
     eventually("the mirrored slices deleted", || {
         let api = infra_slices.clone();
         let name = local_infra.clone();
@@ -873,15 +897,8 @@ async fn the_kubevirt_provider_passes_the_conformance_suite() {
 async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
     let _serial = SERIAL.lock().await;
     let bed = infra_bed("loadBalancer:\n  creationPollInterval: 1\n", true).await;
-    let namespace = unique_name("away");
+    let namespace = tenant_namespace("away").await;
     let tenant = tenant().await;
-    Api::<Namespace>::all(tenant.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": namespace}})).unwrap(),
-        )
-        .await
-        .unwrap();
     let (shutdown, task) = start_manager(&bed, "service").await;
     // The infra API server answers nothing (SIGSTOP) while a tenant Service is created.
     let frozen = infra_control_plane().freeze_api_server();
@@ -893,7 +910,10 @@ async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
     // The manager says so on the Service (a Warning event) and keeps the work.
     let events: Api<k8s_openapi::api::core::v1::Event> =
         Api::namespaced(tenant.clone(), &namespace);
-    eventually(
+    // Each call to the frozen server fails after the infra client's 15 s timeout; the manager's start
+    // (its provider's first look at the infra cluster) may be one of them.
+    eventually_within(
+        Duration::from_secs(90),
         "a Warning event on the Service while the infra API server is away",
         || {
             let events = events.clone();
@@ -916,44 +936,14 @@ async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
     // Back: the infra Service is created, gets its address, and the tenant reports it.
     let infra_name = cloud_provider::default_load_balancer_name(&web);
     let infra_services = bed.services().await;
-    eventually("the infra Service after the outage", || {
-        let api = infra_services.clone();
-        let name = infra_name.clone();
-        async move { api.get_opt(&name).await.ok()? }
-    })
-    .await;
-    infra_services
-        .patch_status(
-            &infra_name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.41"}]}}})),
-        )
-        .await
-        .unwrap();
-    eventually("the tenant Service's address after the outage", || {
-        let services = services.clone();
-        async move {
-            let ingress = services
-                .get("web")
-                .await
-                .ok()?
-                .status?
-                .load_balancer?
-                .ingress?;
-            (ingress.first()?.ip.as_deref() == Some("192.0.2.41")).then_some(())
-        }
-    })
-    .await;
+    wait_infra_service(&infra_services, &infra_name).await;
+    give_address(&infra_services, &infra_name, "192.0.2.41").await;
+    tenant_address(&services, "web", "192.0.2.41").await;
     services
         .delete("web", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the infra Service deleted", || {
-        let api = infra_services.clone();
-        let name = infra_name.clone();
-        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    infra_services_gone(&infra_services, &[&infra_name]).await;
     stop_manager(shutdown, task).await;
     let _ = Api::<Namespace>::all(tenant)
         .delete(&namespace, &DeleteParams::default())

@@ -206,36 +206,7 @@ impl<'a> CloudEvent<'a> {
     }
 }
 
-/// Runs the loop `make` builds until `shutdown`: a run that panics (a bug) is logged as an error and
-/// started again after a second, so that it neither ends unseen nor takes the manager down; one that
-/// returns is done. The supervisor itself only waits, and cannot panic.
-pub(crate) fn supervise<F, Fut>(
-    name: &'static str,
-    shutdown: tokio_util::sync::CancellationToken,
-    make: F,
-) where
-    F: Fn() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(async move {
-        loop {
-            let mut run = tokio::spawn(make());
-            tokio::select! {
-                result = &mut run => match result {
-                    Err(err) if err.is_panic() => {
-                        tracing::error!(task = name, error = %err, "local cloud: a background task panicked (a bug); starting it again");
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
-                    _ => return,
-                },
-                () = shutdown.cancelled() => {
-                    run.abort();
-                    return;
-                }
-            }
-        }
-    });
-}
+pub(crate) use cloud_provider::supervise;
 
 /// The `local` cloud. Cheap to clone; clones share one cloud.
 #[derive(Clone)]
