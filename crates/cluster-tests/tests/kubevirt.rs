@@ -9,6 +9,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
     process::Command,
+    time::Duration,
 };
 
 use cluster_tests::{
@@ -26,6 +27,26 @@ use serde_json::json;
 
 const CLASS: &str = "ccm.rs/kubevirt";
 const INFRA_NAMESPACE: &str = "tenant-1";
+
+/// A process stopped (SIGSTOP) until this is dropped (SIGCONT), also when the test fails.
+struct Stopped(String);
+
+impl Stopped {
+    fn process(pid_file: &Path) -> Self {
+        let pid = std::fs::read_to_string(pid_file)
+            .unwrap_or_else(|err| panic!("{}: {err}", pid_file.display()))
+            .trim()
+            .to_owned();
+        run(&["kill", "-STOP", &pid]).expect("kill -STOP");
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        let _ = run(&["kill", "-CONT", &self.0]);
+    }
+}
 
 /// A tenant Node the test made, deleted when dropped.
 struct TenantNode(&'static str);
@@ -104,6 +125,21 @@ async fn a_tenant_service_is_reachable_through_the_infra_clusters_load_balancer(
     let address = SocketAddr::new(vip, 80);
     let pods = steady_answers("the echo pods answering through the infra VIP", address, 20).await;
     assert!(!pods.is_empty());
+
+    // While the infra cluster's API server answers nothing (SIGSTOP), and then the tenant's, the VIP
+    // keeps answering: no part of the data path waits on either.
+    for (what, pid_file) in [
+        ("infra", dir.join("infra/run/kube-apiserver.pid")),
+        ("tenant", c.dir().join("cp/run/kube-apiserver.pid")),
+    ] {
+        let _frozen = Stopped::process(&pid_file);
+        for i in 0..40 {
+            http_get(address, "/").await.unwrap_or_else(|err| {
+                panic!("request {i} with the {what} API server frozen failed: {err}")
+            });
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
 
     // What the infra cluster has: the Service (no selector) and the mirrored slice with every VMI.
     let infra_services: Api<Service> = Api::namespaced(infra.clone(), INFRA_NAMESPACE);

@@ -5,6 +5,7 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
+use cloud_provider::labels::{check_dns_label, check_label_value, check_qualified_name};
 use serde::Deserialize;
 
 /// Upstream's `creationPollInterval` default, in seconds.
@@ -175,7 +176,7 @@ impl Config {
                     "infraLabels: {key:?} is the label the provider finds its infra Services by; it cannot be set here"
                 ));
             }
-            check_label_key(key).map_err(|why| format!("infraLabels: key {key:?}: {why}"))?;
+            check_qualified_name(key).map_err(|why| format!("infraLabels: key {key:?}: {why}"))?;
             check_label_value(value)
                 .map_err(|why| format!("infraLabels: value {value:?} of {key:?}: {why}"))?;
         }
@@ -217,60 +218,6 @@ impl Config {
             infra_qps: qps,
             infra_burst: burst,
         })
-    }
-}
-
-/// A DNS-1123 label (a namespace's name).
-fn check_dns_label(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-');
-    if ok {
-        Ok(())
-    } else {
-        Err("not a namespace name (lower-case letters, digits and '-', at most 63)".into())
-    }
-}
-
-/// A label key: an optional DNS-subdomain prefix and `/`, then a name.
-fn check_label_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.split_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        let ok = !prefix.is_empty()
-            && prefix.len() <= 253
-            && prefix.split('.').all(|part| check_dns_label(part).is_ok());
-        if !ok {
-            return Err("its prefix is not a DNS subdomain".into());
-        }
-    }
-    if name.is_empty() {
-        return Err("its name is empty".into());
-    }
-    check_label_value(name)
-}
-
-/// A label value: at most 63 of `[A-Za-z0-9_.-]`, starting and ending with a letter or digit.
-fn check_label_value(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Ok(());
-    }
-    let ok = value.len() <= 63
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-        && value.as_bytes()[0].is_ascii_alphanumeric()
-        && value.as_bytes()[value.len() - 1].is_ascii_alphanumeric();
-    if ok {
-        Ok(())
-    } else {
-        Err("at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit".into())
     }
 }
 

@@ -34,7 +34,8 @@ pub struct RequestLabels {
     pub verb: &'static str,
     /// `virtualmachineinstances`, `nodes`, `services`, `endpointslices`.
     pub resource: &'static str,
-    /// The HTTP status (`200`, `404`, ...) or `error` when none came.
+    /// `2xx` for any success, the HTTP status of a failure (`404`, `403`, ...), or `error` when no
+    /// answer came.
     pub code: String,
 }
 
@@ -141,7 +142,7 @@ impl Infra {
         self.limiter.until_ready().await;
         let result = request.await;
         let code = match &result {
-            Ok(_) => "200".to_owned(),
+            Ok(_) => "2xx".to_owned(),
             Err(kube::Error::Api(status)) => status.code.to_string(),
             Err(_) => "error".to_owned(),
         };

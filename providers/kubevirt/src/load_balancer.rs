@@ -12,7 +12,10 @@ use cloud_provider::{
     CloudError, CloudResult, ClusterLoadBalancer, LoadBalancerPreview, ServiceRef,
 };
 use k8s_openapi::{
-    api::core::v1::{LoadBalancerStatus, Service, ServicePort, ServiceSpec},
+    api::core::v1::{
+        ClientIPConfig, LoadBalancerStatus, Service, ServicePort, ServiceSpec,
+        SessionAffinityConfig,
+    },
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
     jiff::Timestamp,
 };
@@ -44,10 +47,21 @@ pub struct Desired {
     pub external_traffic_policy: Option<String>,
     /// The VMIs of the cluster's workers; `None` in selectorless or mirrored-endpoints mode.
     pub selector: Option<BTreeMap<String, String>>,
-    /// Copied when set (at creation only, as upstream).
+    /// The tenant's `externalIPs` (upstream copies them at creation only; we keep them in step).
     pub external_ips: Option<Vec<String>>,
-    /// Copied when set (at creation only, as upstream).
+    /// The tenant's `loadBalancerIP` (upstream: at creation only; we keep it in step).
     pub load_balancer_ip: Option<String>,
+    /// The tenant's `loadBalancerSourceRanges`, for the infra load balancer to enforce (upstream drops
+    /// them, so a tenant's allow-list silently allowed everyone).
+    pub source_ranges: Option<Vec<String>>,
+    /// The tenant's `sessionAffinity` (`None` or `ClientIP`): a client keeps its VMI as it keeps its pod
+    /// (upstream drops it).
+    pub session_affinity: String,
+    /// The tenant's ClientIP timeout, with `ClientIP`.
+    pub session_affinity_timeout: Option<i32>,
+    /// The tenant's `ipFamilyPolicy`: a dual-stack tenant Service asks the infra cluster for both
+    /// families (its `ipFamilies` are not copied: the infra cluster picks its own primary family).
+    pub ip_family_policy: Option<String>,
 }
 
 /// `namespace/name` of a Service.
@@ -115,6 +129,36 @@ pub fn desired(
         selector,
         external_ips: spec.external_ips.clone().filter(|ips| !ips.is_empty()),
         load_balancer_ip: spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty()),
+        source_ranges: spec
+            .load_balancer_source_ranges
+            .clone()
+            .filter(|r| !r.is_empty()),
+        session_affinity: spec
+            .session_affinity
+            .clone()
+            .unwrap_or_else(|| "None".into()),
+        session_affinity_timeout: client_ip_timeout(&spec),
+        ip_family_policy: spec.ip_family_policy.clone(),
+    })
+}
+
+/// The ClientIP affinity timeout of a Service with `sessionAffinity: ClientIP` (the API server's
+/// default, 10800 s, when it says none).
+fn client_ip_timeout(spec: &ServiceSpec) -> Option<i32> {
+    (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+        spec.session_affinity_config
+            .as_ref()
+            .and_then(|c| c.client_ip.as_ref())
+            .and_then(|c| c.timeout_seconds)
+            .unwrap_or(10800)
+    })
+}
+
+fn affinity_config(timeout: Option<i32>) -> Option<SessionAffinityConfig> {
+    timeout.map(|seconds| SessionAffinityConfig {
+        client_ip: Some(ClientIPConfig {
+            timeout_seconds: Some(seconds),
+        }),
     })
 }
 
@@ -136,6 +180,10 @@ impl Desired {
                 selector: self.selector.clone(),
                 external_ips: self.external_ips.clone(),
                 load_balancer_ip: self.load_balancer_ip.clone(),
+                load_balancer_source_ranges: self.source_ranges.clone(),
+                session_affinity: Some(self.session_affinity.clone()),
+                session_affinity_config: affinity_config(self.session_affinity_timeout),
+                ip_family_policy: self.ip_family_policy.clone(),
                 ..Default::default()
             }),
             status: None,
@@ -155,8 +203,10 @@ fn port_key(port: &ServicePort) -> (String, String, i32, Option<IntOrString>) {
 
 /// What to change on the infra Service that exists so it matches `desired`, as a JSON merge patch
 /// (`None`: nothing). Upstream changes only the ports; we also bring back what the provider set and
-/// somebody changed (labels, the selector, `externalTrafficPolicy`) and pass on the tenant's
-/// annotations as they change (adding and changing, never removing what the infra side added).
+/// somebody changed (labels, the selector, `externalTrafficPolicy`), keep what the tenant's user set in
+/// step (`loadBalancerIP`, `externalIPs`, `loadBalancerSourceRanges`, session affinity,
+/// `ipFamilyPolicy`), and pass on the tenant's annotations as they change (adding and changing, never
+/// removing what the infra side added).
 pub fn plan(desired: &Desired, actual: &Service) -> Option<Value> {
     let spec = actual.spec.clone().unwrap_or_default();
     let mut spec_patch = Map::new();
@@ -179,6 +229,43 @@ pub fn plan(desired: &Desired, actual: &Service) -> Option<Value> {
     let actual_selector = spec.selector.clone().filter(|s| !s.is_empty());
     if actual_selector != desired.selector {
         spec_patch.insert("selector".into(), json!(desired.selector));
+    }
+    // What the tenant's user set, kept in step (a value removed on the tenant is removed here: JSON null).
+    let listed = |v: &Option<Vec<String>>| v.clone().filter(|l| !l.is_empty());
+    if listed(&spec.external_ips) != desired.external_ips {
+        spec_patch.insert("externalIPs".into(), json!(desired.external_ips));
+    }
+    if spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty()) != desired.load_balancer_ip {
+        spec_patch.insert("loadBalancerIP".into(), json!(desired.load_balancer_ip));
+    }
+    if listed(&spec.load_balancer_source_ranges) != desired.source_ranges {
+        spec_patch.insert(
+            "loadBalancerSourceRanges".into(),
+            json!(desired.source_ranges),
+        );
+    }
+    let affinity = spec
+        .session_affinity
+        .clone()
+        .unwrap_or_else(|| "None".into());
+    if affinity != desired.session_affinity
+        || client_ip_timeout(&spec) != desired.session_affinity_timeout
+    {
+        spec_patch.insert("sessionAffinity".into(), json!(desired.session_affinity));
+        spec_patch.insert(
+            "sessionAffinityConfig".into(),
+            json!(affinity_config(desired.session_affinity_timeout)),
+        );
+    }
+    if let Some(policy) = &desired.ip_family_policy
+        && spec.ip_family_policy.as_ref() != Some(policy)
+    {
+        spec_patch.insert("ipFamilyPolicy".into(), json!(policy));
+        // Back to one family, the API server wants the second one dropped in the same write.
+        let families = spec.ip_families.clone().unwrap_or_default();
+        if policy == "SingleStack" && families.len() > 1 {
+            spec_patch.insert("ipFamilies".into(), json!(&families[..1]));
+        }
     }
     let mut metadata_patch = Map::new();
     let changed = |wanted: &BTreeMap<String, String>, have: Option<&BTreeMap<String, String>>| {
@@ -592,8 +679,90 @@ mod tests {
         for port in service.spec.as_mut().unwrap().ports.as_mut().unwrap() {
             port.node_port = Some(31000 + port.port);
         }
-        service.spec.as_mut().unwrap().session_affinity = Some("None".into());
+        let spec = service.spec.as_mut().unwrap();
+        spec.session_affinity = Some("None".into());
+        spec.ip_family_policy = Some("SingleStack".into());
+        spec.ip_families = Some(vec!["IPv4".into()]);
         service
+    }
+
+    /// The tenant of [`tenant`] with `edit` applied to its spec.
+    fn tenant_with(edit: impl Fn(&mut ServiceSpec)) -> Service {
+        let mut service = tenant("Cluster", &[("http", 80, Some(30080))]);
+        edit(service.spec.as_mut().unwrap());
+        service
+    }
+
+    #[test]
+    fn what_the_tenants_user_set_is_kept_in_step() {
+        let base = desired(&tenant_with(|_| {}), "a1", "c", &config()).unwrap();
+        let actual = existing(&base);
+        assert_eq!(
+            plan(&base, &actual),
+            None,
+            "the server's defaults are no change"
+        );
+        // (the tenant's edit, the fields the patch writes)
+        let cases: Vec<(Box<dyn Fn(&mut ServiceSpec)>, &str)> = vec![
+            (
+                Box::new(|s| s.load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into()])),
+                "spec.loadBalancerSourceRanges",
+            ),
+            (
+                Box::new(|s| s.load_balancer_ip = Some("192.0.2.7".into())),
+                "spec.loadBalancerIP",
+            ),
+            (
+                Box::new(|s| s.external_ips = Some(vec!["198.51.100.1".into()])),
+                "spec.externalIPs",
+            ),
+            (
+                Box::new(|s| s.session_affinity = Some("ClientIP".into())),
+                "spec.sessionAffinity, spec.sessionAffinityConfig",
+            ),
+            (
+                Box::new(|s| s.ip_family_policy = Some("PreferDualStack".into())),
+                "spec.ipFamilyPolicy",
+            ),
+        ];
+        for (edit, fields) in cases {
+            let wanted = desired(&tenant_with(edit), "a1", "c", &config()).unwrap();
+            let patch = plan(&wanted, &actual).expect(fields);
+            assert_eq!(describe(&patch), fields);
+            // Created that way, the same tenant is no change (as the API server stores it).
+            let mut created = wanted.to_service("infra-ns");
+            let spec = created.spec.as_mut().unwrap();
+            spec.ip_families = Some(vec!["IPv4".into()]);
+            spec.ip_family_policy
+                .get_or_insert_with(|| "SingleStack".into());
+            assert_eq!(plan(&wanted, &created), None, "{fields}");
+        }
+        // Removed on the tenant, removed on the infra Service.
+        let with_ranges = desired(
+            &tenant_with(|s| s.load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into()])),
+            "a1",
+            "c",
+            &config(),
+        )
+        .unwrap();
+        let patch = plan(&base, &with_ranges.to_service("infra-ns")).unwrap();
+        assert_eq!(patch["spec"]["loadBalancerSourceRanges"], Value::Null);
+        // Back from dual-stack to one family: the second family goes in the same write.
+        let single = desired(
+            &tenant_with(|s| s.ip_family_policy = Some("SingleStack".into())),
+            "a1",
+            "c",
+            &config(),
+        )
+        .unwrap();
+        let mut dual = actual.clone();
+        let spec = dual.spec.as_mut().unwrap();
+        spec.ip_family_policy = Some("PreferDualStack".into());
+        spec.ip_families = Some(vec!["IPv4".into(), "IPv6".into()]);
+        assert_eq!(
+            plan(&single, &dual).unwrap()["spec"],
+            json!({"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv4"]})
+        );
     }
 
     #[test]

@@ -569,6 +569,28 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
     );
     give_address(&infra_services, &infra_name, "192.0.2.40").await;
     tenant_address(&services, "web", "192.0.2.40").await;
+    // Quiet: a new manager's first look at a load balancer that is as it should be writes nothing to the
+    // infra cluster (nor to the tenant's Service).
+    stop_manager(shutdown, task).await;
+    let before = infra_services.get(&infra_name).await.unwrap();
+    let tenant_before = services.get("web").await.unwrap();
+    let (shutdown, task) = start_manager(&bed, "service").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        infra_services
+            .get(&infra_name)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        before.metadata.resource_version,
+        "a sync that finds nothing to change writes nothing to the infra Service"
+    );
+    assert_eq!(
+        services.get("web").await.unwrap().metadata.resource_version,
+        tenant_before.metadata.resource_version,
+        "nor to the tenant's"
+    );
     // A new port reaches the infra Service.
     services
         .patch(

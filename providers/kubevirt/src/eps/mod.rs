@@ -46,8 +46,31 @@ struct Caches {
 }
 
 /// Runs the controller until `shutdown`: the tenant cluster through `tenant`, the infra cluster through
-/// `infra`, for the infra Services of `cluster`.
+/// `infra`, for the infra Services of `cluster`. Its watches retry on their own; should the whole of it
+/// end anyway, that is said as an error and it starts again (a panic is its supervisor's to see).
 pub async fn run(tenant: Client, infra: Arc<Infra>, cluster: String, shutdown: CancellationToken) {
+    loop {
+        run_once(
+            tenant.clone(),
+            infra.clone(),
+            cluster.clone(),
+            shutdown.clone(),
+        )
+        .await;
+        if shutdown.is_cancelled() {
+            return;
+        }
+        tracing::error!(
+            "kubevirt-eps: the controller ended without being asked to (a bug); starting it again"
+        );
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+async fn run_once(tenant: Client, infra: Arc<Infra>, cluster: String, shutdown: CancellationToken) {
     let wake = Arc::new(Notify::new());
     let namespace = infra.namespace().to_owned();
     let infra_client = infra.watch_client().clone();
