@@ -686,6 +686,9 @@ mod tests {
         service
     }
 
+    /// An edit of a tenant Service's spec.
+    type SpecEdit = Box<dyn Fn(&mut ServiceSpec)>;
+
     /// The tenant of [`tenant`] with `edit` applied to its spec.
     fn tenant_with(edit: impl Fn(&mut ServiceSpec)) -> Service {
         let mut service = tenant("Cluster", &[("http", 80, Some(30080))]);
@@ -703,7 +706,7 @@ mod tests {
             "the server's defaults are no change"
         );
         // (the tenant's edit, the fields the patch writes)
-        let cases: Vec<(Box<dyn Fn(&mut ServiceSpec)>, &str)> = vec![
+        let cases: Vec<(SpecEdit, &str)> = vec![
             (
                 Box::new(|s| s.load_balancer_source_ranges = Some(vec!["192.0.2.0/24".into()])),
                 "spec.loadBalancerSourceRanges",
