@@ -162,7 +162,7 @@ impl CloudProvider for KubevirtCloud {
             }
         };
         if let Err(err) = infra.probe().await {
-            tracing::warn!(error = %err, "kubevirt: the infra cluster refuses what the provider needs; nodes will not initialize until it allows it");
+            tracing::warn!(error = %err, "kubevirt: cannot list VirtualMachineInstances in the infra cluster yet (refused or unreachable: the error says which); nodes and load balancers wait until it can");
         }
         if self
             .config
