@@ -53,6 +53,16 @@ pub enum CloudError {
         lapsed: Duration,
     },
 
+    /// The provider will not serve the object as it asks: an annotation or field it cannot use, an
+    /// address it cannot give. The message names what and why, so the user can fix it; the manager
+    /// shows it (a Service's `ccm.rs/LoadBalancerReady` condition says `Refused`) and retries on the
+    /// object's back-off, as for any failure, in case what was missing appears.
+    #[error("{message}")]
+    Refused {
+        /// What is refused, and why (naming the annotation or field).
+        message: String,
+    },
+
     /// Anything else: what failed, with the underlying cause when there is one.
     #[error("{message}{}", .source.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
     Other {
@@ -78,6 +88,13 @@ impl CloudError {
         Self::Other {
             message: message.into(),
             source: Some(source.into()),
+        }
+    }
+
+    /// A refusal of what the object asks for ([`CloudError::Refused`]).
+    pub fn refused(message: impl Into<String>) -> Self {
+        Self::Refused {
+            message: message.into(),
         }
     }
 
@@ -121,6 +138,7 @@ impl CloudError {
             Self::ImplementedElsewhere => "implemented_elsewhere",
             Self::RetryAfter { .. } => "retry_after",
             Self::LeadershipLost { .. } => "leadership_lost",
+            Self::Refused { .. } => "refused",
             Self::Other { .. } => "other",
         }
     }

@@ -116,6 +116,7 @@ impl From<Error> for CloudError {
                 CloudError::retry_after(message, std::time::Duration::from_secs(10))
             }
             Error::LeadershipLost(lapsed) => CloudError::LeadershipLost { lapsed },
+            service @ Error::Service { .. } => CloudError::refused(service.to_string()),
             other => CloudError::Other {
                 message: other.to_string(),
                 source: None,

@@ -52,6 +52,43 @@ fn ports_of(service: &Service) -> Vec<PortRecord> {
     ports
 }
 
+/// The Service's `spec.loadBalancerIP`, if it asks for one (the field is deprecated upstream but still
+/// honoured by most clouds; the fake honours it rather than ignore it).
+fn requested_ip(service: &Service) -> CloudResult<Option<std::net::Ipv4Addr>> {
+    let Some(field) = service
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.load_balancer_ip.as_deref())
+        .filter(|ip| !ip.is_empty())
+    else {
+        return Ok(None);
+    };
+    field.parse().map(Some).map_err(|_| {
+        CloudError::refused(format!(
+            "spec.loadBalancerIP {field:?}: the fake cloud gives IPv4 addresses only"
+        ))
+    })
+}
+
+/// The requested address, if the pool has it free.
+fn requested_address(
+    requested: &std::net::Ipv4Addr,
+    pool: &crate::config::IpPool,
+    taken: bool,
+) -> CloudResult<std::net::Ipv4Addr> {
+    if !pool.contains(*requested) {
+        return Err(CloudError::refused(format!(
+            "spec.loadBalancerIP {requested} is not in the fake cloud's ipPool {pool}"
+        )));
+    }
+    if taken {
+        return Err(CloudError::refused(format!(
+            "spec.loadBalancerIP {requested} is taken by another load balancer"
+        )));
+    }
+    Ok(*requested)
+}
+
 fn node_names(nodes: &[Arc<Node>]) -> Vec<String> {
     let mut names: Vec<String> = nodes
         .iter()
@@ -162,10 +199,20 @@ impl LoadBalancer for FakeCloud {
         let key = service_key(service);
         let ports = ports_of(service);
         let nodes = node_names(nodes);
+        let requested = requested_ip(service)?;
         self.change(|cloud| {
             let nodes = cloud.share_backends(nodes);
             if let Some(i) = Self::position(cloud, &name) {
                 let record = &mut cloud.state.load_balancers[i];
+                if let Some(requested) = requested
+                    && record.ingress != [requested.to_string()]
+                {
+                    return Err(CloudError::refused(format!(
+                        "spec.loadBalancerIP {requested}: the fake cloud cannot move load balancer \
+                         {name} from {:?}; delete and re-create the Service",
+                        record.ingress
+                    )));
+                }
                 record.service = key;
                 record.ports = ports;
                 record.nodes = nodes;
@@ -179,29 +226,32 @@ impl LoadBalancer for FakeCloud {
                 .flat_map(|lb| lb.ingress.iter().filter_map(|ip| ip.parse().ok()))
                 .collect();
             let in_use = |ip: &std::net::Ipv4Addr| taken.contains(ip);
-            // The same Service keeps its IP across a delete and re-create while the IP is free.
-            let ip = cloud
-                .state
-                .ip_assignments
-                .get(&key)
-                .copied()
-                .filter(|ip| pool.contains(*ip) && !in_use(ip))
-                .or_else(|| {
-                    let assigned: std::collections::BTreeSet<_> = cloud
-                        .state
-                        .ip_assignments
-                        .iter()
-                        .filter(|(k, _)| **k != key)
-                        .map(|(_, ip)| *ip)
-                        .collect();
-                    // Prefer addresses never given to another Service, then any free one.
-                    pool.addresses()
-                        .find(|ip| !in_use(ip) && !assigned.contains(ip))
-                        .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
-                })
-                .ok_or_else(|| {
-                    CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))
-                })?;
+            let ip = match requested {
+                Some(requested) => requested_address(&requested, &pool, in_use(&requested))?,
+                // The same Service keeps its IP across a delete and re-create while the IP is free.
+                None => cloud
+                    .state
+                    .ip_assignments
+                    .get(&key)
+                    .copied()
+                    .filter(|ip| pool.contains(*ip) && !in_use(ip))
+                    .or_else(|| {
+                        let assigned: std::collections::BTreeSet<_> = cloud
+                            .state
+                            .ip_assignments
+                            .iter()
+                            .filter(|(k, _)| **k != key)
+                            .map(|(_, ip)| *ip)
+                            .collect();
+                        // Prefer addresses never given to another Service, then any free one.
+                        pool.addresses()
+                            .find(|ip| !in_use(ip) && !assigned.contains(ip))
+                            .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
+                    })
+                    .ok_or_else(|| {
+                        CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))
+                    })?,
+            };
             cloud.state.ip_assignments.insert(key.clone(), ip);
             let record = LoadBalancerRecord {
                 name: name.clone(),
@@ -296,6 +346,52 @@ mod tests {
     use cloud_provider::{CloudProvider, conformance};
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_requested_address_is_given_if_the_pool_has_it_free_and_refused_otherwise() {
+        let cloud = FakeCloud::from_yaml("loadBalancers: {ipPool: 203.0.113.0/29}").unwrap();
+        let lb = cloud.load_balancer().unwrap();
+        let nodes = [conformance::backend_node("n1")];
+        let asking = |name: &str, uid: &str, ip: &str| {
+            let mut service = conformance::load_balancer_service("shop", name, uid);
+            service.spec.as_mut().unwrap().load_balancer_ip = Some(ip.to_owned());
+            service
+        };
+        let web = asking("web", "11111111-1111-1111-1111-111111111111", "203.0.113.5");
+        let status = lb.ensure_load_balancer("k", &web, &nodes).await.unwrap();
+        assert_eq!(
+            status.ingress.unwrap()[0].ip.as_deref(),
+            Some("203.0.113.5")
+        );
+        let refusal = |err: CloudError| match err {
+            CloudError::Refused { message } => message,
+            other => panic!("not a refusal: {other:?}"),
+        };
+        for (ip, why) in [
+            ("203.0.113.5", "is taken"),
+            (
+                "198.51.100.1",
+                "is not in the fake cloud's ipPool 203.0.113.0/29",
+            ),
+            ("2001:db8::1", "IPv4 addresses only"),
+        ] {
+            let other = asking("api", "22222222-2222-2222-2222-222222222222", ip);
+            let err = lb
+                .ensure_load_balancer("k", &other, &nodes)
+                .await
+                .unwrap_err();
+            let message = refusal(err);
+            assert!(message.contains(why), "{ip}: {message}");
+        }
+        // Asking an existing load balancer for another address is refused, not silently ignored.
+        let moved = asking("web", "11111111-1111-1111-1111-111111111111", "203.0.113.6");
+        let message = refusal(
+            lb.ensure_load_balancer("k", &moved, &nodes)
+                .await
+                .unwrap_err(),
+        );
+        assert!(message.contains("cannot move"), "{message}");
+    }
 
     #[tokio::test]
     async fn load_balancers_are_listed_and_an_orphan_deleted_by_name() {

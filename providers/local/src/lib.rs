@@ -152,7 +152,10 @@ pub enum Error {
 
 impl From<Error> for CloudError {
     fn from(err: Error) -> Self {
-        CloudError::other(err.to_string())
+        match err {
+            service @ Error::Service { .. } => CloudError::refused(service.to_string()),
+            other => CloudError::other(other.to_string()),
+        }
     }
 }
 

@@ -14,9 +14,10 @@
 //! table-tested), `sync` executes it, `node_sync` gives
 //! load balancers the current nodes, `deletion` cleans up after Services that vanished without our
 //! finalizer, `sweep` deletes load balancers whose Service no longer exists, `events` names every event
-//! recorded, [`node_set`] says which nodes are backends, and `metrics` holds the metrics.
+//! recorded, [`condition`] is the `ccm.rs/LoadBalancerReady` condition each sync leaves on the Service, [`node_set`] says which nodes are backends, and `metrics` holds the metrics.
 
 pub mod classes;
+pub mod condition;
 mod deletion;
 pub mod drift;
 mod events;

@@ -1,7 +1,10 @@
 //! Pure rules of the service-lb controller: which Services it owns, when one needs a cloud sync, what a
 //! sync does ([`plan_sync`], executed by the I/O code in `sync.rs`), and the patches it writes.
 
-use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service, ServicePort};
+use k8s_openapi::{
+    api::core::v1::{LoadBalancerStatus, Service, ServicePort},
+    apimachinery::pkg::apis::meta::v1::Condition,
+};
 use serde_json::{Value, json};
 
 use super::classes::ServedClasses;
@@ -19,7 +22,7 @@ pub(crate) fn wants_load_balancer(service: &Service, served: &ServedClasses) -> 
 }
 
 /// `type: LoadBalancer` of a class this manager does not serve: another implementation's, never touched.
-fn served_elsewhere(service: &Service, served: &ServedClasses) -> bool {
+pub(crate) fn served_elsewhere(service: &Service, served: &ServedClasses) -> bool {
     is_load_balancer_type(service) && !wants_load_balancer(service, served)
 }
 
@@ -147,9 +150,23 @@ pub(crate) fn finalizers_patch(finalizers: &[String], resource_version: &str) ->
     json!({ "metadata": { "resourceVersion": resource_version, "finalizers": finalizers } })
 }
 
-/// The status patch that publishes the load balancer.
-pub(crate) fn status_patch(status: &LoadBalancerStatus) -> Value {
-    json!({ "status": { "loadBalancer": { "ingress": status.ingress.clone().unwrap_or_default() } } })
+/// The status patch that publishes the load balancer's address (`None`: not written) and the Service's
+/// conditions (`None`: not written; the list is whole, as a merge patch replaces lists).
+pub(crate) fn status_patch(
+    ingress: Option<&LoadBalancerStatus>,
+    conditions: Option<&[Condition]>,
+) -> Value {
+    let mut status = serde_json::Map::new();
+    if let Some(ingress) = ingress {
+        status.insert(
+            "loadBalancer".to_owned(),
+            json!({ "ingress": ingress.ingress.clone().unwrap_or_default() }),
+        );
+    }
+    if let Some(conditions) = conditions {
+        status.insert("conditions".to_owned(), json!(conditions));
+    }
+    json!({ "status": status })
 }
 
 /// What the controller remembers of the last Service of this name it handled.
@@ -499,12 +516,17 @@ mod tests {
         assert!(ingress_equal(&ip("1.2.3.4"), &ip("1.2.3.4")));
         assert!(!ingress_equal(&ip("1.2.3.4"), &ip("1.2.3.5")));
         assert_eq!(
-            status_patch(&ip("1.2.3.4"))["status"]["loadBalancer"]["ingress"][0]["ip"],
+            status_patch(Some(&ip("1.2.3.4")), None)["status"]["loadBalancer"]["ingress"][0]["ip"],
             "1.2.3.4"
         );
         assert_eq!(
-            status_patch(&LoadBalancerStatus::default())["status"]["loadBalancer"]["ingress"],
-            json!([])
+            status_patch(Some(&LoadBalancerStatus::default()), None),
+            json!({ "status": { "loadBalancer": { "ingress": [] } } })
+        );
+        // Conditions alone leave the address alone; an empty list removes them all.
+        assert_eq!(
+            status_patch(None, Some(&[])),
+            json!({ "status": { "conditions": [] } })
         );
     }
 

@@ -4,17 +4,23 @@
 use std::sync::Arc;
 
 use cloud_provider::CloudError;
-use k8s_openapi::api::core::v1::{LoadBalancerStatus, Service};
+use k8s_openapi::{
+    api::core::v1::{LoadBalancerStatus, Service},
+    apimachinery::pkg::apis::meta::v1::Time,
+    jiff::Timestamp,
+};
 
 use super::{
     Backends, Context, ServiceError, Tracked,
+    condition::{Readiness, conditions_with, has_condition},
     deletion::delete_load_balancer,
     events::{ServiceEvent, Step},
     key,
     node_set::BackendLabels,
     plan::{
-        Decision, LastSync, Replaced, StatusAfterEnsure, finalizers_patch, plan_sync,
-        status_after_ensure, status_patch, with_finalizer, without_finalizer,
+        Decision, LastSync, Replaced, StatusAfterEnsure, current_status, finalizers_patch,
+        ingress_equal, plan_sync, served_elsewhere, status_after_ensure, status_patch,
+        with_finalizer, without_finalizer,
     },
 };
 use crate::controllers::{
@@ -48,6 +54,12 @@ pub(super) async fn reconcile(
         ServiceEvent::SyncLoadBalancerFailed(err)
             .record(&ctx.events, &service)
             .await;
+        if let Some(readiness) = Readiness::of_error(err) {
+            // The failure is what the Service shows; a failed condition write does not replace it.
+            if let Err(write) = write_status(&ctx, &service, None, Some(&readiness)).await {
+                tracing::warn!(error = %write, "could not show the failure in the Service's condition");
+            }
+        }
     } else {
         ctx.backoff.succeeded(&key(&service));
     }
@@ -80,6 +92,10 @@ async fn sync(service: &Arc<Service>, ctx: &Context) -> Result<(), ServiceError>
     match plan.decision {
         Decision::Forget => {
             ctx.tracked().remove(&key);
+            if has_condition(service) && !served_elsewhere(service, &ctx.served) {
+                // Ours from before the Service stopped being a LoadBalancer (a change seen late).
+                write_status(ctx, service, None, None).await?;
+            }
             Ok(())
         }
         Decision::Nothing => {
@@ -152,8 +168,12 @@ async fn cleanup(
     ServiceEvent::DeletedLoadBalancer
         .record(&ctx.events, service)
         .await;
-    if clear_status {
-        write_status(ctx, service, &LoadBalancerStatus::default()).await?;
+    // Another class's Service carries that implementation's condition of the same type (another manager
+    // of ours, serving that class): not ours to remove.
+    let ours = has_condition(service) && !served_elsewhere(service, &ctx.served);
+    if clear_status || ours {
+        let cleared = LoadBalancerStatus::default();
+        write_status(ctx, service, clear_status.then_some(&cleared), None).await?;
     }
     Ok(())
 }
@@ -210,6 +230,8 @@ async fn ensure(
     {
         Ok(status) => status,
         Err(CloudError::ImplementedElsewhere) => {
+            // Another controller makes this load balancer: the condition is not ours to give.
+            write_status(ctx, written_service.as_ref().unwrap_or(service), None, None).await?;
             mark_synced(ctx, service);
             return Ok(());
         }
@@ -220,16 +242,21 @@ async fn ensure(
             });
         }
     };
-    let after = status_after_ensure(service, &status);
-    if after == StatusAfterEnsure::Missing {
+    if status_after_ensure(service, &status) == StatusAfterEnsure::Missing {
         return Err(ServiceError::NoStatus);
     }
     ServiceEvent::EnsuredLoadBalancer
         .record(&ctx.events, service)
         .await;
-    if after == StatusAfterEnsure::Update {
-        write_status(ctx, written_service.as_ref().unwrap_or(service), &status).await?;
-    }
+    // Nothing is written when the Service shows this address and condition already.
+    let readiness = Readiness::ensured(!nodes.is_empty());
+    write_status(
+        ctx,
+        written_service.as_ref().unwrap_or(service),
+        Some(&status),
+        Some(&readiness),
+    )
+    .await?;
     mark_synced(ctx, service);
     Ok(())
 }
@@ -252,26 +279,30 @@ fn mark_synced(ctx: &Context, service: &Arc<Service>) {
     }
 }
 
-/// The write carries the Service's `resourceVersion` and is re-planned from a fresh read on a conflict
-/// (nothing is written when the fresh Service has that status already).
+/// Writes the published address (`ingress`; `None`: left as it is) and our condition (`readiness`;
+/// `None`: ours removed) in one status patch, when either differs from what the Service shows. The
+/// write carries the Service's `resourceVersion` and is re-planned from a fresh read on a conflict
+/// (nothing is written when the fresh Service shows both already).
 async fn write_status(
     ctx: &Context,
     service: &Service,
-    status: &LoadBalancerStatus,
+    ingress: Option<&LoadBalancerStatus>,
+    readiness: Option<&Readiness>,
 ) -> Result<(), ServiceError> {
+    let now = Time(Timestamp::now());
     let written = patch_with_retry(
         &ctx.api(service),
         service,
         Target::Status,
         |current, resource_version| {
-            let wanted = status.ingress.clone().unwrap_or_default();
-            let has = current
-                .status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.clone())
-                .unwrap_or_default();
-            (has != wanted).then(|| with_resource_version(status_patch(status), resource_version))
+            let ingress = ingress.filter(|wanted| !ingress_equal(&current_status(current), wanted));
+            let conditions = conditions_with(current, readiness, &now);
+            (ingress.is_some() || conditions.is_some()).then(|| {
+                with_resource_version(
+                    status_patch(ingress, conditions.as_deref()),
+                    resource_version,
+                )
+            })
         },
     )
     .await;
