@@ -1089,6 +1089,11 @@ async fn an_annotation_refused_for_its_kind_or_misspelt_changes_nothing() {
                 .contains(&format!("Service default/refused: {refused}: not ")),
             "{err}"
         );
+        // A refusal, which the manager shows in the Service's condition as `Refused`.
+        assert!(
+            matches!(err, cloud_provider::CloudError::Refused { .. }),
+            "{err:?}"
+        );
         assert_eq!(writes_since(&cloud, &before), Vec::<String>::new());
         assert!(
             cluster_resources().await.is_empty(),

@@ -560,6 +560,28 @@ async fn bad_input_is_a_warning_event_on_that_service_and_the_others_keep_servin
         .await;
         assert!(note.contains(name), "the event names the Service: {note}");
     }
+    // The Services show it too: ccm.rs/LoadBalancerReady says Refused for what the provider will not
+    // do, and CloudError for the port it could not bind.
+    for (name, reason) in [
+        ("good", "Ensured"),
+        ("bad-annotation", "Refused"),
+        ("outside", "Refused"),
+        ("taken-port", "CloudError"),
+    ] {
+        let api = services(&s.namespace).await;
+        eventually(&format!("{name}'s condition to say {reason}"), LONG, || {
+            let api = api.clone();
+            async move {
+                let service = api.get(name).await.ok()?;
+                service
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "ccm.rs/LoadBalancerReady" && c.reason == reason)
+            }
+        })
+        .await;
+    }
     // The good Service never stopped.
     for _ in 0..5 {
         connect(good, 18080)
