@@ -118,6 +118,21 @@ impl GoCcm {
             .unwrap_or_default()
     }
 
+    /// Each load balancer's backend nodes as its fake cloud last set them, by `namespace/name`; empty
+    /// until the stats endpoint answers.
+    pub async fn backends(&self) -> BTreeMap<String, Vec<String>> {
+        let output = tokio::process::Command::new("curl")
+            .args(["-s", "--max-time", "5"])
+            .arg(format!("http://{}/stats", self.stats_addr))
+            .output()
+            .await
+            .expect("curl runs");
+        serde_json::from_slice::<serde_json::Value>(&output.stdout)
+            .ok()
+            .and_then(|stats| serde_json::from_value(stats["backends"].clone()).ok())
+            .unwrap_or_default()
+    }
+
     /// Whether its log has a line containing `text`.
     pub fn logged(&self, text: &str) -> bool {
         self.log.lock().unwrap().contains(text)

@@ -25,6 +25,10 @@ use k8s_openapi::api::{
 /// not read, as upstream's service controller does not).
 pub(crate) const LABEL_EXCLUDE: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
 
+/// The cluster autoscaler's taint on a node it is about to remove: its VIPs move to another node at
+/// once, while it still runs, rather than failing over once it is gone.
+pub(crate) const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
 /// The label that ties an EndpointSlice to its Service.
 pub(crate) const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 
@@ -70,8 +74,8 @@ pub(crate) fn announcer<'a>(
         .min_by_key(|node| (rank(node, vip), *node))
 }
 
-/// Why `node` cannot announce any VIP, or `None` when it can as far as the Node object goes (Ready and
-/// not excluded). `agent_heard`: its agent is a member of this agent's membership view; then a Ready
+/// Why `node` cannot announce any VIP, or `None` when it can as far as the Node object goes (Ready, not
+/// excluded, not being removed by the cluster autoscaler). `agent_heard`: its agent is a member of this agent's membership view; then a Ready
 /// condition of `Unknown` (the control plane stopped hearing its kubelet: the API server was away, or
 /// the node is cut from it) does not make it unfit, since its agent is heard directly. `False` (the
 /// kubelet says the node is not ready) always does.
@@ -79,6 +83,10 @@ pub(crate) fn node_unfit(node: &Node, agent_heard: bool) -> Option<&'static str>
     let labels = node.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_EXCLUDE)) {
         return Some("excluded from load balancers");
+    }
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref());
+    if taints.is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED)) {
+        return Some("being removed by the cluster autoscaler");
     }
     let ready = node
         .status
@@ -375,6 +383,13 @@ mod tests {
         assert_eq!(
             node_unfit(&node(excluded), true),
             Some("excluded from load balancers")
+        );
+        // Being scaled down: its VIPs move while it still serves.
+        let mut scaled_down = ready.clone();
+        scaled_down["spec"] = serde_json::json!({"taints": [{"key": TAINT_TO_BE_DELETED, "value": "1700000000", "effect": "NoSchedule"}]});
+        assert_eq!(
+            node_unfit(&node(scaled_down), true),
+            Some("being removed by the cluster autoscaler")
         );
         // The control plane lost its kubelet: unfit, unless its agent is heard directly.
         let mut unknown = ready.clone();

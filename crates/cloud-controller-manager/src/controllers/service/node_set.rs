@@ -27,13 +27,7 @@ pub fn is_included(node: &Node) -> bool {
 
 /// All predicates: not being deleted, not excluded, not being scaled down. Readiness does not matter.
 pub fn is_backend(node: &Node) -> bool {
-    node.metadata.deletion_timestamp.is_none()
-        && is_included(node)
-        && !node
-            .spec
-            .as_ref()
-            .and_then(|s| s.taints.as_ref())
-            .is_some_and(|taints| taints.iter().any(|t| t.key == TAINT_TO_BE_DELETED))
+    node.metadata.deletion_timestamp.is_none() && is_included(node) && !being_scaled_down(node)
 }
 
 fn provider_id(node: &Node) -> String {
@@ -55,12 +49,26 @@ pub fn backend_set<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BackendSet 
         .collect()
 }
 
-/// What a node change can matter for: whether it is a backend candidate (the exclusion label) and its
-/// provider ID. A node update triggers a node sync only when this changes (upstream's
-/// `shouldSyncUpdatedNode`); heartbeats, conditions and other labels do not.
+/// Whether the cluster autoscaler is removing the node.
+fn being_scaled_down(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|taints| taints.iter().any(|t| t.key == TAINT_TO_BE_DELETED))
+}
+
+/// What a node change can matter for: whether it is a backend candidate (the exclusion label), whether
+/// the cluster autoscaler is removing it (its taint), and its provider ID. A node update triggers a node
+/// sync only when this changes; heartbeats, conditions and other labels do not. Upstream's
+/// `shouldSyncUpdatedNode` leaves the autoscaler's taint to the next periodic pass (up to 100 s), while
+/// the autoscaler deletes the node once its pods are drained: the load balancers would send new
+/// connections to a node on its way out (autoscaler#1907, #5532). Here the taint takes the node out of
+/// every load balancer at once, with the provider's connection draining (aws: the target group's
+/// deregistration delay; `local`: open connections finish, new ones go elsewhere).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFacts {
     included: bool,
+    scaled_down: bool,
     provider_id: String,
 }
 
@@ -69,14 +77,14 @@ impl NodeFacts {
     pub fn of(node: &Node) -> Self {
         Self {
             included: is_included(node),
+            scaled_down: being_scaled_down(node),
             provider_id: provider_id(node),
         }
     }
 }
 
 /// Everything the node predicates and the providers read: when any of it changes, a cached backend list
-/// is stale (even when, as for the autoscaler taint, a deletion or a label, upstream does not trigger a
-/// node sync for it). Labels count because providers choose backends by them (aws's
+/// is stale (even when, as for a deletion or a label, no node sync is triggered for it). Labels count because providers choose backends by them (aws's
 /// `target-node-labels`): a Service created after a node was labelled must see the label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct BackendFacts {
@@ -290,7 +298,7 @@ mod tests {
     }
 
     #[test]
-    fn the_autoscaler_taint_invalidates_the_backend_list_without_triggering_a_sync() {
+    fn the_autoscaler_taint_triggers_a_sync_and_a_new_label_only_invalidates_the_backends() {
         let base = node("a");
         let mut scaling = base.clone();
         scaling.spec.as_mut().unwrap().taints = Some(vec![Taint {
@@ -299,6 +307,20 @@ mod tests {
             ..Default::default()
         }]);
         assert_ne!(BackendFacts::of(&base), BackendFacts::of(&scaling));
+        // The taint takes the node out of every load balancer at once (upstream waits for its periodic
+        // pass).
+        assert_ne!(
+            BackendFacts::of(&base).sync_facts(),
+            BackendFacts::of(&scaling).sync_facts()
+        );
+        // Other taints do not matter.
+        let mut cordoned = base.clone();
+        cordoned.spec.as_mut().unwrap().taints = Some(vec![Taint {
+            key: "node.kubernetes.io/unschedulable".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }]);
+        assert_eq!(BackendFacts::of(&base), BackendFacts::of(&cordoned));
         // A new label makes the cached backends stale, without a node sync (as upstream).
         let mut labelled = base.clone();
         labelled.metadata.labels = Some([("pool".to_string(), "edge".to_string())].into());
@@ -306,10 +328,6 @@ mod tests {
         assert_eq!(
             BackendFacts::of(&base).sync_facts(),
             BackendFacts::of(&labelled).sync_facts()
-        );
-        assert_eq!(
-            BackendFacts::of(&base).sync_facts(),
-            BackendFacts::of(&scaling).sync_facts()
         );
     }
 }
