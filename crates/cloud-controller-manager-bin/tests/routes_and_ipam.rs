@@ -318,12 +318,14 @@ routes:
         writes,
         "a no-op pass wrote to the API server"
     );
-    assert!(
-        r.manager
-            .metrics
-            .encode()
-            .contains(r#"route_controller_route_sync_total{trigger="periodic",outcome="success"}"#)
-    );
+    // Upstream's labels: the passes that created and deleted routes `changed`, the quiet ones `noop`.
+    let metrics = r.manager.metrics.encode();
+    for sample in [
+        r#"route_controller_route_sync_total{outcome="changed",trigger="periodic"}"#,
+        r#"route_controller_route_sync_total{outcome="noop",trigger="periodic"}"#,
+    ] {
+        assert!(metrics.contains(sample), "{sample} in\n{metrics}");
+    }
 
     // A deleted node's route goes.
     delete_nodes(&[&b]).await;
@@ -352,6 +354,13 @@ async fn a_route_the_cloud_refuses_is_an_event_and_a_network_unavailable_node() 
             .filter(|n| network_condition(n) == Some(("True".into(), "NoRouteCreated".into())))
     })
     .await;
+    // A pass whose creations all failed changed nothing: upstream's `noop`, not `changed`.
+    let metrics = r.manager.metrics.encode();
+    assert!(
+        metrics.contains(r#"route_controller_route_sync_total{outcome="noop",trigger="periodic"}"#)
+            && !metrics.contains(r#"outcome="changed""#),
+        "{metrics}"
+    );
     // The cloud recovers: the next pass creates it and the condition flips.
     r.manager
         .set_cloud(&format!("stateFile: {}\n", r.state_file.display()));
@@ -362,6 +371,19 @@ async fn a_route_the_cloud_refuses_is_an_event_and_a_network_unavailable_node() 
     })
     .await;
     assert!(r.has_route(&name, "10.210.7.0/24"));
+    // A pass that cannot list the routes is an `error`.
+    r.manager.set_cloud(&format!(
+        "stateFile: {}\nfailureRate: {{list_routes: 1}}\n",
+        r.state_file.display()
+    ));
+    eventually("an error pass counted", WAIT, || async {
+        r.manager
+            .metrics
+            .encode()
+            .contains(r#"route_controller_route_sync_total{outcome="error",trigger="periodic"}"#)
+            .then_some(())
+    })
+    .await;
     r.manager.stop().await;
     delete_nodes(&[&name]).await;
 }
@@ -551,7 +573,7 @@ async fn watch_based_routes_follow_a_node_change_without_waiting_for_the_period(
     let metrics = r.manager.metrics.encode();
     assert!(
         metrics.contains(
-            r#"route_controller_route_sync_total{trigger="node_change",outcome="success"}"#
+            r#"route_controller_route_sync_total{outcome="changed",trigger="node_change"}"#
         ),
         "{metrics}"
     );

@@ -30,6 +30,8 @@ pub mod node_ownership;
 pub mod node_selector;
 pub(crate) mod request_metrics;
 pub(crate) mod shadow;
+#[cfg(test)]
+mod upstream_source;
 pub(crate) mod well_known;
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! match the nodes' `spec.podCIDRs` within `--cluster-cidr`, and reports the result in each node's
 //! `NetworkUnavailable` condition.
 
+pub mod metrics;
 pub mod plan;
 pub mod triggers;
 
@@ -11,7 +12,10 @@ use crate::cached_node::CachedNode;
 use parking_lot::Mutex;
 use std::{
     collections::HashMap,
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -24,12 +28,8 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::events::EventType,
 };
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
-    registry::Registry,
-};
-
+pub use self::metrics::RouteMetrics;
+use self::metrics::Outcome;
 use self::triggers::{MIN_INTERVAL, NodeViews, Trigger};
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
@@ -48,43 +48,6 @@ pub const COMPONENT: &str = "route_controller";
 
 /// At most this many cloud route calls in flight (upstream's limit).
 const MAX_IN_FLIGHT: usize = 200;
-
-/// The labels of `route_controller_route_sync_total` (1.37's): what started the pass, and how it
-/// ended.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct SyncLabels {
-    trigger: &'static str,
-    outcome: &'static str,
-}
-
-/// The controller's metric (upstream's name and labels).
-#[derive(Clone)]
-pub struct RouteMetrics {
-    syncs: Family<SyncLabels, Counter>,
-}
-
-impl RouteMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            syncs: Family::default(),
-        };
-        registry.register(
-            "route_controller_route_sync",
-            "A metric counting the amount of times routes have been synced with the cloud provider.",
-            metrics.syncs.clone(),
-        );
-        metrics
-    }
-
-    fn synced(&self, trigger: Trigger, succeeded: bool) {
-        self.syncs
-            .get_or_create(&SyncLabels {
-                trigger: trigger.label(),
-                outcome: if succeeded { "success" } else { "error" },
-            })
-            .inc();
-    }
-}
 
 struct Context {
     api: Api<Node>,
@@ -189,9 +152,9 @@ async fn run(
                     tracing::warn!("the cloud stopped offering routes; skipping this pass");
                     return PassOutcome::Done;
                 };
-                let succeeded = reconcile(ctx, routes, &nodes).await;
-                ctx.metrics.synced(trigger, succeeded);
-                if !succeeded && watch_based {
+                let outcome = Outcome::of(reconcile(ctx, routes, &nodes).await);
+                ctx.metrics.synced(trigger, outcome);
+                if outcome == Outcome::Error && watch_based {
                     // A failed pass is asked for again (rate-limited), as upstream re-queues it.
                     PassOutcome::AskAgain
                 } else {
@@ -206,24 +169,36 @@ async fn run(
     }
 }
 
-/// One pass: delete stale routes, create missing ones, then set the nodes' conditions. `false` when
-/// the routes could not be listed (nothing was done).
-async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]) -> bool {
+/// One pass: delete stale routes, create missing ones, then set the nodes' conditions. Whether a route
+/// was created or deleted (upstream's `changed`), or `Err` when the routes could not be listed (nothing
+/// was done).
+async fn reconcile(
+    ctx: &Context,
+    routes: &dyn Routes,
+    nodes: &[Arc<CachedNode>],
+) -> Result<bool, ()> {
     let existing = match routes.list_routes(&ctx.cluster_name).await {
         Ok(existing) => existing,
         Err(err) => {
             tracing::warn!(error = %err, "could not list routes; skipping this pass");
-            return false;
+            return Err(());
         }
     };
+    let changed = AtomicBool::new(false);
     let plan = plan_routes(nodes, &existing, &ctx.cluster_cidrs);
 
     // Deletions first (and, when routes carry node addresses, before any creation).
     futures::stream::iter(&plan.delete)
-        .for_each_concurrent(MAX_IN_FLIGHT, |route| async move {
-            tracing::info!(route = %route.name, target = %route.target_node, cidr = %route.destination_cidr, blackhole = route.blackhole, "deleting route");
-            if let Err(err) = routes.delete_route(&ctx.cluster_name, route).await {
-                tracing::warn!(route = %route.name, error = %err, "could not delete route");
+        .for_each_concurrent(MAX_IN_FLIGHT, |route| {
+            let changed = &changed;
+            async move {
+                tracing::info!(route = %route.name, target = %route.target_node, cidr = %route.destination_cidr, blackhole = route.blackhole, "deleting route");
+                match routes.delete_route(&ctx.cluster_name, route).await {
+                    Ok(()) => changed.store(true, Ordering::Relaxed),
+                    Err(err) => {
+                        tracing::warn!(route = %route.name, error = %err, "could not delete route")
+                    }
+                }
             }
         })
         .await;
@@ -232,6 +207,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
     futures::stream::iter(plan.create)
         .for_each_concurrent(MAX_IN_FLIGHT, |(node, cidr)| {
             let actions = &actions;
+            let changed = &changed;
             async move {
                 let started = Instant::now();
                 let route = Route {
@@ -247,6 +223,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
                 let hint = node.metadata.uid.clone().unwrap_or_default();
                 match routes.create_route(&ctx.cluster_name, &hint, &route).await {
                     Ok(()) => {
+                        changed.store(true, Ordering::Relaxed);
                         tracing::info!(node = %route.target_node, %cidr, "created route");
                         actions
                             .lock()
@@ -294,7 +271,7 @@ async fn reconcile(ctx: &Context, routes: &dyn Routes, nodes: &[Arc<CachedNode>]
             async move { set_condition(ctx, node, wanted_condition(node_actions)).await }
         })
         .await;
-    true
+    Ok(changed.into_inner())
 }
 
 /// The write carries the node's `resourceVersion` and is re-planned from a fresh read on a conflict (the

@@ -13,7 +13,8 @@ use crate::informers::Change;
 /// Upstream's `minRouteResyncInterval`: node changes start at most one pass per 10 s.
 pub const MIN_INTERVAL: Duration = Duration::from_secs(10);
 
-/// What started a pass (the `trigger` label of `route_controller_route_sync_total`).
+/// What started a pass (the `trigger` label of `route_controller_route_sync_total`; upstream's work-queue
+/// keys `routesSyncKey` and `routeCorrectionsKey`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
     /// The period.
@@ -23,6 +24,10 @@ pub enum Trigger {
 }
 
 impl Trigger {
+    /// Every trigger.
+    #[cfg(test)]
+    pub const ALL: [Self; 2] = [Self::Periodic, Self::NodeChange];
+
     /// The label value.
     pub fn label(self) -> &'static str {
         match self {
