@@ -46,8 +46,13 @@ struct Gate {
     note: &'static str,
 }
 
-/// Watch-based route reconciliation (KEP-5237).
+/// Watch-based route reconciliation (KEP-5237). Alpha and off by default in upstream's source at
+/// k8s.io/controller-manager v0.37.1 and v0.38.0-beta.0, though the KEP planned beta, on by default, for
+/// 1.37: the source wins.
 pub const WATCH_BASED_ROUTES: &str = "CloudControllerManagerWatchBasedRoutesReconciliation";
+
+/// The periodic node status update also adds or updates the provider's additional labels (1.38, alpha).
+pub const ADDITIONAL_LABELS: &str = "CloudNodeAdditionalLabelsReconciliation";
 
 /// Streaming lists for the shared caches (client-go's gate, KEP-3157): `KUBE_FEATURE_WatchListClient`.
 pub const WATCH_LIST_CLIENT: &str = "WatchListClient";
@@ -87,7 +92,8 @@ const fn fixed(
 use Stage::{Alpha, Beta, Ga};
 
 /// The gates `--feature-gates` of upstream's 1.37 manager (k8s.io/cloud-provider's app) lists, but
-/// `AllAlpha` and `AllBeta` (refused: see [`parse_one`]), in its order.
+/// `AllAlpha` and `AllBeta` (refused: see [`parse_one`]), in its order, and 1.38's
+/// `CloudNodeAdditionalLabelsReconciliation`.
 const COMPONENT: &[Gate] = &[
     fixed(
         "APIResponseCompression",
@@ -104,6 +110,14 @@ const COMPONENT: &[Gate] = &[
     serving("CBORServingAndStorage", Alpha, false),
     Gate {
         name: WATCH_BASED_ROUTES,
+        stage: Alpha,
+        default: false,
+        support: Support::Implemented,
+        note: "",
+    },
+    // 1.38's (k8s.io/controller-manager v0.38.0-beta.0): upstream's 1.37 manager does not know it.
+    Gate {
+        name: ADDITIONAL_LABELS,
         stage: Alpha,
         default: false,
         support: Support::Implemented,
@@ -506,11 +520,88 @@ mod tests {
         // Upstream's default is true; this manager serves no /flagz.
         assert!(!gates.enabled("ComponentFlagz"));
         assert!(gates.enabled("WatchList"));
+        // Opt-in, as upstream's source has it (not the KEP's beta-in-1.37).
         assert!(!gates.enabled(WATCH_BASED_ROUTES));
+        assert!(!gates.enabled(ADDITIONAL_LABELS));
         assert!(!gates.enabled("NoSuchGate"));
         assert!(help().contains(
             "CloudControllerManagerWatchBasedRoutesReconciliation=true|false (ALPHA, default=false)"
         ));
+        assert!(
+            help().contains("CloudNodeAdditionalLabelsReconciliation=true|false (ALPHA, default=false)")
+        );
+        let on = FeatureGates::parse(["CloudNodeAdditionalLabelsReconciliation=true"]).unwrap();
+        assert!(on.enabled(ADDITIONAL_LABELS));
+        let off = FeatureGates::parse(["CloudControllerManagerWatchBasedRoutesReconciliation=false"])
+            .unwrap();
+        assert!(!off.enabled(WATCH_BASED_ROUTES));
+    }
+
+    /// The stage and default of every gate of upstream's manager (`k8s.io/controller-manager`'s
+    /// `pkg/features`), read from upstream's source in the Go module cache: the pinned v0.37.1, and
+    /// v0.38.0-beta.0 for the gates 1.37 does not have.
+    #[test]
+    fn stages_and_defaults_are_upstream_s_source() {
+        let mut seen = Vec::new();
+        for version in ["v0.37.1", "v0.38.0-beta.0"] {
+            let Some(source) = crate::upstream_source::read(
+                "k8s.io/controller-manager",
+                version,
+                "pkg/features/kube_features.go",
+            ) else {
+                return;
+            };
+            let specs = source
+                .split("versionedCloudPublicFeatureGates = ")
+                .nth(1)
+                .expect("the versioned gates");
+            let upstream = upstream_gates(specs);
+            assert!(upstream.len() >= 3, "{version}: {upstream:?}");
+            for (name, stage, default) in upstream {
+                if seen.contains(&name) {
+                    continue; // 1.37's stance, checked above
+                }
+                let ours = COMPONENT
+                    .iter()
+                    .find(|g| g.name == name)
+                    .unwrap_or_else(|| panic!("{version}'s gate {name} is not listed"));
+                assert_eq!(
+                    (ours.stage, ours.default),
+                    (stage, default),
+                    "{version}: {name}"
+                );
+                seen.push(name);
+            }
+        }
+        assert!(seen.iter().any(|g| g == ADDITIONAL_LABELS), "{seen:?}");
+    }
+
+    /// `Gate: { {Version: ..., Default: false, PreRelease: featuregate.Alpha}, ... },` entries: each
+    /// gate's last (newest) spec.
+    fn upstream_gates(specs: &str) -> Vec<(String, Stage, bool)> {
+        let mut gates: Vec<(String, Stage, bool)> = Vec::new();
+        let mut name = None;
+        for line in specs.lines().map(str::trim) {
+            if line == "}" {
+                break;
+            }
+            if let Some(gate) = line.strip_suffix(": {") {
+                name = Some(gate.to_owned());
+            } else if let (Some(gate), Some(spec)) = (&name, line.strip_prefix("{Version:")) {
+                let default = spec.contains("Default: true");
+                let stage = if spec.contains("featuregate.Alpha") {
+                    Alpha
+                } else if spec.contains("featuregate.Beta") {
+                    Beta
+                } else {
+                    assert!(spec.contains("featuregate.GA"), "{spec}");
+                    Ga
+                };
+                gates.retain(|(g, _, _)| g != gate);
+                gates.push((gate.clone(), stage, default));
+            }
+        }
+        gates
     }
 
     #[test]
