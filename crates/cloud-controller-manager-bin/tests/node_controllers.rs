@@ -543,6 +543,92 @@ async fn initialized_nodes_get_ga_labels_from_beta_labels_without_cloud_calls() 
     delete_nodes(&[&name]).await;
 }
 
+/// The cloud's additional labels, as the periodic status update keeps them with
+/// `CloudNodeAdditionalLabelsReconciliation` (1.38, alpha) on, and leaves them without it.
+async fn additional_labels_run(gate: bool) {
+    const PERIOD: Duration = Duration::from_secs(1);
+    let name = unique_name(if gate { "labels-on" } else { "labels-off" });
+    let cloud = |rack: &str| {
+        format!(
+            "instances:\n  {name}:\n    additionalLabels: {{example.com/rack: {rack}, kubernetes.io/sneaky: x}}\n"
+        )
+    };
+    let mut args = vec![
+        "--controllers=cloud-node",
+        "--node-status-update-frequency=1s",
+    ];
+    if gate {
+        args.push("--feature-gates=CloudNodeAdditionalLabelsReconciliation=true");
+    }
+    let manager = RunningManager::start(&cloud("r1"), &args).await;
+    create_node(&kubelet_node(&name)).await;
+    initialized(&name).await;
+    let rack = || async { labels(&get_node(&name).await.unwrap()).get("example.com/rack").cloned() };
+    assert_eq!(rack().await.as_deref(), Some("r1"), "applied at initialization");
+    // Past the status pass that follows the initialization.
+    tokio::time::sleep(PERIOD * 2).await;
+
+    // Someone else changes the label.
+    let relabel = json!({ "metadata": { "labels": { "example.com/rack": "mine" } } });
+    nodes()
+        .await
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&relabel))
+        .await
+        .unwrap();
+    let changed = std::time::Instant::now();
+    if gate {
+        // The next pass, at most one period away, sets the cloud's value back.
+        eventually("the cloud's value re-applied", PERIOD * 3, || async {
+            (rack().await.as_deref() == Some("r1")).then_some(())
+        })
+        .await;
+        eprintln!(
+            "additional labels: re-applied {:?} after the change (period {PERIOD:?})",
+            changed.elapsed()
+        );
+        // A new value in the cloud follows too.
+        manager.set_cloud(&cloud("r2"));
+        eventually("the cloud's new value", PERIOD * 3, || async {
+            (rack().await.as_deref() == Some("r2")).then_some(())
+        })
+        .await;
+        // Quiet passes write nothing.
+        tokio::time::sleep(PERIOD).await;
+        let writes = manager.metrics.api_writes();
+        let lookups = manager.cloud.snapshot().calls_to("instance_metadata");
+        tokio::time::sleep(PERIOD * 3).await;
+        assert_eq!(manager.metrics.api_writes(), writes, "a quiet pass wrote");
+        assert!(
+            manager.cloud.snapshot().calls_to("instance_metadata") > lookups,
+            "the status update ran meanwhile"
+        );
+    } else {
+        // Three periods later the other writer's value stands, and so after a new cloud value.
+        tokio::time::sleep(PERIOD * 3).await;
+        assert_eq!(rack().await.as_deref(), Some("mine"));
+        manager.set_cloud(&cloud("r2"));
+        tokio::time::sleep(PERIOD * 3).await;
+        assert_eq!(rack().await.as_deref(), Some("mine"));
+    }
+    // Never a label in a Kubernetes-reserved namespace.
+    assert!(!labels(&get_node(&name).await.unwrap()).contains_key("kubernetes.io/sneaky"));
+
+    manager.stop().await;
+    delete_nodes(&[&name]).await;
+}
+
+#[tokio::test]
+async fn additional_labels_are_reconciled_every_status_period_with_the_gate_on() {
+    let _serial = SERIAL.lock().await;
+    additional_labels_run(true).await;
+}
+
+#[tokio::test]
+async fn additional_labels_are_applied_only_at_initialization_with_the_gate_off() {
+    let _serial = SERIAL.lock().await;
+    additional_labels_run(false).await;
+}
+
 #[tokio::test]
 async fn a_no_op_resync_makes_zero_writes() {
     let _serial = SERIAL.lock().await;

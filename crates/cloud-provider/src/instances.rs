@@ -85,8 +85,12 @@ pub struct InstanceMetadata {
     pub zone: String,
     /// The labels `topology.kubernetes.io/region` and `failure-domain.beta.kubernetes.io/region` (when not empty).
     pub region: String,
-    /// Further labels for the node. Labels in Kubernetes' own namespaces are dropped and existing labels
-    /// are never overwritten.
+    /// Further labels for the node, applied at initialization. Labels in Kubernetes' own namespaces are
+    /// dropped, and at initialization existing labels are never overwritten. With the
+    /// `CloudNodeAdditionalLabelsReconciliation` gate (1.38, alpha, off by default), missing labels and
+    /// changed values are also set again at every node status update
+    /// (`--node-status-update-frequency`): the cloud's value then overwrites another writer's; a label
+    /// no longer returned is never removed.
     pub additional_labels: BTreeMap<String, String>,
 }
 

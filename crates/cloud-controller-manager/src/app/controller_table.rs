@@ -298,11 +298,16 @@ pub fn builtin_controllers() -> Vec<ControllerSpec> {
 }
 
 fn node_config(cfg: &ConfigureContext<'_>) -> Result<Option<node::Config>, ConfigureError> {
-    let node = &cfg.options().node;
+    let options = cfg.options();
+    let node = &options.node;
     Ok(Some(node::Config {
         workers: usize::from(node.concurrent_node_syncs),
         status_workers: node.status_workers(),
         status_period: node.node_status_update_frequency,
+        additional_labels: options
+            .generic
+            .feature_gates()
+            .enabled(super::feature_gates::ADDITIONAL_LABELS),
     }))
 }
 

@@ -1,5 +1,7 @@
 //! What the node controllers ask the cloud, through InstancesV2 or the legacy Instances + Zones APIs.
 
+use std::collections::BTreeMap;
+
 use cloud_provider::{CloudError, CloudProvider, InstanceMetadata, get_instance_provider_id};
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 
@@ -144,20 +146,35 @@ async fn legacy_addresses(
         .map_err(cloud_error("node_addresses", node))
 }
 
-/// The node's addresses, with one cloud lookup (the periodic address refresh).
-pub async fn node_addresses(
+/// What the periodic node status update reads from the cloud (upstream's `getInstanceNodeAddresses`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StatusLookup {
+    /// The node's addresses.
+    pub addresses: Vec<NodeAddress>,
+    /// The cloud's additional labels (InstancesV2 only; the legacy API has none).
+    pub additional_labels: BTreeMap<String, String>,
+}
+
+/// The node's addresses and additional labels, with one cloud lookup (the periodic status update).
+pub async fn status_lookup(
     cloud: &dyn CloudProvider,
     node: &Node,
-) -> Result<Vec<NodeAddress>, LookupError> {
+) -> Result<StatusLookup, LookupError> {
     if let Some(instances) = cloud.instances_v2() {
         return Ok(instances
             .instance_metadata(node)
             .await
             .map_err(cloud_error("instance_metadata", node))?
-            .map(|m| m.node_addresses)
+            .map(|m| StatusLookup {
+                addresses: m.node_addresses,
+                additional_labels: m.additional_labels,
+            })
             .unwrap_or_default());
     }
-    legacy_addresses(cloud, node, provider_id(node).unwrap_or_default()).await
+    Ok(StatusLookup {
+        addresses: legacy_addresses(cloud, node, provider_id(node).unwrap_or_default()).await?,
+        additional_labels: BTreeMap::new(),
+    })
 }
 
 /// Whether the node's instance exists (for the lifecycle controller). With the legacy API, an

@@ -10,6 +10,7 @@
 //! (without the status upstream also sends, which the API server ignores there); a node with a
 //! field this build's types do not know gets a merge patch instead ([`write`]).
 
+pub mod additional_labels;
 mod cache_catch_up;
 pub(crate) mod cloud;
 mod follow_up;
@@ -122,6 +123,21 @@ struct Context {
     nodes: cache_catch_up::NodeCache,
     /// What follows each initialization, off the workers ([`follow_up`]).
     follow_ups: follow_up::FollowUps,
+    /// The reserved-namespace keys of the cloud's additional labels already warned about (each is
+    /// warned about once, then logged at debug level on every pass).
+    dropped_labels: parking_lot::Mutex<std::collections::BTreeSet<String>>,
+}
+
+impl Context {
+    /// Says that the cloud's additional label `key` for `node` was dropped for lying in a
+    /// Kubernetes-reserved namespace.
+    fn reserved_label_dropped(&self, node: &str, key: &str) {
+        if self.dropped_labels.lock().insert(key.to_owned()) {
+            tracing::warn!(%node, label = %key, "dropping the cloud's additional label: it lies in a Kubernetes-reserved namespace (kubernetes.io, k8s.io), as upstream drops it (said once per label)");
+        } else {
+            tracing::debug!(%node, label = %key, "dropping the cloud's additional label in a Kubernetes-reserved namespace");
+        }
+    }
 }
 
 /// Per-node back-off after consecutive errors: upstream's work-queue default, 5 ms doubling up to 1000 s.
@@ -138,6 +154,9 @@ pub struct Config {
     pub status_workers: usize,
     /// How often every node's addresses are refreshed (`--node-status-update-frequency`).
     pub status_period: Duration,
+    /// The status update also adds or updates the cloud's additional labels
+    /// (`CloudNodeAdditionalLabelsReconciliation`).
+    pub additional_labels: bool,
 }
 
 /// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
@@ -156,6 +175,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         workers,
         status_workers,
         status_period,
+        additional_labels,
     } = config;
     let context = Arc::new(Context {
         api: Api::all(ctx.client.clone()),
@@ -174,6 +194,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             ctx.metrics.work_queues.queue(ctx.name).panics,
             ctx.health.clone(),
         ),
+        dropped_labels: Default::default(),
     });
     let shutdown = ctx.shutdown.clone();
     let reporting = work_queue::Reporting {
@@ -196,6 +217,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
                 nodes,
                 status_period,
                 status_workers,
+                additional_labels,
                 shutdown.clone(),
             ),
         );

@@ -42,17 +42,14 @@ fn node_provider_id(node: &Node) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
-/// Whether a label key lies in a Kubernetes-reserved namespace (upstream's `(^|\.)(kubernetes|k8s)\.io/`):
-/// `kubernetes.io/x`, `k8s.io/x`, `topology.kubernetes.io/x`, `node.k8s.io/x`, but not `k8snio/x`.
+/// Whether a label key lies in a Kubernetes-reserved namespace, exactly as upstream's
+/// `k8sNamespaceRegex`, `(^|\.)(kubernetes|k8s)\.io/`, matches it: `kubernetes.io/` or `k8s.io/`
+/// anywhere in the key, at its start or after a dot (`kubernetes.io/x`, `topology.kubernetes.io/x`,
+/// `node.k8s.io/x`; not `k8snio/x`, `mykubernetes.io/x`).
 pub fn is_kubernetes_namespaced(key: &str) -> bool {
-    let Some((prefix, _)) = key.split_once('/') else {
-        return false;
-    };
-    ["kubernetes.io", "k8s.io"].iter().any(|ns| {
-        prefix == *ns
-            || prefix
-                .strip_suffix(ns)
-                .is_some_and(|rest| rest.ends_with('.'))
+    ["kubernetes.io/", "k8s.io/"].iter().any(|namespace| {
+        key.match_indices(namespace)
+            .any(|(at, _)| at == 0 || key.as_bytes()[at - 1] == b'.')
     })
 }
 
