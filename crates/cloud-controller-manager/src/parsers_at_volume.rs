@@ -856,6 +856,7 @@ proptest! {
             cluster_cidr: cluster.clone(),
             allow_untagged_cloud: false,
             node_selector: Default::default(),
+            node_filter_requirements: None,
         };
         let ipam = NodeIpamOptions {
             allocate_node_cidrs: true,

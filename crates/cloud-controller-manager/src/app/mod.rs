@@ -342,12 +342,12 @@ pub async fn run(
         InitialList::ListThenWatch
     };
     let ownership = crate::node_ownership::NodeOwnership::new(
-        options.cloud.node_selector.clone(),
+        options.cloud.node_selector().clone(),
         cloud.clone(),
     );
     if !ownership.selects_everything() {
         tracing::info!(
-            node_selector = options.cloud.node_selector.as_str(),
+            node_selector = options.cloud.node_selector().as_str(),
             "acting on the nodes this selector matches only"
         );
     }

@@ -227,6 +227,25 @@ pub struct CloudProviderOptions {
     /// can share a cluster. Not in upstream.
     #[arg(long, default_value = "", value_parser = crate::node_selector::NodeSelector::parse)]
     pub node_selector: crate::node_selector::NodeSelector,
+
+    /// --node-selector under cloud-provider-azure's name (kubernetes-sigs/cloud-provider-azure#9270;
+    /// OCI's pending one): the same label-selector syntax, as Azure's parses it (apimachinery's
+    /// `labels.Parse`). Give one of the two, not both.
+    #[arg(
+        long,
+        value_parser = crate::node_selector::NodeSelector::parse,
+        conflicts_with = "node_selector"
+    )]
+    pub node_filter_requirements: Option<crate::node_selector::NodeSelector>,
+}
+
+impl CloudProviderOptions {
+    /// The nodes this manager owns: `--node-selector`, or its alias `--node-filter-requirements`.
+    pub fn node_selector(&self) -> &crate::node_selector::NodeSelector {
+        self.node_filter_requirements
+            .as_ref()
+            .unwrap_or(&self.node_selector)
+    }
 }
 
 /// The cloud-node and cloud-node-lifecycle controllers.
@@ -726,6 +745,48 @@ mod tests {
             let _ = crate::app::rate_limit::RateLimitLayer::new(
                 options.client.kube_api_qps,
                 options.client.kube_api_burst,
+            );
+        }
+    }
+
+    /// Azure's `--node-filter-requirements` is `--node-selector` by another name: the same label
+    /// selector; both at once is an error naming both.
+    #[test]
+    fn node_filter_requirements_is_an_alias_of_node_selector() {
+        use crate::node_selector::NodeSelector;
+        let selector = |args: &[&str]| parse(args).map(|o| o.cloud.node_selector().clone());
+        assert_eq!(selector(&[]).unwrap(), NodeSelector::default());
+        for text in [
+            "environment=production",
+            "!maintenance",
+            "environment=production,tier=frontend",
+            "environment in (production,staging)",
+            "app=web,environment in (prod,staging),!maintenance",
+        ] {
+            let expected = NodeSelector::parse(text).unwrap();
+            assert_eq!(
+                selector(&[&format!("--node-filter-requirements={text}")]).unwrap(),
+                expected,
+                "{text}"
+            );
+            assert_eq!(
+                selector(&[&format!("--node-selector={text}")]).unwrap(),
+                expected,
+                "{text}"
+            );
+        }
+        let err = parse(&["--node-filter-requirements=a in (b"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--node-filter-requirements"), "{err}");
+        for args in [
+            ["--node-selector=a=b", "--node-filter-requirements=a=b"],
+            ["--node-filter-requirements=a=b", "--node-selector=c"],
+        ] {
+            let err = parse(&args).unwrap_err().to_string();
+            assert!(
+                err.contains("--node-selector") && err.contains("--node-filter-requirements"),
+                "{args:?}: {err}"
             );
         }
     }
