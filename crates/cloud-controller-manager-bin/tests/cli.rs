@@ -6,6 +6,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod support;
+
 const BIN: &str = env!("CARGO_BIN_EXE_cloud-controller-manager");
 
 fn run(args: &[&str]) -> Output {
@@ -266,6 +268,104 @@ fn malformed_flags_are_rejected() {
             "CloudControllerManagerWebhook=true is not supported: this manager serves no admission webhooks",
         ],
     );
+}
+
+/// Upstream's flags this manager does not implement are refused by name, with why; the webhook ones
+/// are accepted at the values that mean "no webhook"; the node-selector flags exclude each other.
+#[test]
+fn upstream_flags_are_refused_by_name_with_why() {
+    assert_fails_with(
+        &["--profiling"],
+        2,
+        &["--profiling is upstream's, not implemented by this manager", "/debug/pprof"],
+    );
+    assert_fails_with(
+        &["--webhooks=cloud-node-labels"],
+        2,
+        &["--webhooks is upstream's, not implemented by this manager", "serves no webhooks"],
+    );
+    assert_fails_with(
+        &["--webhook-secure-port=10260"],
+        2,
+        &["--webhook-secure-port is upstream's", "accepted only at 0"],
+    );
+    assert_fails_with(
+        &["--tls-curve-preferences=4588"],
+        2,
+        &["--tls-curve-preferences", "4588 (X25519MLKEM768) is not offered"],
+    );
+    assert_fails_with(
+        &["--node-selector=a=b", "--node-filter-requirements=c=d"],
+        2,
+        &["--node-filter-requirements", "cannot be used with", "--node-selector"],
+    );
+    // "No webhook" passes parsing: the manager goes on to pick its provider.
+    assert_fails_with(
+        &[
+            "--webhooks=",
+            "--webhook-secure-port=0",
+            "--profiling=false",
+            "--tls-curve-preferences=23,29",
+            "--concurrent-node-lifecycle-syncs=2",
+            "--node-filter-requirements=cloud=fake",
+            "--cloud-provider=no-such-cloud",
+        ],
+        1,
+        &["no-such-cloud"],
+    );
+}
+
+/// Every flag of upstream's manager (the Go peer: k8s.io/cloud-provider v0.37.1's sample main, as
+/// built by bench/go-ccm/build) is on our command line: implemented, or hidden and refused by name
+/// with why at any value it cannot mean.
+#[test]
+fn every_upstream_flag_is_implemented_or_refused_by_name() {
+    if Command::new("go").arg("version").output().is_err() {
+        eprintln!(
+            "\n!!! SKIPPED: no `go` command, so upstream's manager cannot be built to read its flags\n"
+        );
+        return;
+    }
+    let help = Command::new(support::go_ccm::binary())
+        .arg("--help")
+        .output()
+        .expect("the Go peer runs");
+    let help = String::from_utf8_lossy(&help.stdout).into_owned()
+        + &String::from_utf8_lossy(&help.stderr);
+    let mut upstream: Vec<&str> = help
+        .lines()
+        .filter_map(|line| {
+            let line = line.trim_start();
+            let line = line
+                .strip_prefix("-v, ")
+                .or_else(|| line.strip_prefix("-h, "))
+                .unwrap_or(line);
+            line.strip_prefix("--")?.split_whitespace().next()
+        })
+        .filter(|flag| !matches!(*flag, "help" | "version"))
+        .collect();
+    assert!(upstream.len() > 60, "{help}");
+    // Deprecated upstream (k8s.io/cloud-provider v0.37.1 options/kubecloudshared.go), so hidden from its
+    // --help, but still accepted there.
+    upstream.extend(["allow-untagged-cloud", "node-sync-period"]);
+    let manager = cloud_controller_manager::Manager::linked();
+    let command = manager.command().unwrap();
+    for flag in upstream {
+        let arg = command
+            .get_arguments()
+            .find(|a| a.get_long() == Some(flag))
+            .unwrap_or_else(|| panic!("upstream's --{flag} is neither implemented nor refused"));
+        if arg.is_hide_set() {
+            let err = manager
+                .parse_from(["ccm", &format!("--{flag}=\u{1}")])
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&format!("--{flag} is upstream's, not implemented by this manager: ")),
+                "{flag}: {err}"
+            );
+        }
+    }
 }
 
 /// A `--master` without a scheme made the client panic on a runtime worker (and the manager retry

@@ -64,8 +64,10 @@ pub fn command(
     controllers: &[ControllerSpec],
     identity: Option<&BinaryIdentity>,
 ) -> Result<Command, FlagClash> {
-    let mut command =
-        Options::command().mut_arg("controllers", |arg| arg.help(controllers_help(controllers)));
+    // Upstream's flags this manager does not implement, hidden, so each is refused by name with why.
+    let mut command = super::upstream_flags::add(
+        Options::command().mut_arg("controllers", |arg| arg.help(controllers_help(controllers))),
+    );
     if let Some(identity) = identity {
         command = command
             .name(identity.name.clone())

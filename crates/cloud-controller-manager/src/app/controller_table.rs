@@ -317,7 +317,7 @@ fn node_lifecycle_config(
     let node = &cfg.options().node;
     Ok(Some(node_lifecycle::Config {
         period: node.node_monitor_period,
-        workers: usize::from(node.concurrent_node_syncs),
+        workers: node.lifecycle_workers(),
     }))
 }
 

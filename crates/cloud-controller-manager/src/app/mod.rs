@@ -18,6 +18,8 @@ pub(crate) mod review_cache;
 pub(crate) mod review_slots;
 pub(crate) mod service_account_credentials;
 pub(crate) mod serving;
+pub(crate) mod tls_curves;
+pub(crate) mod upstream_flags;
 pub(crate) mod write_fence;
 
 use std::{

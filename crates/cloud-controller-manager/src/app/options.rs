@@ -187,6 +187,12 @@ pub struct ServingOptions {
     #[arg(long, default_value = "", requires = "tls_cert_file")]
     pub tls_private_key_file: String,
 
+    /// Comma-separated numeric Go crypto/tls CurveID values: the key exchanges the secure port allows.
+    /// This manager offers 23 (P-256), 24 (P-384) and 29 (X25519); others are refused by name. The
+    /// order is ignored, as upstream's; empty: all three.
+    #[arg(long, default_value = "", value_parser = super::tls_curves::TlsCurves::parse)]
+    pub tls_curve_preferences: super::tls_curves::TlsCurves,
+
     /// Paths that need neither authentication nor authorization (exact paths, or a prefix ending in
     /// `*`). Everything else (e.g. /metrics) needs a caller the API server authenticates (TokenReview)
     /// and authorizes (SubjectAccessReview).
@@ -262,6 +268,11 @@ pub struct NodeControllerOptions {
     #[arg(long, default_value_t = 0)]
     pub concurrent_node_status_updates: u16,
 
+    /// The number of nodes the cloud-node-lifecycle controller checks at once. Default:
+    /// --concurrent-node-syncs (upstream's default is 1).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_node_lifecycle_syncs: Option<u16>,
+
     /// How often the cloud-node controller refreshes every node's addresses from the cloud.
     #[arg(long, default_value = "5m", value_parser = go_duration)]
     pub node_status_update_frequency: Duration,
@@ -272,6 +283,15 @@ pub struct NodeControllerOptions {
 }
 
 impl NodeControllerOptions {
+    /// The lifecycle controller's workers: `--concurrent-node-lifecycle-syncs`, or
+    /// `--concurrent-node-syncs`.
+    pub fn lifecycle_workers(&self) -> usize {
+        usize::from(
+            self.concurrent_node_lifecycle_syncs
+                .unwrap_or(self.concurrent_node_syncs),
+        )
+    }
+
     /// The address-refresh workers: `--concurrent-node-status-updates`, or `--concurrent-node-syncs`.
     pub fn status_workers(&self) -> usize {
         usize::from(if self.concurrent_node_status_updates == 0 {
@@ -608,6 +628,13 @@ mod tests {
             Duration::from_secs(90)
         );
         assert_eq!(options.node.node_monitor_period, Duration::from_millis(500));
+        assert_eq!(options.node.lifecycle_workers(), 4, "--concurrent-node-syncs");
+        let options = parse(&["--concurrent-node-lifecycle-syncs=3"]).unwrap();
+        assert_eq!(options.node.lifecycle_workers(), 3);
+        let err = parse(&["--concurrent-node-lifecycle-syncs=0"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--concurrent-node-lifecycle-syncs"), "{err}");
         // Zero workers is the upstream trap of a controller that silently does nothing.
         let err = parse(&["--concurrent-node-syncs=0"])
             .unwrap_err()
@@ -789,6 +816,25 @@ mod tests {
                 "{args:?}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn tls_curve_preferences_take_go_s_curve_ids() {
+        use super::super::tls_curves::TlsCurves;
+        let options = parse(&[]).unwrap();
+        assert_eq!(options.serving.tls_curve_preferences, TlsCurves::default());
+        let options = parse(&["--tls-curve-preferences=23,29"]).unwrap();
+        assert_eq!(
+            options.serving.tls_curve_preferences,
+            TlsCurves::parse("29,23").unwrap()
+        );
+        let err = parse(&["--tls-curve-preferences=23,25"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--tls-curve-preferences") && err.contains("25 (P-521) is not offered"),
+            "{err}"
+        );
     }
 
     #[test]

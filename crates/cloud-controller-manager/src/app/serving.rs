@@ -99,7 +99,9 @@ fn serving_certificate(
 fn tls_config(
     options: &ServingOptions,
 ) -> Result<(rustls::ServerConfig, Option<CertificateReloader>), ServingError> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut provider = super::tls_curves::provider();
+    options.tls_curve_preferences.restrict(&mut provider);
+    let provider = Arc::new(provider);
     let (certificate, reloader) = serving_certificate(options, &provider)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -305,6 +307,7 @@ mod tests {
             tls_cert_file: String::new(),
             tls_private_key_file: String::new(),
             authorization_always_allow_paths: vec![],
+            tls_curve_preferences: Default::default(),
         };
         assert!(tls_config(&options).is_ok());
         let missing = ServingOptions {
@@ -317,5 +320,26 @@ mod tests {
             err.contains("--tls-cert-file /nonexistent/tls.crt"),
             "{err}"
         );
+    }
+
+    /// `--tls-curve-preferences` reaches the secure port's TLS configuration.
+    #[test]
+    fn curve_preferences_restrict_the_served_key_exchanges() {
+        let options = ServingOptions {
+            secure_port: 1,
+            bind_address: "127.0.0.1".parse().unwrap(),
+            tls_cert_file: String::new(),
+            tls_private_key_file: String::new(),
+            authorization_always_allow_paths: vec![],
+            tls_curve_preferences: super::super::tls_curves::TlsCurves::parse("24").unwrap(),
+        };
+        let (config, _) = tls_config(&options).unwrap();
+        let groups: Vec<_> = config
+            .crypto_provider()
+            .kx_groups
+            .iter()
+            .map(|g| g.name())
+            .collect();
+        assert_eq!(groups, [rustls::NamedGroup::secp384r1]);
     }
 }

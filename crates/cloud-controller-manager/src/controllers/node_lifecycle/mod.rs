@@ -49,7 +49,7 @@ struct Context {
 pub struct Config {
     /// How often not-ready nodes are checked against the cloud (`--node-monitor-period`).
     pub period: Duration,
-    /// Nodes checked at once (`--concurrent-node-syncs`).
+    /// Nodes checked at once (`--concurrent-node-lifecycle-syncs`, by default `--concurrent-node-syncs`).
     pub workers: usize,
 }
 
