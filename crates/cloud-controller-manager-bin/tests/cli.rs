@@ -277,12 +277,18 @@ fn upstream_flags_are_refused_by_name_with_why() {
     assert_fails_with(
         &["--profiling"],
         2,
-        &["--profiling is upstream's, not implemented by this manager", "/debug/pprof"],
+        &[
+            "--profiling is upstream's, not implemented by this manager",
+            "/debug/pprof",
+        ],
     );
     assert_fails_with(
         &["--webhooks=cloud-node-labels"],
         2,
-        &["--webhooks is upstream's, not implemented by this manager", "serves no webhooks"],
+        &[
+            "--webhooks is upstream's, not implemented by this manager",
+            "serves no webhooks",
+        ],
     );
     assert_fails_with(
         &["--webhook-secure-port=10260"],
@@ -292,12 +298,19 @@ fn upstream_flags_are_refused_by_name_with_why() {
     assert_fails_with(
         &["--tls-curve-preferences=4588"],
         2,
-        &["--tls-curve-preferences", "4588 (X25519MLKEM768) is not offered"],
+        &[
+            "--tls-curve-preferences",
+            "4588 (X25519MLKEM768) is not offered",
+        ],
     );
     assert_fails_with(
         &["--node-selector=a=b", "--node-filter-requirements=c=d"],
         2,
-        &["--node-filter-requirements", "cannot be used with", "--node-selector"],
+        &[
+            "--node-filter-requirements",
+            "cannot be used with",
+            "--node-selector",
+        ],
     );
     // "No webhook" passes parsing: the manager goes on to pick its provider.
     assert_fails_with(
@@ -330,8 +343,8 @@ fn every_upstream_flag_is_implemented_or_refused_by_name() {
         .arg("--help")
         .output()
         .expect("the Go peer runs");
-    let help = String::from_utf8_lossy(&help.stdout).into_owned()
-        + &String::from_utf8_lossy(&help.stderr);
+    let help =
+        String::from_utf8_lossy(&help.stdout).into_owned() + &String::from_utf8_lossy(&help.stderr);
     let mut upstream: Vec<&str> = help
         .lines()
         .filter_map(|line| {
@@ -361,7 +374,9 @@ fn every_upstream_flag_is_implemented_or_refused_by_name() {
                 .unwrap_err()
                 .to_string();
             assert!(
-                err.contains(&format!("--{flag} is upstream's, not implemented by this manager: ")),
+                err.contains(&format!(
+                    "--{flag} is upstream's, not implemented by this manager: "
+                )),
                 "{flag}: {err}"
             );
         }

@@ -563,8 +563,16 @@ async fn additional_labels_run(gate: bool) {
     let manager = RunningManager::start(&cloud("r1"), &args).await;
     create_node(&kubelet_node(&name)).await;
     initialized(&name).await;
-    let rack = || async { labels(&get_node(&name).await.unwrap()).get("example.com/rack").cloned() };
-    assert_eq!(rack().await.as_deref(), Some("r1"), "applied at initialization");
+    let rack = || async {
+        labels(&get_node(&name).await.unwrap())
+            .get("example.com/rack")
+            .cloned()
+    };
+    assert_eq!(
+        rack().await.as_deref(),
+        Some("r1"),
+        "applied at initialization"
+    );
     // Past the status pass that follows the initialization.
     tokio::time::sleep(PERIOD * 2).await;
 

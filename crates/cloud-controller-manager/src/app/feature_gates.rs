@@ -528,12 +528,15 @@ mod tests {
             "CloudControllerManagerWatchBasedRoutesReconciliation=true|false (ALPHA, default=false)"
         ));
         assert!(
-            help().contains("CloudNodeAdditionalLabelsReconciliation=true|false (ALPHA, default=false)")
+            help().contains(
+                "CloudNodeAdditionalLabelsReconciliation=true|false (ALPHA, default=false)"
+            )
         );
         let on = FeatureGates::parse(["CloudNodeAdditionalLabelsReconciliation=true"]).unwrap();
         assert!(on.enabled(ADDITIONAL_LABELS));
-        let off = FeatureGates::parse(["CloudControllerManagerWatchBasedRoutesReconciliation=false"])
-            .unwrap();
+        let off =
+            FeatureGates::parse(["CloudControllerManagerWatchBasedRoutesReconciliation=false"])
+                .unwrap();
         assert!(!off.enabled(WATCH_BASED_ROUTES));
     }
 

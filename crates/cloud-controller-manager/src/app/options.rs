@@ -628,7 +628,11 @@ mod tests {
             Duration::from_secs(90)
         );
         assert_eq!(options.node.node_monitor_period, Duration::from_millis(500));
-        assert_eq!(options.node.lifecycle_workers(), 4, "--concurrent-node-syncs");
+        assert_eq!(
+            options.node.lifecycle_workers(),
+            4,
+            "--concurrent-node-syncs"
+        );
         let options = parse(&["--concurrent-node-lifecycle-syncs=3"]).unwrap();
         assert_eq!(options.node.lifecycle_workers(), 3);
         let err = parse(&["--concurrent-node-lifecycle-syncs=0"])

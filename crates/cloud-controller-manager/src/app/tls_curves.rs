@@ -50,12 +50,9 @@ impl TlsCurves {
             let id: i64 = item
                 .parse()
                 .map_err(|_| format!("{item:?} is not a number (a Go crypto/tls CurveID)"))?;
-            let id = u16::try_from(id)
-                .ok()
-                .filter(|id| *id > 0)
-                .ok_or_else(|| {
-                    format!("curve preference {id} is out of range (must be 1-65535)")
-                })?;
+            let id = u16::try_from(id).ok().filter(|id| *id > 0).ok_or_else(|| {
+                format!("curve preference {id} is out of range (must be 1-65535)")
+            })?;
             let group = NamedGroup::from(id);
             if groups.contains(&group) {
                 return Err(format!("duplicate curve preference {id}"));
@@ -110,7 +107,10 @@ mod tests {
             ]
         );
         assert_eq!(restricted("23"), [NamedGroup::secp256r1]);
-        assert_eq!(restricted("24, 29"), [NamedGroup::X25519, NamedGroup::secp384r1]);
+        assert_eq!(
+            restricted("24, 29"),
+            [NamedGroup::X25519, NamedGroup::secp384r1]
+        );
         assert_eq!(restricted("24,23,29"), all);
         assert_eq!(TlsCurves::parse(",").unwrap(), TlsCurves::default());
     }
@@ -119,7 +119,10 @@ mod tests {
     fn what_it_cannot_honour_is_refused_by_name() {
         for (text, why) in [
             ("25", "curve preference 25 (P-521) is not offered"),
-            ("29,4588", "curve preference 4588 (X25519MLKEM768) is not offered"),
+            (
+                "29,4588",
+                "curve preference 4588 (X25519MLKEM768) is not offered",
+            ),
             ("4587", "(SecP256r1MLKEM768) is not offered"),
             ("30", "curve preference 30 is not a Go crypto/tls CurveID"),
             ("0", "curve preference 0 is out of range"),

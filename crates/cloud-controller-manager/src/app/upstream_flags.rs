@@ -247,12 +247,42 @@ const FLAGS: &[UpstreamFlag] = &[
     refused("webhook-bind-address", Value, NO_WEBHOOKS),
     only("webhook-cert-dir", Value, is_empty, NO_WEBHOOKS_EMPTY),
     only("webhook-tls-cert-file", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-tls-private-key-file", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-tls-cipher-suites", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-tls-curve-preferences", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-tls-min-version", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-tls-sni-cert-key", Value, is_empty, NO_WEBHOOKS_EMPTY),
-    only("webhook-disable-http2-serving", Bool, is_false, NO_WEBHOOKS_FALSE),
+    only(
+        "webhook-tls-private-key-file",
+        Value,
+        is_empty,
+        NO_WEBHOOKS_EMPTY,
+    ),
+    only(
+        "webhook-tls-cipher-suites",
+        Value,
+        is_empty,
+        NO_WEBHOOKS_EMPTY,
+    ),
+    only(
+        "webhook-tls-curve-preferences",
+        Value,
+        is_empty,
+        NO_WEBHOOKS_EMPTY,
+    ),
+    only(
+        "webhook-tls-min-version",
+        Value,
+        is_empty,
+        NO_WEBHOOKS_EMPTY,
+    ),
+    only(
+        "webhook-tls-sni-cert-key",
+        Value,
+        is_empty,
+        NO_WEBHOOKS_EMPTY,
+    ),
+    only(
+        "webhook-disable-http2-serving",
+        Bool,
+        is_false,
+        NO_WEBHOOKS_FALSE,
+    ),
 ];
 
 /// The message a refused value gets: why, and what to do.
@@ -334,7 +364,10 @@ mod tests {
         for args in accepted {
             assert_eq!(parse(&[args]), Ok(()), "{args}");
         }
-        assert_eq!(parse(&["--webhooks", "", "--webhook-secure-port", "0"]), Ok(()));
+        assert_eq!(
+            parse(&["--webhooks", "", "--webhook-secure-port", "0"]),
+            Ok(())
+        );
 
         let refused: &[(&str, &str)] = &[
             ("--webhooks=foo", "serves no webhooks"),
@@ -349,8 +382,14 @@ mod tests {
             ("--cert-dir=/tmp", "--tls-cert-file"),
             ("--cert-dir", "--tls-cert-file"),
             ("--authentication-kubeconfig=/k", "TokenReview"),
-            ("--tls-min-version=VersionTLS13", "accepted only at VersionTLS12"),
-            ("--kube-api-content-type=application/vnd.kubernetes.protobuf", "JSON"),
+            (
+                "--tls-min-version=VersionTLS13",
+                "accepted only at VersionTLS12",
+            ),
+            (
+                "--kube-api-content-type=application/vnd.kubernetes.protobuf",
+                "JSON",
+            ),
             ("--vmodule=x=4", "RUST_LOG"),
             ("--log-text-split-stream", "one stream"),
         ];
@@ -358,7 +397,9 @@ mod tests {
             let err = parse(&[arg]).unwrap_err();
             let name = arg.split('=').next().unwrap();
             assert!(
-                err.contains(&format!("{name} is upstream's, not implemented by this manager")),
+                err.contains(&format!(
+                    "{name} is upstream's, not implemented by this manager"
+                )),
                 "{arg}: {err}"
             );
             assert!(err.contains(why), "{arg}: {err}");

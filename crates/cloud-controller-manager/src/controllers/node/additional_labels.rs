@@ -83,10 +83,34 @@ mod tests {
         // (what, node's labels, cloud's labels, set, dropped)
         let cases: &[Case] = &[
             ("nothing from the cloud", &[("a", "1")], &[], &[], &[]),
-            ("a node without labels", &[], &[("example.com/rack", "r1")], &[("example.com/rack", "r1")], &[]),
-            ("already right: quiet", &[("example.com/rack", "r1")], &[("example.com/rack", "r1")], &[], &[]),
-            ("a changed value is set back", &[("example.com/rack", "mine")], &[("example.com/rack", "r1")], &[("example.com/rack", "r1")], &[]),
-            ("an empty value is a value", &[("example.com/flag", "x")], &[("example.com/flag", "")], &[("example.com/flag", "")], &[]),
+            (
+                "a node without labels",
+                &[],
+                &[("example.com/rack", "r1")],
+                &[("example.com/rack", "r1")],
+                &[],
+            ),
+            (
+                "already right: quiet",
+                &[("example.com/rack", "r1")],
+                &[("example.com/rack", "r1")],
+                &[],
+                &[],
+            ),
+            (
+                "a changed value is set back",
+                &[("example.com/rack", "mine")],
+                &[("example.com/rack", "r1")],
+                &[("example.com/rack", "r1")],
+                &[],
+            ),
+            (
+                "an empty value is a value",
+                &[("example.com/flag", "x")],
+                &[("example.com/flag", "")],
+                &[("example.com/flag", "")],
+                &[],
+            ),
             (
                 "labels the cloud no longer returns stay",
                 &[("example.com/old", "1"), ("example.com/rack", "r1")],
@@ -106,8 +130,17 @@ mod tests {
                     ("mykubernetes.io/kept", "yes"),
                     ("plain", "yes"),
                 ],
-                &[("k8snio/kept", "yes"), ("mykubernetes.io/kept", "yes"), ("plain", "yes")],
-                &["k8s.io/x", "kubernetes.io/role", "node.k8s.io/extra", "topology.kubernetes.io/extra"],
+                &[
+                    ("k8snio/kept", "yes"),
+                    ("mykubernetes.io/kept", "yes"),
+                    ("plain", "yes"),
+                ],
+                &[
+                    "k8s.io/x",
+                    "kubernetes.io/role",
+                    "node.k8s.io/extra",
+                    "topology.kubernetes.io/extra",
+                ],
             ),
             (
                 "a reserved key the node holds with another value is left alone",

@@ -78,12 +78,17 @@ async fn update_additional_labels(
     if planned.set.is_empty() {
         return;
     }
-    let written = patch_with_retry(&ctx.api, node, Target::Object, |current, resource_version| {
-        let plan = additional_labels::plan(current, cloud_labels);
-        (!plan.set.is_empty()).then(|| {
-            with_resource_version(additional_labels::patch(&plan.set), resource_version)
-        })
-    })
+    let written = patch_with_retry(
+        &ctx.api,
+        node,
+        Target::Object,
+        |current, resource_version| {
+            let plan = additional_labels::plan(current, cloud_labels);
+            (!plan.set.is_empty()).then(|| {
+                with_resource_version(additional_labels::patch(&plan.set), resource_version)
+            })
+        },
+    )
     .await;
     match written {
         Ok(Some(_)) => {

@@ -129,14 +129,19 @@ mod tests {
             let Some(metrics_go) = read(MODULE, version, "controllers/route/metrics.go") else {
                 return;
             };
-            let Some(controller_go) = read(MODULE, version, "controllers/route/route_controller.go")
+            let Some(controller_go) =
+                read(MODULE, version, "controllers/route/route_controller.go")
             else {
                 return;
             };
             let subsystem = string_constant(&metrics_go, "subsystem").expect("subsystem");
             let name = string_constant(&metrics_go, "Name").expect("Name");
             let help = string_constant(&metrics_go, "Help").expect("Help");
-            assert_eq!(format!("{NAME}_total"), format!("{subsystem}_{name}"), "{version}");
+            assert_eq!(
+                format!("{NAME}_total"),
+                format!("{subsystem}_{name}"),
+                "{version}"
+            );
             assert_eq!(help, HELP, "{version}");
             assert!(
                 !metrics_go.contains("corrections_total"),
@@ -149,7 +154,10 @@ mod tests {
                 .nth(1)
                 .and_then(|rest| rest.split('}').next())
                 .expect("the label names");
-            let labels: Vec<&str> = labels.split(',').map(|l| l.trim().trim_matches('"')).collect();
+            let labels: Vec<&str> = labels
+                .split(',')
+                .map(|l| l.trim().trim_matches('"'))
+                .collect();
             assert_eq!(labels, ["outcome", "trigger"], "{version}");
             let sample = format!(
                 "{NAME}_total{{{}=\"{}\",{}=\"{}\"}} 1",

@@ -19,6 +19,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use self::metrics::Outcome;
+pub use self::metrics::RouteMetrics;
+use self::triggers::{MIN_INTERVAL, NodeViews, Trigger};
 use cloud_provider::{CloudProvider, Route, Routes};
 use futures::StreamExt;
 use ipnet::IpNet;
@@ -28,9 +31,6 @@ use kube::{
     api::{Patch, PatchParams},
     runtime::events::EventType,
 };
-pub use self::metrics::RouteMetrics;
-use self::metrics::Outcome;
-use self::triggers::{MIN_INTERVAL, NodeViews, Trigger};
 
 use self::plan::{Action, ConditionWanted, condition_patch, plan_routes, wanted_condition};
 use super::{
