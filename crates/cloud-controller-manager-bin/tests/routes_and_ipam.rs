@@ -354,13 +354,16 @@ async fn a_route_the_cloud_refuses_is_an_event_and_a_network_unavailable_node() 
             .filter(|n| network_condition(n) == Some(("True".into(), "NoRouteCreated".into())))
     })
     .await;
-    // A pass whose creations all failed changed nothing: upstream's `noop`, not `changed`.
-    let metrics = r.manager.metrics.encode();
-    assert!(
-        metrics.contains(r#"route_controller_route_sync_total{outcome="noop",trigger="periodic"}"#)
-            && !metrics.contains(r#"outcome="changed""#),
-        "{metrics}"
-    );
+    // A pass whose creations all failed changed nothing: upstream's `noop`, not `changed` (counted
+    // once the pass ends, after the conditions are written).
+    let metrics = eventually("a noop pass counted", WAIT, || async {
+        let metrics = r.manager.metrics.encode();
+        metrics
+            .contains(r#"route_controller_route_sync_total{outcome="noop",trigger="periodic"}"#)
+            .then_some(metrics)
+    })
+    .await;
+    assert!(!metrics.contains(r#"outcome="changed""#), "{metrics}");
     // The cloud recovers: the next pass creates it and the condition flips.
     r.manager
         .set_cloud(&format!("stateFile: {}\n", r.state_file.display()));
@@ -570,13 +573,21 @@ async fn watch_based_routes_follow_a_node_change_without_waiting_for_the_period(
         "watch-based routes: routed {:?} after the pod CIDR was set",
         given.elapsed()
     );
-    let metrics = r.manager.metrics.encode();
-    assert!(
-        metrics.contains(
-            r#"route_controller_route_sync_total{outcome="changed",trigger="node_change"}"#
-        ),
-        "{metrics}"
-    );
+    // Counted once the pass ends, after the nodes' conditions are written.
+    eventually(
+        "the pass counted as a node change that changed routes",
+        WAIT,
+        || async {
+            r.manager
+                .metrics
+                .encode()
+                .contains(
+                    r#"route_controller_route_sync_total{outcome="changed",trigger="node_change"}"#,
+                )
+                .then_some(())
+        },
+    )
+    .await;
     r.manager.stop().await;
     delete_nodes(&[&name]).await;
 }
