@@ -1322,6 +1322,53 @@ async fn a_node_cut_from_the_api_server_keeps_serving_its_vips() {
     assert!(failed.is_empty(), "requests failed: {failed:?}");
 }
 
+/// Issue #51 item 3, agents: the cluster autoscaler taints the node serving a VIP
+/// (`ToBeDeletedByClusterAutoscaler`) before it drains and deletes it. The VIP moves to another node at
+/// once, while the tainted node still runs, so the client loses no request (before, the VIP stayed until
+/// the node was gone and then failed over). The taint removed (a scale-down given up), it may come back.
+#[tokio::test]
+async fn a_node_the_autoscaler_removes_gives_its_vips_away_while_it_still_serves() {
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Agents, "agents-autoscaler").await;
+    let holder = holders(vip);
+    assert_eq!(holder.len(), 1, "{vip} on {holder:?}");
+    let holder = holder[0].clone();
+    let taint = |taints: &str| {
+        cluster().kubectl(
+            &[
+                "patch",
+                "node",
+                &holder,
+                "--type=merge",
+                "-p",
+                &format!("{{\"spec\": {{\"taints\": {taints}}}}}"),
+            ],
+            None,
+        );
+    };
+
+    let traffic = Traffic::start(vip);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let tainted = Instant::now();
+    taint(
+        r#"[{"key": "ToBeDeletedByClusterAutoscaler", "value": "1764460800", "effect": "NoSchedule"}]"#,
+    );
+    let new_holder = eventually(&format!("{vip} off {holder}"), LONG, || async {
+        let now = holders(vip);
+        (now.len() == 1 && now[0] != holder).then(|| now[0].clone())
+    })
+    .await;
+    let moved = tainted.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (failed, made) = traffic.stop().await;
+    taint("null");
+    println!(
+        "agents: {vip} moved from {holder} to {new_holder} {:.2} s after the autoscaler's taint; {} of {made} requests failed",
+        moved.as_secs_f64(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "requests failed: {failed:?}");
+}
+
 /// Issue #47, agents: the node serving a VIP cut from the other nodes (its link to them down) but not
 /// from the API server or the client. The others stop hearing it and take its VIP over within the
 /// failover time; it hears nobody while the Leases say the others hear each other, so it stops
