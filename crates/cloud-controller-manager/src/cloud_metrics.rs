@@ -283,6 +283,19 @@ impl LoadBalancer for MeteredCloud {
         )
         .await
     }
+    fn retains_load_balancers(&self) -> bool {
+        self.inner
+            .load_balancer()
+            .is_some_and(|lb| lb.retains_load_balancers())
+    }
+    async fn retain_load_balancer(&self, cluster: &str, service: &Service) -> CloudResult<()> {
+        let lb = part(self.inner.load_balancer())?;
+        self.observe(
+            "retain_load_balancer",
+            lb.retain_load_balancer(cluster, service),
+        )
+        .await
+    }
     async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
         let lb = part(self.inner.load_balancer())?;
         self.observe("list_load_balancers", lb.list_load_balancers(cluster))

@@ -90,6 +90,30 @@ pub trait LoadBalancer: Send + Sync {
         service: &Service,
     ) -> CloudResult<()>;
 
+    /// Whether this provider keeps a load balancer when its Service goes, for a Service that asks
+    /// (`ccm.rs/load-balancer-retain: "true"`): see [`LoadBalancer::retain_load_balancer`]. The
+    /// default is `false`, and the manager then refuses such a Service out loud (its condition says
+    /// `Refused`) rather than delete what the user asked to keep.
+    fn retains_load_balancers(&self) -> bool {
+        false
+    }
+
+    /// Instead of deleting it, keeps the load balancer of a Service that is going (deleted, or no
+    /// longer a LoadBalancer) and asked for it (`ccm.rs/load-balancer-retain: "true"`), with its
+    /// address, for a later Service of the same namespace and name: that Service's
+    /// [`LoadBalancer::ensure_load_balancer`] adopts it (the same address). Stop serving its traffic
+    /// (its Service is gone), record that it is retained and for whom where it outlives the manager,
+    /// and report it from [`LoadBalancer::list_load_balancers`] with
+    /// [`ClusterLoadBalancer::retained`] set, so the sweep leaves it;
+    /// [`LoadBalancer::delete_orphaned_load_balancer`] of it releases it (an operator's release).
+    /// Succeed when it is gone already. The default answers
+    /// [`CloudError::NotImplemented`](crate::CloudError::NotImplemented), with
+    /// [`LoadBalancer::retains_load_balancers`] `false`.
+    async fn retain_load_balancer(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
+        let _ = (cluster_name, service);
+        Err(crate::CloudError::NotImplemented)
+    }
+
     /// What [`LoadBalancer::ensure_load_balancer`] with these arguments would change, without changing
     /// anything: the manager's shadow mode (`--dry-run`) reports it instead of calling `ensure` or
     /// `update`.
@@ -151,6 +175,9 @@ pub struct ClusterLoadBalancer {
     pub service: Option<ServiceRef>,
     /// Anything else the provider needs to delete it (an ARN, a kind), opaque to the manager.
     pub handle: String,
+    /// Kept for [`ClusterLoadBalancer::service`] after that Service went
+    /// ([`LoadBalancer::retain_load_balancer`]): the sweep never deletes it.
+    pub retained: bool,
 }
 
 impl ClusterLoadBalancer {
@@ -160,7 +187,14 @@ impl ClusterLoadBalancer {
             name: name.into(),
             service,
             handle: String::new(),
+            retained: false,
         }
+    }
+
+    /// Marked as retained for its Service ([`ClusterLoadBalancer::retained`]).
+    pub fn retained(mut self) -> Self {
+        self.retained = true;
+        self
     }
 
     /// With the provider's own `handle` (see [`ClusterLoadBalancer::handle`]).

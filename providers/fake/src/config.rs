@@ -22,6 +22,7 @@ pub const METHODS: &[&str] = &[
     "ensure_load_balancer",
     "update_load_balancer",
     "ensure_load_balancer_deleted",
+    "retain_load_balancer",
     "node_addresses",
     "node_addresses_by_provider_id",
     "instance_id",

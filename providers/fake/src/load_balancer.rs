@@ -202,6 +202,18 @@ impl LoadBalancer for FakeCloud {
         let requested = requested_ip(service)?;
         self.change(|cloud| {
             let nodes = cloud.share_backends(nodes);
+            // A load balancer kept for a Service of this namespace and name that went: adopted, with
+            // its address, under this Service's name.
+            if Self::position(cloud, &name).is_none()
+                && let Some(kept) = cloud
+                    .state
+                    .load_balancers
+                    .iter_mut()
+                    .find(|lb| lb.retained && lb.service == key)
+            {
+                kept.name = name.clone();
+                kept.retained = false;
+            }
             if let Some(i) = Self::position(cloud, &name) {
                 let record = &mut cloud.state.load_balancers[i];
                 if let Some(requested) = requested
@@ -259,6 +271,7 @@ impl LoadBalancer for FakeCloud {
                 ingress: vec![ip.to_string()],
                 ports,
                 nodes,
+                retained: false,
             };
             let status = status_of(&record);
             cloud.state.load_balancers.push(record);
@@ -306,6 +319,26 @@ impl LoadBalancer for FakeCloud {
         })
     }
 
+    fn retains_load_balancers(&self) -> bool {
+        true
+    }
+
+    /// Keeps the record, marked retained, with no backend: a Service of the same `namespace/name`
+    /// adopts it; listed as retained; `delete_orphaned_load_balancer` releases it.
+    async fn retain_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
+        self.enter_for("retain_load_balancer", &service_key(service))
+            .await?;
+        let name = default_load_balancer_name(service);
+        self.change(|cloud| {
+            if let Some(i) = Self::position(cloud, &name) {
+                let record = &mut cloud.state.load_balancers[i];
+                record.retained = true;
+                record.nodes = Arc::default();
+            }
+            Ok(())
+        })
+    }
+
     /// Every load balancer the fake holds (it holds one cluster's).
     async fn list_load_balancers(&self, _cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
         self.enter_for("list_load_balancers", "").await?;
@@ -315,7 +348,14 @@ impl LoadBalancer for FakeCloud {
             .state
             .load_balancers
             .iter()
-            .map(|lb| ClusterLoadBalancer::new(&lb.name, ServiceRef::parse(&lb.service)))
+            .map(|lb| {
+                let listed = ClusterLoadBalancer::new(&lb.name, ServiceRef::parse(&lb.service));
+                if lb.retained {
+                    listed.retained()
+                } else {
+                    listed
+                }
+            })
             .collect())
     }
 

@@ -48,6 +48,10 @@ pub struct LoadBalancerRecord {
     pub ports: Vec<PortRecord>,
     /// Backend node names, sorted. Shared between load balancers with the same backends.
     pub nodes: Arc<Vec<String>>,
+    /// Kept for `service` after it went (`ccm.rs/load-balancer-retain`), for a later Service of that
+    /// namespace and name to adopt.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retained: bool,
 }
 
 /// A listener of a load balancer.
@@ -145,6 +149,7 @@ mod tests {
                     node_port: 30080,
                 }],
                 nodes: Arc::new(vec!["n1".into()]),
+                retained: true,
             }],
             routes: vec![RouteRecord {
                 name: "r".into(),

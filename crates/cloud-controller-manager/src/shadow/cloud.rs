@@ -253,6 +253,26 @@ impl LoadBalancer for ShadowCloud {
             .preview_load_balancer(cluster, service, nodes)
             .await
     }
+    fn retains_load_balancers(&self) -> bool {
+        self.inner
+            .load_balancer()
+            .is_some_and(|lb| lb.retains_load_balancers())
+    }
+    /// Reported, not done: the load balancer would be kept for a later Service of the same name.
+    async fn retain_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
+        self.lb()?;
+        self.report.record_cloud(
+            lb_key(service),
+            "retain_load_balancer",
+            CloudObject::LoadBalancer {
+                service: Arc::new(service.clone()),
+                nodes: Arc::default(),
+                delete: false,
+            },
+            json!({"kind": "retain", "reason": "ccm.rs/load-balancer-retain: its Service is going"}),
+        );
+        Ok(())
+    }
     async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
         self.lb()?.list_load_balancers(cluster).await
     }

@@ -3,13 +3,18 @@
 
 use std::sync::Arc;
 
-use cloud_provider::CloudError;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{Context, ServiceError, events::ServiceEvent, key, plan::wants_load_balancer};
+use super::{
+    Context, ServiceError,
+    events::ServiceEvent,
+    key,
+    plan::wants_load_balancer,
+    retain::{self, Removed},
+};
 use crate::informers::Change;
 
 /// Splits a change stream into applied objects (the controller's triggers) and deletions.
@@ -32,7 +37,8 @@ pub(super) fn split_changes(
     (applied, rx)
 }
 
-/// Deletes the load balancer of a Service that is gone (or was replaced), as upstream's cache path does.
+/// Deletes the load balancer of a Service that is gone (or was replaced), as upstream's cache path does,
+/// or keeps it when the Service asked (`ccm.rs/load-balancer-retain`).
 pub(super) async fn delete_load_balancer(
     service: &Service,
     ctx: &Context,
@@ -41,14 +47,13 @@ pub(super) async fn delete_load_balancer(
     ServiceEvent::DeletingLoadBalancer
         .record(&ctx.events, service)
         .await;
-    match lb
-        .ensure_load_balancer_deleted(&ctx.cluster_name, service)
-        .await
-    {
-        Ok(()) | Err(CloudError::ImplementedElsewhere) => {
-            ServiceEvent::DeletedLoadBalancer
-                .record(&ctx.events, service)
-                .await;
+    match retain::remove(lb, &ctx.cluster_name, service).await {
+        Ok(removed) => {
+            let event = match removed {
+                Removed::Deleted => ServiceEvent::DeletedLoadBalancer,
+                Removed::Retained => ServiceEvent::RetainedLoadBalancer,
+            };
+            event.record(&ctx.events, service).await;
             Ok(())
         }
         Err(source) => {

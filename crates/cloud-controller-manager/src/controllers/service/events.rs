@@ -57,6 +57,9 @@ pub(crate) enum ServiceEvent<'a> {
     DeletedLoadBalancer,
     /// Deleting the load balancer of a deleted Service failed.
     DeleteLoadBalancerFailed(&'a CloudError),
+    /// The load balancer of a Service that went was kept for a later Service of its namespace and name
+    /// (`ccm.rs/load-balancer-retain`; not in upstream).
+    RetainedLoadBalancer,
     /// The sweep deleted a load balancer whose Service no longer exists (not in upstream): recorded on
     /// the Service it was made for, so `kubectl get events -n <its namespace>` shows it.
     DeletedOrphanedLoadBalancer {
@@ -90,6 +93,7 @@ impl ServiceEvent<'_> {
             | Self::DeletingLoadBalancer
             | Self::DeletedLoadBalancer
             | Self::DeletedOrphanedLoadBalancer { .. }
+            | Self::RetainedLoadBalancer
             | Self::UpdatedLoadBalancer => EventType::Normal,
             Self::NoAvailableNodes(_)
             | Self::LoadBalancerDrift { .. }
@@ -109,6 +113,7 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer => "DeletingLoadBalancer",
             Self::DeletedLoadBalancer => "DeletedLoadBalancer",
             Self::DeleteLoadBalancerFailed(_) => "DeleteLoadBalancerFailed",
+            Self::RetainedLoadBalancer => "RetainedLoadBalancer",
             Self::DeletedOrphanedLoadBalancer { .. } => "DeletedOrphanedLoadBalancer",
             Self::UpdatedLoadBalancer => "UpdatedLoadBalancer",
             Self::UpdateLoadBalancerFailed { .. } => "UpdateLoadBalancerFailed",
@@ -125,6 +130,7 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer
             | Self::DeletedLoadBalancer
             | Self::DeleteLoadBalancerFailed(_)
+            | Self::RetainedLoadBalancer
             | Self::DeletedOrphanedLoadBalancer { .. } => Step::Delete,
             Self::UpdatedLoadBalancer | Self::UpdateLoadBalancerFailed { .. } => Step::Update,
         }
@@ -140,6 +146,10 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer => "Deleting load balancer".to_owned(),
             Self::DeletedLoadBalancer => "Deleted load balancer".to_owned(),
             Self::DeleteLoadBalancerFailed(err) => format!("Error deleting load balancer: {err}"),
+            Self::RetainedLoadBalancer => format!(
+                "Kept the load balancer and its address (ccm.rs/load-balancer-retain): a Service of \
+                 this namespace and name adopts it; the provider's docs say how to release it"
+            ),
             Self::DeletedOrphanedLoadBalancer { name } => format!(
                 "Deleted load balancer {name}: the cloud still held it although its Service no longer exists"
             ),

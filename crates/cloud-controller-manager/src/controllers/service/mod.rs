@@ -25,6 +25,7 @@ mod metrics;
 pub mod node_set;
 mod node_sync;
 pub(crate) mod plan;
+pub mod retain;
 mod sweep;
 mod sync;
 

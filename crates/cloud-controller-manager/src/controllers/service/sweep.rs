@@ -34,14 +34,15 @@ pub(super) struct Swept {
     pub(super) failed: usize,
 }
 
-/// The listed load balancers whose name no Service claims.
+/// The listed load balancers whose name no Service claims, except those kept for a Service that went
+/// (`ccm.rs/load-balancer-retain`).
 pub(super) fn unclaimed<'a>(
     listed: impl IntoIterator<Item = &'a ClusterLoadBalancer>,
     claimed: &HashSet<String>,
 ) -> Vec<&'a ClusterLoadBalancer> {
     listed
         .into_iter()
-        .filter(|lb| !claimed.contains(&lb.name))
+        .filter(|lb| !lb.retained && !claimed.contains(&lb.name))
         .collect()
 }
 
@@ -199,6 +200,16 @@ mod tests {
                 .collect();
             assert_eq!(names, expected, "claimed {claimed:?}");
         }
+    }
+
+    #[test]
+    fn a_retained_load_balancer_is_never_an_orphan() {
+        let listed = [lb("a1"), lb("a2").retained()];
+        let names: Vec<&str> = unclaimed(&listed, &HashSet::new())
+            .into_iter()
+            .map(|lb| lb.name.as_str())
+            .collect();
+        assert_eq!(names, ["a1"]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ use super::{
         ingress_equal, plan_sync, served_elsewhere, status_after_ensure, status_patch,
         with_finalizer, without_finalizer,
     },
+    retain::{self, Removed},
 };
 use crate::controllers::{
     outage,
@@ -127,22 +128,17 @@ async fn cleanup(
             source,
         })?
         .is_some();
+    let mut removed = Removed::Deleted;
     if exists {
         ServiceEvent::DeletingLoadBalancer
             .record(&ctx.events, service)
             .await;
-        match lb
-            .ensure_load_balancer_deleted(&ctx.cluster_name, service)
+        removed = retain::remove(lb, &ctx.cluster_name, service)
             .await
-        {
-            Ok(()) | Err(CloudError::ImplementedElsewhere) => {}
-            Err(source) => {
-                return Err(ServiceError::Cloud {
-                    what: "failed to delete load balancer",
-                    source,
-                });
-            }
-        }
+            .map_err(|source| ServiceError::Cloud {
+                what: "failed to delete load balancer",
+                source,
+            })?;
     }
     ctx.metrics.sync_total.inc();
     // Forgotten before the finalizer goes: once it is gone the API server deletes the Service, and its
@@ -165,9 +161,11 @@ async fn cleanup(
             source,
         })?;
     }
-    ServiceEvent::DeletedLoadBalancer
-        .record(&ctx.events, service)
-        .await;
+    let event = match removed {
+        Removed::Deleted => ServiceEvent::DeletedLoadBalancer,
+        Removed::Retained => ServiceEvent::RetainedLoadBalancer,
+    };
+    event.record(&ctx.events, service).await;
     // Another class's Service carries that implementation's condition of the same type (another manager
     // of ours, serving that class): not ours to remove.
     let ours = has_condition(service) && !served_elsewhere(service, &ctx.served);
@@ -184,6 +182,11 @@ async fn ensure(
     add_finalizer: bool,
 ) -> Result<(), ServiceError> {
     let lb = ctx.load_balancer()?;
+    // A load balancer the Service asks to keep, that this provider could not keep, is never made.
+    retain::check(service, lb).map_err(|source| ServiceError::Cloud {
+        what: "failed to ensure load balancer",
+        source,
+    })?;
     ServiceEvent::EnsuringLoadBalancer
         .record(&ctx.events, service)
         .await;
