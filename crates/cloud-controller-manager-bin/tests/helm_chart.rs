@@ -374,6 +374,10 @@ fn the_chart_is_the_crate_version_and_its_rbac_and_cloud_config_are_the_kustomiz
             "files/local-pools-rbac.yaml",
             "../../../components/local-pools/rbac.yaml",
         ),
+        (
+            "files/local-retained-addresses.yaml",
+            "../../../components/local-pools/retained-addresses.yaml",
+        ),
     ] {
         let path = chart().join(link);
         assert_eq!(

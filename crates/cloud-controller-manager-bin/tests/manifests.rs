@@ -105,8 +105,13 @@ fn shipped_rbac() -> Vec<Value> {
     rbac_objects(&objects)
 }
 
+/// The one object of `kind` (for ConfigMaps: the cloud-config, not the `local` cloud's ConfigMap of
+/// kept addresses).
 fn the<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
-    let found: Vec<_> = objects.iter().filter(|o| o["kind"] == kind).collect();
+    let found: Vec<_> = objects
+        .iter()
+        .filter(|o| o["kind"] == kind && o["metadata"]["name"] != "local-retained-addresses")
+        .collect();
     assert_eq!(found.len(), 1, "one {kind}: {found:?}");
     found[0]
 }
@@ -163,9 +168,11 @@ fn take_cloud_config(deployment: &mut Value, objects: &[Value]) -> String {
     assert_eq!(volumes.len(), 1, "{volumes:?}");
     assert_eq!(volumes[0]["name"], "cloud-config");
     let config_map = volumes[0]["configMap"]["name"].as_str().unwrap();
+    // The cloud-config; for `local` also the (empty) ConfigMap of the addresses kept for Services that
+    // went (deploy/components/local-pools/retained-addresses.yaml).
     let config_maps: Vec<_> = objects
         .iter()
-        .filter(|o| o["kind"] == "ConfigMap")
+        .filter(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] != "local-retained-addresses")
         .collect();
     assert_eq!(config_maps.len(), 1, "{config_maps:?}");
     assert_eq!(config_maps[0]["metadata"]["name"], config_map);
@@ -474,11 +481,16 @@ async fn the_daemonset_overlay_is_the_local_overlay_as_upstreams_daemonset() {
         .filter(|o| !is_rbac(o))
         .map(|o| o["kind"].as_str().unwrap().to_owned())
         .collect();
-    // No PodDisruptionBudget: components/daemonset deletes the Deployment's. The LocalPool CRD, as
-    // in the local overlay.
+    // No PodDisruptionBudget: components/daemonset deletes the Deployment's. The LocalPool CRD and the
+    // kept addresses' ConfigMap, as in the local overlay.
     assert_eq!(
         kinds,
-        ["CustomResourceDefinition", "ConfigMap", "DaemonSet"],
+        [
+            "CustomResourceDefinition",
+            "ConfigMap",
+            "ConfigMap",
+            "DaemonSet"
+        ],
         "{kinds:?}"
     );
     assert_eq!(the(&objects, "ConfigMap"), the(&local, "ConfigMap"));

@@ -27,6 +27,7 @@ pub mod metallb;
 pub mod pool_metrics;
 pub mod pool_objects;
 pub mod pool_usage;
+pub mod retained;
 mod selector;
 mod watcher;
 
@@ -686,6 +687,15 @@ impl CloudProvider for LocalCloud {
         // MetalLB's pools first: the addresses Services carry are reserved in them.
         metallb::watch::start(self, ctx.client.clone(), ctx.shutdown.clone(), true, None).await?;
         let taken_over = self.reserve_published_addresses(&ctx.client).await?;
+        // The addresses kept for Services that went, after those Services hold: a live Service keeps
+        // its address.
+        match retained::read(ctx.client.clone()).await {
+            Ok(kept) => self.keep_only(&kept),
+            Err(err) => {
+                tracing::warn!(error = %err, "the kept addresses could not be read; they are reserved once the watch reads them")
+            }
+        }
+        retained::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         self.tell_taken_over(&taken_over);
         pool_objects::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());

@@ -183,6 +183,10 @@ struct Record {
     data_path: DataPath,
     /// How it may share its VIPs; `None`: it may not.
     sharing: Option<Sharing>,
+    /// Kept for a later Service of its namespace and name after its own went
+    /// (`ccm.rs/load-balancer-retain`; [`crate::retained`]): reserved, not served, and adopted by the
+    /// next Service of that key.
+    retained: bool,
 }
 
 impl Record {
@@ -771,7 +775,9 @@ impl Allocations {
                 applied: None,
                 data_path: wanted.data_path,
                 sharing: None,
+                retained: false,
             });
+        record.retained = false;
         record.ips = ips.clone();
         record.data_path = wanted.data_path;
         record.sharing = wanted.sharing.clone();
@@ -944,9 +950,66 @@ impl Allocations {
                     applied: None,
                     data_path,
                     sharing,
+                    retained: false,
                 },
             );
         }
+    }
+
+    /// Reserves `ips` for `key`, kept after its Service went: each address another Service holds now
+    /// is left to it (said in the log).
+    fn keep(&mut self, key: &str, ips: &[IpAddr]) {
+        let mut mine = Vec::new();
+        for ip in ips {
+            match self.owners.get(ip).filter(|holders| !holders.is_empty()) {
+                Some(holders) => tracing::warn!(
+                    service = key,
+                    %ip,
+                    holders = ?holders,
+                    "a kept address is held by another Service; it stays with that one"
+                ),
+                None => {
+                    self.owners.entry(*ip).or_default().insert(key.to_owned());
+                    mine.push(*ip);
+                }
+            }
+        }
+        if !mine.is_empty() {
+            self.services.insert(
+                key.to_owned(),
+                Record {
+                    uid: None,
+                    ips: mine,
+                    applied: None,
+                    data_path: DataPath::default(),
+                    sharing: None,
+                    retained: true,
+                },
+            );
+        }
+    }
+
+    /// Makes the kept records those of `kept`: a kept record no longer listed is released (an
+    /// operator's release), a listed key with no record is kept (another leader's, or from before a
+    /// restart); a key a live Service holds is that Service's (it adopted the addresses).
+    fn keep_only(&mut self, kept: &BTreeMap<String, Vec<IpAddr>>) -> (Vec<String>, Vec<String>) {
+        let released: Vec<String> = self
+            .services
+            .iter()
+            .filter(|(key, record)| record.retained && !kept.contains_key(*key))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &released {
+            self.release(key);
+        }
+        let mut added = Vec::new();
+        for (key, ips) in kept {
+            if !self.services.contains_key(key) {
+                self.keep(key, ips);
+                added.push(key.clone());
+            }
+        }
+        (released, added)
     }
 }
 
@@ -1196,6 +1259,62 @@ impl LocalCloud {
         Ok(found.and_then(|n| n.metadata.labels).unwrap_or_default())
     }
 
+    /// Keeps the addresses of `service`'s load balancer for a later Service of its namespace and name
+    /// (`ccm.rs/load-balancer-retain`): recorded first in the ConfigMap of [`crate::retained`], then
+    /// no longer served (its listeners closed, its addresses off the interface), and still reserved.
+    async fn retain(&self, service: &Service) -> Result<(), Error> {
+        let key = key_of(service);
+        let _serial = self.serialize(&key).await;
+        let ips = lock(&self.inner.load_balancers)
+            .services
+            .get(&key)
+            .filter(|r| !r.retained && r.same_service(service.metadata.uid.as_deref()))
+            .map(|r| r.ips.clone());
+        let Some(ips) = ips else {
+            return Ok(()); // nothing held, or kept already
+        };
+        let client = lock(&self.inner.reporter).clone().map(|(client, _)| client);
+        let Some(client) = client else {
+            return Err(Error::Service {
+                service: key,
+                message: "ccm.rs/load-balancer-retain: the cloud has no API client yet".to_owned(),
+            });
+        };
+        crate::retained::write(client, &key, Some(&ips)).await?;
+        tracing::info!(vips = ?ips, "keeping the load balancer's addresses for a later Service of this name");
+        self.forget_unserved(&key);
+        self.inner.data_plane.remove(&key).await;
+        if let Some(addresses) = &self.inner.addresses {
+            let sole: Vec<IpAddr> = {
+                let allocations = lock(&self.inner.load_balancers);
+                ips.iter()
+                    .copied()
+                    .filter(|ip| !allocations.held_by_another(*ip, &key))
+                    .collect()
+            };
+            for ip in sole {
+                addresses.remove(ip).await;
+            }
+        }
+        if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(&key) {
+            record.uid = None;
+            record.applied = None;
+            record.retained = true;
+        }
+        Ok(())
+    }
+
+    /// Makes the kept addresses those `kept` lists ([`crate::retained`]).
+    pub(crate) fn keep_only(&self, kept: &BTreeMap<String, Vec<IpAddr>>) {
+        let (released, added) = lock(&self.inner.load_balancers).keep_only(kept);
+        for key in released {
+            tracing::info!(service = %key, "kept addresses released (their entry left {})", crate::retained::CONFIG_MAP);
+        }
+        for key in added {
+            tracing::info!(service = %key, "addresses kept for a Service that went are reserved");
+        }
+    }
+
     async fn ensure(
         &self,
         service: &Service,
@@ -1219,18 +1338,29 @@ impl LocalCloud {
             .filter_map(|node| self.backend_addresses(&config, node))
             .collect();
         // The serial lock keeps this Service's record as this ensure leaves it between the lock's turns.
-        let (previous, vips) = {
+        let (previous, vips, adopting) = {
             let mut allocations = lock(&self.inner.load_balancers);
             let previous: Vec<IpAddr> = allocations
                 .services
                 .get(&key)
                 .map(|r| r.ips.clone())
                 .unwrap_or_default();
+            let adopting = allocations.services.get(&key).is_some_and(|r| r.retained);
             let vips = allocations
                 .allocate(&config, &key, uid, &wanted, &published_ips(service))
                 .map_err(bad)?;
-            (previous, vips)
+            (previous, vips, adopting)
         };
+        if adopting {
+            tracing::info!(vips = ?vips, "adopting the addresses kept for this Service's name");
+            let client = lock(&self.inner.reporter).clone().map(|(client, _)| client);
+            if let Some(client) = client
+                && let Err(err) = crate::retained::write(client, &key, None).await
+            {
+                // The record stays in the ConfigMap; the Service holds the addresses all the same.
+                tracing::warn!(error = %err, "could not forget the kept addresses in their ConfigMap");
+            }
+        }
         if config.load_balancer.mode == LoadBalancerMode::Agents {
             // The node agents announce and serve the VIPs; the manager only assigns them.
             tracing::debug!(vips = ?vips, "addresses assigned; the node agents serve them");
@@ -1610,7 +1740,22 @@ impl LoadBalancer for LocalCloud {
         Ok(())
     }
 
-    /// Every load balancer this process holds addresses for, by the UID of its Service.
+    fn retains_load_balancers(&self) -> bool {
+        true
+    }
+
+    async fn retain_load_balancer(
+        &self,
+        _cluster_name: &str,
+        service: &Service,
+    ) -> CloudResult<()> {
+        let span = tracing::info_span!("retain_load_balancer", service = %key_of(service));
+        self.retain(service).instrument(span).await?;
+        Ok(())
+    }
+
+    /// Every load balancer this process holds addresses for, by the UID of its Service, and those kept
+    /// for a Service that went (marked retained: the sweep leaves them).
     async fn list_load_balancers(
         &self,
         _cluster_name: &str,
@@ -1620,6 +1765,16 @@ impl LoadBalancer for LocalCloud {
             .services
             .iter()
             .filter_map(|(key, record)| {
+                if record.retained {
+                    let (namespace, name) = key.split_once('/')?;
+                    return Some(
+                        ClusterLoadBalancer::new(
+                            format!("kept:{key}"),
+                            Some(ServiceRef::new(namespace, name)),
+                        )
+                        .retained(),
+                    );
+                }
                 let uid = record.uid.as_deref()?;
                 let (namespace, name) = key.split_once('/')?;
                 let mut service = Service::default();

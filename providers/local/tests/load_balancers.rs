@@ -1037,3 +1037,155 @@ async fn a_leader_rides_out_a_frozen_api_server_and_its_vip_answers_throughout()
     );
     s.finish().await;
 }
+
+/// Issue #51 item 2: `ccm.rs/load-balancer-retain: "true"`. Deleting the Service closes its port but
+/// keeps its address (recorded in the ConfigMap `kube-system/local-retained-addresses`, which no other
+/// Service's allocation may take); a Service of the same namespace and name gets it back and serves on
+/// it; removing the ConfigMap's key (an operator's release) frees it for any Service.
+#[tokio::test]
+async fn a_retained_address_outlives_its_service_is_adopted_and_released() {
+    let _serial = SERIAL.lock().await;
+    // The ConfigMap and the manager's right to it, as deploy/components/local-pools ships them.
+    let client = admin().await;
+    for file in [
+        "deploy/components/local-pools/rbac.yaml",
+        "deploy/components/local-pools/retained-addresses.yaml",
+    ] {
+        let yaml =
+            std::fs::read_to_string(test_control_plane::workspace_root().join(file)).expect(file);
+        test_control_plane::apply_manifest(&client, &yaml, false).await;
+    }
+    let kept_api: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(client, "kube-system");
+    let id = 17;
+    let np: Vec<u16> = (0..3).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start(id, 1, &np, &[]).await;
+    let retain = json!({"metadata": {"annotations": {"ccm.rs/load-balancer-retain": "true"}}});
+    let vip = s
+        .service("web", &[(18080, "TCP", np[0])], retain.clone())
+        .await;
+    eventually("web answers", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    let key = format!("{}.web", s.namespace);
+    let kept = |key: String| {
+        let kept_api = kept_api.clone();
+        async move {
+            kept_api
+                .get("local-retained-addresses")
+                .await
+                .unwrap()
+                .data
+                .unwrap_or_default()
+                .get(&key)
+                .cloned()
+        }
+    };
+
+    // Deleted: the port closes, the address is recorded as kept.
+    services(&s.namespace)
+        .await
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("web's port closed", LONG, || async move {
+        match tokio::net::TcpStream::connect((vip, 18080)).await {
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    assert_eq!(kept(key.clone()).await, Some(vip.to_string()));
+    // Another Service does not get it.
+    let other = s
+        .service("other", &[(18081, "TCP", np[1])], json!({}))
+        .await;
+    assert_ne!(other, vip);
+    // Nor from a new leader: it reads the kept addresses as it starts.
+    let fresh = cloud_provider_local::LocalCloud::new(
+        cloud_provider_local::Config::parse(&Scenario::config(id, &s.names()), None).unwrap(),
+        None,
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    cloud_provider::CloudProvider::initialize(
+        &fresh,
+        cloud_provider::InitializeContext {
+            client: admin().await,
+            shutdown: stop.clone(),
+            api_outage: cloud_provider::ApiOutage::never(),
+            cluster_name: "kubernetes".to_owned(),
+        },
+    )
+    .await
+    .unwrap();
+    let mut probe: k8s_openapi::api::core::v1::Service =
+        serde_json::from_value(lb_service("probe", &[(18083, "TCP", np[2])])).unwrap();
+    probe.metadata.namespace = Some(s.namespace.clone());
+    probe.metadata.uid = Some("probe-uid".to_owned());
+    probe.metadata.annotations =
+        Some([("local.ccm.rs/address-pool".to_owned(), format!("t{id}"))].into());
+    let status =
+        cloud_provider::LoadBalancer::ensure_load_balancer(&fresh, "kubernetes", &probe, &[])
+            .await
+            .unwrap();
+    let given: IpAddr = status.ingress.unwrap()[0]
+        .ip
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(given != vip && given != other, "a new leader gave {given}");
+    cloud_provider::LoadBalancer::ensure_load_balancer_deleted(&fresh, "kubernetes", &probe)
+        .await
+        .unwrap();
+    stop.cancel();
+
+    // A Service of the same name adopts it, and serves on it; the record goes.
+    let again = s.service("web", &[(18080, "TCP", np[0])], json!({})).await;
+    assert_eq!(again, vip);
+    eventually("web answers again", LONG, || async move {
+        connect(vip, 18080).await.ok().map(|_| ())
+    })
+    .await;
+    eventually("the record gone once adopted", LONG, || {
+        let key = key.clone();
+        let kept = &kept;
+        async move { kept(key).await.is_none().then_some(()) }
+    })
+    .await;
+
+    // Kept once more, then released by the operator: any Service may have it.
+    services(&s.namespace)
+        .await
+        .patch("web", &PatchParams::default(), &Patch::Merge(&retain))
+        .await
+        .unwrap();
+    services(&s.namespace)
+        .await
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("kept again", LONG, || {
+        let key = key.clone();
+        let kept = &kept;
+        async move { (kept(key).await == Some(vip.to_string())).then_some(()) }
+    })
+    .await;
+    kept_api
+        .patch(
+            "local-retained-addresses",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {key.clone(): null}})),
+        )
+        .await
+        .unwrap();
+    let third = s
+        .service("third", &[(18082, "TCP", np[2])], json!({}))
+        .await;
+    assert_eq!(
+        third, vip,
+        "the released address is the pool's lowest free one again"
+    );
+    s.finish().await;
+}
