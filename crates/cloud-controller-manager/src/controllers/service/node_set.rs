@@ -60,9 +60,10 @@ fn being_scaled_down(node: &Node) -> bool {
 /// What a node change can matter for: whether it is a backend candidate (the exclusion label), whether
 /// the cluster autoscaler is removing it (its taint), and its provider ID. A node update triggers a node
 /// sync only when this changes; heartbeats, conditions and other labels do not. Upstream's
-/// `shouldSyncUpdatedNode` leaves the autoscaler's taint to the next periodic pass (up to 100 s), while
-/// the autoscaler deletes the node once its pods are drained: the load balancers would send new
-/// connections to a node on its way out (autoscaler#1907, #5532). Here the taint takes the node out of
+/// `shouldSyncUpdatedNode` passes on the exclusion label and the provider ID only, so the autoscaler's
+/// taint is acted on at the next node event that qualifies, in practice the node's deletion once its
+/// pods are drained: the load balancers send new connections to a node on its way out until then
+/// (autoscaler#1907, #5532; bench/results/autoscaler-drain-2026-11-30.md). Here the taint takes the node out of
 /// every load balancer at once, with the provider's connection draining (aws: the target group's
 /// deregistration delay; `local`: open connections finish, new ones go elsewhere).
 #[derive(Debug, Clone, PartialEq, Eq)]
