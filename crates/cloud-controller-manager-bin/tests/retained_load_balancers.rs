@@ -61,7 +61,7 @@ async fn a_retained_load_balancer_outlives_its_service_and_the_next_one_adopts_i
     let kept = ours(&state());
     assert_eq!(kept.len(), 1, "{kept:?}");
     assert!(kept[0].retained, "{kept:?}");
-    assert_eq!(kept[0].ingress, [address.clone()]);
+    assert_eq!(kept[0].ingress, std::slice::from_ref(&address));
     assert!(kept[0].nodes.is_empty(), "no backend while kept: {kept:?}");
     let note = eventually("the RetainedLoadBalancer event", WAIT, || async {
         events_in(&namespace, "web", "RetainedLoadBalancer")

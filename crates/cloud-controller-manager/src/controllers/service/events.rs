@@ -146,10 +146,10 @@ impl ServiceEvent<'_> {
             Self::DeletingLoadBalancer => "Deleting load balancer".to_owned(),
             Self::DeletedLoadBalancer => "Deleted load balancer".to_owned(),
             Self::DeleteLoadBalancerFailed(err) => format!("Error deleting load balancer: {err}"),
-            Self::RetainedLoadBalancer => format!(
-                "Kept the load balancer and its address (ccm.rs/load-balancer-retain): a Service of \
-                 this namespace and name adopts it; the provider's docs say how to release it"
-            ),
+            Self::RetainedLoadBalancer => "Kept the load balancer and its address \
+                (ccm.rs/load-balancer-retain): a Service of this namespace and name adopts it; the \
+                provider's docs say how to release it"
+                .to_owned(),
             Self::DeletedOrphanedLoadBalancer { name } => format!(
                 "Deleted load balancer {name}: the cloud still held it although its Service no longer exists"
             ),
