@@ -1283,25 +1283,31 @@ impl LocalCloud {
         crate::retained::write(client, &key, Some(&ips)).await?;
         tracing::info!(vips = ?ips, "keeping the load balancer's addresses for a later Service of this name");
         self.forget_unserved(&key);
-        self.inner.data_plane.remove(&key).await;
-        if let Some(addresses) = &self.inner.addresses {
-            let sole: Vec<IpAddr> = {
-                let allocations = lock(&self.inner.load_balancers);
-                ips.iter()
-                    .copied()
-                    .filter(|ip| !allocations.held_by_another(*ip, &key))
-                    .collect()
-            };
-            for ip in sole {
-                addresses.remove(ip).await;
-            }
-        }
+        self.stop_serving(&key, &ips).await;
         if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(&key) {
             record.uid = None;
             record.applied = None;
             record.retained = true;
         }
         Ok(())
+    }
+
+    /// Closes the listeners of `key`'s load balancer and takes its addresses `ips` off the interface
+    /// (with `vipInterface`); a shared address stays on the interface for the Services still on it.
+    async fn stop_serving(&self, key: &str, ips: &[IpAddr]) {
+        self.inner.data_plane.remove(key).await;
+        if let Some(addresses) = &self.inner.addresses {
+            let sole: Vec<IpAddr> = {
+                let allocations = lock(&self.inner.load_balancers);
+                ips.iter()
+                    .copied()
+                    .filter(|ip| !allocations.held_by_another(*ip, key))
+                    .collect()
+            };
+            for ip in sole {
+                addresses.remove(ip).await;
+            }
+        }
     }
 
     /// Makes the kept addresses those `kept` lists ([`crate::retained`]).
@@ -1716,20 +1722,7 @@ impl LoadBalancer for LocalCloud {
                 .map(|r| r.ips.clone());
             if let Some(ips) = ips {
                 tracing::info!(vips = ?ips, "deleting the load balancer");
-                self.inner.data_plane.remove(&key).await;
-                if let Some(addresses) = &self.inner.addresses {
-                    // A shared address stays on the interface for the Services still on it.
-                    let sole: Vec<IpAddr> = {
-                        let allocations = lock(&self.inner.load_balancers);
-                        ips.iter()
-                            .copied()
-                            .filter(|ip| !allocations.held_by_another(*ip, &key))
-                            .collect()
-                    };
-                    for ip in sole {
-                        addresses.remove(ip).await;
-                    }
-                }
+                self.stop_serving(&key, &ips).await;
                 // Only now may another Service get these addresses: not while this load balancer's
                 // connections drain on them (nor, with `vipInterface`, before they left the interface).
                 lock(&self.inner.load_balancers).release(&key);

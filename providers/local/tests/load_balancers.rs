@@ -140,6 +140,33 @@ impl Scenario {
     }
 }
 
+/// A cloud of `config` initialized as a new leader's is (what it reads from the cluster as it starts),
+/// and the token that stops its background work.
+async fn new_leader(
+    config: &str,
+) -> (
+    cloud_provider_local::LocalCloud,
+    tokio_util::sync::CancellationToken,
+) {
+    let fresh = cloud_provider_local::LocalCloud::new(
+        cloud_provider_local::Config::parse(config, None).unwrap(),
+        None,
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    cloud_provider::CloudProvider::initialize(
+        &fresh,
+        cloud_provider::InitializeContext {
+            client: admin().await,
+            shutdown: stop.clone(),
+            api_outage: cloud_provider::ApiOutage::never(),
+            cluster_name: "kubernetes".to_owned(),
+        },
+    )
+    .await
+    .unwrap();
+    (fresh, stop)
+}
+
 fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
     match (base, patch) {
         (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
@@ -451,22 +478,7 @@ async fn a_restarted_manager_keeps_every_vip() {
 
     // What a new leader does first, with `d` synced before the others (the order the manager picks is
     // not fixed): initialize reserves what the Services' statuses carry, so `d` gets a free address.
-    let fresh = cloud_provider_local::LocalCloud::new(
-        cloud_provider_local::Config::parse(&Scenario::config(id, &names), None).unwrap(),
-        None,
-    );
-    let stop = tokio_util::sync::CancellationToken::new();
-    cloud_provider::CloudProvider::initialize(
-        &fresh,
-        cloud_provider::InitializeContext {
-            client: admin().await,
-            shutdown: stop.clone(),
-            api_outage: cloud_provider::ApiOutage::never(),
-            cluster_name: "kubernetes".to_owned(),
-        },
-    )
-    .await
-    .unwrap();
+    let (fresh, stop) = new_leader(&Scenario::config(id, &names)).await;
     let d = services(&s.namespace).await.get("d").await.unwrap();
     let status = cloud_provider::LoadBalancer::ensure_load_balancer(&fresh, "kubernetes", &d, &[])
         .await
@@ -1103,22 +1115,7 @@ async fn a_retained_address_outlives_its_service_is_adopted_and_released() {
         .await;
     assert_ne!(other, vip);
     // Nor from a new leader: it reads the kept addresses as it starts.
-    let fresh = cloud_provider_local::LocalCloud::new(
-        cloud_provider_local::Config::parse(&Scenario::config(id, &s.names()), None).unwrap(),
-        None,
-    );
-    let stop = tokio_util::sync::CancellationToken::new();
-    cloud_provider::CloudProvider::initialize(
-        &fresh,
-        cloud_provider::InitializeContext {
-            client: admin().await,
-            shutdown: stop.clone(),
-            api_outage: cloud_provider::ApiOutage::never(),
-            cluster_name: "kubernetes".to_owned(),
-        },
-    )
-    .await
-    .unwrap();
+    let (fresh, stop) = new_leader(&Scenario::config(id, &s.names())).await;
     let mut probe: k8s_openapi::api::core::v1::Service =
         serde_json::from_value(lb_service("probe", &[(18083, "TCP", np[2])])).unwrap();
     probe.metadata.namespace = Some(s.namespace.clone());

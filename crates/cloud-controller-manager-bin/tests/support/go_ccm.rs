@@ -106,6 +106,11 @@ impl GoCcm {
     /// How often its fake cloud was called, by method (`instance_metadata`, ...); empty until the
     /// stats endpoint answers.
     pub async fn calls(&self) -> BTreeMap<String, u64> {
+        serde_json::from_value(self.stat("calls").await).unwrap_or_default()
+    }
+
+    /// The field `name` of its `/stats`; null until the endpoint answers.
+    async fn stat(&self, name: &str) -> serde_json::Value {
         let output = tokio::process::Command::new("curl")
             .args(["-s", "--max-time", "5"])
             .arg(format!("http://{}/stats", self.stats_addr))
@@ -113,24 +118,14 @@ impl GoCcm {
             .await
             .expect("curl runs");
         serde_json::from_slice::<serde_json::Value>(&output.stdout)
-            .ok()
-            .and_then(|stats| serde_json::from_value(stats["calls"].clone()).ok())
+            .map(|stats| stats[name].clone())
             .unwrap_or_default()
     }
 
     /// Each load balancer's backend nodes as its fake cloud last set them, by `namespace/name`; empty
     /// until the stats endpoint answers.
     pub async fn backends(&self) -> BTreeMap<String, Vec<String>> {
-        let output = tokio::process::Command::new("curl")
-            .args(["-s", "--max-time", "5"])
-            .arg(format!("http://{}/stats", self.stats_addr))
-            .output()
-            .await
-            .expect("curl runs");
-        serde_json::from_slice::<serde_json::Value>(&output.stdout)
-            .ok()
-            .and_then(|stats| serde_json::from_value(stats["backends"].clone()).ok())
-            .unwrap_or_default()
+        serde_json::from_value(self.stat("backends").await).unwrap_or_default()
     }
 
     /// Whether its log has a line containing `text`.
