@@ -592,6 +592,7 @@ pub async fn run(
         applied: BTreeMap::new(),
         retry_at: HashMap::new(),
         failing: HashMap::new(),
+        leaving: BTreeMap::new(),
     };
     let mut failure = None;
     while !shutdown.is_cancelled() {
@@ -904,7 +905,15 @@ struct Agent {
     retry_at: HashMap<String, Instant>,
     /// Services this node cannot serve, with the last reason logged.
     failing: HashMap<String, String>,
+    /// VIPs this node gives up on purpose (its Node excluded, or being removed by the cluster
+    /// autoscaler) while it still runs, each served until then: the next announcer's announcement
+    /// reaches the clients first, so none meets a node that no longer has the VIP.
+    leaving: BTreeMap<IpAddr, Instant>,
 }
+
+/// How long a VIP this node gives up on purpose stays served here after the next announcer took it
+/// ([`Agent::leaving`]). Two nodes then answer for it for at most this long, both serving it.
+const LEAVING_GRACE: Duration = Duration::from_secs(1);
 
 impl Agent {
     /// Whether `ip` is announced by BGP: its pool says so (and BGP peers are configured).
@@ -1050,7 +1059,16 @@ impl Agent {
                 .unwrap_or_default();
             speaker.select(&config, &labels).await;
         }
-        self.converge(&plan, &served, &config, &backends, now).await;
+        // This node's own Node says it is to leave the load balancers (not a failure: it still runs and
+        // hears its peers), so its VIPs are handed over make-before-break.
+        let leaving_on_purpose = self.fenced.is_none()
+            && nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(me))
+                .and_then(|n| plan::leaving_on_purpose(n))
+                .is_some();
+        self.converge(&plan, &served, &config, &backends, now, leaving_on_purpose)
+            .await;
         if let Some((speaker, vips)) = &mut self.speaker {
             let vips = vips.borrow().clone();
             let (cloud, node) = (&self.cloud, self.settings.node_name.as_str());
@@ -1060,7 +1078,8 @@ impl Agent {
         }
         self.metrics.set_announced(self.announced.keys());
         let retry = self.retry_at.values().min().copied();
-        [self.liveness.next_expiry(now), retry, membership_wake]
+        let left = self.leaving.values().min().copied();
+        [self.liveness.next_expiry(now), retry, membership_wake, left]
             .into_iter()
             .flatten()
             .min()
@@ -1194,8 +1213,12 @@ impl Agent {
         config: &Config,
         backends: &[(String, Vec<IpAddr>)],
         now: Instant,
+        leaving_on_purpose: bool,
     ) {
         let wanted: BTreeSet<IpAddr> = plan.mine.values().flatten().copied().collect();
+        // A VIP handed over on purpose that is this node's again is no longer leaving; one whose grace
+        // is over goes now (below, with the others given up).
+        self.leaving.retain(|ip, _| !wanted.contains(ip));
         for ip in self
             .adopted
             .difference(&wanted)
@@ -1214,18 +1237,35 @@ impl Agent {
             .collect::<Vec<_>>()
         {
             let to = plan.announcers.get(&ip).cloned().flatten();
+            if leaving_on_purpose && to.is_some() {
+                let until = *self.leaving.entry(ip).or_insert_with(|| {
+                    tracing::info!(%ip, to = ?to, grace = ?LEAVING_GRACE, "VIP handed over; served here until the next announcer's announcement is out");
+                    now + LEAVING_GRACE
+                });
+                if until > now {
+                    continue;
+                }
+            }
             tracing::info!(%ip, to = ?to, "VIP given up");
             self.withdraw(ip).await;
             self.announced.remove(&ip);
+            self.leaving.remove(&ip);
             self.metrics.given_up.inc();
         }
         let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
-        // Load balancers this node no longer serves drain in the background.
+        // Load balancers this node no longer serves drain in the background, once none of their VIPs is
+        // still being handed over.
         let gone: Vec<String> = self
             .applied
-            .keys()
-            .filter(|key| !plan.mine.contains_key(*key))
-            .cloned()
+            .iter()
+            .filter(|(key, spec)| {
+                !plan.mine.contains_key(*key)
+                    && !spec
+                        .listeners
+                        .iter()
+                        .any(|l| self.leaving.contains_key(&l.vip))
+            })
+            .map(|(key, _)| key.clone())
             .collect();
         for key in gone {
             self.applied.remove(&key);

@@ -74,12 +74,10 @@ pub(crate) fn announcer<'a>(
         .min_by_key(|node| (rank(node, vip), *node))
 }
 
-/// Why `node` cannot announce any VIP, or `None` when it can as far as the Node object goes (Ready, not
-/// excluded, not being removed by the cluster autoscaler). `agent_heard`: its agent is a member of this agent's membership view; then a Ready
-/// condition of `Unknown` (the control plane stopped hearing its kubelet: the API server was away, or
-/// the node is cut from it) does not make it unfit, since its agent is heard directly. `False` (the
-/// kubelet says the node is not ready) always does.
-pub(crate) fn node_unfit(node: &Node, agent_heard: bool) -> Option<&'static str> {
+/// Why the Node is to leave the load balancers while it still runs, if it is: excluded
+/// (`node.kubernetes.io/exclude-from-external-load-balancers`) or being removed by the cluster
+/// autoscaler. Not a failure: its VIPs can be handed over make-before-break.
+pub(crate) fn leaving_on_purpose(node: &Node) -> Option<&'static str> {
     let labels = node.metadata.labels.as_ref();
     if labels.is_some_and(|l| l.contains_key(LABEL_EXCLUDE)) {
         return Some("excluded from load balancers");
@@ -87,6 +85,18 @@ pub(crate) fn node_unfit(node: &Node, agent_heard: bool) -> Option<&'static str>
     let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref());
     if taints.is_some_and(|t| t.iter().any(|t| t.key == TAINT_TO_BE_DELETED)) {
         return Some("being removed by the cluster autoscaler");
+    }
+    None
+}
+
+/// Why `node` cannot announce any VIP, or `None` when it can as far as the Node object goes (Ready, not
+/// excluded, not being removed by the cluster autoscaler). `agent_heard`: its agent is a member of this agent's membership view; then a Ready
+/// condition of `Unknown` (the control plane stopped hearing its kubelet: the API server was away, or
+/// the node is cut from it) does not make it unfit, since its agent is heard directly. `False` (the
+/// kubelet says the node is not ready) always does.
+pub(crate) fn node_unfit(node: &Node, agent_heard: bool) -> Option<&'static str> {
+    if let Some(why) = leaving_on_purpose(node) {
+        return Some(why);
     }
     let ready = node
         .status
