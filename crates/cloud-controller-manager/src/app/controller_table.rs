@@ -337,6 +337,7 @@ fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>,
         drift: Some(options.load_balancer_drift_period)
             .filter(|period| !period.is_zero())
             .map(|period| (period, options.load_balancer_drift)),
+        conditions: !cfg.options().generic.dry_run,
     }))
 }
 

@@ -151,6 +151,8 @@ struct Context {
     backends: Mutex<Option<Backends>>,
     /// Asks the node-sync loop for a pass (a sync finished with backends that changed meanwhile).
     node_sync_wanted: tokio::sync::Notify,
+    /// Whether the `ccm.rs/LoadBalancerReady` condition is written ([`Config::conditions`]).
+    conditions: bool,
 }
 
 fn key(service: &Service) -> String {
@@ -235,6 +237,10 @@ pub struct Config {
     /// How often each load balancer is checked for drift (`--load-balancer-drift-period`; `None`:
     /// never), and what a drift leads to (`--load-balancer-drift`).
     pub drift: Option<(Duration, DriftAction)>,
+    /// Write the `ccm.rs/LoadBalancerReady` condition ([`condition`]). Off in shadow mode
+    /// (`--dry-run`): the condition is ours, not the incumbent's, so it is no difference between the
+    /// two, and it would say `Ensured` of load balancers the shadow never made.
+    pub conditions: bool,
 }
 
 /// Starts the controller: `None` (with a warning) when the cloud offers no load balancers.
@@ -258,6 +264,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         orphan_sweep_period,
         served,
         drift,
+        conditions,
     } = config;
     if !served.is_default() {
         tracing::info!(
@@ -285,6 +292,7 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         workers,
         backends: Mutex::default(),
         node_sync_wanted: tokio::sync::Notify::new(),
+        conditions,
     });
     let shutdown = ctx.shutdown.clone();
     let loops = ctx.clone();

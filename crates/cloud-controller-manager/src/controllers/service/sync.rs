@@ -55,7 +55,7 @@ pub(super) async fn reconcile(
         ServiceEvent::SyncLoadBalancerFailed(err)
             .record(&ctx.events, &service)
             .await;
-        if let Some(readiness) = Readiness::of_error(err) {
+        if let Some(readiness) = Readiness::of_error(err).filter(|_| ctx.conditions) {
             // The failure is what the Service shows; a failed condition write does not replace it.
             if let Err(write) = write_status(&ctx, &service, None, Some(&readiness)).await {
                 tracing::warn!(error = %write, "could not show the failure in the Service's condition");
@@ -299,7 +299,10 @@ async fn write_status(
         Target::Status,
         |current, resource_version| {
             let ingress = ingress.filter(|wanted| !ingress_equal(&current_status(current), wanted));
-            let conditions = conditions_with(current, readiness, &now);
+            let conditions = ctx
+                .conditions
+                .then(|| conditions_with(current, readiness, &now))
+                .flatten();
             (ingress.is_some() || conditions.is_some()).then(|| {
                 with_resource_version(
                     status_patch(ingress, conditions.as_deref()),
