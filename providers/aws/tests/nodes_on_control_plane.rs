@@ -480,6 +480,97 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
     }
 }
 
+/// Issue #51 items 1 and 2 with the `aws` provider inside the manager: the Service's
+/// `ccm.rs/LoadBalancerReady` condition says `Ensured` for an ELB made, `Refused` (naming the
+/// annotation) for an annotation the provider refuses, and `Refused` for `ccm.rs/load-balancer-retain`,
+/// which `aws` cannot honour yet.
+#[tokio::test]
+async fn the_condition_says_ensured_or_why_aws_refuses() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
+    let api = nodes().await;
+    let name = instances[0].private_dns.clone();
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+    api.create(&PostParams::default(), &kubelet_node(&name))
+        .await
+        .expect("node created");
+    eventually("the node initialized", || async {
+        api.get_opt(&name).await.ok().flatten().filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .is_some()
+        })
+    })
+    .await;
+    let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
+    let cases = [
+        ("cond-elb", json!({}), "Ensured", ""),
+        (
+            "cond-eip",
+            json!({ "service.beta.kubernetes.io/aws-load-balancer-eip-allocations": "eipalloc-1" }),
+            "Refused",
+            "aws-load-balancer-eip-allocations",
+        ),
+        (
+            "cond-keep",
+            json!({ "ccm.rs/load-balancer-retain": "true" }),
+            "Refused",
+            "ccm.rs/load-balancer-retain",
+        ),
+    ];
+    for (service, annotations, _, _) in &cases {
+        let _ = services.delete(service, &DeleteParams::default()).await;
+        let object: Service = serde_json::from_value(json!({
+            "metadata": { "name": service, "annotations": annotations },
+            "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "targetPort": 8080 }] }
+        }))
+        .unwrap();
+        services
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("service created");
+    }
+    for (service, _, reason, names) in &cases {
+        let condition = eventually(
+            &format!("{service}'s condition to say {reason}"),
+            || async {
+                services
+                    .get(service)
+                    .await
+                    .ok()?
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "ccm.rs/LoadBalancerReady" && c.reason == *reason)
+            },
+        )
+        .await;
+        assert!(
+            condition.message.contains(names),
+            "{service}: {condition:?}"
+        );
+    }
+    // The accepted one was made (that a refused Service makes nothing is load_balancers.rs's
+    // `an_annotation_refused_for_its_kind_or_misspelt_changes_nothing`).
+    assert!(!cluster_resources().await.is_empty());
+    for (service, _, _, _) in &cases {
+        services
+            .delete(service, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    eventually("no cluster resources left", || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+    let _ = api.delete(&name, &DeleteParams::default()).await;
+}
+
 /// A kubelet-registered node with this pod CIDR (as the node-IPAM controller or the kubelet sets it).
 fn node_with_pod_cidr(name: &str, cidr: &str) -> Node {
     let mut node = kubelet_node(name);
