@@ -231,3 +231,43 @@ async fn each_reason_shows_in_the_service_and_a_quiet_resync_writes_nothing() {
     manager.stop().await;
     delete_nodes(&[&node]).await;
 }
+
+/// A failing sync writes its condition, and that write comes back as a change of the Service: it must
+/// not be taken for a reason to call the cloud again before the back-off says so. The fake's failure
+/// messages differ from call to call (they carry the call's number), so each failure rewrites the
+/// condition: without the back-off holding, the manager would call the cloud hundreds of times a second.
+#[tokio::test]
+async fn a_failure_s_own_condition_write_does_not_bypass_the_back_off() {
+    let _serial = SERIAL.lock().await;
+    let namespace = unique_name("cond-backoff");
+    create_namespace(&namespace).await;
+    let node = format!("{namespace}-node");
+    create_node(&kubelet_node(&node)).await;
+    let manager = RunningManager::start(
+        "failureRate: {ensure_load_balancer: 1}\n",
+        &["--controllers=service"],
+    )
+    .await;
+    let api = services(&namespace).await;
+    api.create(&PostParams::default(), &load_balancer_service("web", &[80]))
+        .await
+        .unwrap();
+    condition(&namespace, "web", "CloudError").await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // At 0 s, once more as the finalizer's write comes back, then after 5 s (the back-off's first
+    // step) at the earliest, or 10 s.
+    let calls = manager.cloud.snapshot().calls_to("ensure_load_balancer");
+    assert!(
+        (2..=4).contains(&calls),
+        "{calls} ensure calls in about 6 s"
+    );
+    manager.set_cloud("{}\n");
+    condition(&namespace, "web", "Ensured").await;
+    api.delete("web", &Default::default()).await.unwrap();
+    eventually("web gone", WAIT, || async {
+        api.get_opt("web").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    manager.stop().await;
+    delete_nodes(&[&node]).await;
+}

@@ -120,6 +120,9 @@ struct Tracked {
     backends: Arc<BackendSet>,
     /// The node labels its backends are selected by, as they were on those backends.
     labels: BackendLabels,
+    /// When its failed sync is retried (its back-off, or the cloud's `RetryAfter`): a change that does
+    /// not matter to its load balancer (the echo of its own status write, say) waits for then.
+    retry_at: Option<tokio::time::Instant>,
 }
 
 /// The backend nodes and their set, computed once per node-set change and shared by every sync: with

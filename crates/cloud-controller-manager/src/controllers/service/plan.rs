@@ -103,6 +103,20 @@ pub(crate) fn needs_update(
         })
 }
 
+/// Whether `new` is `old` as far as its load balancer goes: the same Service (UID), as much being
+/// deleted, and no change [`needs_update`] sees (status, other labels and other metadata aside).
+pub(crate) fn changes_nothing_that_matters(
+    old: &Service,
+    new: &Service,
+    served: &ServedClasses,
+    label_keys: &[String],
+) -> bool {
+    old.metadata.uid == new.metadata.uid
+        && old.metadata.deletion_timestamp.is_some() == new.metadata.deletion_timestamp.is_some()
+        && has_finalizer(old) == has_finalizer(new)
+        && !needs_update(old, new, served, label_keys)
+}
+
 /// The current `status.loadBalancer`.
 pub(crate) fn current_status(service: &Service) -> LoadBalancerStatus {
     service
@@ -528,6 +542,29 @@ mod tests {
             status_patch(None, Some(&[])),
             json!({ "status": { "conditions": [] } })
         );
+    }
+
+    #[test]
+    fn a_status_change_matters_nothing_but_deletion_finalizer_and_spec_do() {
+        let served = ServedClasses::default();
+        let base = finalized(lb());
+        let same = |new: &Service| changes_nothing_that_matters(&base, new, &served, &[]);
+        assert!(same(
+            &with(base.clone(), |s| s.status = Some(Default::default()))
+        ));
+        assert!(same(&with(base.clone(), |s| s.metadata.resource_version =
+            Some("9".into()))));
+        assert!(!same(&with(base.clone(), |s| s
+            .metadata
+            .deletion_timestamp =
+            Some(Time(Default::default())))));
+        assert!(!same(&with(base.clone(), |s| s.metadata.finalizers = None)));
+        assert!(!same(
+            &with(base.clone(), |s| s.metadata.uid = Some("u2".into()))
+        ));
+        assert!(!same(&with(base.clone(), |s| {
+            s.spec.as_mut().unwrap().ports.as_mut().unwrap()[0].port = 81
+        })));
     }
 
     fn finalized(s: Service) -> Service {

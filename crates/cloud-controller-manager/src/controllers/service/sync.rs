@@ -17,6 +17,7 @@ use super::{
     events::{ServiceEvent, Step},
     key,
     node_set::BackendLabels,
+    plan,
     plan::{
         Decision, LastSync, Replaced, StatusAfterEnsure, current_status, finalizers_patch,
         ingress_equal, plan_sync, served_elsewhere, status_after_ensure, status_patch,
@@ -42,7 +43,29 @@ pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<C
         outage::retry_delay(delay, write_error)
     });
     tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to sync load balancer");
+    if let Some(tracked) = ctx.tracked().get_mut(&key) {
+        tracked.retry_at = Some(tokio::time::Instant::now() + delay);
+    }
     Next::RequeueAfter(delay)
+}
+
+/// How long a Service whose last sync failed still waits for its retry, when it changed since only in
+/// ways that do not matter to its load balancer (its status, our own condition write among them):
+/// such a change is not a reason to call the cloud again before the back-off says so. Upstream's
+/// service controller is not even woken by it.
+fn retry_pending(service: &Service, ctx: &Context) -> Option<std::time::Duration> {
+    let label_keys = ctx
+        .load_balancer()
+        .map(|lb| lb.service_label_keys())
+        .unwrap_or_default();
+    let tracked = ctx.tracked();
+    let tracked = tracked.get(&key(service))?;
+    let wait = tracked
+        .retry_at?
+        .checked_duration_since(tokio::time::Instant::now())?;
+    (!tracked.synced
+        && plan::changes_nothing_that_matters(&tracked.service, service, &ctx.served, &label_keys))
+    .then_some(wait)
 }
 
 #[tracing::instrument(skip_all, fields(service = %key(&service)))]
@@ -50,6 +73,10 @@ pub(super) async fn reconcile(
     service: Arc<Service>,
     ctx: Arc<Context>,
 ) -> Result<Next, ServiceError> {
+    if let Some(wait) = retry_pending(&service, &ctx) {
+        tracing::debug!(retry_in = ?wait, "changed in no way that matters; the retry waits for its back-off");
+        return Ok(Next::RequeueAfter(wait));
+    }
     let result = sync(&service, &ctx).await;
     if let Err(err) = &result {
         ServiceEvent::SyncLoadBalancerFailed(err)
@@ -224,6 +251,7 @@ async fn ensure(
             synced: false,
             backends: set,
             labels: BackendLabels::of(lb.backend_label_keys(service), &nodes),
+            retry_at: None,
         },
     );
     ctx.metrics.sync_total.inc();
