@@ -117,6 +117,27 @@ async fn a_retained_load_balancer_outlives_its_service_and_the_next_one_adopts_i
         (now.len() == 1 && now[0].retained).then_some(())
     })
     .await;
+    // A LoadBalancer again: taken back, with its address, and no longer kept.
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "type": "LoadBalancer" } })),
+    )
+    .await
+    .unwrap();
+    eventually("taken back", WAIT, || async {
+        let now = ours(&state());
+        (now.len() == 1 && !now[0].retained && now[0].nodes.contains(&node)).then_some(())
+    })
+    .await;
+    assert_eq!(ours(&state())[0].ingress, std::slice::from_ref(&address));
+    api.patch(
+        "web",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "annotations": { RETAIN: null } } })),
+    )
+    .await
+    .unwrap();
 
     // A malformed value: refused before anything is made, and said in the Service.
     api.create(&PostParams::default(), &retaining("odd", "yes"))

@@ -228,6 +228,8 @@ impl LoadBalancer for FakeCloud {
                 record.service = key;
                 record.ports = ports;
                 record.nodes = nodes;
+                // Kept when its Service stopped being a LoadBalancer, and one again now: taken back.
+                record.retained = false;
                 return Ok(status_of(record));
             }
             let pool = config.load_balancers.ip_pool;

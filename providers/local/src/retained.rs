@@ -153,18 +153,27 @@ pub(crate) fn spawn(cloud: LocalCloud, client: Client, shutdown: CancellationTok
             let mut events = std::pin::pin!(
                 watcher(api(client), config).backoff(cloud_provider::watch_retry_backoff())
             );
+            // A failure is said once until the watch works again: without the ConfigMap's Role
+            // (deploy/components/local-pools) it fails at every retry.
+            let mut failing = false;
             while let Some(event) = events.next().await {
                 match event {
                     Ok(
                         watcher::Event::Apply(config_map) | watcher::Event::InitApply(config_map),
                     ) => {
+                        failing = false;
                         cloud.keep_only(&kept_in(Some(&config_map)));
                     }
                     Ok(watcher::Event::Delete(_)) => cloud.keep_only(&BTreeMap::new()),
-                    Ok(watcher::Event::Init | watcher::Event::InitDone) => {}
-                    Err(err) => {
-                        tracing::warn!(error = %err, "watching {CONFIG_MAP} failed; retrying")
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) => failing = false,
+                    Err(err) if !failing => {
+                        failing = true;
+                        tracing::warn!(
+                            error = %err,
+                            "watching {EVENT_NAMESPACE}/{CONFIG_MAP} (the kept addresses) failed; retrying, said once until it works"
+                        );
                     }
+                    Err(err) => tracing::debug!(error = %err, "watching {CONFIG_MAP} failed again"),
                 }
             }
         }
