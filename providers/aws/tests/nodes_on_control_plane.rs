@@ -73,6 +73,23 @@ fn taint_keys(node: &Node) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Registers the node `name` as a kubelet does and waits until the cloud-node controller gave it a
+/// provider ID.
+async fn create_initialized_node(api: &Api<Node>, name: &str) {
+    api.create(&PostParams::default(), &kubelet_node(name))
+        .await
+        .expect("node created");
+    eventually("the node initialized", || async {
+        api.get_opt(name).await.ok().flatten().filter(|n| {
+            n.spec
+                .as_ref()
+                .and_then(|s| s.provider_id.as_ref())
+                .is_some()
+        })
+    })
+    .await;
+}
+
 type ManagerTask = tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>;
 
 /// Runs the manager in-process on the `aws` provider (on moto) with these controllers; the provider is
@@ -252,20 +269,7 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
     }
     let create_node = |name: String| {
         let api = api.clone();
-        async move {
-            api.create(&PostParams::default(), &kubelet_node(&name))
-                .await
-                .expect("node created");
-            eventually("the node initialized", || async {
-                api.get_opt(&name).await.ok().flatten().filter(|n| {
-                    n.spec
-                        .as_ref()
-                        .and_then(|s| s.provider_id.as_ref())
-                        .is_some()
-                })
-            })
-            .await;
-        }
+        async move { create_initialized_node(&api, &name).await }
     };
     // Two nodes first; the third joins later.
     for name in &names[..2] {
@@ -494,18 +498,7 @@ async fn the_condition_says_ensured_or_why_aws_refuses() {
     let api = nodes().await;
     let name = instances[0].private_dns.clone();
     let _ = api.delete(&name, &DeleteParams::default()).await;
-    api.create(&PostParams::default(), &kubelet_node(&name))
-        .await
-        .expect("node created");
-    eventually("the node initialized", || async {
-        api.get_opt(&name).await.ok().flatten().filter(|n| {
-            n.spec
-                .as_ref()
-                .and_then(|s| s.provider_id.as_ref())
-                .is_some()
-        })
-    })
-    .await;
+    create_initialized_node(&api, &name).await;
     let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
     let cases = [
         ("cond-elb", json!({}), "Ensured", ""),
