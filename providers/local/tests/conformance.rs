@@ -1,4 +1,7 @@
-//! The provider conformance kit passes for `local`.
+//! The provider conformance kit passes for `local`, initialized on the test control plane as a leader
+//! (its kept addresses are recorded in the API server).
+
+mod support;
 
 use cloud_provider::{
     CloudProvider,
@@ -30,8 +33,33 @@ fn cloud(pool: &str, load_balancer: &str) -> LocalCloud {
     cloud
 }
 
+/// Initializes `cloud` as the leading manager does, with the test control plane's client and the
+/// ConfigMap of kept addresses the local overlays ship; the returned token stops its background work.
+async fn initialized(cloud: &LocalCloud) -> tokio_util::sync::CancellationToken {
+    let client = support::admin().await;
+    let yaml = std::fs::read_to_string(
+        test_control_plane::workspace_root()
+            .join("deploy/components/local-pools/retained-addresses.yaml"),
+    )
+    .unwrap();
+    test_control_plane::apply_manifest(&client, &yaml, false).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    cloud
+        .initialize(cloud_provider::InitializeContext {
+            client,
+            shutdown: stop.clone(),
+            api_outage: cloud_provider::ApiOutage::never(),
+            cluster_name: "kubernetes".to_owned(),
+        })
+        .await
+        .unwrap();
+    stop
+}
+
 /// Runs the kit on `cloud` (which must pass it) with this file's machines.
 async fn passes_the_kit(cloud: &LocalCloud) -> (Fixtures, Report) {
+    let stop = initialized(cloud).await;
+    let _stop = stop.drop_guard();
     let fixtures = Fixtures::new("conf-running", "conf-gone")
         .with_shutdown_node("conf-stopped")
         .with_backend_nodes(&["conf-running", "conf-stopped"]);

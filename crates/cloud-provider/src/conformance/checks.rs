@@ -61,6 +61,7 @@ pub(super) const ALL: &[(&str, Check)] = &[
     check!(load_balancer_update_and_delete_are_idempotent),
     check!(load_balancer_serves_local_traffic_policy_and_source_ranges),
     check!(load_balancer_is_listed_and_deleted_as_an_orphan),
+    check!(load_balancer_kept_is_adopted_by_the_next_service_of_its_name),
     check!(routes_round_trip),
 ];
 
@@ -508,6 +509,67 @@ async fn load_balancer_is_listed_and_deleted_as_an_orphan(
     ensure!(
         got.is_none(),
         "get_load_balancer() = {got:?} after delete_orphaned_load_balancer()"
+    );
+    Ok(())
+}
+
+/// For a provider that keeps load balancers (`retains_load_balancers`): one kept for the fixture's
+/// Service is listed as retained (when the provider lists), and a new Service of the same namespace and
+/// name (another UID) adopts it with the same address.
+async fn load_balancer_kept_is_adopted_by_the_next_service_of_its_name(
+    cloud: &dyn CloudProvider,
+    f: &Fixtures,
+) -> CheckResult {
+    let Some(lb) = cloud.load_balancer() else {
+        return skip("LoadBalancer");
+    };
+    if !lb.retains_load_balancers() {
+        return skip("kept load balancers (retains_load_balancers)");
+    }
+    let first = call(
+        "ensure_load_balancer",
+        ensure_ready(lb, &f.cluster_name, &f.service, &f.backend_nodes).await,
+    )?;
+    call(
+        "retain_load_balancer",
+        lb.retain_load_balancer(&f.cluster_name, &f.service).await,
+    )?;
+    let meta = &f.service.metadata;
+    let (namespace, name) = (
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or_default(),
+    );
+    match lb.list_load_balancers(&f.cluster_name).await {
+        Err(CloudError::NotImplemented) => {}
+        listed => {
+            let listed = call("list_load_balancers", listed)?;
+            let kept = listed.iter().find(|l| {
+                l.service
+                    .as_ref()
+                    .is_some_and(|s| s.namespace == namespace && s.name == name)
+            });
+            ensure!(
+                kept.is_some_and(|l| l.retained),
+                "after retain_load_balancer(), list_load_balancers() does not mark {namespace}/{name}'s as retained: {kept:?}"
+            );
+        }
+    }
+    let mut next = f.service.clone();
+    next.metadata.uid = Some("5d0c3f7e-2a61-4d8e-9b47-0c1f6a3e8b25".to_owned());
+    let adopted = call(
+        "ensure_load_balancer(a new Service of the same name)",
+        ensure_ready(lb, &f.cluster_name, &next, &f.backend_nodes).await,
+    );
+    let deleted = lb
+        .ensure_load_balancer_deleted(&f.cluster_name, &next)
+        .await;
+    let adopted = adopted?;
+    call("ensure_load_balancer_deleted", deleted)?;
+    ensure!(
+        adopted.ingress == first.ingress,
+        "a new Service of the same name got {:?}, not the kept {:?}",
+        adopted.ingress,
+        first.ingress
     );
     Ok(())
 }
