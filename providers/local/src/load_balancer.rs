@@ -956,43 +956,24 @@ impl Allocations {
         }
     }
 
-    /// Reserves `ips` for `key`, kept after its Service went: each address another Service holds now
-    /// is left to it (said in the log).
-    fn keep(&mut self, key: &str, ips: &[IpAddr]) {
-        let mut mine = Vec::new();
-        for ip in ips {
-            match self.owners.get(ip).filter(|holders| !holders.is_empty()) {
-                Some(holders) => tracing::warn!(
-                    service = key,
-                    %ip,
-                    holders = ?holders,
-                    "a kept address is held by another Service; it stays with that one"
-                ),
-                None => {
-                    self.owners.entry(*ip).or_default().insert(key.to_owned());
-                    mine.push(*ip);
-                }
-            }
-        }
-        if !mine.is_empty() {
-            self.services.insert(
-                key.to_owned(),
-                Record {
-                    uid: None,
-                    ips: mine,
-                    applied: None,
-                    data_path: DataPath::default(),
-                    sharing: None,
-                    retained: true,
-                },
-            );
+    /// Reserves `ips` for `key`, kept after its Service went, as [`Allocations::reserve`] reserves
+    /// the addresses a Service's status carries: each address another Service holds now is left to it
+    /// (said in the log).
+    fn keep(&mut self, config: &Config, key: &str, ips: &[IpAddr]) {
+        self.reserve(config, key, None, ips, None, DataPath::default());
+        if let Some(record) = self.services.get_mut(key) {
+            record.retained = true;
         }
     }
 
     /// Makes the kept records those of `kept`: a kept record no longer listed is released (an
     /// operator's release), a listed key with no record is kept (another leader's, or from before a
     /// restart); a key a live Service holds is that Service's (it adopted the addresses).
-    fn keep_only(&mut self, kept: &BTreeMap<String, Vec<IpAddr>>) -> (Vec<String>, Vec<String>) {
+    fn keep_only(
+        &mut self,
+        config: &Config,
+        kept: &BTreeMap<String, Vec<IpAddr>>,
+    ) -> (Vec<String>, Vec<String>) {
         let released: Vec<String> = self
             .services
             .iter()
@@ -1005,7 +986,7 @@ impl Allocations {
         let mut added = Vec::new();
         for (key, ips) in kept {
             if !self.services.contains_key(key) {
-                self.keep(key, ips);
+                self.keep(config, key, ips);
                 added.push(key.clone());
             }
         }
@@ -1312,7 +1293,8 @@ impl LocalCloud {
 
     /// Makes the kept addresses those `kept` lists ([`crate::retained`]).
     pub(crate) fn keep_only(&self, kept: &BTreeMap<String, Vec<IpAddr>>) {
-        let (released, added) = lock(&self.inner.load_balancers).keep_only(kept);
+        let config = self.config();
+        let (released, added) = lock(&self.inner.load_balancers).keep_only(&config, kept);
         for key in released {
             tracing::info!(service = %key, "kept addresses released (their entry left {})", crate::retained::CONFIG_MAP);
         }
