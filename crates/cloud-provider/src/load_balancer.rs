@@ -140,7 +140,9 @@ pub trait LoadBalancer: Send + Sync {
     /// List only what [`LoadBalancer::ensure_load_balancer`] created for this cluster (by its tags, or
     /// whatever marks ownership in the cloud), never a load balancer made by hand or by another cluster:
     /// the sweep deletes every listed one whose [`ClusterLoadBalancer::name`] is not
-    /// [`LoadBalancer::get_load_balancer_name`] of a Service that exists. The default answers
+    /// [`LoadBalancer::get_load_balancer_name`] of a Service that exists, unless its
+    /// [`ClusterLoadBalancer::service`] names the UID of one that does, or it is
+    /// [`ClusterLoadBalancer::retained`]. The default answers
     /// [`CloudError::NotImplemented`](crate::CloudError::NotImplemented): no sweep.
     async fn list_load_balancers(
         &self,
@@ -171,7 +173,9 @@ pub struct ClusterLoadBalancer {
     /// Its cloud-side name: [`LoadBalancer::get_load_balancer_name`] of the Service it was made for.
     pub name: String,
     /// The Service it was made for, when the cloud records it (a tag, say): named in the sweep's log
-    /// and event.
+    /// and event. A recorded [`ServiceRef::uid`] is a claim: the sweep leaves a load balancer whose UID
+    /// is of a Service that exists (the later Service that adopted a kept one, whose name does not
+    /// follow from its own UID).
     pub service: Option<ServiceRef>,
     /// Anything else the provider needs to delete it (an ARN, a kind), opaque to the manager.
     pub handle: String,

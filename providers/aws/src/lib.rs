@@ -236,6 +236,29 @@ impl LoadBalancer for AwsCloud {
         spec::target_node_label_keys(service)
     }
 
+    /// Upstream's name, or the name of the kept load balancer the Service adopted (known once the
+    /// provider made its first load-balancer call: see `load_balancer::retained`).
+    fn get_load_balancer_name(&self, cluster_name: &str, service: &Service) -> String {
+        match self.parts.get() {
+            Some(parts) => parts
+                .load_balancers
+                .get_load_balancer_name(cluster_name, service),
+            None => cloud_provider::default_load_balancer_name(service),
+        }
+    }
+
+    fn retains_load_balancers(&self) -> bool {
+        true
+    }
+
+    async fn retain_load_balancer(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
+        let parts = self.parts().await?;
+        parts
+            .load_balancers
+            .retain_load_balancer(cluster_name, service)
+            .await
+    }
+
     async fn get_load_balancer(
         &self,
         cluster_name: &str,

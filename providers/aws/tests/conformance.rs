@@ -47,4 +47,11 @@ async fn the_aws_provider_passes_the_conformance_suite() {
             .any(|r| r.name == "load_balancer_is_listed_and_deleted_as_an_orphan"),
         "the sweep's contract is checked, not skipped"
     );
+    assert!(
+        report
+            .passed()
+            .iter()
+            .any(|r| r.name == "load_balancer_kept_is_adopted_by_the_next_service_of_its_name"),
+        "keeping a load balancer is checked, not skipped"
+    );
 }

@@ -297,6 +297,26 @@ const CREATED_TAGGED: [&str; 3] = [
     "elasticloadbalancing:CreateTargetGroup",
 ];
 
+/// Whether the statement allows the provider to mark load balancers with its own tags (keys limited by
+/// `aws:TagKeys`), rather than tagging on creation.
+fn is_marking(statement: &Value) -> bool {
+    !condition_values(statement, "aws:TagKeys").is_empty()
+}
+
+/// The tag keys the code marks kept and adopted load balancers with (the `TAG_*` constants of
+/// `load_balancer/retained.rs`).
+fn marking_tag_keys() -> BTreeSet<String> {
+    let path = workspace_root().join("providers/aws/src/load_balancer/retained.rs");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let keys: BTreeSet<String> = Regex::new(r#"const TAG_[A-Z_]+: &str = "([^"]+)";"#)
+        .unwrap()
+        .captures_iter(&text)
+        .map(|c| c[1].to_owned())
+        .collect();
+    assert_eq!(keys.len(), 3, "{}: {keys:?}", path.display());
+    keys
+}
+
 /// The deletions of whole resources: only of those the provider made (`owned`).
 const DELETED_WHOLE: [&str; 4] = [
     "ec2:DeleteSecurityGroup",
@@ -347,6 +367,32 @@ fn every_write_in_the_iam_policy_is_conditioned_on_the_cluster_tag() {
         let tagging = actions
             .iter()
             .all(|a| a == "ec2:CreateTags" || a == "elasticloadbalancing:AddTags");
+        if is_marking(s) {
+            // Marking a load balancer kept or adopted (`ccm.rs/load-balancer-retain`): only the
+            // provider's own tags, only on what it owns, never the cluster's tag.
+            assert!(
+                actions.iter().all(|a| a == "elasticloadbalancing:AddTags"
+                    || a == "elasticloadbalancing:RemoveTags"),
+                "{POLICY}: marking tags goes alone: {s}"
+            );
+            assert_eq!(
+                on_tag,
+                ["owned"],
+                "{POLICY}: marking anything but owned: {s}"
+            );
+            let keys: BTreeSet<String> = s["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .collect();
+            assert_eq!(
+                keys,
+                marking_tag_keys(),
+                "{POLICY}: marking must allow exactly the keys the code writes (ForAllValues): {s}"
+            );
+            continue;
+        }
         if tagging || actions.iter().all(|a| CREATED_TAGGED.contains(&a.as_str())) {
             // A creation carries the tag it will be known by.
             assert_eq!(
@@ -403,7 +449,7 @@ fn every_write_in_the_iam_policy_is_conditioned_on_the_cluster_tag() {
             .collect();
         for s in statements
             .iter()
-            .filter(|s| strings(&s["Action"]).iter().any(|a| a == tagging))
+            .filter(|s| strings(&s["Action"]).iter().any(|a| a == tagging) && !is_marking(s))
         {
             let allowed: BTreeSet<String> = condition_values(s, key).into_iter().collect();
             assert_eq!(

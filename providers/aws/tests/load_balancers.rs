@@ -674,7 +674,9 @@ async fn deletions_list_elbv2_once_and_still_find_what_a_failed_creation_left() 
             .collect()
     };
 
-    // The first deletion lists (nothing there yet).
+    // The first deletion lists (nothing there yet): the load balancers twice, as this is also the
+    // process's first load-balancer call, which lists the cluster's kept and adopted ones
+    // (`ccm.rs/load-balancer-retain`), and the target groups once.
     let never = lb_service("never", "00000000-0000-0000-0000-000000000001", &[]);
     let before = cloud.api_metrics().requests();
     lb.ensure_load_balancer_deleted("kubernetes", &never)
@@ -685,9 +687,9 @@ async fn deletions_list_elbv2_once_and_still_find_what_a_failed_creation_left() 
         listed,
         [
             ("DescribeTargetGroups".to_owned(), 1),
-            ("elbv2:DescribeLoadBalancers".to_owned(), 1)
+            ("elbv2:DescribeLoadBalancers".to_owned(), 2)
         ],
-        "one listing of each"
+        "one listing of each for each index"
     );
 
     // An NLB creation that fails after its load balancer and target groups exist.

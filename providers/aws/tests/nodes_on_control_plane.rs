@@ -486,8 +486,8 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
 
 /// Issue #51 items 1 and 2 with the `aws` provider inside the manager: the Service's
 /// `ccm.rs/LoadBalancerReady` condition says `Ensured` for an ELB made, `Refused` (naming the
-/// annotation) for an annotation the provider refuses, and `Refused` for `ccm.rs/load-balancer-retain`,
-/// which `aws` cannot honour yet.
+/// annotation) for an annotation the provider refuses, and `Refused` for a `ccm.rs/load-balancer-retain`
+/// that is neither "true" nor "false".
 #[tokio::test]
 async fn the_condition_says_ensured_or_why_aws_refuses() {
     let _serial = SERIAL.lock().await;
@@ -510,7 +510,7 @@ async fn the_condition_says_ensured_or_why_aws_refuses() {
         ),
         (
             "cond-keep",
-            json!({ "ccm.rs/load-balancer-retain": "true" }),
+            json!({ "ccm.rs/load-balancer-retain": "yes" }),
             "Refused",
             "ccm.rs/load-balancer-retain",
         ),
@@ -970,4 +970,229 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
     .await;
     stop_manager(shutdown, task).await;
     let _ = api.delete(&name, &DeleteParams::default()).await;
+}
+
+/// The tags of the load balancer whose DNS name is `hostname`, of either kind (`None`: there is none).
+async fn load_balancer_tags(hostname: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    let classic = elb().describe_load_balancers().send().await.ok()?;
+    if let Some(name) = classic
+        .load_balancer_descriptions()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname))
+        .and_then(|lb| lb.load_balancer_name())
+    {
+        let tags = elb()
+            .describe_tags()
+            .load_balancer_names(name)
+            .send()
+            .await
+            .ok()?;
+        return Some(
+            tags.tag_descriptions()
+                .iter()
+                .flat_map(|d| d.tags())
+                .map(|t| (t.key().to_owned(), t.value().unwrap_or_default().to_owned()))
+                .collect(),
+        );
+    }
+    let v2 = elbv2().describe_load_balancers().send().await.ok()?;
+    let arn = v2
+        .load_balancers()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname))?
+        .load_balancer_arn()?
+        .to_owned();
+    let tags = elbv2()
+        .describe_tags()
+        .resource_arns(arn)
+        .send()
+        .await
+        .ok()?;
+    Some(
+        tags.tag_descriptions()
+            .iter()
+            .flat_map(|d| d.tags())
+            .filter_map(|t| {
+                Some((
+                    t.key()?.to_owned(),
+                    t.value().unwrap_or_default().to_owned(),
+                ))
+            })
+            .collect(),
+    )
+}
+
+/// The backends of the load balancer whose DNS name is `hostname`: a Classic ELB's instances, an NLB's
+/// first target group's targets.
+async fn backends(hostname: &str) -> Option<Vec<String>> {
+    let classic = elb().describe_load_balancers().send().await.ok()?;
+    if let Some(lb) = classic
+        .load_balancer_descriptions()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname))
+    {
+        let mut ids: Vec<String> = lb
+            .instances()
+            .iter()
+            .filter_map(|i| i.instance_id().map(str::to_owned))
+            .collect();
+        ids.sort();
+        return Some(ids);
+    }
+    nlb_instances(hostname).await
+}
+
+/// Issue #51 item 2 on `aws`: a Service with `ccm.rs/load-balancer-retain: "true"` leaves its Classic
+/// ELB or NLB when deleted (tagged as kept, no backends), the orphan sweep leaves it, and the next
+/// Service of the same namespace and name adopts it: the same DNS name, its instances back. Deleted with
+/// that Service (which does not ask to keep it), nothing is left. A kept one an operator releases (its
+/// `ccm.rs/retained-for` tag removed, as docs/aws-provider.md says) is deleted by the sweep.
+#[tokio::test]
+async fn a_kept_load_balancer_outlives_its_service_and_the_next_of_its_name_adopts_it() {
+    let _serial = SERIAL.lock().await;
+    // A failed run's Services go first, without a manager (their load balancers went with moto's reset).
+    let services: Api<Service> = Api::namespaced(control_plane().admin_client().await, "default");
+    for name in ["keep-elb", "keep-nlb", "keep-released"] {
+        let unfinalized = json!({ "metadata": { "finalizers": null } });
+        let _ = services
+            .patch(name, &PatchParams::default(), &Patch::Merge(&unfinalized))
+            .await;
+        let _ = services.delete(name, &DeleteParams::default()).await;
+    }
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let (shutdown, task, _cloud) = start_manager(
+        "cloud-node,service",
+        &["--orphaned-load-balancer-sweep-period=1s"],
+    )
+    .await;
+    let api = nodes().await;
+    let node = instances[0].private_dns.clone();
+    let _ = api.delete(&node, &DeleteParams::default()).await;
+    create_initialized_node(&api, &node).await;
+    let create = |name: &'static str, annotations: serde_json::Value| {
+        let services = services.clone();
+        async move {
+            let object: Service = serde_json::from_value(json!({
+                "metadata": { "name": name, "annotations": annotations },
+                "spec": { "type": "LoadBalancer", "ports": [{ "port": 80, "targetPort": 8080 }] }
+            }))
+            .unwrap();
+            let made = services
+                .create(&PostParams::default(), &object)
+                .await
+                .expect("service created");
+            let uid = made.metadata.uid.clone().unwrap();
+            let hostname = eventually(&format!("{name}'s load balancer"), || async {
+                ingress_hostname(&services.get(name).await.ok()?)
+            })
+            .await;
+            (uid, hostname)
+        }
+    };
+    let gone = |name: &'static str| {
+        let services = services.clone();
+        async move {
+            services
+                .delete(name, &DeleteParams::default())
+                .await
+                .unwrap();
+            eventually(&format!("{name} gone"), || async {
+                services.get_opt(name).await.ok()?.is_none().then_some(())
+            })
+            .await;
+        }
+    };
+    let nlb = json!({ "service.beta.kubernetes.io/aws-load-balancer-type": "nlb" });
+    for (name, kind) in [("keep-elb", json!({})), ("keep-nlb", nlb)] {
+        let mut keep = kind.clone();
+        keep["ccm.rs/load-balancer-retain"] = json!("true");
+        let (first_uid, hostname) = create(name, keep).await;
+        eventually(&format!("{name}'s instance registered"), || async {
+            (backends(&hostname).await? == [instances[0].id.clone()]).then_some(())
+        })
+        .await;
+        gone(name).await;
+        let tags = load_balancer_tags(&hostname)
+            .await
+            .expect("the load balancer is kept");
+        assert_eq!(
+            tags.get("ccm.rs/retained-for").map(String::as_str),
+            Some(&*format!("default/{name}")),
+            "{tags:?}"
+        );
+        assert_eq!(tags.get("ccm.rs/named-for-uid"), Some(&first_uid));
+        assert_eq!(
+            backends(&hostname).await,
+            Some(vec![]),
+            "a kept one serves nothing"
+        );
+        // Three sweeps later it is still there.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            load_balancer_tags(&hostname).await.is_some(),
+            "the sweep left it"
+        );
+
+        // The next Service of the name, which does not ask to keep it, adopts it.
+        let (next_uid, adopted) = create(name, kind.clone()).await;
+        assert_ne!(next_uid, first_uid);
+        assert_eq!(adopted, hostname, "the same DNS name");
+        eventually(&format!("{name}'s instance registered again"), || async {
+            (backends(&hostname).await? == [instances[0].id.clone()]).then_some(())
+        })
+        .await;
+        let tags = load_balancer_tags(&hostname).await.unwrap();
+        assert_eq!(tags.get("ccm.rs/adopted-by"), Some(&next_uid), "{tags:?}");
+        assert!(!tags.contains_key("ccm.rs/retained-for"), "{tags:?}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(
+            load_balancer_tags(&hostname).await.is_some(),
+            "the sweep leaves the adopter's load balancer, though its name is of the first UID"
+        );
+        gone(name).await;
+        eventually(
+            &format!("{name}'s load balancer deleted with its adopter"),
+            || async { load_balancer_tags(&hostname).await.is_none().then_some(()) },
+        )
+        .await;
+    }
+    eventually("no cluster resources left", || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+
+    // An operator's release: the tag removed, the sweep deletes it.
+    let (_, hostname) = create(
+        "keep-released",
+        json!({ "ccm.rs/load-balancer-retain": "true" }),
+    )
+    .await;
+    gone("keep-released").await;
+    let kept = elb().describe_load_balancers().send().await.unwrap();
+    let name = kept
+        .load_balancer_descriptions()
+        .iter()
+        .find(|lb| lb.dns_name() == Some(hostname.as_str()))
+        .and_then(|lb| lb.load_balancer_name())
+        .expect("kept")
+        .to_owned();
+    elb()
+        .remove_tags()
+        .load_balancer_names(&name)
+        .tags(
+            aws_sdk_elasticloadbalancing::types::TagKeyOnly::builder()
+                .key("ccm.rs/retained-for")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    eventually("the released load balancer swept", || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+    stop_manager(shutdown, task).await;
+    let _ = api.delete(&node, &DeleteParams::default()).await;
 }

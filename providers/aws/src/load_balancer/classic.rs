@@ -675,7 +675,7 @@ impl LoadBalancers {
 
     /// Registers the instances not yet behind the ELB and deregisters the others; nothing else. (The
     /// register and deregister responses are not read: moto's are empty.)
-    async fn sync_classic_instances(
+    pub(super) async fn sync_classic_instances(
         &self,
         lb: &LoadBalancerDescription,
         instances: &[InstanceInfo],

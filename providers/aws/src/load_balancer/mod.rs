@@ -13,6 +13,7 @@ mod inventory;
 mod nlb;
 mod nlb_security_group;
 mod plan;
+mod retained;
 mod security_groups;
 pub mod spec;
 
@@ -48,6 +49,9 @@ pub struct LoadBalancers {
     plan: Option<Arc<Mutex<Plan>>>,
     /// The region's load balancers (both kinds) and tagged target groups, for deletions.
     deletion_index: Arc<deletion_index::DeletionIndex>,
+    /// The load balancers kept for a Service that went, or adopted by a later one
+    /// (`ccm.rs/load-balancer-retain`).
+    kept: Arc<retained::KeptIndex>,
 }
 
 impl LoadBalancers {
@@ -59,6 +63,7 @@ impl LoadBalancers {
             config,
             plan: None,
             deletion_index: Arc::default(),
+            kept: Arc::default(),
         }
     }
 
@@ -72,6 +77,7 @@ impl LoadBalancers {
             config: self.config.clone(),
             plan: Some(plan.clone()),
             deletion_index: self.deletion_index.clone(),
+            kept: self.kept.clone(),
         };
         (this, plan)
     }
@@ -588,6 +594,7 @@ impl LoadBalancer for LoadBalancers {
         cluster_name: &str,
         service: &Service,
     ) -> CloudResult<Option<LoadBalancerStatus>> {
+        let service = &*self.named(self.cluster_id(cluster_name), service).await?;
         let name = default_load_balancer_name(service);
         // The type annotation may be malformed; look for both kinds then.
         let kind = self.spec(cluster_name, service).map(|s| s.kind).ok();
@@ -615,6 +622,10 @@ impl LoadBalancer for LoadBalancers {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
+        let kind = self.spec(cluster_name, service)?.kind;
+        let service = &*self
+            .adopting(self.cluster_id(cluster_name), service, kind)
+            .await?;
         let spec = self.spec(cluster_name, service)?;
         let instances = self.instances(&spec.target_nodes(nodes)).await?;
         let cluster_id = self.cluster_id(cluster_name).to_owned();
@@ -631,6 +642,7 @@ impl LoadBalancer for LoadBalancers {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
+        let service = &*self.named(self.cluster_id(cluster_name), service).await?;
         let spec = self.spec(cluster_name, service)?;
         let instances = self.instances(&spec.target_nodes(nodes)).await?;
         let cluster_id = self.cluster_id(cluster_name).to_owned();
@@ -655,6 +667,11 @@ impl LoadBalancer for LoadBalancers {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerPreview> {
+        let kind = self.spec(cluster_name, service)?.kind;
+        let (preview, plan) = self.previewing();
+        let service = &*preview
+            .adopting(self.cluster_id(cluster_name), service, kind)
+            .await?;
         let spec = self.spec(cluster_name, service)?;
         let targets = spec.target_nodes(nodes);
         let found = self.node_instances(&targets).await?;
@@ -667,7 +684,6 @@ impl LoadBalancer for LoadBalancers {
         instances.sort_by(|a, b| a.id.cmp(&b.id));
         instances.dedup_by(|a, b| a.id == b.id);
         let cluster_id = self.cluster_id(cluster_name).to_owned();
-        let (preview, plan) = self.previewing();
         match spec.kind {
             Kind::Nlb => preview.ensure_nlb(&spec, &instances, &cluster_id).await?,
             Kind::Classic => {
@@ -700,6 +716,7 @@ impl LoadBalancer for LoadBalancers {
         cluster_name: &str,
         service: &Service,
     ) -> CloudResult<()> {
+        let service = &*self.named(self.cluster_id(cluster_name), service).await?;
         let name = default_load_balancer_name(service);
         let service_name = format!(
             "{}/{}",
@@ -717,7 +734,29 @@ impl LoadBalancer for LoadBalancers {
         self.delete_nlb(&name, &service_name, Some(&own_group), &cluster_id)
             .await?;
         self.delete_classic(&name, &cluster_id).await?;
+        self.kept_deleted(&name).await;
         Ok(())
+    }
+
+    fn get_load_balancer_name(&self, _cluster_name: &str, service: &Service) -> String {
+        match self.kept.adopted_uid(service) {
+            Some(uid) => {
+                let mut named = service.clone();
+                named.metadata.uid = Some(uid);
+                default_load_balancer_name(&named)
+            }
+            None => default_load_balancer_name(service),
+        }
+    }
+
+    /// Keeps its Classic ELB or NLB, tagged, without backends (see `retained`).
+    fn retains_load_balancers(&self) -> bool {
+        true
+    }
+
+    #[tracing::instrument(skip_all, fields(service = service.metadata.name.as_deref().unwrap_or("")))]
+    async fn retain_load_balancer(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
+        Ok(self.retain(self.cluster_id(cluster_name), service).await?)
     }
 
     /// Every Classic ELB and NLB tagged for the cluster (`kubernetes.io/cluster/<id>`).
@@ -726,7 +765,9 @@ impl LoadBalancer for LoadBalancers {
         cluster_name: &str,
     ) -> CloudResult<Vec<ClusterLoadBalancer>> {
         let cluster_id = self.cluster_id(cluster_name).to_owned();
-        Ok(self.cluster_load_balancers(&cluster_id).await?)
+        let tagged = self.tagged_load_balancers(&cluster_id).await?;
+        self.kept.prime(&tagged);
+        Ok(inventory::listed(&tagged))
     }
 
     #[tracing::instrument(skip_all, fields(load_balancer = load_balancer.name))]
@@ -754,6 +795,7 @@ impl LoadBalancer for LoadBalancers {
             self.delete_classic(&load_balancer.name, &cluster_id)
                 .await?;
         }
+        self.kept_deleted(&load_balancer.name).await;
         Ok(())
     }
 }

@@ -152,7 +152,7 @@ impl LoadBalancers {
         }
     }
 
-    async fn target_groups_of(&self, lb_arn: &str) -> Result<Vec<TargetGroup>> {
+    pub(super) async fn target_groups_of(&self, lb_arn: &str) -> Result<Vec<TargetGroup>> {
         let elbv2 = &self.calls.clients.elbv2;
         match self
             .calls
@@ -609,7 +609,7 @@ impl LoadBalancers {
     }
 
     /// Registers the instances not yet targets and deregisters those no longer wanted; nothing else.
-    async fn sync_targets(
+    pub(super) async fn sync_targets(
         &self,
         group_arn: &str,
         node_port: i32,

@@ -39,7 +39,7 @@ pub(crate) fn check(service: &Service, lb: &dyn LoadBalancer) -> Result<(), Clou
         Ok(true) if lb.retains_load_balancers() => Ok(()),
         Ok(true) => Err(CloudError::refused(format!(
             "{ANNOTATION}: this cloud provider cannot keep a load balancer once its Service goes; \
-             remove the annotation, or use a provider that can (local, fake)"
+             remove the annotation, or use a provider that can (local, aws, fake)"
         ))),
         Err(why) => Err(CloudError::refused(why)),
     }

@@ -8,7 +8,8 @@
 //! finds it whatever leaked it.
 //!
 //! A load balancer is an orphan when its name is [`LoadBalancer::get_load_balancer_name`] of no Service
-//! that exists. The cache answers first; a candidate is then confirmed against a fresh list from the API
+//! that exists, and the UID the cloud recorded for it ([`ClusterLoadBalancer::service`]: the Service
+//! that adopted a kept one, say) is of no Service that exists either. The cache answers first; a candidate is then confirmed against a fresh list from the API
 //! server (a Service created a moment ago may not be in the cache yet), taken after the cloud's list, so
 //! a load balancer ensured for a Service always finds that Service in it unless it was deleted since. A
 //! Service that exists but no longer wants a load balancer is the controller's business, not the
@@ -34,27 +35,49 @@ pub(super) struct Swept {
     pub(super) failed: usize,
 }
 
-/// The listed load balancers whose name no Service claims, except those kept for a Service that went
+/// What the Services that exist claim: their load balancers' names, and their UIDs.
+#[derive(Debug, Default)]
+pub(super) struct Claims {
+    names: HashSet<String>,
+    uids: HashSet<String>,
+}
+
+impl Claims {
+    /// The claims of `services`.
+    fn of<'a>(
+        lb: &dyn LoadBalancer,
+        cluster_name: &str,
+        services: impl IntoIterator<Item = &'a Service>,
+    ) -> Self {
+        let mut claims = Self::default();
+        for service in services {
+            claims
+                .names
+                .insert(lb.get_load_balancer_name(cluster_name, service));
+            claims.uids.extend(service.metadata.uid.clone());
+        }
+        claims
+    }
+
+    fn claim(&self, lb: &ClusterLoadBalancer) -> bool {
+        self.names.contains(&lb.name)
+            || lb
+                .service
+                .as_ref()
+                .and_then(|s| s.uid.as_ref())
+                .is_some_and(|uid| self.uids.contains(uid))
+    }
+}
+
+/// The listed load balancers no Service claims, except those kept for a Service that went
 /// (`ccm.rs/load-balancer-retain`).
 pub(super) fn unclaimed<'a>(
     listed: impl IntoIterator<Item = &'a ClusterLoadBalancer>,
-    claimed: &HashSet<String>,
+    claims: &Claims,
 ) -> Vec<&'a ClusterLoadBalancer> {
     listed
         .into_iter()
-        .filter(|lb| !lb.retained && !claimed.contains(&lb.name))
-        .collect()
-}
-
-/// The load-balancer names the Services claim.
-fn claimed_names<'a>(
-    lb: &dyn LoadBalancer,
-    cluster_name: &str,
-    services: impl IntoIterator<Item = &'a Service>,
-) -> HashSet<String> {
-    services
-        .into_iter()
-        .map(|service| lb.get_load_balancer_name(cluster_name, service))
+        .filter(|lb| !lb.retained && !claims.claim(lb))
         .collect()
 }
 
@@ -118,7 +141,7 @@ pub(super) async fn sweep_once(
     let cached = services.state();
     let candidates = unclaimed(
         &listed,
-        &claimed_names(lb, &ctx.cluster_name, cached.iter().map(|s| s.as_ref())),
+        &Claims::of(lb, &ctx.cluster_name, cached.iter().map(|s| s.as_ref())),
     );
     if candidates.is_empty() {
         return Ok(swept);
@@ -131,7 +154,7 @@ pub(super) async fn sweep_once(
             what: "failed to list Services to confirm orphaned load balancers",
             source,
         })?;
-    let claimed = claimed_names(lb, &ctx.cluster_name, &fresh.items);
+    let claimed = Claims::of(lb, &ctx.cluster_name, &fresh.items);
     for orphan in unclaimed(candidates, &claimed) {
         let service = orphan.service.as_ref().map(ToString::to_string);
         match lb
@@ -193,7 +216,10 @@ mod tests {
             (&["A1"], &["a1", "a2", "a3"]), // names are compared exactly
         ];
         for (claimed, expected) in cases {
-            let claimed: HashSet<String> = claimed.iter().map(|s| s.to_string()).collect();
+            let claimed = Claims {
+                names: claimed.iter().map(|s| s.to_string()).collect(),
+                ..Claims::default()
+            };
             let names: Vec<&str> = unclaimed(&listed, &claimed)
                 .into_iter()
                 .map(|lb| lb.name.as_str())
@@ -203,9 +229,29 @@ mod tests {
     }
 
     #[test]
+    fn a_load_balancer_recorded_for_a_uid_that_exists_is_claimed() {
+        let of = |uid: &str| {
+            ClusterLoadBalancer::new(
+                "a-kept",
+                Some(cloud_provider::ServiceRef::new("shop", "web").with_uid(uid)),
+            )
+        };
+        let listed = [of("u-adopter"), of("u-gone"), lb("a-untagged")];
+        let claims = Claims {
+            uids: ["u-adopter".to_owned()].into(),
+            ..Claims::default()
+        };
+        let names: Vec<_> = unclaimed(&listed, &claims)
+            .into_iter()
+            .map(|lb| lb.service.as_ref().and_then(|s| s.uid.clone()))
+            .collect();
+        assert_eq!(names, [Some("u-gone".to_owned()), None]);
+    }
+
+    #[test]
     fn a_retained_load_balancer_is_never_an_orphan() {
         let listed = [lb("a1"), lb("a2").retained()];
-        let names: Vec<&str> = unclaimed(&listed, &HashSet::new())
+        let names: Vec<&str> = unclaimed(&listed, &Claims::default())
             .into_iter()
             .map(|lb| lb.name.as_str())
             .collect();
