@@ -2,11 +2,13 @@
 
 use std::path::PathBuf;
 
+use http::{HeaderValue, header::ACCEPT};
 use kube::{
     Client, Config,
     client::ClientBuilder,
     config::{KubeConfigOptions, Kubeconfig},
 };
+use tower_http::set_header::SetRequestHeaderLayer;
 
 use super::{
     options::ClientOptions,
@@ -162,6 +164,15 @@ fn master_url(master: &str) -> Result<http::Uri, ClientError> {
     Ok(url)
 }
 
+/// What a request that names no media type of its own accepts (a get, list or watch of an object, a
+/// create, a delete): JSON without `metadata.managedFields` (KEP-5958, gate `ManagedFieldsOptOut`, alpha in
+/// 1.38). An API server with the gate leaves the field out of what it sends, which saves its
+/// serialization and the bytes on the wire (the manager reads no managed fields: its caches drop them
+/// after decoding anyway, and its writes never send them, so the stored ones stay). One without the gate,
+/// or older than 1.38, ignores the parameter (an unrecognized media-type parameter), so it is sent to
+/// every API server. A request that names its own media type (a patch, a metadata-only list) keeps it.
+pub(crate) const ACCEPT_WITHOUT_MANAGED_FIELDS: &str = "application/json;drop=metadata.managedFields";
+
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
 /// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
 /// while `fence` (the leader's; [`WriteFence::unenforced`] without leader election) allows them, and,
@@ -188,7 +199,11 @@ pub(crate) fn build_client(
     // run made), when it is about to be sent, after any wait for a rate-limit token.
     let base = ClientBuilder::try_from(config)
         .map_err(ClientError::Build)?
-        .with_layer(&ServiceAccountAuthLayer::new(token.cloned()));
+        .with_layer(&ServiceAccountAuthLayer::new(token.cloned()))
+        .with_layer(&SetRequestHeaderLayer::if_not_present(
+            ACCEPT,
+            HeaderValue::from_static(ACCEPT_WITHOUT_MANAGED_FIELDS),
+        ));
     let metrics = metrics.layer(&host);
     let limit = RateLimitLayer::new(options.kube_api_qps, options.kube_api_burst);
     Ok(match (dry_run, limit) {
@@ -215,6 +230,87 @@ pub(crate) fn build_client(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The media type each kind of request reaches the API server with through the manager's client
+    /// (`build_client`), as a listener on loopback receives it.
+    #[tokio::test]
+    async fn requests_without_a_media_type_ask_for_json_without_managed_fields() {
+        use k8s_openapi::api::core::v1::Node;
+        use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchParams};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        // Answers every request 500 after its head (and closes), reporting its method and Accept.
+        let server = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let method = head.split(' ').next().unwrap_or_default().to_owned();
+                let accept = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("accept: "))
+                    .unwrap_or_default()
+                    .to_owned();
+                let _ = tx.send((method, accept));
+                let _ = stream
+                    .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+                    .await;
+            }
+        });
+        let options = ClientOptions {
+            kubeconfig: String::new(),
+            master: String::new(),
+            kube_api_qps: 0.0,
+            kube_api_burst: 0,
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let client = build_client(
+            Config::new(url.parse().unwrap()),
+            &options,
+            &RequestMetrics::register(&mut registry),
+            &WriteFence::unenforced(),
+            None,
+            None,
+        )
+        .unwrap();
+        let nodes: Api<Node> = Api::all(client);
+        let _ = nodes.list(&ListParams::default()).await;
+        let _ = nodes.watch(&WatchParams::default(), "1").await;
+        let _ = nodes.get("a").await;
+        let _ = nodes.create(&PostParams::default(), &Node::default()).await;
+        let _ = nodes.list_metadata(&ListParams::default()).await;
+        let _ = nodes
+            .patch("a", &PatchParams::default(), &Patch::Merge(serde_json::json!({})))
+            .await;
+        server.abort();
+        let mut seen = Vec::new();
+        while let Ok(request) = rx.try_recv() {
+            seen.push(request);
+        }
+        // A failed request may be sent again: each kind once in order is what matters.
+        seen.dedup();
+        let without = ACCEPT_WITHOUT_MANAGED_FIELDS.to_owned();
+        let pair = |m: &str, a: &str| (m.to_owned(), a.to_owned());
+        assert_eq!(
+            seen,
+            [
+                pair("GET", &without),
+                pair("POST", &without),
+                pair(
+                    "GET",
+                    "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+                ),
+                pair("PATCH", "application/json"),
+            ],
+            "list, watch and get (one GET each, the same media type), create, metadata list, patch"
+        );
+    }
 
     #[test]
     fn the_user_agent_names_the_binary_first_and_the_controller_last() {
