@@ -64,7 +64,16 @@ pub struct Global {
     pub supported_topology_instance_type_pattern: Option<String>,
     /// `NLBSecurityGroupMode`: whether a new NLB gets a security group of its own.
     pub nlb_security_group_mode: NlbSecurityGroupMode,
+    /// `DriftCheckCallsPerSecond` (ours): the most AWS calls a second the drift check and shadow-mode
+    /// previews make to each API (EC2, ELB, ELBv2); 0 for no limit. Default
+    /// [`DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND`].
+    pub drift_check_calls_per_second: u32,
 }
+
+/// The default of `DriftCheckCallsPerSecond`: a fifth of the rate at which ELB refills an account's
+/// `Describe*` bucket in a region (10 a second, for each ELB API version), so the checks leave the rest
+/// to syncs and to every other tool of the account.
+pub const DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND: u32 = 2;
 
 /// Upstream's `NLBSecurityGroupMode`: whether a new NLB gets a security group of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -123,6 +132,7 @@ impl Default for Global {
             cluster_health_probe: ClusterHealthProbe::ServiceNodePort,
             supported_topology_instance_type_pattern: None,
             nlb_security_group_mode: NlbSecurityGroupMode::Unmanaged,
+            drift_check_calls_per_second: DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND,
         }
     }
 }
@@ -333,6 +343,16 @@ impl Config {
                                     ));
                                 }
                             };
+                        }
+                        "driftcheckcallspersecond" => {
+                            g.drift_check_calls_per_second = value.parse().map_err(|_| {
+                                err(
+                                    line_no,
+                                    format!(
+                                        "[Global] {key}: {value:?} is not a whole number of calls a second (0 for no limit)"
+                                    ),
+                                )
+                            })?;
                         }
                         _ => return Err(err(line_no, format!("unknown key {key:?} in [Global]"))),
                     }
@@ -779,6 +799,31 @@ SigningMethod = v4
             mode("[Global]\nnlbsecuritygroupmode = Managed\n"),
             NlbSecurityGroupMode::Managed
         );
+    }
+
+    #[test]
+    fn the_drift_check_budget_is_a_whole_number_of_calls_a_second() {
+        let budget = |text: &str| {
+            Config::parse(text, "cloud.conf")
+                .map(|c| c.global.drift_check_calls_per_second)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            budget("[Global]\n"),
+            Ok(DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND)
+        );
+        assert_eq!(budget("[Global]\nDriftCheckCallsPerSecond = 8\n"), Ok(8));
+        assert_eq!(budget("[Global]\ndriftcheckcallspersecond = 0\n"), Ok(0));
+        for bad in ["-1", "2.5", "fast", ""] {
+            let refused =
+                budget(&format!("[Global]\nDriftCheckCallsPerSecond = {bad}\n")).unwrap_err();
+            assert!(
+                refused.contains("line 2")
+                    && refused.contains("DriftCheckCallsPerSecond")
+                    && refused.contains("whole number"),
+                "{bad:?}: {refused}"
+            );
+        }
     }
 
     #[test]

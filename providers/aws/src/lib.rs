@@ -134,7 +134,10 @@ impl AwsCloud {
                 };
                 let clients = Clients::new(&sdk, &self.config)?;
                 let region = clients.region.clone();
-                let calls = Calls::new(clients, self.options.retry, self.metrics.clone());
+                let calls = Calls::new(clients, self.options.retry, self.metrics.clone())
+                    .with_preview_budget(sdk::PreviewBudget::new(
+                        self.config.global.drift_check_calls_per_second,
+                    ));
                 let describer = Arc::new(Describer::new(calls.clone(), self.options.batch_window));
                 let expected = regex_lite::Regex::new(
                     self.config

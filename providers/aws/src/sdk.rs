@@ -192,6 +192,7 @@ pub struct ApiMetrics {
     requests: Family<Vec<(String, String)>, Counter>,
     throttled: Family<Vec<(String, String)>, Counter>,
     errors: Family<Vec<(String, String)>, Counter>,
+    budget_waits: Family<Vec<(String, String)>, Counter>,
     upstream: UpstreamMetrics,
     tally: Arc<Mutex<Tally>>,
 }
@@ -202,6 +203,7 @@ impl Default for ApiMetrics {
             requests: Family::default(),
             throttled: Family::default(),
             errors: Family::default(),
+            budget_waits: Family::default(),
             upstream: UpstreamMetrics {
                 duration: Family::new_with_constructor(|| Histogram::new(DEFAULT_BUCKETS)),
                 errors: Family::default(),
@@ -304,6 +306,7 @@ fn upstream_operation(operation: &str) -> &str {
 struct Tally {
     requests: BTreeMap<&'static str, u64>,
     throttled: BTreeMap<&'static str, u64>,
+    budget_waits: BTreeMap<&'static str, u64>,
 }
 
 fn op_label(operation: &str) -> Vec<(String, String)> {
@@ -328,6 +331,11 @@ impl ApiMetrics {
             "aws_api_errors",
             "AWS API calls that failed after their retries, by operation and error code",
             self.errors.clone(),
+        );
+        registry.register(
+            "aws_drift_check_budget_waits",
+            "Calls of the drift check or of shadow-mode previews that waited for the budget ([Global] DriftCheckCallsPerSecond), by AWS service",
+            self.budget_waits.clone(),
         );
         registry.register(
             "cloudprovider_aws_api_request_duration_seconds",
@@ -365,6 +373,23 @@ impl ApiMetrics {
             .lock()
             .map(|t| t.throttled.clone())
             .unwrap_or_default()
+    }
+
+    /// Preview calls that waited for the budget so far, per AWS service.
+    pub fn budget_waits(&self) -> BTreeMap<&'static str, u64> {
+        self.tally
+            .lock()
+            .map(|t| t.budget_waits.clone())
+            .unwrap_or_default()
+    }
+
+    fn count_budget_wait(&self, service: &'static str) {
+        self.budget_waits
+            .get_or_create(&vec![("service".to_owned(), service.to_owned())])
+            .inc();
+        if let Ok(mut t) = self.tally.lock() {
+            *t.budget_waits.entry(service).or_default() += 1;
+        }
     }
 
     fn count_request(&self, operation: &'static str) {
@@ -425,6 +450,42 @@ impl ApiMetrics {
     }
 }
 
+/// What the drift check's and shadow mode's previews may ask of each AWS API (EC2, ELB, ELBv2) a
+/// second (`DriftCheckCallsPerSecond`): one token bucket per API, as AWS throttles each API's calls
+/// of an account and region with a bucket of its own. A preview's call waits for a token; syncs never
+/// wait. `governor` holds the buckets.
+pub struct PreviewBudget {
+    per_api: [(&'static str, governor::DefaultDirectRateLimiter); 3],
+}
+
+impl PreviewBudget {
+    /// `calls_per_second` to each API, in bursts of at most as many; `None` (no limit) for 0.
+    pub fn new(calls_per_second: u32) -> Option<Arc<Self>> {
+        let rate = std::num::NonZeroU32::new(calls_per_second)?;
+        let bucket = || governor::RateLimiter::direct(governor::Quota::per_second(rate));
+        Some(Arc::new(Self {
+            per_api: [
+                ("EC2", bucket()),
+                ("Elastic Load Balancing", bucket()),
+                ("Elastic Load Balancing v2", bucket()),
+            ],
+        }))
+    }
+
+    /// Waits for a token of `service`'s bucket (an aws-sdk-go-v2 service ID, [`service_id`]); answers
+    /// whether it had to wait.
+    async fn take(&self, service: &str) -> bool {
+        let Some((_, bucket)) = self.per_api.iter().find(|(id, _)| *id == service) else {
+            return false;
+        };
+        if bucket.check().is_ok() {
+            return false;
+        }
+        bucket.until_ready().await;
+        true
+    }
+}
+
 /// The clients plus the call path: retries with back-off and counts.
 #[derive(Clone)]
 pub struct Calls {
@@ -433,6 +494,8 @@ pub struct Calls {
     retry: RetryPolicy,
     metrics: ApiMetrics,
     read_only: bool,
+    /// The previews' budget, taken by a read-only call path's calls.
+    preview_budget: Option<Arc<PreviewBudget>>,
 }
 
 impl Calls {
@@ -443,7 +506,14 @@ impl Calls {
             retry,
             metrics,
             read_only: false,
+            preview_budget: None,
         }
+    }
+
+    /// The same call path whose read-only form ([`Calls::read_only`]) keeps to `budget`.
+    pub fn with_preview_budget(mut self, budget: Option<Arc<PreviewBudget>>) -> Self {
+        self.preview_budget = budget;
+        self
     }
 
     /// The same call path refusing every operation but `Describe*` (for previews).
@@ -481,6 +551,12 @@ impl Calls {
         let mut attempt = 1;
         let started = std::time::Instant::now();
         loop {
+            if self.read_only
+                && let Some(budget) = &self.preview_budget
+                && budget.take(service_id::<E>()).await
+            {
+                self.metrics.count_budget_wait(service_id::<E>());
+            }
             self.metrics.count_request(operation);
             let err = match send().await {
                 Ok(output) => {

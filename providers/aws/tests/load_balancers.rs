@@ -804,6 +804,61 @@ async fn preview(
     preview
 }
 
+/// Issue #53 item 4: the previews (the drift check's, shadow mode's) keep to `DriftCheckCallsPerSecond`
+/// for each AWS API, a sync never waits for it, and `0` lifts it. Counted by the calls that waited
+/// (`aws_drift_check_budget_waits_total`), never timed.
+#[tokio::test]
+async fn previews_keep_to_the_drift_check_budget_and_syncs_do_not_wait_for_it() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 1).await;
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
+    let nlb = lb_service("budget", UID, &[(ANNOTATION_TYPE, "nlb")]);
+    let budgeted = support::cloud(&format!(
+        "{}DriftCheckCallsPerSecond = 1\n",
+        default_config()
+    ));
+    let lb = budgeted.load_balancer().unwrap();
+    lb.ensure_load_balancer("kubernetes", &nlb, &nodes)
+        .await
+        .unwrap();
+    assert!(
+        budgeted.api_metrics().budget_waits().is_empty(),
+        "a sync waits for no budget"
+    );
+    // One NLB preview asks ELBv2 more than once, at one call a second: the second call waits.
+    assert_eq!(
+        preview(&budgeted, &nlb, &nodes).await,
+        LoadBalancerPreview::UpToDate
+    );
+    let waits = budgeted.api_metrics().budget_waits();
+    assert!(
+        waits.get("Elastic Load Balancing v2").copied().unwrap_or(0) >= 1,
+        "{waits:?}"
+    );
+    lb.ensure_load_balancer("kubernetes", &nlb, &nodes)
+        .await
+        .unwrap();
+    assert_eq!(
+        budgeted.api_metrics().budget_waits(),
+        waits,
+        "a sync after the previews waits for nothing"
+    );
+
+    let unlimited = support::cloud(&format!(
+        "{}DriftCheckCallsPerSecond = 0\n",
+        default_config()
+    ));
+    for _ in 0..3 {
+        preview(&unlimited, &nlb, &nodes).await;
+    }
+    assert!(unlimited.api_metrics().budget_waits().is_empty());
+    lb.ensure_load_balancer_deleted("kubernetes", &nlb)
+        .await
+        .unwrap();
+}
+
 /// Deregisters `id` behind the load balancer straight through the SDK (the Classic ELB, or every
 /// target group of the NLB), as an operator or another controller would.
 async fn deregister_directly(nlb: bool, id: &str) {
