@@ -171,7 +171,8 @@ fn master_url(master: &str) -> Result<http::Uri, ClientError> {
 /// after decoding anyway, and its writes never send them, so the stored ones stay). One without the gate,
 /// or older than 1.38, ignores the parameter (an unrecognized media-type parameter), so it is sent to
 /// every API server. A request that names its own media type (a patch, a metadata-only list) keeps it.
-pub(crate) const ACCEPT_WITHOUT_MANAGED_FIELDS: &str = "application/json;drop=metadata.managedFields";
+pub(crate) const ACCEPT_WITHOUT_MANAGED_FIELDS: &str =
+    "application/json;drop=metadata.managedFields";
 
 /// A client for `config`, limited to `--kube-api-qps` / `--kube-api-burst`, recording every request in
 /// `metrics` (requests waiting for a rate-limit token are not yet counted), and sending writes only
@@ -247,7 +248,8 @@ mod tests {
             while let Ok((mut stream, _)) = listener.accept().await {
                 let mut head = Vec::new();
                 let mut byte = [0u8; 1];
-                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1 {
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap_or(0) == 1
+                {
                     head.push(byte[0]);
                 }
                 let head = String::from_utf8_lossy(&head).into_owned();
@@ -286,7 +288,11 @@ mod tests {
         let _ = nodes.create(&PostParams::default(), &Node::default()).await;
         let _ = nodes.list_metadata(&ListParams::default()).await;
         let _ = nodes
-            .patch("a", &PatchParams::default(), &Patch::Merge(serde_json::json!({})))
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({})),
+            )
             .await;
         server.abort();
         let mut seen = Vec::new();
