@@ -742,3 +742,86 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
         None,
     );
 }
+
+/// The addresses `kube-system/local-retained-addresses` keeps for `namespace/name` (`None`: none).
+fn kept_for(namespace: &str, name: &str) -> Option<String> {
+    let path = format!("{{.data.{namespace}\\.{name}}}");
+    let out = cluster().kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "configmap",
+            "local-retained-addresses",
+            "-o",
+            &format!("jsonpath={path}"),
+        ],
+        None,
+    );
+    let out = out.trim();
+    (!out.is_empty()).then(|| out.to_owned())
+}
+
+/// Issue #51 item 2 on the real cluster: a Service with `ccm.rs/load-balancer-retain: "true"` keeps its
+/// VIP when it is deleted (recorded in `kube-system/local-retained-addresses`, not served, given to no
+/// other Service), and the next Service of its name gets that VIP back, with traffic through it to the
+/// pods again; its record goes.
+#[tokio::test]
+async fn a_kept_vip_is_served_again_by_the_next_service_of_its_name() {
+    let _serial = SERIAL.lock().await;
+    let c = cluster();
+    c.ensure_manager(ManagerForm::Deployment).await;
+    let ns = deploy(
+        "kept",
+        &[
+            echo_app("echo", 2, true, None),
+            load_balancer("web", "echo", "", r#"ccm.rs/load-balancer-retain: "true""#),
+        ],
+    )
+    .await;
+    let (vip, _) = ingress(ns.name(), "web").await;
+    let http = SocketAddr::new(vip, 80);
+    let pods: BTreeSet<String> = pods_of(ns.name(), "echo")
+        .await
+        .into_iter()
+        .map(|(pod, _)| pod)
+        .collect();
+    let before = steady_answers("the VIP answers", http, 10).await;
+    assert!(before.is_subset(&pods), "{before:?} not of {pods:?}");
+
+    c.kubectl(
+        &["-n", ns.name(), "delete", "service", "web", "--wait=true"],
+        None,
+    );
+    let kept = eventually("the VIP recorded as kept", LONG, || async {
+        kept_for(ns.name(), "web")
+    })
+    .await;
+    assert_eq!(kept, vip.to_string());
+    eventually("the kept VIP no longer served", LONG, || async {
+        http_get(http, "/").await.is_err().then_some(())
+    })
+    .await;
+
+    // Another Service meanwhile: not the kept VIP.
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&load_balancer("other", "echo", "", "")),
+    );
+    let (other, _) = ingress(ns.name(), "other").await;
+    assert_ne!(other, vip, "the kept VIP went to another Service");
+
+    // The next Service of the name (not asking to keep it) gets it back, and serves.
+    c.kubectl(
+        &["-n", ns.name(), "apply", "-f", "-"],
+        Some(&load_balancer("web", "echo", "", "")),
+    );
+    let (again, _) = ingress(ns.name(), "web").await;
+    assert_eq!(again, vip, "the same VIP");
+    let after = steady_answers("the VIP answers again", http, 10).await;
+    assert!(after.is_subset(&pods), "{after:?} not of {pods:?}");
+    eventually("the record gone", LONG, || async {
+        kept_for(ns.name(), "web").is_none().then_some(())
+    })
+    .await;
+}
