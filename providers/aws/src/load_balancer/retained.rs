@@ -288,6 +288,7 @@ impl LoadBalancers {
         let name = default_load_balancer_name(&named);
         let named_for_uid = named.metadata.uid.clone().unwrap_or_default();
         let key = service_key(service);
+        let mut classic = None;
         let kept = if let Some(lb) = self.describe_nlb(&name).await? {
             let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
             Kept {
@@ -298,7 +299,8 @@ impl LoadBalancers {
                 named_for_uid,
                 adopted_by: None,
             }
-        } else if self.describe_classic(&name).await?.is_some() {
+        } else if let Some(lb) = self.describe_classic(&name).await? {
+            classic = Some(lb);
             Kept {
                 name: name.clone(),
                 kind: Kind::Classic,
@@ -336,8 +338,8 @@ impl LoadBalancers {
                 }
             }
             Kind::Classic => {
-                if let Some(lb) = self.describe_classic(&name).await? {
-                    self.sync_classic_instances(&lb, &[]).await?;
+                if let Some(lb) = &classic {
+                    self.sync_classic_instances(lb, &[]).await?;
                 }
             }
         }
