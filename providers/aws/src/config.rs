@@ -66,7 +66,7 @@ pub struct Global {
     pub nlb_security_group_mode: NlbSecurityGroupMode,
     /// `DriftCheckCallsPerSecond` (ours): the most AWS calls a second the drift check and shadow-mode
     /// previews make to each API (EC2, ELB, ELBv2); 0 for no limit. Default
-    /// [`DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND`].
+    /// `DEFAULT_DRIFT_CHECK_CALLS_PER_SECOND` (2).
     pub drift_check_calls_per_second: u32,
 }
 

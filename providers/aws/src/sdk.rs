@@ -96,7 +96,7 @@ pub async fn load_sdk_config(config: &Config) -> Result<SdkConfig> {
 
 impl Clients {
     /// The clients for `sdk`, with the cloud-config's `[ServiceOverride]` endpoints for the region.
-    /// Retries are off in the SDK: [`Calls::call`] does them, so they can be counted.
+    /// Retries are off in the SDK: `Calls::call` does them, so they can be counted.
     pub fn new(sdk: &SdkConfig, config: &Config) -> Result<Self> {
         let region = sdk.region().ok_or(Error::NoRegion)?.to_string();
         let over = |service| config.service_override(service, &region);
