@@ -12,8 +12,10 @@ NLBs in turn:
      call in the window is a drift check's;
   3. the Services are deleted.
 
-The report gives the calls per check by kind, and the budget they make for 1,000 Services at the
-default period (5 m: 200 checks a minute). No drift is expected (the drifts counter must stay 0).
+The report gives the calls per check by kind, the calls a second to each AWS API in the window (which
+the provider's budget, `[Global] DriftCheckCallsPerSecond`, caps: `--budget`, default the provider's
+default), and what 1,000 Services at the default period (5 m) would ask without a budget. No drift is
+expected (the drifts counter must stay 0).
 """
 
 from __future__ import annotations
@@ -66,6 +68,10 @@ def phase(kind: str, nlb: bool, args, kube: Kube, counter: Counter, port: int) -
         "drifts": metrics_after.get(DRIFTS, 0) - metrics_before.get(DRIFTS, 0),
         "check_errors": metrics_after.get(ERRORS, 0) - metrics_before.get(ERRORS, 0),
         "calls_per_check": round(total(calls) / checks, 2) if checks else None,
+        "calls_per_second_by_api": {
+            api: round(sum(v for k, v in calls.items() if k.split(":", 1)[0] == api) / args.window, 2)
+            for api in sorted({k.split(":", 1)[0] for k in calls})
+        },
     }
     log(f"{kind}: {checks:.0f} checks, {total(calls)} calls")
     for name in names:
@@ -81,13 +87,16 @@ def main() -> None:
     p.add_argument("--services", type=int, default=20, help="Services per kind")
     p.add_argument("--period", type=float, default=15, help="our --load-balancer-drift-period, seconds")
     p.add_argument("--window", type=float, default=45, help="the measured window, seconds")
+    p.add_argument("--budget", type=int, default=None,
+                   help="[Global] DriftCheckCallsPerSecond (default: unset, the provider's default, 2)")
     p.add_argument("--timeout", type=float, default=180)
     p.add_argument("--out", required=True)
     args = p.parse_args()
     os.makedirs(args.work_dir, exist_ok=True)
     e = bench.Environment(args.control_plane)
     kube, moto, counter = e.kube, e.moto, e.counter
-    record: dict = {"meta": json.loads(args.meta), "period_seconds": args.period, "phases": {}}
+    record: dict = {"meta": json.loads(args.meta), "period_seconds": args.period, "budget": args.budget,
+                    "phases": {}}
     try:
         kube.clean()
         moto.reset()
@@ -95,7 +104,10 @@ def main() -> None:
         instances = moto.run_instances(net, 2)
         config = os.path.join(args.work_dir, "drift-cloud.conf")
         with open(config, "w") as f:
-            f.write(bench.cloud_config(net, e.proxy))
+            text = bench.cloud_config(net, e.proxy)
+            if args.budget is not None:
+                text = text.replace("[Global]\n", f"[Global]\nDriftCheckCallsPerSecond = {args.budget}\n", 1)
+            f.write(text)
         port = bench.free_port()
         manager = bench.Manager("rust", args.rust_bin, config, kube, e.proxy, e.trap_port, args.work_dir, "drift",
                                 extra_flags=[f"--secure-port={port}", "--bind-address=127.0.0.1",
@@ -137,18 +149,20 @@ def report(r: dict) -> str:
         "",
         f"`bench/aws/run --drift` at `{m.get('commit', '?')}`, moto {m.get('moto_version', '?')}, Kubernetes "
         f"{m.get('k8s_version', '?')} API server; {m.get('machine', '')}. Ours alone (upstream has no drift "
-        f"check), `--load-balancer-drift-period={r['period_seconds']:g}s`; for each kind, the Services are "
-        "provisioned, then every AWS call in a window where nothing changes is a drift check's "
+        f"check), `--load-balancer-drift-period={r['period_seconds']:g}s`, `DriftCheckCallsPerSecond` "
+        f"{r.get('budget') if r.get('budget') is not None else 'unset (the default, 2)'}; for each kind, the "
+        "Services are provisioned, then every AWS call in a window where nothing changes is a drift check's "
         "(`bench/aws/drift.py`).",
         "",
-        "| load balancers | Services | checks in the window | AWS calls | calls per check | calls per minute for 1,000 Services at the default 5 m (200 checks a minute) | drifts found |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| load balancers | Services | checks in the window | AWS calls | calls per check | calls a second in the window, by API | calls per minute for 1,000 Services at the default 5 m without a budget (200 checks a minute) | drifts found |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind, ph in r["phases"].items():
         per = ph["calls_per_check"]
         budget = f"{per * 200:.0f}" if per is not None else "?"
-        lines.append(f"| {kind} | {ph['services']} | {ph['checks']:.0f} | {total(ph['calls'])} | {per} | {budget} | "
-                     f"{ph['drifts']:.0f} |")
+        by_api = ", ".join(f"{api} {v}" for api, v in (ph.get("calls_per_second_by_api") or {}).items())
+        lines.append(f"| {kind} | {ph['services']} | {ph['checks']:.0f} | {total(ph['calls'])} | {per} | {by_api} | "
+                     f"{budget} | {ph['drifts']:.0f} |")
     lines += ["", "Calls by operation in each window:", ""]
     for kind, ph in r["phases"].items():
         ops = ", ".join(f"{k} {v}" for k, v in sorted(ph["calls"].items()))

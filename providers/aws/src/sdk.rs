@@ -510,6 +510,19 @@ impl Calls {
         }
     }
 
+    /// In a read-only call path with a budget, waits for a token of `service`'s bucket (an aws-sdk-go-v2
+    /// service ID: `EC2`, `Elastic Load Balancing`, `Elastic Load Balancing v2`) for a call made by
+    /// another path on the preview's behalf (the instance look-ups, which go through the shared,
+    /// batching describer); otherwise returns at once.
+    pub async fn wait_for_preview_budget(&self, service: &'static str) {
+        if self.read_only
+            && let Some(budget) = &self.preview_budget
+            && budget.take(service).await
+        {
+            self.metrics.count_budget_wait(service);
+        }
+    }
+
     /// The same call path whose read-only form ([`Calls::read_only`]) keeps to `budget`.
     pub fn with_preview_budget(mut self, budget: Option<Arc<PreviewBudget>>) -> Self {
         self.preview_budget = budget;
@@ -551,12 +564,7 @@ impl Calls {
         let mut attempt = 1;
         let started = std::time::Instant::now();
         loop {
-            if self.read_only
-                && let Some(budget) = &self.preview_budget
-                && budget.take(service_id::<E>()).await
-            {
-                self.metrics.count_budget_wait(service_id::<E>());
-            }
+            self.wait_for_preview_budget(service_id::<E>()).await;
             self.metrics.count_request(operation);
             let err = match send().await {
                 Ok(output) => {

@@ -674,6 +674,9 @@ impl LoadBalancer for LoadBalancers {
             .await?;
         let spec = self.spec(cluster_name, service)?;
         let targets = spec.target_nodes(nodes);
+        // The look-up goes through the shared describer (one DescribeInstances for every node, batched
+        // with whatever else asks at once), outside the preview's call path: its token is taken here.
+        preview.calls.wait_for_preview_budget("EC2").await;
         let found = self.node_instances(&targets).await?;
         let named: Vec<(String, String)> = found
             .iter()
