@@ -11,7 +11,7 @@ use cloud_provider::service_helpers::{
     IpFamily, IpMode, health_check_path_port, ip_families, is_allow_all,
     load_balancer_source_ranges, port_groups, requests_only_local_traffic,
 };
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Service, ServiceSpec};
 use local_data_plane::{HealthCheck, Protocol};
 
 use crate::{Config, LoadBalancerMode};
@@ -259,6 +259,40 @@ pub(super) fn unread_metallb_annotation(service: &Service) -> Option<&str> {
 /// field or annotation.
 pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted, String> {
     let spec = service.spec.clone().unwrap_or_default();
+    let families = families_of(service, &spec)?;
+    refuse_unread_metallb_annotations(service)?;
+    let requested = requested_addresses(service, &spec, &families)?;
+    let pool = pool_of(service, config)?;
+    let ports = ports_of(service)?;
+    let health_check = health_check_of(service, config)?;
+    let session_affinity = session_affinity_of(&spec);
+    let source_ranges = source_ranges_of(service)?;
+    let proxy_protocol = proxy_protocol_of(service)?;
+    let data_path = data_path_of(service, config, proxy_protocol)?;
+    let sharing = sharing_of(service, &spec, &ports)?;
+    Ok(Wanted {
+        families,
+        requested,
+        pool,
+        namespace: service
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        namespace_labels: BTreeMap::new(),
+        labels: service.metadata.labels.clone().unwrap_or_default(),
+        ports,
+        health_check,
+        session_affinity,
+        source_ranges,
+        proxy_protocol,
+        data_path,
+        sharing,
+    })
+}
+
+/// The Service's IP families in order, each with whether it must be served (`ipFamilyPolicy`).
+fn families_of(service: &Service, spec: &ServiceSpec) -> Result<Vec<(IpFamily, bool)>, String> {
     let mut families = ip_families(service).map_err(|e| e.to_string())?;
     if families.is_empty() {
         families.push(IpFamily::V4);
@@ -267,12 +301,15 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
     if policy == "SingleStack" {
         families.truncate(1);
     }
-    let families: Vec<(IpFamily, bool)> = families
+    Ok(families
         .iter()
         .enumerate()
         .map(|(i, f)| (*f, i == 0 || policy == "RequireDualStack"))
-        .collect();
+        .collect())
+}
 
+/// Refuses a MetalLB annotation this provider does not read, naming those it reads.
+fn refuse_unread_metallb_annotations(service: &Service) -> Result<(), String> {
     if let Some(key) = unread_metallb_annotation(service) {
         return Err(format!(
             "{key}: a MetalLB annotation local does not read (it reads {}); remove it",
@@ -284,6 +321,16 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
                 .join(", ")
         ));
     }
+    Ok(())
+}
+
+/// The addresses asked for (`local.ccm.rs/load-balancer-ips`, MetalLB's, or `spec.loadBalancerIP`), at
+/// most one per family and each of a family the Service has.
+fn requested_addresses(
+    service: &Service,
+    spec: &ServiceSpec,
+    families: &[(IpFamily, bool)],
+) -> Result<BTreeMap<IpFamily, IpAddr>, String> {
     let (source, requested_text) =
         match annotation_or_metallb(service, ANNOTATION_LOAD_BALANCER_IPS)? {
             Some((key, value)) => (key, value.to_owned()),
@@ -320,7 +367,11 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             ));
         }
     }
+    Ok(requested)
+}
 
+/// The address pool asked for, which must exist.
+fn pool_of(service: &Service, config: &Config) -> Result<Option<String>, String> {
     let pool = annotation_or_metallb(service, ANNOTATION_ADDRESS_POOL)?
         .map(|(_, value)| value)
         .filter(|p| !p.is_empty())
@@ -338,7 +389,11 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
                 .join(", ")
         ));
     }
+    Ok(pool)
+}
 
+/// (port, protocol, node port) of every Service port, sorted; TCP and UDP only, each with a node port.
+fn ports_of(service: &Service) -> Result<Vec<(u16, Protocol, u16)>, String> {
     let mut ports = Vec::new();
     for group in port_groups(service) {
         let port = u16::try_from(group.port)
@@ -366,8 +421,13 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
         }
     }
     ports.sort();
+    Ok(ports)
+}
 
-    let health_check = if requests_only_local_traffic(service) {
+/// The backends' health check: the Service's own with `externalTrafficPolicy: Local`, else kube-proxy's
+/// (unless turned off).
+fn health_check_of(service: &Service, config: &Config) -> Result<Option<HealthCheck>, String> {
+    Ok(if requests_only_local_traffic(service) {
         let (path, port) = health_check_path_port(service).ok_or_else(|| {
             "externalTrafficPolicy: Local, but spec.healthCheckNodePort is not set".to_owned()
         })?;
@@ -385,9 +445,12 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
                 path: "/healthz".to_owned(),
             }),
         }
-    };
+    })
+}
 
-    let session_affinity = (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+/// The `ClientIP` session affinity's timeout, if asked for.
+fn session_affinity_of(spec: &ServiceSpec) -> Option<Duration> {
+    (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
         let seconds = spec
             .session_affinity_config
             .as_ref()
@@ -395,26 +458,37 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             .and_then(|c| c.timeout_seconds)
             .unwrap_or(DEFAULT_AFFINITY_SECONDS);
         Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
-    });
+    })
+}
 
+/// The source ranges allowed; empty for all.
+fn source_ranges_of(service: &Service) -> Result<Vec<ipnet::IpNet>, String> {
     let ranges = load_balancer_source_ranges(service).map_err(|e| e.to_string())?;
-    let source_ranges = if is_allow_all(&ranges) {
+    Ok(if is_allow_all(&ranges) {
         Vec::new()
     } else {
         ranges
-    };
+    })
+}
 
-    let proxy_protocol = match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
-        None => false,
-        Some("v2") => true,
-        Some(other) => {
-            return Err(format!(
-                "{ANNOTATION_PROXY_PROTOCOL}: {other:?} is not valid; the only value is \"v2\" \
+/// Whether a PROXY protocol v2 header is asked for.
+fn proxy_protocol_of(service: &Service) -> Result<bool, String> {
+    match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
+        None => Ok(false),
+        Some("v2") => Ok(true),
+        Some(other) => Err(format!(
+            "{ANNOTATION_PROXY_PROTOCOL}: {other:?} is not valid; the only value is \"v2\" \
                  (remove the annotation to send no PROXY header)"
-            ));
-        }
-    };
+        )),
+    }
+}
 
+/// Who carries the traffic (`local.ccm.rs/data-path`), and what that rules out.
+fn data_path_of(
+    service: &Service,
+    config: &Config,
+    proxy_protocol: bool,
+) -> Result<DataPath, String> {
     let data_path = match annotation(service, ANNOTATION_DATA_PATH) {
         // MetalLB's pools: kube-proxy carries the traffic, as under MetalLB (unless PROXY protocol is
         // asked for, which only the data plane sends).
@@ -443,7 +517,15 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             ));
         }
     }
+    Ok(data_path)
+}
 
+/// How the Service may share its addresses (`local.ccm.rs/allow-shared-ip` or MetalLB's).
+fn sharing_of(
+    service: &Service,
+    spec: &ServiceSpec,
+    ports: &[(u16, Protocol, u16)],
+) -> Result<Option<Sharing>, String> {
     let sharing = match annotation_or_metallb(service, ANNOTATION_ALLOW_SHARED_IP)? {
         None => None,
         Some((_, key)) => {
@@ -469,26 +551,7 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
             })
         }
     };
-
-    Ok(Wanted {
-        families,
-        requested,
-        pool,
-        namespace: service
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned()),
-        namespace_labels: BTreeMap::new(),
-        labels: service.metadata.labels.clone().unwrap_or_default(),
-        ports,
-        health_check,
-        session_affinity,
-        source_ranges,
-        proxy_protocol,
-        data_path,
-        sharing,
-    })
+    Ok(sharing)
 }
 
 /// The data path a Service's status says carries its traffic: `ipMode: VIP` (kube-proxy's, as
