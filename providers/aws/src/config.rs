@@ -192,11 +192,193 @@ enum Section {
     Override(String),
 }
 
+/// The `[Global]` section while it is read: the keys read so far, and those resolved together once the
+/// file is read (the health-probe keys, as (line, key as written, value)).
+#[derive(Default)]
+struct GlobalReader {
+    global: Global,
+    families_given: bool,
+    probe_mode: Option<(usize, String, String)>,
+    probe_port: Option<(usize, String, String)>,
+    probe_path: Option<(usize, String, String)>,
+}
+
+impl GlobalReader {
+    /// Reads the line `line_no`: `key` as written (`lower`: lowercased) and its `value`; what is wrong
+    /// with it, in words.
+    fn read(
+        &mut self,
+        key: &str,
+        lower: &str,
+        value: String,
+        line_no: usize,
+    ) -> Result<(), String> {
+        let g = &mut self.global;
+        let opt = |v: String| (!v.is_empty()).then_some(v);
+        match lower {
+            "zone" => g.zone = opt(value),
+            "region" => g.region = opt(value),
+            "vpc" => g.vpc = opt(value),
+            "subnetid" => g.subnet_id = opt(value),
+            "routetableid" => g.route_table_id = opt(value),
+            "rolearn" => g.role_arn = opt(value),
+            "sourcearn" => g.source_arn = opt(value),
+            "kubernetesclustertag" => g.kubernetes_cluster_tag = opt(value),
+            "kubernetesclusterid" => g.kubernetes_cluster_id = opt(value),
+            "elbsecuritygroup" => g.elb_security_group = opt(value),
+            "disablesecuritygroupingress" => {
+                g.disable_security_group_ingress = parse_bool(&value).ok_or_else(|| {
+                    format!("[Global] {key}: {value:?} is not a boolean (true/false, yes/no, on/off, 1/0)")
+                })?;
+            }
+            "nodeipfamilies" => {
+                let family = match value.to_ascii_lowercase().as_str() {
+                    "ipv4" => NodeIpFamily::Ipv4,
+                    "ipv6" => NodeIpFamily::Ipv6,
+                    _ => {
+                        return Err(format!(
+                            "[Global] {key}: {value:?} is not an IP family (ipv4 or ipv6)"
+                        ));
+                    }
+                };
+                if !self.families_given {
+                    g.node_ip_families.clear();
+                    self.families_given = true;
+                }
+                if g.node_ip_families.contains(&family) {
+                    return Err(format!("[Global] {key}: {value:?} is listed twice"));
+                }
+                g.node_ip_families.push(family);
+            }
+            "supportedtopologyinstancetypepattern" => {
+                if let Err(e) = regex_lite::Regex::new(&value) {
+                    return Err(format!(
+                        "[Global] {key}: {value:?} is not a regular expression: {e}"
+                    ));
+                }
+                g.supported_topology_instance_type_pattern = opt(value);
+            }
+            "clusterserviceloadbalancerhealthprobemode" => {
+                self.probe_mode = Some((line_no, key.to_owned(), value));
+            }
+            "clusterservicesharedloadbalancerhealthprobeport" => {
+                self.probe_port = Some((line_no, key.to_owned(), value));
+            }
+            "clusterservicesharedloadbalancerhealthprobepath" => {
+                self.probe_path = Some((line_no, key.to_owned(), value));
+            }
+            "nlbsecuritygroupmode" => {
+                // Upstream compares the value as written and fails every NLB sync on any
+                // other; here the file is refused where it says so.
+                g.nlb_security_group_mode = match value.as_str() {
+                    "" => NlbSecurityGroupMode::Unmanaged,
+                    "Managed" => NlbSecurityGroupMode::Managed,
+                    _ => {
+                        return Err(format!(
+                            "[Global] {key}: {value:?} is not an NLB security group mode (Managed, or unset)"
+                        ));
+                    }
+                };
+            }
+            "driftcheckcallspersecond" => {
+                g.drift_check_calls_per_second = value.parse().map_err(|_| {
+                    format!(
+                            "[Global] {key}: {value:?} is not a whole number of calls a second (0 for no limit)"
+                        )
+                })?;
+            }
+            _ => return Err(format!("unknown key {key:?} in [Global]")),
+        }
+        Ok(())
+    }
+}
+
 /// One `[ServiceOverride]` section while it is read: each key with the line it came from.
 #[derive(Default)]
 struct RawOverride {
     line: usize,
     keys: BTreeMap<String, (usize, String)>,
+}
+
+impl RawOverride {
+    /// The override the section `name` defines, every key checked; `err` names the file and line.
+    fn resolve(
+        &self,
+        name: &str,
+        err: &dyn Fn(usize, String) -> Error,
+    ) -> Result<ServiceOverride, Error> {
+        let get = |key: &str| {
+            self.keys
+                .get(key)
+                .map(|(_, v)| v.trim().to_owned())
+                .unwrap_or_default()
+        };
+        let missing = |what: &str, key: &str| {
+            err(
+                self.line,
+                format!("[ServiceOverride {name:?}]: {what} is missing [{key} is \"\"]"),
+            )
+        };
+        let service_text = get("service");
+        if service_text.is_empty() {
+            return Err(missing("service name", "Service"));
+        }
+        let line_of = |key: &str| self.keys.get(key).map(|(l, _)| *l).unwrap_or(self.line);
+        let service = OverriddenService::parse(&service_text).ok_or_else(|| {
+            err(
+                line_of("service"),
+                format!("[ServiceOverride {name:?}] Service: {service_text:?} is not a service this provider calls (ec2, elasticloadbalancing, elasticloadbalancingv2, sts)"),
+            )
+        })?;
+        let region = get("region");
+        if region.is_empty() {
+            return Err(missing("service region", "Region"));
+        }
+        let url = get("url");
+        if url.is_empty() {
+            return Err(missing("url", "URL"));
+        }
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(err(
+                line_of("url"),
+                format!(
+                    "[ServiceOverride {name:?}] URL: {url:?} is not an http:// or https:// URL"
+                ),
+            ));
+        }
+        let signing_region = get("signingregion");
+        if signing_region.is_empty() {
+            return Err(missing("signingRegion", "SigningRegion"));
+        }
+        let method = get("signingmethod");
+        if !method.is_empty()
+            && !method.eq_ignore_ascii_case("v4")
+            && !method.eq_ignore_ascii_case("sigv4")
+        {
+            return Err(err(
+                line_of("signingmethod"),
+                format!(
+                    "[ServiceOverride {name:?}] SigningMethod: {method:?} is not supported (only SigV4: \"v4\" or empty)"
+                ),
+            ));
+        }
+        let signing_name = get("signingname");
+        if !signing_name.is_empty() && signing_name != service.signing_name() {
+            return Err(err(
+                line_of("signingname"),
+                format!(
+                    "[ServiceOverride {name:?}] SigningName: {signing_name:?} differs from the service's own ({:?}), which this provider cannot change",
+                    service.signing_name()
+                ),
+            ));
+        }
+        Ok(ServiceOverride {
+            service,
+            region,
+            url,
+            signing_region,
+        })
+    }
 }
 
 impl Config {
@@ -208,11 +390,7 @@ impl Config {
             message,
         };
         let mut config = Config::default();
-        let mut families_given = false;
-        // The health-probe keys, as (line, key as written, value): resolved together after the file.
-        let mut probe_mode: Option<(usize, String, String)> = None;
-        let mut probe_port: Option<(usize, String, String)> = None;
-        let mut probe_path: Option<(usize, String, String)> = None;
+        let mut globals = GlobalReader::default();
         let mut section = Section::None;
         let mut overrides: BTreeMap<String, RawOverride> = BTreeMap::new();
         for (index, raw) in text.lines().enumerate() {
@@ -265,97 +443,9 @@ impl Config {
                     ));
                 }
                 Section::Global => {
-                    let g = &mut config.global;
-                    let opt = |v: String| (!v.is_empty()).then_some(v);
-                    match lower.as_str() {
-                        "zone" => g.zone = opt(value),
-                        "region" => g.region = opt(value),
-                        "vpc" => g.vpc = opt(value),
-                        "subnetid" => g.subnet_id = opt(value),
-                        "routetableid" => g.route_table_id = opt(value),
-                        "rolearn" => g.role_arn = opt(value),
-                        "sourcearn" => g.source_arn = opt(value),
-                        "kubernetesclustertag" => g.kubernetes_cluster_tag = opt(value),
-                        "kubernetesclusterid" => g.kubernetes_cluster_id = opt(value),
-                        "elbsecuritygroup" => g.elb_security_group = opt(value),
-                        "disablesecuritygroupingress" => {
-                            g.disable_security_group_ingress = parse_bool(&value).ok_or_else(|| {
-                                err(line_no, format!("[Global] {key}: {value:?} is not a boolean (true/false, yes/no, on/off, 1/0)"))
-                            })?;
-                        }
-                        "nodeipfamilies" => {
-                            let family = match value.to_ascii_lowercase().as_str() {
-                                "ipv4" => NodeIpFamily::Ipv4,
-                                "ipv6" => NodeIpFamily::Ipv6,
-                                _ => {
-                                    return Err(err(
-                                        line_no,
-                                        format!(
-                                            "[Global] {key}: {value:?} is not an IP family (ipv4 or ipv6)"
-                                        ),
-                                    ));
-                                }
-                            };
-                            if !families_given {
-                                g.node_ip_families.clear();
-                                families_given = true;
-                            }
-                            if g.node_ip_families.contains(&family) {
-                                return Err(err(
-                                    line_no,
-                                    format!("[Global] {key}: {value:?} is listed twice"),
-                                ));
-                            }
-                            g.node_ip_families.push(family);
-                        }
-                        "supportedtopologyinstancetypepattern" => {
-                            if let Err(e) = regex_lite::Regex::new(&value) {
-                                return Err(err(
-                                    line_no,
-                                    format!(
-                                        "[Global] {key}: {value:?} is not a regular expression: {e}"
-                                    ),
-                                ));
-                            }
-                            g.supported_topology_instance_type_pattern = opt(value);
-                        }
-                        "clusterserviceloadbalancerhealthprobemode" => {
-                            probe_mode = Some((line_no, key.to_owned(), value));
-                        }
-                        "clusterservicesharedloadbalancerhealthprobeport" => {
-                            probe_port = Some((line_no, key.to_owned(), value));
-                        }
-                        "clusterservicesharedloadbalancerhealthprobepath" => {
-                            probe_path = Some((line_no, key.to_owned(), value));
-                        }
-                        "nlbsecuritygroupmode" => {
-                            // Upstream compares the value as written and fails every NLB sync on any
-                            // other; here the file is refused where it says so.
-                            g.nlb_security_group_mode = match value.as_str() {
-                                "" => NlbSecurityGroupMode::Unmanaged,
-                                "Managed" => NlbSecurityGroupMode::Managed,
-                                _ => {
-                                    return Err(err(
-                                        line_no,
-                                        format!(
-                                            "[Global] {key}: {value:?} is not an NLB security group mode (Managed, or unset)"
-                                        ),
-                                    ));
-                                }
-                            };
-                        }
-                        "driftcheckcallspersecond" => {
-                            g.drift_check_calls_per_second = value.parse().map_err(|_| {
-                                err(
-                                    line_no,
-                                    format!(
-                                        "[Global] {key}: {value:?} is not a whole number of calls a second (0 for no limit)"
-                                    ),
-                                )
-                            })?;
-                        }
-                        _ => return Err(err(line_no, format!("unknown key {key:?} in [Global]"))),
-                    }
+                    globals
+                        .read(key, &lower, value, line_no)
+                        .map_err(|m| err(line_no, m))?;
                 }
                 Section::Override(name) => {
                     if !matches!(
@@ -378,6 +468,7 @@ impl Config {
                 }
             }
         }
+        config.global = globals.global;
         if let (Some(legacy), Some(id)) = (
             &config.global.kubernetes_cluster_tag,
             &config.global.kubernetes_cluster_id,
@@ -392,91 +483,24 @@ impl Config {
             });
         }
         config.global.cluster_health_probe =
-            cluster_health_probe(probe_mode, probe_port, probe_path).map_err(|(l, m)| err(l, m))?;
+            cluster_health_probe(globals.probe_mode, globals.probe_port, globals.probe_path)
+                .map_err(|(l, m)| err(l, m))?;
         let mut seen = BTreeMap::new();
         for (name, raw) in overrides {
-            let get = |key: &str| {
-                raw.keys
-                    .get(key)
-                    .map(|(_, v)| v.trim().to_owned())
-                    .unwrap_or_default()
-            };
-            let missing = |what: &str, key: &str| {
-                err(
-                    raw.line,
-                    format!("[ServiceOverride {name:?}]: {what} is missing [{key} is \"\"]"),
-                )
-            };
-            let service_text = get("service");
-            if service_text.is_empty() {
-                return Err(missing("service name", "Service"));
-            }
-            let line_of = |key: &str| raw.keys.get(key).map(|(l, _)| *l).unwrap_or(raw.line);
-            let service = OverriddenService::parse(&service_text).ok_or_else(|| {
-                err(
-                    line_of("service"),
-                    format!("[ServiceOverride {name:?}] Service: {service_text:?} is not a service this provider calls (ec2, elasticloadbalancing, elasticloadbalancingv2, sts)"),
-                )
-            })?;
-            let region = get("region");
-            if region.is_empty() {
-                return Err(missing("service region", "Region"));
-            }
-            let url = get("url");
-            if url.is_empty() {
-                return Err(missing("url", "URL"));
-            }
-            if !(url.starts_with("http://") || url.starts_with("https://")) {
-                return Err(err(
-                    line_of("url"),
-                    format!(
-                        "[ServiceOverride {name:?}] URL: {url:?} is not an http:// or https:// URL"
-                    ),
-                ));
-            }
-            let signing_region = get("signingregion");
-            if signing_region.is_empty() {
-                return Err(missing("signingRegion", "SigningRegion"));
-            }
-            let method = get("signingmethod");
-            if !method.is_empty()
-                && !method.eq_ignore_ascii_case("v4")
-                && !method.eq_ignore_ascii_case("sigv4")
+            let resolved = raw.resolve(&name, &err)?;
+            if let Some(other) =
+                seen.insert((resolved.service, resolved.region.clone()), name.clone())
             {
-                return Err(err(
-                    line_of("signingmethod"),
-                    format!(
-                        "[ServiceOverride {name:?}] SigningMethod: {method:?} is not supported (only SigV4: \"v4\" or empty)"
-                    ),
-                ));
-            }
-            let signing_name = get("signingname");
-            if !signing_name.is_empty() && signing_name != service.signing_name() {
-                return Err(err(
-                    line_of("signingname"),
-                    format!(
-                        "[ServiceOverride {name:?}] SigningName: {signing_name:?} differs from the service's own ({:?}), which this provider cannot change",
-                        service.signing_name()
-                    ),
-                ));
-            }
-            if let Some(other) = seen.insert((service, region.clone()), name.clone()) {
+                let service_text = raw.keys.get("service").map_or("", |(_, v)| v.trim());
                 return Err(err(
                     raw.line,
                     format!(
-                        "duplicate entry found for service override [{name}] ({service_text} in {region}; also in [{other}])"
+                        "duplicate entry found for service override [{name}] ({service_text} in {}; also in [{other}])",
+                        resolved.region
                     ),
                 ));
             }
-            config.service_overrides.insert(
-                name,
-                ServiceOverride {
-                    service,
-                    region,
-                    url,
-                    signing_region,
-                },
-            );
+            config.service_overrides.insert(name, resolved);
         }
         Ok(config)
     }
