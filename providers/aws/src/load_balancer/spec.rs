@@ -3,7 +3,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use cloud_provider::service_helpers;
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 
 use crate::{ClusterHealthProbe, Error, Global};
 
@@ -283,6 +283,162 @@ fn target_group_attributes(
 }
 
 /// The Classic ELB attributes the annotations ask for (upstream's parsing and messages).
+/// The load balancer's kind (`aws-load-balancer-type`).
+fn kind_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result<Kind, Error> {
+    Ok(match annotation(service, ANNOTATION_TYPE) {
+        None | Some("") | Some("classic") | Some("elb") => Kind::Classic,
+        Some(t) if t.eq_ignore_ascii_case("nlb") => Kind::Nlb,
+        Some("external") | Some("nlb-ip") => {
+            return Err(bad(
+                ANNOTATION_TYPE,
+                "\"external\" and \"nlb-ip\" load balancers are implemented by the AWS Load Balancer Controller".into(),
+            ));
+        }
+        Some(other) => {
+            return Err(bad(
+                ANNOTATION_TYPE,
+                format!("{other:?} is not a load balancer type (nlb, or unset for Classic ELB)"),
+            ));
+        }
+    })
+}
+
+/// Whether the load balancer is internal (`aws-load-balancer-internal`, else `aws-load-balancer-scheme`).
+fn internal_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result<bool, Error> {
+    Ok(
+        match (
+            annotation(service, ANNOTATION_INTERNAL),
+            annotation(service, ANNOTATION_SCHEME),
+        ) {
+            (Some(v), _) if !v.is_empty() => v != "false",
+            (_, Some("internal")) => true,
+            (_, Some("internet-facing") | None | Some("")) => false,
+            (_, Some(other)) => {
+                return Err(bad(
+                    ANNOTATION_SCHEME,
+                    format!("{other:?} is neither internal nor internet-facing"),
+                ));
+            }
+        },
+    )
+}
+
+/// A Service's ports as the load balancer reads them ([`ports_of`]).
+struct ServicePorts {
+    /// Those with a node port, sorted.
+    ports: Vec<Port>,
+    /// (port, name, protocol) of each, in the Service's order: `ssl-ports` names ports by either.
+    named: Vec<(i32, String, String)>,
+    /// The first as the Service lists it (upstream's health check uses it).
+    first_listed: Option<Port>,
+}
+
+/// The Service's ports, each of a protocol the load balancer's kind carries; refused when none has a node
+/// port, when protocols are mixed, or with a session affinity.
+fn ports_of(
+    spec: &ServiceSpec,
+    kind: Kind,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<ServicePorts, Error> {
+    let mut ports = Vec::new();
+    // (port, name) of each port, in the Service's order: `ssl-ports` names ports by either.
+    let mut named = Vec::new();
+    let service_ports = spec.ports.clone().unwrap_or_default();
+    if service_ports.len() > 1
+        && service_ports.iter().any(|p| {
+            p.protocol.as_deref().unwrap_or("TCP")
+                != service_ports[0].protocol.as_deref().unwrap_or("TCP")
+        })
+    {
+        return Err(bad(
+            "spec.ports",
+            "mixed protocol is not supported for LoadBalancer".into(),
+        ));
+    }
+    if let Some(affinity) = spec
+        .session_affinity
+        .as_deref()
+        .filter(|a| !a.is_empty() && *a != "None")
+    {
+        return Err(bad(
+            "spec.sessionAffinity",
+            format!("unsupported load balancer affinity: {affinity}"),
+        ));
+    }
+    for p in service_ports {
+        let protocol = p.protocol.unwrap_or_else(|| "TCP".to_owned());
+        match (kind, protocol.as_str()) {
+            (_, "TCP") | (Kind::Nlb, "UDP") => {}
+            _ => {
+                return Err(bad(
+                    "spec.ports",
+                    format!(
+                        "port {}: protocol {protocol} is not supported by this load balancer type",
+                        p.port
+                    ),
+                ));
+            }
+        }
+        let Some(node_port) = p.node_port.filter(|n| *n != 0) else {
+            // Upstream ignores ports without a node port.
+            continue;
+        };
+        named.push((p.port, p.name.clone().unwrap_or_default(), protocol.clone()));
+        ports.push(Port {
+            port: p.port,
+            protocol,
+            node_port,
+        });
+    }
+    // Upstream's health check uses the first port as listed; the ports are kept sorted.
+    let first_listed = ports.first().cloned();
+    ports.sort();
+    if ports.is_empty() {
+        return Err(bad(
+            "spec.ports",
+            "requested load balancer with no ports".into(),
+        ));
+    }
+    Ok(ServicePorts {
+        ports,
+        named,
+        first_listed,
+    })
+}
+
+/// `aws-load-balancer-cross-zone-load-balancing-enabled`, when set.
+fn cross_zone_of(
+    service: &Service,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<Option<bool>, Error> {
+    Ok(match annotation(service, ANNOTATION_CROSS_ZONE) {
+        None | Some("") => None,
+        Some(v) => Some(
+            parse_bool(v)
+                .ok_or_else(|| bad(ANNOTATION_CROSS_ZONE, format!("{v:?} is not a boolean")))?,
+        ),
+    })
+}
+
+/// Whether the backends get a PROXY protocol header (`aws-load-balancer-proxy-protocol: "*"`).
+fn proxy_protocol_of(
+    service: &Service,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<bool, Error> {
+    Ok(match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
+        None | Some("") => false,
+        Some("*") => true,
+        Some(other) => {
+            return Err(bad(
+                ANNOTATION_PROXY_PROTOCOL,
+                format!(
+                    "annotation {ANNOTATION_PROXY_PROTOCOL:?}={other:?} detected, but the only value supported currently is '*'"
+                ),
+            ));
+        }
+    })
+}
+
 fn classic_attributes(
     service: &Service,
     cross_zone: Option<bool>,
@@ -464,44 +620,14 @@ impl LbSpec {
             field: field.to_owned(),
             message,
         };
-        let kind = match annotation(service, ANNOTATION_TYPE) {
-            None | Some("") | Some("classic") | Some("elb") => Kind::Classic,
-            Some(t) if t.eq_ignore_ascii_case("nlb") => Kind::Nlb,
-            Some("external") | Some("nlb-ip") => {
-                return Err(bad(
-                    ANNOTATION_TYPE,
-                    "\"external\" and \"nlb-ip\" load balancers are implemented by the AWS Load Balancer Controller".into(),
-                ));
-            }
-            Some(other) => {
-                return Err(bad(
-                    ANNOTATION_TYPE,
-                    format!(
-                        "{other:?} is not a load balancer type (nlb, or unset for Classic ELB)"
-                    ),
-                ));
-            }
-        };
+        let kind = kind_of(service, &bad)?;
         if let Some((annotation, message)) =
             super::annotations::refused(service, kind, global.nlb_security_group_mode)
         {
             return Err(bad(&annotation, message));
         }
         let dual_stack = ip_address_type(service, kind, &bad)?;
-        let internal = match (
-            annotation(service, ANNOTATION_INTERNAL),
-            annotation(service, ANNOTATION_SCHEME),
-        ) {
-            (Some(v), _) if !v.is_empty() => v != "false",
-            (_, Some("internal")) => true,
-            (_, Some("internet-facing") | None | Some("")) => false,
-            (_, Some(other)) => {
-                return Err(bad(
-                    ANNOTATION_SCHEME,
-                    format!("{other:?} is neither internal nor internet-facing"),
-                ));
-            }
-        };
+        let internal = internal_of(service, &bad)?;
         let spec = service.spec.clone().unwrap_or_default();
         if spec
             .load_balancer_ip
@@ -513,65 +639,11 @@ impl LbSpec {
                 "LoadBalancerIP cannot be specified for AWS ELB".into(),
             ));
         }
-        let mut ports = Vec::new();
-        // (port, name) of each port, in the Service's order: `ssl-ports` names ports by either.
-        let mut named = Vec::new();
-        let service_ports = spec.ports.clone().unwrap_or_default();
-        if service_ports.len() > 1
-            && service_ports.iter().any(|p| {
-                p.protocol.as_deref().unwrap_or("TCP")
-                    != service_ports[0].protocol.as_deref().unwrap_or("TCP")
-            })
-        {
-            return Err(bad(
-                "spec.ports",
-                "mixed protocol is not supported for LoadBalancer".into(),
-            ));
-        }
-        if let Some(affinity) = spec
-            .session_affinity
-            .as_deref()
-            .filter(|a| !a.is_empty() && *a != "None")
-        {
-            return Err(bad(
-                "spec.sessionAffinity",
-                format!("unsupported load balancer affinity: {affinity}"),
-            ));
-        }
-        for p in service_ports {
-            let protocol = p.protocol.unwrap_or_else(|| "TCP".to_owned());
-            match (kind, protocol.as_str()) {
-                (_, "TCP") | (Kind::Nlb, "UDP") => {}
-                _ => {
-                    return Err(bad(
-                        "spec.ports",
-                        format!(
-                            "port {}: protocol {protocol} is not supported by this load balancer type",
-                            p.port
-                        ),
-                    ));
-                }
-            }
-            let Some(node_port) = p.node_port.filter(|n| *n != 0) else {
-                // Upstream ignores ports without a node port.
-                continue;
-            };
-            named.push((p.port, p.name.clone().unwrap_or_default(), protocol.clone()));
-            ports.push(Port {
-                port: p.port,
-                protocol,
-                node_port,
-            });
-        }
-        // Upstream's health check uses the first port as listed; the ports are kept sorted.
-        let first_listed = ports.first().cloned();
-        ports.sort();
-        if ports.is_empty() {
-            return Err(bad(
-                "spec.ports",
-                "requested load balancer with no ports".into(),
-            ));
-        }
+        let ServicePorts {
+            ports,
+            named,
+            first_listed,
+        } = ports_of(&spec, kind, &bad)?;
         let source_ranges = service_helpers::load_balancer_source_ranges(service)
             .map_err(|e| bad("spec.loadBalancerSourceRanges", e.to_string()))?
             .into_iter()
@@ -585,27 +657,10 @@ impl LbSpec {
             format!("{TAG_CLUSTER_PREFIX}{cluster_id}"),
             "owned".to_owned(),
         );
-        let cross_zone = match annotation(service, ANNOTATION_CROSS_ZONE) {
-            None | Some("") => None,
-            Some(v) => Some(
-                parse_bool(v)
-                    .ok_or_else(|| bad(ANNOTATION_CROSS_ZONE, format!("{v:?} is not a boolean")))?,
-            ),
-        };
+        let cross_zone = cross_zone_of(service, &bad)?;
         let tls = tls(service, kind, &named, &bad)?;
         let classic_attributes = classic_attributes(service, cross_zone, &bad)?;
-        let proxy_protocol = match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
-            None | Some("") => false,
-            Some("*") => true,
-            Some(other) => {
-                return Err(bad(
-                    ANNOTATION_PROXY_PROTOCOL,
-                    format!(
-                        "annotation {ANNOTATION_PROXY_PROTOCOL:?}={other:?} detected, but the only value supported currently is '*'"
-                    ),
-                ));
-            }
-        };
+        let proxy_protocol = proxy_protocol_of(service, &bad)?;
         let target_group_attributes = target_group_attributes(service, &ports, &bad)?;
         let (eip_allocations, private_ipv4_addresses) = fixed_addresses(service, internal, &bad)?;
         let health_check = health_check(service, kind, first_listed.as_ref(), &tls, probe, &bad)?;
