@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
     LoadBalancers, RuleScope, all_pages, hostname_status,
+    nlb_security_group::NlbGroups,
     spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -204,8 +205,62 @@ impl LoadBalancers {
         instances: &[InstanceInfo],
         cluster_id: &str,
     ) -> Result<LoadBalancerStatus> {
+        let Some((lb, groups)) = self
+            .found_or_created_nlb(spec, instances, cluster_id)
+            .await?
+        else {
+            return Ok(LoadBalancerStatus::default());
+        };
+        let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
+        let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
+        self.sync_ip_address_type(&lb, spec).await?;
+        check_fixed_addresses(&lb, spec)?;
+        let attached = self.target_groups_of(&arn).await?;
+        let mut listeners = self.listeners_of(&arn).await?;
+        let mut wanted_groups = Vec::new();
+        for service_port in &spec.ports {
+            if let Some(group) = self
+                .sync_nlb_port(
+                    spec,
+                    service_port,
+                    cluster_id,
+                    (&arn, &vpc_id),
+                    &attached,
+                    &mut listeners,
+                    instances,
+                )
+                .await?
+            {
+                wanted_groups.push(group);
+            }
+        }
+        // Listeners of ports the Service no longer has, then target groups no listener uses.
+        self.remove_unwanted_nlb_parts(listeners, attached, &wanted_groups)
+            .await?;
+        if let Some(enabled) = spec.cross_zone {
+            self.sync_cross_zone(&arn, enabled).await?;
+        }
+        // The NLB's own group's rules, once the NLB is as the Service asks (upstream's order).
+        if let Some(own) = groups.as_ref().and_then(|g| g.own.as_deref()) {
+            self.sync_own_group_rules(own, spec).await?;
+        }
+        if !self.config.global.disable_security_group_ingress {
+            self.sync_nlb_rules(spec, instances, cluster_id, &lb)
+                .await?;
+        }
+        Ok(hostname_status(lb.dns_name()))
+    }
+
+    /// The Service's NLB, its security groups synced, or created (with its groups) when there is none;
+    /// `None` in a preview that would create it.
+    async fn found_or_created_nlb(
+        &self,
+        spec: &LbSpec,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<Option<(Elbv2LoadBalancer, Option<NlbGroups>)>> {
         let elbv2 = &self.calls.clients.elbv2;
-        let (lb, groups) = match self.describe_nlb(&spec.name).await? {
+        Ok(Some(match self.describe_nlb(&spec.name).await? {
             Some(lb) => {
                 let vpc = lb.vpc_id().unwrap_or_default().to_owned();
                 let groups = self.nlb_security_groups(spec, Some(&lb), &vpc).await?;
@@ -217,7 +272,7 @@ impl LoadBalancers {
             }
             None => {
                 if self.previewed_creation(|| format!("NLB {} would be created", spec.name)) {
-                    return Ok(LoadBalancerStatus::default());
+                    return Ok(None);
                 }
                 let vpc = self.vpc_id(instances).await?;
                 let subnets = self.subnets(spec, &vpc, cluster_id).await?;
@@ -261,155 +316,169 @@ impl LoadBalancers {
                 self.elbv2_load_balancer_created(&spec.name).await;
                 (lb, groups)
             }
+        }))
+    }
+
+    /// One Service port's target group (found, or created), its targets and attributes, and the listener
+    /// forwarding to it (created, changed or kept; taken out of `listeners`, the NLB's listeners no port
+    /// has claimed yet); the group's ARN, or `None` in a preview that would create the group.
+    #[allow(clippy::too_many_arguments)]
+    async fn sync_nlb_port(
+        &self,
+        spec: &LbSpec,
+        service_port: &Port,
+        cluster_id: &str,
+        nlb: (&str, &str),
+        attached: &[TargetGroup],
+        listeners: &mut Vec<Listener>,
+        instances: &[InstanceInfo],
+    ) -> Result<Option<String>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let (arn, vpc_id) = nlb;
+        // The port as its target group sees it: TLS to the nodes with `backend-protocol: ssl`.
+        let port = &Port {
+            protocol: spec.tls.nlb_target_protocol(service_port).to_owned(),
+            ..service_port.clone()
         };
-        let arn = lb.load_balancer_arn().unwrap_or_default().to_owned();
-        let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
-        self.sync_ip_address_type(&lb, spec).await?;
-        check_fixed_addresses(&lb, spec)?;
-        let attached = self.target_groups_of(&arn).await?;
-        let mut listeners = self.listeners_of(&arn).await?;
-        let mut wanted_groups = Vec::new();
-        for service_port in &spec.ports {
-            // The port as its target group sees it: TLS to the nodes with `backend-protocol: ssl`.
-            let port = &Port {
-                protocol: spec.tls.nlb_target_protocol(service_port).to_owned(),
-                ..service_port.clone()
-            };
-            let hc = &spec.health_check;
-            let name = target_group_name(
-                cluster_id,
-                &spec.service_name,
-                port,
-                &hc.protocol,
-                hc.interval,
-            );
-            let legacy_name = legacy_target_group_name(
-                cluster_id,
-                &spec.service_name,
-                port,
-                &hc.protocol,
-                hc.interval,
-            );
-            let existing = match attached.iter().find(|g| {
-                g.target_group_name()
-                    .is_some_and(|n| n == name || n == legacy_name)
-            }) {
-                Some(g) => Some(g.clone()),
-                None => self.target_group_named(&name).await?,
-            };
-            let group = match existing {
-                Some(g) => {
-                    // Found by its name, which only this Service's group has: a creation whose answer
-                    // was lost made it.
-                    if let Some(arn) = g.target_group_arn() {
-                        self.target_group_created(arn, spec_tags(spec)).await;
-                    }
-                    self.sync_health_check(&g, spec).await?;
-                    g
+        let hc = &spec.health_check;
+        let name = target_group_name(
+            cluster_id,
+            &spec.service_name,
+            port,
+            &hc.protocol,
+            hc.interval,
+        );
+        let legacy_name = legacy_target_group_name(
+            cluster_id,
+            &spec.service_name,
+            port,
+            &hc.protocol,
+            hc.interval,
+        );
+        let existing = match attached.iter().find(|g| {
+            g.target_group_name()
+                .is_some_and(|n| n == name || n == legacy_name)
+        }) {
+            Some(g) => Some(g.clone()),
+            None => self.target_group_named(&name).await?,
+        };
+        let group = match existing {
+            Some(g) => {
+                // Found by its name, which only this Service's group has: a creation whose answer
+                // was lost made it.
+                if let Some(arn) = g.target_group_arn() {
+                    self.target_group_created(arn, spec_tags(spec)).await;
                 }
-                None => {
-                    if self.previewed(|| {
-                        format!(
-                            "target group {name} would be created for port {} (node port {}, {}) and the listener on port {} would forward to it",
-                            port.port, port.node_port, port.protocol, port.port
-                        )
-                    }) {
-                        // Its listener is accounted for; the group's targets would all be new.
-                        listeners.retain(|l| l.port() != Some(port.port));
-                        continue;
-                    }
-                    self.create_target_group(&name, port, &vpc_id, spec).await?
+                self.sync_health_check(&g, spec).await?;
+                g
+            }
+            None => {
+                if self.previewed(|| {
+                    format!(
+                        "target group {name} would be created for port {} (node port {}, {}) and the listener on port {} would forward to it",
+                        port.port, port.node_port, port.protocol, port.port
+                    )
+                }) {
+                    // Its listener is accounted for; the group's targets would all be new.
+                    listeners.retain(|l| l.port() != Some(port.port));
+                    return Ok(None);
                 }
-            };
-            let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
-            self.sync_targets(&group_arn, port.node_port, instances)
-                .await?;
-            self.sync_target_group_attributes(&group_arn, spec).await?;
-            let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
-            let tls = spec.tls.on(service_port);
-            // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
-            // default, which is then left as it is: upstream would set it again on every sync).
-            let certificate = tls
-                .then(|| spec.tls.cert.clone())
-                .flatten()
-                .map(|arn| Certificate::builder().certificate_arn(arn).build());
-            let policy = spec.tls.policy.clone().filter(|p| tls && !p.is_empty());
-            let forward = Action::builder()
-                .r#type(ActionTypeEnum::Forward)
-                .target_group_arn(&group_arn)
-                .build();
-            match listeners.iter().position(|l| l.port() == Some(port.port)) {
-                Some(at) => {
-                    let l = listeners.remove(at);
-                    let forwards_here = l
-                        .default_actions()
-                        .iter()
-                        .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
-                    let certificate_kept =
-                        l.certificates().first().and_then(|c| c.certificate_arn())
-                            == certificate.as_ref().and_then(|c| c.certificate_arn());
-                    let policy_kept = policy.is_none() || l.ssl_policy() == policy.as_deref();
-                    if (l.protocol() != Some(&protocol)
-                        || !forwards_here
-                        || !certificate_kept
-                        || !policy_kept)
-                        && !self.previewed(|| {
-                            format!(
-                                "the listener on port {} would change to {}{} forwarding to {group_arn}",
-                                port.port,
-                                protocol.as_str(),
-                                certificate
-                                    .as_ref()
-                                    .and_then(|c| c.certificate_arn())
-                                    .map(|arn| format!(" with certificate {arn}"))
-                                    .unwrap_or_default()
-                            )
-                        })
-                    {
-                        self.calls
-                            .call("ModifyListener", || {
-                                elbv2
-                                    .modify_listener()
-                                    .listener_arn(l.listener_arn().unwrap_or_default())
-                                    .protocol(protocol.clone())
-                                    .set_certificates(certificate.clone().map(|c| vec![c]))
-                                    .set_ssl_policy(policy.clone())
-                                    .default_actions(forward.clone())
-                                    .send()
-                            })
-                            .await?;
-                    }
-                }
-                None => {
-                    if self.previewed(|| {
-                        format!(
-                            "a {} listener on port {} would be created",
-                            protocol.as_str(),
-                            port.port
-                        )
-                    }) {
-                        wanted_groups.push(group_arn);
-                        continue;
-                    }
+                self.create_target_group(&name, port, vpc_id, spec).await?
+            }
+        };
+        let group_arn = group.target_group_arn().unwrap_or_default().to_owned();
+        self.sync_targets(&group_arn, port.node_port, instances)
+            .await?;
+        self.sync_target_group_attributes(&group_arn, spec).await?;
+        let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
+        let tls = spec.tls.on(service_port);
+        // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
+        // default, which is then left as it is: upstream would set it again on every sync).
+        let certificate = tls
+            .then(|| spec.tls.cert.clone())
+            .flatten()
+            .map(|arn| Certificate::builder().certificate_arn(arn).build());
+        let policy = spec.tls.policy.clone().filter(|p| tls && !p.is_empty());
+        let forward = Action::builder()
+            .r#type(ActionTypeEnum::Forward)
+            .target_group_arn(&group_arn)
+            .build();
+        match listeners.iter().position(|l| l.port() == Some(port.port)) {
+            Some(at) => {
+                let l = listeners.remove(at);
+                let forwards_here = l
+                    .default_actions()
+                    .iter()
+                    .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
+                let certificate_kept = l.certificates().first().and_then(|c| c.certificate_arn())
+                    == certificate.as_ref().and_then(|c| c.certificate_arn());
+                let policy_kept = policy.is_none() || l.ssl_policy() == policy.as_deref();
+                if (l.protocol() != Some(&protocol)
+                    || !forwards_here
+                    || !certificate_kept
+                    || !policy_kept) && !self.previewed(|| {
+                    format!(
+                        "the listener on port {} would change to {}{} forwarding to {group_arn}",
+                        port.port,
+                        protocol.as_str(),
+                        certificate
+                            .as_ref()
+                            .and_then(|c| c.certificate_arn())
+                            .map(|arn| format!(" with certificate {arn}"))
+                            .unwrap_or_default()
+                    )
+                }) {
                     self.calls
-                        .call("CreateListener", || {
+                        .call("ModifyListener", || {
                             elbv2
-                                .create_listener()
-                                .load_balancer_arn(&arn)
-                                .port(port.port)
+                                .modify_listener()
+                                .listener_arn(l.listener_arn().unwrap_or_default())
                                 .protocol(protocol.clone())
                                 .set_certificates(certificate.clone().map(|c| vec![c]))
                                 .set_ssl_policy(policy.clone())
                                 .default_actions(forward.clone())
-                                .set_tags(Some(tags(spec)))
                                 .send()
                         })
                         .await?;
                 }
             }
-            wanted_groups.push(group_arn);
+            None => {
+                if self.previewed(|| {
+                    format!(
+                        "a {} listener on port {} would be created",
+                        protocol.as_str(),
+                        port.port
+                    )
+                }) {
+                    return Ok(Some(group_arn));
+                }
+                self.calls
+                    .call("CreateListener", || {
+                        elbv2
+                            .create_listener()
+                            .load_balancer_arn(arn)
+                            .port(port.port)
+                            .protocol(protocol.clone())
+                            .set_certificates(certificate.clone().map(|c| vec![c]))
+                            .set_ssl_policy(policy.clone())
+                            .default_actions(forward.clone())
+                            .set_tags(Some(tags(spec)))
+                            .send()
+                    })
+                    .await?;
+            }
         }
-        // Listeners of ports the Service no longer has, then target groups no listener uses.
+        Ok(Some(group_arn))
+    }
+
+    /// Deletes the listeners no port claimed, then the NLB's target groups no listener uses.
+    async fn remove_unwanted_nlb_parts(
+        &self,
+        listeners: Vec<Listener>,
+        attached: Vec<TargetGroup>,
+        wanted_groups: &[String],
+    ) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
         for l in listeners {
             if self.previewed(|| {
                 format!(
@@ -441,18 +510,7 @@ impl LoadBalancers {
                 self.delete_target_group(g_arn).await?;
             }
         }
-        if let Some(enabled) = spec.cross_zone {
-            self.sync_cross_zone(&arn, enabled).await?;
-        }
-        // The NLB's own group's rules, once the NLB is as the Service asks (upstream's order).
-        if let Some(own) = groups.as_ref().and_then(|g| g.own.as_deref()) {
-            self.sync_own_group_rules(own, spec).await?;
-        }
-        if !self.config.global.disable_security_group_ingress {
-            self.sync_nlb_rules(spec, instances, cluster_id, &lb)
-                .await?;
-        }
-        Ok(hostname_status(lb.dns_name()))
+        Ok(())
     }
 
     /// The target group's `preserve_client_ip.enabled` and `proxy_protocol_v2.enabled` as the Service
