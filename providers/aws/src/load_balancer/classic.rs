@@ -37,6 +37,24 @@ fn health_target(spec: &LbSpec) -> String {
     }
 }
 
+/// The Classic ELB's listeners: each Service port to its node port, TLS as the Service asks.
+fn classic_listeners(spec: &LbSpec) -> Result<Vec<Listener>> {
+    spec.ports
+        .iter()
+        .map(|p| {
+            let wanted = spec.tls.classic_listener(p);
+            Listener::builder()
+                .protocol(wanted.protocol)
+                .load_balancer_port(p.port)
+                .instance_protocol(wanted.instance_protocol)
+                .instance_port(p.node_port)
+                .set_ssl_certificate_id(wanted.cert)
+                .build()
+        })
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Setup(format!("listener: {e}")))
+}
+
 impl LoadBalancers {
     /// The Classic ELB named `name`, if any.
     pub(super) async fn describe_classic(
@@ -101,7 +119,6 @@ impl LoadBalancers {
         instances: &[InstanceInfo],
         cluster_id: &str,
     ) -> Result<LoadBalancerStatus> {
-        let elb = &self.calls.clients.elb;
         let existing = self.describe_classic(&spec.name).await?;
         // A preview of a load balancer that does not exist: all of it would be new.
         if existing.is_none()
@@ -113,13 +130,48 @@ impl LoadBalancers {
             Some(vpc) => vpc.to_owned(),
             None => self.vpc_id(instances).await?,
         };
+        let (groups, owned) = self.classic_security_groups(spec, &vpc_id).await?;
+        let listeners = classic_listeners(spec)?;
+        let lb = match existing {
+            Some(lb) => self.synced_classic(lb, spec, &listeners, &groups).await?,
+            None => match self
+                .created_classic(spec, &vpc_id, cluster_id, &listeners, &groups)
+                .await?
+            {
+                Some(lb) => lb,
+                None => return Ok(LoadBalancerStatus::default()),
+            },
+        };
+        self.classic_load_balancer_seen(&spec.name, lb.vpc_id())
+            .await;
+        self.sync_classic_tls_policy(&lb, spec).await?;
+        self.sync_classic_proxy_protocol(&lb, spec).await?;
+        self.sync_classic_health_check(&lb, spec).await?;
+        self.sync_classic_attributes(&spec.name, &spec.classic_attributes)
+            .await?;
+        self.sync_classic_instances(&lb, instances).await?;
+        if let (Some(sg), false) = (&owned, self.config.global.disable_security_group_ingress) {
+            self.sync_node_ingress(sg, instances, cluster_id, &vpc_id)
+                .await?;
+        }
+        Ok(hostname_status(lb.dns_name()))
+    }
+
+    /// The Classic ELB's security groups: the annotation's, else `ElbSecurityGroup`, else its own
+    /// `k8s-elb-<name>` (made when missing, its rules the listener ports from the source ranges and
+    /// path-MTU ICMP), then the extra ones; with the own group's ID when it is ours.
+    async fn classic_security_groups(
+        &self,
+        spec: &LbSpec,
+        vpc_id: &str,
+    ) -> Result<(Vec<String>, Option<String>)> {
         // The security groups: the annotation's, else ElbSecurityGroup, else our own one.
         let (mut groups, owned) = if !spec.security_groups.is_empty() {
             (spec.security_groups.clone(), None)
         } else if let Some(sg) = &self.config.global.elb_security_group {
             (vec![sg.clone()], None)
         } else {
-            match self.ensure_elb_security_group(spec, &vpc_id).await? {
+            match self.ensure_elb_security_group(spec, vpc_id).await? {
                 Some(sg) => (vec![sg.clone()], Some(sg)),
                 // A preview: the group, its rules and the nodes' rules would all be new.
                 None => (vec![security_group_name(&spec.name)], None),
@@ -143,100 +195,91 @@ impl LoadBalancers {
             self.sync_cidr_rules(sg, &description, RuleScope::WholeGroup, &rules)
                 .await?;
         }
-        let listeners: Vec<Listener> = spec
-            .ports
-            .iter()
-            .map(|p| {
-                let wanted = spec.tls.classic_listener(p);
-                Listener::builder()
-                    .protocol(wanted.protocol)
-                    .load_balancer_port(p.port)
-                    .instance_protocol(wanted.instance_protocol)
-                    .instance_port(p.node_port)
-                    .set_ssl_certificate_id(wanted.cert)
-                    .build()
-            })
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::Setup(format!("listener: {e}")))?;
-        let lb = match existing {
-            Some(lb) => {
-                let lb = if self.sync_classic_listeners(&lb, &listeners).await? {
-                    // Listeners made again carry no policies: read them as they are now.
-                    self.describe_classic(&spec.name).await?.unwrap_or(lb)
-                } else {
-                    lb
-                };
-                let mut current: Vec<&str> =
-                    lb.security_groups().iter().map(String::as_str).collect();
-                current.sort();
-                let mut wanted: Vec<&str> = groups.iter().map(String::as_str).collect();
-                wanted.sort();
-                if current != wanted
-                    && !self.previewed(|| {
-                        format!("security groups would change from {current:?} to {wanted:?}")
-                    })
-                {
-                    self.calls
-                        .call("ApplySecurityGroupsToLoadBalancer", || {
-                            elb.apply_security_groups_to_load_balancer()
-                                .load_balancer_name(&spec.name)
-                                .set_security_groups(Some(groups.clone()))
-                                .send()
-                        })
-                        .await?;
-                }
-                lb
-            }
-            None => {
-                if self.previewed_creation(|| format!("Classic ELB {} would be created", spec.name))
-                {
-                    return Ok(LoadBalancerStatus::default());
-                }
-                let subnets = self.subnets(spec, &vpc_id, cluster_id).await?;
-                let tags: Vec<Tag> = spec
-                    .tags
-                    .iter()
-                    .map(|(k, v)| Tag::builder().key(k).value(v).build())
-                    .collect::<std::result::Result<_, _>>()
-                    .map_err(|e| Error::Setup(format!("tag: {e}")))?;
-                tracing::info!(
-                    name = spec.name,
-                    service = spec.service_name,
-                    "creating Classic ELB"
-                );
-                self.calls
-                    .call("elb:CreateLoadBalancer", || {
-                        elb.create_load_balancer()
-                            .load_balancer_name(&spec.name)
-                            .set_listeners(Some(listeners.clone()))
-                            .set_subnets(Some(subnets.clone()))
-                            .set_security_groups(Some(groups.clone()))
-                            .set_scheme(spec.internal.then(|| "internal".to_owned()))
-                            .set_tags(Some(tags.clone()))
-                            .send()
-                    })
-                    .await?;
-                self.describe_classic(&spec.name)
-                    .await?
-                    .ok_or(Error::Response {
-                        operation: "elb:DescribeLoadBalancers",
-                        missing: "load balancer just created",
-                    })?
-            }
+        Ok((groups, owned))
+    }
+
+    /// The existing Classic ELB with its listeners and security groups as `spec` asks (described again
+    /// when listeners were made anew: they carry no policies).
+    async fn synced_classic(
+        &self,
+        lb: LoadBalancerDescription,
+        spec: &LbSpec,
+        listeners: &[Listener],
+        groups: &[String],
+    ) -> Result<LoadBalancerDescription> {
+        let elb = &self.calls.clients.elb;
+        let lb = if self.sync_classic_listeners(&lb, listeners).await? {
+            // Listeners made again carry no policies: read them as they are now.
+            self.describe_classic(&spec.name).await?.unwrap_or(lb)
+        } else {
+            lb
         };
-        self.classic_load_balancer_seen(&spec.name, lb.vpc_id())
-            .await;
-        self.sync_classic_tls_policy(&lb, spec).await?;
-        self.sync_classic_proxy_protocol(&lb, spec).await?;
-        self.sync_classic_health_check(&lb, spec).await?;
-        self.sync_classic_attributes(&spec.name, &spec.classic_attributes)
-            .await?;
-        self.sync_classic_instances(&lb, instances).await?;
-        if let (Some(sg), false) = (&owned, self.config.global.disable_security_group_ingress) {
-            self.sync_node_ingress(sg, instances, cluster_id, &vpc_id)
+        let mut current: Vec<&str> = lb.security_groups().iter().map(String::as_str).collect();
+        current.sort();
+        let mut wanted: Vec<&str> = groups.iter().map(String::as_str).collect();
+        wanted.sort();
+        if current != wanted
+            && !self.previewed(|| {
+                format!("security groups would change from {current:?} to {wanted:?}")
+            })
+        {
+            self.calls
+                .call("ApplySecurityGroupsToLoadBalancer", || {
+                    elb.apply_security_groups_to_load_balancer()
+                        .load_balancer_name(&spec.name)
+                        .set_security_groups(Some(groups.to_vec()))
+                        .send()
+                })
                 .await?;
         }
-        Ok(hostname_status(lb.dns_name()))
+        Ok(lb)
+    }
+
+    /// Creates the Classic ELB in the cluster's subnets; `None` in a preview.
+    async fn created_classic(
+        &self,
+        spec: &LbSpec,
+        vpc_id: &str,
+        cluster_id: &str,
+        listeners: &[Listener],
+        groups: &[String],
+    ) -> Result<Option<LoadBalancerDescription>> {
+        let elb = &self.calls.clients.elb;
+        if self.previewed_creation(|| format!("Classic ELB {} would be created", spec.name)) {
+            return Ok(None);
+        }
+        let subnets = self.subnets(spec, vpc_id, cluster_id).await?;
+        let tags: Vec<Tag> = spec
+            .tags
+            .iter()
+            .map(|(k, v)| Tag::builder().key(k).value(v).build())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::Setup(format!("tag: {e}")))?;
+        tracing::info!(
+            name = spec.name,
+            service = spec.service_name,
+            "creating Classic ELB"
+        );
+        self.calls
+            .call("elb:CreateLoadBalancer", || {
+                elb.create_load_balancer()
+                    .load_balancer_name(&spec.name)
+                    .set_listeners(Some(listeners.to_vec()))
+                    .set_subnets(Some(subnets.clone()))
+                    .set_security_groups(Some(groups.to_vec()))
+                    .set_scheme(spec.internal.then(|| "internal".to_owned()))
+                    .set_tags(Some(tags.clone()))
+                    .send()
+            })
+            .await?;
+        let created = self
+            .describe_classic(&spec.name)
+            .await?
+            .ok_or(Error::Response {
+                operation: "elb:DescribeLoadBalancers",
+                missing: "load balancer just created",
+            })?;
+        Ok(Some(created))
     }
 
     /// Makes the listeners `wanted`; `true` when it changed any (outside a preview).
