@@ -97,6 +97,62 @@ pub(crate) fn published_ips(service: &Service) -> Vec<IpAddr> {
         .collect()
 }
 
+/// Why no address of `family` could be found for `wanted`: the pools that would serve it refuse it (and
+/// why), or there is none of that family, or those there are exhausted.
+fn no_address(config: &Config, family: IpFamily, wanted: &Wanted) -> String {
+    let candidates: Vec<&AddressPool> = config
+        .address_pools
+        .iter()
+        .filter(|p| wanted.pool.as_ref().is_none_or(|n| &p.name == n))
+        .filter(|p| wanted.pool.is_some() || p.auto_assign)
+        .filter(|p| {
+            p.addresses
+                .iter()
+                .any(|r| IpFamily::of(r.first()) == family)
+        })
+        .collect();
+    let pools: Vec<&str> = candidates
+        .iter()
+        .filter(|p| pool_refusal(p, wanted).is_none())
+        .map(|p| p.name.as_str())
+        .collect();
+    if pools.is_empty() && !candidates.is_empty() {
+        let reasons: Vec<String> = candidates
+            .iter()
+            .filter_map(|p| pool_refusal(p, wanted))
+            .collect();
+        return format!(
+            "no address pool with {} addresses serves this Service (namespace {:?}{}): {}",
+            family.as_str(),
+            wanted.namespace,
+            labels_text(&wanted.labels),
+            reasons.join("; ")
+        );
+    }
+    if pools.is_empty() {
+        format!(
+            "no address pool has {} addresses{}",
+            family.as_str(),
+            wanted
+                .pool
+                .as_ref()
+                .map(|n| format!(" (pool {n:?} asked by {ANNOTATION_ADDRESS_POOL})"))
+                .unwrap_or_default()
+        )
+    } else {
+        format!(
+            "no free {} address: pool(s) {} are exhausted",
+            family.as_str(),
+            pools.join(", ")
+        )
+    }
+}
+
+/// Why `pool` may not serve `wanted` (its namespace and labels), if it may not.
+fn pool_refusal(pool: &AddressPool, wanted: &Wanted) -> Option<String> {
+    pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
+}
+
 impl Allocations {
     /// The VIPs of `key` for `wanted`: the addresses it holds, else those its status carries, else
     /// free ones from the pools. Changes nothing unless every required family gets an address.
@@ -118,9 +174,7 @@ impl Allocations {
             .map(|r| r.ips.clone())
             .unwrap_or_default();
         let free_for_us = |ip: &IpAddr| self.sharing_refused(config, ip, key, wanted).is_none();
-        let refusal = |pool: &AddressPool| {
-            pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
-        };
+        let refusal = |pool: &AddressPool| pool_refusal(pool, wanted);
         if let Some(name) = &wanted.pool
             && let Some(why) = config
                 .address_pools
@@ -152,37 +206,7 @@ impl Allocations {
         for (family, required) in &wanted.families {
             let of_family = |ip: &&IpAddr| IpFamily::of(**ip) == *family;
             let chosen = if let Some(ip) = wanted.requested.get(family) {
-                let Some(pool) = config.pool_of(*ip) else {
-                    return Err(format!(
-                        "the requested address {ip} is in no address pool ({})",
-                        pool_list(config)
-                    ));
-                };
-                if let Some(name) = &wanted.pool
-                    && &pool.name != name
-                {
-                    return Err(format!(
-                        "the requested address {ip} is in pool {:?}, not in {name:?} ({ANNOTATION_ADDRESS_POOL})",
-                        pool.name
-                    ));
-                }
-                if let Some(why) = refusal(pool) {
-                    return Err(format!(
-                        "the requested address {ip} is in pool {:?}, which this Service may not use: {why}",
-                        pool.name
-                    ));
-                }
-                if !pool.gives_out(*ip) {
-                    return Err(format!(
-                        "the requested address {ip} is in pool {:?}, which gives out no IPv4 \
-                         address ending in .0 or .255 (avoidBuggyIPs)",
-                        pool.name
-                    ));
-                }
-                if let Some(why) = self.sharing_refused(config, ip, key, wanted) {
-                    return Err(format!("the requested address {ip} is taken: {why}"));
-                }
-                Some(*ip)
+                Some(self.check_requested(config, ip, key, wanted)?)
             } else if let Some(ip) = current.iter().filter(of_family).find(|ip| pool_ok(ip)) {
                 Some(*ip)
             } else if let Some(ip) = published
@@ -196,54 +220,7 @@ impl Allocations {
             };
             match chosen {
                 Some(ip) => ips.push(ip),
-                None if *required => {
-                    let candidates: Vec<&AddressPool> = config
-                        .address_pools
-                        .iter()
-                        .filter(|p| wanted.pool.as_ref().is_none_or(|n| &p.name == n))
-                        .filter(|p| wanted.pool.is_some() || p.auto_assign)
-                        .filter(|p| {
-                            p.addresses
-                                .iter()
-                                .any(|r| IpFamily::of(r.first()) == *family)
-                        })
-                        .collect();
-                    let pools: Vec<&str> = candidates
-                        .iter()
-                        .filter(|p| refusal(p).is_none())
-                        .map(|p| p.name.as_str())
-                        .collect();
-                    if pools.is_empty() && !candidates.is_empty() {
-                        let reasons: Vec<String> =
-                            candidates.iter().filter_map(|p| refusal(p)).collect();
-                        return Err(format!(
-                            "no address pool with {} addresses serves this Service (namespace {:?}{}): {}",
-                            family.as_str(),
-                            wanted.namespace,
-                            labels_text(&wanted.labels),
-                            reasons.join("; ")
-                        ));
-                    }
-                    return Err(if pools.is_empty() {
-                        format!(
-                            "no address pool has {} addresses{}",
-                            family.as_str(),
-                            wanted
-                                .pool
-                                .as_ref()
-                                .map(|n| format!(
-                                    " (pool {n:?} asked by {ANNOTATION_ADDRESS_POOL})"
-                                ))
-                                .unwrap_or_default()
-                        )
-                    } else {
-                        format!(
-                            "no free {} address: pool(s) {} are exhausted",
-                            family.as_str(),
-                            pools.join(", ")
-                        )
-                    });
-                }
+                None if *required => return Err(no_address(config, *family, wanted)),
                 None => {
                     tracing::info!(
                         service = key,
@@ -253,12 +230,68 @@ impl Allocations {
                 }
             }
         }
-        for ip in &current {
+        self.record_allocation(key, uid, wanted, &current, &ips);
+        Ok(ips)
+    }
+
+    /// Checks the address `ip` the Service `key` asks for: in a pool it may use (the one it names, if
+    /// it names one), given out by that pool, and free for it (or shared as it allows).
+    fn check_requested(
+        &self,
+        config: &Config,
+        ip: &IpAddr,
+        key: &str,
+        wanted: &Wanted,
+    ) -> Result<IpAddr, String> {
+        let Some(pool) = config.pool_of(*ip) else {
+            return Err(format!(
+                "the requested address {ip} is in no address pool ({})",
+                pool_list(config)
+            ));
+        };
+        if let Some(name) = &wanted.pool
+            && &pool.name != name
+        {
+            return Err(format!(
+                "the requested address {ip} is in pool {:?}, not in {name:?} ({ANNOTATION_ADDRESS_POOL})",
+                pool.name
+            ));
+        }
+        if let Some(why) = pool_refusal(pool, wanted) {
+            return Err(format!(
+                "the requested address {ip} is in pool {:?}, which this Service may not use: {why}",
+                pool.name
+            ));
+        }
+        if !pool.gives_out(*ip) {
+            return Err(format!(
+                "the requested address {ip} is in pool {:?}, which gives out no IPv4 \
+                 address ending in .0 or .255 (avoidBuggyIPs)",
+                pool.name
+            ));
+        }
+        if let Some(why) = self.sharing_refused(config, ip, key, wanted) {
+            return Err(format!("the requested address {ip} is taken: {why}"));
+        }
+        Ok(*ip)
+    }
+
+    /// Records `ips` as `key`'s (its former `current` ones not among them given up), with what
+    /// `wanted` says of its data path and sharing.
+    fn record_allocation(
+        &mut self,
+        key: &str,
+        uid: Option<&str>,
+        wanted: &Wanted,
+        current: &[IpAddr],
+        ips: &[IpAddr],
+    ) {
+        for ip in current {
             if !ips.contains(ip) {
                 self.disown(*ip, key);
             }
         }
-        for ip in &ips {
+        for ip in ips {
             self.owners.entry(*ip).or_default().insert(key.to_owned());
         }
         let record = self
@@ -273,11 +306,10 @@ impl Allocations {
                 retained: false,
             });
         record.retained = false;
-        record.ips = ips.clone();
+        record.ips = ips.to_vec();
         record.data_path = wanted.data_path;
         record.sharing = wanted.sharing.clone();
         record.uid = uid.map(str::to_owned).or(record.uid.take());
-        Ok(ips)
     }
 
     /// The address of `family` for `wanted` from the pool it names, else from the auto-assign pools by
