@@ -333,7 +333,6 @@ impl LoadBalancers {
         listeners: &mut Vec<Listener>,
         instances: &[InstanceInfo],
     ) -> Result<Option<String>> {
-        let elbv2 = &self.calls.clients.elbv2;
         let (arn, vpc_id) = nlb;
         // The port as its target group sees it: TLS to the nodes with `backend-protocol: ssl`.
         let port = &Port {
@@ -390,6 +389,23 @@ impl LoadBalancers {
         self.sync_targets(&group_arn, port.node_port, instances)
             .await?;
         self.sync_target_group_attributes(&group_arn, spec).await?;
+        self.sync_nlb_listener(spec, service_port, port, &group_arn, arn, listeners)
+            .await?;
+        Ok(Some(group_arn))
+    }
+
+    /// The listener of `port` forwarding to the target group `group_arn`: kept, changed (protocol,
+    /// target, certificate, policy) or created; taken out of `listeners` (those no port claimed yet).
+    async fn sync_nlb_listener(
+        &self,
+        spec: &LbSpec,
+        service_port: &Port,
+        port: &Port,
+        group_arn: &str,
+        arn: &str,
+        listeners: &mut Vec<Listener>,
+    ) -> Result<()> {
+        let elbv2 = &self.calls.clients.elbv2;
         let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
         let tls = spec.tls.on(service_port);
         // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
@@ -401,7 +417,7 @@ impl LoadBalancers {
         let policy = spec.tls.policy.clone().filter(|p| tls && !p.is_empty());
         let forward = Action::builder()
             .r#type(ActionTypeEnum::Forward)
-            .target_group_arn(&group_arn)
+            .target_group_arn(group_arn)
             .build();
         match listeners.iter().position(|l| l.port() == Some(port.port)) {
             Some(at) => {
@@ -409,7 +425,7 @@ impl LoadBalancers {
                 let forwards_here = l
                     .default_actions()
                     .iter()
-                    .any(|a| a.target_group_arn() == Some(group_arn.as_str()));
+                    .any(|a| a.target_group_arn() == Some(group_arn));
                 let certificate_kept = l.certificates().first().and_then(|c| c.certificate_arn())
                     == certificate.as_ref().and_then(|c| c.certificate_arn());
                 let policy_kept = policy.is_none() || l.ssl_policy() == policy.as_deref();
@@ -450,7 +466,7 @@ impl LoadBalancers {
                         port.port
                     )
                 }) {
-                    return Ok(Some(group_arn));
+                    return Ok(());
                 }
                 self.calls
                     .call("CreateListener", || {
@@ -468,7 +484,7 @@ impl LoadBalancers {
                     .await?;
             }
         }
-        Ok(Some(group_arn))
+        Ok(())
     }
 
     /// Deletes the listeners no port claimed, then the NLB's target groups no listener uses.
