@@ -44,6 +44,14 @@ where
     }
 }
 
+/// Waits (`what`) until moto holds nothing tagged for the cluster.
+async fn nothing_left(what: &str) {
+    eventually(what, || async {
+        cluster_resources().await.is_empty().then_some(())
+    })
+    .await;
+}
+
 async fn nodes() -> Api<Node> {
     Api::all(control_plane().admin_client().await)
 }
@@ -474,10 +482,7 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
             .await
             .unwrap();
     }
-    eventually("no cluster resources left", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("no cluster resources left").await;
     stop_manager(shutdown, task).await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
@@ -556,10 +561,7 @@ async fn the_condition_says_ensured_or_why_aws_refuses() {
             .await
             .unwrap();
     }
-    eventually("no cluster resources left", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("no cluster resources left").await;
     stop_manager(shutdown, task).await;
     let _ = api.delete(&name, &DeleteParams::default()).await;
 }
@@ -798,10 +800,7 @@ async fn node_labels_select_targets_for_new_and_existing_services() {
             .await
             .unwrap();
     }
-    eventually("no cluster resources left", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("no cluster resources left").await;
     stop_manager(shutdown, task).await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
@@ -964,10 +963,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         .delete("aws-drift", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("no cluster resources left", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("no cluster resources left").await;
     stop_manager(shutdown, task).await;
     let _ = api.delete(&name, &DeleteParams::default()).await;
 }
@@ -1158,10 +1154,7 @@ async fn a_kept_load_balancer_outlives_its_service_and_the_next_of_its_name_adop
         )
         .await;
     }
-    eventually("no cluster resources left", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("no cluster resources left").await;
 
     // An operator's release: the tag removed, the sweep deletes it.
     let (_, hostname) = create(
@@ -1189,10 +1182,7 @@ async fn a_kept_load_balancer_outlives_its_service_and_the_next_of_its_name_adop
         .send()
         .await
         .unwrap();
-    eventually("the released load balancer swept", || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    nothing_left("the released load balancer swept").await;
     stop_manager(shutdown, task).await;
     let _ = api.delete(&node, &DeleteParams::default()).await;
 }
