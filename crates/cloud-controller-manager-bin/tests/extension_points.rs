@@ -156,7 +156,8 @@ async fn run(
     run_manager(manager(), args).await
 }
 
-/// Runs `manager` on the zoned cloud with `args`, serving on a free port.
+/// Runs `manager` with `args` (on the zoned cloud without leader election unless they say otherwise),
+/// serving on a free port.
 async fn run_manager(
     manager: Manager,
     args: &[&str],
@@ -170,12 +171,19 @@ async fn run_manager(
     let kubeconfig = control_plane().ccm_kubeconfig();
     let mut argv = vec![
         "cloud-controller-manager".to_owned(),
-        "--cloud-provider=zoned".to_owned(),
         format!("--kubeconfig={}", kubeconfig.display()),
-        "--leader-elect=false".to_owned(),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),
     ];
+    // The zoned cloud without leader election, unless `args` say otherwise.
+    for (flag, default) in [
+        ("--cloud-provider=", "--cloud-provider=zoned"),
+        ("--leader-elect=", "--leader-elect=false"),
+    ] {
+        if !args.iter().any(|a| a.starts_with(flag)) {
+            argv.push(default.to_owned());
+        }
+    }
     argv.extend(args.iter().map(|a| a.to_string()));
     let command_line = manager.parse_from(argv).expect("valid flags");
     let shutdown = CancellationToken::new();
@@ -530,4 +538,116 @@ async fn a_sweep_and_a_drift_check_the_cloud_cannot_do_leave_the_controller_heal
         .expect("the manager stops")
         .expect("no panic")
         .expect("no error");
+}
+
+/// What [`HandsOff::hand_off`] saw, and when its background work stopped.
+#[derive(Debug, Default)]
+struct HandOffSeen {
+    /// Whether `hand_off` ran.
+    called: bool,
+    /// Whether `InitializeContext::shutdown` was cancelled when it ran.
+    shutdown_cancelled_then: bool,
+    /// The Lease's holder when it ran.
+    holder_then: Option<String>,
+    /// The provider's shutdown token, from `initialize`.
+    shutdown: Option<CancellationToken>,
+}
+
+static HAND_OFF_SEEN: std::sync::Mutex<Option<HandOffSeen>> = std::sync::Mutex::new(None);
+static HAND_OFF_LEASE: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// A provider whose process carries traffic that it hands to the next leader on a graceful stop.
+struct HandsOff;
+
+#[async_trait]
+impl CloudProvider for HandsOff {
+    fn provider_name(&self) -> &str {
+        "hands-off"
+    }
+    async fn initialize(&self, ctx: cloud_provider::InitializeContext) -> CloudResult<()> {
+        HAND_OFF_SEEN
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Default::default)
+            .shutdown = Some(ctx.shutdown);
+        Ok(())
+    }
+    fn hands_off_traffic(&self) -> bool {
+        true
+    }
+    async fn hand_off(&self) {
+        let lease_name = HAND_OFF_LEASE.lock().unwrap().clone();
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(support::admin().await, "kube-system");
+        let holder = leases
+            .get(&lease_name)
+            .await
+            .ok()
+            .and_then(|l| l.spec?.holder_identity)
+            .filter(|h| !h.is_empty());
+        let mut seen = HAND_OFF_SEEN.lock().unwrap();
+        let seen = seen.get_or_insert_with(Default::default);
+        seen.called = true;
+        seen.holder_then = holder;
+        seen.shutdown_cancelled_then = seen
+            .shutdown
+            .as_ref()
+            .is_some_and(CancellationToken::is_cancelled);
+    }
+}
+
+/// A provider that hands its traffic off (`hands_off_traffic`): on a graceful stop the manager lets
+/// the controllers finish, releases the Lease, then calls `hand_off` while the provider's background
+/// work still runs (its `InitializeContext::shutdown` not yet cancelled), and cancels that only after.
+#[tokio::test]
+async fn a_graceful_stop_hands_off_after_the_lease_is_released_and_before_the_provider_stops() {
+    let _serial = SERIAL.lock().await;
+    let lease = unique_name("hands-off");
+    *HAND_OFF_LEASE.lock().unwrap() = lease.clone();
+    let mut registry = Registry::new();
+    registry
+        .register("hands-off", |_: &CloudConfig| -> ProviderResult {
+            Ok(Arc::new(HandsOff))
+        })
+        .unwrap();
+    let lease_flag = format!("--leader-elect-resource-name={lease}");
+    let (shutdown, task, _) = run_manager(
+        Manager::with_registry(registry),
+        &[
+            "--cloud-provider=hands-off",
+            "--leader-elect=true",
+            &lease_flag,
+            "--controllers=service",
+        ],
+    )
+    .await;
+    eventually(
+        "the provider is initialized (as leader)",
+        Duration::from_secs(30),
+        || async {
+            HAND_OFF_SEEN
+                .lock()
+                .unwrap()
+                .as_ref()
+                .and_then(|s| s.shutdown.clone())
+        },
+    )
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect("the manager stops")
+        .expect("no panic")
+        .expect("no error");
+    let seen = HAND_OFF_SEEN.lock().unwrap().take().unwrap();
+    assert!(seen.called, "hand_off ran");
+    assert_eq!(seen.holder_then, None, "the Lease was released before it");
+    assert!(
+        !seen.shutdown_cancelled_then,
+        "the provider's background work still ran during it"
+    );
+    assert!(
+        seen.shutdown.as_ref().unwrap().is_cancelled(),
+        "and stopped once the manager returned"
+    );
 }

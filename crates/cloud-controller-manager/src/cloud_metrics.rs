@@ -196,6 +196,12 @@ impl CloudProvider for MeteredCloud {
     fn rides_out_api_outages(&self) -> bool {
         self.inner.rides_out_api_outages()
     }
+    fn hands_off_traffic(&self) -> bool {
+        self.inner.hands_off_traffic()
+    }
+    async fn hand_off(&self) {
+        self.inner.hand_off().await;
+    }
 }
 
 #[async_trait]

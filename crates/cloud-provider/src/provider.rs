@@ -13,7 +13,9 @@ use crate::{
 pub struct InitializeContext {
     /// A client for the cluster's API server, with the manager's identity and rate limits.
     pub client: kube::Client,
-    /// Cancelled when the manager shuts down (or loses leadership); stop background work then.
+    /// Cancelled when the manager shuts down (or loses leadership); stop background work then. For a
+    /// provider that [hands off its traffic](CloudProvider::hands_off_traffic), a graceful stop cancels
+    /// it only after [`CloudProvider::hand_off`].
     pub shutdown: CancellationToken,
     /// Whether the leader is riding out an outage of the API server, for a provider that
     /// [rides them out](CloudProvider::rides_out_api_outages); never, for the others.
@@ -103,6 +105,22 @@ pub trait CloudProvider: Send + Sync + 'static {
     fn rides_out_api_outages(&self) -> bool {
         false
     }
+
+    /// Whether this process carries traffic that it hands over to the next leader on a graceful stop
+    /// ([`CloudProvider::hand_off`]). When `true`, [`InitializeContext::shutdown`] is cancelled on a
+    /// graceful stop only after `hand_off` returns (so the data plane serves meanwhile), and at once when
+    /// leadership is lost; when `false` (the default) it is cancelled with the controllers. Asked once,
+    /// before [`CloudProvider::initialize`].
+    fn hands_off_traffic(&self) -> bool {
+        false
+    }
+
+    /// Hands the traffic this process carries over to the next leader, on a graceful stop (a shutdown
+    /// signal; never after a lost lease, when another replica may serve already): called once the
+    /// controllers have finished their in-flight work and the Lease is released (so the next leader can
+    /// start); the manager exits when it returns. Called only when
+    /// [`CloudProvider::hands_off_traffic`]. Keep it within the pod's termination grace period.
+    async fn hand_off(&self) {}
 
     /// Adds the provider's own metrics to the manager's `/metrics` (for example its cloud API throttling
     /// or its data plane's traffic). Called once, before [`CloudProvider::initialize`]; the metrics are

@@ -1645,3 +1645,143 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
         seen.connections
     );
 }
+
+/// The sum of a metric over the manager's replicas (`/metrics` over HTTPS on their node's port 10258,
+/// with the cluster's admin token, which may read it).
+fn manager_metric_sum(name: &str) -> f64 {
+    let c = cluster();
+    let kubeconfig = std::fs::read_to_string(c.admin_kubeconfig()).expect("admin kubeconfig");
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: "))
+        .expect("the admin kubeconfig has a token")
+        .to_owned();
+    let hosts = c.kubectl(
+        &[
+            "-n",
+            "kube-system",
+            "get",
+            "pods",
+            "-l",
+            "k8s-app=cloud-controller-manager",
+            "-o",
+            "jsonpath={.items[*].status.hostIP}",
+        ],
+        None,
+    );
+    hosts
+        .split_whitespace()
+        .filter_map(|host| {
+            let out = std::process::Command::new("curl")
+                .args(["-sSfk", "--max-time", "10", "-H"])
+                .arg(format!("Authorization: Bearer {token}"))
+                .arg(format!("https://{host}:10258/metrics"))
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+        })
+        .sum()
+}
+
+/// Issue #47, item 3, leader mode: the manager's Deployment rolled (`kubectl rollout restart`) while the
+/// client asks the VIP every 100 ms and 20 long-lived connections go through it. The leader moves to
+/// another node: the one that stops serves until the next leader claims the VIP, then stops answering
+/// for it and lets its connections finish, while the next leader forwards their packets to it. No
+/// request fails, no long-lived connection is cut, and a new leader counts the hand-off it received.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_update_of_the_leading_manager_cuts_no_connection() {
+    let c = cluster();
+    let (_client, _ns, vip) = one_vip_served(ManagerForm::Deployment, "leader-upgrade").await;
+    let first = holders(vip);
+    assert_eq!(first.len(), 1, "{vip} on {first:?}");
+
+    let traffic = Traffic::start(vip);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let workers = long_lived_connections(vip, 20, &stop);
+    let watching = tokio::task::spawn_blocking({
+        let stop = stop.clone();
+        move || {
+            let mut seen = BTreeSet::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for node in holders(vip) {
+                    seen.insert(node);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            seen
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let rolling = Instant::now();
+    tokio::task::spawn_blocking(move || {
+        for verb in [
+            &["rollout", "restart", "deployment/cloud-controller-manager"][..],
+            &[
+                "rollout",
+                "status",
+                "deployment/cloud-controller-manager",
+                "--timeout=300s",
+            ],
+        ] {
+            let mut args = vec!["-n", "kube-system"];
+            args.extend_from_slice(verb);
+            c.kubectl(&args, None);
+        }
+    })
+    .await
+    .unwrap();
+    eventually("the old replicas gone", LONG, || async move {
+        let pods = manager_pods().await;
+        (pods.len() == 2).then_some(())
+    })
+    .await;
+    let rolled = rolling.elapsed();
+    // A new leader serves, and the connections opened last run their course.
+    leading_node().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut seen = LongLived::default();
+    for worker in workers {
+        let one = worker.await.unwrap();
+        seen.connections += one.connections;
+        seen.requests += one.requests;
+        seen.errors.extend(one.errors);
+    }
+    let (failed, made) = traffic.stop().await;
+    let holders_seen = watching.await.unwrap();
+    let received = manager_metric_sum("local_leader_handoffs_received_total");
+    println!(
+        "manager rolled in {:.0}s: {} of {made} new requests failed; {} long-lived connections ({} requests on them), {} cut; {vip} on {holders_seen:?} through the roll; hand-offs received by the replicas running now: {received}",
+        rolled.as_secs_f64(),
+        failed.len(),
+        seen.connections,
+        seen.requests,
+        seen.errors.len()
+    );
+    assert!(
+        holders_seen.len() > 1,
+        "the VIP moved to another node with the leader ({holders_seen:?})"
+    );
+    assert!(
+        received >= 1.0,
+        "a new leader forwarded its predecessor's connections"
+    );
+    assert!(failed.is_empty(), "new requests failed: {failed:?}");
+    assert!(
+        seen.errors.is_empty(),
+        "long-lived connections were cut: {:?}",
+        seen.errors
+    );
+    assert!(
+        seen.connections >= 20,
+        "the long-lived connections ran ({})",
+        seen.connections
+    );
+}

@@ -72,14 +72,22 @@ type Outcome = Result<Option<String>, String>;
 /// A request to the `vip-netlink` thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Op {
-    /// Put the VIP on the interface (refused after `RemoveAll` until `Resume`).
+    /// Put the VIP on the interface (refused after `RemoveAll` until `Resume`), and announce it.
     Add(IpAddr),
+    /// Put the VIP on the interface as `Add` does, without announcing it (yet).
+    PutOn(IpAddr),
+    /// Announce a VIP on the interface (as `Add` does after putting it on).
+    Announce(IpAddr),
     /// Take it off, if it was added.
     Remove(IpAddr),
     /// Take off every VIP added, and refuse further adds.
     RemoveAll,
     /// Accept adds again (a new leadership).
     Resume,
+    /// Stop announcing (the rounds still to come are dropped) and refuse further adds, keeping the
+    /// VIPs on the interface: another host serves them now, and this one only finishes its open
+    /// connections ([`crate::leader_handoff`]).
+    Quiet,
     /// Take over the host addresses the interface has in these ranges (left by an earlier run that did
     /// not clean up), so they come off unless added again.
     Adopt(Vec<crate::AddressRange>),
@@ -155,6 +163,26 @@ impl AddressManager {
         self.request(Op::Add(ip)).await
     }
 
+    /// Puts `ip` on the interface as [`AddressManager::add`] does, without announcing it: the leader
+    /// binds its listeners first, then [`AddressManager::announce`]s it, so that no neighbour is sent
+    /// here before this host accepts (the previous holder answers meanwhile).
+    pub(crate) async fn put_on(&self, ip: IpAddr) -> Result<(), String> {
+        if !Self::manages(ip) {
+            return Ok(());
+        }
+        self.request(Op::PutOn(ip)).await.map(|_| ())
+    }
+
+    /// Announces `ip` if [`AddressManager::put_on`] put it on and it was not announced since (and this
+    /// manager is not stepping down); `Ok(Some(warning))` when the announcement was not sent, as for
+    /// [`AddressManager::add`].
+    pub(crate) async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String> {
+        if !Self::manages(ip) {
+            return Ok(None);
+        }
+        self.request(Op::Announce(ip)).await
+    }
+
     /// Takes `ip` off the interface if this manager added it; a failure is logged (and the VIP is tried
     /// again when the leader steps down).
     pub(crate) async fn remove(&self, ip: IpAddr) {
@@ -188,6 +216,19 @@ impl AddressManager {
                 op: Op::Resume,
                 reply: Reply::None,
             });
+        }
+    }
+
+    /// Stops announcing the VIPs (the rounds of announcements still to come are dropped) and refuses
+    /// adds, but leaves the VIPs on the interface, until [`AddressManager::remove_all_now`]: a leader
+    /// handing its VIPs to the next one keeps their open connections
+    /// ([`crate::leader_handoff`]).
+    pub(crate) async fn go_quiet(&self) {
+        if lock(&self.worker).is_none() {
+            return; // nothing was ever added
+        }
+        if let Err(err) = self.request(Op::Quiet).await {
+            tracing::warn!(interface = %self.interface, error = %err, "cannot stop announcing the VIPs");
         }
     }
 
@@ -237,6 +278,7 @@ impl AddressManager {
             added: BTreeSet::new(),
             adopted: BTreeSet::new(),
             stopped: false,
+            unannounced: BTreeSet::new(),
             announce: self.announce,
             repeats: BTreeMap::new(),
             warned: BTreeSet::new(),
@@ -261,6 +303,8 @@ struct Worker {
     adopted: BTreeSet<IpAddr>,
     /// Set by `RemoveAll`: adds are refused until `Resume`.
     stopped: bool,
+    /// What `PutOn` put on and no `Announce` announced yet.
+    unannounced: BTreeSet<IpAddr>,
     announce: announce::Announce,
     /// The rounds of announcements still to come, by VIP (tasks on this thread's runtime), aborted when
     /// the VIP comes off: a later round would point the neighbours back at this host.
@@ -291,7 +335,23 @@ impl Worker {
         runtime.block_on(async {
             while let Some(Job { op, reply }) = jobs.recv().await {
                 let result = match op {
-                    Op::Add(ip) => self.add(ip).await,
+                    Op::Add(ip) => self.add(ip, true).await,
+                    Op::PutOn(ip) => {
+                        let new = !self.added.contains(&ip);
+                        let result = self.add(ip, false).await;
+                        if new && self.added.contains(&ip) {
+                            self.unannounced.insert(ip);
+                        }
+                        result
+                    }
+                    Op::Announce(ip) => Ok(
+                        if self.unannounced.remove(&ip) && self.added.contains(&ip) && !self.stopped
+                        {
+                            self.announce(ip)
+                        } else {
+                            None
+                        },
+                    ),
                     Op::Remove(ip) => self.remove(ip).await.map(|()| None),
                     Op::RemoveAll => {
                         self.remove_all().await;
@@ -299,6 +359,13 @@ impl Worker {
                     }
                     Op::Resume => {
                         self.stopped = false;
+                        Ok(None)
+                    }
+                    Op::Quiet => {
+                        self.stopped = true;
+                        for (_, repeat) in std::mem::take(&mut self.repeats) {
+                            repeat.abort();
+                        }
                         Ok(None)
                     }
                     Op::Adopt(ranges) => {
@@ -315,14 +382,15 @@ impl Worker {
         });
     }
 
-    async fn add(&mut self, ip: IpAddr) -> Outcome {
+    /// Puts `ip` on the interface, then announces it if `announce`.
+    async fn add(&mut self, ip: IpAddr, announce: bool) -> Outcome {
         if self.added.contains(&ip) {
             return Ok(None);
         }
         if !self.stopped && self.adopted.remove(&ip) {
             tracing::info!(%ip, interface = %self.interface, "VIP left on the interface by an earlier run: kept, and announced");
             self.added.insert(ip);
-            return Ok(self.announce(ip));
+            return Ok(announce.then(|| self.announce(ip)).flatten());
         }
         let interface = self.interface.as_str();
         let fail = |what: String| format!("putting the VIP {ip} on interface {interface}: {what}");
@@ -352,7 +420,7 @@ impl Worker {
             Err(Failure::Refused(what)) => return Err(fail(what)),
         }
         self.added.insert(ip);
-        Ok(self.announce(ip))
+        Ok(announce.then(|| self.announce(ip)).flatten())
     }
 
     /// Announces `ip`, just put on the interface or taken over: one round now, the others in the
@@ -411,6 +479,7 @@ impl Worker {
         if let Some(repeat) = self.repeats.remove(&ip) {
             repeat.abort();
         }
+        self.unannounced.remove(&ip);
         if !self.added.contains(&ip) && !self.adopted.contains(&ip) {
             return Ok(());
         }
@@ -1305,6 +1374,7 @@ mod tests {
             added: BTreeSet::new(),
             adopted: BTreeSet::new(),
             stopped: false,
+            unannounced: BTreeSet::new(),
             announce: announce_without_cap_net_raw,
             repeats: BTreeMap::new(),
             warned: BTreeSet::new(),

@@ -18,7 +18,7 @@
 //! Both need `CAP_NET_RAW`, which leader mode's announcements need already.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     fmt, io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::{
@@ -140,22 +140,15 @@ fn duplicate_address_solicitation(mac: Mac, ip: Ipv6Addr) -> [u8; SOLICITATION_F
     frame
 }
 
-/// Listens and probes on an interface, on a thread of its own, from [`ConflictWatch::start`] until it
-/// is dropped; the first claim on one of the addresses it defends ends it.
-pub(crate) struct ConflictWatch {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    /// The first claim heard, or why the watch stopped before one.
-    claims: tokio::sync::oneshot::Receiver<Result<Claim, String>>,
+/// An interface's MAC address and a channel that sends and receives its Ethernet frames.
+struct Link {
+    mac: Mac,
+    sender: Box<dyn pnet_datalink::DataLinkSender>,
+    receiver: Box<dyn pnet_datalink::DataLinkReceiver>,
 }
 
-impl ConflictWatch {
-    /// Watches `interface` for claims on the addresses `defended` returns (asked at every round of
-    /// probes and at every claim heard, so a VIP that came off is no longer defended).
-    pub(crate) fn start(
-        interface: &str,
-        defended: impl Fn() -> BTreeSet<IpAddr> + Send + 'static,
-    ) -> io::Result<Self> {
+impl Link {
+    fn open(interface: &str) -> io::Result<Self> {
         let link = pnet_datalink::interfaces()
             .into_iter()
             .find(|link| link.name == interface)
@@ -181,15 +174,93 @@ impl ConflictWatch {
             promiscuous: false,
             ..Default::default()
         };
-        let (mut sender, mut receiver) = match pnet_datalink::channel(&link, config)? {
-            pnet_datalink::Channel::Ethernet(sender, receiver) => (sender, receiver),
-            _ => {
+        match pnet_datalink::channel(&link, config)? {
+            pnet_datalink::Channel::Ethernet(sender, receiver) => Ok(Self {
+                mac,
+                sender,
+                receiver,
+            }),
+            _ => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "not an Ethernet channel",
+            )),
+        }
+    }
+}
+
+/// Which other hosts on `interface` have which of `ips` now: each is probed once ([`probe`]) and the
+/// answers heard within `wait` are collected (the first host to claim an address is kept). Blocks the
+/// calling thread for `wait`. How a new leader learns that the previous one still serves the VIPs it
+/// takes over, and where to forward their open connections
+/// ([`crate::leader_handoff`]).
+pub(crate) fn holders(
+    interface: &str,
+    ips: &BTreeSet<IpAddr>,
+    wait: Duration,
+) -> io::Result<BTreeMap<IpAddr, Mac>> {
+    let Link {
+        mac,
+        mut sender,
+        mut receiver,
+    } = Link::open(interface)?;
+    for ip in ips {
+        if let Some(Err(err)) = sender.send_to(&probe(mac, *ip), None) {
+            return Err(io::Error::new(
+                err.kind(),
+                format!("probing {interface} for {ip}: {err}"),
+            ));
+        }
+    }
+    let mut found = BTreeMap::new();
+    let deadline = Instant::now() + wait;
+    while Instant::now() < deadline && found.len() < ips.len() {
+        match receiver.next() {
+            Ok(frame) => {
+                if let Some(claim) = heard::parse(frame).and_then(|h| claim_of(&h, mac))
+                    && ips.contains(&claim.ip)
+                {
+                    found.entry(claim.ip).or_insert(claim.mac);
+                }
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::TimedOut
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                ) => {}
+            Err(err) => {
                 return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "not an Ethernet channel",
+                    err.kind(),
+                    format!("reading frames on {interface}: {err}"),
                 ));
             }
-        };
+        }
+    }
+    Ok(found)
+}
+
+/// Listens and probes on an interface, on a thread of its own, from [`ConflictWatch::start`] until it
+/// is dropped; the first claim on one of the addresses it defends ends it.
+pub(crate) struct ConflictWatch {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// The first claim heard, or why the watch stopped before one.
+    claims: tokio::sync::oneshot::Receiver<Result<Claim, String>>,
+}
+
+impl ConflictWatch {
+    /// Watches `interface` for claims on the addresses `defended` returns (asked at every round of
+    /// probes and at every claim heard, so a VIP that came off is no longer defended).
+    pub(crate) fn start(
+        interface: &str,
+        defended: impl Fn() -> BTreeSet<IpAddr> + Send + 'static,
+    ) -> io::Result<Self> {
+        let Link {
+            mac,
+            mut sender,
+            mut receiver,
+        } = Link::open(interface)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (found, claims) = tokio::sync::oneshot::channel();
         let thread = {
@@ -484,6 +555,41 @@ mod tests {
                 .unwrap();
             assert_eq!(claim, Claim { ip, mac: theirs });
         }
+    }
+
+    /// A new leader's one look (root, on a veth pair): of the addresses asked for, those another host
+    /// has (IPv4 and IPv6, put on the other end) are found with its MAC address; one nobody has is not.
+    #[test]
+    fn holders_are_the_hosts_that_answer_the_probes() {
+        let link = TestInterface::create_veth("h");
+        let theirs = mac_of(link.peer());
+        let (v4, v6, nobodys): (IpAddr, IpAddr, IpAddr) = (
+            "198.51.100.214".parse().unwrap(),
+            "2001:db8::214".parse().unwrap(),
+            "198.51.100.215".parse().unwrap(),
+        );
+        for (ip, extra) in [(v4, &["/32"][..]), (v6, &["/128", "nodad"][..])] {
+            let address = format!("{ip}{}", extra[0]);
+            let added = std::process::Command::new("ip")
+                .args(["address", "add", &address, "dev", link.peer()])
+                .args(&extra[1..])
+                .status()
+                .unwrap();
+            assert!(added.success(), "ip address add {ip} on {}", link.peer());
+        }
+        let found = holders(
+            link.name(),
+            &BTreeSet::from([v4, v6, nobodys]),
+            Duration::from_millis(500),
+        )
+        .unwrap();
+        assert_eq!(found, BTreeMap::from([(v4, theirs), (v6, theirs)]));
+        let err = holders("ccm-no-such-link", &BTreeSet::from([v4]), Duration::ZERO).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("no interface named ccm-no-such-link"),
+            "{err}"
+        );
     }
 
     /// A watch whose interface goes away says so (the leader then steps down) instead of spinning on

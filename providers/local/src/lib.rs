@@ -22,6 +22,7 @@ mod config;
 mod conflict;
 mod heard;
 pub mod instances;
+mod leader_handoff;
 pub mod load_balancer;
 pub mod metallb;
 pub mod pool_metrics;
@@ -246,6 +247,8 @@ struct Inner {
     reporter: Mutex<Option<(kube::Client, tokio::runtime::Handle)>>,
     /// With node agents: the Services told [`EVENT_NO_NODE_AGENT`] since an agent last served them.
     told_unserved: Mutex<BTreeSet<String>>,
+    /// The leader hand-offs given and received ([`leader_handoff`]).
+    handoffs: leader_handoff::Metrics,
 }
 
 impl LocalCloud {
@@ -283,6 +286,7 @@ impl LocalCloud {
                 applies: std::sync::atomic::AtomicU64::new(0),
                 reporter: Mutex::new(None),
                 told_unserved: Mutex::new(BTreeSet::new()),
+                handoffs: leader_handoff::Metrics::default(),
                 addresses: lb.vip_interface.clone().map(addresses::AddressManager::new),
                 load_balancer_in_force: lb.clone(),
                 load_balancer_in_file: Mutex::new(lb.clone()),
@@ -618,6 +622,27 @@ impl LocalCloud {
 }
 
 impl LocalCloud {
+    /// A new leader with `vipInterface`, before its controllers put any VIP on: the leader before it may
+    /// still serve the VIPs it takes over (a graceful stop hands them off), and the connections open
+    /// through it are forwarded to it until they have drained ([`leader_handoff`]).
+    async fn take_over_from_previous_leader(&self, shutdown: tokio_util::sync::CancellationToken) {
+        let Some(addresses) = &self.inner.addresses else {
+            return;
+        };
+        let vips: BTreeSet<std::net::IpAddr> = self
+            .reserved_addresses()
+            .into_iter()
+            .filter(|ip| addresses::AddressManager::manages(*ip))
+            .collect();
+        let lifetime =
+            leader_handoff::forwarding_lifetime(self.inner.load_balancer_in_force.drain_timeout.0);
+        let forwarded =
+            leader_handoff::take_over(addresses.interface(), vips, lifetime, shutdown).await;
+        if forwarded > 0 {
+            self.inner.handoffs.received();
+        }
+    }
+
     /// While the leader rides out an outage of the API server, watches the VIP interface for another
     /// host claiming one of its VIPs ([`conflict`]): a replica that took the Lease over serves them
     /// now, and this one steps down (the manager exits, its VIPs come off). Loopback VIPs only (no
@@ -698,6 +723,8 @@ impl CloudProvider for LocalCloud {
         retained::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         self.tell_taken_over(&taken_over);
+        self.take_over_from_previous_leader(ctx.shutdown.clone())
+            .await;
         pool_objects::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
         self.stop_serving_on(ctx.shutdown.clone());
         self.step_down_on_claims(ctx.api_outage.clone(), ctx.shutdown.clone());
@@ -711,6 +738,18 @@ impl CloudProvider for LocalCloud {
     /// catch up within seconds.
     fn rides_out_api_outages(&self) -> bool {
         true
+    }
+
+    /// With `vipInterface` (leader mode on a real network) and a drain time: a leader that stops hands
+    /// its VIPs to the next one without cutting the connections open through it ([`leader_handoff`]).
+    fn hands_off_traffic(&self) -> bool {
+        self.inner.addresses.is_some()
+            && !self.inner.load_balancer_in_force.drain_timeout.0.is_zero()
+    }
+
+    async fn hand_off(&self) {
+        let given = leader_handoff::give_away(&self.inner).await;
+        self.inner.handoffs.given(given);
     }
 
     /// A node without a provider ID is this cloud's unless its inventory ignores it (no machine name,
@@ -740,6 +779,7 @@ impl CloudProvider for LocalCloud {
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.data_plane.register_metrics(registry);
+        self.inner.handoffs.register(registry);
         registry.register_collector(Box::new(pool_metrics::PoolCollector {
             inner: Arc::downgrade(&self.inner),
         }));

@@ -603,6 +603,15 @@ fn connections_opened_on_the_old_host_survive_the_hand_over() {
         new6.assert_answered_by(&NEW, 1);
         std::thread::sleep(Duration::from_millis(250));
     }
+    // The old host has to ask for the client's MAC address again while it answers from the VIP: it
+    // asks from 0.0.0.0, so the client learns nothing from the question (asked from the VIP, the
+    // client would take the old host for the VIP's holder again).
+    run(&format!("ip -n {} neigh flush dev eth0", lab.ns(&OLD)));
+    old4.assert_answered_by(&OLD, 2);
+    assert!(
+        lab.neighbour(&OLD, IpAddr::V4(CLIENT.ip4)).is_some(),
+        "the old host asked for the client again"
+    );
     // The client never went back to the old host's MAC.
     assert_eq!(lab.neighbour(&CLIENT, vip4), Some(new_mac.clone()));
     assert_eq!(lab.neighbour(&CLIENT, vip6), Some(new_mac));

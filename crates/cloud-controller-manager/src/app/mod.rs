@@ -318,6 +318,17 @@ pub async fn run(
     // Controllers stop on shutdown, or at once when leadership is lost.
     let stop = shutdown.child_token();
     let lost = Arc::new(AtomicBool::new(false));
+    // The provider's background work stops with the controllers, except a provider whose process
+    // carries traffic: its data plane goes on serving through a graceful stop until it has handed the
+    // traffic off (`CloudProvider::hand_off`, after the Lease is released), and stops at once when
+    // leadership is lost. Cancelled whenever this function returns.
+    let hands_off = cloud.hands_off_traffic();
+    let provider_stop = if hands_off {
+        CancellationToken::new()
+    } else {
+        stop.clone()
+    };
+    let _provider_stop_on_return = provider_stop.clone().drop_guard();
     // Renewal goes on until the controllers have finished their in-flight work, not only until the
     // shutdown signal: the leader's writes are fenced at its renew deadline, and a graceful stop may
     // take longer than that.
@@ -326,11 +337,13 @@ pub async fn run(
     let renewing = elector.clone().map(|elector| {
         let (stop, lost, stop_renewing) = (stop.clone(), lost.clone(), stop_renewing.clone());
         let (status, lease) = (metrics.leader_election.clone(), lease.clone());
+        let provider_stop = provider_stop.clone();
         tokio::spawn(async move {
             let result = elector.keep_renewing(&stop_renewing).await;
             if result.is_err() {
                 status.set_leading(&lease, false);
                 lost.store(true, Ordering::Relaxed);
+                provider_stop.cancel();
                 stop.cancel();
             }
             result
@@ -357,12 +370,12 @@ pub async fn run(
         configured,
         initial_list,
         &options.cloud.cloud_provider,
-        cloud,
+        cloud.clone(),
         ownership,
         &clients,
         metrics,
         &health,
-        stop.clone(),
+        (stop.clone(), provider_stop),
         &lost,
         api_outage,
         &options.cloud.cluster_name,
@@ -381,6 +394,10 @@ pub async fn run(
         // In-flight work is done: hand over now rather than make the next leader wait out the lease.
         elector.release().await;
         leader_status.set_leading(&lease, false);
+    }
+    if hands_off {
+        // A graceful stop: the traffic this process carries goes to the next leader.
+        cloud.hand_off().await;
     }
     Ok(())
 }
@@ -405,7 +422,7 @@ async fn run_controllers(
     clients: &ClientFactory,
     metrics: &Metrics,
     health: &Health,
-    stop: CancellationToken,
+    (stop, provider_stop): (CancellationToken, CancellationToken),
     lost: &AtomicBool,
     api_outage: cloud_provider::ApiOutage,
     cluster_name: &str,
@@ -426,7 +443,7 @@ async fn run_controllers(
     cloud
         .initialize(InitializeContext {
             client: client.clone(),
-            shutdown: stop.clone(),
+            shutdown: provider_stop,
             api_outage,
             cluster_name: cluster_name.to_owned(),
         })

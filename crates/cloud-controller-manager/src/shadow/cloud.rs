@@ -148,6 +148,12 @@ impl CloudProvider for ShadowCloud {
     fn rides_out_api_outages(&self) -> bool {
         self.inner.rides_out_api_outages()
     }
+    fn hands_off_traffic(&self) -> bool {
+        self.inner.hands_off_traffic()
+    }
+    async fn hand_off(&self) {
+        self.inner.hand_off().await;
+    }
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.inner.register_metrics(registry);
     }

@@ -198,6 +198,10 @@ spec:
   {{- with .Values.priorityClassName }}
   priorityClassName: {{ . }}
   {{- end }}
+  # A leader that stops in leader mode with VIPs on an interface (the `local` cloud) serves them until
+  # the next leader claims them (up to 10 s), then lets the connections open through it finish
+  # within loadBalancer.drainTimeout (30 s by default): keep this above the sum.
+  terminationGracePeriodSeconds: 45
   hostNetwork: true
   dnsPolicy: ClusterFirstWithHostNet
   {{- with .Values.nodeSelector }}

@@ -102,6 +102,8 @@ const NF_NETDEV_INGRESS: u32 = 0;
 
 /// ARP packets for this host.
 const NF_ARP_IN: u32 = 0;
+/// `NF_ARP_OUT`, from `linux/netfilter_arp.h`.
+const NF_ARP_OUT: u32 = 1;
 
 // --- linux/netfilter/nf_tables.h ---
 
@@ -260,6 +262,8 @@ const RECEIVE_BUFFER: usize = 64 * 1024;
 const INGRESS_CHAIN: &str = "ingress";
 /// The chain of the tables that quiet neighbour answers.
 const INPUT_CHAIN: &str = "input";
+/// The chain of the `arp` table that rewrites this host's own ARP requests.
+const OUTPUT_CHAIN: &str = "output";
 /// The priority of the forwarding chain: before any other ingress chain of the usual priorities.
 const INGRESS_PRIORITY: i32 = -500;
 /// The priority of the quieting chains (`filter`).
@@ -324,7 +328,8 @@ pub(crate) struct Batch {
 }
 
 impl Batch {
-    /// The bytes to send, in one datagram.
+    /// The bytes to send, in one datagram (for the tests; [`apply`] reads the field).
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -562,6 +567,37 @@ pub(crate) fn quiet_neighbour_answers_batch(
                 &expressions,
             );
         }
+        if family == Family::Arp {
+            // This host still talks from the VIPs (the open connections): when it asks for a
+            // client's MAC address from one, the client would take the question's sender as the
+            // VIP's holder and turn back here. Asked from 0.0.0.0 (an ARP probe), the client
+            // answers all the same and learns nothing (what `arp_announce` 2 does for a host's
+            // other addresses).
+            batch.chain(
+                family,
+                table,
+                OUTPUT_CHAIN,
+                Hook {
+                    name: "output",
+                    number: NF_ARP_OUT,
+                    priority: INPUT_PRIORITY,
+                    device: None,
+                },
+            );
+            for (n, vip) in mine.iter().enumerate() {
+                let IpAddr::V4(vip) = vip else { continue };
+                batch.rule(
+                    family,
+                    table,
+                    OUTPUT_CHAIN,
+                    format!(
+                        "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (ask from 0.0.0.0 instead of {vip})",
+                        n + 1
+                    ),
+                    &arp_requests_from_anonymous(&vip.octets()),
+                );
+            }
+        }
     }
     batch.finish()
 }
@@ -583,7 +619,7 @@ fn check_name(what: &str, name: &str, max: usize) -> Result<(), NftError> {
     Ok(())
 }
 
-fn mac_text(mac: &Mac) -> String {
+pub(crate) fn mac_text(mac: &Mac) -> String {
     mac.iter()
         .map(|byte| format!("{byte:02x}"))
         .collect::<Vec<_>>()
@@ -892,6 +928,42 @@ fn arp_requests_for(vip: &[u8]) -> Vec<Expr> {
             data: vip.to_vec(),
         },
         Expr::Verdict(NF_DROP),
+    ]
+}
+
+/// `arp operation request arp saddr ip VIP arp saddr ip set 0.0.0.0` (the sender IP at 14).
+fn arp_requests_from_anonymous(vip: &[u8]) -> Vec<Expr> {
+    vec![
+        Expr::Load {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 6,
+            len: 2,
+            dreg: NFT_REG_1,
+        },
+        Expr::Cmp {
+            sreg: NFT_REG_1,
+            data: ARPOP_REQUEST.to_be_bytes().to_vec(),
+        },
+        Expr::Load {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 14,
+            len: 4,
+            dreg: NFT_REG_1,
+        },
+        Expr::Cmp {
+            sreg: NFT_REG_1,
+            data: vip.to_vec(),
+        },
+        Expr::Immediate {
+            dreg: NFT_REG_1,
+            data: vec![0; 4],
+        },
+        Expr::Write {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 14,
+            len: 4,
+            sreg: NFT_REG_1,
+        },
     ]
 }
 
@@ -2136,6 +2208,9 @@ mod tests {
                     "NEWCHAIN arp",
                     "NEWRULE arp",
                     "NEWRULE arp",
+                    "NEWCHAIN arp",
+                    "NEWRULE arp",
+                    "NEWRULE arp",
                     "NEWTABLE ip6",
                     "DELTABLE ip6",
                     "NEWTABLE ip6",
@@ -2151,6 +2226,8 @@ mod tests {
                     "NEWTABLE arp",
                     "DELTABLE arp",
                     "NEWTABLE arp",
+                    "NEWCHAIN arp",
+                    "NEWRULE arp",
                     "NEWCHAIN arp",
                     "NEWRULE arp",
                     "NEWTABLE ip6",
@@ -2196,6 +2273,17 @@ mod tests {
         assert_eq!(
             rules[1],
             [
+                "payload load 2b @ network header + 6 => reg 1",
+                "cmp eq reg 1 0x0001",
+                "payload load 4b @ network header + 14 => reg 1",
+                "cmp eq reg 1 0x0a4d0064",
+                "immediate reg 1 0x00000000",
+                "payload write reg 1 => 4b @ network header + 14",
+            ]
+        );
+        assert_eq!(
+            rules[2],
+            [
                 "meta load l4proto => reg 1",
                 "cmp eq reg 1 0x3a",
                 "payload load 1b @ transport header + 0 => reg 1",
@@ -2223,6 +2311,7 @@ mod tests {
             chains,
             [
                 ("NEWCHAIN arp".to_owned(), NF_ARP_IN, 0, false),
+                ("NEWCHAIN arp".to_owned(), NF_ARP_OUT, 0, false),
                 ("NEWCHAIN ip6".to_owned(), NF_INET_LOCAL_IN, 0, false),
             ]
         );

@@ -110,6 +110,15 @@ impl LocalCloud {
         }
     }
 
+    /// Every address given out or reserved now.
+    pub(crate) fn reserved_addresses(&self) -> Vec<IpAddr> {
+        lock(&self.inner.load_balancers)
+            .owners
+            .keys()
+            .copied()
+            .collect()
+    }
+
     /// How full each pool in force is ([`crate::pool_usage`]).
     pub fn pool_usage(&self) -> Vec<crate::pool_usage::PoolUsage> {
         let config = self.config();
@@ -298,12 +307,12 @@ impl LocalCloud {
             (unchanged, spec)
         };
         if !unchanged {
+            // The VIPs go on the interface before the listeners bind them, and are announced after:
+            // no neighbour is sent here before this host accepts (a previous holder, such as a
+            // leader handing off, answers until then).
             if let Some(addresses) = &self.inner.addresses {
                 for vip in &vips {
-                    // A VIP on but not announced is served all the same: reported, not failed.
-                    if let Some(warning) = addresses.add(*vip).await.map_err(bad)? {
-                        self.report_unannounced_vip(service, &warning);
-                    }
+                    addresses.put_on(*vip).await.map_err(bad)?;
                 }
             }
             tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
@@ -319,6 +328,12 @@ impl LocalCloud {
                 source,
             })?;
             if let Some(addresses) = &self.inner.addresses {
+                for vip in &vips {
+                    // A VIP on but not announced is served all the same: reported, not failed.
+                    if let Some(warning) = addresses.announce(*vip).await.map_err(bad)? {
+                        self.report_unannounced_vip(service, &warning);
+                    }
+                }
                 let shared: Vec<IpAddr> = {
                     let allocations = lock(&self.inner.load_balancers);
                     previous
