@@ -518,7 +518,13 @@ fn connections_opened_on_the_old_host_survive_the_hand_over() {
     assert_eq!(who_answers(&lab, vip6), set(&[&OLD.mac]));
 
     // The old host goes quiet; the new one looks its interface up and forwards the old flows.
-    let quiet = nftables::quiet_neighbour_answers_batch(QUIET_TABLE, &[vip4, vip6]).unwrap();
+    let link_local = in_netns(&lab.ns(&OLD), || nftables::link_local("eth0"))
+        .unwrap()
+        .expect("the old host has a link-local address");
+    assert!(link_local.is_unicast_link_local(), "{link_local}");
+    let quiet =
+        nftables::quiet_neighbour_answers_batch(QUIET_TABLE, &[vip4, vip6], Some(link_local))
+            .unwrap();
     in_netns(&lab.ns(&OLD), || nftables::apply(&quiet)).unwrap();
     let old_link = in_netns(&lab.ns(&OLD), || nftables::link("eth0")).unwrap();
     let new_link = in_netns(&lab.ns(&NEW), || nftables::link("eth0")).unwrap();
@@ -606,12 +612,16 @@ fn connections_opened_on_the_old_host_survive_the_hand_over() {
     // The old host has to ask for the client's MAC address again while it answers from the VIP: it
     // asks from 0.0.0.0, so the client learns nothing from the question (asked from the VIP, the
     // client would take the old host for the VIP's holder again).
+    // The same for IPv6, from its link-local address.
     run(&format!("ip -n {} neigh flush dev eth0", lab.ns(&OLD)));
     old4.assert_answered_by(&OLD, 2);
-    assert!(
-        lab.neighbour(&OLD, IpAddr::V4(CLIENT.ip4)).is_some(),
-        "the old host asked for the client again"
-    );
+    old6.assert_answered_by(&OLD, 2);
+    for client in [IpAddr::V4(CLIENT.ip4), IpAddr::V6(CLIENT.ip6)] {
+        assert!(
+            lab.neighbour(&OLD, client).is_some(),
+            "the old host asked for the client's {client} again"
+        );
+    }
     // The client never went back to the old host's MAC.
     assert_eq!(lab.neighbour(&CLIENT, vip4), Some(new_mac.clone()));
     assert_eq!(lab.neighbour(&CLIENT, vip6), Some(new_mac));
@@ -620,7 +630,7 @@ fn connections_opened_on_the_old_host_survive_the_hand_over() {
     for _ in 0..2 {
         let forward = nftables::delete_table_batch(Family::Netdev, FORWARD_TABLE).unwrap();
         in_netns(&lab.ns(&NEW), || nftables::apply(&forward)).unwrap();
-        let quiet = nftables::quiet_neighbour_answers_batch(QUIET_TABLE, &[]).unwrap();
+        let quiet = nftables::quiet_neighbour_answers_batch(QUIET_TABLE, &[], None).unwrap();
         in_netns(&lab.ns(&OLD), || nftables::apply(&quiet)).unwrap();
     }
     assert_eq!(lab.nft_list(&NEW, "tables"), "");

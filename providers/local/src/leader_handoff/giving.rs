@@ -65,8 +65,8 @@ pub(crate) async fn give_away(inner: &std::sync::Arc<Inner>) -> Given {
     };
     addresses.go_quiet().await;
     let quiet = {
-        let held = held.clone();
-        tokio::task::spawn_blocking(move || QuietTables::install(&held)).await
+        let (interface, held) = (interface.clone(), held.clone());
+        tokio::task::spawn_blocking(move || QuietTables::install(&interface, &held)).await
     };
     let quiet = match quiet {
         Ok(Ok(quiet)) => quiet,

@@ -9,10 +9,11 @@
 //! 1. **The old leader** ([`giving`]), after its controllers stopped and its Lease was released, keeps
 //!    serving its VIPs until another host claims one (the next leader announces it, or answers a probe
 //!    for it), at most [`SUCCESSOR_WAIT`]. Then it stops announcing them and answering ARP requests and
-//!    neighbour solicitations for them (and asks for its clients' MAC addresses from 0.0.0.0, not from
-//!    a VIP) but keeps them on its interface, accepts for [`ACCEPT_AFTER_CLAIM`] more, closes its
-//!    listeners, lets its connections finish within `loadBalancer.drainTimeout`, and takes the VIPs
-//!    off. Nobody claimed them in time: they come off at once and the connections drain as before.
+//!    neighbour solicitations for them (and asks for its clients' MAC addresses from 0.0.0.0 and its
+//!    link-local address, not from a VIP) but keeps them on its interface, accepts for
+//!    [`ACCEPT_AFTER_CLAIM`] more, closes its listeners, lets its connections finish within
+//!    `loadBalancer.drainTimeout`, and takes the VIPs off. Nobody claimed them in time: they come off
+//!    at once and the connections drain as before.
 //! 2. **The new leader** ([`taking`]), before its controllers put any VIP on its interface, asks who
 //!    has each VIP it takes over (a probe, as duplicate address detection asks). For each VIP another
 //!    host answers for, it forwards to that host's MAC address the TCP packets of every connection that
@@ -24,9 +25,7 @@
 //! Both sides program the kernel's packet filter through netlink ([`nftables`]; `CAP_NET_ADMIN`,
 //! which `vipInterface` needs already), and remove their tables when done, when the process stops,
 //! and (what a process killed in the middle left) when a manager starts on that host. UDP is not
-//! forwarded: a UDP flow of the old leader continues on the new one as a new flow. IPv6: the old
-//! leader's own neighbour solicitations for a client still come from the VIP (no rewrite there), so a
-//! client the old leader has to ask for again points back at it until the next announcement.
+//! forwarded: a UDP flow of the old leader continues on the new one as a new flow.
 
 mod giving;
 mod metrics;

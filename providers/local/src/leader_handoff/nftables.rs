@@ -40,7 +40,12 @@
 //! Everything here needs `CAP_NET_ADMIN` in the network namespace of the calling thread, and works in
 //! that namespace (the netlink sockets are opened by the calling thread).
 
-use std::{fmt, net::IpAddr, os::fd::OwnedFd, time::Duration};
+use std::{
+    fmt, io,
+    net::{IpAddr, Ipv6Addr},
+    os::fd::OwnedFd,
+    time::Duration,
+};
 
 use rustix::{
     io::Errno,
@@ -95,6 +100,8 @@ const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 /// `enum nf_inet_hooks`: packets for this host.
 const NF_INET_LOCAL_IN: u32 = 1;
+/// `enum nf_inet_hooks`: packets this host sends.
+const NF_INET_LOCAL_OUT: u32 = 3;
 /// `enum nf_dev_hooks`: packets as the interface receives them.
 const NF_NETDEV_INGRESS: u32 = 0;
 
@@ -182,6 +189,10 @@ const NFTA_PAYLOAD_BASE: u16 = 2;
 const NFTA_PAYLOAD_OFFSET: u16 = 3;
 const NFTA_PAYLOAD_LEN: u16 = 4;
 const NFTA_PAYLOAD_SREG: u16 = 5;
+const NFTA_PAYLOAD_CSUM_FLAGS: u16 = 8;
+/// `NFT_PAYLOAD_L4CSUM_PSEUDOHDR`: a write to an address updates the transport checksum's
+/// pseudo-header sum.
+const NFT_PAYLOAD_L4CSUM_PSEUDOHDR: u32 = 1;
 /// `enum nft_payload_bases`.
 const NFT_PAYLOAD_LL_HEADER: u32 = 0;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
@@ -369,6 +380,15 @@ pub(crate) enum NftError {
         #[source]
         source: std::io::Error,
     },
+    /// A file of `/proc` that says what the kernel has could not be read.
+    #[error("reading {path}: {source}")]
+    Proc {
+        /// The file.
+        path: &'static str,
+        /// Why it failed.
+        #[source]
+        source: io::Error,
+    },
     /// The kernel refused a message of the batch, and so the whole batch: nothing of it applies.
     #[error("the kernel refused the nf_tables batch at {message}: {}", errno_text(*.errno))]
     Refused {
@@ -513,10 +533,14 @@ pub(crate) fn forward_old_flows_batch(
 /// answering neighbour solicitations for them: replaces the `arp` table `table` with one dropping
 /// the ARP requests for its IPv4 VIPs, and the `ip6` table `table` with one dropping the neighbour
 /// solicitations for its IPv6 VIPs; a family without VIPs only has its table removed (so `&[]`
-/// removes both).
+/// removes both). This host's own questions for a neighbour's address go out from 0.0.0.0 instead of
+/// an IPv4 VIP, and from `link_local` (this host's link-local address on the VIPs' interface) instead
+/// of an IPv6 VIP, when it is given: asked from a VIP, the neighbour would take this host for the
+/// VIP's holder again.
 pub(crate) fn quiet_neighbour_answers_batch(
     table: &str,
     vips: &[IpAddr],
+    link_local: Option<Ipv6Addr>,
 ) -> Result<Batch, NftError> {
     check_name("table", table, NFT_NAME_MAX)?;
     let mut batch = Builder::new();
@@ -567,6 +591,35 @@ pub(crate) fn quiet_neighbour_answers_batch(
                 &expressions,
             );
         }
+        if family == Family::Ipv6
+            && let Some(link_local) = link_local
+        {
+            // As for ARP below, from the link-local address (the checksum follows the address).
+            batch.chain(
+                family,
+                table,
+                OUTPUT_CHAIN,
+                Hook {
+                    name: "output",
+                    number: NF_INET_LOCAL_OUT,
+                    priority: INPUT_PRIORITY,
+                    device: None,
+                },
+            );
+            for (n, vip) in mine.iter().enumerate() {
+                let IpAddr::V6(vip) = vip else { continue };
+                batch.rule(
+                    family,
+                    table,
+                    OUTPUT_CHAIN,
+                    format!(
+                        "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (solicit from {link_local} instead of {vip})",
+                        n + 1
+                    ),
+                    &solicitations_from_link_local(&vip.octets(), &link_local.octets()),
+                );
+            }
+        }
         if family == Family::Arp {
             // This host still talks from the VIPs (the open connections): when it asks for a
             // client's MAC address from one, the client would take the question's sender as the
@@ -600,6 +653,28 @@ pub(crate) fn quiet_neighbour_answers_batch(
         }
     }
     batch.finish()
+}
+
+/// The link-local IPv6 address `interface` has, if any, as the calling thread's network namespace
+/// sees it (`/proc/thread-self/net/if_inet6`: one line per address, its 32 hex digits first, its
+/// scope fifth, the interface last).
+pub(crate) fn link_local(interface: &str) -> Result<Option<Ipv6Addr>, NftError> {
+    const PATH: &str = "/proc/thread-self/net/if_inet6";
+    /// `IFA_RT_SCOPE_LINK` as the file shows it.
+    const SCOPE_LINK: &str = "20";
+    let text = match std::fs::read_to_string(PATH) {
+        Ok(text) => text,
+        // No IPv6 on this host.
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(NftError::Proc { path: PATH, source }),
+    };
+    Ok(text.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() != 6 || fields[5] != interface || fields[3] != SCOPE_LINK {
+            return None;
+        }
+        u128::from_str_radix(fields[0], 16).ok().map(Ipv6Addr::from)
+    }))
 }
 
 /// The batch that removes the table `table` of `family`, whether or not it is there.
@@ -713,12 +788,14 @@ enum Expr {
         len: u32,
         dreg: u32,
     },
-    /// `payload write reg => LEN @ BASE + OFFSET` (no checksum to update).
+    /// `payload write reg => LEN @ BASE + OFFSET`, with `csum_flags` (0: no checksum to update;
+    /// [`NFT_PAYLOAD_L4CSUM_PSEUDOHDR`]: the transport checksum follows an address written).
     Write {
         base: u32,
         offset: u32,
         len: u32,
         sreg: u32,
+        csum_flags: u32,
     },
     /// `bitwise reg = (reg & MASK) ^ XOR`.
     Bitwise {
@@ -882,6 +959,7 @@ fn to_old_holder(ip: &IpLayout, vip: &[u8], link: &Link, old_mac: Mac) -> Vec<Ex
             offset: 6,
             len: 6,
             sreg: NFT_REG_1,
+            csum_flags: 0,
         },
         Expr::Immediate {
             dreg: NFT_REG_1,
@@ -892,6 +970,7 @@ fn to_old_holder(ip: &IpLayout, vip: &[u8], link: &Link, old_mac: Mac) -> Vec<Ex
             offset: 0,
             len: 6,
             sreg: NFT_REG_1,
+            csum_flags: 0,
         },
         Expr::Immediate {
             dreg: NFT_REG_1,
@@ -963,6 +1042,53 @@ fn arp_requests_from_anonymous(vip: &[u8]) -> Vec<Expr> {
             offset: 14,
             len: 4,
             sreg: NFT_REG_1,
+            csum_flags: 0,
+        },
+    ]
+}
+
+/// `icmpv6 type nd-neighbor-solicit ip6 saddr VIP ip6 saddr set LINK_LOCAL` (the ICMPv6 checksum
+/// updated for the new source).
+fn solicitations_from_link_local(vip: &[u8], link_local: &[u8]) -> Vec<Expr> {
+    vec![
+        Expr::Meta {
+            key: NFT_META_L4PROTO,
+            dreg: NFT_REG_1,
+        },
+        Expr::Cmp {
+            sreg: NFT_REG_1,
+            data: vec![IPPROTO_ICMPV6],
+        },
+        Expr::Load {
+            base: NFT_PAYLOAD_TRANSPORT_HEADER,
+            offset: 0,
+            len: 1,
+            dreg: NFT_REG_1,
+        },
+        Expr::Cmp {
+            sreg: NFT_REG_1,
+            data: vec![ND_NEIGHBOR_SOLICIT],
+        },
+        Expr::Load {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 8,
+            len: 16,
+            dreg: NFT_REG_1,
+        },
+        Expr::Cmp {
+            sreg: NFT_REG_1,
+            data: vip.to_vec(),
+        },
+        Expr::Immediate {
+            dreg: NFT_REG_1,
+            data: link_local.to_vec(),
+        },
+        Expr::Write {
+            base: NFT_PAYLOAD_NETWORK_HEADER,
+            offset: 8,
+            len: 16,
+            sreg: NFT_REG_1,
+            csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
         },
     ]
 }
@@ -1307,11 +1433,15 @@ impl Attrs<'_> {
                 offset,
                 len,
                 sreg,
+                csum_flags,
             } => {
                 self.u32(NFTA_PAYLOAD_SREG, *sreg);
                 self.u32(NFTA_PAYLOAD_BASE, *base);
                 self.u32(NFTA_PAYLOAD_OFFSET, *offset);
                 self.u32(NFTA_PAYLOAD_LEN, *len);
+                if *csum_flags != 0 {
+                    self.u32(NFTA_PAYLOAD_CSUM_FLAGS, *csum_flags);
+                }
             }
             Expr::Bitwise { reg, mask, xor } => {
                 self.u32(NFTA_BITWISE_SREG, *reg);
@@ -1838,11 +1968,16 @@ mod tests {
                 )
             }
             "payload" if a.iter().any(|(k, _)| *k == NFTA_PAYLOAD_SREG) => format!(
-                "payload write reg {} => {}b @ {} header + {}",
+                "payload write reg {} => {}b @ {} header + {}{}",
                 reg(a, NFTA_PAYLOAD_SREG),
                 reg(a, NFTA_PAYLOAD_LEN),
                 base(a),
-                reg(a, NFTA_PAYLOAD_OFFSET)
+                reg(a, NFTA_PAYLOAD_OFFSET),
+                if a.iter().any(|(k, _)| *k == NFTA_PAYLOAD_CSUM_FLAGS) {
+                    format!(" csum_flags 0x{:x}", reg(a, NFTA_PAYLOAD_CSUM_FLAGS))
+                } else {
+                    String::new()
+                }
             ),
             "payload" => format!(
                 "payload load {}b @ {} header + {} => reg {}",
@@ -2180,7 +2315,7 @@ mod tests {
             ["BEGIN", "NEWTABLE netdev", "DELTABLE netdev", "END"]
         );
         assert_eq!(forward, delete_table_batch(Family::Netdev, "t").unwrap());
-        let quiet = quiet_neighbour_answers_batch("q", &[]).unwrap();
+        let quiet = quiet_neighbour_answers_batch("q", &[], None).unwrap();
         assert_eq!(
             kinds(&quiet),
             [
@@ -2251,14 +2386,15 @@ mod tests {
             ),
         ];
         for (vips, expected) in cases {
-            let batch = quiet_neighbour_answers_batch("ccm_ho_quiet", vips).unwrap();
+            let batch = quiet_neighbour_answers_batch("ccm_ho_quiet", vips, None).unwrap();
             assert_eq!(kinds(&batch), expected, "{vips:?}");
         }
     }
 
     #[test]
     fn the_quieting_rules_are_nfts() {
-        let batch = quiet_neighbour_answers_batch("q", &[VIP4, VIP6]).unwrap();
+        let link_local = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 2);
+        let batch = quiet_neighbour_answers_batch("q", &[VIP4, VIP6], Some(link_local)).unwrap();
         let rules = rules(&batch);
         assert_eq!(
             rules[0],
@@ -2293,6 +2429,19 @@ mod tests {
                 "immediate reg 0 drop",
             ]
         );
+        assert_eq!(
+            rules[3],
+            [
+                "meta load l4proto => reg 1",
+                "cmp eq reg 1 0x3a",
+                "payload load 1b @ transport header + 0 => reg 1",
+                "cmp eq reg 1 0x87",
+                "payload load 16b @ network header + 8 => reg 1",
+                "cmp eq reg 1 0xfd000000000000000000000000000100",
+                "immediate reg 1 0xfe800000000000000000000000000002",
+                "payload write reg 1 => 16b @ network header + 8 csum_flags 0x1",
+            ]
+        );
         let read = read(&batch);
         let chains: Vec<(String, u32, i32, bool)> = read
             .iter()
@@ -2313,6 +2462,7 @@ mod tests {
                 ("NEWCHAIN arp".to_owned(), NF_ARP_IN, 0, false),
                 ("NEWCHAIN arp".to_owned(), NF_ARP_OUT, 0, false),
                 ("NEWCHAIN ip6".to_owned(), NF_INET_LOCAL_IN, 0, false),
+                ("NEWCHAIN ip6".to_owned(), NF_INET_LOCAL_OUT, 0, false),
             ]
         );
     }
@@ -2331,7 +2481,7 @@ mod tests {
             forward_old_flows_batch("t", &eth0(), &[(VIP4, OLD)], Duration::from_micros(999), 1),
             forward_old_flows_batch("t", &eth0(), &[(VIP4, OLD)], Duration::MAX, 1),
             forward_old_flows_batch("t", &eth0(), &[(VIP4, OLD)], TIMEOUT, 0),
-            quiet_neighbour_answers_batch("", &[VIP4]),
+            quiet_neighbour_answers_batch("", &[VIP4], None),
             delete_table_batch(Family::Arp, &long),
         ];
         for (n, result) in refused.into_iter().enumerate() {

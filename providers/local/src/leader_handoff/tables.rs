@@ -53,13 +53,22 @@ impl Drop for ForwardTable {
 pub(crate) struct QuietTables;
 
 impl QuietTables {
-    /// Stops this host answering ARP requests and neighbour solicitations for `vips` (and asking from
-    /// them). Blocks (netlink).
-    pub(crate) fn install(vips: &BTreeSet<IpAddr>) -> Result<Self, NftError> {
+    /// Stops this host answering ARP requests and neighbour solicitations for `vips` on `interface`
+    /// (and asking from them). Blocks (netlink).
+    pub(crate) fn install(interface: &str, vips: &BTreeSet<IpAddr>) -> Result<Self, NftError> {
         let vips: Vec<IpAddr> = vips.iter().copied().collect();
+        let link_local = if vips.iter().any(IpAddr::is_ipv6) {
+            nftables::link_local(interface)?
+        } else {
+            None
+        };
+        if link_local.is_none() && vips.iter().any(IpAddr::is_ipv6) {
+            tracing::warn!(%interface, "leader hand-off: the interface has no link-local address: this host's neighbour solicitations still come from the IPv6 VIPs it gives away");
+        }
         nftables::apply(&nftables::quiet_neighbour_answers_batch(
             QUIET_TABLE,
             &vips,
+            link_local,
         )?)?;
         Ok(Self)
     }
