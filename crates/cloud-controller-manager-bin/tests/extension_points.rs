@@ -156,8 +156,8 @@ async fn run(
     run_manager(manager(), args).await
 }
 
-/// Runs `manager` with `args` (on the zoned cloud without leader election unless they say otherwise),
-/// serving on a free port.
+/// Runs `manager` with `args` (on the zoned cloud, without leader election, as the shipped RBAC's user,
+/// unless they say otherwise), serving on a free port.
 async fn run_manager(
     manager: Manager,
     args: &[&str],
@@ -171,14 +171,15 @@ async fn run_manager(
     let kubeconfig = control_plane().ccm_kubeconfig();
     let mut argv = vec![
         "cloud-controller-manager".to_owned(),
-        format!("--kubeconfig={}", kubeconfig.display()),
         "--bind-address=127.0.0.1".to_owned(),
         format!("--secure-port={port}"),
     ];
-    // The zoned cloud without leader election, unless `args` say otherwise.
+    // The zoned cloud without leader election, as the shipped RBAC's user, unless `args` say otherwise.
+    let kubeconfig = format!("--kubeconfig={}", kubeconfig.display());
     for (flag, default) in [
         ("--cloud-provider=", "--cloud-provider=zoned"),
         ("--leader-elect=", "--leader-elect=false"),
+        ("--kubeconfig=", kubeconfig.as_str()),
     ] {
         if !args.iter().any(|a| a.starts_with(flag)) {
             argv.push(default.to_owned());
@@ -611,12 +612,18 @@ async fn a_graceful_stop_hands_off_after_the_lease_is_released_and_before_the_pr
         })
         .unwrap();
     let lease_flag = format!("--leader-elect-resource-name={lease}");
+    // As the admin: the shipped RBAC's user may hold only the default Lease, which other tests use.
+    let admin_flag = format!(
+        "--kubeconfig={}",
+        control_plane().admin_kubeconfig().display()
+    );
     let (shutdown, task, _) = run_manager(
         Manager::with_registry(registry),
         &[
             "--cloud-provider=hands-off",
             "--leader-elect=true",
             &lease_flag,
+            &admin_flag,
             "--controllers=service",
         ],
     )
@@ -625,6 +632,7 @@ async fn a_graceful_stop_hands_off_after_the_lease_is_released_and_before_the_pr
         "the provider is initialized (as leader)",
         Duration::from_secs(30),
         || async {
+            assert!(!task.is_finished(), "the manager stopped before it led");
             HAND_OFF_SEEN
                 .lock()
                 .unwrap()
