@@ -52,6 +52,10 @@ pub struct PeerConfig {
     /// BFD with the router (single hop), with these timers: the session ends as soon as BFD finds
     /// the router gone. Needs [`crate::Peer::start_with_bfd`].
     pub bfd: Option<BfdProfile>,
+    /// Passive (RFC 4271 §8.1.1, `PassiveTcpEstablishment`): we never connect; the router connects
+    /// to us at this address and port (the node's address and [`BGP_PORT`], as a rule), and a
+    /// connection from the router's address becomes the session. `None`: active, as usual.
+    pub passive: Option<SocketAddr>,
 }
 
 /// A TCP MD5 key; never printed.
@@ -84,6 +88,7 @@ impl PeerConfig {
             restarted: false,
             password: None,
             bfd: None,
+            passive: None,
         }
     }
 
@@ -170,6 +175,18 @@ impl PeerConfig {
                 return wrong(problem);
             }
         }
+        if let Some(listen) = self.passive {
+            if listen.port() == 0 {
+                return wrong(format!("passive on {listen}: port 0"));
+            }
+            if listen.is_ipv4() != self.address.is_ipv4()
+                && !matches!(listen.ip(), IpAddr::V6(v6) if v6.is_unspecified())
+            {
+                return wrong(format!(
+                    "passive on {listen}: not of the peer's family (listen on [::] for both)"
+                ));
+            }
+        }
         if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
             return wrong(format!(
                 "connect retry {:?} must be above 0 and at most the maximum {:?}",
@@ -204,6 +221,20 @@ mod tests {
                 "address 0.0.0.0 is not a router's address",
             ),
             (PeerConfig { port: 0, ..peer() }, "port 0"),
+            (
+                PeerConfig {
+                    passive: Some("192.168.0.2:0".parse().unwrap()),
+                    ..peer()
+                },
+                "passive on 192.168.0.2:0: port 0",
+            ),
+            (
+                PeerConfig {
+                    passive: Some("[fd00::2]:179".parse().unwrap()),
+                    ..peer()
+                },
+                "passive on [fd00::2]:179: not of the peer's family",
+            ),
             (
                 PeerConfig {
                     peer_asn: 0,

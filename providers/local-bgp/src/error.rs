@@ -16,6 +16,15 @@ pub enum Error {
         /// What is wrong.
         what: String,
     },
+    /// The socket a passive peer waits on could not be opened or set up.
+    #[error("BGP: cannot listen on {listen} for passive peers: {source}")]
+    Listen {
+        /// The local address and port.
+        listen: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The TCP connection could not be made.
     #[error("BGP peer {peer}: cannot connect: {source}")]
     Connect {

@@ -2,7 +2,8 @@
 //! as host routes (`/32`, `/128`) with the node as next hop, so that the routers spread each VIP's
 //! traffic over every node that serves it (ECMP) and route around a node that is gone.
 //!
-//! A [`Peer`] is one router: it connects (RFC 4271, active side), negotiates 4-octet AS numbers
+//! A [`Peer`] is one router: it connects (RFC 4271, active side; or waits for the router's
+//! connection, [`PeerConfig::passive`]), negotiates 4-octet AS numbers
 //! (RFC 6793), IPv4 and IPv6 unicast (RFC 4760) and route refresh (RFC 2918), keeps the router's
 //! table equal to the [`Routes`] it is given (withdrawals and announcements, each sent once: a change
 //! that changes nothing sends nothing), answers ROUTE-REFRESH, and starts again with back-off when the
@@ -20,6 +21,7 @@
 pub mod bfd;
 mod config;
 mod error;
+mod listen;
 mod md5;
 pub mod plan;
 mod session;

@@ -38,7 +38,8 @@ fn option(peer: IpAddr, key: &[u8]) -> [u8; OPTION_LEN] {
     value
 }
 
-/// Signs the socket's segments to `peer` with `key`; before `connect`.
+/// Signs the socket's segments to `peer` with `key`; before `connect` (or on a listening socket: the
+/// connections it accepts from `peer` are signed).
 pub(crate) fn set(socket: &impl AsFd, peer: IpAddr, key: &[u8]) -> io::Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_LEN {
         return Err(io::Error::new(
@@ -46,7 +47,16 @@ pub(crate) fn set(socket: &impl AsFd, peer: IpAddr, key: &[u8]) -> io::Result<()
             format!("a TCP MD5 key of {} bytes (1 to {MAX_KEY_LEN})", key.len()),
         ));
     }
-    let value = option(peer, key);
+    setsockopt(socket, &option(peer, key))
+}
+
+/// Takes `peer`'s key off the socket (a listening socket that several peers share): a key of length
+/// 0 deletes it.
+pub(crate) fn remove(socket: &impl AsFd, peer: IpAddr) -> io::Result<()> {
+    setsockopt(socket, &option(peer, &[]))
+}
+
+fn setsockopt(socket: &impl AsFd, value: &[u8; OPTION_LEN]) -> io::Result<()> {
     let fd = socket.as_fd().as_raw_fd();
     // SAFETY: `value` is a live, initialized buffer of `OPTION_LEN` bytes for the whole call, which
     // only reads it; `fd` is a socket this process owns (borrowed for the call).

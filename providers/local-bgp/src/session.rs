@@ -3,7 +3,8 @@
 //!
 //! We connect (the active side) and do not listen, as MetalLB's and kube-vip's speakers do: a router
 //! configured with us as a neighbour connects to us too, finds nobody listening, and uses our
-//! connection, so no collision (RFC 4271 §6.8) arises. Routes the router sends are not used (a node
+//! connection, so no collision (RFC 4271 §6.8) arises. A passive peer ([`PeerConfig::passive`]) is
+//! the other way round: it never connects, and takes the router's connection ([`crate::listen`]). Routes the router sends are not used (a node
 //! announces, it does not route by BGP), so an UPDATE we cannot parse is logged and skipped (RFC 7606's
 //! treat-as-withdraw, for a table we do not keep) rather than resetting the session.
 
@@ -42,6 +43,8 @@ pub enum State {
     Idle,
     /// Connecting.
     Connect,
+    /// Waiting for the router's connection (a passive peer).
+    Active,
     /// Our OPEN is sent; waiting for the router's.
     OpenSent,
     /// OPENs exchanged; waiting for the router's KEEPALIVE.
@@ -56,6 +59,7 @@ impl State {
         match self {
             State::Idle => "Idle",
             State::Connect => "Connect",
+            State::Active => "Active",
             State::OpenSent => "OpenSent",
             State::OpenConfirm => "OpenConfirm",
             State::Established => "Established",
@@ -152,6 +156,7 @@ async fn stopping(
 
 /// Runs a peer until `stop`: sessions one after another, waiting between failed ones
 /// (`connect_retry`, doubling up to `max_connect_retry`, back to the start after an established one).
+/// A passive peer waits for the router's next connection instead (the router backs off).
 pub(crate) async fn run(
     config: PeerConfig,
     mut routes: watch::Receiver<Routes>,
@@ -161,11 +166,18 @@ pub(crate) async fn run(
 ) {
     let peer = config.socket_address();
     let mut wait = config.connect_retry;
+    let mut registration = None;
     loop {
-        status.send_modify(|s| s.state = State::Connect);
+        status.send_modify(|s| {
+            s.state = if config.passive.is_some() {
+                State::Active
+            } else {
+                State::Connect
+            }
+        });
         let result = tokio::select! {
             _ = stop.cancelled() => break,
-            result = connect(&config) => result,
+            result = establish(&config, &mut registration) => result,
         };
         let result = match result {
             Ok(stream) => session(&config, stream, &mut routes, &status, &stop, bfd.clone()).await,
@@ -194,6 +206,9 @@ pub(crate) async fn run(
                 warn!(%peer, retry_in = ?wait, "{error}");
             }
         }
+        if config.passive.is_some() && registration.is_some() {
+            continue; // the router connects again when it will
+        }
         tokio::select! {
             _ = stop.cancelled() => break,
             _ = sleep(wait) => {}
@@ -201,6 +216,58 @@ pub(crate) async fn run(
         wait = (wait * 2).min(config.max_connect_retry);
     }
     status.send_modify(|s| s.state = State::Idle);
+}
+
+/// The next connection with the router: ours (active), or the router's (passive: the first call
+/// starts waiting on the listening socket, and an error there is retried like a failed connection).
+async fn establish(
+    config: &PeerConfig,
+    registration: &mut Option<crate::listen::Registration>,
+) -> Result<TcpStream, Error> {
+    let Some(listen) = config.passive else {
+        return connect(config).await;
+    };
+    if registration.is_none() {
+        *registration = Some(crate::listen::register(
+            listen,
+            config.address,
+            config.password.as_ref(),
+        )?);
+    }
+    let Some(waiting) = registration.as_mut() else {
+        unreachable!("registered above");
+    };
+    let stream = waiting.next().await.ok_or_else(|| Error::Listen {
+        listen,
+        source: std::io::Error::other("the listening socket closed"),
+    })?;
+    stream.set_nodelay(true).map_err(|source| Error::Io {
+        peer: config.socket_address(),
+        source,
+    })?;
+    // Single-hop eBGP answers with TTL 1, as routers send it; multihop with the TTL asked for.
+    if let Some(ttl) = ttl_of(config) {
+        let socket = socket2::SockRef::from(&stream);
+        match config.address {
+            IpAddr::V4(_) => socket.set_ttl_v4(ttl),
+            IpAddr::V6(_) => socket.set_unicast_hops_v6(ttl),
+        }
+        .map_err(|source| Error::Io {
+            peer: config.socket_address(),
+            source,
+        })?;
+    }
+    Ok(stream)
+}
+
+/// The TTL of our packets to the router: 1 for single-hop eBGP, as routers send it; the multihop
+/// TTL asked for; the system's default for iBGP.
+fn ttl_of(config: &PeerConfig) -> Option<u32> {
+    match config.ebgp_multihop {
+        Some(ttl) => Some(u32::from(ttl)),
+        None if config.is_external() => Some(1),
+        None => None,
+    }
 }
 
 async fn connect(config: &PeerConfig) -> Result<TcpStream, Error> {
@@ -217,13 +284,7 @@ async fn connect(config: &PeerConfig) -> Result<TcpStream, Error> {
     if let Some(password) = &config.password {
         crate::md5::set(&socket, peer.ip(), &password.0).map_err(failed)?;
     }
-    // Single-hop eBGP goes out with TTL 1, as routers send it; multihop with the TTL asked for.
-    let ttl = match config.ebgp_multihop {
-        Some(ttl) => Some(u32::from(ttl)),
-        None if config.is_external() => Some(1),
-        None => None,
-    };
-    if let Some(ttl) = ttl {
+    if let Some(ttl) = ttl_of(config) {
         let socket = socket2::SockRef::from(&socket);
         match peer {
             SocketAddr::V4(_) => socket.set_ttl_v4(ttl),

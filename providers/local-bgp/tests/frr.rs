@@ -375,3 +375,117 @@ async fn a_tcp_md5_password_is_used_and_a_wrong_one_is_said_out_loud() {
     signed.stop().await.unwrap();
     wrong.stop().await.unwrap();
 }
+
+/// A passive "node" at 127.0.0.4 listening on a port of its own, and FRR told to connect to it there
+/// (every second until it can), both with `password` if any.
+async fn passive_node_and_frr(
+    password: Option<&str>,
+) -> (Peer, Frr, std::net::SocketAddr, watch::Sender<Routes>) {
+    use std::net::{IpAddr, SocketAddr};
+    let source = Ipv4Addr::new(127, 0, 0, 4);
+    let listen = SocketAddr::new(IpAddr::V4(source), support::free_port());
+    let (routes, routes_rx) = watch::channel(support::two_vips_and_a_tagged_one());
+    let config = PeerConfig {
+        source: Some(IpAddr::V4(source)),
+        next_hop_v4: Some(Ipv4Addr::new(10, 0, 0, 4)),
+        next_hop_v6: Some("fd00::4".parse().unwrap()),
+        password: password.map(|p| local_bgp::Password(p.as_bytes().to_vec())),
+        passive: Some(listen),
+        ..PeerConfig::new(
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            ROUTER_ASN,
+            NODE_ASN,
+            source,
+        )
+    };
+    // Listening before FRR's first try.
+    let peer = Peer::start(config, routes_rx).unwrap();
+    eventually("the peer waits for the router", async || {
+        let state = peer.status().borrow().state;
+        if state == State::Active {
+            Ok(())
+        } else {
+            Err(format!("{state:?}"))
+        }
+    })
+    .await;
+    let mut router = format!(
+        "{} neighbor {source} port {}\n neighbor {source} timers connect 1\n",
+        neighbours(&["127.0.0.4"]),
+        listen.port()
+    );
+    if let Some(password) = password {
+        router += &format!(" neighbor {source} password {password}\n");
+    }
+    let frr = Frr::start(ROUTER_ASN, &router).await;
+    (peer, frr, listen, routes)
+}
+
+async fn vip_through_the_passive_node(frr: &Frr) {
+    eventually("10.96.0.1/32 through the passive node", async || {
+        let paths = frr.paths("ipv4", "10.96.0.1/32").await;
+        if paths == [("10.0.0.4".to_string(), true)] {
+            Ok(())
+        } else {
+            Err(format!("{paths:?}"))
+        }
+    })
+    .await;
+}
+
+/// A passive peer (RFC 4271 §8.1.1) never connects: FRR connects to it, at the address and port it
+/// listens on, and that connection becomes the session, with the routes. A connection from an address
+/// that is no passive peer's is closed at once, and so is a second one from the router while its
+/// session runs. FRR killed and started again connects again and has the routes back.
+#[tokio::test]
+async fn a_passive_peer_takes_the_routers_connection() {
+    use std::net::SocketAddr;
+    use tokio::io::AsyncReadExt;
+
+    let (peer, mut frr, listen, _routes) = passive_node_and_frr(None).await;
+    let status = established(&peer).await;
+    assert_eq!(status.counters.established, 1);
+    vip_through_the_passive_node(&frr).await;
+
+    // Someone else, and the router again while its session runs: each closed without a word, and
+    // the session goes on.
+    for from in ["127.0.0.9", "127.0.0.1"] {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(SocketAddr::new(from.parse().unwrap(), 0))
+            .unwrap();
+        let mut stream = socket.connect(listen).await.unwrap();
+        let mut buffer = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buffer))
+            .await
+            .unwrap_or_else(|_| panic!("a connection from {from} is closed at once"));
+        assert_eq!(read.unwrap_or(0), 0, "a connection from {from} is closed");
+    }
+    assert_eq!(peer.status().borrow().state, State::Established);
+
+    // FRR gone and back: it connects again.
+    frr.kill().await;
+    frr.restart().await;
+    eventually("the session established again", async || {
+        let now = peer.status().borrow().clone();
+        if now.state == State::Established && now.counters.established == 2 {
+            Ok(())
+        } else {
+            Err(format!("{now:?}"))
+        }
+    })
+    .await;
+    vip_through_the_passive_node(&frr).await;
+    peer.stop().await.unwrap();
+}
+
+/// A passive peer with a TCP MD5 password: the key is on the listening socket, so the router's signed
+/// connection is accepted and becomes the session (and an unsigned one from the router's address is
+/// dropped by the kernel).
+#[tokio::test]
+async fn a_passive_peer_with_a_tcp_md5_password() {
+    let (peer, frr, _listen, _routes) = passive_node_and_frr(Some("s3cret")).await;
+    established(&peer).await;
+    vip_through_the_passive_node(&frr).await;
+    peer.stop().await.unwrap();
+}

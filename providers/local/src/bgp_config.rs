@@ -209,6 +209,11 @@ pub struct BgpPeer {
     /// router; unset, no BFD. Single hop only: refused with `ebgpMultiHop`.
     #[serde(default)]
     pub bfd_profile: Option<String>,
+    /// Passive: the node agents never connect to this router; it connects to them, at port 179 of
+    /// `sourceAddress` (of every address of the node, both families, when unset), and a connection
+    /// from `peerAddress` becomes the session (default `false`: the agents connect).
+    #[serde(default)]
+    pub passive: bool,
     /// MetalLB's `passwordSecret`: refused, naming `passwordFile` (the agents read no Secret through
     /// the API server).
     #[serde(default, deserialize_with = "refuse_password_secret")]
@@ -291,6 +296,12 @@ impl BgpPeer {
                 .enable_graceful_restart
                 .then_some(GRACEFUL_RESTART_TIME),
             bfd,
+            passive: self.passive.then(|| {
+                let on = self
+                    .source_address
+                    .unwrap_or(IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED));
+                std::net::SocketAddr::new(on, local_bgp::BGP_PORT)
+            }),
             ..local_bgp::PeerConfig::new(self.peer_address, self.peer_asn, self.my_asn, router_id)
         };
         config
@@ -584,6 +595,33 @@ mod tests {
         assert_eq!(
             session.password,
             Some(local_bgp::Password(b"s3cret".to_vec()))
+        );
+    }
+
+    #[test]
+    fn a_passive_peer_listens_on_port_179_of_its_source_address_or_of_every_address() {
+        let config = crate::Config::parse(
+            "loadBalancer: {mode: agents, bgp: {peers: [\
+             {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true, sourceAddress: 10.0.0.5},\
+             {name: b, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true},\
+             {name: c, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}]}}",
+            None,
+        )
+        .unwrap();
+        let listens: Vec<Option<std::net::SocketAddr>> = config
+            .load_balancer
+            .bgp
+            .peers
+            .iter()
+            .map(|p| p.session(Some(Ipv4Addr::LOCALHOST), None).unwrap().passive)
+            .collect();
+        assert_eq!(
+            listens,
+            [
+                Some("10.0.0.5:179".parse().unwrap()),
+                Some("[::]:179".parse().unwrap()),
+                None
+            ]
         );
     }
 
