@@ -31,7 +31,8 @@ pub(crate) enum Given {
 /// most [`SUCCESSOR_WAIT`]), then stops announcing and answering for them (the addresses stay, so the
 /// packets of the open connections that the next leader forwards here still reach their sockets),
 /// accepts for [`ACCEPT_AFTER_CLAIM`] more, and lets the connections finish within the drain time.
-/// Then the VIPs come off. Whatever fails on the way ends in the stop of old: VIPs off, then the drain.
+/// Then the VIPs come off. Whatever fails on the way ends the way a leader stopped before hand-offs:
+/// VIPs off at once, then the drain.
 pub(crate) async fn give_away(inner: &std::sync::Arc<Inner>) -> Given {
     let Some(addresses) = &inner.addresses else {
         return Given::Nothing;

@@ -79,7 +79,8 @@ pub(crate) async fn take_over(
         .collect();
     tracing::info!(%interface, ?lifetime, "leader hand-off: the previous leader still serves {}; forwarding the packets of its open TCP connections to it", described.join(", "));
     // The table goes after `lifetime`, at shutdown, or when the runtime drops this task: the guard's
-    // drop removes it in every case.
+    // drop removes it in every case. The task only waits (nothing in it can panic), so it needs no
+    // supervisor.
     tokio::spawn(async move {
         tokio::select! {
             () = tokio::time::sleep(lifetime) => {
