@@ -185,6 +185,53 @@ impl Cluster {
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
+    /// Each manager replica's `/metrics` (HTTPS on its node's port 10258, read with the cluster's
+    /// admin token, which may), with the replica's host IP; a replica that does not answer is left out
+    /// when `lenient`, and fails the test otherwise.
+    pub fn manager_metrics(&self, lenient: bool) -> Vec<(String, String)> {
+        let kubeconfig =
+            std::fs::read_to_string(self.admin_kubeconfig()).expect("admin kubeconfig");
+        let token = kubeconfig
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .expect("the admin kubeconfig has a token")
+            .to_owned();
+        let hosts = self.kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "k8s-app=cloud-controller-manager",
+                "-o",
+                "jsonpath={.items[*].status.hostIP}",
+            ],
+            None,
+        );
+        let hosts: Vec<&str> = hosts.split_whitespace().collect();
+        assert!(!hosts.is_empty(), "no manager pod has a host IP");
+        hosts
+            .into_iter()
+            .filter_map(|host| {
+                let scraped = run(&[
+                    "curl",
+                    "-sSfk",
+                    "--max-time",
+                    "10",
+                    "-H",
+                    &format!("Authorization: Bearer {token}"),
+                    &format!("https://{host}:10258/metrics"),
+                ]);
+                match scraped {
+                    Ok(text) => Some((host.to_owned(), text)),
+                    Err(_) if lenient => None,
+                    Err(err) => panic!("the manager on {host}: {err}"),
+                }
+            })
+            .collect()
+    }
+
     /// `kubectl` as cluster-admin, whatever it answers.
     pub fn kubectl_output(&self, args: &[&str], stdin: Option<&str>) -> Output {
         use std::io::Write;

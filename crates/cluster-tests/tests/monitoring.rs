@@ -105,41 +105,11 @@ fn queried() -> Vec<(String, String, Vec<String>)> {
 /// token, which may read it) and every agent's (plain HTTP on its node's loopback).
 fn scrape_all() -> Vec<(String, String)> {
     let c = cluster();
-    let kubeconfig = std::fs::read_to_string(c.admin_kubeconfig()).expect("admin kubeconfig");
-    let token = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-        .expect("the admin kubeconfig has a token")
-        .to_owned();
-    let hosts = c.kubectl(
-        &[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "k8s-app=cloud-controller-manager",
-            "-o",
-            "jsonpath={.items[*].status.hostIP}",
-        ],
-        None,
-    );
-    let hosts: Vec<&str> = hosts.split_whitespace().collect();
-    assert!(!hosts.is_empty(), "no manager pod has a host IP");
-    let mut out = Vec::new();
-    for host in hosts {
-        let text = run(&[
-            "curl",
-            "-sSfk",
-            "--max-time",
-            "10",
-            "-H",
-            &format!("Authorization: Bearer {token}"),
-            &format!("https://{host}:10258/metrics"),
-        ])
-        .unwrap_or_else(|err| panic!("the manager on {host}: {err}"));
-        out.push((format!("manager on {host}"), text));
-    }
+    let mut out: Vec<(String, String)> = c
+        .manager_metrics(false)
+        .into_iter()
+        .map(|(host, text)| (format!("manager on {host}"), text))
+        .collect();
     for node in c.nodes() {
         let text = c
             .curl_on_node(&node, "http://127.0.0.1:10264/metrics")

@@ -1452,6 +1452,36 @@ struct LongLived {
     errors: Vec<String>,
 }
 
+impl LongLived {
+    /// What all the workers saw, once they are done.
+    async fn sum(workers: Vec<tokio::task::JoinHandle<LongLived>>) -> LongLived {
+        let mut seen = LongLived::default();
+        for worker in workers {
+            let one = worker.await.unwrap();
+            seen.connections += one.connections;
+            seen.requests += one.requests;
+            seen.errors.extend(one.errors);
+        }
+        seen
+    }
+}
+
+/// Every node that holds `vip`, looked at every 250 ms until `stop`.
+fn nodes_holding(
+    vip: IpAddr,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeSet<String>> {
+    let stop = stop.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut seen = BTreeSet::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            seen.extend(holders(vip));
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        seen
+    })
+}
+
 /// `workers` long-lived connections to `vip`, one after another per worker until `stop`: each an HTTP
 /// keep-alive connection asking every 200 ms, 20 times (4 s, less than hack/cluster's drain time of
 /// 5 s), then closed by the client. Whatever breaks one (a reset, a close, no answer) is an error.
@@ -1541,19 +1571,7 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers = long_lived_connections(vip, 20, &stop);
     // Where the VIP is, every 250 ms through the roll.
-    let watching = tokio::task::spawn_blocking({
-        let stop = stop.clone();
-        move || {
-            let mut elsewhere = BTreeSet::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for node in holders(vip) {
-                    elsewhere.insert(node);
-                }
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            elsewhere
-        }
-    });
+    let watching = nodes_holding(vip, &stop);
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let rolling = Instant::now();
@@ -1605,13 +1623,7 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     // The connections opened last run their course.
     tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut seen = LongLived::default();
-    for worker in workers {
-        let one = worker.await.unwrap();
-        seen.connections += one.connections;
-        seen.requests += one.requests;
-        seen.errors.extend(one.errors);
-    }
+    let seen = LongLived::sum(workers).await;
     let (failed, made) = traffic.stop().await;
     let holders_seen = watching.await.unwrap();
     let handed_over = agent_metric(&holder, "local_agent_handovers_received_total");
@@ -1646,39 +1658,13 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     );
 }
 
-/// The sum of a metric over the manager's replicas (`/metrics` over HTTPS on their node's port 10258,
-/// with the cluster's admin token, which may read it).
+/// The sum of a metric over the manager's replicas that answer.
 fn manager_metric_sum(name: &str) -> f64 {
-    let c = cluster();
-    let kubeconfig = std::fs::read_to_string(c.admin_kubeconfig()).expect("admin kubeconfig");
-    let token = kubeconfig
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("token: "))
-        .expect("the admin kubeconfig has a token")
-        .to_owned();
-    let hosts = c.kubectl(
-        &[
-            "-n",
-            "kube-system",
-            "get",
-            "pods",
-            "-l",
-            "k8s-app=cloud-controller-manager",
-            "-o",
-            "jsonpath={.items[*].status.hostIP}",
-        ],
-        None,
-    );
-    hosts
-        .split_whitespace()
-        .filter_map(|host| {
-            let out = std::process::Command::new("curl")
-                .args(["-sSfk", "--max-time", "10", "-H"])
-                .arg(format!("Authorization: Bearer {token}"))
-                .arg(format!("https://{host}:10258/metrics"))
-                .output()
-                .ok()?;
-            String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+    cluster()
+        .manager_metrics(true)
+        .iter()
+        .filter_map(|(_, text)| {
+            text.lines().find_map(|l| {
                 l.strip_prefix(name)?
                     .strip_prefix(' ')?
                     .trim()
@@ -1704,19 +1690,7 @@ async fn a_rolling_update_of_the_leading_manager_cuts_no_connection() {
     let traffic = Traffic::start(vip);
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let workers = long_lived_connections(vip, 20, &stop);
-    let watching = tokio::task::spawn_blocking({
-        let stop = stop.clone();
-        move || {
-            let mut seen = BTreeSet::new();
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for node in holders(vip) {
-                    seen.insert(node);
-                }
-                std::thread::sleep(Duration::from_millis(250));
-            }
-            seen
-        }
-    });
+    let watching = nodes_holding(vip, &stop);
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let rolling = Instant::now();
@@ -1747,13 +1721,7 @@ async fn a_rolling_update_of_the_leading_manager_cuts_no_connection() {
     leading_node().await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut seen = LongLived::default();
-    for worker in workers {
-        let one = worker.await.unwrap();
-        seen.connections += one.connections;
-        seen.requests += one.requests;
-        seen.errors.extend(one.errors);
-    }
+    let seen = LongLived::sum(workers).await;
     let (failed, made) = traffic.stop().await;
     let holders_seen = watching.await.unwrap();
     let received = manager_metric_sum("local_leader_handoffs_received_total");

@@ -673,11 +673,12 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
         "the host reaches the VIP at the leader's node"
     );
 
-    // The leader's pod deleted (SIGTERM): it takes its VIPs off and releases the Lease; the other
-    // replica takes both, puts the VIP on its node and announces it. The leader's node is cordoned
+    // The leader's pod deleted (SIGTERM): it releases the Lease and hands its VIPs off; the other
+    // replica takes the Lease, puts the VIP on its node and announces it, and the old leader stops
+    // answering for it, drains its connections and takes it off. The leader's node is cordoned
     // first, or the Deployment's replacement pod, started there at once, may win the Lease and the VIP
     // would not move.
-    c.kubectl(&["cordon", &old], None);
+    let uncordoned = Uncordon::cordon(&old);
     let pods: Api<Pod> = Api::namespaced(client.clone(), "kube-system");
     let leader_pod = pods
         .list(&ListParams::default().labels("k8s-app=cloud-controller-manager"))
@@ -710,26 +711,42 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
         }
     })
     .await;
+    // The host learns the new holder from the announcement (the old leader serves until then, and
+    // answers no neighbour for the VIP afterwards): its entry names the new node's MAC (with the old
+    // MAC it would go on sending to the old node, which only finishes its open connections).
+    let new_mac = node_mac(&new);
+    eventually(
+        &format!("the host's neighbour entry for {vip} names {new}"),
+        LONG,
+        || async {
+            let (mac, _) = host_neighbour(vip)?;
+            (mac == new_mac).then_some(())
+        },
+    )
+    .await;
     steady_answers("the VIP answers from the new leader", http, 10).await;
     println!(
         "the VIP answered from {new} {:.1}s after the leader's pod on {old} was deleted",
         deleted_at.elapsed().as_secs_f64()
     );
-    // The host learnt the new holder from the announcement: its entry names the new node's MAC (with
-    // the old MAC it would still be sending to the old node, which forwards and drops).
     let (mac, state) = host_neighbour(vip).expect("the host's entry for the VIP");
     assert_eq!(
-        mac,
-        node_mac(&new),
-        "the host's neighbour entry for {vip} ({state}) is not the new leader's"
+        mac, new_mac,
+        "the host's neighbour entry for {vip} ({state}) went back to the old leader"
     );
-    let on_old = c.exec_on_node(&old, &["ip", "-4", "-o", "addr", "show", "dev", "eth0"]);
-    assert!(
-        !String::from_utf8_lossy(&on_old.stdout).contains(&format!(" {vip}/")),
-        "the old leader's node still holds {vip}"
-    );
+    // The old leader keeps the VIP (answering no neighbour for it) while its connections drain
+    // (hack/cluster's drainTimeout: 5 s), then takes it off.
+    eventually(
+        &format!("{vip} off the old leader's node"),
+        LONG,
+        || async {
+            let on_old = c.exec_on_node(&old, &["ip", "-4", "-o", "addr", "show", "dev", "eth0"]);
+            (!String::from_utf8_lossy(&on_old.stdout).contains(&format!(" {vip}/"))).then_some(())
+        },
+    )
+    .await;
     // The Deployment replaces the deleted pod; the cluster is as the test found it.
-    c.kubectl(&["uncordon", &old], None);
+    drop(uncordoned);
     c.kubectl(
         &[
             "-n",
@@ -741,6 +758,23 @@ async fn the_vips_move_with_the_lease_and_neighbours_follow_at_once() {
         ],
         None,
     );
+}
+
+/// A node cordoned until this is dropped (also when an assertion failed: the next test's pods need
+/// every node).
+struct Uncordon(String);
+
+impl Uncordon {
+    fn cordon(node: &str) -> Self {
+        cluster().kubectl(&["cordon", node], None);
+        Uncordon(node.to_owned())
+    }
+}
+
+impl Drop for Uncordon {
+    fn drop(&mut self) {
+        cluster().kubectl_output(&["uncordon", &self.0], None);
+    }
 }
 
 /// The addresses `kube-system/local-retained-addresses` keeps for `namespace/name` (`None`: none).

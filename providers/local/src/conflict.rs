@@ -534,18 +534,7 @@ mod tests {
             "198.51.100.212".parse().unwrap(),
             "2001:db8::212".parse().unwrap(),
         );
-        for (ip, extra) in [
-            (probed_v4, &["/32"][..]),
-            (probed_v6, &["/128", "nodad"][..]),
-        ] {
-            let address = format!("{ip}{}", extra[0]);
-            let added = std::process::Command::new("ip")
-                .args(["address", "add", &address, "dev", link.peer()])
-                .args(&extra[1..])
-                .status()
-                .unwrap();
-            assert!(added.success(), "ip address add {ip} on {}", link.peer());
-        }
+        put_on_the_other_end(&link, &[probed_v4, probed_v6]);
         for ip in [probed_v4, probed_v6] {
             let mut watch =
                 ConflictWatch::start(link.name(), move || BTreeSet::from([ip])).unwrap();
@@ -554,6 +543,29 @@ mod tests {
                 .unwrap_or_else(|_| panic!("nobody answered the probe for {ip}"))
                 .unwrap();
             assert_eq!(claim, Claim { ip, mac: theirs });
+        }
+    }
+
+    /// Puts `ips` on the other end of `link` (host addresses; IPv6 without duplicate address
+    /// detection), where this host's kernel answers for them as another host would.
+    fn put_on_the_other_end(link: &TestInterface, ips: &[IpAddr]) {
+        for ip in ips {
+            let (prefix, extra): (&str, &[&str]) = match ip {
+                IpAddr::V4(_) => ("/32", &[]),
+                IpAddr::V6(_) => ("/128", &["nodad"]),
+            };
+            let added = std::process::Command::new("ip")
+                .args([
+                    "address",
+                    "add",
+                    &format!("{ip}{prefix}"),
+                    "dev",
+                    link.peer(),
+                ])
+                .args(extra)
+                .status()
+                .unwrap();
+            assert!(added.success(), "ip address add {ip} on {}", link.peer());
         }
     }
 
@@ -568,15 +580,7 @@ mod tests {
             "2001:db8::214".parse().unwrap(),
             "198.51.100.215".parse().unwrap(),
         );
-        for (ip, extra) in [(v4, &["/32"][..]), (v6, &["/128", "nodad"][..])] {
-            let address = format!("{ip}{}", extra[0]);
-            let added = std::process::Command::new("ip")
-                .args(["address", "add", &address, "dev", link.peer()])
-                .args(&extra[1..])
-                .status()
-                .unwrap();
-            assert!(added.success(), "ip address add {ip} on {}", link.peer());
-        }
+        put_on_the_other_end(&link, &[v4, v6]);
         let found = holders(
             link.name(),
             &BTreeSet::from([v4, v6, nobodys]),

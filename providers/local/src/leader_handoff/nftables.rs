@@ -983,149 +983,103 @@ fn to_old_holder(ip: &IpLayout, vip: &[u8], link: &Link, old_mac: Mac) -> Vec<Ex
     rule
 }
 
-/// `arp operation request arp daddr ip VIP drop` (Ethernet and IPv4 ARP: the target IP at 24).
-fn arp_requests_for(vip: &[u8]) -> Vec<Expr> {
-    vec![
+/// `payload load LEN @ BASE + OFFSET => reg 1; cmp eq reg 1 DATA` (LEN: DATA's).
+fn payload_is(base: u32, offset: u32, data: &[u8]) -> [Expr; 2] {
+    [
         Expr::Load {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 6,
-            len: 2,
+            base,
+            offset,
+            len: u32::try_from(data.len()).unwrap_or(u32::MAX),
             dreg: NFT_REG_1,
         },
         Expr::Cmp {
             sreg: NFT_REG_1,
-            data: ARPOP_REQUEST.to_be_bytes().to_vec(),
+            data: data.to_vec(),
         },
-        Expr::Load {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 24,
-            len: 4,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vip.to_vec(),
-        },
-        Expr::Verdict(NF_DROP),
     ]
+}
+
+/// `immediate reg 1 DATA; payload write reg 1 => LEN @ BASE + OFFSET` with `csum_flags`.
+fn payload_set(base: u32, offset: u32, data: &[u8], csum_flags: u32) -> [Expr; 2] {
+    [
+        Expr::Immediate {
+            dreg: NFT_REG_1,
+            data: data.to_vec(),
+        },
+        Expr::Write {
+            base,
+            offset,
+            len: u32::try_from(data.len()).unwrap_or(u32::MAX),
+            sreg: NFT_REG_1,
+            csum_flags,
+        },
+    ]
+}
+
+/// `arp operation request arp daddr ip VIP drop` (the operation at 6, the target IP at 24).
+fn arp_requests_for(vip: &[u8]) -> Vec<Expr> {
+    let mut rule = Vec::from(payload_is(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        6,
+        &ARPOP_REQUEST.to_be_bytes(),
+    ));
+    rule.extend(payload_is(NFT_PAYLOAD_NETWORK_HEADER, 24, vip));
+    rule.push(Expr::Verdict(NF_DROP));
+    rule
 }
 
 /// `arp operation request arp saddr ip VIP arp saddr ip set 0.0.0.0` (the sender IP at 14).
 fn arp_requests_from_anonymous(vip: &[u8]) -> Vec<Expr> {
-    vec![
-        Expr::Load {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 6,
-            len: 2,
+    let mut rule = Vec::from(payload_is(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        6,
+        &ARPOP_REQUEST.to_be_bytes(),
+    ));
+    rule.extend(payload_is(NFT_PAYLOAD_NETWORK_HEADER, 14, vip));
+    rule.extend(payload_set(NFT_PAYLOAD_NETWORK_HEADER, 14, &[0; 4], 0));
+    rule
+}
+
+/// `icmpv6 type nd-neighbor-solicit`.
+fn neighbour_solicitation() -> Vec<Expr> {
+    let mut rule = vec![
+        Expr::Meta {
+            key: NFT_META_L4PROTO,
             dreg: NFT_REG_1,
         },
         Expr::Cmp {
             sreg: NFT_REG_1,
-            data: ARPOP_REQUEST.to_be_bytes().to_vec(),
+            data: vec![IPPROTO_ICMPV6],
         },
-        Expr::Load {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 14,
-            len: 4,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vip.to_vec(),
-        },
-        Expr::Immediate {
-            dreg: NFT_REG_1,
-            data: vec![0; 4],
-        },
-        Expr::Write {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 14,
-            len: 4,
-            sreg: NFT_REG_1,
-            csum_flags: 0,
-        },
-    ]
+    ];
+    rule.extend(payload_is(
+        NFT_PAYLOAD_TRANSPORT_HEADER,
+        0,
+        &[ND_NEIGHBOR_SOLICIT],
+    ));
+    rule
 }
 
 /// `icmpv6 type nd-neighbor-solicit ip6 saddr VIP ip6 saddr set LINK_LOCAL` (the ICMPv6 checksum
 /// updated for the new source).
 fn solicitations_from_link_local(vip: &[u8], link_local: &[u8]) -> Vec<Expr> {
-    vec![
-        Expr::Meta {
-            key: NFT_META_L4PROTO,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vec![IPPROTO_ICMPV6],
-        },
-        Expr::Load {
-            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-            offset: 0,
-            len: 1,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vec![ND_NEIGHBOR_SOLICIT],
-        },
-        Expr::Load {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 8,
-            len: 16,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vip.to_vec(),
-        },
-        Expr::Immediate {
-            dreg: NFT_REG_1,
-            data: link_local.to_vec(),
-        },
-        Expr::Write {
-            base: NFT_PAYLOAD_NETWORK_HEADER,
-            offset: 8,
-            len: 16,
-            sreg: NFT_REG_1,
-            csum_flags: NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
-        },
-    ]
+    let mut rule = neighbour_solicitation();
+    rule.extend(payload_is(NFT_PAYLOAD_NETWORK_HEADER, 8, vip));
+    rule.extend(payload_set(
+        NFT_PAYLOAD_NETWORK_HEADER,
+        8,
+        link_local,
+        NFT_PAYLOAD_L4CSUM_PSEUDOHDR,
+    ));
+    rule
 }
 
 /// `icmpv6 type nd-neighbor-solicit icmpv6 target VIP drop` (the target at 8 in the message).
 fn neighbour_solicitations_for(vip: &[u8]) -> Vec<Expr> {
-    vec![
-        Expr::Meta {
-            key: NFT_META_L4PROTO,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vec![IPPROTO_ICMPV6],
-        },
-        Expr::Load {
-            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-            offset: 0,
-            len: 1,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vec![ND_NEIGHBOR_SOLICIT],
-        },
-        Expr::Load {
-            base: NFT_PAYLOAD_TRANSPORT_HEADER,
-            offset: 8,
-            len: 16,
-            dreg: NFT_REG_1,
-        },
-        Expr::Cmp {
-            sreg: NFT_REG_1,
-            data: vip.to_vec(),
-        },
-        Expr::Verdict(NF_DROP),
-    ]
+    let mut rule = neighbour_solicitation();
+    rule.extend(payload_is(NFT_PAYLOAD_TRANSPORT_HEADER, 8, vip));
+    rule.push(Expr::Verdict(NF_DROP));
+    rule
 }
 
 /// Where a base chain hooks in.
