@@ -741,7 +741,8 @@ impl CloudProvider for LocalCloud {
     }
 
     /// With `vipInterface` (leader mode on a real network) and a drain time: a leader that stops hands
-    /// its VIPs to the next one without cutting the connections open through it ([`leader_handoff`]).
+    /// its VIPs to the next one without cutting the connections open through it (the
+    /// `leader_handoff` module; docs/local-provider.md, "Leader mode hands off too").
     fn hands_off_traffic(&self) -> bool {
         self.inner.addresses.is_some()
             && !self.inner.load_balancer_in_force.drain_timeout.0.is_zero()

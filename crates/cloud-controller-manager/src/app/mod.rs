@@ -411,7 +411,8 @@ struct Configured {
 }
 
 /// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
-/// leadership was `lost`) or one of them fails.
+/// leadership was `lost`) or one of them fails. The provider is initialized with `provider_stop` as
+/// its shutdown (`stop` itself, unless it hands its traffic off).
 #[allow(clippy::too_many_arguments)]
 async fn run_controllers(
     configured: Vec<Configured>,
