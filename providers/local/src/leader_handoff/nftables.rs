@@ -591,65 +591,47 @@ pub(crate) fn quiet_neighbour_answers_batch(
                 &expressions,
             );
         }
-        if family == Family::Ipv6
-            && let Some(link_local) = link_local
-        {
-            // As for ARP below, from the link-local address (the checksum follows the address).
-            batch.chain(
+        // This host still talks from the VIPs (the open connections): when it asks for a client's
+        // MAC address from one, the client would take the question's sender as the VIP's holder and
+        // turn back here. Asked from 0.0.0.0 (an ARP probe) or from the link-local address (the
+        // ICMPv6 checksum follows the new source), the client answers all the same and learns
+        // nothing (what `arp_announce` 2 does for a host's other addresses).
+        let (hook, rewrite): (u32, Option<(String, Vec<u8>)>) = match family {
+            Family::Arp => (NF_ARP_OUT, Some(("0.0.0.0".to_owned(), vec![0; 4]))),
+            _ => (
+                NF_INET_LOCAL_OUT,
+                link_local.map(|ll| (ll.to_string(), ll.octets().to_vec())),
+            ),
+        };
+        let Some((source, source_bytes)) = rewrite else {
+            continue;
+        };
+        batch.chain(
+            family,
+            table,
+            OUTPUT_CHAIN,
+            Hook {
+                name: "output",
+                number: hook,
+                priority: INPUT_PRIORITY,
+                device: None,
+            },
+        );
+        for (n, vip) in mine.iter().enumerate() {
+            let expressions = match vip {
+                IpAddr::V4(vip) => arp_requests_from_anonymous(&vip.octets()),
+                IpAddr::V6(vip) => solicitations_from_link_local(&vip.octets(), &source_bytes),
+            };
+            batch.rule(
                 family,
                 table,
                 OUTPUT_CHAIN,
-                Hook {
-                    name: "output",
-                    number: NF_INET_LOCAL_OUT,
-                    priority: INPUT_PRIORITY,
-                    device: None,
-                },
+                format!(
+                    "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (ask from {source} instead of {vip})",
+                    n + 1
+                ),
+                &expressions,
             );
-            for (n, vip) in mine.iter().enumerate() {
-                let IpAddr::V6(vip) = vip else { continue };
-                batch.rule(
-                    family,
-                    table,
-                    OUTPUT_CHAIN,
-                    format!(
-                        "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (solicit from {link_local} instead of {vip})",
-                        n + 1
-                    ),
-                    &solicitations_from_link_local(&vip.octets(), &link_local.octets()),
-                );
-            }
-        }
-        if family == Family::Arp {
-            // This host still talks from the VIPs (the open connections): when it asks for a
-            // client's MAC address from one, the client would take the question's sender as the
-            // VIP's holder and turn back here. Asked from 0.0.0.0 (an ARP probe), the client
-            // answers all the same and learns nothing (what `arp_announce` 2 does for a host's
-            // other addresses).
-            batch.chain(
-                family,
-                table,
-                OUTPUT_CHAIN,
-                Hook {
-                    name: "output",
-                    number: NF_ARP_OUT,
-                    priority: INPUT_PRIORITY,
-                    device: None,
-                },
-            );
-            for (n, vip) in mine.iter().enumerate() {
-                let IpAddr::V4(vip) = vip else { continue };
-                batch.rule(
-                    family,
-                    table,
-                    OUTPUT_CHAIN,
-                    format!(
-                        "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (ask from 0.0.0.0 instead of {vip})",
-                        n + 1
-                    ),
-                    &arp_requests_from_anonymous(&vip.octets()),
-                );
-            }
         }
     }
     batch.finish()
