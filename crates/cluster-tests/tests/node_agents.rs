@@ -1466,6 +1466,28 @@ impl LongLived {
     }
 }
 
+/// `kubectl rollout restart` of `workload` in kube-system, and its `rollout status` (off the runtime's
+/// threads: the long-lived connections go on meanwhile).
+async fn roll(workload: &'static str) {
+    tokio::task::spawn_blocking(move || {
+        let c = cluster();
+        c.kubectl(&["-n", "kube-system", "rollout", "restart", workload], None);
+        c.kubectl(
+            &[
+                "-n",
+                "kube-system",
+                "rollout",
+                "status",
+                workload,
+                "--timeout=300s",
+            ],
+            None,
+        );
+    })
+    .await
+    .unwrap();
+}
+
 /// Every node that holds `vip`, looked at every 250 ms until `stop`.
 fn nodes_holding(
     vip: IpAddr,
@@ -1575,31 +1597,7 @@ async fn a_rolling_update_of_the_agents_cuts_no_connection() {
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let rolling = Instant::now();
-    tokio::task::spawn_blocking(move || {
-        c.kubectl(
-            &[
-                "-n",
-                "kube-system",
-                "rollout",
-                "restart",
-                "daemonset/local-agent",
-            ],
-            None,
-        );
-        c.kubectl(
-            &[
-                "-n",
-                "kube-system",
-                "rollout",
-                "status",
-                "daemonset/local-agent",
-                "--timeout=300s",
-            ],
-            None,
-        );
-    })
-    .await
-    .unwrap();
+    roll("daemonset/local-agent").await;
     // The old agents drain, then exit: one pod per node again.
     let nodes = c.nodes().len();
     eventually("the old agents gone", LONG, || async move {
@@ -1682,7 +1680,6 @@ fn manager_metric_sum(name: &str) -> f64 {
 /// request fails, no long-lived connection is cut, and a new leader counts the hand-off it received.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_rolling_update_of_the_leading_manager_cuts_no_connection() {
-    let c = cluster();
     let (_client, _ns, vip) = one_vip_served(ManagerForm::Deployment, "leader-upgrade").await;
     let first = holders(vip);
     assert_eq!(first.len(), 1, "{vip} on {first:?}");
@@ -1694,23 +1691,7 @@ async fn a_rolling_update_of_the_leading_manager_cuts_no_connection() {
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let rolling = Instant::now();
-    tokio::task::spawn_blocking(move || {
-        for verb in [
-            &["rollout", "restart", "deployment/cloud-controller-manager"][..],
-            &[
-                "rollout",
-                "status",
-                "deployment/cloud-controller-manager",
-                "--timeout=300s",
-            ],
-        ] {
-            let mut args = vec!["-n", "kube-system"];
-            args.extend_from_slice(verb);
-            c.kubectl(&args, None);
-        }
-    })
-    .await
-    .unwrap();
+    roll("deployment/cloud-controller-manager").await;
     eventually("the old replicas gone", LONG, || async move {
         let pods = manager_pods().await;
         (pods.len() == 2).then_some(())

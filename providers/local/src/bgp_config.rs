@@ -327,6 +327,14 @@ impl BgpPeer {
                 "loadBalancer.bgp.peers {name:?}: password and passwordFile both set: keep one"
             ));
         }
+        if self.passive && self.peer_port != local_bgp::BGP_PORT {
+            return Err(format!(
+                "loadBalancer.bgp.peers {name:?}: peerPort {} with passive: true: peerPort is where \
+                 the agents connect, and a passive peer never connects (the router connects to port \
+                 179); remove one",
+                self.peer_port
+            ));
+        }
         if self.ebgp_multi_hop && self.peer_asn == self.my_asn {
             return Err(format!(
                 "loadBalancer.bgp.peers {name:?}: ebgpMultiHop is for eBGP, and peerASN equals \
@@ -600,29 +608,50 @@ mod tests {
 
     #[test]
     fn a_passive_peer_listens_on_port_179_of_its_source_address_or_of_every_address() {
-        let config = crate::Config::parse(
-            "loadBalancer: {mode: agents, bgp: {peers: [\
-             {name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true, sourceAddress: 10.0.0.5},\
-             {name: b, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true},\
-             {name: c, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}]}}",
-            None,
-        )
-        .unwrap();
-        let listens: Vec<Option<std::net::SocketAddr>> = config
-            .load_balancer
-            .bgp
-            .peers
-            .iter()
-            .map(|p| p.session(Some(Ipv4Addr::LOCALHOST), None).unwrap().passive)
-            .collect();
-        assert_eq!(
-            listens,
-            [
-                Some("10.0.0.5:179".parse().unwrap()),
-                Some("[::]:179".parse().unwrap()),
-                None
-            ]
-        );
+        for (peer, listens) in [
+            (
+                "{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true, sourceAddress: 10.0.0.5}",
+                Some("10.0.0.5:179"),
+            ),
+            (
+                "{name: b, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true}",
+                Some("[::]:179"),
+            ),
+            (
+                "{name: c, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2}",
+                None,
+            ),
+        ] {
+            let text = format!("loadBalancer: {{mode: agents, bgp: {{peers: [{peer}]}}}}");
+            let config = crate::Config::parse(&text, None).unwrap();
+            let session = config.load_balancer.bgp.peers[0]
+                .session(Some(Ipv4Addr::LOCALHOST), None)
+                .unwrap();
+            assert_eq!(
+                session.passive,
+                listens.map(|l| l.parse().unwrap()),
+                "{peer}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_passive_peer_refuses_a_port_it_would_never_use_and_listeners_that_cannot_coexist() {
+        for (peers, says) in [
+            (
+                "{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true, peerPort: 1179}",
+                "peerPort 1179 with passive: true",
+            ),
+            (
+                "{name: a, peerAddress: 10.0.0.1, peerASN: 1, myASN: 2, passive: true}, \
+                 {name: b, peerAddress: 10.0.0.2, peerASN: 1, myASN: 2, passive: true, sourceAddress: 10.0.0.5}",
+                "peers \"a\" and \"b\": both passive",
+            ),
+        ] {
+            let text = format!("loadBalancer: {{mode: agents, bgp: {{peers: [{peers}]}}}}");
+            let err = crate::Config::parse(&text, None).unwrap_err().to_string();
+            assert!(err.contains(says), "{err}");
+        }
     }
 
     #[test]

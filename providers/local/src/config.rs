@@ -892,6 +892,24 @@ impl Config {
                 ));
             }
         }
+        // A node's passive peers listen on one port 179: on every address, or on their own. The kernel
+        // lets no socket have [::]:179 beside one on a single address (the second would never bind).
+        let passive: Vec<&BgpPeer> = peers.iter().filter(|p| p.passive).collect();
+        if let (Some(everywhere), Some(one)) = (
+            passive.iter().find(|p| p.source_address.is_none()),
+            passive.iter().find(|p| p.source_address.is_some()),
+        ) {
+            return Err(format!(
+                "loadBalancer.bgp.peers {:?} and {:?}: both passive, one listening on every address \
+                 (no sourceAddress) and one on {} (its sourceAddress): port 179 cannot be both; give \
+                 every passive peer a sourceAddress, or none",
+                everywhere.name,
+                one.name,
+                one.source_address
+                    .map(|a| a.to_string())
+                    .unwrap_or_default()
+            ));
+        }
         if !peers.is_empty() && self.load_balancer.mode != LoadBalancerMode::Agents {
             return Err(
                 "loadBalancer.bgp is the agents mode's (mode: agents): the node agents \

@@ -140,6 +140,14 @@ fn duplicate_address_solicitation(mac: Mac, ip: Ipv6Addr) -> [u8; SOLICITATION_F
     frame
 }
 
+/// Whether a read of the channel ended only because [`READ_TIMEOUT`] passed (no frame came).
+fn read_timed_out(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+    )
+}
+
 /// An interface's MAC address and a channel that sends and receives its Ethernet frames.
 struct Link {
     mac: Mac,
@@ -222,13 +230,7 @@ pub(crate) fn holders(
                     found.entry(claim.ip).or_insert(claim.mac);
                 }
             }
-            Err(err)
-                if matches!(
-                    err.kind(),
-                    io::ErrorKind::TimedOut
-                        | io::ErrorKind::WouldBlock
-                        | io::ErrorKind::Interrupted
-                ) => {}
+            Err(err) if read_timed_out(&err) => {}
             Err(err) => {
                 return Err(io::Error::new(
                     err.kind(),
@@ -281,16 +283,7 @@ impl ConflictWatch {
                         }
                         let frame = match receiver.next() {
                             Ok(frame) => frame,
-                            Err(err)
-                                if matches!(
-                                    err.kind(),
-                                    io::ErrorKind::TimedOut
-                                        | io::ErrorKind::WouldBlock
-                                        | io::ErrorKind::Interrupted
-                                ) =>
-                            {
-                                continue; // the read timed out
-                            }
+                            Err(err) if read_timed_out(&err) => continue,
                             // The interface went away, or the socket broke: the watch cannot go on,
                             // and says so (rather than spin on the error or end unseen).
                             Err(err) => {

@@ -67,16 +67,12 @@ pub(crate) async fn give_away(inner: &std::sync::Arc<Inner>) -> Given {
     addresses.go_quiet().await;
     let quiet = {
         let (interface, held) = (interface.clone(), held.clone());
-        tokio::task::spawn_blocking(move || QuietTables::install(&interface, &held)).await
+        super::blocking(move || QuietTables::install(&interface, &held)).await
     };
     let quiet = match quiet {
-        Ok(Ok(quiet)) => quiet,
-        Ok(Err(err)) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot stop answering for the VIPs; taking them off now rather than answer beside the next leader");
-            return stop_as_before(inner).await;
-        }
+        Ok(quiet) => quiet,
         Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: the task that stops answering for the VIPs failed; taking them off now");
+            tracing::warn!(%interface, error = %err, "leader hand-off: cannot stop answering for the VIPs; taking them off now rather than answer beside the next leader");
             return stop_as_before(inner).await;
         }
     };
@@ -98,13 +94,14 @@ async fn stop_as_before(inner: &std::sync::Arc<Inner>) -> Given {
 /// Takes every VIP off the interface (a blocking netlink exchange, off the runtime's threads).
 async fn vips_off(inner: &std::sync::Arc<Inner>) {
     let inner = inner.clone();
-    let removed = tokio::task::spawn_blocking(move || {
+    let removed = super::blocking(move || {
         if let Some(addresses) = &inner.addresses {
             addresses.remove_all_now();
         }
+        Ok::<(), std::convert::Infallible>(())
     })
     .await;
     if let Err(err) = removed {
-        tracing::warn!(error = %err, "leader hand-off: the task taking the VIPs off failed");
+        tracing::warn!(error = %err, "leader hand-off: taking the VIPs off: {err}");
     }
 }

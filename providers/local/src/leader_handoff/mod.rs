@@ -39,6 +39,19 @@ pub(crate) use giving::{ACCEPT_AFTER_CLAIM, SUCCESSOR_WAIT, give_away};
 pub(crate) use metrics::Metrics;
 pub(crate) use taking::take_over;
 
+/// Runs `work` (a netlink or `AF_PACKET` exchange, which blocks) off the runtime's threads; its
+/// error, or the task's failure, as words.
+async fn blocking<T, E>(work: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, String>
+where
+    T: Send + 'static,
+    E: std::fmt::Display + Send + 'static,
+{
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => result.map_err(|err| err.to_string()),
+        Err(err) => Err(format!("the task failed: {err}")),
+    }
+}
+
 /// How long the new leader forwards the old one's connections: the old one's longest hand-off after
 /// the claim ([`SUCCESSOR_WAIT`] bounds when the claim comes), with the drain time of this leader's
 /// configuration (the replicas share one).

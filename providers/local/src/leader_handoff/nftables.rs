@@ -1322,6 +1322,13 @@ impl Attrs<'_> {
         self.close(start, kind);
     }
 
+    /// A payload expression's place: its base, offset and length.
+    fn payload_at(&mut self, base: u32, offset: u32, len: u32) {
+        self.u32(NFTA_PAYLOAD_BASE, base);
+        self.u32(NFTA_PAYLOAD_OFFSET, offset);
+        self.u32(NFTA_PAYLOAD_LEN, len);
+    }
+
     fn u32(&mut self, kind: u16, value: u32) {
         self.bytes(kind, &value.to_be_bytes());
     }
@@ -1360,9 +1367,7 @@ impl Attrs<'_> {
                 dreg,
             } => {
                 self.u32(NFTA_PAYLOAD_DREG, *dreg);
-                self.u32(NFTA_PAYLOAD_BASE, *base);
-                self.u32(NFTA_PAYLOAD_OFFSET, *offset);
-                self.u32(NFTA_PAYLOAD_LEN, *len);
+                self.payload_at(*base, *offset, *len);
             }
             Expr::Write {
                 base,
@@ -1372,9 +1377,7 @@ impl Attrs<'_> {
                 csum_flags,
             } => {
                 self.u32(NFTA_PAYLOAD_SREG, *sreg);
-                self.u32(NFTA_PAYLOAD_BASE, *base);
-                self.u32(NFTA_PAYLOAD_OFFSET, *offset);
-                self.u32(NFTA_PAYLOAD_LEN, *len);
+                self.payload_at(*base, *offset, *len);
                 if *csum_flags != 0 {
                     self.u32(NFTA_PAYLOAD_CSUM_FLAGS, *csum_flags);
                 }

@@ -25,31 +25,20 @@ pub(crate) async fn take_over(
     lifetime: Duration,
     shutdown: CancellationToken,
 ) -> usize {
-    let cleared = tokio::task::spawn_blocking(tables::remove_leftovers).await;
-    match cleared {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot remove the tables an earlier run left")
-        }
-        Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: the task removing earlier tables failed")
-        }
+    if let Err(err) = super::blocking(tables::remove_leftovers).await {
+        tracing::warn!(%interface, error = %err, "leader hand-off: cannot remove the tables an earlier run left");
     }
     if vips.is_empty() {
         return 0;
     }
     let probed = {
         let interface = interface.to_owned();
-        tokio::task::spawn_blocking(move || conflict::holders(&interface, &vips, PROBE_WAIT)).await
+        super::blocking(move || conflict::holders(&interface, &vips, PROBE_WAIT)).await
     };
     let holders = match probed {
-        Ok(Ok(holders)) => holders,
-        Ok(Err(err)) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot ask who serves the VIPs now; connections open through the previous leader end with it");
-            return 0;
-        }
+        Ok(holders) => holders,
         Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: the probe task failed");
+            tracing::warn!(%interface, error = %err, "leader hand-off: cannot ask who serves the VIPs now; connections open through the previous leader end with it");
             return 0;
         }
     };
@@ -59,17 +48,12 @@ pub(crate) async fn take_over(
     }
     let installed = {
         let (interface, holders) = (interface.to_owned(), holders.clone());
-        tokio::task::spawn_blocking(move || ForwardTable::install(&interface, &holders, lifetime))
-            .await
+        super::blocking(move || ForwardTable::install(&interface, &holders, lifetime)).await
     };
     let table = match installed {
-        Ok(Ok(table)) => table,
-        Ok(Err(err)) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot forward the previous leader's open connections to it; they end with it");
-            return 0;
-        }
+        Ok(table) => table,
         Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: the task installing the forwarding failed");
+            tracing::warn!(%interface, error = %err, "leader hand-off: cannot forward the previous leader's open connections to it; they end with it");
             return 0;
         }
     };
