@@ -288,6 +288,12 @@ impl Speaker {
         for (_, session) in std::mem::take(&mut self.resumed) {
             session.stop().await;
         }
+        // No peer asks for BFD (any more, or the agent this one replaced had it): the node's UDP port
+        // 3784 goes back, so that another BFD daemon (FRR's bfdd, say) can take it.
+        if self.bfd.is_some() && self.sessions.values().all(|s| s.bfd.is_none()) {
+            tracing::info!("BFD: no peer asks for it: releasing the node's UDP port 3784");
+            self.bfd = None;
+        }
         let names: Vec<String> = self
             .sessions
             .iter()
@@ -601,6 +607,44 @@ mod tests {
                 "Warning BGPSessionFailed: peer tor-a: closed the connection",
             ]
         );
+    }
+
+    /// Whether UDP port 3784 is free on 0.0.0.0 (a socket without `SO_REUSEPORT` can bind it).
+    fn bfd_port_free() -> bool {
+        std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, local_bgp::bfd::BFD_PORT))
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_speaker_gives_the_bfd_port_back_when_no_peer_asks_for_bfd() {
+        if !bfd_port_free() {
+            eprintln!("skipped: UDP port 3784 is taken on this host");
+            return;
+        }
+        // The peers' router is this host, on a port nobody listens on: the sessions only try.
+        let peer = |bfd: &str| {
+            config(&format!(
+                "loadBalancer:\n  mode: agents\n  bgp:\n    bfdProfiles: [{{name: fast}}]\n    peers:\n      - {{name: a, peerAddress: 127.0.0.1, peerPort: 9, peerASN: 1, myASN: 2{bfd}}}\n"
+            ))
+        };
+        let labels = BTreeMap::new();
+        let (mut speaker, _peers) = Speaker::new(
+            Some("127.0.0.1".parse().unwrap()),
+            false,
+            BgpMetrics::default(),
+            Vec::new(),
+        );
+        speaker.select(&peer(", bfdProfile: fast"), &labels).await;
+        assert!(!bfd_port_free(), "a peer with BFD binds the port");
+        speaker.select(&peer(""), &labels).await;
+        // The receiving tasks end at their next poll.
+        for _ in 0..100 {
+            if bfd_port_free() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("the port is still bound with no peer asking for BFD");
     }
 
     #[test]
