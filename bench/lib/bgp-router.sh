@@ -33,6 +33,7 @@ router() {
 frr defaults datacenter
 hostname $ns
 log stdout informational
+log timestamp precision 3
 router bgp 64512
  bgp router-id $ip
  no bgp ebgp-requires-policy
