@@ -263,12 +263,12 @@ pub(crate) fn read_service(service: &Service, config: &Config) -> Result<Wanted,
     refuse_unread_metallb_annotations(service)?;
     let requested = requested_addresses(service, &spec, &families)?;
     let pool = pool_of(service, config)?;
-    let ports = ports_of(service)?;
+    let proxy_protocol = proxy_protocol_of(service)?;
+    let data_path = data_path_of(service, config, proxy_protocol)?;
+    let ports = ports_of(service, data_path)?;
     let health_check = health_check_of(service, config)?;
     let session_affinity = session_affinity_of(&spec);
     let source_ranges = source_ranges_of(service)?;
-    let proxy_protocol = proxy_protocol_of(service)?;
-    let data_path = data_path_of(service, config, proxy_protocol)?;
     let sharing = sharing_of(service, &spec, &ports)?;
     Ok(Wanted {
         families,
@@ -392,8 +392,10 @@ fn pool_of(service: &Service, config: &Config) -> Result<Option<String>, String>
     Ok(pool)
 }
 
-/// (port, protocol, node port) of every Service port, sorted; TCP and UDP only, each with a node port.
-fn ports_of(service: &Service) -> Result<Vec<(u16, Protocol, u16)>, String> {
+/// (port, protocol, node port) of every Service port, sorted; TCP and UDP only. The `proxy` data path
+/// forwards to the node ports, so each must have one; with `kube-proxy` none is needed
+/// (`allocateLoadBalancerNodePorts: false`, as MetalLB's users set it at scale) and a missing one is 0.
+fn ports_of(service: &Service, data_path: DataPath) -> Result<Vec<(u16, Protocol, u16)>, String> {
     let mut ports = Vec::new();
     for group in port_groups(service) {
         let port = u16::try_from(group.port)
@@ -408,15 +410,17 @@ fn ports_of(service: &Service) -> Result<Vec<(u16, Protocol, u16)>, String> {
                     ));
                 }
             };
-            let node_port = u16::try_from(*node_port)
-                .ok()
-                .filter(|p| *p != 0)
-                .ok_or_else(|| {
-                    format!(
-                        "spec.ports: port {port}/{protocol} has no node port (the local load balancer \
-                         forwards to node ports; is allocateLoadBalancerNodePorts false?)"
-                    )
-                })?;
+            let node_port = match u16::try_from(*node_port).ok().filter(|p| *p != 0) {
+                Some(node_port) => node_port,
+                None if data_path == DataPath::KubeProxy => 0,
+                None => {
+                    return Err(format!(
+                        "spec.ports: port {port}/{protocol} has no node port (the local data plane \
+                         forwards to node ports; is allocateLoadBalancerNodePorts false? With the \
+                         node agents, {ANNOTATION_DATA_PATH}: kube-proxy needs none)"
+                    ));
+                }
+            };
             ports.push((port, proto, node_port));
         }
     }

@@ -219,6 +219,29 @@ fn bad_input_is_named() {
     }
 }
 
+#[test]
+fn node_ports_are_needed_by_the_proxy_data_path_only() {
+    let config = Config::parse("loadBalancer:\n  mode: agents\n", None).unwrap();
+    let without_node_ports = |data_path: &str| {
+        svc(json!({
+            "metadata": {"annotations": {ANNOTATION_DATA_PATH: data_path}},
+            "spec": {"allocateLoadBalancerNodePorts": false, "ports": [
+                {"port": 80, "protocol": "TCP"}, {"port": 8080, "protocol": "TCP", "nodePort": 30080}]}
+        }))
+    };
+    let wanted = read_service(&without_node_ports("kube-proxy"), &config).unwrap();
+    assert_eq!(
+        wanted.ports,
+        [(80, Protocol::Tcp, 0), (8080, Protocol::Tcp, 30080)],
+        "kube-proxy carries the VIP's traffic: no node port needed, a missing one is 0"
+    );
+    let err = read_service(&without_node_ports("proxy"), &config).unwrap_err();
+    assert!(
+        err.contains("port 80/TCP has no node port") && err.contains("kube-proxy needs none"),
+        "{err}"
+    );
+}
+
 fn dual(policy: &str, families: &[&str]) -> Service {
     svc(json!({"spec": {"ipFamilyPolicy": policy, "ipFamilies": families}}))
 }
