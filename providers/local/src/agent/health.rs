@@ -1,5 +1,7 @@
-//! What the agent's `/healthz` and `/readyz` say: alive while its loop keeps looking (a look that never
-//! ends, such as a data-plane change stuck, makes it unhealthy, and the kubelet restarts it); ready
+//! What the agent's `/healthz` and `/readyz` say: alive while its loop keeps looking or a look keeps
+//! making progress (a look that never ends, such as a data-plane change stuck, makes it unhealthy, and
+//! the kubelet restarts it; a long one that serves Service after Service, as the first look at
+//! thousands of them, does not); ready
 //! while it may announce (not fenced: cut off from its peers, or from the API server without
 //! membership).
 
@@ -17,6 +19,8 @@ pub(crate) const STUCK_AFTER: Duration = Duration::from_secs(30);
 #[derive(Debug, Default)]
 struct State {
     last_look: Option<Instant>,
+    /// The last step of a look still going (a Service served, a VIP withdrawn).
+    last_progress: Option<Instant>,
     fenced: Option<String>,
     /// A part of the agent that died (a watch whose task panicked or ended): unhealthy for good.
     dead: Option<String>,
@@ -36,6 +40,11 @@ impl AgentHealth {
         state.fenced = fenced;
     }
 
+    /// A look still going made a step at `at` (served a Service, withdrew a VIP): it is not stuck.
+    pub(crate) fn progressed(&self, at: Instant) {
+        lock(&self.state).last_progress = Some(at);
+    }
+
     /// `what` (a part of the agent) panicked or ended (`why`): `/healthz` fails from now on.
     pub(crate) fn part_died(&self, what: &str, why: &str) {
         lock(&self.state)
@@ -43,8 +52,9 @@ impl AgentHealth {
             .get_or_insert_with(|| format!("{what} {why}; the agent must restart"));
     }
 
-    /// `/healthz`: `Err` (why) when a look started but none finished for 30 s (three times the longest
-    /// wait between two looks), and for good once a part of the agent died.
+    /// `/healthz`: `Err` (why) when a look started but none finished, and the one going made no step,
+    /// for 30 s (three times the longest wait between two looks), and for good once a part of the
+    /// agent died.
     pub fn live(&self) -> Result<(), String> {
         self.live_at(Instant::now())
     }
@@ -54,14 +64,23 @@ impl AgentHealth {
         if let Some(dead) = &state.dead {
             return Err(dead.clone());
         }
-        match state.last_look {
-            Some(at) if now.saturating_duration_since(at) > STUCK_AFTER => Err(format!(
-                "the agent's last look finished {:.0}s ago (stuck: a look ends within {}s)",
-                now.saturating_duration_since(at).as_secs_f64(),
+        let Some(looked) = state.last_look else {
+            return Ok(());
+        };
+        let moved = state
+            .last_progress
+            .map_or(looked, |progress| progress.max(looked));
+        let idle = now.saturating_duration_since(moved);
+        if idle > STUCK_AFTER {
+            return Err(format!(
+                "the agent's last look finished {:.0}s ago and the one going has made no step for {:.0}s \
+                 (stuck: a look ends, or makes a step, within {}s)",
+                now.saturating_duration_since(looked).as_secs_f64(),
+                idle.as_secs_f64(),
                 STUCK_AFTER.as_secs()
-            )),
-            _ => Ok(()),
+            ));
         }
+        Ok(())
     }
 
     /// `/readyz`: `Err` (why) before the first look, and while this node may not announce.
@@ -106,5 +125,26 @@ mod tests {
         assert!(stuck.unwrap_err().contains("stuck"));
         health.looked(start, Some("cut off".into()));
         assert_eq!(health.ready().unwrap_err(), "fenced: cut off");
+    }
+
+    #[test]
+    fn a_long_look_that_makes_steps_is_not_stuck() {
+        let health = AgentHealth::default();
+        let start = Instant::now();
+        health.looked(start, None);
+        // A look at thousands of new Services: a step every few seconds, for minutes.
+        let mut at = start;
+        for _ in 0..60 {
+            at += Duration::from_secs(5);
+            health.progressed(at);
+            assert!(health.live_at(at + STUCK_AFTER).is_ok());
+        }
+        let stuck = health
+            .live_at(at + STUCK_AFTER + Duration::from_secs(1))
+            .unwrap_err();
+        assert!(
+            stuck.contains("last look finished 331s ago") && stuck.contains("no step for 31s"),
+            "{stuck}"
+        );
     }
 }

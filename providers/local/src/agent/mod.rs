@@ -96,6 +96,13 @@ const MEMBERSHIP_GRACE: Duration = Duration::from_secs(2);
 /// when it expires).
 const IDLE_LOOK: Duration = Duration::from_secs(10);
 
+/// The longest pause before a look that a change asks for. A look at thousands of Services takes a
+/// while, and during a burst of changes (thousands of Services created) looks back to back would keep
+/// a core busy on every node: after a look that took `t`, a change waits `t` more (at most this), so
+/// that the burst's changes gather into the next look and the agent takes at most about half a core.
+/// With a few Services a look takes a millisecond, and so does the pause.
+const PACE_AT_MOST: Duration = Duration::from_millis(500);
+
 /// The `local-agent` command line.
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
@@ -581,6 +588,7 @@ pub async fn run(
         bgp,
         speaker,
         metrics,
+        health: health.clone(),
         liveness: Liveness::default(),
         membership,
         judge: Judge::default(),
@@ -613,6 +621,7 @@ pub async fn run(
         let next = agent
             .step(&services, &nodes, &slices, &leases, self_fresh, now)
             .await;
+        let took = now.elapsed();
         // The sockets handed over that the first look's listeners did not take: Services this node
         // no longer serves.
         let unused = cloud.inner.data_plane.close_inherited();
@@ -632,7 +641,12 @@ pub async fn run(
             .min(IDLE_LOOK);
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = changed.notified() => {}
+            () = changed.notified() => {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(took.min(PACE_AT_MOST)) => {}
+                }
+            }
             () = tokio::time::sleep(wait) => {}
         }
     }
@@ -883,6 +897,8 @@ struct Agent {
     /// The BGP sessions, and the VIPs the BGP announcer holds.
     speaker: Option<(Speaker, watch::Receiver<BTreeSet<IpAddr>>)>,
     metrics: AgentMetrics,
+    /// What `/healthz` says: each step of a long look (a Service served, a VIP withdrawn) counts.
+    health: AgentHealth,
     liveness: Liveness,
     /// The membership protocol, when on.
     membership: Option<Membership>,
@@ -1228,6 +1244,7 @@ impl Agent {
             tracing::info!(%ip, "VIP left by an earlier run, not this node's: withdrawn");
             self.withdraw(ip).await;
             self.adopted.remove(&ip);
+            self.health.progressed(Instant::now());
         }
         for ip in self
             .announced
@@ -1251,6 +1268,7 @@ impl Agent {
             self.announced.remove(&ip);
             self.leaving.remove(&ip);
             self.metrics.given_up.inc();
+            self.health.progressed(Instant::now());
         }
         let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
         // Load balancers this node no longer serves drain in the background, once none of their VIPs is
@@ -1280,7 +1298,9 @@ impl Agent {
             let Some(served) = by_key.get(key.as_str()) else {
                 continue;
             };
-            match self.serve(served, vips, config, backends).await {
+            let outcome = self.serve(served, vips, config, backends).await;
+            self.health.progressed(Instant::now());
+            match outcome {
                 Ok(()) => {
                     self.failing.remove(key);
                 }
