@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -50,8 +51,8 @@ func main() {
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, name) })
 	mux.HandleFunc("/hostname", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, name) })
 	mux.HandleFunc("/clientip", func(w http.ResponseWriter, r *http.Request) {
-		if peer, ok := r.Context().Value(proxyPeerKey{}).(string); ok {
-			fmt.Fprintf(w, "%s (proxy protocol from %s)\n", r.RemoteAddr, peer)
+		if c, ok := r.Context().Value(proxyConnKey{}).(*proxyConn); ok && c.header() != nil {
+			fmt.Fprintf(w, "%s (proxy protocol from %s)\n", r.RemoteAddr, c.Conn.RemoteAddr())
 			return
 		}
 		fmt.Fprintln(w, r.RemoteAddr)
@@ -67,7 +68,7 @@ func main() {
 	}
 	log.Printf("echo: %s serving HTTP on :%s and UDP on :%s", name, httpPort, udpPort)
 
-	server := &http.Server{Handler: mux, ConnContext: withProxySource}
+	server := &http.Server{Handler: mux, ConnContext: withProxyConn}
 	go func() { log.Fatal(server.Serve(proxyListener{httpListener})) }()
 	go serveUDP(udp, name)
 
@@ -105,16 +106,21 @@ func envOr(key, fallback string) string {
 }
 
 // proxyListener accepts connections that may start with a PROXY protocol v2 header: such a connection's
-// RemoteAddr is the source address the header carries, and the real peer is kept for /clientip.
+// RemoteAddr is the source address the header carries, and the real peer is kept for /clientip. The
+// header is looked for in the connection's own goroutine (its first RemoteAddr or Read), never in
+// Accept: the server accepts one connection at a time, and a client that connects and sends nothing
+// (its node died with the request in flight) would hold every other connection back for the 5 s the
+// look may wait, until the listen queue overflows.
 type proxyListener struct{ net.Listener }
 
 type proxyConn struct {
 	net.Conn
 	reader *bufio.Reader
+	looked sync.Once
 	source net.Addr // from the header, or nil
 }
 
-type proxyPeerKey struct{}
+type proxyConnKey struct{}
 
 var proxySignature = []byte("\r\n\r\n\x00\r\nQUIT\n")
 
@@ -123,33 +129,43 @@ func (l proxyListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &proxyConn{Conn: conn, reader: bufio.NewReader(conn)}
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if head, err := c.reader.Peek(len(proxySignature)); err == nil && bytes.Equal(head, proxySignature) {
-		source, err := readProxyHeader(c.reader)
-		if err != nil {
-			log.Printf("echo: bad PROXY header from %s: %v", conn.RemoteAddr(), err)
-			conn.Close()
-			return c, nil // the server sees a closed connection and moves on
-		}
-		c.source = source
-	}
-	_ = conn.SetReadDeadline(time.Time{})
-	return c, nil
+	return &proxyConn{Conn: conn, reader: bufio.NewReader(conn)}, nil
 }
 
-func (c *proxyConn) Read(p []byte) (int, error) { return c.reader.Read(p) }
+// header reads the PROXY header if the connection starts with one (once), and returns its source
+// address (nil without one).
+func (c *proxyConn) header() net.Addr {
+	c.looked.Do(func() {
+		_ = c.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if head, err := c.reader.Peek(len(proxySignature)); err == nil && bytes.Equal(head, proxySignature) {
+			source, err := readProxyHeader(c.reader)
+			if err != nil {
+				log.Printf("echo: bad PROXY header from %s: %v", c.Conn.RemoteAddr(), err)
+				c.Conn.Close() // the server sees a closed connection and moves on
+				return
+			}
+			c.source = source
+		}
+		_ = c.Conn.SetReadDeadline(time.Time{})
+	})
+	return c.source
+}
+
+func (c *proxyConn) Read(p []byte) (int, error) {
+	c.header()
+	return c.reader.Read(p)
+}
 
 func (c *proxyConn) RemoteAddr() net.Addr {
-	if c.source != nil {
-		return c.source
+	if source := c.header(); source != nil {
+		return source
 	}
 	return c.Conn.RemoteAddr()
 }
 
-func withProxySource(ctx context.Context, conn net.Conn) context.Context {
-	if c, ok := conn.(*proxyConn); ok && c.source != nil {
-		return context.WithValue(ctx, proxyPeerKey{}, c.Conn.RemoteAddr().String())
+func withProxyConn(ctx context.Context, conn net.Conn) context.Context {
+	if c, ok := conn.(*proxyConn); ok {
+		return context.WithValue(ctx, proxyConnKey{}, c)
 	}
 	return ctx
 }
@@ -186,4 +202,3 @@ func readProxyHeader(r *bufio.Reader) (net.Addr, error) {
 		return nil, fmt.Errorf("family/protocol 0x%02x not supported", fixed[13])
 	}
 }
-
