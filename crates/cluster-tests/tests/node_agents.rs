@@ -397,6 +397,8 @@ async fn each_vip_is_announced_from_one_node_and_a_dead_node_moves_only_its_own(
     .await;
 }
 
+/// Without node ports too (`allocateLoadBalancerNodePorts: false`, as MetalLB's users set it): with
+/// kube-proxy carrying the traffic, nothing needs them.
 #[tokio::test]
 async fn with_kube_proxy_as_the_data_path_the_pod_sees_the_client() {
     let c = cluster();
@@ -410,12 +412,25 @@ async fn with_kube_proxy_as_the_data_path_the_pod_sees_the_client() {
             load_balancer(
                 "direct",
                 "echo",
-                "externalTrafficPolicy: Local",
+                "externalTrafficPolicy: Local\n  allocateLoadBalancerNodePorts: false",
                 "local.ccm.rs/data-path: kube-proxy",
             ),
         ],
     )
     .await;
+    let node_ports = c.kubectl(
+        &[
+            "-n",
+            ns.name(),
+            "get",
+            "service",
+            "direct",
+            "-o",
+            "jsonpath={.spec.ports[*].nodePort}",
+        ],
+        None,
+    );
+    assert_eq!(node_ports.trim(), "", "the Service has no node ports");
     let (vip, mode) = ingress(ns.name(), "direct").await;
     assert_eq!(mode, "VIP", "kube-proxy carries it");
     let seen = eventually("the VIP answers the client", LONG, || async move {
