@@ -154,6 +154,63 @@ impl Liveness {
     }
 }
 
+/// What the agent's looks judge by in one Lease, beside its liveness: who holds it, for how long, and
+/// what its annotations say (the class served, the membership address, how many it hears).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Judged {
+    holder: Option<String>,
+    duration: Option<i32>,
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// The Leases as the agent's Lease watch sees them: each change is observed as it arrives (liveness is
+/// judged by when a change was seen), and only a change to what the looks judge by asks for a look.
+/// A live agent renewing its Lease (several times a second in all) asks for none: a look goes over
+/// every Service, and at thousands of them looks at that rate kept a tenth of a core busy on every
+/// node for nothing. The looks wake by themselves when a Lease runs out ([`Liveness::next_expiry`]).
+#[derive(Debug, Default)]
+pub(crate) struct LeaseView {
+    liveness: Liveness,
+    judged: BTreeMap<String, Judged>,
+}
+
+impl LeaseView {
+    /// Takes in the Leases as they are after a change (as [`Liveness::observe`]); returns whether the
+    /// looks must see it: an agent became alive or is gone, or a Lease's holder, duration or
+    /// annotations changed.
+    pub(crate) fn observe(&mut self, leases: &[Arc<Lease>], now: Instant, wall: Timestamp) -> bool {
+        let alive_before = self.liveness.alive(now);
+        self.liveness.observe(leases, now, wall);
+        let judged: BTreeMap<String, Judged> = leases
+            .iter()
+            .map(|lease| {
+                let spec = lease.spec.as_ref();
+                (
+                    lease.metadata.name.clone().unwrap_or_default(),
+                    Judged {
+                        holder: spec.and_then(|s| s.holder_identity.clone()),
+                        duration: spec.and_then(|s| s.lease_duration_seconds),
+                        annotations: lease.metadata.annotations.clone(),
+                    },
+                )
+            })
+            .collect();
+        let changed = judged != self.judged || self.liveness.alive(now) != alive_before;
+        self.judged = judged;
+        changed
+    }
+
+    /// The nodes whose agent is alive as of `now` (see [`Liveness::alive`]).
+    pub(crate) fn alive(&self, now: Instant) -> BTreeSet<String> {
+        self.liveness.alive(now)
+    }
+
+    /// The next instant some Lease runs out (see [`Liveness::next_expiry`]).
+    pub(crate) fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.liveness.next_expiry(now)
+    }
+}
+
 /// This agent's own Lease.
 pub(crate) struct Heartbeat {
     api: Api<Lease>,
@@ -325,5 +382,98 @@ mod tests {
         assert_eq!(liveness.alive(now), names(&["fresh"]));
         liveness.observe(&[], now, wall);
         assert!(liveness.alive(now).is_empty());
+    }
+
+    fn annotated(node: &str, renewed: Timestamp, key: &str, value: &str) -> Arc<Lease> {
+        let mut lease = (*lease(node, Some(renewed), 3)).clone();
+        lease.metadata.annotations = Some([(key.to_owned(), value.to_owned())].into());
+        Arc::new(lease)
+    }
+
+    #[test]
+    fn only_what_the_looks_judge_by_asks_for_a_look() {
+        let start = Instant::now();
+        let wall = Timestamp::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let renewed = |ms: i64| wall + k8s_openapi::jiff::SignedDuration::from_millis(ms);
+        let mut view = LeaseView::default();
+        // (what the Leases are, when, whether a look is asked for, who is alive then)
+        type Step = (Vec<Arc<Lease>>, u64, bool, &'static [&'static str]);
+        let steps: Vec<Step> = vec![
+            // First seen: a new agent.
+            (vec![lease("a", Some(renewed(0)), 3)], 0, true, &["a"]),
+            // Renewed while alive: nothing the looks judge by changed, but it lives on.
+            (
+                vec![lease("a", Some(renewed(1000)), 3)],
+                1000,
+                false,
+                &["a"],
+            ),
+            (
+                vec![lease("a", Some(renewed(2000)), 3)],
+                2000,
+                false,
+                &["a"],
+            ),
+            // A second agent.
+            (
+                vec![
+                    lease("a", Some(renewed(2000)), 3),
+                    lease("b", Some(renewed(2500)), 3),
+                ],
+                2500,
+                true,
+                &["a", "b"],
+            ),
+            // b renews, a ran out at 5 s: this change is observed at 5.4 s, after a's expiry, and
+            // the looks woke for that expiry by themselves; a renewal of b alone asks for no look.
+            (
+                vec![
+                    lease("a", Some(renewed(2000)), 3),
+                    lease("b", Some(renewed(5400)), 3),
+                ],
+                5400,
+                false,
+                &["b"],
+            ),
+            // a comes back: alive again.
+            (
+                vec![
+                    lease("a", Some(renewed(6000)), 3),
+                    lease("b", Some(renewed(5400)), 3),
+                ],
+                6000,
+                true,
+                &["a", "b"],
+            ),
+            // An annotation changed (how many b's membership hears).
+            (
+                vec![
+                    lease("a", Some(renewed(6000)), 3),
+                    annotated("b", renewed(6500), MEMBERS_HEARD_ANNOTATION, "1"),
+                ],
+                6500,
+                true,
+                &["a", "b"],
+            ),
+            // Its duration changed.
+            (
+                vec![
+                    lease("a", Some(renewed(7000)), 5),
+                    annotated("b", renewed(6500), MEMBERS_HEARD_ANNOTATION, "1"),
+                ],
+                7000,
+                true,
+                &["a", "b"],
+            ),
+            // b deleted (a graceful stop).
+            (vec![lease("a", Some(renewed(7500)), 5)], 7500, true, &["a"]),
+        ];
+        for (i, (leases, ms, asks, alive)) in steps.into_iter().enumerate() {
+            let wall_then = renewed(i64::try_from(ms).unwrap());
+            assert_eq!(view.observe(&leases, at(ms), wall_then), asks, "step {i}");
+            assert_eq!(view.alive(at(ms)), names(alive), "step {i}");
+        }
+        assert_eq!(view.next_expiry(at(7500)), Some(at(12500)));
     }
 }

@@ -27,6 +27,7 @@ mod membership;
 mod metrics;
 pub(crate) mod plan;
 pub(crate) mod presence;
+mod wake;
 
 pub use bgp::{BgpMetrics, EVENT_SESSION_ESTABLISHED, EVENT_SESSION_FAILED};
 pub use health::AgentHealth;
@@ -71,7 +72,7 @@ use crate::{
 
 use self::{
     bgp::{BgpAnnouncer, Speaker},
-    heartbeat::{Heartbeat, LEASE_LABEL, Liveness},
+    heartbeat::{Heartbeat, LEASE_LABEL, LeaseView},
     judge::{Judge, Signals},
     membership::{Membership, MembershipSettings},
     plan::{Served, node_unfit, nodes_with_ready_endpoints},
@@ -403,31 +404,52 @@ pub async fn run(
     )
     .await?;
 
+    // Each watch asks for a look only for what concerns this agent's Services (module `wake`).
+    let class = settings.load_balancer_class.clone();
+    let mut service_changes = wake::ServiceChanges::new(class.as_deref());
     let services = mirror::<Service>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &changed,
         &health,
+        move |touched, _| service_changes.concerns(touched),
     );
     let nodes = mirror::<Node>(
         Api::all(client.clone()),
         watcher::Config::default(),
         &changed,
         &health,
+        |_, _| true,
     );
-    let slices = mirror::<EndpointSlice>(
-        Api::all(client.clone()),
-        watcher::Config::default(),
-        &changed,
-        &health,
-    );
+    let slices = {
+        let services = services.clone();
+        mirror::<EndpointSlice>(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            &changed,
+            &health,
+            move |touched, _| wake::slice_concerns(touched, &services, class.as_deref()),
+        )
+    };
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), &settings.namespace);
-    let leases = mirror::<Lease>(
-        lease_api.clone(),
-        watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
-        &changed,
-        &health,
-    );
+    // Each Lease change is observed as it arrives: liveness is judged by when a change was seen.
+    let lease_view = Arc::new(Mutex::new(LeaseView::default()));
+    let leases = {
+        let lease_view = lease_view.clone();
+        mirror::<Lease>(
+            lease_api.clone(),
+            watcher::Config::default().labels(&format!("{}={}", LEASE_LABEL.0, LEASE_LABEL.1)),
+            &changed,
+            &health,
+            move |_, store| {
+                lock(&lease_view).observe(
+                    &store.state(),
+                    Instant::now(),
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+            },
+        )
+    };
     let membership_settings = match &settings.membership {
         None => {
             tracing::warn!(
@@ -581,6 +603,12 @@ pub async fn run(
         () = mirrors_ready() => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),
     }
 
+    let mirrors = Mirrors {
+        services,
+        nodes,
+        slices,
+        leases,
+    };
     let mut agent = Agent {
         cloud: cloud.clone(),
         settings: settings.clone(),
@@ -589,7 +617,6 @@ pub async fn run(
         speaker,
         metrics,
         health: health.clone(),
-        liveness: Liveness::default(),
         membership,
         judge: Judge::default(),
         joined_at: None,
@@ -618,9 +645,8 @@ pub async fn run(
         }
         let now = Instant::now();
         let self_fresh = now.saturating_duration_since(*lock(&renewed)) < settings.heartbeat;
-        let next = agent
-            .step(&services, &nodes, &slices, &leases, self_fresh, now)
-            .await;
+        let alive = lock(&lease_view).alive(now);
+        let next = agent.step(&mirrors, &alive, self_fresh, now).await;
         let took = now.elapsed();
         // The sockets handed over that the first look's listeners did not take: Services this node
         // no longer serves.
@@ -634,20 +660,13 @@ pub async fn run(
         if let Some(point) = &mut point {
             point.look();
         }
-        health.looked(Instant::now(), agent.fenced.clone());
-        let wait = next
-            .map(|at| at.saturating_duration_since(Instant::now()))
-            .unwrap_or(IDLE_LOOK)
-            .min(IDLE_LOOK);
-        tokio::select! {
-            () = shutdown.cancelled() => break,
-            () = changed.notified() => {
-                tokio::select! {
-                    () = shutdown.cancelled() => break,
-                    () = tokio::time::sleep(took.min(PACE_AT_MOST)) => {}
-                }
-            }
-            () = tokio::time::sleep(wait) => {}
+        let looked = Instant::now();
+        health.looked(looked, agent.fenced.clone());
+        let due = next.map_or(looked + IDLE_LOOK, |at| at.min(looked + IDLE_LOOK));
+        let pace = took.min(PACE_AT_MOST);
+        match wake::next_look(&changed, &shutdown, &lease_view, &alive, due, pace).await {
+            wake::Woken::Look => {}
+            wake::Woken::Stop => break,
         }
     }
 
@@ -832,14 +851,16 @@ async fn beat(
     }
 }
 
-/// A store kept by a watch of `api`, whose every change wakes `changed`. Its watch retries for ever;
-/// if its task panics or ends anyway, the store would go stale unseen: that fails `health` for good
-/// (the kubelet restarts the agent), as a store's writer cannot be had again to restart it in place.
+/// A store kept by a watch of `api`; a change wakes `changed` when `concerns` says so (given the change
+/// and the store as it is after it). Its watch retries for ever; if its task panics or ends anyway, the
+/// store would go stale unseen: that fails `health` for good (the kubelet restarts the agent), as a
+/// store's writer cannot be had again to restart it in place.
 fn mirror<K>(
     api: Api<K>,
     config: watcher::Config,
     changed: &Arc<Notify>,
     health: &AgentHealth,
+    concerns: impl FnMut(wake::Touched<'_, K>, &Store<K>) -> bool + Send + 'static,
 ) -> Store<K>
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
@@ -852,11 +873,11 @@ where
         // Retried within 5 s, not kube-runtime's default 30 s: after a long API-server outage the
         // agents see the changes made since within seconds of its end.
         watcher(api, config).backoff(cloud_provider::watch_retry_backoff()),
-    )
-    .touched_objects();
+    );
     let health = health.clone();
+    let reader = store.clone();
     tokio::spawn(async move {
-        let why = match AssertUnwindSafe(drive(stream, changed))
+        let why = match AssertUnwindSafe(drive(stream, reader, concerns, changed))
             .catch_unwind()
             .await
         {
@@ -873,17 +894,42 @@ where
     store
 }
 
-async fn drive<K, S>(stream: S, changed: Arc<Notify>)
-where
-    S: Stream<Item = Result<K, watcher::Error>>,
+/// Runs a reflector's `stream`, waking `changed` for each change that `concerns` the agent.
+async fn drive<K, S>(
+    stream: S,
+    store: Store<K>,
+    mut concerns: impl FnMut(wake::Touched<'_, K>, &Store<K>) -> bool,
+    changed: Arc<Notify>,
+) where
+    K: Resource<DynamicType = ()> + Clone,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
 {
     let mut stream = std::pin::pin!(stream);
     while let Some(item) = stream.next().await {
-        match item {
-            Ok(_) => changed.notify_one(),
-            Err(err) => tracing::warn!(error = %err, "watch failed; retrying"),
+        let asks = match &item {
+            Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object)) => {
+                concerns(wake::Touched::Applied(object), &store)
+            }
+            Ok(watcher::Event::Delete(object)) => concerns(wake::Touched::Deleted(object), &store),
+            Ok(watcher::Event::InitDone) => concerns(wake::Touched::Relisted, &store),
+            Ok(watcher::Event::Init) => false,
+            Err(err) => {
+                tracing::warn!(error = %err, "watch failed; retrying");
+                false
+            }
+        };
+        if asks {
+            changed.notify_one();
         }
     }
+}
+
+/// What the agent's watches keep.
+struct Mirrors {
+    services: Store<Service>,
+    nodes: Store<Node>,
+    slices: Store<EndpointSlice>,
+    leases: Store<Lease>,
 }
 
 /// The agent's state between two looks.
@@ -899,7 +945,6 @@ struct Agent {
     metrics: AgentMetrics,
     /// What `/healthz` says: each step of a long look (a Service served, a VIP withdrawn) counts.
     health: AgentHealth,
-    liveness: Liveness,
     /// The membership protocol, when on.
     membership: Option<Membership>,
     /// Who is alive, and whether this node may announce.
@@ -973,22 +1018,21 @@ impl Agent {
     }
 
     /// One look: elect, then converge the interface and the data plane. Returns when to look again
-    /// without a change (a heartbeat that expires, a retry that is due).
+    /// without a change (a retry that is due, the membership's timers; a heartbeat that expires is
+    /// waited for by [`wake::next_look`]).
     async fn step(
         &mut self,
-        services: &Store<Service>,
-        nodes: &Store<Node>,
-        slices: &Store<EndpointSlice>,
-        leases: &Store<Lease>,
+        mirrors: &Mirrors,
+        lease_alive: &BTreeSet<String>,
         self_fresh: bool,
         now: Instant,
     ) -> Option<Instant> {
         let config = self.cloud.config();
-        let leases = leases.state();
-        self.liveness
-            .observe(&leases, now, k8s_openapi::jiff::Timestamp::now());
-        let nodes = nodes.state();
-        let (signals, membership_wake) = self.signals(&leases, &nodes, self_fresh, now);
+        let leases = mirrors.leases.state();
+        let nodes = mirrors.nodes.state();
+        let (services, slices) = (&mirrors.services, &mirrors.slices);
+        let (signals, membership_wake) =
+            self.signals(&leases, lease_alive, &nodes, self_fresh, now);
         let judgement = self.judge.judge(&signals);
         if judgement.fenced_because != self.fenced {
             match &judgement.fenced_because {
@@ -1095,10 +1139,7 @@ impl Agent {
         self.metrics.set_announced(self.announced.keys());
         let retry = self.retry_at.values().min().copied();
         let left = self.leaving.values().min().copied();
-        [self.liveness.next_expiry(now), retry, membership_wake, left]
-            .into_iter()
-            .flatten()
-            .min()
+        [retry, membership_wake, left].into_iter().flatten().min()
     }
 
     /// What the Leases and the membership protocol say, for the [`Judge`]; asks the peers that speak
@@ -1107,12 +1148,13 @@ impl Agent {
     fn signals(
         &mut self,
         leases: &[Arc<Lease>],
+        lease_alive: &BTreeSet<String>,
         nodes: &[Arc<Node>],
         self_fresh: bool,
         now: Instant,
     ) -> (Signals, Option<Instant>) {
         let me = self.settings.node_name.clone();
-        let mut lease_alive = self.liveness.alive(now);
+        let mut lease_alive = lease_alive.clone();
         lease_alive.remove(&me);
         let mut advertised = heartbeat::advertised(leases);
         advertised.remove(&me);
