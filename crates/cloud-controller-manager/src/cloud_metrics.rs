@@ -238,6 +238,9 @@ impl LoadBalancer for MeteredCloud {
             .map(|lb| lb.service_label_keys())
             .unwrap_or_default()
     }
+    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.load_balancer()?.settings_changes()
+    }
     async fn ensure_load_balancer(
         &self,
         cluster: &str,

@@ -64,6 +64,18 @@ pub trait LoadBalancer: Send + Sync {
         Vec::new()
     }
 
+    /// When the provider's own settings change in a way that can change what
+    /// [`LoadBalancer::ensure_load_balancer`] does for Services that did not change (say, an address
+    /// pool edited in a reloaded cloud-config), no Service or Node event shows it. A provider whose
+    /// settings can change while it runs returns a receiver here and bumps its value on each such
+    /// change. The service controller then previews every synced load balancer
+    /// ([`LoadBalancer::preview_load_balancer`]) at once and ensures again those it would change (every
+    /// one, when the provider cannot preview), without waiting for the drift check's next round. The
+    /// default, `None`, is upstream's: settings never change behind the Services' back.
+    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
     /// Whether this cloud's load balancers can send traffic to nodes this manager does not own
     /// (another cloud's, or bare-metal ones: see `--node-selector`). By default they cannot, and their
     /// backends are the owned nodes only; a provider whose data path reaches any node's address (as

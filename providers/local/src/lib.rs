@@ -249,6 +249,8 @@ struct Inner {
     told_unserved: Mutex<BTreeSet<String>>,
     /// The leader hand-offs given and received ([`leader_handoff`]).
     handoffs: leader_handoff::Metrics,
+    /// Bumped each time the pools in force change (`LoadBalancer::settings_changes`).
+    pools_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl LocalCloud {
@@ -287,6 +289,7 @@ impl LocalCloud {
                 reporter: Mutex::new(None),
                 told_unserved: Mutex::new(BTreeSet::new()),
                 handoffs: leader_handoff::Metrics::default(),
+                pools_changed: tokio::sync::watch::Sender::new(0),
                 addresses: lb.vip_interface.clone().map(addresses::AddressManager::new),
                 load_balancer_in_force: lb.clone(),
                 load_balancer_in_file: Mutex::new(lb.clone()),
@@ -419,7 +422,19 @@ impl LocalCloud {
             }
             None => file,
         };
-        *self.inner.config.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        let mut in_force = self.inner.config.write().unwrap_or_else(|p| p.into_inner());
+        let pools_changed = in_force.address_pools != config.address_pools;
+        *in_force = Arc::new(config);
+        drop(in_force);
+        if pools_changed {
+            self.inner.pools_changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// A receiver whose value changes each time the pools in force change (a reloaded cloud-config,
+    /// MetalLB's pools): `LoadBalancer::settings_changes`.
+    pub(crate) fn pools_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.pools_changed.subscribe()
     }
 
     /// The interface VIPs outside 127.0.0.0/8 go on, if any (`--local-vip-interface` or
@@ -797,6 +812,27 @@ mod flag_tests {
         LocalFlags::augment_args(clap::Command::new("ccm"))
             .try_get_matches_from(std::iter::once("ccm").chain(args.iter().copied()))
             .unwrap()
+    }
+
+    #[test]
+    fn only_a_reload_that_changes_the_pools_tells_the_service_controller() {
+        let pools = |range: &str| {
+            Config::parse(
+                &format!("addressPools: [{{name: x, addresses: [{range}]}}]\n"),
+                None,
+            )
+            .unwrap()
+        };
+        let cloud = LocalCloud::new(pools("127.1.0.0/24"), None);
+        let changes = cloud.pools_changes();
+        // The same pools, and an edit elsewhere (the inventory): nothing to tell.
+        cloud.set_config(pools("127.1.0.0/24"));
+        let mut with_machine = pools("127.1.0.0/24");
+        with_machine.machines = Config::parse("machines: {a: {}}\n", None).unwrap().machines;
+        cloud.set_config(with_machine);
+        assert!(!changes.has_changed().unwrap());
+        cloud.set_config(pools("127.2.0.0/24"));
+        assert!(changes.has_changed().unwrap());
     }
 
     #[test]

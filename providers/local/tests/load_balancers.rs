@@ -1186,3 +1186,92 @@ async fn a_retained_address_outlives_its_service_is_adopted_and_released() {
     );
     s.finish().await;
 }
+
+/// A pool renumbered while the manager runs (a reloaded cloud-config): the Service whose address left
+/// every pool gets one of the new range at once and is served there, with the drift check off: the
+/// provider's settings change is what syncs it (`LoadBalancer::settings_changes`). A Service of
+/// another pool, untouched by the edit, keeps its address and gets no second ensure.
+#[tokio::test]
+async fn a_renumbered_pool_moves_its_services_at_once() {
+    let _serial = SERIAL.lock().await;
+    let id = 18;
+    let np: Vec<u16> = (0..2).map(|n| Scenario::node_port(id, n)).collect();
+    let s = Scenario::start_with(id, 1, &np, &[], "", &["--load-balancer-drift-period=0"]).await;
+    let names = s.names();
+    // The test's pool in its lower half, and another pool (the upper quarter) for a Service the edit
+    // does not touch.
+    let lower = Scenario::config(id, &names).replace(
+        &format!("{}], autoAssign: false}}", Scenario::pool(id)),
+        "127.118.0.0/25], autoAssign: false}\n  - {name: other, addresses: [127.118.0.192/26], autoAssign: false}",
+    );
+    assert_ne!(
+        lower,
+        Scenario::config(id, &names),
+        "the pools were rewritten"
+    );
+    s.manager().set_cloud(&lower);
+    let vip = s
+        .service("moving", &[(18080, "TCP", np[0])], json!({}))
+        .await;
+    let other = s
+        .service(
+            "staying",
+            &[(18081, "TCP", np[1])],
+            json!({"metadata": {"annotations": {"local.ccm.rs/address-pool": "other"}}}),
+        )
+        .await;
+    assert!(
+        vip.to_string().starts_with("127.118.0.")
+            && vip < "127.118.0.128".parse::<IpAddr>().unwrap()
+    );
+    connect(vip, 18080)
+        .await
+        .expect("served on its first address");
+    let applies = s.manager().cloud.data_plane_applies();
+
+    // The pool moves to the range's second quarter.
+    s.manager()
+        .set_cloud(&lower.replace("127.118.0.0/25", "127.118.0.128/26"));
+    let namespace = s.namespace.clone();
+    let moved = eventually("a new address from the renumbered pool", LONG, || {
+        let namespace = namespace.clone();
+        async move {
+            let service = services(&namespace).await.get("moving").await.ok()?;
+            status_ips(&service)
+                .first()
+                .copied()
+                .filter(|ip| ip.to_string().starts_with("127.118.0.") && *ip != vip)
+        }
+    })
+    .await;
+    let (low, high): (IpAddr, IpAddr) = (
+        "127.118.0.128".parse().unwrap(),
+        "127.118.0.191".parse().unwrap(),
+    );
+    assert!(
+        moved >= low && moved <= high,
+        "{moved} is in the renumbered pool"
+    );
+    eventually(
+        "served on the new address, not the old",
+        LONG,
+        || async move {
+            let old_closed = tokio::net::TcpStream::connect((vip, 18080)).await.is_err();
+            (old_closed && connect(moved, 18080).await.is_ok()).then_some(())
+        },
+    )
+    .await;
+    let staying = services(&s.namespace).await.get("staying").await.unwrap();
+    assert_eq!(
+        status_ips(&staying),
+        vec![other],
+        "the other pool's Service keeps its address"
+    );
+    connect(other, 18081).await.expect("and is served");
+    assert_eq!(
+        s.manager().cloud.data_plane_applies(),
+        applies + 1,
+        "only the moved Service's load balancer was applied again"
+    );
+    s.finish().await;
+}

@@ -191,6 +191,9 @@ impl LoadBalancer for ShadowCloud {
             .map(|lb| lb.service_label_keys())
             .unwrap_or_default()
     }
+    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.load_balancer()?.settings_changes()
+    }
     /// Previews, and answers the load balancer's current status; without a load balancer, the
     /// Service's own status (so the controller neither writes a status nor takes "no status" for an
     /// error and retries).

@@ -75,6 +75,12 @@ impl LoadBalancer for LocalCloud {
 
     /// The label keys of every pool's `serviceSelector`: a Service relabelled into or out of a pool's
     /// scope is synced at once.
+    /// The pools (a reloaded cloud-config, MetalLB's pools): a Service whose address left every pool
+    /// gets a new one at once, and one whose pool no longer serves it moves.
+    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.pools_changes())
+    }
+
     fn service_label_keys(&self) -> Vec<String> {
         let keys: BTreeSet<String> = self
             .config()

@@ -22,6 +22,7 @@
 use std::{sync::Arc, time::Duration};
 
 use cloud_provider::LoadBalancerPreview;
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
@@ -130,49 +131,29 @@ pub(super) async fn drift_loop(
 
 /// Checks one Service; `false` when the provider cannot preview.
 async fn check(ctx: &Context, key: &str, action: DriftAction) -> bool {
-    let Backends { nodes, set } = ctx.backends();
-    let Some(before) = ctx.tracked().get(key).cloned() else {
-        return true;
-    };
-    // Being synced, or due for a node sync: that comes first.
-    if !before.synced
-        || (!Arc::ptr_eq(&before.backends, &set) && *before.backends != *set)
-        || before.labels.changed(&nodes)
-    {
-        return true;
-    }
-    let Ok(lb) = ctx.load_balancer() else {
-        return false;
-    };
-    let preview = match lb
-        .preview_load_balancer(&ctx.cluster_name, &before.service, &nodes)
-        .await
-    {
-        Ok(LoadBalancerPreview::Unknown) => return false,
-        Ok(preview) => preview,
-        Err(err) => {
+    let (preview, seen) = match preview_tracked(ctx, key).await {
+        Previewed::Skipped => return true,
+        Previewed::CannotPreview => return false,
+        Previewed::Failed(err) => {
             ctx.metrics.drift_checks_failed.inc();
             tracing::warn!(service = %key, error = %err, "drift check failed; trying again next round");
             return true;
         }
+        Previewed::Done { preview, seen } => (preview, seen),
     };
     ctx.metrics.drift_checks.inc();
     let Some(what) = drift_of(&preview) else {
         return true;
     };
-    // A sync that began meanwhile may be what the preview saw half-done: its result stands.
-    let service = {
-        let mut tracked = ctx.tracked();
-        let Some(now) = tracked.get_mut(key) else {
-            return true;
-        };
-        if !now.synced || !Arc::ptr_eq(&now.service, &before.service) {
-            return true;
+    let service = if action == DriftAction::Heal {
+        match mark_for_sync(ctx, key, &seen) {
+            Some(service) => service,
+            None => return true,
         }
-        if action == DriftAction::Heal {
-            now.synced = false;
-        }
-        now.service.clone()
+    } else if still_as_seen(ctx, key, &seen) {
+        seen
+    } else {
+        return true;
     };
     ctx.metrics.drifts.inc();
     tracing::warn!(service = %key, drift = %what, heal = (action == DriftAction::Heal), "load balancer drift");
@@ -186,6 +167,72 @@ async fn check(ctx: &Context, key: &str, action: DriftAction) -> bool {
         let _ = ctx.retry.send(ObjectRef::from_obj(service.as_ref()));
     }
     true
+}
+
+/// What [`preview_tracked`] found.
+pub(super) enum Previewed {
+    /// Not looked at: not synced yet, being synced, or due for a node sync (that comes first).
+    Skipped,
+    /// The provider cannot preview its load balancers.
+    CannotPreview,
+    /// The preview failed.
+    Failed(cloud_provider::CloudError),
+    /// The preview, and the Service as it was previewed.
+    Done {
+        preview: LoadBalancerPreview,
+        seen: Arc<Service>,
+    },
+}
+
+/// Asks the provider what an ensure of the tracked Service `key` would change, without changing
+/// anything.
+pub(super) async fn preview_tracked(ctx: &Context, key: &str) -> Previewed {
+    let Backends { nodes, set } = ctx.backends();
+    let Some(before) = ctx.tracked().get(key).cloned() else {
+        return Previewed::Skipped;
+    };
+    // Being synced, or due for a node sync: that comes first.
+    if !before.synced
+        || (!Arc::ptr_eq(&before.backends, &set) && *before.backends != *set)
+        || before.labels.changed(&nodes)
+    {
+        return Previewed::Skipped;
+    }
+    let Ok(lb) = ctx.load_balancer() else {
+        return Previewed::CannotPreview;
+    };
+    match lb
+        .preview_load_balancer(&ctx.cluster_name, &before.service, &nodes)
+        .await
+    {
+        Ok(LoadBalancerPreview::Unknown) => Previewed::CannotPreview,
+        Ok(preview) => Previewed::Done {
+            preview,
+            seen: before.service,
+        },
+        Err(err) => Previewed::Failed(err),
+    }
+}
+
+/// Whether the tracked Service `key` is still synced and as `seen`: a sync that began meanwhile may be
+/// what a preview saw half-done, and its result stands.
+fn still_as_seen(ctx: &Context, key: &str, seen: &Arc<Service>) -> bool {
+    ctx.tracked()
+        .get(key)
+        .is_some_and(|now| now.synced && Arc::ptr_eq(&now.service, seen))
+}
+
+/// Marks the tracked Service `key` for an ensure (its next sync ensures even though it did not
+/// change) when it is still synced and as `seen` ([`still_as_seen`]); returns it then. The caller
+/// sends it to the work queue.
+pub(super) fn mark_for_sync(ctx: &Context, key: &str, seen: &Arc<Service>) -> Option<Arc<Service>> {
+    let mut tracked = ctx.tracked();
+    let now = tracked.get_mut(key)?;
+    if !now.synced || !Arc::ptr_eq(&now.service, seen) {
+        return None;
+    }
+    now.synced = false;
+    Some(now.service.clone())
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ pub mod node_set;
 mod node_sync;
 pub(crate) mod plan;
 pub mod retain;
+mod settings;
 mod sweep;
 mod sync;
 
@@ -334,7 +335,18 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
                 drift::drift_loop(context.clone(), period, action, shutdown.clone()),
             )
         });
-        // Syncs the node sync and the drift check ask for (a load balancer whose backends changed
+        let settings = context
+            .cloud
+            .load_balancer()
+            .and_then(|lb| lb.settings_changes())
+            .map(|changes| {
+                loops.spawn_loop(
+                    "settings-changes",
+                    Ends::WhenNothingToDo,
+                    settings::settings_loop(context.clone(), changes, shutdown.clone()),
+                )
+            });
+        // Syncs the node sync, the drift check and settings changes ask for (a load balancer whose backends changed
         // during its ensure, one that drifted) join the Services' own changes on the one work queue.
         let retries = {
             let services = services.clone();
@@ -362,6 +374,9 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
         }
         if let Some(drifts) = drifts {
             drifts.finished().await;
+        }
+        if let Some(settings) = settings {
+            settings.finished().await;
         }
         Ok(())
     }))
