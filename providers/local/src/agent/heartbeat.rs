@@ -13,7 +13,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -26,6 +26,11 @@ use kube::{
     Api,
     api::{DeleteParams, ObjectMeta, Patch, PatchParams},
 };
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::AgentMetrics;
+use crate::instances::lock;
 
 /// The label every agent's Lease carries (what the agents watch).
 pub(crate) const LEASE_LABEL: (&str, &str) = ("app.kubernetes.io/name", "local-agent");
@@ -302,6 +307,43 @@ impl Heartbeat {
             Err(kube::Error::Api(status)) if status.code == 404 => {}
             Err(err) => {
                 tracing::warn!(lease = %name, error = %err, "cannot delete the heartbeat Lease; the other agents take this node's VIPs when it expires");
+            }
+        }
+    }
+}
+
+/// Renews the heartbeat every `interval` until `shutdown`, recording each success in `renewed`;
+/// returns the heartbeat (for its release).
+pub(super) async fn beat(
+    heartbeat: Heartbeat,
+    interval: Duration,
+    renewed: Arc<Mutex<Instant>>,
+    changed: Arc<Notify>,
+    metrics: AgentMetrics,
+    shutdown: CancellationToken,
+) -> Heartbeat {
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return heartbeat,
+            () = tokio::time::sleep(interval) => {}
+        }
+        match heartbeat.renew().await {
+            Ok(()) => {
+                *lock(&renewed) = Instant::now();
+                if failing {
+                    tracing::info!("heartbeat renewed again");
+                    failing = false;
+                    changed.notify_one();
+                }
+            }
+            Err(err) => {
+                metrics.heartbeat_failures.inc();
+                if !failing {
+                    tracing::warn!(error = %err, "cannot renew the heartbeat Lease; this node stops announcing if it cannot for the heartbeat's duration");
+                }
+                failing = true;
+                changed.notify_one();
             }
         }
     }
