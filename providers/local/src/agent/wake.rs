@@ -309,27 +309,12 @@ mod tests {
         renewer.await.unwrap();
 
         // A change asks for a look at once (after the pace); a stop ends the wait.
+        let nobody = BTreeSet::new();
+        let wait = || next_look(&changed, &shutdown, &leases, &nobody, due, Duration::ZERO);
         changed.notify_one();
-        let woken = next_look(
-            &changed,
-            &shutdown,
-            &leases,
-            &BTreeSet::new(),
-            due,
-            Duration::ZERO,
-        )
-        .await;
-        assert_eq!(woken, Woken::Look);
+        assert_eq!(wait().await, Woken::Look);
         shutdown.cancel();
-        let woken = next_look(
-            &changed,
-            &shutdown,
-            &leases,
-            &BTreeSet::new(),
-            due,
-            Duration::ZERO,
-        )
-        .await;
+        let woken = wait().await;
         assert_eq!(woken, Woken::Stop);
     }
 }

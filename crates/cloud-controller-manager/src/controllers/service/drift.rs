@@ -101,12 +101,7 @@ pub(super) async fn drift_loop(
     shutdown: CancellationToken,
 ) {
     loop {
-        let keys: Vec<String> = ctx
-            .tracked()
-            .iter()
-            .filter(|(_, t)| t.synced && wants_load_balancer(&t.service, &ctx.served))
-            .map(|(key, _)| key.clone())
-            .collect();
+        let keys = synced_keys(&ctx);
         if keys.is_empty() {
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -127,6 +122,15 @@ pub(super) async fn drift_loop(
             }
         }
     }
+}
+
+/// The Services that want a load balancer and whose last sync succeeded: those a preview can check.
+pub(super) fn synced_keys(ctx: &Context) -> Vec<String> {
+    ctx.tracked()
+        .iter()
+        .filter(|(_, t)| t.synced && wants_load_balancer(&t.service, &ctx.served))
+        .map(|(key, _)| key.clone())
+        .collect()
 }
 
 /// Checks one Service; `false` when the provider cannot preview.

@@ -18,8 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Context,
-    drift::{Previewed, mark_for_sync, preview_tracked},
-    plan::wants_load_balancer,
+    drift::{Previewed, mark_for_sync, preview_tracked, synced_keys},
 };
 
 /// Until `shutdown` (or the provider drops its sender), on each change of `changes` syncs again every
@@ -40,12 +39,7 @@ pub(super) async fn settings_loop(
                 }
             }
         }
-        let keys: Vec<String> = ctx
-            .tracked()
-            .iter()
-            .filter(|(_, t)| t.synced && wants_load_balancer(&t.service, &ctx.served))
-            .map(|(key, _)| key.clone())
-            .collect();
+        let keys = synced_keys(&ctx);
         let (checked, mut resynced) = (keys.len(), 0_usize);
         for key in keys {
             if shutdown.is_cancelled() {
