@@ -85,7 +85,7 @@ pub struct AgentFlags {
 }
 
 impl AgentFlags {
-    /// The settings of [`run`].
+    /// The settings of [`run`](super::run).
     pub fn settings(&self) -> AgentSettings {
         AgentSettings {
             node_name: self.node_name.clone(),
