@@ -98,6 +98,9 @@ pub(super) struct Agent {
     /// autoscaler) while it still runs, each served until then: the next announcer's announcement
     /// reaches the clients first, so none meets a node that no longer has the VIP.
     pub(super) leaving: BTreeMap<IpAddr, Instant>,
+    /// The data plane's load balancers being removed (each drains its connections first): owned here,
+    /// so that a panic is seen ([`Agent::reap_drains`]) rather than lost with a detached task.
+    pub(super) draining: tokio::task::JoinSet<()>,
 }
 
 /// How long a VIP this node gives up on purpose stays served here after the next announcer took it
@@ -139,7 +142,20 @@ impl Agent {
             retry_at: HashMap::new(),
             failing: HashMap::new(),
             leaving: BTreeMap::new(),
+            draining: tokio::task::JoinSet::new(),
         }
+    }
+
+    /// Removes the data plane's load balancer of the Service `key`, its connections draining meanwhile.
+    fn drain(&mut self, key: String) {
+        let cloud = self.cloud.clone();
+        self.draining
+            .spawn(async move { cloud.inner.data_plane.remove(&key).await });
+    }
+
+    /// Takes in the removals that ended ([`reap`]).
+    fn reap_drains(&mut self) {
+        reap(&mut self.draining, &self.health);
     }
 
     /// Whether `ip` is announced by BGP: its pool says so (and BGP peers are configured).
@@ -494,8 +510,7 @@ impl Agent {
             .collect();
         for key in gone {
             self.applied.remove(&key);
-            let cloud = self.cloud.clone();
-            tokio::spawn(async move { cloud.inner.data_plane.remove(&key).await });
+            self.drain(key);
         }
         self.retry_at.retain(|_, at| *at > now);
         for (key, vips) in &plan.mine {
@@ -582,9 +597,7 @@ impl Agent {
         }
         if wanted.data_path == DataPath::KubeProxy {
             if self.applied.remove(&served.key).is_some() {
-                let cloud = self.cloud.clone();
-                let key = served.key.clone();
-                tokio::spawn(async move { cloud.inner.data_plane.remove(&key).await });
+                self.drain(served.key.clone());
             }
             return Ok(());
         }
@@ -623,6 +636,8 @@ pub(super) struct Looking<'a> {
     pub(super) changed: &'a Notify,
     pub(super) health: &'a AgentHealth,
     pub(super) shutdown: &'a CancellationToken,
+    /// The heartbeat's renewals (they end only with `shutdown`).
+    pub(super) beating: &'a tokio::task::JoinHandle<heartbeat::Heartbeat>,
 }
 
 /// Looks, and waits for the next look (module `wake`), until `shutdown`; returns why it stopped
@@ -639,6 +654,7 @@ pub(super) async fn until_stopped(
         changed,
         health,
         shutdown,
+        beating,
     } = looking;
     let cloud = agent.cloud.clone();
     let settings = agent.settings.clone();
@@ -656,6 +672,18 @@ pub(super) async fn until_stopped(
             shutdown.cancel();
             break;
         }
+        // The heartbeat's task too: one that ended (a panic) would leave this agent fenced for good
+        // (its own heartbeat stale) while it looks healthy.
+        if beating.is_finished() {
+            failure = Some(crate::Error::Flag(
+                "the heartbeat's task ended unexpectedly (see the log above); the agent stops so \
+                 that its pod restarts"
+                    .to_owned(),
+            ));
+            shutdown.cancel();
+            break;
+        }
+        agent.reap_drains();
         let now = Instant::now();
         let self_fresh = now.saturating_duration_since(*lock(renewed)) < settings.heartbeat;
         let alive = lock(lease_view).alive(now);
@@ -684,4 +712,54 @@ pub(super) async fn until_stopped(
     }
 
     failure
+}
+
+/// Takes in the tasks of `draining` that ended: one that panicked (a bug) fails the agent's health
+/// check for good (the kubelet restarts it), as the data plane may be left half-changed.
+fn reap(draining: &mut tokio::task::JoinSet<()>, health: &AgentHealth) {
+    while let Some(ended) = draining.try_join_next() {
+        if let Err(err) = ended
+            && err.is_panic()
+        {
+            let why = format!(
+                "panicked: {}",
+                cloud_provider::panic_message(err.into_panic().as_ref())
+            );
+            tracing::error!(
+                "local-agent: a load balancer's removal {why}; the agent's health check fails from now on"
+            );
+            health.part_died("a load balancer's removal", &why);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_removal_that_panics_fails_the_health_check() {
+        let health = AgentHealth::default();
+        let mut draining = tokio::task::JoinSet::new();
+        draining.spawn(async {});
+        reap_until_empty(&mut draining, &health).await;
+        assert!(
+            health.live().is_ok(),
+            "a removal that ended well changes nothing"
+        );
+        draining.spawn(async { panic!("a bug") });
+        reap_until_empty(&mut draining, &health).await;
+        let why = health.live().unwrap_err();
+        assert!(
+            why.contains("a load balancer's removal panicked: a bug"),
+            "{why}"
+        );
+    }
+
+    async fn reap_until_empty(draining: &mut tokio::task::JoinSet<()>, health: &AgentHealth) {
+        while !draining.is_empty() {
+            tokio::task::yield_now().await;
+            reap(draining, health);
+        }
+    }
 }

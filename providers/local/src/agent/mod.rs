@@ -166,6 +166,7 @@ pub async fn run(
             changed: &changed,
             health: &health,
             shutdown: &shutdown,
+            beating: &beating,
         },
         &mut point,
     )

@@ -15,6 +15,8 @@ pub(super) async fn finish(
     failure: Option<Error>,
     beating: JoinHandle<Heartbeat>,
 ) -> Result<(), Error> {
+    // The removals under way go on beside the data plane's shutdown, which drains them too.
+    agent.draining.detach_all();
     // A successor waits on this node (a rolling update): it gets the listening sockets and the
     // membership socket, and this agent leaves the VIPs, the heartbeat and the membership to it.
     let successors = match (&mut point, &failure) {
