@@ -662,7 +662,7 @@ pub(super) async fn until_stopped(
     while !shutdown.is_cancelled() {
         // The membership protocol's task ends only with `shutdown`: one that ended otherwise (a
         // panic) stops the agent, loudly, rather than leave it judging by a view that no longer moves.
-        if agent.membership.as_ref().is_some_and(Membership::ended) {
+        if agent.membership.as_ref().is_some_and(Membership::ended) && !shutdown.is_cancelled() {
             failure = Some(crate::Error::Flag(
                 "the membership protocol's task ended unexpectedly (see the log above); the agent \
                  stops so that its pod restarts"
@@ -674,7 +674,8 @@ pub(super) async fn until_stopped(
         }
         // The heartbeat's task too: one that ended (a panic) would leave this agent fenced for good
         // (its own heartbeat stale) while it looks healthy.
-        if beating.is_finished() {
+        // (It ends with `shutdown` too, which may come between the loop's check and this one.)
+        if beating.is_finished() && !shutdown.is_cancelled() {
             failure = Some(crate::Error::Flag(
                 "the heartbeat's task ended unexpectedly (see the log above); the agent stops so \
                  that its pod restarts"
