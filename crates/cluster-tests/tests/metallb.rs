@@ -534,7 +534,61 @@ async fn services_keep_their_addresses_from_metallb_to_local_and_back() {
         in_net(shop_fresh, "10.89.0.128/28"),
         "{shop_fresh}: general"
     );
-    let with_fresh = ingresses(&namespaces).await;
+    let before_renumbering = ingresses(&namespaces).await;
+
+    // The team pool renumbered (its IPAddressPool patched, as an operator would): `local` reads the
+    // change, and its manager gives the pool's Services new addresses at once (a settings change, not
+    // the drift check's next round, minutes away), which the agents announce and kube-proxy serves.
+    // Every other Service keeps its address.
+    c.kubectl(
+        &[
+            "-n",
+            "metallb-system",
+            "patch",
+            "ipaddresspool",
+            "team",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec": {"addresses": ["10.89.0.160/29"]}}"#,
+        ],
+        None,
+    );
+    let renumbered = Instant::now();
+    let team_keys: Vec<String> = ["web", "local", "fresh"]
+        .iter()
+        .map(|name| format!("{}/{name}", team.name()))
+        .collect();
+    let with_fresh = eventually("the team pool's Services renumbered", LONG, || {
+        let (namespaces, team_keys) = (&namespaces, &team_keys);
+        async move {
+            let now = ingresses(namespaces).await;
+            team_keys
+                .iter()
+                .all(|key| {
+                    now.get(key).is_some_and(|(ips, _)| {
+                        !ips.is_empty() && ips.iter().all(|ip| in_net(*ip, "10.89.0.160/29"))
+                    })
+                })
+                .then_some(now)
+        }
+    })
+    .await;
+    for (key, (ips, port)) in &with_fresh {
+        if !team_keys.contains(key) {
+            assert_eq!(
+                before_renumbering.get(key),
+                Some(&(ips.clone(), *port)),
+                "{key} is not in the renumbered pool and keeps its address"
+            );
+        }
+    }
+    let moved: Ingresses = with_fresh
+        .iter()
+        .filter(|(key, _)| team_keys.contains(key))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect();
+    all_answer(&moved, renumbered).await;
 
     // The way back: ours goes, MetalLB starts again; nothing moves.
     c.script("manager", &["--delete"]);

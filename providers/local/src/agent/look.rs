@@ -408,9 +408,8 @@ impl Agent {
         slices: &[Arc<EndpointSlice>],
     ) -> Option<Served> {
         let spec = service.spec.as_ref()?;
-        if spec.type_.as_deref() != Some("LoadBalancer")
+        if !wake::serves(&service, self.settings.load_balancer_class.as_deref())
             || service.metadata.deletion_timestamp.is_some()
-            || spec.load_balancer_class != self.settings.load_balancer_class
         {
             return None;
         }

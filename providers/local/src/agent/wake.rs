@@ -16,7 +16,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::heartbeat::LeaseView;
+use super::{heartbeat::LeaseView, plan::LABEL_SERVICE_NAME};
 use crate::instances::lock;
 
 /// A change a watch delivered.
@@ -32,7 +32,7 @@ pub(super) enum Touched<'a, K> {
 }
 
 /// Whether the agent of `class` serves `service` (its class, and a load balancer).
-fn serves(service: &Service, class: Option<&str>) -> bool {
+pub(super) fn serves(service: &Service, class: Option<&str>) -> bool {
     service.spec.as_ref().is_some_and(|spec| {
         spec.type_.as_deref() == Some("LoadBalancer")
             && spec.load_balancer_class.as_deref() == class
@@ -92,7 +92,7 @@ pub(super) fn slice_concerns(
         .metadata
         .labels
         .as_ref()
-        .and_then(|labels| labels.get("kubernetes.io/service-name"));
+        .and_then(|labels| labels.get(LABEL_SERVICE_NAME));
     let (Some(owner), Some(namespace)) = (owner, slice.metadata.namespace.as_deref()) else {
         return true;
     };
@@ -227,8 +227,7 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("s".to_owned()),
                 namespace: Some("default".to_owned()),
-                labels: owner
-                    .map(|o| [("kubernetes.io/service-name".to_owned(), o.to_owned())].into()),
+                labels: owner.map(|o| [(LABEL_SERVICE_NAME.to_owned(), o.to_owned())].into()),
                 ..Default::default()
             },
             ..Default::default()
