@@ -38,6 +38,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::{fmt::Debug, sync::Arc};
 
+use cloud_provider::{Supervisor, supervise::Ends};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use kube::{
@@ -141,7 +142,8 @@ struct FactoryState {
 #[derive(Clone)]
 struct Start {
     client: Client,
-    shutdown: CancellationToken,
+    /// Runs each cache's watch, which stops with its shutdown.
+    supervisor: Supervisor,
     initial_list: InitialList,
 }
 
@@ -171,17 +173,14 @@ impl InformerFactory {
     }
 
     /// Starts every cache asked for so far, with `client`, each fetching its first list as
-    /// `initial_list` says; those asked for later start when they are. They stop when `shutdown` is
-    /// cancelled. Called once, after every controller has started.
-    pub(crate) fn start(
-        &self,
-        client: Client,
-        shutdown: CancellationToken,
-        initial_list: InitialList,
-    ) {
+    /// `initial_list` says; those asked for later start when they are. Each watch is a task of
+    /// `supervisor`, and stops with its shutdown: one that panics or ends before fails the manager's
+    /// health check (its cache would be frozen, its controllers deaf). Called once, after every
+    /// controller has started.
+    pub(crate) fn start(&self, client: Client, supervisor: Supervisor, initial_list: InitialList) {
         let start = Start {
             client,
-            shutdown,
+            supervisor,
             initial_list,
         };
         let mut state = lock(&self.state);
@@ -349,14 +348,14 @@ where
         CacheSynced(self.synced.subscribe())
     }
 
-    /// Starts the watch, unless it has started already; it stops when `shutdown` is cancelled.
+    /// Starts the watch, unless it has started already; it stops with the supervisor's shutdown.
     fn start(&self, start: Start) {
         let Some(mut writer) = lock(&self.writer).take() else {
             return;
         };
         let Start {
             client,
-            shutdown,
+            supervisor,
             mut initial_list,
         } = start;
         let fanout = self.fanout.clone();
@@ -417,12 +416,8 @@ where
                 }
             }
         };
-        tokio::spawn(async move {
-            tokio::select! {
-                () = watching => {}
-                () = shutdown.cancelled() => {}
-            }
-        });
+        let name = format!("the {} cache", K::kind(&()));
+        supervisor.spawn_once(name, Ends::AtShutdown, watching);
     }
 }
 
@@ -506,6 +501,11 @@ mod tests {
 
     use super::*;
 
+    /// A supervisor of the caches whose tasks stop with `shutdown`.
+    fn supervised(shutdown: &CancellationToken) -> Supervisor {
+        Supervisor::new(Default::default(), shutdown.clone())
+    }
+
     fn node(name: &str, uid: &str) -> Node {
         Node {
             metadata: ObjectMeta {
@@ -568,6 +568,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_cache_whose_watch_panics_fails_the_health_check() {
+        let (client, _requests) = api_server();
+        let shutdown = CancellationToken::new();
+        let supervisor = supervised(&shutdown);
+        let nodes: SharedInformer<Node> = SharedInformer::new(|_| panic!("a bug in the pruning"));
+        nodes.start(Start {
+            client,
+            supervisor: supervisor.clone(),
+            initial_list: InitialList::ListThenWatch,
+        });
+        for _ in 0..200 {
+            if supervisor.check().is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let why = supervisor.check().unwrap_err();
+        assert!(
+            why.contains("\"the Node cache\" panicked (a bug): a bug in the pruning"),
+            "{why}"
+        );
+        assert!(!nodes.synced().is_synced());
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
     async fn only_the_caches_asked_for_start_and_not_before_the_factory_does() {
         let (client, requests) = api_server();
         let shutdown = CancellationToken::new();
@@ -581,7 +607,7 @@ mod tests {
         assert!(paths(&requests).is_empty(), "asked for, not started");
         assert!(!nodes.synced().is_synced());
 
-        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
+        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         assert_eq!(paths(&requests), ["/api/v1/nodes"], "no Service cache");
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
@@ -595,7 +621,7 @@ mod tests {
         let (client, requests) = api_server();
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
-        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
+        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
         let nodes = factory.nodes();
         let services = factory.services();
         assert!(
@@ -688,7 +714,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, shutdown.clone(), InitialList::Streaming);
+        factory.start(client, supervised(&shutdown), InitialList::Streaming);
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
         assert_eq!(names, ["a"]);
@@ -709,7 +735,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, shutdown.clone(), InitialList::Streaming);
+        factory.start(client, supervised(&shutdown), InitialList::Streaming);
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
         assert_eq!(names, ["a"]);
@@ -728,7 +754,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, shutdown.clone(), InitialList::ListThenWatch);
+        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         assert_eq!(request_kinds(&requests)[0], "list");
         assert!(!request_kinds(&requests).contains(&"stream"));

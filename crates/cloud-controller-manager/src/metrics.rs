@@ -45,6 +45,8 @@ pub struct Metrics {
     pub(crate) periodic: crate::controllers::periodic::PeriodicMetrics,
     /// The controllers' background loops that died (`controller_background_loop_failures_total`).
     pub(crate) background_loops: crate::controllers::background_loop::BackgroundLoopMetrics,
+    /// The supervised tasks' panics and failures (`supervised_task_*`): the caches, the provider's own.
+    pub(crate) supervisor: cloud_provider::SupervisorMetrics,
 }
 
 /// The `name` label of `leader_election_master_status` (the Lease's name).
@@ -117,6 +119,8 @@ impl Metrics {
         let periodic = crate::controllers::periodic::PeriodicMetrics::register(&mut registry);
         let background_loops =
             crate::controllers::background_loop::BackgroundLoopMetrics::register(&mut registry);
+        let supervisor = cloud_provider::SupervisorMetrics::default();
+        supervisor.register(&mut registry);
         Self {
             registry: Arc::new(Mutex::new(registry)),
             requests,
@@ -129,6 +133,7 @@ impl Metrics {
             leader_election,
             periodic,
             background_loops,
+            supervisor,
         }
     }
 

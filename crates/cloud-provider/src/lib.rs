@@ -79,7 +79,7 @@ mod provider;
 mod registry;
 mod routes;
 pub mod service_helpers;
-mod supervise;
+pub mod supervise;
 mod watch;
 mod watch_retry;
 mod zones;
@@ -102,7 +102,7 @@ pub use registry::{
     RegistryError, read_flags,
 };
 pub use routes::{Route, Routes};
-pub use supervise::supervise;
+pub use supervise::{Supervisor, SupervisorMetrics};
 pub use watch::{panic_message, watch_cloud_config};
 pub use watch_retry::{WATCH_RETRY_FIRST, WATCH_RETRY_MAX, watch_retry_backoff};
 pub use zones::{Zone, Zones};

@@ -5,7 +5,8 @@ use k8s_openapi::api::core::v1::Node;
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    ApiOutage, CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Zones,
+    ApiOutage, CloudResult, Clusters, Instances, InstancesV2, LoadBalancer, Routes, Supervisor,
+    Zones,
 };
 
 /// What the manager hands a provider in [`CloudProvider::initialize`].
@@ -23,6 +24,10 @@ pub struct InitializeContext {
     /// The cluster's name (`--cluster-name`): the one the load-balancer calls get, for a provider whose
     /// background work must tell its own cluster's cloud objects from another's.
     pub cluster_name: String,
+    /// Where the provider starts its background tasks ([`Supervisor::spawn`]), stopping with `shutdown`:
+    /// a task that panics is started again, one that keeps panicking or ends unexpectedly fails the
+    /// manager's health check. Nothing a provider spawns is to end unseen.
+    pub supervisor: Supervisor,
 }
 
 /// A cloud: the entry point of a provider.
@@ -32,8 +37,8 @@ pub struct InitializeContext {
 /// is required; a provider implements the parts it supports.
 #[async_trait]
 pub trait CloudProvider: Send + Sync + 'static {
-    /// Called once, by the leader, right before the controllers start. A provider may spawn background
-    /// tasks here; they must stop when `ctx.shutdown` is cancelled.
+    /// Called once, by the leader, right before the controllers start. A provider may start background
+    /// tasks here, with `ctx.supervisor`; they stop when `ctx.shutdown` is cancelled.
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         let _ = ctx;
         Ok(())

@@ -173,7 +173,8 @@ impl CloudProvider for KubevirtCloud {
             let tenant = ctx.client.clone();
             let cluster = ctx.cluster_name.clone();
             let stop = ctx.shutdown.clone();
-            cloud_provider::supervise("kubevirt-eps", ctx.shutdown.clone(), move || {
+            let ends = cloud_provider::supervise::Ends::AtShutdown;
+            ctx.supervisor.spawn("kubevirt-eps", ends, move || {
                 eps::run(tenant.clone(), infra.clone(), cluster.clone(), stop.clone())
             });
         }

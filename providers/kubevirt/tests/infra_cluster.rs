@@ -783,6 +783,7 @@ async fn what_is_wrong_is_said() {
     cloud
         .initialize(cloud_provider::InitializeContext {
             client: tenant().await,
+            supervisor: cloud_provider::Supervisor::new(Default::default(), stop.clone()),
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
             cluster_name: CLUSTER.into(),
@@ -808,6 +809,7 @@ async fn what_is_wrong_is_said() {
     cloud
         .initialize(cloud_provider::InitializeContext {
             client: tenant().await,
+            supervisor: cloud_provider::Supervisor::new(Default::default(), stop.clone()),
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
             cluster_name: CLUSTER.into(),
@@ -884,6 +886,7 @@ async fn the_kubevirt_provider_passes_the_conformance_suite() {
     cloud
         .initialize(cloud_provider::InitializeContext {
             client: tenant().await,
+            supervisor: cloud_provider::Supervisor::new(Default::default(), stop.clone()),
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
             cluster_name: CLUSTER.into(),

@@ -211,8 +211,6 @@ impl<'a> CloudEvent<'a> {
     }
 }
 
-pub(crate) use cloud_provider::supervise;
-
 /// The `local` cloud. Cheap to clone; clones share one cloud.
 #[derive(Clone)]
 pub struct LocalCloud {
@@ -667,54 +665,64 @@ impl LocalCloud {
     /// risk serving beside the next leader.
     fn step_down_on_claims(
         &self,
-        mut outage: cloud_provider::ApiOutage,
-        shutdown: tokio_util::sync::CancellationToken,
+        outage: cloud_provider::ApiOutage,
+        supervisor: &cloud_provider::Supervisor,
     ) {
         let Some(addresses) = &self.inner.addresses else {
             return;
         };
         let interface = addresses.interface().to_owned();
         let inner = self.inner.clone();
-        // Ends with `shutdown`, or when it stepped down (which shuts the manager down).
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = outage.wait_until(true) => {}
-                    () = shutdown.cancelled() => return,
-                }
-                let defended = inner.clone();
-                let watch = conflict::ConflictWatch::start(&interface, move || {
-                    defended
-                        .addresses
-                        .as_ref()
-                        .map(|a| a.held())
-                        .unwrap_or_default()
-                });
-                let mut watch = match watch {
-                    Ok(watch) => watch,
-                    Err(err) => {
-                        outage.step_down(format!(
-                            "cannot watch {interface} for another replica serving the VIPs ({err}): stepping down rather than risk serving beside it"
-                        ));
-                        return;
-                    }
-                };
-                tracing::warn!(%interface, "local cloud: riding out the API server's outage with the last configuration; probing {interface} every {:?} for another replica serving the VIPs", conflict::PROBE_INTERVAL);
-                tokio::select! {
-                    claim = watch.claim() => {
-                        outage.step_down(match claim {
-                            Ok(claim) => format!("another replica serves the VIPs now: {claim} on {interface}"),
-                            Err(why) => format!("the watch for another replica serving the VIPs stopped ({why}): stepping down rather than risk serving beside it"),
-                        });
-                        return;
-                    }
-                    () = outage.wait_until(false) => {
-                        tracing::info!(%interface, "local cloud: the lease is renewed; no longer probing for another replica");
-                    }
-                    () = shutdown.cancelled() => return,
-                }
-            }
+        // Ends with the supervisor's shutdown, or when it stepped down (which shuts the manager down).
+        // Started again after a panic (a second later): riding out an outage unwatched must not last.
+        let ends = cloud_provider::supervise::Ends::WhenDone;
+        supervisor.spawn(
+            "watch for another replica serving the VIPs",
+            ends,
+            move || watch_for_claims(outage.clone(), inner.clone(), interface.clone()),
+        );
+    }
+}
+
+/// While the leader rides out an outage, watches `interface` for another replica claiming one of its
+/// VIPs, and steps down when one does (or when it cannot watch); returns then.
+async fn watch_for_claims(
+    mut outage: cloud_provider::ApiOutage,
+    inner: Arc<Inner>,
+    interface: String,
+) {
+    loop {
+        outage.wait_until(true).await;
+        let defended = inner.clone();
+        let watch = conflict::ConflictWatch::start(&interface, move || {
+            defended
+                .addresses
+                .as_ref()
+                .map(|a| a.held())
+                .unwrap_or_default()
         });
+        let mut watch = match watch {
+            Ok(watch) => watch,
+            Err(err) => {
+                outage.step_down(format!(
+                    "cannot watch {interface} for another replica serving the VIPs ({err}): stepping down rather than risk serving beside it"
+                ));
+                return;
+            }
+        };
+        tracing::warn!(%interface, "local cloud: riding out the API server's outage with the last configuration; probing {interface} every {:?} for another replica serving the VIPs", conflict::PROBE_INTERVAL);
+        tokio::select! {
+            claim = watch.claim() => {
+                outage.step_down(match claim {
+                    Ok(claim) => format!("another replica serves the VIPs now: {claim} on {interface}"),
+                    Err(why) => format!("the watch for another replica serving the VIPs stopped ({why}): stepping down rather than risk serving beside it"),
+                });
+                return;
+            }
+            () = outage.wait_until(false) => {
+                tracing::info!(%interface, "local cloud: the lease is renewed; no longer probing for another replica");
+            }
+        }
     }
 }
 
@@ -725,7 +733,7 @@ impl CloudProvider for LocalCloud {
     /// `vipInterface` (before the process can exit) and shuts the data plane down.
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         // MetalLB's pools first: the addresses Services carry are reserved in them.
-        metallb::watch::start(self, ctx.client.clone(), ctx.shutdown.clone(), true, None).await?;
+        metallb::watch::start(self, ctx.client.clone(), &ctx.supervisor, true, None).await?;
         let taken_over = self.reserve_published_addresses(&ctx.client).await?;
         // The addresses kept for Services that went, after those Services hold: a live Service keeps
         // its address.
@@ -735,14 +743,14 @@ impl CloudProvider for LocalCloud {
                 tracing::warn!(error = %err, "the kept addresses could not be read; they are reserved once the watch reads them")
             }
         }
-        retained::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
+        retained::spawn(self.clone(), ctx.client.clone(), &ctx.supervisor);
         *lock(&self.inner.reporter) = Some((ctx.client.clone(), tokio::runtime::Handle::current()));
         self.tell_taken_over(&taken_over);
         self.take_over_from_previous_leader(ctx.shutdown.clone())
             .await;
-        pool_objects::spawn(self.clone(), ctx.client.clone(), ctx.shutdown.clone());
+        pool_objects::spawn(self.clone(), ctx.client.clone(), &ctx.supervisor);
         self.stop_serving_on(ctx.shutdown.clone());
-        self.step_down_on_claims(ctx.api_outage.clone(), ctx.shutdown.clone());
+        self.step_down_on_claims(ctx.api_outage.clone(), &ctx.supervisor);
         Ok(())
     }
 

@@ -10,6 +10,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use cloud_provider::{Supervisor, supervise::Ends};
 use kube::{
     Api, Client,
     api::{
@@ -17,7 +18,6 @@ use kube::{
     },
 };
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::{
     CloudEvent, LocalCloud,
@@ -109,9 +109,9 @@ fn exhausted_of(object: &DynamicObject) -> Option<(bool, String)> {
     ))
 }
 
-/// Runs the loop until `shutdown` (the leading manager's, from `initialize`).
-pub(crate) fn spawn(cloud: LocalCloud, client: Client, shutdown: CancellationToken) {
-    crate::supervise("LocalPool objects", shutdown, move || {
+/// Runs the loop until the leading manager stops (`supervisor`'s shutdown, from `initialize`).
+pub(crate) fn spawn(cloud: LocalCloud, client: Client, supervisor: &Supervisor) {
+    supervisor.spawn("LocalPool objects", Ends::AtShutdown, move || {
         let (cloud, client) = (cloud.clone(), client.clone());
         async move { publish(&cloud, client).await }
     });

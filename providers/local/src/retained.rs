@@ -19,6 +19,7 @@
 
 use std::{collections::BTreeMap, net::IpAddr};
 
+use cloud_provider::{Supervisor, supervise::Ends};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -27,7 +28,6 @@ use kube::{
     runtime::{WatchStreamExt, watcher},
 };
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::{EVENT_NAMESPACE, Error, LocalCloud};
 
@@ -143,10 +143,10 @@ fn kept_in(config_map: Option<&ConfigMap>) -> BTreeMap<String, Vec<IpAddr>> {
     kept
 }
 
-/// Follows the ConfigMap until `shutdown` (the leading manager's), giving the cloud what it lists each
-/// time it changes: an operator's release takes effect at once.
-pub(crate) fn spawn(cloud: LocalCloud, client: Client, shutdown: CancellationToken) {
-    crate::supervise("kept addresses", shutdown, move || {
+/// Follows the ConfigMap until the leading manager stops (`supervisor`'s shutdown), giving the cloud
+/// what it lists each time it changes: an operator's release takes effect at once.
+pub(crate) fn spawn(cloud: LocalCloud, client: Client, supervisor: &Supervisor) {
+    supervisor.spawn("kept addresses", Ends::AtShutdown, move || {
         let (cloud, client) = (cloud.clone(), client.clone());
         async move {
             let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));

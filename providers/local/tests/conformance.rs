@@ -44,15 +44,24 @@ async fn initialized(cloud: &LocalCloud) -> tokio_util::sync::CancellationToken 
     .unwrap();
     test_control_plane::apply_manifest(&client, &yaml, false).await;
     let stop = tokio_util::sync::CancellationToken::new();
+    let supervisor = cloud_provider::Supervisor::new(Default::default(), stop.clone());
     cloud
         .initialize(cloud_provider::InitializeContext {
             client,
+            supervisor: supervisor.clone(),
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
             cluster_name: "kubernetes".to_owned(),
         })
         .await
         .unwrap();
+    // Its background work runs under the manager's supervisor (a panic restarts it, one that keeps
+    // panicking or ends fails the manager's /healthz), none of it detached.
+    assert_eq!(
+        supervisor.running(),
+        ["LocalPool objects", "kept addresses"],
+        "the provider's background tasks, supervised"
+    );
     stop
 }
 

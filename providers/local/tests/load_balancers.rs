@@ -157,6 +157,7 @@ async fn new_leader(
         &fresh,
         cloud_provider::InitializeContext {
             client: admin().await,
+            supervisor: cloud_provider::Supervisor::new(Default::default(), stop.clone()),
             shutdown: stop.clone(),
             api_outage: cloud_provider::ApiOutage::never(),
             cluster_name: "kubernetes".to_owned(),

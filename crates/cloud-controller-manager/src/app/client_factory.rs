@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use tokio_util::sync::CancellationToken;
+use cloud_provider::Supervisor;
 
 use super::{
     AppError, client, options,
@@ -85,7 +85,7 @@ impl ClientFactory {
     /// mode (a TokenRequest stores nothing; shadow mode creates no ServiceAccount instead), until `stop`.
     pub(super) fn service_account_credentials(
         &self,
-        stop: &CancellationToken,
+        supervisor: Supervisor,
     ) -> Result<Option<Arc<ServiceAccountCredentials>>, AppError> {
         if !self.service_account_credentials {
             return Ok(None);
@@ -94,7 +94,7 @@ impl ClientFactory {
         Ok(Some(Arc::new(ServiceAccountCredentials::new(
             client,
             self.dry_run.is_some(),
-            stop.clone(),
+            supervisor,
         ))))
     }
 

@@ -14,6 +14,7 @@ use crate::controllers::controller_health::ControllerHealth;
 pub struct Health {
     leader: Mutex<Option<Arc<LeaderElector>>>,
     controllers: Mutex<Vec<(&'static str, ControllerHealth)>>,
+    tasks: Mutex<Option<cloud_provider::Supervisor>>,
     shutting_down: AtomicBool,
 }
 
@@ -32,6 +33,12 @@ impl Health {
         self.controllers.lock().push((name, health));
     }
 
+    /// Adds the `supervisedTasks` check: it fails for good once one of `supervisor`'s tasks (the
+    /// caches, the provider's background work) has failed.
+    pub fn watch_tasks(&self, supervisor: cloud_provider::Supervisor) {
+        *self.tasks.lock() = Some(supervisor);
+    }
+
     /// From now on `/readyz` fails, so load balancers in front of replicas stop sending traffic here.
     pub fn shutting_down(&self) {
         self.shutting_down.store(true, Ordering::Relaxed);
@@ -41,6 +48,9 @@ impl Health {
         let mut checks = vec![("ping".to_owned(), Ok(()))];
         if let Some(leader) = self.leader.lock().as_ref() {
             checks.push(("leaderElection".to_owned(), leader.check()));
+        }
+        if let Some(tasks) = self.tasks.lock().as_ref() {
+            checks.push(("supervisedTasks".to_owned(), tasks.check()));
         }
         for (name, health) in self.controllers.lock().iter() {
             checks.push(((*name).to_owned(), health.check()));
@@ -144,5 +154,35 @@ mod tests {
         );
         assert_eq!(health.answer("healthz", "", false, &[]).unwrap().0, 200);
         assert_eq!(health.answer("livez", "", false, &[]).unwrap().0, 200);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_supervised_task_fails_healthz_for_good() {
+        let health = Health::default();
+        let supervisor = cloud_provider::Supervisor::new(
+            Default::default(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        health.watch_tasks(supervisor.clone());
+        assert_eq!(
+            health.answer("healthz", "", true, &[]),
+            Some((
+                200,
+                "[+]ping ok\n[+]supervisedTasks ok\nhealthz check passed".into()
+            ))
+        );
+        let ends = cloud_provider::supervise::Ends::AtShutdown;
+        supervisor.spawn_once("the Node cache", ends, async { panic!("a bug") });
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let (code, body) = health.answer("healthz", "", false, &[]).unwrap();
+        assert_eq!(code, 500, "{body}");
+        assert!(body.contains("[-]supervisedTasks failed"), "{body}");
+        assert_eq!(
+            health.answer("livez", "supervisedTasks", false, &[]),
+            Some((
+                500,
+                "internal server error: the task \"the Node cache\" panicked (a bug): a bug".into()
+            ))
+        );
     }
 }

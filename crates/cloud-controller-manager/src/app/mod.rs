@@ -254,6 +254,10 @@ pub async fn run(
     // The secure endpoint serves on every replica, leader or not, so probes work during standby, and
     // while the API server is away (a manager that waits for it is alive, not one to restart).
     let health = Arc::new(Health::default());
+    // Every long-running task beside the controllers (the caches, the provider's background work, the
+    // certificate reload) is started by it; one that fails fails `/healthz`.
+    let supervisor = cloud_provider::Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
+    health.watch_tasks(supervisor.clone());
     let dry_run_view = shadow.map(|report| {
         Arc::new(ShadowView {
             report,
@@ -271,7 +275,7 @@ pub async fn run(
             always_allow: options.serving.authorization_always_allow_paths.clone(),
             dry_run: dry_run_view.clone(),
         }),
-        shutdown.clone(),
+        &supervisor,
     )?;
     wait_for_api_server(&client, &url, &shutdown).await?;
     if shutdown.is_cancelled() {
@@ -376,6 +380,7 @@ pub async fn run(
         metrics,
         &health,
         (stop.clone(), provider_stop),
+        &supervisor,
         &lost,
         api_outage,
         &options.cloud.cluster_name,
@@ -424,6 +429,7 @@ async fn run_controllers(
     metrics: &Metrics,
     health: &Health,
     (stop, provider_stop): (CancellationToken, CancellationToken),
+    supervisor: &cloud_provider::Supervisor,
     lost: &AtomicBool,
     api_outage: cloud_provider::ApiOutage,
     cluster_name: &str,
@@ -433,7 +439,8 @@ async fn run_controllers(
     // The informers' client (upstream's `shared-informers`) keeps the manager's own identity.
     let client = clients.build()?;
     let events_client = clients.build()?;
-    let credentials = clients.service_account_credentials(&stop)?;
+    let credentials =
+        clients.service_account_credentials(supervisor.stopping_with(stop.clone()))?;
     // Names only across the awaits (a start function is `Send` but not `Sync`).
     let names = configured
         .iter()
@@ -444,6 +451,7 @@ async fn run_controllers(
     cloud
         .initialize(InitializeContext {
             client: client.clone(),
+            supervisor: supervisor.stopping_with(provider_stop.clone()),
             shutdown: provider_stop,
             api_outage,
             cluster_name: cluster_name.to_owned(),
@@ -494,7 +502,7 @@ async fn run_controllers(
 
     // Every cache a controller asked for starts now that all have (upstream's `InformerFactory.Start`
     // after the controllers are built); one asked for later starts when it is.
-    informers.start(client, stop.clone(), initial_list);
+    informers.start(client, supervisor.stopping_with(stop.clone()), initial_list);
 
     // Run until stopped; a controller that fails (or panics) stops the manager with its error.
     while !stop.is_cancelled() {

@@ -20,7 +20,6 @@ use axum::{
 use axum_server::tls_rustls::{RustlsAcceptor, RustlsConfig};
 use hyper_util::rt::TokioTimer;
 use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
-use tokio_util::sync::CancellationToken;
 
 use super::{
     certificate_reload::{CertKeyFiles, CertificateReloader, DynamicServingCertificate},
@@ -117,7 +116,7 @@ fn tls_config(
 pub fn start(
     options: &ServingOptions,
     state: Arc<ServerState>,
-    shutdown: CancellationToken,
+    supervisor: &cloud_provider::Supervisor,
 ) -> Result<Option<SocketAddr>, ServingError> {
     if options.secure_port == 0 {
         return Ok(None);
@@ -133,9 +132,13 @@ pub fn start(
         .map_err(|source| ServingError::Bind { address, source })?;
     let (config, reloader) = tls_config(options)?;
     let config = RustlsConfig::from_config(Arc::new(config));
+    let shutdown = supervisor.shutdown().clone();
     if let Some(reloader) = reloader {
-        // New connections get the files' current pair; the watch ends with the manager.
-        tokio::spawn(reloader.run(shutdown.clone()));
+        // New connections get the files' current pair; the watch ends with the manager. A reload that
+        // panicked took the reloader's state with it: the process is to restart (`/healthz` fails).
+        let ends = cloud_provider::supervise::Ends::AtShutdown;
+        let reloading = reloader.run(shutdown.clone());
+        supervisor.spawn_once("serving certificate reload", ends, reloading);
     }
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();

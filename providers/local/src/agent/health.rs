@@ -24,6 +24,8 @@ struct State {
     fenced: Option<String>,
     /// A part of the agent that died (a watch whose task panicked or ended): unhealthy for good.
     dead: Option<String>,
+    /// The agent's supervised tasks: unhealthy for good once one failed.
+    tasks: Option<cloud_provider::Supervisor>,
 }
 
 /// The agent's health; clones share it.
@@ -45,6 +47,11 @@ impl AgentHealth {
         lock(&self.state).last_progress = Some(at);
     }
 
+    /// From now on `/healthz` fails, for good, once one of `supervisor`'s tasks has failed.
+    pub(crate) fn watch_tasks(&self, supervisor: cloud_provider::Supervisor) {
+        lock(&self.state).tasks = Some(supervisor);
+    }
+
     /// `what` (a part of the agent) panicked or ended (`why`): `/healthz` fails from now on.
     pub(crate) fn part_died(&self, what: &str, why: &str) {
         lock(&self.state)
@@ -63,6 +70,11 @@ impl AgentHealth {
         let state = lock(&self.state);
         if let Some(dead) = &state.dead {
             return Err(dead.clone());
+        }
+        if let Some(tasks) = &state.tasks {
+            tasks
+                .check()
+                .map_err(|why| format!("{why}; the agent must restart"))?;
         }
         let Some(looked) = state.last_look else {
             return Ok(());
@@ -109,6 +121,32 @@ mod tests {
         assert_eq!(
             health.live(),
             Err("the watch of services panicked: a bug; the agent must restart".to_owned())
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_supervised_task_fails_liveness_for_good() {
+        let health = AgentHealth::default();
+        let supervisor = cloud_provider::Supervisor::new(
+            Default::default(),
+            tokio_util::sync::CancellationToken::new(),
+        );
+        health.watch_tasks(supervisor.clone());
+        health.looked(Instant::now(), None);
+        assert_eq!(health.live(), Ok(()));
+        let ends = cloud_provider::supervise::Ends::AtShutdown;
+        supervisor.spawn_once("MetalLB's objects", ends, async {});
+        while supervisor.check().is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        health.looked(Instant::now(), None);
+        assert_eq!(
+            health.live(),
+            Err(
+                "the task \"MetalLB's objects\" ended while the process was not stopping; the \
+                 agent must restart"
+                    .to_owned()
+            )
         );
     }
 

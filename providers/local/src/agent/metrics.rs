@@ -38,6 +38,8 @@ pub struct AgentMetrics {
     pub(crate) handovers_given: Counter,
     /// The BGP sessions' metrics (MetalLB's names).
     pub(crate) bgp: super::BgpMetrics,
+    /// The supervised tasks' panics and failures.
+    pub(crate) supervisor: cloud_provider::SupervisorMetrics,
 }
 
 impl AgentMetrics {
@@ -134,6 +136,7 @@ impl AgentMetrics {
             self.handovers_given.clone(),
         );
         self.bgp.register(registry);
+        self.supervisor.register(registry);
     }
 }
 

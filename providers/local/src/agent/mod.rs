@@ -70,13 +70,15 @@ pub async fn run(
     // this node, which this one replaces (a rolling update)?
     let (mut point, replacing) = start::open_handover(&settings)?;
     *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
+    let supervisor = cloud_provider::Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
+    health.watch_tasks(supervisor.clone());
     let changed = Arc::new(Notify::new());
     // MetalLB's pools and peers, when read, before the VIPs an earlier run left are looked at. The
     // manager reports the objects refused; the agents only read them.
     crate::metallb::watch::start(
         &cloud,
         client.clone(),
-        shutdown.clone(),
+        &supervisor,
         false,
         Some(changed.clone()),
     )

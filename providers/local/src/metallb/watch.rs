@@ -9,6 +9,7 @@ use std::{
     time::Duration,
 };
 
+use cloud_provider::{Supervisor, supervise::Ends};
 use futures::StreamExt;
 use kube::{
     Api, Client,
@@ -20,7 +21,6 @@ use kube::{
     },
 };
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 use super::{GROUP, Kind, Object, Refusal, Translation, translate, translate_keeping};
 use crate::{
@@ -93,14 +93,14 @@ fn object(kind: Kind, found: &DynamicObject) -> Object {
 }
 
 /// Reads MetalLB's objects once and puts what they make out in force (when the cloud-config asks for
-/// them and the CRDs exist), then keeps it in force in the background until `shutdown`, waking
+/// them and the CRDs exist), then keeps it in force in the background (a task of `supervisor`), waking
 /// `on_change` whenever it changes. A cluster without the CRDs is looked at again every [`RECHECK`].
 /// Called before the cloud gives out or reserves addresses, so that the pools are MetalLB's from the
 /// start.
 pub(crate) async fn start(
     cloud: &LocalCloud,
     client: Client,
-    shutdown: CancellationToken,
+    supervisor: &Supervisor,
     report: bool,
     on_change: Option<Arc<Notify>>,
 ) -> Result<(), crate::Error> {
@@ -151,7 +151,7 @@ pub(crate) async fn start(
         );
     }
     let cloud = cloud.clone();
-    crate::supervise("MetalLB's objects", shutdown, move || {
+    supervisor.spawn("MetalLB's objects", Ends::AtShutdown, move || {
         let (cloud, client, namespace, on_change) = (
             cloud.clone(),
             client.clone(),
@@ -164,7 +164,7 @@ pub(crate) async fn start(
 }
 
 /// Waits for the CRDs, then watches the objects and keeps their translation in force (forever: the
-/// caller ends it).
+/// caller ends it; it returns only when one of its watches ended, a bug).
 async fn keep(
     cloud: &LocalCloud,
     client: Client,
@@ -251,6 +251,16 @@ async fn keep(
                     break;
                 }
                 () = &mut recheck => break,
+                // A watch never ends on its own (it retries): one that did, or panicked, would leave
+                // its kind's objects frozen. Its panic goes on to this task's supervisor, which starts
+                // every watch again; an end is a failure of this task.
+                Some(ended) = drivers.join_next() => {
+                    if let Err(err) = ended && err.is_panic() {
+                        std::panic::resume_unwind(err.into_panic());
+                    }
+                    tracing::error!("a watch of MetalLB's objects ended (a bug)");
+                    return;
+                }
                 _ = usage_tick.tick(), if report => {
                     write_usage(cloud, &client, namespace, &stores, &mut written).await;
                 }

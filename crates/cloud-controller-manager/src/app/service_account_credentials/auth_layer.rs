@@ -148,7 +148,8 @@ mod tests {
                 })
             })
         });
-        TokenSource::start("node-controller", fetch, stop.clone())
+        let supervisor = cloud_provider::Supervisor::new(Default::default(), stop.clone());
+        TokenSource::start("node-controller", fetch, &supervisor)
             .await
             .unwrap()
     }

@@ -21,6 +21,7 @@ pub(crate) mod token_source;
 
 use std::{collections::HashMap, sync::Arc};
 
+use cloud_provider::Supervisor;
 use k8s_openapi::{
     api::{
         authentication::v1::{TokenRequest, TokenRequestSpec},
@@ -32,7 +33,6 @@ use kube::{
     Api, Client,
     api::{ObjectMeta, PostParams},
 };
-use tokio_util::sync::CancellationToken;
 
 pub(crate) use auth_layer::ServiceAccountAuthLayer;
 pub(crate) use token_source::TokenSource;
@@ -122,19 +122,21 @@ pub(crate) struct ServiceAccountCredentials {
     namespaces: Api<Namespace>,
     /// Shadow mode: create nothing.
     shadow: bool,
-    stop: CancellationToken,
+    /// Runs the tokens' refreshes.
+    supervisor: Supervisor,
     sources: tokio::sync::Mutex<HashMap<String, TokenSource>>,
 }
 
 impl ServiceAccountCredentials {
     /// Requests tokens with `client` (the manager's own identity, writing for real even in shadow mode:
-    /// a TokenRequest stores nothing) until `stop`; with `shadow`, never creates a ServiceAccount.
-    pub(crate) fn new(client: Client, shadow: bool, stop: CancellationToken) -> Self {
+    /// a TokenRequest stores nothing), refreshed by tasks of `supervisor` until its shutdown; with
+    /// `shadow`, never creates a ServiceAccount.
+    pub(crate) fn new(client: Client, shadow: bool, supervisor: Supervisor) -> Self {
         Self {
             accounts: Api::namespaced(client.clone(), NAMESPACE),
             namespaces: Api::all(client),
             shadow,
-            stop,
+            supervisor,
             sources: tokio::sync::Mutex::default(),
         }
     }
@@ -155,7 +157,7 @@ impl ServiceAccountCredentials {
             let (this, name) = (this.clone(), name.clone());
             Box::pin(async move { this.fetch(&name).await })
         });
-        let source = TokenSource::start(service_account, fetch, self.stop.clone()).await?;
+        let source = TokenSource::start(service_account, fetch, &self.supervisor).await?;
         sources.insert(service_account.to_owned(), source.clone());
         Ok(source)
     }
@@ -262,6 +264,7 @@ impl ServiceAccountCredentials {
 #[cfg(test)]
 mod tests {
     use serde_json::{Value, json};
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
     use crate::mock_api::mock_client;
@@ -290,7 +293,7 @@ mod tests {
             Arc::new(ServiceAccountCredentials::new(
                 client,
                 shadow,
-                CancellationToken::new(),
+                Supervisor::new(Default::default(), CancellationToken::new()),
             )),
             requests,
         )

@@ -19,6 +19,7 @@ use std::{
     time::Duration,
 };
 
+use cloud_provider::{Supervisor, supervise::Ends};
 use http::HeaderValue;
 use k8s_openapi::jiff::Timestamp;
 use tokio::{
@@ -130,11 +131,13 @@ struct Shared {
 
 impl TokenSource {
     /// Gets the first token of `service_account` with `fetch` (tried [`TRIES_AT_START`] times), then
-    /// keeps it fresh in a background task until `stop` is cancelled.
+    /// keeps it fresh in a task of `supervisor` until its shutdown: a refresh that panics is started
+    /// again (and refreshes at once), one that keeps panicking fails the manager's health check (every
+    /// request of the controllers would fail once the token expired).
     pub(crate) async fn start(
         service_account: &str,
         fetch: Fetch,
-        stop: CancellationToken,
+        supervisor: &Supervisor,
     ) -> Result<Self, CredentialsError> {
         let span = tracing::info_span!("service_account_token", service_account = %format!("{NAMESPACE}/{service_account}"));
         let mut delay = FIRST_RETRY_AT_START;
@@ -167,15 +170,15 @@ impl TokenSource {
                 "got a token for the ServiceAccount"
             );
         });
-        tokio::spawn(
-            refresh(
-                source.shared.clone(),
-                fetch,
-                Instant::now() + schedule.refresh_after,
-                stop,
-            )
-            .instrument(span),
-        );
+        let first_refresh = Mutex::new(Some(Instant::now() + schedule.refresh_after));
+        let (shared, stop) = (source.shared.clone(), supervisor.shutdown().clone());
+        let name = format!("the token of {NAMESPACE}/{service_account}");
+        supervisor.spawn(name, Ends::AtShutdown, move || {
+            // A restart (after a panic) refreshes at once.
+            let refresh_at = first_refresh.lock().take().unwrap_or_else(Instant::now);
+            refresh(shared.clone(), fetch.clone(), refresh_at, stop.clone())
+                .instrument(span.clone())
+        });
         Ok(source)
     }
 
@@ -319,6 +322,11 @@ mod tests {
 
     use super::*;
 
+    /// A supervisor whose tasks stop with `stop`.
+    fn supervised(stop: &CancellationToken) -> Supervisor {
+        Supervisor::new(Default::default(), stop.clone())
+    }
+
     fn at(seconds: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + seconds).unwrap()
     }
@@ -418,7 +426,9 @@ mod tests {
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (fetch, calls) = counting_fetch(Duration::from_secs(3600), failing.clone());
         let stop = CancellationToken::new();
-        let source = TokenSource::start("sa", fetch, stop.clone()).await.unwrap();
+        let source = TokenSource::start("sa", fetch, &supervised(&stop))
+            .await
+            .unwrap();
         let current = source.clone().current(TOKEN_WAIT).await.unwrap();
         assert_eq!(bearer(&current), "Bearer token-1");
         assert!(current.header.is_sensitive());
@@ -457,12 +467,50 @@ mod tests {
         stop.cancel();
     }
 
+    /// A refresh that panics (a bug) is started again a second later and refreshes at once: the
+    /// token does not run out unrefreshed.
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_that_panics_is_started_again_and_refreshes_at_once() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let fetch: Fetch = Arc::new(move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+            Box::pin(async move {
+                assert_ne!(n, 2, "a bug in the second fetch");
+                Ok(IssuedToken {
+                    token: format!("token-{n}"),
+                    expiration: Timestamp::now() + SignedDuration::from_hours(1),
+                })
+            })
+        });
+        let stop = CancellationToken::new();
+        let supervisor = supervised(&stop);
+        let source = TokenSource::start("sa", fetch, &supervisor).await.unwrap();
+        // The refresh at 80 % of the hour panics; 1 s later the restarted refresher fetches again.
+        tokio::time::sleep(Duration::from_secs(2881)).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            3,
+            "started again, refreshed at once"
+        );
+        assert_eq!(
+            bearer(&source.clone().current(TOKEN_WAIT).await.unwrap()),
+            "Bearer token-3"
+        );
+        assert_eq!(supervisor.check(), Ok(()), "one panic is not a failure");
+        stop.cancel();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_expired_token_is_not_used_and_the_error_says_why() {
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (fetch, _) = counting_fetch(Duration::from_secs(3600), failing.clone());
         let stop = CancellationToken::new();
-        let source = TokenSource::start("sa", fetch, stop.clone()).await.unwrap();
+        let source = TokenSource::start("sa", fetch, &supervised(&stop))
+            .await
+            .unwrap();
         failing.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(3601)).await;
         let err = source.clone().current(TOKEN_WAIT).await.unwrap_err();
@@ -486,7 +534,9 @@ mod tests {
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (fetch, calls) = counting_fetch(Duration::from_secs(3600), failing);
         let stop = CancellationToken::new();
-        let source = TokenSource::start("sa", fetch, stop.clone()).await.unwrap();
+        let source = TokenSource::start("sa", fetch, &supervised(&stop))
+            .await
+            .unwrap();
         let first = source.clone().current(TOKEN_WAIT).await.unwrap();
         source.invalidate(first.generation);
         let second = source.clone().current(TOKEN_WAIT).await.unwrap();
@@ -508,7 +558,7 @@ mod tests {
         let failing = Arc::new(std::sync::atomic::AtomicBool::new(true));
         let (fetch, calls) = counting_fetch(Duration::from_secs(3600), failing);
         let started = Instant::now();
-        let err = TokenSource::start("sa", fetch, CancellationToken::new())
+        let err = TokenSource::start("sa", fetch, &supervised(&CancellationToken::new()))
             .await
             .err()
             .unwrap();
