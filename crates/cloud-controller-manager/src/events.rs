@@ -163,17 +163,23 @@ impl EventRecorder {
             sender
         });
         self.inner.undelivered.send_modify(|n| *n += 1);
-        if let Err(mpsc::error::TrySendError::Full(dropped)) = queue.try_send(pending) {
-            self.inner.undelivered.send_modify(|n| *n -= 1);
-            let report = self.inner.drops.lock().dropped(tokio::time::Instant::now());
-            if let Some(count) = report {
-                tracing::warn!(
-                    reason = dropped.event.reason,
-                    object = ?dropped.object(),
-                    dropped = count,
-                    "event queue full; dropping events (one line per {DROP_LOG_EVERY:?} at most)"
-                );
+        let (dropped, why) = match queue.try_send(pending) {
+            Ok(()) => return,
+            Err(mpsc::error::TrySendError::Full(dropped)) => (dropped, "event queue full"),
+            // The delivery task is gone: only a panic of its own (a bug) ends it while a handle lives.
+            Err(mpsc::error::TrySendError::Closed(dropped)) => {
+                (dropped, "the event delivery stopped (a bug)")
             }
+        };
+        self.inner.undelivered.send_modify(|n| *n -= 1);
+        let report = self.inner.drops.lock().dropped(tokio::time::Instant::now());
+        if let Some(count) = report {
+            tracing::warn!(
+                reason = dropped.event.reason,
+                object = ?dropped.object(),
+                dropped = count,
+                "{why}; dropping events (one line per {DROP_LOG_EVERY:?} at most)"
+            );
         }
     }
 
@@ -268,8 +274,14 @@ async fn deliver_all(inner: Arc<Delivery>, mut queue: mpsc::Receiver<Pending>) {
             return;
         };
         let inner = inner.clone();
+        // One event's write, awaited by no one: a panic in it (a bug) is caught, said, and the event
+        // counted as given up on, so that the delivery goes on and `flush` does not wait for it.
         tokio::spawn(async move {
-            deliver(&inner, &pending).await;
+            let delivering = std::panic::AssertUnwindSafe(deliver(&inner, &pending));
+            if let Err(panic) = futures::FutureExt::catch_unwind(delivering).await {
+                let message = cloud_provider::panic_message(panic.as_ref());
+                tracing::error!(reason = pending.event.reason, object = ?pending.object(), "delivering an event panicked (a bug): {message}");
+            }
             inner.undelivered.send_modify(|n| *n -= 1);
             drop(slot);
         });

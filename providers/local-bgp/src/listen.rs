@@ -97,7 +97,7 @@ pub(crate) fn register(
             let socket = std::sync::Arc::new(bind(listen).map_err(failed)?);
             let stop = CancellationToken::new();
             let span = tracing::info_span!("bgp_listener", %listen);
-            tokio::spawn(accept_loop(listen, socket.clone(), stop.clone()).instrument(span));
+            tokio::spawn(accepting(listen, socket.clone(), stop.clone()).instrument(span));
             entry.insert(Listening {
                 peers: HashMap::new(),
                 socket,
@@ -133,6 +133,35 @@ fn bind(listen: SocketAddr) -> std::io::Result<TcpListener> {
     socket.bind(&listen.into())?;
     socket.listen(16)?;
     TcpListener::from_std(socket.into())
+}
+
+/// Runs [`accept_loop`] until `stop`, started again [`ACCEPT_RETRY`] later should it panic (a bug): every
+/// passive peer's connections come through it, and a loop that died would leave them waiting for good.
+/// This crate depends on no framework (the manager's supervisor is not at hand), so the loop is
+/// restarted here, in place; `stop` (the last peer gone) ends it.
+async fn accepting(
+    listen: SocketAddr,
+    socket: std::sync::Arc<TcpListener>,
+    stop: CancellationToken,
+) {
+    loop {
+        let running = accept_loop(listen, socket.clone(), stop.clone()).in_current_span();
+        match tokio::spawn(running).await {
+            Err(err) if err.is_panic() && !stop.is_cancelled() => {
+                let message = err
+                    .into_panic()
+                    .downcast::<String>()
+                    .map(|s| *s)
+                    .or_else(|panic| panic.downcast::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|_| "(no message)".to_owned());
+                tracing::error!(
+                    "the BGP listener's accept loop panicked (a bug): {message}; starting it again in {ACCEPT_RETRY:?}"
+                );
+                tokio::time::sleep(ACCEPT_RETRY).await;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// Accepts until `stop`, handing each connection to the peer it comes from.

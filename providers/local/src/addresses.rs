@@ -30,11 +30,12 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    panic::AssertUnwindSafe,
     sync::Mutex,
     time::Duration,
 };
 
-use futures::TryStreamExt;
+use futures::{FutureExt, TryStreamExt};
 use rtnetlink::{
     AddressMessageBuilder,
     packet_route::address::{AddressAttribute, AddressHeaderFlags, AddressMessage},
@@ -261,7 +262,7 @@ impl AddressManager {
 
     fn worker_gone(&self) -> String {
         format!(
-            "VIPs on interface {}: the netlink thread stopped",
+            "VIPs on interface {}: the netlink thread did not answer (it stopped, or the operation panicked: the log says which)",
             self.interface
         )
     }
@@ -334,52 +335,63 @@ impl Worker {
         };
         runtime.block_on(async {
             while let Some(Job { op, reply }) = jobs.recv().await {
-                let result = match op {
-                    Op::Add(ip) => self.add(ip, true).await,
-                    Op::PutOn(ip) => {
-                        let new = !self.added.contains(&ip);
-                        let result = self.add(ip, false).await;
-                        if new && self.added.contains(&ip) {
-                            self.unannounced.insert(ip);
-                        }
-                        result
-                    }
-                    Op::Announce(ip) => Ok(
-                        if self.unannounced.remove(&ip) && self.added.contains(&ip) && !self.stopped
-                        {
-                            self.announce(ip)
-                        } else {
-                            None
-                        },
-                    ),
-                    Op::Remove(ip) => self.remove(ip).await.map(|()| None),
-                    Op::RemoveAll => {
-                        self.remove_all().await;
-                        Ok(None)
-                    }
-                    Op::Resume => {
-                        self.stopped = false;
-                        Ok(None)
-                    }
-                    Op::Quiet => {
-                        self.stopped = true;
-                        for (_, repeat) in std::mem::take(&mut self.repeats) {
-                            repeat.abort();
-                        }
-                        Ok(None)
-                    }
-                    Op::Adopt(ranges) => {
-                        let adopted = self.adopt(&ranges).await;
-                        if let Reply::Adopted(tx) = reply {
-                            drop(tx.send(adopted));
-                        }
-                        continue;
-                    }
-                };
-                lock(&self.held).clone_from(&self.added);
-                reply.send(result);
+                // A panic in one operation (a bug) fails that operation only (its reply is dropped,
+                // and its caller told), not the thread every VIP goes through: the state it keeps
+                // (which VIPs this process put on) must outlive it.
+                let handled = AssertUnwindSafe(self.handle(op, reply)).catch_unwind().await;
+                if let Err(panic) = handled {
+                    let message = cloud_provider::panic_message(panic.as_ref());
+                    tracing::error!(interface = %self.interface, "an operation on the VIPs panicked (a bug): {message}");
+                }
             }
         });
+    }
+
+    /// Runs one job and replies to it.
+    async fn handle(&mut self, op: Op, reply: Reply) {
+        let result = match op {
+            Op::Add(ip) => self.add(ip, true).await,
+            Op::PutOn(ip) => {
+                let new = !self.added.contains(&ip);
+                let result = self.add(ip, false).await;
+                if new && self.added.contains(&ip) {
+                    self.unannounced.insert(ip);
+                }
+                result
+            }
+            Op::Announce(ip) => Ok(
+                if self.unannounced.remove(&ip) && self.added.contains(&ip) && !self.stopped {
+                    self.announce(ip)
+                } else {
+                    None
+                },
+            ),
+            Op::Remove(ip) => self.remove(ip).await.map(|()| None),
+            Op::RemoveAll => {
+                self.remove_all().await;
+                Ok(None)
+            }
+            Op::Resume => {
+                self.stopped = false;
+                Ok(None)
+            }
+            Op::Quiet => {
+                self.stopped = true;
+                for (_, repeat) in std::mem::take(&mut self.repeats) {
+                    repeat.abort();
+                }
+                Ok(None)
+            }
+            Op::Adopt(ranges) => {
+                let adopted = self.adopt(&ranges).await;
+                if let Reply::Adopted(tx) = reply {
+                    drop(tx.send(adopted));
+                }
+                return;
+            }
+        };
+        lock(&self.held).clone_from(&self.added);
+        reply.send(result);
     }
 
     /// Puts `ip` on the interface, then announces it if `announce`.

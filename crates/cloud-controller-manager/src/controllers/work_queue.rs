@@ -359,16 +359,34 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     let feed = {
         let queue = queue.clone();
         let shutdown = shutdown.clone();
+        let health = reported.1.clone();
+        // The changes cannot be had again: a feed that ends before shutdown (or panics) leaves the
+        // controller deaf, so it fails the controller's health check for good (the manager restarts).
         tokio::spawn(async move {
-            let mut changes = Box::pin(changes);
-            loop {
-                tokio::select! {
-                    change = changes.next() => match change {
-                        Some(object) => queue.add(ObjectRef::from_obj(object.as_ref())),
-                        None => break,
-                    },
-                    () = shutdown.cancelled() => break,
+            let feeding = std::panic::AssertUnwindSafe(async {
+                let mut changes = Box::pin(changes);
+                loop {
+                    tokio::select! {
+                        change = changes.next() => match change {
+                            Some(object) => queue.add(ObjectRef::from_obj(object.as_ref())),
+                            None => return "ended while the manager was not stopping".to_owned(),
+                        },
+                        () = shutdown.cancelled() => return String::new(),
+                    }
                 }
+            });
+            let why = match feeding.catch_unwind().await {
+                Ok(why) => why,
+                Err(panic) => format!(
+                    "panicked: {}",
+                    cloud_provider::panic_message(panic.as_ref())
+                ),
+            };
+            if !why.is_empty() {
+                tracing::error!(
+                    "the work queue's feed of changes {why}; the controller's health check fails from now on, so that the manager is restarted"
+                );
+                health.background_loop_failed("feed", &why);
             }
         })
     };
@@ -386,25 +404,25 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
             let (queue, store, ctx) = (queue.clone(), store.clone(), ctx.clone());
             let (reconcile, error_policy) = (reconcile.clone(), error_policy.clone());
             let (panics, reported) = (panics.clone(), reported.clone());
-            tokio::spawn(async move {
+            let health = reported.1.clone();
+            let working = async move {
                 while let Some(key) = queue.next().await {
                     if let Some(object) = store.get(&key) {
-                        // The reconcile runs in this worker's task: a panic is caught here, so the key
-                        // is marked done and retried, and the worker goes on with the next key.
-                        let attempt = std::panic::AssertUnwindSafe(reconcile(
-                            object.clone(),
-                            ctx.clone(),
-                        ))
+                        // The reconcile (and its error policy) runs in this worker's task: a panic is
+                        // caught here, so the key is marked done and retried, and the worker goes on
+                        // with the next key.
+                        let attempt = std::panic::AssertUnwindSafe(async {
+                            match reconcile(object.clone(), ctx.clone()).await {
+                                Ok(next) => next,
+                                Err(err) => error_policy(object.clone(), &err, ctx.clone()),
+                            }
+                        })
                         .catch_unwind()
                         .await;
                         let next = match attempt {
-                            Ok(Ok(next)) => {
+                            Ok(next) => {
                                 panics.succeeded(&key.to_string());
                                 next
-                            }
-                            Ok(Err(err)) => {
-                                panics.succeeded(&key.to_string());
-                                error_policy(object, &err, ctx.clone())
                             }
                             Err(panic) => {
                                 let (metrics, health, events) = reported.as_ref();
@@ -428,6 +446,15 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
                         }
                     }
                     queue.done(&key);
+                }
+            };
+            // A worker that dies outside a reconcile (a bug of the queue's own) would leave fewer, or
+            // none, to work: the controller's health check fails for good (the manager restarts).
+            tokio::spawn(async move {
+                if let Err(panic) = std::panic::AssertUnwindSafe(working).catch_unwind().await {
+                    let why = format!("panicked: {}", cloud_provider::panic_message(panic.as_ref()));
+                    tracing::error!("a worker of the work queue {why}; the controller's health check fails from now on, so that the manager is restarted");
+                    health.background_loop_failed("worker", &why);
                 }
             })
         })
@@ -745,5 +772,84 @@ mod tests {
             ),
             "{events:?}"
         );
+    }
+
+    /// An error policy that panics is a reconcile that panicked: retried, counted, the worker goes on.
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_error_policy_is_caught_and_the_worker_goes_on() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        for name in ["failing", "good"] {
+            writer.apply_watcher_event(&watcher::Event::Apply(config_map(name, "1")));
+        }
+        let (tx, rx) = futures::channel::mpsc::unbounded::<Arc<ConfigMap>>();
+        let seen = Arc::new(Seen::default());
+        let (reporting, registry, _requests) = test_reporting();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(run(
+            rx,
+            store,
+            1,
+            |object: Arc<ConfigMap>, seen: Arc<Seen>| async move {
+                let name = object.name_any();
+                seen.order.lock().push(name.clone());
+                if name == "failing" {
+                    Err(name)
+                } else {
+                    Ok(Next::AwaitChange)
+                }
+            },
+            |_, err: &String, _| panic!("the error policy cannot handle {err}"),
+            seen.clone(),
+            reporting,
+            shutdown.clone(),
+        ));
+        for name in ["failing", "good"] {
+            tx.unbounded_send(Arc::new(config_map(name, "1"))).unwrap();
+        }
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        assert_eq!(
+            *seen.order.lock(),
+            ["failing", "good", "failing"],
+            "retried after 5 s"
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"workqueue_panics_total{name="test-controller"} 2"#),
+            "{text}"
+        );
+        shutdown.cancel();
+        run.await.unwrap();
+    }
+
+    /// The changes cannot be had again: a feed that ends before shutdown fails the health check.
+    #[tokio::test]
+    async fn a_feed_of_changes_that_ends_fails_the_health_check_for_good() {
+        let (store, _writer) = reflector::store::<ConfigMap>();
+        let (reporting, _registry, _requests) = test_reporting();
+        let health = reporting.health.clone();
+        let shutdown = CancellationToken::new();
+        let run = tokio::spawn(run(
+            futures::stream::empty::<Arc<ConfigMap>>(),
+            store,
+            1,
+            |_: Arc<ConfigMap>, _: Arc<()>| async {
+                Ok::<_, std::convert::Infallible>(Next::AwaitChange)
+            },
+            |_, _, _| Next::AwaitChange,
+            Arc::new(()),
+            reporting,
+            shutdown.clone(),
+        ));
+        while health.check().is_ok() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let why = health.check().unwrap_err();
+        assert!(
+            why.contains("feed") && why.contains("ended while the manager was not stopping"),
+            "{why}"
+        );
+        shutdown.cancel();
+        run.await.unwrap();
     }
 }

@@ -1,9 +1,9 @@
 //! Deletion handling: Services that vanished without our finalizer (it was removed by hand, or they
 //! predate us) still lose their load balancer, as upstream's cache path does.
 
-use std::sync::Arc;
+use std::{panic::AssertUnwindSafe, sync::Arc};
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::Service;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -69,15 +69,20 @@ pub(super) async fn delete_load_balancer(
 }
 
 /// Services that vanished without our finalizer (it was removed by hand, or they predate us) still lose
-/// their load balancer; failures retry on the same back-off as syncs.
+/// their load balancer; failures retry on the same back-off as syncs. Each deletion is a task of this
+/// loop's own (they run side by side, and stop with it); a provider's deletion that panics (a bug) is
+/// said at error level and retried on the same back-off, never lost.
 pub(super) async fn handle_deletions(
     ctx: Arc<Context>,
     mut deletions: mpsc::UnboundedReceiver<Arc<Service>>,
     shutdown: CancellationToken,
 ) {
+    let mut deleting = tokio::task::JoinSet::new();
     loop {
         let service = tokio::select! {
             service = deletions.recv() => match service { Some(s) => s, None => return },
+            // Reaped as they end (none panics: each catches its attempts' panics).
+            Some(_) = deleting.join_next(), if !deleting.is_empty() => continue,
             () = shutdown.cancelled() => return,
         };
         let key = key(&service);
@@ -92,15 +97,29 @@ pub(super) async fn handle_deletions(
         }
         let ctx = ctx.clone();
         let shutdown = shutdown.clone();
-        tokio::spawn(async move {
+        deleting.spawn(async move {
             // This task's own count: the Service is gone, so its sync back-off no longer applies.
             let mut failures = 0;
-            while let Err(err) = delete_load_balancer(&tracked.service, &ctx).await {
-                failures += 1;
-                let delay = err
-                    .retry_delay()
-                    .unwrap_or_else(|| ctx.backoff.delay(failures));
-                tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to delete the load balancer of a deleted service");
+            loop {
+                let attempt =
+                    AssertUnwindSafe(delete_load_balancer(&tracked.service, &ctx)).catch_unwind();
+                let (delay, error) = match attempt.await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(err)) => {
+                        failures += 1;
+                        let delay = err
+                            .retry_delay()
+                            .unwrap_or_else(|| ctx.backoff.delay(failures));
+                        (delay, err.to_string())
+                    }
+                    Err(panic) => {
+                        failures += 1;
+                        let message = cloud_provider::panic_message(panic.as_ref());
+                        tracing::error!(service = %key, "deleting the load balancer of a deleted service panicked (a bug): {message}");
+                        (ctx.backoff.delay(failures), format!("panicked: {message}"))
+                    }
+                };
+                tracing::warn!(service = %key, error, retry_in = ?delay, "failed to delete the load balancer of a deleted service");
                 tokio::select! {
                     () = tokio::time::sleep(delay) => {}
                     () = shutdown.cancelled() => return,
