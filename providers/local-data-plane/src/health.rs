@@ -86,19 +86,14 @@ impl ProbeRegistry {
 
 /// Runs the probe's checks ([`run`]) until the last holder lets go, started again an interval later
 /// should they panic (a bug): the backend's health would stay frozen at its last value otherwise, as
-/// the registry hands out the same probe for as long as it is held. This crate has no supervisor of
-/// its own (it depends on no framework crate), so the checks are restarted here, in place.
+/// the registry hands out the same probe for as long as it is held.
 async fn probing(probe: Weak<Probe>, key: ProbeKey, timing: HealthCheckTiming) {
-    loop {
-        let checks = tokio::spawn(run(probe.clone(), key.clone(), timing.clone()));
-        match checks.await {
-            Err(err) if err.is_panic() && probe.strong_count() > 0 => {
-                tracing::error!(backend = %key.addr, path = key.path, "a backend's health checks panicked (a bug); starting them again");
-                tokio::time::sleep(timing.interval.max(Duration::from_millis(1))).await;
-            }
-            _ => return,
-        }
-    }
+    let wait = timing.interval.max(Duration::from_millis(1));
+    let what = format!("the health checks of {}{}", key.addr, key.path);
+    crate::restart::restarting(&what, wait, || {
+        (probe.strong_count() > 0).then(|| run(probe.clone(), key.clone(), timing.clone()))
+    })
+    .await
 }
 
 /// Checks until the last holder of the probe lets go.

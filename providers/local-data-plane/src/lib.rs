@@ -38,6 +38,7 @@ mod handover;
 mod health;
 pub mod metrics;
 mod pool;
+mod restart;
 mod spec;
 mod tcp;
 mod udp;
@@ -52,6 +53,9 @@ pub use spec::{
 use health::{Probe, ProbeKey, ProbeRegistry};
 use pool::{BackendEntry, ListenerConfig, ListenerShared};
 use spec::ListenerKey;
+
+/// How long a listener's loop that panicked (a bug) waits before it is started again.
+const ACCEPT_LOOP_RESTART: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Runs load balancers. Cheap to clone (the clones share everything); all listeners run on the tokio
 /// runtime that calls [`DataPlane::apply`].
@@ -374,13 +378,18 @@ impl DataPlane {
                     None => tcp::bind(shared.spec.socket_addr())?,
                 });
                 let local_addr = socket.local_addr()?;
-                let task = tcp::serve(
-                    socket.clone(),
-                    shared.clone(),
-                    stop.clone(),
-                    tcp::Timeouts {
-                        connect: self.inner.settings.connect_timeout,
-                        idle: self.inner.settings.tcp_idle_timeout,
+                let timeouts = tcp::Timeouts {
+                    connect: self.inner.settings.connect_timeout,
+                    idle: self.inner.settings.tcp_idle_timeout,
+                };
+                let (serving, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
+                let task = restart::restarting(
+                    "a TCP listener's accept loop",
+                    ACCEPT_LOOP_RESTART,
+                    move || {
+                        (!stop.is_cancelled()).then(|| {
+                            tcp::serve(serving.clone(), shared.clone(), stop.clone(), timeouts)
+                        })
                     },
                 );
                 (
@@ -395,11 +404,16 @@ impl DataPlane {
                     None => udp::bind(shared.spec.socket_addr())?,
                 });
                 let local_addr = socket.local_addr()?;
-                let task = udp::serve(
-                    socket.clone(),
-                    shared.clone(),
-                    stop.clone(),
-                    self.inner.settings.udp_idle_timeout,
+                let idle = self.inner.settings.udp_idle_timeout;
+                let (serving, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
+                let task = restart::restarting(
+                    "a UDP listener's receive loop",
+                    ACCEPT_LOOP_RESTART,
+                    move || {
+                        (!stop.is_cancelled()).then(|| {
+                            udp::serve(serving.clone(), shared.clone(), stop.clone(), idle)
+                        })
+                    },
                 );
                 (
                     local_addr,
