@@ -15,7 +15,7 @@
 
 use std::{future::Future, sync::Arc, time::Instant};
 
-use crate::app::write_fence::WriteFence;
+use crate::write_fence::WriteFence;
 
 use async_trait::async_trait;
 use cloud_provider::{

@@ -327,7 +327,7 @@ enum DeliveryError {
 impl DeliveryError {
     fn retryable(&self) -> bool {
         match self {
-            Self::Api(err) => crate::controllers::outage::api_unavailable(err),
+            Self::Api(err) => crate::outage_retry::api_unavailable(err),
             Self::TimedOut => true,
         }
     }

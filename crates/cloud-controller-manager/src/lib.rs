@@ -28,11 +28,13 @@ pub mod informers;
 pub mod metrics;
 pub mod node_ownership;
 pub mod node_selector;
+pub(crate) mod outage_retry;
 pub(crate) mod request_metrics;
 pub(crate) mod shadow;
 #[cfg(test)]
 mod upstream_source;
 pub(crate) mod well_known;
+pub(crate) mod write_fence;
 
 #[cfg(test)]
 mod mock_api;

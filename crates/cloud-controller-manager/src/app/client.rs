@@ -14,9 +14,8 @@ use super::{
     options::ClientOptions,
     rate_limit::RateLimitLayer,
     service_account_credentials::{ServiceAccountAuthLayer, TokenSource},
-    write_fence::WriteFence,
 };
-use crate::{request_metrics::RequestMetrics, shadow::DryRunLayer};
+use crate::{request_metrics::RequestMetrics, shadow::DryRunLayer, write_fence::WriteFence};
 
 /// Why no client could be built.
 #[derive(Debug, thiserror::Error)]

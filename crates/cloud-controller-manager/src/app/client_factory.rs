@@ -11,9 +11,8 @@ use cloud_provider::Supervisor;
 use super::{
     AppError, client, options,
     service_account_credentials::{self, ServiceAccountCredentials, TokenSource},
-    write_fence::WriteFence,
 };
-use crate::{metrics::Metrics, shadow::DryRunLayer};
+use crate::{metrics::Metrics, shadow::DryRunLayer, write_fence::WriteFence};
 
 /// The delegated-auth client's rate (upstream's).
 const REVIEW_QPS: f32 = 200.0;

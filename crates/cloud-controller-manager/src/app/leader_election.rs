@@ -49,8 +49,9 @@ use tokio_util::sync::CancellationToken;
 
 use cloud_provider::ApiOutageReport;
 
-use super::{options::LeaderElectionOptions, write_fence::WriteFence};
+use super::options::LeaderElectionOptions;
 use crate::metrics::LeaderElectionMetrics;
+use crate::write_fence::WriteFence;
 
 /// How long past the lease duration the watchdog tolerates a leader that has not renewed (upstream's
 /// `leaderElection` health check).

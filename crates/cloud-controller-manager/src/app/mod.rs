@@ -20,7 +20,6 @@ pub(crate) mod service_account_credentials;
 pub(crate) mod serving;
 pub(crate) mod tls_curves;
 pub(crate) mod upstream_flags;
-pub(crate) mod write_fence;
 
 use std::{
     path::PathBuf,
@@ -38,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use client_factory::{ClientFactory, controller_clients};
 
+use crate::write_fence::WriteFence;
 use crate::{
     controllers::ControllerContext,
     informers::{InformerFactory, InitialList},
@@ -56,7 +56,6 @@ pub use options::Options;
 pub use service_account_credentials::CredentialsError;
 use serving::ServerState;
 pub use serving::ServingError;
-use write_fence::WriteFence;
 
 /// How long the manager waits at start for an API server that answers, but not as one (TLS refused,
 /// unauthorized): a wrong configuration, said after this long. One that cannot be reached at all (an

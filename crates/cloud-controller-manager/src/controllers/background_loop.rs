@@ -12,51 +12,12 @@
 use std::{future::Future, panic::AssertUnwindSafe};
 
 use futures::FutureExt;
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family},
-    registry::Registry,
-};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::controller_health::ControllerHealth;
-
-/// The labels of `controller_background_loop_failures_total`.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LoopLabels {
-    /// The controller.
-    name: String,
-    /// The loop.
-    r#loop: String,
-}
-
-/// `controller_background_loop_failures_total{name,loop}`.
-#[derive(Clone, Default)]
-pub(crate) struct BackgroundLoopMetrics {
-    failures: Family<LoopLabels, Counter>,
-}
-
-impl BackgroundLoopMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
-        registry.register(
-            "controller_background_loop_failures",
-            "Background loops of a controller that panicked or ended while the manager was not stopping \
-             (the controller's health check fails from then on)",
-            metrics.failures.clone(),
-        );
-        metrics
-    }
-
-    fn labels(controller: &str, loop_name: &str) -> LoopLabels {
-        LoopLabels {
-            name: controller.to_owned(),
-            r#loop: loop_name.to_owned(),
-        }
-    }
-}
+use crate::metrics::BackgroundLoopMetrics;
 
 /// Where a controller's loops report: its name, health check, the metric and the stop token.
 #[derive(Clone)]
@@ -111,10 +72,7 @@ pub(crate) fn spawn(
         metrics,
         shutdown,
     } = reporting.clone();
-    let failures = metrics
-        .failures
-        .get_or_create(&BackgroundLoopMetrics::labels(controller, loop_name))
-        .clone();
+    let failures = metrics.failures_of(controller, loop_name);
     let span = tracing::info_span!("background_loop", controller, loop_name);
     let handle = tokio::spawn(
         async move {
@@ -140,6 +98,8 @@ pub(crate) fn spawn(
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::registry::Registry;
+
     use prometheus_client::encoding::text::encode;
 
     use super::*;

@@ -12,7 +12,6 @@ pub mod controller_health;
 pub(crate) mod ipam;
 pub(crate) mod node;
 pub(crate) mod node_lifecycle;
-pub(crate) mod outage;
 mod patch;
 pub mod periodic;
 pub(crate) mod queue_metrics;

@@ -10,15 +10,11 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::FutureExt;
-use prometheus_client::{
-    encoding::EncodeLabelSet,
-    metrics::{counter::Counter, family::Family, histogram::Histogram},
-    registry::Registry,
-};
 use tokio::{sync::Notify, time::Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::controller_health::ControllerHealth;
+use crate::metrics::PeriodicMetrics;
 
 /// What started a pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,68 +55,6 @@ impl PassRequests {
     /// Asks for a pass.
     pub fn ask(&self) {
         self.wanted.notify_one();
-    }
-}
-
-/// The `name` and `outcome` labels.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct PassLabels {
-    name: String,
-    outcome: &'static str,
-}
-
-/// The `name` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RunnerName {
-    name: String,
-}
-
-/// The periodic runners' metrics (one series per controller).
-#[derive(Clone)]
-pub(crate) struct PeriodicMetrics {
-    passes: Family<PassLabels, Counter>,
-    duration: Family<RunnerName, Histogram>,
-}
-
-/// 1 ms to about 16 min, ×4: a pass is one cloud call per object at most, or a list and a few writes.
-fn pass_histogram() -> Histogram {
-    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
-        0.001, 4.0, 11,
-    ))
-}
-
-impl PeriodicMetrics {
-    pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            passes: Family::default(),
-            duration: Family::new_with_constructor(pass_histogram),
-        };
-        let sub = registry.sub_registry_with_prefix("periodic");
-        sub.register(
-            "passes",
-            "Passes of a periodic controller, by how they ended (done, ask_again, panicked)",
-            metrics.passes.clone(),
-        );
-        sub.register(
-            "pass_duration_seconds",
-            "How long in seconds a pass of a periodic controller takes",
-            metrics.duration.clone(),
-        );
-        metrics
-    }
-
-    fn passed(&self, name: &str, outcome: &'static str, took: Duration) {
-        self.passes
-            .get_or_create(&PassLabels {
-                name: name.to_owned(),
-                outcome,
-            })
-            .inc();
-        self.duration
-            .get_or_create(&RunnerName {
-                name: name.to_owned(),
-            })
-            .observe(took.as_secs_f64());
     }
 }
 
@@ -227,6 +161,8 @@ async fn asked(requests: Option<&PassRequests>) {
 
 #[cfg(test)]
 mod tests {
+    use prometheus_client::registry::Registry;
+
     use super::*;
     use parking_lot::Mutex;
 

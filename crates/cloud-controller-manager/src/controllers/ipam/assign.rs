@@ -19,8 +19,8 @@ use super::{
 };
 use crate::{
     cached_node::CachedNode,
-    controllers::outage::{API_OUTAGE_RETRY, api_unavailable},
     events::EventRecorder,
+    outage_retry::{API_OUTAGE_RETRY, api_unavailable},
 };
 
 /// The per-node event of a full range (upstream's).

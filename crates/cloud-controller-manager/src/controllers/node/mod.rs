@@ -247,7 +247,7 @@ fn error_policy(node: Arc<CachedNode>, err: &NodeError, ctx: Arc<Context>) -> Ne
         NodeError::Write { source, .. } => Some(source),
         _ => None,
     };
-    let delay = super::outage::retry_delay(delay, write_error);
+    let delay = crate::outage_retry::retry_delay(delay, write_error);
     tracing::warn!(node = %name, error = %err, retry_in = ?delay, "failed to reconcile node");
     // A failure that will not heal by itself (a bad annotation, a node the API server refuses) is told
     // on the node as well, on the 1st, 2nd, 4th, 8th... failure, so a stuck node is not silent.

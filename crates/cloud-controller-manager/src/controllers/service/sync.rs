@@ -25,10 +25,12 @@ use super::{
     },
     retain::{self, Removed},
 };
-use crate::controllers::{
-    outage,
-    patch::{Target, patch_with_retry, with_resource_version},
-    work_queue::Next,
+use crate::{
+    controllers::{
+        patch::{Target, patch_with_retry, with_resource_version},
+        work_queue::Next,
+    },
+    outage_retry,
 };
 
 pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<Context>) -> Next {
@@ -40,7 +42,7 @@ pub(super) fn error_policy(service: Arc<Service>, err: &ServiceError, ctx: Arc<C
             ServiceError::Write { source, .. } => Some(source),
             _ => None,
         };
-        outage::retry_delay(delay, write_error)
+        outage_retry::retry_delay(delay, write_error)
     });
     tracing::warn!(service = %key, error = %err, retry_in = ?delay, "failed to sync load balancer");
     if let Some(tracked) = ctx.tracked().get_mut(&key) {

@@ -1,6 +1,12 @@
 //! The manager's metrics: one `prometheus-client` registry that every part registers into, with
 //! upstream's metric names where upstream has them.
 
+mod background_loops;
+mod periodic;
+
+pub use background_loops::BackgroundLoopMetrics;
+pub use periodic::PeriodicMetrics;
+
 use parking_lot::Mutex;
 use std::sync::Arc;
 
@@ -42,9 +48,9 @@ pub struct Metrics {
     /// `leader_election_master_status{name}`: 1 while this replica leads, else 0 (client-go's).
     pub(crate) leader_election: LeaderElectionMetrics,
     /// The periodic controllers' passes (`periodic_*`).
-    pub(crate) periodic: crate::controllers::periodic::PeriodicMetrics,
+    pub(crate) periodic: PeriodicMetrics,
     /// The controllers' background loops that died (`controller_background_loop_failures_total`).
-    pub(crate) background_loops: crate::controllers::background_loop::BackgroundLoopMetrics,
+    pub(crate) background_loops: BackgroundLoopMetrics,
     /// The supervised tasks' panics and failures (`supervised_task_*`): the caches, the provider's own.
     pub(crate) supervisor: cloud_provider::SupervisorMetrics,
 }
@@ -116,9 +122,8 @@ impl Metrics {
         let dry_run = DryRunMetrics::register(&mut registry);
         let work_queues = WorkQueueMetrics::register(&mut registry);
         let leader_election = LeaderElectionMetrics::register(&mut registry);
-        let periodic = crate::controllers::periodic::PeriodicMetrics::register(&mut registry);
-        let background_loops =
-            crate::controllers::background_loop::BackgroundLoopMetrics::register(&mut registry);
+        let periodic = PeriodicMetrics::register(&mut registry);
+        let background_loops = BackgroundLoopMetrics::register(&mut registry);
         let supervisor = cloud_provider::SupervisorMetrics::default();
         supervisor.register(&mut registry);
         Self {

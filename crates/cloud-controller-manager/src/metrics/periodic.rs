@@ -1,0 +1,72 @@
+//! The periodic controllers' metrics (`periodic_*`), one series per controller.
+
+use std::time::Duration;
+
+use prometheus_client::{
+    encoding::EncodeLabelSet,
+    metrics::{counter::Counter, family::Family, histogram::Histogram},
+    registry::Registry,
+};
+
+/// The `name` and `outcome` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PassLabels {
+    name: String,
+    outcome: &'static str,
+}
+
+/// The `name` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunnerName {
+    name: String,
+}
+
+/// The periodic runners' metrics (one series per controller).
+#[derive(Clone)]
+pub struct PeriodicMetrics {
+    passes: Family<PassLabels, Counter>,
+    duration: Family<RunnerName, Histogram>,
+}
+
+/// 1 ms to about 16 min, ×4: a pass is one cloud call per object at most, or a list and a few writes.
+fn pass_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 4.0, 11,
+    ))
+}
+
+impl PeriodicMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            passes: Family::default(),
+            duration: Family::new_with_constructor(pass_histogram),
+        };
+        let sub = registry.sub_registry_with_prefix("periodic");
+        sub.register(
+            "passes",
+            "Passes of a periodic controller, by how they ended (done, ask_again, panicked)",
+            metrics.passes.clone(),
+        );
+        sub.register(
+            "pass_duration_seconds",
+            "How long in seconds a pass of a periodic controller takes",
+            metrics.duration.clone(),
+        );
+        metrics
+    }
+
+    /// Counts a pass of the runner `name` that ended with `outcome` after `took`.
+    pub(crate) fn passed(&self, name: &str, outcome: &'static str, took: Duration) {
+        self.passes
+            .get_or_create(&PassLabels {
+                name: name.to_owned(),
+                outcome,
+            })
+            .inc();
+        self.duration
+            .get_or_create(&RunnerName {
+                name: name.to_owned(),
+            })
+            .observe(took.as_secs_f64());
+    }
+}
