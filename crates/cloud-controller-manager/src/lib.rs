@@ -60,6 +60,9 @@ pub use app::{
 
 /// The errors [`AppError`] is made of, each naming what is at fault.
 pub mod error {
+    pub use crate::SetupError;
+    pub use crate::app::command_line::FlagClash;
+    pub use crate::app::options::FlagsError;
     pub use crate::app::{
         ClientError, CredentialsError, LeadershipLost, ServingError, UnknownController,
     };
@@ -67,14 +70,46 @@ pub mod error {
     pub use cloud_provider::RegistryError;
 }
 
+/// How a [`Manager`] was put together wrongly ([`ManagerError::Setup`]); the first mistake is kept.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum SetupError {
+    /// [`Manager::with_controller`] with a name or alias another controller has.
+    #[error(
+        "controller {name:?} clashes with the controller {taken:?} already in the table (use Manager::replace_controller to replace it)"
+    )]
+    ControllerTaken {
+        /// The controller added.
+        name: &'static str,
+        /// The one in the table with that name or alias.
+        taken: &'static str,
+    },
+    /// [`Manager::replace_controller`] or [`Manager::without_controller`] of a name the table lacks.
+    #[error("cannot {action} controller {name:?}: there is none by that name ({known})")]
+    NoSuchController {
+        /// `replace` or `drop`.
+        action: &'static str,
+        /// The name asked for.
+        name: String,
+        /// The table's names, comma-separated.
+        known: String,
+    },
+    /// The providers linked into the binary could not be registered (one name taken twice, say).
+    #[error(transparent)]
+    LinkedProviders(std::sync::Arc<cloud_provider::RegistryError>),
+    /// Two of them, or one and the manager, claim one flag.
+    #[error(transparent)]
+    FlagClash(#[from] app::command_line::FlagClash),
+}
+
 /// Why [`Manager::command`] or [`Manager::run`] failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ManagerError {
     /// The manager was put together wrongly (a controller name taken twice, a provider registered
-    /// twice, ...), said in words.
-    #[error("{0}")]
-    Setup(String),
+    /// twice, ...).
+    #[error(transparent)]
+    Setup(#[from] SetupError),
     /// The command line could not be built.
     #[error(transparent)]
     Command(#[from] clap::Error),
@@ -90,7 +125,7 @@ pub struct Manager {
     registry: Registry,
     controllers: Vec<ControllerSpec>,
     identity: Option<BinaryIdentity>,
-    setup_error: Option<String>,
+    setup_error: Option<SetupError>,
     metrics: Metrics,
 }
 
@@ -107,7 +142,7 @@ impl Manager {
         match Registry::linked() {
             Ok(registry) => Self::with_registry(registry),
             Err(err) => Self {
-                setup_error: Some(err.to_string()),
+                setup_error: Some(SetupError::LinkedProviders(std::sync::Arc::new(err))),
                 ..Self::default()
             },
         }
@@ -146,11 +181,10 @@ impl Manager {
                 .flatten()
                 .any(|n| c.is_named(n))
         }) {
-            self.fail(format!(
-                "controller {:?} clashes with the controller {:?} already in the table (use Manager::replace_controller to replace it)",
-                name.name,
-                taken.name().name
-            ));
+            self.fail(SetupError::ControllerTaken {
+                name: name.name,
+                taken: taken.name().name,
+            });
         } else {
             self.controllers.push(spec);
         }
@@ -166,11 +200,11 @@ impl Manager {
         {
             Some(row) => *row = spec,
             None => {
-                let name = spec.name().name;
-                self.fail(format!(
-                    "cannot replace controller {name:?}: there is none by that name ({})",
-                    self.controller_names().join(", ")
-                ));
+                self.fail(SetupError::NoSuchController {
+                    action: "replace",
+                    name: spec.name().name.to_owned(),
+                    known: self.controller_names().join(", "),
+                });
             }
         }
         self
@@ -181,10 +215,11 @@ impl Manager {
         let before = self.controllers.len();
         self.controllers.retain(|c| c.name().name != name);
         if self.controllers.len() == before {
-            self.fail(format!(
-                "cannot drop controller {name:?}: there is none by that name ({})",
-                self.controller_names().join(", ")
-            ));
+            self.fail(SetupError::NoSuchController {
+                action: "drop",
+                name: name.to_owned(),
+                known: self.controller_names().join(", "),
+            });
         }
         self
     }
@@ -211,8 +246,8 @@ impl Manager {
         self
     }
 
-    fn fail(&mut self, message: String) {
-        self.setup_error.get_or_insert(message);
+    fn fail(&mut self, error: SetupError) {
+        self.setup_error.get_or_insert(error);
     }
 
     fn controller_names(&self) -> Vec<&'static str> {
@@ -238,7 +273,7 @@ impl Manager {
     pub fn command(&self) -> Result<clap::Command, ManagerError> {
         self.check_setup()?;
         app::command_line::command(&self.registry, &self.controllers, self.identity.as_ref())
-            .map_err(|clash| ManagerError::Setup(clash.to_string()))
+            .map_err(|clash| ManagerError::Setup(clash.into()))
     }
 
     /// Parses a command line (the binary's name first), the linked providers' flags included.

@@ -603,7 +603,7 @@ proptest! {
                             prop_assert_eq!(limiter.is_some(), limited, "{}", client.kube_api_qps);
                         }
                     }
-                    Err(err) => prop_assert!(err.contains("--kube-api-burst") && err.contains("--kube-api-qps"), "{}", err),
+                    Err(err) => { let err = err.to_string(); prop_assert!(err.contains("--kube-api-burst") && err.contains("--kube-api-qps"), "{}", err) }
                 }
             }
             Err(err) => {

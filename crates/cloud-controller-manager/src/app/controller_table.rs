@@ -33,19 +33,26 @@ type ConfigureFn =
 /// Why a controller's configuration was refused: a message naming the flag at fault. The manager
 /// stops at start with it (exit 1, `error: <message>`). `?` and `.into()` turn a `String` or `&str`
 /// into one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigureError(String);
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct ConfigureError(Box<dyn std::error::Error + Send + Sync + 'static>);
+
+impl ConfigureError {
+    /// An error of the controller's own type (its source chain kept).
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(error))
+    }
+}
 
 impl From<String> for ConfigureError {
     fn from(message: String) -> Self {
-        Self(message)
+        Self(message.into())
     }
 }
 
 impl From<&str> for ConfigureError {
     fn from(message: &str) -> Self {
-        Self(message.to_owned())
+        Self(message.into())
     }
 }
 
@@ -233,11 +240,9 @@ impl<'a> ConfigureContext<'a> {
     /// default.
     pub fn flags<T: clap::Args>(&self) -> Result<T, ConfigureError> {
         if self.matches.ids().next().is_none() {
-            return CloudConfig::none()
-                .flags::<T>()
-                .map_err(|err| ConfigureError(err.to_string()));
+            return CloudConfig::none().flags::<T>().map_err(ConfigureError);
         }
-        cloud_provider::read_flags::<T>(self.matches).map_err(|err| ConfigureError(err.to_string()))
+        cloud_provider::read_flags::<T>(self.matches).map_err(ConfigureError)
     }
 
     /// The cloud the manager runs against.
@@ -256,7 +261,7 @@ impl<'a> ConfigureContext<'a> {
         self.cluster_cidrs
             .get_or_init(|| parse_cidr_list("--cluster-cidr", &self.options.cloud.cluster_cidr))
             .as_deref()
-            .map_err(|err| ConfigureError(err.clone()))
+            .map_err(|err| ConfigureError::from(err.clone()))
     }
 
     fn options(&self) -> &Options {
@@ -327,7 +332,7 @@ fn service_config(cfg: &ConfigureContext<'_>) -> Result<Option<service::Config>,
         &options.load_balancer_classes,
         options.serve_classless_load_balancers,
     )
-    .map_err(ConfigureError)?;
+    .map_err(ConfigureError::from)?;
     Ok(Some(service::Config {
         cluster_name: cfg.cluster_name().to_owned(),
         workers: usize::from(options.concurrent_service_syncs),

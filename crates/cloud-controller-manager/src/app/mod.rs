@@ -116,9 +116,18 @@ pub enum AppError {
         #[source]
         source: CloudError,
     },
-    /// A flag value is not acceptable.
-    #[error("{0}")]
-    Flag(String),
+    /// Flags that cannot work together.
+    #[error(transparent)]
+    Flags(#[from] options::FlagsError),
+    /// A controller's configuration (from its flags) is not acceptable.
+    #[error("controller {controller}: {source}")]
+    Configure {
+        /// The controller.
+        controller: &'static str,
+        /// Why.
+        #[source]
+        source: controller_table::ConfigureError,
+    },
     /// A `KUBE_FEATURE_` environment variable (client-go's feature gates) is not acceptable.
     #[error("{0}")]
     Environment(String),
@@ -180,7 +189,7 @@ pub async fn run(
     let CommandLine { options, matches } = command_line;
     let known: Vec<ControllerName> = controllers.iter().map(|c| *c.name()).collect();
     let selection = ControllerSelection::parse(&options.generic.controllers, &known)?;
-    options.validate().map_err(AppError::Flag)?;
+    options.validate()?;
     let client_features = feature_gates::ClientFeatures::from_env(std::env::vars_os())
         .map_err(AppError::Environment)?;
     let cloud = init_cloud(&options.cloud, &matches, registry)?;
@@ -197,8 +206,10 @@ pub async fn run(
     {
         match spec
             .configure(&configure)
-            .map_err(|err| AppError::Flag(err.to_string()))?
-        {
+            .map_err(|source| AppError::Configure {
+                controller: spec.name().name,
+                source,
+            })? {
             Some(start) => configured.push(Configured {
                 name: spec.name().name,
                 service_account: spec.service_account(),
@@ -518,7 +529,7 @@ async fn run_controllers(
                     Ok((name, Err(source))) => Some(AppError::Controller { name, source }),
                     Err(err) => Some(AppError::Controller {
                         name: names.get(&err.id()).copied().unwrap_or("unknown"),
-                        source: format!("it panicked: {err}").into(),
+                        source: crate::controllers::ControllerError::Panicked(err.to_string()),
                     }),
                 };
                 if let Some(failure) = failure {

@@ -145,22 +145,41 @@ pub struct LeaderElectionOptions {
     pub leader_elect_resource_namespace: String,
 }
 
+/// Flags that cannot work together ([`Options::validate`]; clap checks each flag alone).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FlagsError {
+    /// client-go's rule: the lease must outlast the renew deadline.
+    #[error("--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline")]
+    LeaseNotLongerThanRenewDeadline,
+    /// client-go's rule: the renew deadline must exceed 1.2 retry periods.
+    #[error("--leader-elect-renew-deadline must be greater than 1.2 × --leader-elect-retry-period")]
+    RenewDeadlineTooShort,
+    /// The client's bucket would take longer than Go's longest duration to refill.
+    #[error(
+        "--kube-api-burst={burst} at --kube-api-qps={qps} takes {refill:.0}s to refill, more than 2562047h; raise --kube-api-qps or lower --kube-api-burst"
+    )]
+    BurstRefillTooLong {
+        /// `--kube-api-burst`.
+        burst: u32,
+        /// `--kube-api-qps`.
+        qps: f32,
+        /// The seconds a full refill takes.
+        refill: f64,
+    },
+}
+
 impl LeaderElectionOptions {
     /// client-go's checks: lease duration > renew deadline > 1.2 × retry period.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FlagsError> {
         if !self.leader_elect {
             return Ok(());
         }
         if self.leader_elect_lease_duration <= self.leader_elect_renew_deadline {
-            return Err(
-                "--leader-elect-lease-duration must be greater than --leader-elect-renew-deadline"
-                    .to_owned(),
-            );
+            return Err(FlagsError::LeaseNotLongerThanRenewDeadline);
         }
         if self.leader_elect_renew_deadline <= self.leader_elect_retry_period.mul_f64(1.2) {
-            return Err(
-                "--leader-elect-renew-deadline must be greater than 1.2 × --leader-elect-retry-period".to_owned(),
-            );
+            return Err(FlagsError::RenewDeadlineTooShort);
         }
         Ok(())
     }
@@ -465,14 +484,15 @@ fn kube_api_qps(text: &str) -> Result<f32, String> {
 impl ClientOptions {
     /// `--kube-api-burst` requests must refill at `--kube-api-qps` within Go's longest duration, about
     /// 292 years (more overflowed the rate limiter's nanoseconds: a panic at start).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FlagsError> {
         if self.kube_api_qps > 0.0 {
             let refill = f64::from(self.kube_api_burst.max(1)) / f64::from(self.kube_api_qps);
             if refill > MAX_BUCKET_REFILL_SECONDS {
-                return Err(format!(
-                    "--kube-api-burst={} at --kube-api-qps={} takes {refill:.0}s to refill, more than 2562047h; raise --kube-api-qps or lower --kube-api-burst",
-                    self.kube_api_burst, self.kube_api_qps
-                ));
+                return Err(FlagsError::BurstRefillTooLong {
+                    burst: self.kube_api_burst,
+                    qps: self.kube_api_qps,
+                    refill,
+                });
             }
         }
         Ok(())
@@ -482,7 +502,7 @@ impl ClientOptions {
 impl Options {
     /// The checks that involve several flags (clap checks each flag alone): leader election's and the
     /// client's. The network flags are checked at start against the controllers that run.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), FlagsError> {
         self.leader_election.validate()?;
         self.client.validate()
     }
@@ -718,6 +738,7 @@ mod tests {
                 .leader_election
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("--leader-elect-lease-duration")
         );
         let options = parse(&[
@@ -730,6 +751,7 @@ mod tests {
                 .leader_election
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("--leader-elect-renew-deadline")
         );
         let options = parse(&["--leader-elect=false", "--leader-elect-renew-deadline=1s"]).unwrap();
@@ -758,7 +780,7 @@ mod tests {
         }
         // A burst that takes longer than Go's longest duration to refill overflowed the limiter.
         let options = parse(&["--kube-api-qps=1e-9", "--kube-api-burst=400"]).unwrap();
-        let err = options.validate().unwrap_err();
+        let err = options.validate().unwrap_err().to_string();
         assert!(
             err.contains("--kube-api-burst=400") && err.contains("--kube-api-qps"),
             "{err}"

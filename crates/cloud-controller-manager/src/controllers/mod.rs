@@ -101,7 +101,8 @@ impl ControllerContext {
 pub type ControllerTask = Pin<Box<dyn Future<Output = Result<(), ControllerError>> + Send>>;
 
 /// Why a controller stopped with an error. `?` converts the API client's and the cloud's errors, and
-/// a message (`String`, `&str`) becomes [`ControllerError::Failed`].
+/// a message (`String`, `&str`) becomes [`ControllerError::Other`], as does any error of the
+/// controller's own with [`ControllerError::other`].
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ControllerError {
@@ -111,19 +112,29 @@ pub enum ControllerError {
     /// A cloud call failed for good.
     #[error(transparent)]
     Cloud(#[from] cloud_provider::CloudError),
-    /// Anything else, said in words.
-    #[error("{0}")]
-    Failed(String),
+    /// The controller's task panicked (a bug); the panic's message.
+    #[error("it panicked: {0}")]
+    Panicked(String),
+    /// An error of the controller's own (its source kept), or a message.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync + 'static>),
+}
+
+impl ControllerError {
+    /// An error of the controller's own type, its source chain kept.
+    pub fn other(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Other(Box::new(error))
+    }
 }
 
 impl From<String> for ControllerError {
     fn from(message: String) -> Self {
-        Self::Failed(message)
+        Self::Other(message.into())
     }
 }
 
 impl From<&str> for ControllerError {
     fn from(message: &str) -> Self {
-        Self::Failed(message.to_owned())
+        Self::Other(message.into())
     }
 }
