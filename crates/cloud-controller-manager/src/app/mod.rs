@@ -13,6 +13,7 @@ pub(crate) mod health;
 pub(crate) mod leader_election;
 pub(crate) mod logging;
 pub mod options;
+mod phases;
 pub(crate) mod rate_limit;
 pub(crate) mod review_cache;
 pub(crate) mod review_slots;
@@ -23,10 +24,7 @@ pub(crate) mod upstream_flags;
 
 use std::{
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, atomic::AtomicBool},
     time::Duration,
 };
 
@@ -42,19 +40,16 @@ use crate::{
     controllers::ControllerContext,
     informers::{InformerFactory, InitialList},
     metrics::Metrics,
-    shadow::{DryRunLayer, ShadowCloud, ShadowReport, ShadowView},
+    shadow::ShadowReport,
 };
 pub use client::ClientError;
 pub use command_line::CommandLine;
-use controller_table::{ConfigureContext, ControllerName, ControllerSpec, StartFn};
+use controller_table::{ControllerName, ControllerSpec, StartFn};
 pub use controllers_flag::{ControllerSelection, UnknownController};
-use delegated_auth::DelegatedAuth;
 use health::Health;
-use leader_election::LeaderElector;
 pub use leader_election::LeadershipLost;
 pub use options::Options;
 pub use service_account_credentials::CredentialsError;
-use serving::ServerState;
 pub use serving::ServingError;
 
 /// How long the manager waits at start for an API server that answers, but not as one (TLS refused,
@@ -137,6 +132,9 @@ pub enum AppError {
     /// This replica lost its leader lease (upstream exits then, and so do we).
     #[error(transparent)]
     LeadershipLost(LeadershipLost),
+    /// The Lease's renewal panicked (a bug): leadership can no longer be vouched for.
+    #[error("the leader election's renewal panicked: {0}")]
+    RenewalPanicked(String),
     /// A controller stopped with an error.
     #[error("controller {name} failed: {source}")]
     Controller {
@@ -178,7 +176,10 @@ pub fn init_cloud(
 }
 
 /// Runs the manager until `shutdown` is cancelled (or a controller fails): the enabled rows of
-/// `controllers` against the provider the command line names.
+/// `controllers` against the provider the command line names. In phases: the flags and the provider
+/// checked and every controller configured (nothing started yet); the cloud decorated; the secure
+/// endpoint started and the API server waited for; leadership won; the controllers run; then the
+/// Lease released and the traffic handed off.
 pub async fn run(
     command_line: CommandLine,
     registry: &Registry,
@@ -197,31 +198,8 @@ pub async fn run(
         provider = cloud.provider_name(),
         "cloud provider initialized from the registry"
     );
-    // Every enabled controller's config is built and checked now, before anything starts.
-    let configure = ConfigureContext::new(&options, &matches, cloud.as_ref());
-    let mut configured = Vec::new();
-    for spec in controllers
-        .iter()
-        .filter(|c| selection.is_enabled(c.name()))
-    {
-        match spec
-            .configure(&configure)
-            .map_err(|source| AppError::Configure {
-                controller: spec.name().name,
-                source,
-            })? {
-            Some(start) => configured.push(Configured {
-                name: spec.name().name,
-                service_account: spec.service_account(),
-                start,
-            }),
-            None => tracing::info!(
-                controller = spec.name().name,
-                "controller is enabled but its configuration leaves it off"
-            ),
-        }
-    }
-    drop(configure);
+    let configured =
+        phases::configure(controllers, &selection, &options, &matches, cloud.as_ref())?;
     metrics.register_provider(cloud.as_ref());
     // With leader election, the API writes and the cloud calls of the controllers go on only while this
     // fence, which the elector opens and extends, allows.
@@ -231,189 +209,86 @@ pub async fn run(
     } else {
         WriteFence::unenforced()
     };
-    // Every call the controllers make to the cloud is timed, its errors counted, and kept within
-    // leadership.
-    let cloud: Arc<dyn CloudProvider> = Arc::new(crate::cloud_metrics::MeteredCloud::new(
-        cloud,
-        metrics.cloud.clone(),
-        fence.clone(),
-    ));
     // Shadow mode: API writes become recorded dry runs, cloud writes recorded previews.
     let shadow = options
         .generic
         .dry_run
         .then(|| ShadowReport::new(metrics.dry_run.clone()));
-    let actual_cloud = cloud.clone();
-    let cloud: Arc<dyn CloudProvider> = match &shadow {
-        Some(report) => Arc::new(ShadowCloud::new(cloud, report.clone())),
-        None => cloud,
-    };
+    let (cloud, actual_cloud) = phases::decorate(cloud, metrics, &fence, shadow.as_ref());
 
-    let config = client::client_config(&options.client).await?;
-    let url = config.cluster_url.to_string();
-    let mut clients = ClientFactory {
-        config,
-        options: options.client.clone(),
-        metrics: metrics.clone(),
-        fence: WriteFence::unenforced(),
-        dry_run: shadow.clone().map(DryRunLayer::new),
-        service_account_credentials: options.generic.use_service_account_credentials,
-    };
+    let (mut clients, url) = phases::clients(&options, metrics, shadow.as_ref()).await?;
     let client = clients.build()?;
-
-    // The secure endpoint serves on every replica, leader or not, so probes work during standby, and
-    // while the API server is away (a manager that waits for it is alive, not one to restart).
-    let health = Arc::new(Health::default());
-    // Every long-running task beside the controllers (the caches, the provider's background work, the
-    // certificate reload) is started by it; one that fails fails `/healthz`.
-    let supervisor = cloud_provider::Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
-    health.watch_tasks(supervisor.clone());
-    let dry_run_view = shadow.map(|report| {
-        Arc::new(ShadowView {
-            report,
-            client: client.clone(),
-            cloud: actual_cloud,
-            cluster_name: options.cloud.cluster_name.clone(),
-        })
-    });
-    serving::start(
-        &options.serving,
-        Arc::new(ServerState {
-            health: health.clone(),
-            metrics: metrics.clone(),
-            auth: DelegatedAuth::new(clients.build_for_reviews()?),
-            always_allow: options.serving.authorization_always_allow_paths.clone(),
-            dry_run: dry_run_view.clone(),
-        }),
-        &supervisor,
+    let (health, supervisor) = phases::serve(
+        &options,
+        metrics,
+        &clients,
+        &client,
+        shadow,
+        actual_cloud,
+        &shutdown,
     )?;
     wait_for_api_server(&client, &url, &shutdown).await?;
     if shutdown.is_cancelled() {
         return Ok(());
     }
 
-    if dry_run_view.is_some() {
-        tracing::info!(
-            leader_elect = options.leader_election.leader_elect,
-            "--dry-run: leader election is off (a shadow writes nothing, so it needs no lease and must not take the acting manager's); every write is a recorded dry run, reported at /dry-run"
-        );
-    }
     // What the provider sees of the leader riding out an API-server outage: nothing, unless it leads
     // and the provider asked for it (the report is dropped otherwise).
     let (outage_report, api_outage) = cloud_provider::ApiOutage::channel();
     let elector = if leading {
-        let mut elector = LeaderElector::new(
-            clients.build_for_leader_election()?,
-            &options.leader_election,
-            leader_election::new_identity(),
+        let elector = phases::elector(
+            &clients,
+            &options,
             fence,
-        );
-        if cloud.rides_out_api_outages() {
-            tracing::info!(
-                "the provider serves traffic from this process: a leader that cannot reach the API server at its renew deadline stops writing but keeps running, until the API server answers or another replica serves"
-            );
-            elector = elector.riding_out_outages(outage_report, metrics.leader_election.clone());
-        }
-        let elector = Arc::new(elector);
+            cloud.as_ref(),
+            outage_report,
+            metrics,
+        )?;
         health.watch_leader(elector.clone());
-        let lease = &options.leader_election.leader_elect_resource_name;
-        metrics.leader_election.set_leading(lease, false);
-        if !elector.acquire(&shutdown).await {
+        if !phases::lead(&elector, &mut clients, &options, metrics, &shutdown).await {
             return Ok(()); // shut down while waiting: nothing was started
         }
-        metrics.leader_election.set_leading(lease, true);
-        // Every client built from here on writes only while this replica's leadership is valid.
-        clients.fence = elector.fence().clone();
         Some(elector)
     } else {
         None
     };
 
-    // Controllers stop on shutdown, or at once when leadership is lost.
-    let stop = shutdown.child_token();
-    let lost = Arc::new(AtomicBool::new(false));
-    // The provider's background work stops with the controllers, except a provider whose process
-    // carries traffic: its data plane goes on serving through a graceful stop until it has handed the
-    // traffic off (`CloudProvider::hand_off`, after the Lease is released), and stops at once when
-    // leadership is lost. Cancelled whenever this function returns.
     let hands_off = cloud.hands_off_traffic();
-    let provider_stop = if hands_off {
-        CancellationToken::new()
-    } else {
-        stop.clone()
-    };
-    let _provider_stop_on_return = provider_stop.clone().drop_guard();
-    // Renewal goes on until the controllers have finished their in-flight work, not only until the
-    // shutdown signal: the leader's writes are fenced at its renew deadline, and a graceful stop may
-    // take longer than that.
-    let stop_renewing = CancellationToken::new();
+    let stops = phases::Stops::new(&shutdown, hands_off);
+    // Cancelled whenever this function returns.
+    let _provider_stop_on_return = stops.provider.clone().drop_guard();
     let lease = options.leader_election.leader_elect_resource_name.clone();
-    let renewing = elector.clone().map(|elector| {
-        let (stop, lost, stop_renewing) = (stop.clone(), lost.clone(), stop_renewing.clone());
-        let (status, lease) = (metrics.leader_election.clone(), lease.clone());
-        let provider_stop = provider_stop.clone();
-        tokio::spawn(async move {
-            let result = elector.keep_renewing(&stop_renewing).await;
-            if result.is_err() {
-                status.set_leading(&lease, false);
-                lost.store(true, Ordering::Relaxed);
-                provider_stop.cancel();
-                stop.cancel();
-            }
-            result
-        })
-    });
-    let leader_status = metrics.leader_election.clone();
+    let renewing = elector
+        .clone()
+        .map(|elector| phases::start_renewing(elector, &stops, metrics, &lease));
 
-    let initial_list = if client_features.enabled(feature_gates::WATCH_LIST_CLIENT) {
-        InitialList::Streaming
-    } else {
-        InitialList::ListThenWatch
-    };
-    let ownership = crate::node_ownership::NodeOwnership::new(
-        options.cloud.node_selector().clone(),
-        cloud.clone(),
-    );
-    if !ownership.selects_everything() {
-        tracing::info!(
-            node_selector = options.cloud.node_selector().as_str(),
-            "acting on the nodes this selector matches only"
-        );
-    }
     let result = run_controllers(
         configured,
-        initial_list,
+        phases::initial_list(&client_features),
         &options.cloud.cloud_provider,
         cloud.clone(),
-        ownership,
+        phases::node_ownership(&options, cloud.clone()),
         &clients,
         metrics,
         &health,
-        (stop.clone(), provider_stop),
+        (stops.controllers.clone(), stops.provider.clone()),
         &supervisor,
-        &lost,
+        &stops.lost,
         api_outage,
         &options.cloud.cluster_name,
     )
     .await;
-    stop.cancel();
-    stop_renewing.cancel();
-    if let Some(renewing) = renewing
-        && let Ok(Err(lost)) = renewing.await
-    {
-        tracing::error!("{lost}");
-        return Err(AppError::LeadershipLost(lost));
-    }
+    stops.controllers.cancel();
+    stops.renewing.cancel();
+    phases::renewal_ended(renewing).await?;
     result?;
-    if let Some(elector) = elector {
-        // In-flight work is done: hand over now rather than make the next leader wait out the lease.
-        elector.release().await;
-        leader_status.set_leading(&lease, false);
-    }
-    if hands_off {
-        // A graceful stop: the traffic this process carries goes to the next leader.
-        cloud.hand_off().await;
-    }
+    phases::step_down(
+        elector,
+        metrics,
+        &lease,
+        hands_off.then_some(cloud.as_ref()),
+    )
+    .await;
     Ok(())
 }
 
@@ -514,45 +389,7 @@ async fn run_controllers(
     // after the controllers are built); one asked for later starts when it is.
     informers.start(client, supervisor.stopping_with(stop.clone()), initial_list);
 
-    // Run until stopped; a controller that fails (or panics) stops the manager with its error.
-    while !stop.is_cancelled() {
-        tokio::select! {
-            () = stop.cancelled() => {}
-            Some(joined) = running.join_next(), if !running.is_empty() => {
-                let failure = match joined {
-                    // Controllers return when `stop` is cancelled: that is no news.
-                    Ok((_, Ok(()))) if stop.is_cancelled() => None,
-                    Ok((name, Ok(()))) => {
-                        tracing::warn!(controller = name, "controller stopped on its own");
-                        None
-                    }
-                    Ok((name, Err(source))) => Some(AppError::Controller { name, source }),
-                    Err(err) => Some(AppError::Controller {
-                        name: names.get(&err.id()).copied().unwrap_or("unknown"),
-                        source: crate::controllers::ControllerError::Panicked(err.to_string()),
-                    }),
-                };
-                if let Some(failure) = failure {
-                    stop.cancel();
-                    return Err(failure);
-                }
-            }
-        }
-    }
-    health.shutting_down();
-    if lost.load(Ordering::Relaxed) {
-        return Ok(()); // another replica may act already: stop at once
-    }
-    tracing::info!("shutting down: waiting for controllers to finish in-flight work");
-    if tokio::time::timeout(SHUTDOWN_GRACE, async {
-        while running.join_next().await.is_some() {}
-    })
-    .await
-    .is_err()
-    {
-        tracing::warn!(grace = ?SHUTDOWN_GRACE, "controllers did not stop in time; abandoning them");
-    }
-    Ok(())
+    phases::run_until_stopped(running, names, &stop, health, lost).await
 }
 
 /// Whether `err` says the API server could not be reached at all (refused, reset, timed out, or an
