@@ -356,40 +356,7 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     };
     let panics = Arc::new(PerObjectBackoff::new(PANIC_RETRY_MIN, PANIC_RETRY_MAX));
     let reported = Arc::new((metrics, health, events));
-    let feed = {
-        let queue = queue.clone();
-        let shutdown = shutdown.clone();
-        let health = reported.1.clone();
-        // The changes cannot be had again: a feed that ends before shutdown (or panics) leaves the
-        // controller deaf, so it fails the controller's health check for good (the manager restarts).
-        tokio::spawn(async move {
-            let feeding = std::panic::AssertUnwindSafe(async {
-                let mut changes = Box::pin(changes);
-                loop {
-                    tokio::select! {
-                        change = changes.next() => match change {
-                            Some(object) => queue.add(ObjectRef::from_obj(object.as_ref())),
-                            None => return "ended while the manager was not stopping".to_owned(),
-                        },
-                        () = shutdown.cancelled() => return String::new(),
-                    }
-                }
-            });
-            let why = match feeding.catch_unwind().await {
-                Ok(why) => why,
-                Err(panic) => format!(
-                    "panicked: {}",
-                    cloud_provider::panic_message(panic.as_ref())
-                ),
-            };
-            if !why.is_empty() {
-                tracing::error!(
-                    "the work queue's feed of changes {why}; the controller's health check fails from now on, so that the manager is restarted"
-                );
-                health.background_loop_failed("feed", &why);
-            }
-        })
-    };
+    let feed = spawn_feed(changes, queue.clone(), shutdown.clone(), reported.1.clone());
     let stop = {
         let queue = queue.clone();
         tokio::spawn(async move {
@@ -425,20 +392,8 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
                                 next
                             }
                             Err(panic) => {
-                                let (metrics, health, events) = reported.as_ref();
                                 let message = cloud_provider::panic_message(panic.as_ref());
-                                let (count, delay) = panics.failed(&key.to_string());
-                                metrics.panics.inc();
-                                health.panicked();
-                                tracing::error!(object = %key, panics = count, retry_in = ?delay, "reconcile panicked: {message}");
-                                events.queue(
-                                    object.as_ref(),
-                                    EventType::Warning,
-                                    "ReconcilePanicked",
-                                    "Reconcile",
-                                    format!("The controller panicked reconciling this object ({message}); retrying in {delay:?}"),
-                                );
-                                Next::RequeueAfter(delay)
+                                panicked(object.as_ref(), &key, &message, &panics, &reported)
                             }
                         };
                         if let Next::RequeueAfter(delay) = next {
@@ -467,6 +422,75 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     feed.abort();
     stop.abort();
     unfinished.abort();
+}
+
+/// What a work queue's panics are told to: its metrics, the controller's health, the object's events.
+type Reported = (QueueMetrics, ControllerHealth, EventRecorder);
+
+/// A reconcile of `object` (`key`) panicked with `message`: counted, told in the controller's health
+/// and a Warning event on the object, and retried on the key's panic back-off (returned).
+fn panicked<K: Resource<DynamicType = ()>>(
+    object: &K,
+    key: &ObjectRef<K>,
+    message: &str,
+    panics: &PerObjectBackoff,
+    (metrics, health, events): &Reported,
+) -> Next {
+    let (count, delay) = panics.failed(&key.to_string());
+    metrics.panics.inc();
+    health.panicked();
+    tracing::error!(object = %key, panics = count, retry_in = ?delay, "reconcile panicked: {message}");
+    events.queue(
+        object,
+        EventType::Warning,
+        "ReconcilePanicked",
+        "Reconcile",
+        format!(
+            "The controller panicked reconciling this object ({message}); retrying in {delay:?}"
+        ),
+    );
+    Next::RequeueAfter(delay)
+}
+
+/// Queues the key of every object `changes` yields until `shutdown`. The changes cannot be had again:
+/// a feed that ends before shutdown (or panics) leaves the controller deaf, so it fails the
+/// controller's health check for good (the manager restarts).
+fn spawn_feed<K>(
+    changes: impl Stream<Item = Arc<K>> + Send + 'static,
+    queue: Arc<WorkQueue<ObjectRef<K>>>,
+    shutdown: CancellationToken,
+    health: ControllerHealth,
+) -> tokio::task::JoinHandle<()>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+{
+    tokio::spawn(async move {
+        let feeding = std::panic::AssertUnwindSafe(async {
+            let mut changes = Box::pin(changes);
+            loop {
+                tokio::select! {
+                    change = changes.next() => match change {
+                        Some(object) => queue.add(ObjectRef::from_obj(object.as_ref())),
+                        None => return "ended while the manager was not stopping".to_owned(),
+                    },
+                    () = shutdown.cancelled() => return String::new(),
+                }
+            }
+        });
+        let why = match feeding.catch_unwind().await {
+            Ok(why) => why,
+            Err(panic) => format!(
+                "panicked: {}",
+                cloud_provider::panic_message(panic.as_ref())
+            ),
+        };
+        if !why.is_empty() {
+            tracing::error!(
+                "the work queue's feed of changes {why}; the controller's health check fails from now on, so that the manager is restarted"
+            );
+            health.background_loop_failed("feed", &why);
+        }
+    })
 }
 
 #[cfg(test)]
