@@ -201,49 +201,34 @@ impl Supervisor {
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let (this, name) = (self.clone(), name.into());
-        let span = tracing::info_span!("supervised", task = %name);
-        let running = Running::new(&self.shared, &name);
-        tokio::spawn(
-            async move {
-                let _running = running;
-                let mut panics_in_a_row = 0;
-                let mut wait = FIRST_RESTART_WAIT;
-                loop {
-                    let started = Instant::now();
-                    let Some(outcome) = this.run(make()).await else {
-                        return;
-                    };
-                    let why = match outcome {
-                        Ok(()) => match this.ended(&name, ends) {
-                            Some(why) => why,
-                            None => return,
-                        },
-                        Err(panic) => {
-                            if started.elapsed() >= HEALTHY_RUN {
-                                panics_in_a_row = 0;
-                                wait = FIRST_RESTART_WAIT;
-                            }
-                            panics_in_a_row += 1;
-                            this.count_panic(&name);
-                            if panics_in_a_row < PANICS_BEFORE_FAILING {
-                                tracing::error!(task = %name, "the task panicked (a bug): {panic}; starting it again in {wait:?}");
-                                tokio::select! {
-                                    () = tokio::time::sleep(wait) => {}
-                                    () = this.shutdown.cancelled() => return,
-                                }
-                                wait = (wait * 2).min(LONGEST_RESTART_WAIT);
-                                continue;
-                            }
-                            format!("panicked {panics_in_a_row} times in a row (a bug), the last time: {panic}")
-                        }
-                    };
-                    this.fail(&name, &why);
-                    return;
+        self.launch(name.into(), move |this, name| async move {
+            let mut panics_in_a_row = 0;
+            let mut wait = FIRST_RESTART_WAIT;
+            loop {
+                let started = Instant::now();
+                let panic = match this.run(make()).await? {
+                    Ok(()) => return this.ended(&name, ends),
+                    Err(panic) => panic,
+                };
+                if started.elapsed() >= HEALTHY_RUN {
+                    panics_in_a_row = 0;
+                    wait = FIRST_RESTART_WAIT;
                 }
+                panics_in_a_row += 1;
+                this.count_panic(&name);
+                if panics_in_a_row >= PANICS_BEFORE_FAILING {
+                    return Some(format!(
+                        "panicked {panics_in_a_row} times in a row (a bug), the last time: {panic}"
+                    ));
+                }
+                tracing::error!(task = %name, "the task panicked (a bug): {panic}; starting it again in {wait:?}");
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = this.shutdown.cancelled() => return None,
+                }
+                wait = (wait * 2).min(LONGEST_RESTART_WAIT);
             }
-            .instrument(span),
-        );
+        });
     }
 
     /// Runs `task` until the shutdown token is cancelled (it is dropped then); a panic, or an end before
@@ -254,24 +239,37 @@ impl Supervisor {
         ends: Ends,
         task: impl Future<Output = ()> + Send + 'static,
     ) {
-        let (this, name) = (self.clone(), name.into());
+        self.launch(name.into(), move |this, name| async move {
+            match this.run(task).await? {
+                Ok(()) => this.ended(&name, ends),
+                Err(panic) => {
+                    this.count_panic(&name);
+                    Some(format!("panicked (a bug): {panic}"))
+                }
+            }
+        });
+    }
+
+    /// Spawns what `supervising` makes of this supervisor and the task's name, counted as running
+    /// while it lives; the failure it returns, if any, is the task's.
+    fn launch<Fut>(
+        &self,
+        name: Cow<'static, str>,
+        supervising: impl FnOnce(Supervisor, Cow<'static, str>) -> Fut,
+    ) where
+        Fut: Future<Output = Option<String>> + Send + 'static,
+    {
         let span = tracing::info_span!("supervised", task = %name);
         let running = Running::new(&self.shared, &name);
+        let this = self.clone();
+        let supervised = supervising(self.clone(), name.clone());
+        // The supervisor's own task catches every panic of the one it runs: it has nothing to report.
         tokio::spawn(
             async move {
                 let _running = running;
-                let why = match this.run(task).await {
-                    None => return,
-                    Some(Ok(())) => match this.ended(&name, ends) {
-                        Some(why) => why,
-                        None => return,
-                    },
-                    Some(Err(panic)) => {
-                        this.count_panic(&name);
-                        format!("panicked (a bug): {panic}")
-                    }
-                };
-                this.fail(&name, &why);
+                if let Some(why) = supervised.await {
+                    this.fail(&name, &why);
+                }
             }
             .instrument(span),
         );
