@@ -9,19 +9,16 @@ mod support;
 
 use std::{sync::Arc, time::Duration};
 
-use clap::Parser;
-use cloud_controller_manager::{Manager, Options};
-use cloud_provider::Registry;
 use cloud_provider_aws::ZONE_ID_LABEL;
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
+use manager_testkit::ManagerUnderTest;
 use serde_json::json;
 use support::*;
 use test_control_plane::{control_plane, kubelet_node};
-use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(30);
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
@@ -98,18 +95,12 @@ async fn create_initialized_node(api: &Api<Node>, name: &str) {
     .await;
 }
 
-type ManagerTask = tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>;
-
 /// Runs the manager in-process on the `aws` provider (on moto) with these controllers; the provider is
 /// returned too, for its call counts.
 async fn start_manager(
     controllers: &str,
     extra_flags: &[&str],
-) -> (
-    CancellationToken,
-    ManagerTask,
-    Arc<cloud_provider_aws::AwsCloud>,
-) {
+) -> (ManagerUnderTest, Arc<cloud_provider_aws::AwsCloud>) {
     // The manager's log, shown with a failing test's output.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -117,41 +108,15 @@ async fn start_manager(
         .with_env_filter("info")
         .try_init();
     let cloud = Arc::new(cloud(&default_config()));
-    let mut registry = Registry::new();
-    let shared = cloud.clone();
-    registry
-        .register("aws", move |_| Ok(shared.clone() as _))
-        .unwrap();
-    let manager = Manager::with_registry(registry);
-    test_control_plane::apply_shipped_rbac().await;
-    let mut argv = vec![
-        "cloud-controller-manager".to_owned(),
-        "--cloud-provider=aws".to_owned(),
-        format!(
-            "--kubeconfig={}",
-            control_plane().ccm_kubeconfig().display()
-        ),
-        "--leader-elect=false".to_owned(),
-        "--secure-port=0".to_owned(),
-        format!("--controllers={controllers}"),
-        "--node-monitor-period=200ms".to_owned(),
-        "--node-status-update-frequency=500ms".to_owned(),
+    let controllers = format!("--controllers={controllers}");
+    let mut args = vec![
+        controllers.as_str(),
+        "--node-monitor-period=200ms",
+        "--node-status-update-frequency=500ms",
     ];
-    argv.extend(extra_flags.iter().map(|flag| (*flag).to_owned()));
-    let options = Options::try_parse_from(argv).expect("valid flags");
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let task = tokio::spawn(async move { manager.run(options, token).await });
-    (shutdown, task, cloud)
-}
-
-async fn stop_manager(shutdown: CancellationToken, task: ManagerTask) {
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .expect("the manager stops")
-        .expect("no panic")
-        .expect("no error");
+    args.extend(extra_flags);
+    let manager = ManagerUnderTest::start("aws", cloud.clone(), &args).await;
+    (manager, cloud)
 }
 
 #[tokio::test]
@@ -161,7 +126,7 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
     let net = network().await;
     let instances = run_instances(&net, 3).await;
 
-    let (shutdown, task, cloud) = start_manager("cloud-node,cloud-node-lifecycle", &[]).await;
+    let (manager, cloud) = start_manager("cloud-node,cloud-node-lifecycle", &[]).await;
 
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
@@ -244,7 +209,7 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
     // The running instance's node stays.
     assert!(api.get_opt(&names[2]).await.unwrap().is_some());
 
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
@@ -269,7 +234,7 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 3).await;
-    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
+    let (manager, _cloud) = start_manager("cloud-node,service", &[]).await;
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
     for name in &names {
@@ -483,7 +448,7 @@ async fn load_balancer_services_get_nlbs_and_elbs_follow_nodes_and_leave_nothing
             .unwrap();
     }
     nothing_left("no cluster resources left").await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
@@ -499,7 +464,7 @@ async fn the_condition_says_ensured_or_why_aws_refuses() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
+    let (manager, _cloud) = start_manager("cloud-node,service", &[]).await;
     let api = nodes().await;
     let name = instances[0].private_dns.clone();
     let _ = api.delete(&name, &DeleteParams::default()).await;
@@ -562,7 +527,7 @@ async fn the_condition_says_ensured_or_why_aws_refuses() {
             .unwrap();
     }
     nothing_left("no cluster resources left").await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let _ = api.delete(&name, &DeleteParams::default()).await;
 }
 
@@ -582,7 +547,7 @@ async fn routes_follow_the_nodes_pod_cidrs_in_the_clusters_route_table() {
     let net = network().await;
     let table_id = cluster_route_table(&net).await;
     let instances = run_instances(&net, 3).await;
-    let (shutdown, task, _cloud) = start_manager(
+    let (manager, _cloud) = start_manager(
         "route",
         &[
             "--cluster-cidr=10.244.0.0/16",
@@ -639,7 +604,7 @@ async fn routes_follow_the_nodes_pod_cidrs_in_the_clusters_route_table() {
     })
     .await;
 
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
@@ -691,7 +656,7 @@ async fn node_labels_select_targets_for_new_and_existing_services() {
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 2).await;
-    let (shutdown, task, _cloud) = start_manager("cloud-node,service", &[]).await;
+    let (manager, _cloud) = start_manager("cloud-node,service", &[]).await;
     let api = nodes().await;
     let names: Vec<String> = instances.iter().map(|i| i.private_dns.clone()).collect();
     for name in &names {
@@ -801,7 +766,7 @@ async fn node_labels_select_targets_for_new_and_existing_services() {
             .unwrap();
     }
     nothing_left("no cluster resources left").await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     for name in &names {
         let _ = api.delete(name, &DeleteParams::default()).await;
     }
@@ -885,7 +850,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         format!("a{uid}")[..32].to_owned()
     };
 
-    let (shutdown, task, _cloud) =
+    let (manager, _cloud) =
         start_manager("cloud-node,service", &["--load-balancer-drift-period=2s"]).await;
     let hostname = eventually("aws-drift's hostname", || async {
         ingress_hostname(&services.get_opt("aws-drift").await.ok()??)
@@ -923,11 +888,11 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         (classic_listener_ports(&hostname).await? == [80, 443]).then_some(())
     })
     .await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
 
     // Report only: the event, and the listener stays gone.
     let before = drift_events(&uid).await.len();
-    let (shutdown, task, _cloud) = start_manager(
+    let (manager, _cloud) = start_manager(
         "cloud-node,service",
         &[
             "--load-balancer-drift-period=2s",
@@ -964,7 +929,7 @@ async fn a_classic_elb_changed_out_of_band_is_healed_or_reported() {
         .await
         .unwrap();
     nothing_left("no cluster resources left").await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let _ = api.delete(&name, &DeleteParams::default()).await;
 }
 
@@ -1058,7 +1023,7 @@ async fn a_kept_load_balancer_outlives_its_service_and_the_next_of_its_name_adop
     moto().reset();
     let net = network().await;
     let instances = run_instances(&net, 1).await;
-    let (shutdown, task, _cloud) = start_manager(
+    let (manager, _cloud) = start_manager(
         "cloud-node,service",
         &["--orphaned-load-balancer-sweep-period=1s"],
     )
@@ -1183,6 +1148,6 @@ async fn a_kept_load_balancer_outlives_its_service_and_the_next_of_its_name_adop
         .await
         .unwrap();
     nothing_left("the released load balancer swept").await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let _ = api.delete(&node, &DeleteParams::default()).await;
 }

@@ -7,9 +7,7 @@
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
-use clap::Parser;
-use cloud_controller_manager::{Manager, Options};
-use cloud_provider::{CloudConfig, CloudProvider, Registry};
+use cloud_provider::{CloudConfig, CloudProvider};
 use cloud_provider_kubevirt::KubevirtCloud;
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Service},
@@ -19,6 +17,7 @@ use kube::{
     Api, Client,
     api::{DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams},
 };
+use manager_testkit::ManagerUnderTest;
 use serde_json::json;
 use test_control_plane::{
     apply_manifest, control_plane, infra_control_plane, kubelet_node, unique_name, workspace_root,
@@ -208,10 +207,8 @@ impl InfraBed {
     }
 }
 
-type ManagerTask = tokio::task::JoinHandle<Result<(), cloud_controller_manager::ManagerError>>;
-
 /// The real manager in-process on the tenant cluster, with the `kubevirt` provider of `bed`.
-async fn start_manager(bed: &InfraBed, controllers: &str) -> (CancellationToken, ManagerTask) {
+async fn start_manager(bed: &InfraBed, controllers: &str) -> ManagerUnderTest {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_ansi(false)
@@ -221,35 +218,15 @@ async fn start_manager(bed: &InfraBed, controllers: &str) -> (CancellationToken,
     let tenant_rbac =
         std::fs::read_to_string(workspace_root().join("deploy/kubevirt/tenant-rbac.yaml")).unwrap();
     apply_manifest(&tenant().await, &tenant_rbac, false).await;
-    let manager = Manager::with_registry(Registry::linked().unwrap());
-    let argv = vec![
-        "cloud-controller-manager".to_owned(),
-        "--cloud-provider=kubevirt".to_owned(),
-        format!("--cloud-config={}", bed.config.path().display()),
-        format!(
-            "--kubeconfig={}",
-            control_plane().ccm_kubeconfig().display()
-        ),
-        "--leader-elect=false".to_owned(),
-        "--secure-port=0".to_owned(),
-        format!("--controllers={controllers}"),
-        "--node-monitor-period=200ms".to_owned(),
-        "--node-status-update-frequency=500ms".to_owned(),
+    let config = format!("--cloud-config={}", bed.config.path().display());
+    let controllers = format!("--controllers={controllers}");
+    let args = [
+        config.as_str(),
+        controllers.as_str(),
+        "--node-monitor-period=200ms",
+        "--node-status-update-frequency=500ms",
     ];
-    let options = Options::try_parse_from(argv).expect("valid flags");
-    let shutdown = CancellationToken::new();
-    let token = shutdown.clone();
-    let task = tokio::spawn(async move { manager.run(options, token).await });
-    (shutdown, task)
-}
-
-async fn stop_manager(shutdown: CancellationToken, task: ManagerTask) {
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(30), task)
-        .await
-        .expect("the manager stops")
-        .expect("no panic")
-        .expect("no error");
+    ManagerUnderTest::start_linked("kubevirt", &args).await
 }
 
 async fn set_ready(name: &str, ready: bool) {
@@ -310,7 +287,7 @@ async fn tenant_nodes_initialize_from_their_vmis_and_follow_them() {
     bed.vmi(&labelled_vmi, "infra-a", &["10.89.7.13"], None)
         .await;
 
-    let (shutdown, task) = start_manager(&bed, "cloud-node,cloud-node-lifecycle").await;
+    let manager = start_manager(&bed, "cloud-node,cloud-node-lifecycle").await;
     let nodes: Api<Node> = Api::all(tenant().await);
     for name in [&by_name, &by_hostname, &labelled] {
         let mut node = kubelet_node(name);
@@ -423,7 +400,7 @@ async fn tenant_nodes_initialize_from_their_vmis_and_follow_them() {
         "phase Unknown is not a shutdown"
     );
 
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     for name in [&by_name, &labelled] {
         let _ = nodes.delete(name, &DeleteParams::default()).await;
     }
@@ -519,7 +496,7 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
     bed.vmi(&node_b, "infra-b", &["10.89.8.12"], None).await;
     let namespace = tenant_namespace("shop").await;
     let tenant = tenant().await;
-    let (shutdown, task) = start_manager(&bed, "service").await;
+    let manager = start_manager(&bed, "service").await;
     let services: Api<Service> = Api::namespaced(tenant.clone(), &namespace);
     let web = services
         .create(&PostParams::default(), &lb_service("web", "Cluster"))
@@ -571,10 +548,10 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
     tenant_address(&services, "web", "192.0.2.40").await;
     // Quiet: a new manager's first look at a load balancer that is as it should be writes nothing to the
     // infra cluster (nor to the tenant's Service).
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let before = infra_services.get(&infra_name).await.unwrap();
     let tenant_before = services.get("web").await.unwrap();
-    let (shutdown, task) = start_manager(&bed, "service").await;
+    let manager = start_manager(&bed, "service").await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         infra_services
@@ -753,7 +730,7 @@ async fn load_balancers_are_infra_services_and_mirror_local_endpoints() {
         }
     })
     .await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let _ = Api::<Namespace>::all(tenant)
         .delete(&namespace, &DeleteParams::default())
         .await;
@@ -924,7 +901,7 @@ async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
     let bed = infra_bed("loadBalancer:\n  creationPollInterval: 1\n", true).await;
     let namespace = tenant_namespace("away").await;
     let tenant = tenant().await;
-    let (shutdown, task) = start_manager(&bed, "service").await;
+    let manager = start_manager(&bed, "service").await;
     // The infra API server answers nothing (SIGSTOP) while a tenant Service is created.
     let frozen = infra_control_plane().freeze_api_server();
     let services: Api<Service> = Api::namespaced(tenant.clone(), &namespace);
@@ -969,7 +946,7 @@ async fn an_infra_api_server_that_is_away_delays_the_work_and_loses_none() {
         .await
         .unwrap();
     infra_services_gone(&infra_services, &[&infra_name]).await;
-    stop_manager(shutdown, task).await;
+    manager.stop().await;
     let _ = Api::<Namespace>::all(tenant)
         .delete(&namespace, &DeleteParams::default())
         .await;

@@ -2,12 +2,11 @@
 //! nodes: echo servers on 127.x addresses playing the NodePorts, and HTTP health endpoints playing
 //! kube-proxy's `:10256/healthz` or a Service's `healthCheckNodePort`.
 //!
-//! (Copied in part from the manager's own test support: `eventually`, the node and event helpers.)
+//! (The manager under test, `eventually` and the node and event helpers are `manager-testkit`'s.)
 
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::{
-    future::Future,
     net::{IpAddr, SocketAddr},
     sync::{
         Arc,
@@ -16,38 +15,34 @@ use std::{
     time::Duration,
 };
 
-use clap::Parser;
-use cloud_controller_manager::{Manager, Options};
-use cloud_provider::Registry;
 use cloud_provider_local::{Config, LocalCloud};
 use k8s_openapi::api::{
     core::v1::{Node, NodeAddress, Service},
     events::v1::Event,
 };
 use kube::{
-    Api, Client,
-    api::{DeleteParams, ListParams, Patch, PatchParams, PostParams},
+    Api,
+    api::{DeleteParams, ListParams, PostParams},
 };
 use serde_json::json;
-use test_control_plane::control_plane;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, UdpSocket},
-    task::JoinHandle,
 };
 use tokio_util::sync::CancellationToken;
 
-/// Tests in one binary share the cluster and every manager handles every Node, so they run one at a
-/// time.
-pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+use manager_testkit::ManagerUnderTest;
+#[allow(unused_imports)] // each test binary uses a different part
+pub use manager_testkit::{
+    SERIAL, admin, delete_nodes, events_in, eventually, get_node, nodes, set_ready,
+};
 
 /// A manager running in this process on a `local` cloud the test holds.
 pub struct RunningManager {
     pub cloud: LocalCloud,
     /// The manager's metrics: what its `/metrics` serves.
     pub metrics: cloud_controller_manager::metrics::Metrics,
-    shutdown: CancellationToken,
-    task: JoinHandle<Result<(), cloud_controller_manager::ManagerError>>,
+    manager: ManagerUnderTest,
 }
 
 impl RunningManager {
@@ -69,36 +64,13 @@ impl RunningManager {
     }
 
     async fn start_on(cloud: LocalCloud, args: &[&str]) -> Self {
-        if std::env::var_os("RUST_LOG").is_some() {
-            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
-        }
-        let mut registry = Registry::new();
-        let shared = cloud.clone();
-        registry
-            .register("local", move |_| Ok(Arc::new(shared.clone()) as _))
-            .unwrap();
-        let manager = Manager::with_registry(registry);
-        let metrics = manager.metrics().clone();
-        test_control_plane::apply_shipped_rbac().await;
-        let kubeconfig = control_plane().ccm_kubeconfig();
-        let mut argv = vec![
-            "cloud-controller-manager".to_owned(),
-            "--cloud-provider=local".to_owned(),
-            format!("--kubeconfig={}", kubeconfig.display()),
-            "--leader-elect=false".to_owned(),
-            "--secure-port=0".to_owned(),
-            "--node-monitor-period=1s".to_owned(),
-        ];
-        argv.extend(args.iter().map(|a| a.to_string()));
-        let options = Options::try_parse_from(argv).expect("valid flags");
-        let shutdown = CancellationToken::new();
-        let token = shutdown.clone();
-        let task = tokio::spawn(async move { manager.run(options, token).await });
+        let mut argv = vec!["--node-monitor-period=1s"];
+        argv.extend(args);
+        let manager = ManagerUnderTest::start("local", Arc::new(cloud.clone()), &argv).await;
         Self {
             cloud,
-            metrics,
-            shutdown,
-            task,
+            metrics: manager.metrics.clone(),
+            manager,
         }
     }
 
@@ -110,45 +82,13 @@ impl RunningManager {
 
     /// Whether the manager still runs (it has not returned, with or without an error).
     pub fn is_running(&self) -> bool {
-        !self.task.is_finished()
+        self.manager.is_running()
     }
 
     /// Stops the manager (its data plane shuts down with it) and checks it stopped without error.
     pub async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .expect("the manager stops within 30 s")
-            .expect("the manager task does not panic")
-            .expect("the manager stops without error");
+        self.manager.stop().await;
     }
-}
-
-/// Polls `check` every 100 ms until it returns `Some`, failing after `timeout` with `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-pub async fn admin() -> Client {
-    control_plane().admin_client().await
-}
-
-pub async fn nodes() -> Api<Node> {
-    Api::all(admin().await)
 }
 
 /// Registers a Node as a kubelet with `--cloud-provider=external` would, with these InternalIPs.
@@ -174,47 +114,6 @@ pub async fn create_node(name: &str, internal_ips: &[&str]) -> Node {
         .create(&PostParams::default(), &node)
         .await
         .expect("node created")
-}
-
-pub async fn get_node(name: &str) -> Option<Node> {
-    nodes().await.get_opt(name).await.expect("node read")
-}
-
-pub async fn delete_nodes(names: &[&str]) {
-    let api = nodes().await;
-    for name in names {
-        let _ = api.delete(name, &DeleteParams::default()).await;
-    }
-}
-
-/// Sets the node's Ready condition, as a kubelet (or its absence) would.
-pub async fn set_ready(name: &str, ready: bool) {
-    let status = if ready { "True" } else { "False" };
-    let patch = json!({ "status": { "conditions": [{
-        "type": "Ready", "status": status, "reason": "Test", "message": "set by the test",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"
-    }]}});
-    nodes()
-        .await
-        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
-        .await
-        .expect("node status patched");
-}
-
-/// The events in `namespace` about the object `name` with `reason`.
-pub async fn events_in(namespace: &str, name: &str, reason: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(admin().await, namespace);
-    events
-        .list(&ListParams::default())
-        .await
-        .expect("events listed")
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-                && e.reason.as_deref() == Some(reason)
-        })
-        .collect()
 }
 
 /// The events in `namespace` with `reason`, about any object or none.
