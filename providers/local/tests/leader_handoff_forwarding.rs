@@ -9,7 +9,7 @@
 //! `ip` and `nft` commands (only to build the network and look at the tables). Every namespace is
 //! removed when the test ends, also when it fails; their names carry the test's process ID.
 
-#[path = "../src/leader_handoff/nftables.rs"]
+#[path = "../src/leader_handoff/nftables/mod.rs"]
 #[allow(dead_code, reason = "the test uses part of the module")]
 mod nftables;
 
