@@ -23,22 +23,12 @@ use test_control_plane::{control_plane, kubelet_node};
 const WAIT: Duration = Duration::from_secs(30);
 const SHUTDOWN_TAINT: &str = "node.cloudprovider.kubernetes.io/shutdown";
 
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    manager_testkit::eventually(what, WAIT, check).await
 }
 
 /// Waits (`what`) until moto holds nothing tagged for the cluster.

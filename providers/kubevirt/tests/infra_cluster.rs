@@ -39,22 +39,12 @@ where
     eventually_within(WAIT, what, check).await
 }
 
-async fn eventually_within<T, F, Fut>(wait: Duration, what: &str, mut check: F) -> T
+async fn eventually_within<T, F, Fut>(wait: Duration, what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    manager_testkit::eventually(what, wait, check).await
 }
 
 async fn infra() -> Client {
