@@ -110,11 +110,12 @@ struct Running {
 impl Running {
     fn new(shared: &Arc<Shared>, name: &str) -> Self {
         *shared.running.lock().entry(name.to_owned()).or_default() += 1;
-        shared
-            .metrics
-            .running
-            .get_or_create(&SupervisorMetrics::labels(name))
-            .inc();
+        let labels = SupervisorMetrics::labels(name);
+        shared.metrics.running.get_or_create(&labels).inc();
+        // Each task's counters are served from its start, at 0: an alert's `increase()` then sees
+        // its first panic or failure, and a scrape shows which tasks are watched.
+        shared.metrics.panics.get_or_create(&labels);
+        shared.metrics.failures.get_or_create(&labels);
         Self {
             shared: shared.clone(),
             name: name.to_owned(),
@@ -371,7 +372,12 @@ mod tests {
         );
         assert_eq!(supervisor.check(), Ok(()), "two panics are not a failure");
         assert_eq!(supervisor.running(), ["test"]);
-        assert!(metrics(&registry).contains("supervised_tasks{task=\"test\"} 1"));
+        let text = metrics(&registry);
+        assert!(text.contains("supervised_tasks{task=\"test\"} 1"), "{text}");
+        assert!(
+            text.contains("supervised_task_failures_total{task=\"test\"} 0"),
+            "served at 0 from the start: {text}"
+        );
         assert!(
             metrics(&registry).contains("supervised_task_panics_total{task=\"test\"} 2"),
             "{}",
