@@ -114,8 +114,8 @@ impl Running {
         shared.metrics.running.get_or_create(&labels).inc();
         // Each task's counters are served from its start, at 0: an alert's `increase()` then sees
         // its first panic or failure, and a scrape shows which tasks are watched.
-        shared.metrics.panics.get_or_create(&labels);
-        shared.metrics.failures.get_or_create(&labels);
+        shared.metrics.panics.get_or_create(&labels).inc_by(0);
+        shared.metrics.failures.get_or_create(&labels).inc_by(0);
         Self {
             shared: shared.clone(),
             name: name.to_owned(),
