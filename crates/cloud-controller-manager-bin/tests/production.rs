@@ -105,6 +105,8 @@ async fn the_secure_endpoint_serves_health_openly_and_metrics_to_authorized_call
     )
     .await;
     assert!(verbose.contains("[+]leaderElection ok"), "{verbose}");
+    // The supervised tasks (the caches' watches, ...) have a check of their own.
+    assert!(verbose.contains("[+]supervisedTasks ok"), "{verbose}");
 
     // A node to initialize, so the cloud has been called when the metrics are read.
     let node = unique_name("serving");

@@ -15,7 +15,7 @@ use kube::{
     Api,
     api::{DeleteParams, Patch, PatchParams, PostParams},
 };
-use manager_testkit::ManagerUnderTest;
+use manager_testkit::{ManagerUnderTest, nodes, set_ready};
 use serde_json::json;
 use support::*;
 use test_control_plane::{control_plane, kubelet_node};
@@ -37,23 +37,6 @@ async fn nothing_left(what: &str) {
         cluster_resources().await.is_empty().then_some(())
     })
     .await;
-}
-
-async fn nodes() -> Api<Node> {
-    Api::all(control_plane().admin_client().await)
-}
-
-async fn set_ready(name: &str, ready: bool) {
-    let status = if ready { "True" } else { "False" };
-    let patch = json!({ "status": { "conditions": [{
-        "type": "Ready", "status": status, "reason": "Test", "message": "set by the test",
-        "lastHeartbeatTime": "2026-01-01T00:00:00Z", "lastTransitionTime": "2026-01-01T00:00:00Z"
-    }]}});
-    nodes()
-        .await
-        .patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
-        .await
-        .expect("node status patched");
 }
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {

@@ -80,10 +80,10 @@ pub(super) async fn handle_deletions(
     let mut deleting = tokio::task::JoinSet::new();
     loop {
         let service = tokio::select! {
-            service = deletions.recv() => match service { Some(s) => s, None => return },
+            service = deletions.recv() => match service { Some(s) => s, None => break },
             // Reaped as they end (none panics: each catches its attempts' panics).
             Some(_) = deleting.join_next(), if !deleting.is_empty() => continue,
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => break,
         };
         let key = key(&service);
         let tracked = ctx.tracked().get(&key).cloned();
@@ -128,4 +128,7 @@ pub(super) async fn handle_deletions(
             ctx.update_gauge();
         });
     }
+    // A deletion under way finishes its cloud call (as the controllers' in-flight work does at a
+    // graceful stop) rather than be cut off halfway; one waiting to retry returns at shutdown.
+    while deleting.join_next().await.is_some() {}
 }
