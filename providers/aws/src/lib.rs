@@ -8,6 +8,7 @@
 //! default credential chain), with the cloud-config's region and `[ServiceOverride]` endpoints on top;
 //! `RoleARN` is assumed through STS. See `docs/aws-provider.md`.
 
+mod coalesce;
 mod config;
 mod error;
 mod instances;

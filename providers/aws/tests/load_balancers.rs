@@ -783,6 +783,97 @@ async fn classic_deletions_are_found_in_the_listing_without_describing_each() {
     assert_eq!(described(&calls_since(&cloud, &before)), 0);
 }
 
+/// Issue #53 item 4: syncs and drift checks under way at once find their load balancers in shared
+/// `DescribeLoadBalancers` calls (the first alone and at once, the others together), on both kinds;
+/// a batch that names a load balancer not made yet is asked again name by name, so the new one is
+/// still created and the others still found.
+#[tokio::test]
+async fn syncs_and_checks_under_way_at_once_share_their_load_balancer_look_ups() {
+    let _serial = SERIAL.lock().await;
+    moto().reset();
+    let net = network().await;
+    let instances = run_instances(&net, 2).await;
+    let nodes: Vec<Arc<Node>> = instances.iter().map(instance_node).collect();
+    let cloud = support::cloud(&default_config());
+    let lb = cloud.load_balancer().unwrap();
+    let service = |kind: &str, i: usize| {
+        let annotations: &[(&str, &str)] = if kind == "nlb" {
+            &[(ANNOTATION_TYPE, "nlb")]
+        } else {
+            &[]
+        };
+        lb_service(
+            &format!("{kind}-{i}"),
+            &format!("0{}{i}00000-0000-0000-0000-000000000000", kind.len()),
+            annotations,
+        )
+    };
+    let described = |calls: &[(String, u64)], op: &str| -> u64 {
+        calls.iter().filter(|(o, _)| o == op).map(|(_, n)| n).sum()
+    };
+    for (kind, op) in [
+        ("classic", "elb:DescribeLoadBalancers"),
+        ("nlb", "elbv2:DescribeLoadBalancers"),
+    ] {
+        let services: Vec<_> = (0..6).map(|i| service(kind, i)).collect();
+        for s in &services[..5] {
+            lb.ensure_load_balancer("kubernetes", s, &nodes)
+                .await
+                .unwrap();
+        }
+        // Five that exist and one not made yet, all at once.
+        let before = cloud.api_metrics().requests();
+        let ensured = futures::future::join_all(
+            services
+                .iter()
+                .map(|s| lb.ensure_load_balancer("kubernetes", s, &nodes)),
+        )
+        .await;
+        for (s, status) in services.iter().zip(ensured) {
+            assert!(
+                !hostname(&status.unwrap()).is_empty(),
+                "{kind}: {:?}",
+                s.metadata.name
+            );
+        }
+        let calls = calls_since(&cloud, &before);
+        assert!(
+            described(&calls, op) < 12,
+            "{kind}: fewer look-ups than one alone for each and one for the new one's creation: {calls:?}"
+        );
+
+        // The six now all exist: their syncs and their drift checks share a call or two.
+        let before = cloud.api_metrics().requests();
+        let updates = futures::future::join_all(
+            services
+                .iter()
+                .map(|s| lb.update_load_balancer("kubernetes", s, &nodes)),
+        )
+        .await;
+        assert!(updates.into_iter().all(|u| u.is_ok()));
+        let calls = calls_since(&cloud, &before);
+        assert!(described(&calls, op) <= 2, "{kind} updates: {calls:?}");
+        let before = cloud.api_metrics().requests();
+        let previews = futures::future::join_all(
+            services
+                .iter()
+                .map(|s| lb.preview_load_balancer("kubernetes", s, &nodes)),
+        )
+        .await;
+        for preview in previews {
+            assert_eq!(preview.unwrap(), LoadBalancerPreview::UpToDate, "{kind}");
+        }
+        let calls = calls_since(&cloud, &before);
+        assert!(described(&calls, op) <= 2, "{kind} previews: {calls:?}");
+        for s in &services {
+            lb.ensure_load_balancer_deleted("kubernetes", s)
+                .await
+                .unwrap();
+        }
+    }
+    assert_eq!(cluster_resources().await, Vec::<String>::new());
+}
+
 /// The shadow-mode preview, asserting it made no AWS write.
 async fn preview(
     cloud: &cloud_provider_aws::AwsCloud,

@@ -3,7 +3,7 @@
 //! negotiation policy), the health check, registered instances, and the nodes' security groups
 //! opened to the load balancer's group.
 
-use aws_sdk_ec2::types::{Filter, IpPermission, UserIdGroupPair};
+use aws_sdk_ec2::types::{Filter, IpPermission, SecurityGroup, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
     AccessLog, ConnectionDraining, ConnectionSettings, CrossZoneLoadBalancing,
     HealthCheck as ElbHealthCheck, Instance, Listener, LoadBalancerAttributes,
@@ -56,25 +56,12 @@ fn classic_listeners(spec: &LbSpec) -> Result<Vec<Listener>> {
 }
 
 impl LoadBalancers {
-    /// The Classic ELB named `name`, if any.
+    /// The Classic ELB named `name`, if any (looked up with the other syncs' and checks' under way).
     pub(super) async fn describe_classic(
         &self,
         name: &str,
     ) -> Result<Option<LoadBalancerDescription>> {
-        let elb = &self.calls.clients.elb;
-        match self
-            .calls
-            .call("elb:DescribeLoadBalancers", || {
-                elb.describe_load_balancers()
-                    .load_balancer_names(name)
-                    .send()
-            })
-            .await
-        {
-            Ok(out) => Ok(out.load_balancer_descriptions().first().cloned()),
-            Err(e) if e.code() == Some("LoadBalancerNotFound") => Ok(None),
-            Err(e) => Err(e),
-        }
+        self.lookups.classic(&self.calls, name).await
     }
 
     /// Every Classic ELB in the region (one call per page of 400).
@@ -103,7 +90,7 @@ impl LoadBalancers {
         &self,
         spec: &LbSpec,
         vpc_id: &str,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<SecurityGroup>> {
         let description = format!(
             "Security group for Kubernetes ELB {} ({})",
             spec.name, spec.service_name
@@ -172,13 +159,17 @@ impl LoadBalancers {
             (vec![sg.clone()], None)
         } else {
             match self.ensure_elb_security_group(spec, vpc_id).await? {
-                Some(sg) => (vec![sg.clone()], Some(sg)),
+                Some(found) => {
+                    let id = found.group_id().unwrap_or_default().to_owned();
+                    (vec![id.clone()], Some((id, found)))
+                }
                 // A preview: the group, its rules and the nodes' rules would all be new.
                 None => (vec![security_group_name(&spec.name)], None),
             }
         };
         groups.extend(spec.extra_security_groups.iter().cloned());
-        if let Some(sg) = &owned {
+        let owned = owned.map(|(sg, read)| (sg, [read]));
+        if let Some((sg, read)) = &owned {
             let description = format!("kubernetes.io/rule/elb={}", spec.name);
             let mut rules = Vec::new();
             for p in &spec.ports {
@@ -192,10 +183,10 @@ impl LoadBalancers {
             }
             rules.sort();
             rules.dedup();
-            self.sync_cidr_rules(sg, &description, RuleScope::WholeGroup, &rules)
+            self.sync_read_cidr_rules(sg, read, &description, RuleScope::WholeGroup, &rules)
                 .await?;
         }
-        Ok((groups, owned))
+        Ok((groups, owned.map(|(sg, _)| sg)))
     }
 
     /// The existing Classic ELB with its listeners and security groups as `spec` asks (described again

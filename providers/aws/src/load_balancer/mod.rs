@@ -10,6 +10,7 @@ pub mod annotations;
 mod classic;
 mod deletion_index;
 mod inventory;
+mod lookups;
 mod nlb;
 mod nlb_security_group;
 mod plan;
@@ -52,6 +53,10 @@ pub struct LoadBalancers {
     /// The load balancers kept for a Service that went, or adopted by a later one
     /// (`ccm.rs/load-balancer-retain`).
     kept: Arc<retained::KeptIndex>,
+    /// The look-ups by name of this call path (a sync's, or a preview's).
+    lookups: Arc<lookups::Lookups>,
+    /// The previews' look-ups (kept apart so a sync never waits on a preview's budget).
+    preview_lookups: Arc<lookups::Lookups>,
 }
 
 impl LoadBalancers {
@@ -64,6 +69,8 @@ impl LoadBalancers {
             plan: None,
             deletion_index: Arc::default(),
             kept: Arc::default(),
+            lookups: Arc::default(),
+            preview_lookups: Arc::default(),
         }
     }
 
@@ -78,6 +85,8 @@ impl LoadBalancers {
             plan: Some(plan.clone()),
             deletion_index: self.deletion_index.clone(),
             kept: self.kept.clone(),
+            lookups: self.preview_lookups.clone(),
+            preview_lookups: self.preview_lookups.clone(),
         };
         (this, plan)
     }
@@ -416,9 +425,24 @@ impl LoadBalancers {
                 ec2.describe_security_groups().group_ids(group).send()
             })
             .await?;
+        self.sync_read_cidr_rules(group, out.security_groups(), description, scope, desired)
+            .await
+    }
+
+    /// [`Self::sync_cidr_rules`] for the group `group` as `read` moments ago (by the caller that found
+    /// it, which spares a second read of it).
+    async fn sync_read_cidr_rules(
+        &self,
+        group: &str,
+        read: &[aws_sdk_ec2::types::SecurityGroup],
+        description: &str,
+        scope: RuleScope,
+        desired: &[(String, i32, i32, String)],
+    ) -> Result<bool> {
+        let ec2 = &self.calls.clients.ec2;
         // Every CIDR rule of the group, and which of them are ours.
         let (mut present, mut existing) = (Vec::new(), Vec::new());
-        for g in out.security_groups() {
+        for g in read {
             for p in g.ip_permissions() {
                 let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
                 let v6 = p

@@ -123,34 +123,14 @@ fn tags(spec: &LbSpec) -> Vec<Tag> {
 }
 
 impl LoadBalancers {
-    /// The NLB named `name`, if any.
+    /// The NLB named `name`, if any (looked up with the other syncs' and checks' under way).
     pub(super) async fn describe_nlb(&self, name: &str) -> Result<Option<Elbv2LoadBalancer>> {
-        let elbv2 = &self.calls.clients.elbv2;
-        match self
-            .calls
-            .call("elbv2:DescribeLoadBalancers", || {
-                elbv2.describe_load_balancers().names(name).send()
-            })
-            .await
-        {
-            Ok(out) => {
-                if !out.load_balancers().is_empty() {
-                    self.elbv2_load_balancer_created(name).await;
-                }
-                Ok(out
-                    .load_balancers()
-                    .iter()
-                    .find(|lb| {
-                        lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none()
-                    })
-                    .cloned())
-            }
-            Err(e) if e.code() == Some("LoadBalancerNotFound") => {
-                self.elbv2_load_balancer_deleted(name).await;
-                Ok(None)
-            }
-            Err(e) => Err(e),
+        let found = self.lookups.nlb(&self.calls, name).await?;
+        match found {
+            Some(_) => self.elbv2_load_balancer_created(name).await,
+            None => self.elbv2_load_balancer_deleted(name).await,
         }
+        Ok(found)
     }
 
     pub(super) async fn target_groups_of(&self, lb_arn: &str) -> Result<Vec<TargetGroup>> {

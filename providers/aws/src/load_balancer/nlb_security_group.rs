@@ -141,6 +141,7 @@ impl LoadBalancers {
             match self
                 .ensure_security_group(&spec.own_group_name, DESCRIPTION, spec, vpc_id)
                 .await?
+                .and_then(|g| g.group_id)
             {
                 Some(id) => NlbGroups {
                     ids: vec![id.clone()],

@@ -32,20 +32,21 @@ impl LoadBalancers {
 
     /// The group `name` in `vpc_id`, created with `description` and the Service's tags (the cluster's
     /// among them) when missing, as upstream's `ensureSecurityGroup` finds and makes it (group name and
-    /// VPC are EC2's key for a group); `None` in a preview that would create it.
+    /// VPC are EC2's key for a group); `None` in a preview that would create it. The group as found (its
+    /// rules with it), or as made (no ingress rule yet).
     pub(super) async fn ensure_security_group(
         &self,
         name: &str,
         description: &str,
         spec: &LbSpec,
         vpc_id: &str,
-    ) -> Result<Option<String>> {
-        if let Some(id) = self
+    ) -> Result<Option<SecurityGroup>> {
+        if let Some(group) = self
             .security_group_named(name, vpc_id)
             .await?
-            .and_then(|g| g.group_id().map(str::to_owned))
+            .filter(|g| g.group_id().is_some())
         {
-            return Ok(Some(id));
+            return Ok(Some(group));
         }
         if self.previewed(|| format!("security group {name} would be created in {vpc_id}")) {
             return Ok(None);
@@ -68,7 +69,7 @@ impl LoadBalancers {
             })
             .await?;
         out.group_id()
-            .map(|g| Some(g.to_owned()))
+            .map(|g| Some(SecurityGroup::builder().group_id(g).build()))
             .ok_or(Error::Response {
                 operation: "CreateSecurityGroup",
                 missing: "group ID",

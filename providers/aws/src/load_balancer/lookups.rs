@@ -1,0 +1,212 @@
+//! The load balancers' look-ups by name, coalesced ([`crate::coalesce`]): the syncs, deletions and
+//! drift checks under way at once find their Classic ELBs in one `elb:DescribeLoadBalancers` and their
+//! NLBs in one `elbv2:DescribeLoadBalancers`, 20 names per call.
+//!
+//! AWS fails a whole call naming a load balancer that does not exist (`LoadBalancerNotFound`), so a
+//! batch that meets one is asked again name by name (at once, side by side): a burst of creations,
+//! whose first look-ups all miss, costs one call more than it did without batching; the updates,
+//! deletions and drift checks of load balancers that exist share their calls.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription;
+use aws_sdk_elasticloadbalancingv2::types::{
+    LoadBalancer as Elbv2LoadBalancer, LoadBalancerTypeEnum,
+};
+use futures::future::join_all;
+
+use crate::{coalesce::Coalescer, error::Result, sdk::Calls};
+
+/// The most names in one `DescribeLoadBalancers` (the API's limit for ELBv2's ARNs; kept for both).
+pub const NAMES_PER_CALL: usize = 20;
+
+/// The code AWS answers a look-up naming a load balancer that does not exist with.
+const NOT_FOUND: &str = "LoadBalancerNotFound";
+
+/// One call path's coalesced look-ups (syncs and previews each have their own, so a sync never waits
+/// on a preview's budget).
+pub struct Lookups {
+    classic: Coalescer<String, LoadBalancerDescription>,
+    nlb: Coalescer<String, Elbv2LoadBalancer>,
+}
+
+impl Default for Lookups {
+    fn default() -> Self {
+        Self {
+            classic: Coalescer::new(NAMES_PER_CALL),
+            nlb: Coalescer::new(NAMES_PER_CALL),
+        }
+    }
+}
+
+impl Lookups {
+    /// The Classic ELB named `name`, if any, through `calls`.
+    pub async fn classic(
+        &self,
+        calls: &Calls,
+        name: &str,
+    ) -> Result<Option<LoadBalancerDescription>> {
+        self.classic
+            .get(name.to_owned(), |names| {
+                by_name(names, |n| classic_call(calls, n))
+            })
+            .await
+    }
+
+    /// The NLB named `name`, if any, through `calls` (an ELBv2 load balancer of another type by that
+    /// name is not one).
+    pub async fn nlb(&self, calls: &Calls, name: &str) -> Result<Option<Elbv2LoadBalancer>> {
+        self.nlb
+            .get(name.to_owned(), |names| {
+                by_name(names, |n| nlb_call(calls, n))
+            })
+            .await
+    }
+}
+
+/// `call` for all of `names`; when AWS refuses it for a missing one, for each name alone.
+async fn by_name<V, F, Fut>(names: Vec<String>, call: F) -> Result<BTreeMap<String, V>>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: Future<Output = Result<BTreeMap<String, V>>>,
+{
+    let several = names.len() > 1;
+    match call(names.clone()).await {
+        Err(e) if e.code() == Some(NOT_FOUND) && several => {
+            let mut found = BTreeMap::new();
+            for alone in join_all(names.into_iter().map(|n| call(vec![n]))).await {
+                match alone {
+                    Ok(one) => found.extend(one),
+                    Err(e) if e.code() == Some(NOT_FOUND) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(found)
+        }
+        Err(e) if e.code() == Some(NOT_FOUND) => Ok(BTreeMap::new()),
+        other => other,
+    }
+}
+
+async fn classic_call(
+    calls: &Calls,
+    names: Vec<String>,
+) -> Result<BTreeMap<String, LoadBalancerDescription>> {
+    let elb = &calls.clients.elb;
+    let out = calls
+        .call("elb:DescribeLoadBalancers", || {
+            elb.describe_load_balancers()
+                .set_load_balancer_names(Some(names.clone()))
+                .send()
+        })
+        .await?;
+    Ok(out
+        .load_balancer_descriptions()
+        .iter()
+        .filter_map(|lb| Some((lb.load_balancer_name()?.to_owned(), lb.clone())))
+        .collect())
+}
+
+async fn nlb_call(
+    calls: &Calls,
+    names: Vec<String>,
+) -> Result<BTreeMap<String, Elbv2LoadBalancer>> {
+    let elbv2 = &calls.clients.elbv2;
+    let out = calls
+        .call("elbv2:DescribeLoadBalancers", || {
+            elbv2
+                .describe_load_balancers()
+                .set_names(Some(names.clone()))
+                .send()
+        })
+        .await?;
+    Ok(out
+        .load_balancers()
+        .iter()
+        .filter(|lb| lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none())
+        .filter_map(|lb| Some((lb.load_balancer_name()?.to_owned(), lb.clone())))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use parking_lot::Mutex;
+
+    use super::*;
+    use crate::Error;
+
+    /// A region holding `existing`, answering as AWS does: a call naming a missing load balancer fails
+    /// whole; a throttled name fails every call naming it.
+    struct Region {
+        existing: &'static [&'static str],
+        calls: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Region {
+        async fn describe(&self, names: Vec<String>) -> Result<BTreeMap<String, usize>> {
+            self.calls.lock().push(names.clone());
+            let code = |code: &str| Error::Api {
+                operation: "elb:DescribeLoadBalancers",
+                code: Some(code.to_owned()),
+                detail: code.to_owned(),
+            };
+            if names.iter().any(|n| n == "throttled") {
+                return Err(code("Throttling"));
+            }
+            if names.iter().any(|n| !self.existing.contains(&n.as_str())) {
+                return Err(code(NOT_FOUND));
+            }
+            Ok(names.into_iter().map(|n| (n, 1)).collect())
+        }
+    }
+
+    fn names(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| (*n).to_owned()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_meeting_a_missing_name_is_asked_again_name_by_name() {
+        for (asked, existing, found, calls) in [
+            // All there: one call.
+            (
+                &["a", "b", "c"][..],
+                &["a", "b", "c"][..],
+                &["a", "b", "c"][..],
+                1,
+            ),
+            // One missing: the batch, then each alone.
+            (&["a", "b", "c"], &["a", "c"], &["a", "c"], 4),
+            // A lone name missing: not found, no second call.
+            (&["a"], &[], &[], 1),
+        ] {
+            let region = Region {
+                existing,
+                calls: Mutex::default(),
+            };
+            let answer = by_name(names(asked), |n| region.describe(n)).await.unwrap();
+            assert_eq!(
+                answer.keys().cloned().collect::<Vec<_>>(),
+                names(found),
+                "{asked:?}"
+            );
+            assert_eq!(region.calls.lock().len(), calls, "{asked:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn any_other_failure_fails_the_batch() {
+        let region = Region {
+            existing: &["a"],
+            calls: Mutex::default(),
+        };
+        let err = by_name(names(&["a", "throttled"]), |n| region.describe(n))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("Throttling"));
+        // A missing name beside a throttled one: the throttle is what is said.
+        let err = by_name(names(&["missing", "throttled"]), |n| region.describe(n))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Some("Throttling"));
+    }
+}
