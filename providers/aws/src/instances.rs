@@ -262,6 +262,12 @@ impl Describer {
         }
     }
 
+    /// A describer of its own on the read-only form of the same call path ([`Calls::read_only`]): a
+    /// batch it sends takes one token of the previews' budget, however many previews share it.
+    pub fn read_only(&self) -> Self {
+        Self::new(self.calls.read_only(), self.window)
+    }
+
     /// The instance for `key`; `None` when EC2 has none. Of several (a private DNS name reused after a
     /// termination) the one not terminated wins.
     pub async fn find(&self, key: &Key) -> Result<Option<InstanceInfo>> {

@@ -511,10 +511,9 @@ impl Calls {
     }
 
     /// In a read-only call path with a budget, waits for a token of `service`'s bucket (an aws-sdk-go-v2
-    /// service ID: `EC2`, `Elastic Load Balancing`, `Elastic Load Balancing v2`) for a call made by
-    /// another path on the preview's behalf (the instance look-ups, which go through the shared,
-    /// batching describer); otherwise returns at once.
-    pub async fn wait_for_preview_budget(&self, service: &'static str) {
+    /// service ID: `EC2`, `Elastic Load Balancing`, `Elastic Load Balancing v2`); otherwise returns at
+    /// once.
+    async fn wait_for_preview_budget(&self, service: &'static str) {
         if self.read_only
             && let Some(budget) = &self.preview_budget
             && budget.take(service).await

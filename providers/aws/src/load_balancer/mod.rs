@@ -57,6 +57,8 @@ pub struct LoadBalancers {
     lookups: Arc<lookups::Lookups>,
     /// The previews' look-ups (kept apart so a sync never waits on a preview's budget).
     preview_lookups: Arc<lookups::Lookups>,
+    /// The previews' instance describer (read-only: each batch takes one token of their budget).
+    preview_describer: Arc<Describer>,
 }
 
 impl LoadBalancers {
@@ -64,13 +66,14 @@ impl LoadBalancers {
     pub fn new(calls: Calls, describer: Arc<Describer>, config: Arc<Config>) -> Self {
         Self {
             calls,
-            describer,
             config,
             plan: None,
             deletion_index: Arc::default(),
             kept: Arc::default(),
             lookups: Arc::default(),
             preview_lookups: Arc::default(),
+            preview_describer: Arc::new(describer.read_only()),
+            describer,
         }
     }
 
@@ -80,13 +83,14 @@ impl LoadBalancers {
         let plan = Arc::new(Mutex::new(Plan::default()));
         let this = Self {
             calls: self.calls.read_only(),
-            describer: self.describer.clone(),
+            describer: self.preview_describer.clone(),
             config: self.config.clone(),
             plan: Some(plan.clone()),
             deletion_index: self.deletion_index.clone(),
             kept: self.kept.clone(),
             lookups: self.preview_lookups.clone(),
             preview_lookups: self.preview_lookups.clone(),
+            preview_describer: self.preview_describer.clone(),
         };
         (this, plan)
     }
@@ -698,10 +702,9 @@ impl LoadBalancer for LoadBalancers {
             .await?;
         let spec = self.spec(cluster_name, service)?;
         let targets = spec.target_nodes(nodes);
-        // The look-up goes through the shared describer (one DescribeInstances for every node, batched
-        // with whatever else asks at once), outside the preview's call path: its token is taken here.
-        preview.calls.wait_for_preview_budget("EC2").await;
-        let found = self.node_instances(&targets).await?;
+        // The look-up goes through the previews' describer (one DescribeInstances for every node, batched
+        // with the other previews under way), whose batch takes one token of their budget.
+        let found = preview.node_instances(&targets).await?;
         let named: Vec<(String, String)> = found
             .iter()
             .map(|(i, name)| (i.id.clone(), name.clone()))
@@ -731,8 +734,8 @@ impl LoadBalancer for LoadBalancers {
             return Ok(LoadBalancerPreview::UpToDate);
         }
         Ok(LoadBalancerPreview::Change {
-            backends_added: self.node_names(&plan.added, &named).await?,
-            backends_removed: self.node_names(&plan.removed, &named).await?,
+            backends_added: preview.node_names(&plan.added, &named).await?,
+            backends_removed: preview.node_names(&plan.removed, &named).await?,
             detail: plan.changes.join("; "),
         })
     }
