@@ -142,6 +142,19 @@ def main() -> None:
     log(f"report in {args.out}, raw record in {args.json}")
 
 
+def round_at_default_budget(ph: dict) -> str:
+    """How long a round of 1,000 checks takes when each API gives the checks 2 calls a second (the
+    provider's default `DriftCheckCallsPerSecond`): the busiest API's calls per check x 1,000 / 2."""
+    if not ph["checks"]:
+        return "?"
+    per_api: dict[str, float] = {}
+    for op, n in ph["calls"].items():
+        api = op.split(":", 1)[0]
+        per_api[api] = per_api.get(api, 0) + n / ph["checks"]
+    api, per = max(per_api.items(), key=lambda kv: kv[1])
+    return f"{per * 1000 / 2 / 60:.0f} min ({api}, {per:.2f} calls per check)"
+
+
 def report(r: dict) -> str:
     m = r["meta"]
     lines = [
@@ -154,15 +167,15 @@ def report(r: dict) -> str:
         "Services are provisioned, then every AWS call in a window where nothing changes is a drift check's "
         "(`bench/aws/drift.py`).",
         "",
-        "| load balancers | Services | checks in the window | AWS calls | calls per check | calls a second in the window, by API | calls per minute for 1,000 Services at the default 5 m without a budget (200 checks a minute) | drifts found |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| load balancers | Services | checks in the window | AWS calls | calls per check | calls a second in the window, by API | calls per minute for 1,000 Services at the default 5 m without a budget (200 checks a minute) | a round of 1,000 Services at the default budget (2 calls a second to each API) | drifts found |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind, ph in r["phases"].items():
         per = ph["calls_per_check"]
         budget = f"{per * 200:.0f}" if per is not None else "?"
         by_api = ", ".join(f"{api} {v}" for api, v in (ph.get("calls_per_second_by_api") or {}).items())
         lines.append(f"| {kind} | {ph['services']} | {ph['checks']:.0f} | {total(ph['calls'])} | {per} | {by_api} | "
-                     f"{budget} | {ph['drifts']:.0f} |")
+                     f"{budget} | {round_at_default_budget(ph)} | {ph['drifts']:.0f} |")
     lines += ["", "Calls by operation in each window:", ""]
     for kind, ph in r["phases"].items():
         ops = ", ".join(f"{k} {v}" for k, v in sorted(ph["calls"].items()))
