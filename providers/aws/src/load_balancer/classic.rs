@@ -61,7 +61,7 @@ impl LoadBalancers {
         &self,
         name: &str,
     ) -> Result<Option<LoadBalancerDescription>> {
-        self.lookups.classic(&self.calls, name).await
+        self.lookups.classic(&self.calls, name, true).await
     }
 
     /// Every Classic ELB in the region (one call per page of 400).
@@ -106,7 +106,10 @@ impl LoadBalancers {
         instances: &[InstanceInfo],
         cluster_id: &str,
     ) -> Result<LoadBalancerStatus> {
-        let existing = self.describe_classic(&spec.name).await?;
+        let existing = self
+            .lookups
+            .classic(&self.calls, &spec.name, spec.provisioned)
+            .await?;
         // A preview of a load balancer that does not exist: all of it would be new.
         if existing.is_none()
             && self.previewed_creation(|| format!("Classic ELB {} would be created", spec.name))

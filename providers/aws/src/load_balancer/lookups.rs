@@ -1,17 +1,18 @@
-//! The load balancers' look-ups by name, coalesced ([`crate::coalesce`]): the syncs, deletions and
-//! drift checks under way at once find their Classic ELBs in one `elb:DescribeLoadBalancers` and their
-//! NLBs in one `elbv2:DescribeLoadBalancers`, 20 names per call.
+//! The load balancers' look-ups, coalesced ([`crate::coalesce`]): the syncs, deletions and drift checks
+//! under way at once find their Classic ELBs in one `elb:DescribeLoadBalancers`, their NLBs in one
+//! `elbv2:DescribeLoadBalancers` and their NLBs' target groups in one `DescribeTargetGroups`, 20 names
+//! or ARNs per call.
 //!
-//! AWS fails a whole call naming a load balancer that does not exist (`LoadBalancerNotFound`), so a
-//! batch that meets one is asked again name by name (at once, side by side): a burst of creations,
-//! whose first look-ups all miss, costs one call more than it did without batching; the updates,
-//! deletions and drift checks of load balancers that exist share their calls.
+//! AWS fails a whole call naming one that does not exist (`LoadBalancerNotFound`,
+//! `TargetGroupNotFound`), so a batch that meets one is asked again key by key (at once, side by
+//! side): a burst of creations, whose first look-ups all miss, costs one call more than it did without
+//! batching; the updates, deletions and drift checks of load balancers that exist share their calls.
 
 use std::collections::BTreeMap;
 
 use aws_sdk_elasticloadbalancing::types::LoadBalancerDescription;
 use aws_sdk_elasticloadbalancingv2::types::{
-    LoadBalancer as Elbv2LoadBalancer, LoadBalancerTypeEnum,
+    LoadBalancer as Elbv2LoadBalancer, LoadBalancerTypeEnum, TargetGroup,
 };
 use futures::future::join_all;
 
@@ -23,11 +24,15 @@ pub const NAMES_PER_CALL: usize = 20;
 /// The code AWS answers a look-up naming a load balancer that does not exist with.
 const NOT_FOUND: &str = "LoadBalancerNotFound";
 
+/// The code AWS answers a look-up naming a target group that does not exist with.
+const GROUP_NOT_FOUND: &str = "TargetGroupNotFound";
+
 /// One call path's coalesced look-ups (syncs and previews each have their own, so a sync never waits
 /// on a preview's budget).
 pub struct Lookups {
     classic: Coalescer<String, LoadBalancerDescription>,
     nlb: Coalescer<String, Elbv2LoadBalancer>,
+    target_groups: Coalescer<String, TargetGroup>,
 }
 
 impl Default for Lookups {
@@ -35,57 +40,115 @@ impl Default for Lookups {
         Self {
             classic: Coalescer::new(NAMES_PER_CALL),
             nlb: Coalescer::new(NAMES_PER_CALL),
+            target_groups: Coalescer::new(NAMES_PER_CALL),
         }
     }
 }
 
 impl Lookups {
-    /// The Classic ELB named `name`, if any, through `calls`.
+    /// The Classic ELB named `name`, if any, through `calls`: in a shared call when `shared`, else
+    /// alone and at once.
     pub async fn classic(
         &self,
         calls: &Calls,
         name: &str,
+        shared: bool,
     ) -> Result<Option<LoadBalancerDescription>> {
+        if !shared {
+            return alone(name, NOT_FOUND, |n| classic_call(calls, n)).await;
+        }
         self.classic
             .get(name.to_owned(), |names| {
-                by_name(names, |n| classic_call(calls, n))
+                by_name(names, NOT_FOUND, |n| classic_call(calls, n))
             })
             .await
     }
 
     /// The NLB named `name`, if any, through `calls` (an ELBv2 load balancer of another type by that
-    /// name is not one).
-    pub async fn nlb(&self, calls: &Calls, name: &str) -> Result<Option<Elbv2LoadBalancer>> {
+    /// name is not one): in a shared call when `shared`, else alone and at once.
+    pub async fn nlb(
+        &self,
+        calls: &Calls,
+        name: &str,
+        shared: bool,
+    ) -> Result<Option<Elbv2LoadBalancer>> {
+        if !shared {
+            return alone(name, NOT_FOUND, |n| nlb_call(calls, n)).await;
+        }
         self.nlb
             .get(name.to_owned(), |names| {
-                by_name(names, |n| nlb_call(calls, n))
+                by_name(names, NOT_FOUND, |n| nlb_call(calls, n))
+            })
+            .await
+    }
+
+    /// The target group with ARN `arn`, if any, through `calls`, in a shared call.
+    pub async fn target_group(&self, calls: &Calls, arn: &str) -> Result<Option<TargetGroup>> {
+        self.target_groups
+            .get(arn.to_owned(), |arns| {
+                by_name(arns, GROUP_NOT_FOUND, |a| target_group_call(calls, a))
             })
             .await
     }
 }
 
-/// `call` for all of `names`; when AWS refuses it for a missing one, for each name alone.
-async fn by_name<V, F, Fut>(names: Vec<String>, call: F) -> Result<BTreeMap<String, V>>
+/// `call` for `key` alone (`not_found`: AWS's code for a key that does not exist).
+async fn alone<V, F, Fut>(key: &str, not_found: &str, call: F) -> Result<Option<V>>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: Future<Output = Result<BTreeMap<String, V>>>,
+{
+    Ok(by_name(vec![key.to_owned()], not_found, call)
+        .await?
+        .remove(key))
+}
+
+/// `call` for all of `names`; when AWS refuses it for a missing one (`not_found`), for each name alone.
+async fn by_name<V, F, Fut>(
+    names: Vec<String>,
+    not_found: &str,
+    call: F,
+) -> Result<BTreeMap<String, V>>
 where
     F: Fn(Vec<String>) -> Fut,
     Fut: Future<Output = Result<BTreeMap<String, V>>>,
 {
     let several = names.len() > 1;
     match call(names.clone()).await {
-        Err(e) if e.code() == Some(NOT_FOUND) && several => {
+        Err(e) if e.code() == Some(not_found) && several => {
             let mut found = BTreeMap::new();
             for alone in join_all(names.into_iter().map(|n| call(vec![n]))).await {
                 match alone {
                     Ok(one) => found.extend(one),
-                    Err(e) if e.code() == Some(NOT_FOUND) => {}
+                    Err(e) if e.code() == Some(not_found) => {}
                     Err(e) => return Err(e),
                 }
             }
             Ok(found)
         }
-        Err(e) if e.code() == Some(NOT_FOUND) => Ok(BTreeMap::new()),
+        Err(e) if e.code() == Some(not_found) => Ok(BTreeMap::new()),
         other => other,
     }
+}
+
+async fn target_group_call(
+    calls: &Calls,
+    arns: Vec<String>,
+) -> Result<BTreeMap<String, TargetGroup>> {
+    let elbv2 = &calls.clients.elbv2;
+    let out = calls
+        .call("DescribeTargetGroups", || {
+            elbv2
+                .describe_target_groups()
+                .set_target_group_arns(Some(arns.clone()))
+                .send()
+        })
+        .await?;
+    Ok(out
+        .target_groups()
+        .iter()
+        .filter_map(|g| Some((g.target_group_arn()?.to_owned(), g.clone())))
+        .collect())
 }
 
 async fn classic_call(
@@ -183,7 +246,9 @@ mod tests {
                 existing,
                 calls: Mutex::default(),
             };
-            let answer = by_name(names(asked), |n| region.describe(n)).await.unwrap();
+            let answer = by_name(names(asked), NOT_FOUND, |n| region.describe(n))
+                .await
+                .unwrap();
             assert_eq!(
                 answer.keys().cloned().collect::<Vec<_>>(),
                 names(found),
@@ -199,14 +264,18 @@ mod tests {
             existing: &["a"],
             calls: Mutex::default(),
         };
-        let err = by_name(names(&["a", "throttled"]), |n| region.describe(n))
-            .await
-            .unwrap_err();
+        let err = by_name(names(&["a", "throttled"]), NOT_FOUND, |n| {
+            region.describe(n)
+        })
+        .await
+        .unwrap_err();
         assert_eq!(err.code(), Some("Throttling"));
         // A missing name beside a throttled one: the throttle is what is said.
-        let err = by_name(names(&["missing", "throttled"]), |n| region.describe(n))
-            .await
-            .unwrap_err();
+        let err = by_name(names(&["missing", "throttled"]), NOT_FOUND, |n| {
+            region.describe(n)
+        })
+        .await
+        .unwrap_err();
         assert_eq!(err.code(), Some("Throttling"));
     }
 }

@@ -125,7 +125,12 @@ fn tags(spec: &LbSpec) -> Vec<Tag> {
 impl LoadBalancers {
     /// The NLB named `name`, if any (looked up with the other syncs' and checks' under way).
     pub(super) async fn describe_nlb(&self, name: &str) -> Result<Option<Elbv2LoadBalancer>> {
-        let found = self.lookups.nlb(&self.calls, name).await?;
+        self.described_nlb(name, true).await
+    }
+
+    /// [`Self::describe_nlb`], in a shared call only when `shared`.
+    async fn described_nlb(&self, name: &str, shared: bool) -> Result<Option<Elbv2LoadBalancer>> {
+        let found = self.lookups.nlb(&self.calls, name, shared).await?;
         match found {
             Some(_) => self.elbv2_load_balancer_created(name).await,
             None => self.elbv2_load_balancer_deleted(name).await,
@@ -150,6 +155,31 @@ impl LoadBalancers {
             Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(Vec::new()),
             Err(e) => Err(e),
         }
+    }
+
+    /// The target groups `listeners` forward to (the ones AWS lists as their NLB's), looked up by ARN
+    /// with the other syncs' and checks' under way.
+    async fn target_groups_behind(&self, listeners: &[Listener]) -> Result<Vec<TargetGroup>> {
+        let mut arns: Vec<&str> = listeners
+            .iter()
+            .flat_map(Listener::default_actions)
+            .flat_map(|action| {
+                let forwarded = action
+                    .forward_config()
+                    .into_iter()
+                    .flat_map(|f| f.target_groups())
+                    .filter_map(|g| g.target_group_arn());
+                action.target_group_arn().into_iter().chain(forwarded)
+            })
+            .collect();
+        arns.sort_unstable();
+        arns.dedup();
+        let found = futures::future::try_join_all(
+            arns.iter()
+                .map(|arn| self.lookups.target_group(&self.calls, arn)),
+        )
+        .await?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     async fn target_group_named(&self, name: &str) -> Result<Option<TargetGroup>> {
@@ -195,8 +225,8 @@ impl LoadBalancers {
         let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();
         self.sync_ip_address_type(&lb, spec).await?;
         check_fixed_addresses(&lb, spec)?;
-        let attached = self.target_groups_of(&arn).await?;
         let mut listeners = self.listeners_of(&arn).await?;
+        let attached = self.target_groups_behind(&listeners).await?;
         let mut wanted_groups = Vec::new();
         for service_port in &spec.ports {
             if let Some(group) = self
@@ -240,63 +270,67 @@ impl LoadBalancers {
         cluster_id: &str,
     ) -> Result<Option<(Elbv2LoadBalancer, Option<NlbGroups>)>> {
         let elbv2 = &self.calls.clients.elbv2;
-        Ok(Some(match self.describe_nlb(&spec.name).await? {
-            Some(lb) => {
-                let vpc = lb.vpc_id().unwrap_or_default().to_owned();
-                let groups = self.nlb_security_groups(spec, Some(&lb), &vpc).await?;
-                if let Some(groups) = &groups {
-                    self.sync_nlb_security_groups(&lb, spec, groups, cluster_id)
+        Ok(Some(
+            match self.described_nlb(&spec.name, spec.provisioned).await? {
+                Some(lb) => {
+                    let vpc = lb.vpc_id().unwrap_or_default().to_owned();
+                    let groups = self.nlb_security_groups(spec, Some(&lb), &vpc).await?;
+                    if let Some(groups) = &groups {
+                        self.sync_nlb_security_groups(&lb, spec, groups, cluster_id)
+                            .await?;
+                    }
+                    (lb, groups)
+                }
+                None => {
+                    if self.previewed_creation(|| format!("NLB {} would be created", spec.name)) {
+                        return Ok(None);
+                    }
+                    let vpc = self.vpc_id(instances).await?;
+                    let subnets = self.subnets(spec, &vpc, cluster_id).await?;
+                    let mappings = self.subnet_mappings(spec, &subnets).await?;
+                    let groups = self.nlb_security_groups(spec, None, &vpc).await?;
+                    let group_ids = groups.as_ref().map(|g| g.ids.clone());
+                    tracing::info!(
+                        name = spec.name,
+                        service = spec.service_name,
+                        "creating NLB"
+                    );
+                    let scheme = if spec.internal {
+                        LoadBalancerSchemeEnum::Internal
+                    } else {
+                        LoadBalancerSchemeEnum::InternetFacing
+                    };
+                    let out = self
+                        .calls
+                        .call("elbv2:CreateLoadBalancer", || {
+                            elbv2
+                                .create_load_balancer()
+                                .name(&spec.name)
+                                .r#type(LoadBalancerTypeEnum::Network)
+                                .scheme(scheme.clone())
+                                .ip_address_type(ip_address_type(spec))
+                                .set_subnets((mappings.is_empty()).then(|| subnets.clone()))
+                                .set_subnet_mappings(
+                                    (!mappings.is_empty()).then(|| mappings.clone()),
+                                )
+                                .set_security_groups(group_ids.clone())
+                                .set_tags(Some(tags(spec)))
+                                .send()
+                        })
                         .await?;
+                    let lb = out
+                        .load_balancers()
+                        .first()
+                        .cloned()
+                        .ok_or(Error::Response {
+                            operation: "elbv2:CreateLoadBalancer",
+                            missing: "load balancer",
+                        })?;
+                    self.elbv2_load_balancer_created(&spec.name).await;
+                    (lb, groups)
                 }
-                (lb, groups)
-            }
-            None => {
-                if self.previewed_creation(|| format!("NLB {} would be created", spec.name)) {
-                    return Ok(None);
-                }
-                let vpc = self.vpc_id(instances).await?;
-                let subnets = self.subnets(spec, &vpc, cluster_id).await?;
-                let mappings = self.subnet_mappings(spec, &subnets).await?;
-                let groups = self.nlb_security_groups(spec, None, &vpc).await?;
-                let group_ids = groups.as_ref().map(|g| g.ids.clone());
-                tracing::info!(
-                    name = spec.name,
-                    service = spec.service_name,
-                    "creating NLB"
-                );
-                let scheme = if spec.internal {
-                    LoadBalancerSchemeEnum::Internal
-                } else {
-                    LoadBalancerSchemeEnum::InternetFacing
-                };
-                let out = self
-                    .calls
-                    .call("elbv2:CreateLoadBalancer", || {
-                        elbv2
-                            .create_load_balancer()
-                            .name(&spec.name)
-                            .r#type(LoadBalancerTypeEnum::Network)
-                            .scheme(scheme.clone())
-                            .ip_address_type(ip_address_type(spec))
-                            .set_subnets((mappings.is_empty()).then(|| subnets.clone()))
-                            .set_subnet_mappings((!mappings.is_empty()).then(|| mappings.clone()))
-                            .set_security_groups(group_ids.clone())
-                            .set_tags(Some(tags(spec)))
-                            .send()
-                    })
-                    .await?;
-                let lb = out
-                    .load_balancers()
-                    .first()
-                    .cloned()
-                    .ok_or(Error::Response {
-                        operation: "elbv2:CreateLoadBalancer",
-                        missing: "load balancer",
-                    })?;
-                self.elbv2_load_balancer_created(&spec.name).await;
-                (lb, groups)
-            }
-        }))
+            },
+        ))
     }
 
     /// One Service port's target group (found, or created), its targets and attributes, and the listener

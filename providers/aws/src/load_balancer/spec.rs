@@ -210,6 +210,10 @@ pub struct LbSpec {
     /// (which hashes the manager's `--cluster-name`, not the cluster ID): empty here, set by
     /// `LoadBalancers::spec`, which knows the cluster name.
     pub own_group_name: String,
+    /// The Service's status names its load balancer already: a sync's first look-up of it is shared
+    /// with the others under way. One without is looked up alone, as its look-up most likely misses,
+    /// and a miss fails a shared call for all in it.
+    pub provisioned: bool,
 }
 
 /// A Classic ELB's attributes as upstream sets them on every sync: its defaults (access log and
@@ -688,6 +692,12 @@ impl LbSpec {
             eip_allocations,
             private_ipv4_addresses,
             own_group_name: String::new(),
+            provisioned: service
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| lb.ingress.as_ref())
+                .is_some_and(|ingress| !ingress.is_empty()),
         })
     }
 
