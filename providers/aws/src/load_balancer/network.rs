@@ -1,0 +1,210 @@
+//! Where a load balancer goes in the VPC: the nodes' VPC, the subnets (the annotation's, else one per
+//! zone tagged for the cluster and the load balancer's role, as upstream picks them), and the nodes'
+//! security groups its rules go in.
+
+use super::*;
+
+/// Whether the subnet has an IPv6 CIDR (as a dual-stack NLB's subnets must).
+fn has_ipv6_cidr(subnet: &aws_sdk_ec2::types::Subnet) -> bool {
+    subnet
+        .ipv6_cidr_block_association_set()
+        .iter()
+        .any(|a| a.ipv6_cidr_block().is_some_and(|c| !c.is_empty()))
+}
+
+impl LoadBalancers {
+    /// The VPC: `VPC` from the cloud-config, else the backends' VPC.
+    pub(super) async fn vpc_id(&self, instances: &[InstanceInfo]) -> Result<String> {
+        if let Some(vpc) = &self.config.global.vpc {
+            return Ok(vpc.clone());
+        }
+        if let Some(subnet) = &self.config.global.subnet_id {
+            let ec2 = &self.calls.clients.ec2;
+            let out = self
+                .calls
+                .call("DescribeSubnets", || {
+                    ec2.describe_subnets().subnet_ids(subnet).send()
+                })
+                .await?;
+            if let Some(vpc) = out.subnets().first().and_then(|s| s.vpc_id()) {
+                return Ok(vpc.to_owned());
+            }
+        }
+        instances
+            .iter()
+            .map(|i| i.vpc_id.clone())
+            .find(|v| !v.is_empty())
+            .ok_or_else(|| {
+                Error::Setup(
+                    "cannot tell the cluster's VPC: set VPC in [Global] of the cloud-config, or give the Service backend nodes".into(),
+                )
+            })
+    }
+
+    /// The subnets: the annotation's (IDs, or `Name` tags), else one per zone among the VPC's subnets
+    /// tagged for the cluster, preferring the role tag (`kubernetes.io/role/elb`, or
+    /// `kubernetes.io/role/internal-elb` for internal load balancers), then the lowest ID.
+    pub(super) async fn subnets(
+        &self,
+        spec: &LbSpec,
+        vpc_id: &str,
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        let ec2 = &self.calls.clients.ec2;
+        let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
+        if !spec.subnets.is_empty() {
+            let (ids, names): (Vec<String>, Vec<String>) = spec
+                .subnets
+                .iter()
+                .cloned()
+                .partition(|s| s.starts_with("subnet-"));
+            let mut found = Vec::new();
+            for (filter, values) in [("subnet-id", ids), ("tag:Name", names)] {
+                if values.is_empty() {
+                    continue;
+                }
+                let f = Filter::builder()
+                    .name(filter)
+                    .set_values(Some(values.clone()))
+                    .build();
+                let out = self
+                    .calls
+                    .call("DescribeSubnets", || {
+                        ec2.describe_subnets()
+                            .filters(vpc_filter.clone())
+                            .filters(f.clone())
+                            .send()
+                    })
+                    .await?;
+                if spec.dual_stack
+                    && let Some(s) = out.subnets().iter().find(|s| !has_ipv6_cidr(s))
+                {
+                    return Err(Error::Service {
+                        service: spec.service_name.clone(),
+                        field: spec::ANNOTATION_SUBNETS.to_owned(),
+                        message: format!(
+                            "subnet {} has no IPv6 CIDR, and a dual-stack NLB (ip-address-type: dualstack) needs one in each of its subnets",
+                            s.subnet_id().unwrap_or_default()
+                        ),
+                    });
+                }
+                found.extend(
+                    out.subnets()
+                        .iter()
+                        .filter_map(|s| s.subnet_id().map(str::to_owned)),
+                );
+            }
+            if found.len() != spec.subnets.len() {
+                return Err(Error::Service {
+                    service: spec.service_name.clone(),
+                    field: spec::ANNOTATION_SUBNETS.to_owned(),
+                    message: format!(
+                        "{:?} match {} subnets in {vpc_id}, expected one each",
+                        spec.subnets,
+                        found.len()
+                    ),
+                });
+            }
+            found.sort();
+            return Ok(found);
+        }
+        let out = self
+            .calls
+            .call("DescribeSubnets", || {
+                ec2.describe_subnets().filters(vpc_filter.clone()).send()
+            })
+            .await?;
+        let role = if spec.internal {
+            "kubernetes.io/role/internal-elb"
+        } else {
+            "kubernetes.io/role/elb"
+        };
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let mut best: BTreeMap<String, (bool, String)> = BTreeMap::new();
+        for s in out.subnets() {
+            let tags: BTreeMap<&str, &str> = s
+                .tags()
+                .iter()
+                .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+                .collect();
+            if !tags.contains_key(cluster_tag.as_str()) || (spec.dual_stack && !has_ipv6_cidr(s)) {
+                continue;
+            }
+            let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else {
+                continue;
+            };
+            let has_role = tags.get(role).is_some_and(|v| v.is_empty() || *v == "1");
+            let candidate = (!has_role, id.to_owned());
+            let entry = best.entry(zone.to_owned()).or_insert(candidate.clone());
+            if candidate < *entry {
+                *entry = candidate;
+            }
+        }
+        if best.is_empty() && spec.dual_stack {
+            return Err(Error::Service {
+                service: spec.service_name.clone(),
+                field: spec::ANNOTATION_IP_ADDRESS_TYPE.to_owned(),
+                message: format!(
+                    "a dual-stack NLB needs subnets with an IPv6 CIDR, and none in {vpc_id} tagged {cluster_tag} has one"
+                ),
+            });
+        }
+        if best.is_empty() {
+            return Err(Error::Setup(format!(
+                "could not find any suitable subnets for creating the ELB: none in {vpc_id} carries the tag {cluster_tag}"
+            )));
+        }
+        Ok(best.into_values().map(|(_, id)| id).collect())
+    }
+
+    /// The security group of each backend that load-balancer traffic is opened in: the instance's group
+    /// tagged for the cluster, else its first.
+    pub(super) async fn node_security_groups(
+        &self,
+        instances: &[InstanceInfo],
+        cluster_id: &str,
+    ) -> Result<Vec<String>> {
+        let mut all: Vec<String> = instances
+            .iter()
+            .flat_map(|i| i.security_groups.clone())
+            .collect();
+        all.sort();
+        all.dedup();
+        if all.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ec2 = &self.calls.clients.ec2;
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || {
+                ec2.describe_security_groups()
+                    .set_group_ids(Some(all.clone()))
+                    .send()
+            })
+            .await?;
+        let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
+        let tagged: Vec<&str> = out
+            .security_groups()
+            .iter()
+            .filter(|g| {
+                g.tags()
+                    .iter()
+                    .any(|t| t.key() == Some(cluster_tag.as_str()))
+            })
+            .filter_map(|g| g.group_id())
+            .collect();
+        let mut groups: Vec<String> = instances
+            .iter()
+            .filter_map(|i| {
+                i.security_groups
+                    .iter()
+                    .find(|g| tagged.contains(&g.as_str()))
+                    .or(i.security_groups.first())
+                    .cloned()
+            })
+            .collect();
+        groups.sort();
+        groups.dedup();
+        Ok(groups)
+    }
+}
