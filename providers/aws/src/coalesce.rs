@@ -28,6 +28,7 @@ type Answer<K, V> = std::result::Result<Arc<BTreeMap<K, V>>, Error>;
 /// Coalesces look-ups by key of one kind (see the module's documentation).
 pub struct Coalescer<K, V> {
     max_keys: usize,
+    max_in_flight: usize,
     state: Mutex<State<K, V>>,
 }
 
@@ -40,8 +41,8 @@ struct Waiting<K, V> {
 }
 
 struct State<K, V> {
-    /// A call is under way (its leader releases the turn when it ends, or is dropped).
-    busy: bool,
+    /// Calls under way (each leader releases its turn when its call ends, or when it is dropped).
+    in_flight: usize,
     /// The batches waiting, oldest first; callers join the newest while it has room.
     waiting: VecDeque<Waiting<K, V>>,
     next_id: u64,
@@ -54,7 +55,7 @@ impl<K, V> State<K, V> {
         match self.waiting.pop_front() {
             // A leader that is gone by now releases the turn from its guard's drop.
             Some(next) => drop(next.go.send(next.keys)),
-            None => self.busy = false,
+            None => self.in_flight -= 1,
         }
     }
 }
@@ -93,12 +94,14 @@ impl<K, V> Drop for Turn<'_, K, V> {
 }
 
 impl<K: Ord + Clone, V: Clone> Coalescer<K, V> {
-    /// A coalescer putting at most `max_keys` keys in one call.
-    pub fn new(max_keys: usize) -> Self {
+    /// A coalescer putting at most `max_keys` keys in one call, with at most `max_in_flight` calls
+    /// under way at once.
+    pub fn new(max_keys: usize, max_in_flight: usize) -> Self {
         Self {
             max_keys: max_keys.max(1),
+            max_in_flight: max_in_flight.max(1),
             state: Mutex::new(State {
-                busy: false,
+                in_flight: 0,
                 waiting: VecDeque::new(),
                 next_id: 0,
             }),
@@ -154,8 +157,8 @@ impl<K: Ord + Clone, V: Clone> Coalescer<K, V> {
     /// with room, else open a new one.
     fn take_part(&self, key: &K, answer: watch::Receiver<Option<Answer<K, V>>>) -> Role<K, V> {
         let mut state = self.state.lock();
-        if !state.busy {
-            state.busy = true;
+        if state.in_flight < self.max_in_flight {
+            state.in_flight += 1;
             return Role::Lead(BTreeSet::from([key.clone()]));
         }
         if let Some(newest) = state.waiting.back_mut()
@@ -223,7 +226,7 @@ mod tests {
     #[tokio::test]
     async fn a_lone_look_up_is_one_call_made_at_once() {
         let cloud = cloud(0);
-        let coalescer = Coalescer::new(20);
+        let coalescer = Coalescer::new(20, 1);
         let found = coalescer
             .get("lb-1".to_string(), |keys| cloud.describe(keys))
             .await
@@ -243,7 +246,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn look_ups_made_while_one_is_under_way_share_the_next_call_up_to_the_cap() {
         let cloud = cloud(100);
-        let coalescer = Arc::new(Coalescer::new(3));
+        let coalescer = Arc::new(Coalescer::new(3, 1));
         let mut tasks = tokio::task::JoinSet::new();
         for i in 0..8 {
             let (cloud, coalescer) = (cloud.clone(), coalescer.clone());
@@ -276,7 +279,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_cancelled_leader_neither_strands_its_batch_nor_the_next() {
         let cloud = cloud(100);
-        let coalescer = Arc::new(Coalescer::new(20));
+        let coalescer = Arc::new(Coalescer::new(20, 1));
         let calls_made = Arc::new(AtomicUsize::new(0));
         // Under way: lb-0.
         let first = {
@@ -331,7 +334,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_call_fails_every_look_up_in_it() {
-        let coalescer = Arc::new(Coalescer::<String, usize>::new(20));
+        let coalescer = Arc::new(Coalescer::<String, usize>::new(20, 1));
         let busy = {
             let coalescer = coalescer.clone();
             tokio::spawn(async move {

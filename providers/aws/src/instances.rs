@@ -4,7 +4,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::{Arc, Mutex},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
@@ -250,6 +250,16 @@ pub struct Describer {
     calls: Calls,
     window: Duration,
     open: Mutex<Option<Open>>,
+    /// [`Describer::find_recent`]'s answers by key, with when they came.
+    answered: Mutex<Answered>,
+}
+
+/// Recent answers, pruned of the stale ones whenever they have doubled since the last pruning (so a
+/// look-up costs O(1) amortized however many nodes there are).
+#[derive(Default)]
+struct Answered {
+    by_key: BTreeMap<Key, (Instant, Option<InstanceInfo>)>,
+    prune_at: usize,
 }
 
 impl Describer {
@@ -259,6 +269,7 @@ impl Describer {
             calls,
             window,
             open: Mutex::new(None),
+            answered: Mutex::default(),
         }
     }
 
@@ -266,6 +277,36 @@ impl Describer {
     /// batch it sends takes one token of the previews' budget, however many previews share it.
     pub fn read_only(&self) -> Self {
         Self::new(self.calls.read_only(), self.window)
+    }
+
+    /// The instance for `key` as EC2 answered it to this call at most `max_age` ago, else looked up
+    /// now ([`Describer::find`]). For the load balancers' backends: a burst of node syncs over hundreds
+    /// of load balancers looks each node's instance up once per `max_age`, instead of once per load
+    /// balancer (upstream's instance cache keeps its snapshot for 10 minutes).
+    pub async fn find_recent(&self, key: &Key, max_age: Duration) -> Result<Option<InstanceInfo>> {
+        let lock = || {
+            self.answered
+                .lock()
+                .map_err(|_| Error::Setup("instance answers lock poisoned".into()))
+        };
+        let recent = lock()?
+            .by_key
+            .get(key)
+            .filter(|(at, _)| at.elapsed() <= max_age)
+            .map(|(_, found)| found.clone());
+        if let Some(found) = recent {
+            return Ok(found);
+        }
+        let found = self.find(key).await?;
+        let mut answered = lock()?;
+        if answered.by_key.len() >= answered.prune_at {
+            answered.by_key.retain(|_, (at, _)| at.elapsed() <= max_age);
+            answered.prune_at = (answered.by_key.len() * 2).max(1024);
+        }
+        answered
+            .by_key
+            .insert(key.clone(), (Instant::now(), found.clone()));
+        Ok(found)
     }
 
     /// The instance for `key`; `None` when EC2 has none. Of several (a private DNS name reused after a

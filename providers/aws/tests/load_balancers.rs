@@ -786,7 +786,8 @@ async fn classic_deletions_are_found_in_the_listing_without_describing_each() {
 /// Issue #53 item 4: syncs and drift checks under way at once find their load balancers in shared
 /// `DescribeLoadBalancers` calls (the first alone and at once, the others together), on both kinds;
 /// a Service not provisioned yet is looked up alone (its look-up would most likely miss, and a miss
-/// fails a shared call), so it is still created and the others still found.
+/// fails a shared call), so it is still created and the others still found; the nodes' instances,
+/// looked up by one sync, are taken as they were by the next for a while.
 #[tokio::test]
 async fn syncs_and_checks_under_way_at_once_share_their_load_balancer_look_ups() {
     let _serial = SERIAL.lock().await;
@@ -864,6 +865,17 @@ async fn syncs_and_checks_under_way_at_once_share_their_load_balancer_look_ups()
         assert!(updates.into_iter().all(|u| u.is_ok()));
         let calls = calls_since(&cloud, &before);
         assert!(described(&calls, op) <= 2, "{kind} updates: {calls:?}");
+        // The nodes' instances were looked up just now: the next sync takes them as they were.
+        let before = cloud.api_metrics().requests();
+        lb.update_load_balancer("kubernetes", &services[0], &nodes)
+            .await
+            .unwrap();
+        let calls = calls_since(&cloud, &before);
+        assert_eq!(
+            described(&calls, "DescribeInstances"),
+            0,
+            "{kind}: {calls:?}"
+        );
         let before = cloud.api_metrics().requests();
         let previews = futures::future::join_all(
             services

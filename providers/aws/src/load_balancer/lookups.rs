@@ -21,6 +21,9 @@ use crate::{coalesce::Coalescer, error::Result, sdk::Calls};
 /// The most names in one `DescribeLoadBalancers` (the API's limit for ELBv2's ARNs; kept for both).
 pub const NAMES_PER_CALL: usize = 20;
 
+/// The most look-up calls of one kind under way at once.
+pub const CALLS_IN_FLIGHT: usize = 1;
+
 /// The code AWS answers a look-up naming a load balancer that does not exist with.
 const NOT_FOUND: &str = "LoadBalancerNotFound";
 
@@ -38,9 +41,9 @@ pub struct Lookups {
 impl Default for Lookups {
     fn default() -> Self {
         Self {
-            classic: Coalescer::new(NAMES_PER_CALL),
-            nlb: Coalescer::new(NAMES_PER_CALL),
-            target_groups: Coalescer::new(NAMES_PER_CALL),
+            classic: Coalescer::new(NAMES_PER_CALL, CALLS_IN_FLIGHT),
+            nlb: Coalescer::new(NAMES_PER_CALL, CALLS_IN_FLIGHT),
+            target_groups: Coalescer::new(NAMES_PER_CALL, CALLS_IN_FLIGHT),
         }
     }
 }

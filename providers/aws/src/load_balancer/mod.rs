@@ -43,6 +43,12 @@ use crate::{
 use plan::Plan;
 use spec::{Kind, LbSpec, TAG_CLUSTER_PREFIX};
 
+/// How long a backend's instance, once looked up, is taken as it was: a burst of node syncs over many
+/// load balancers looks each node's instance up once in this time, not once per load balancer. A node
+/// whose instance stopped meanwhile is registered for at most this long (AWS refuses a terminated
+/// instance, and the sync is tried again); upstream's instance cache keeps its answers 10 minutes.
+const BACKENDS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The load balancers of one provider.
 pub struct LoadBalancers {
     calls: Calls,
@@ -154,7 +160,10 @@ impl LoadBalancers {
                 names.push(node.clone());
                 continue;
             }
-            let found = self.describer.find(&Key::Id(id.clone())).await?;
+            let found = self
+                .describer
+                .find_recent(&Key::Id(id.clone()), BACKENDS_MAX_AGE)
+                .await?;
             names.push(
                 found
                     .map(|i| i.private_dns)
@@ -172,7 +181,7 @@ impl LoadBalancers {
     async fn node_instances(&self, nodes: &[&Node]) -> Result<Vec<(InstanceInfo, String)>> {
         let lookups = nodes.iter().map(|n| async move {
             let key = Key::of(n)?;
-            let found = self.describer.find(&key).await?;
+            let found = self.describer.find_recent(&key, BACKENDS_MAX_AGE).await?;
             Ok::<_, Error>(found.map(|i| (i, n.metadata.name.clone().unwrap_or_default())))
         });
         Ok(futures::future::try_join_all(lookups)
@@ -208,7 +217,7 @@ impl LoadBalancers {
     async fn instances(&self, nodes: &[&Node]) -> Result<Vec<InstanceInfo>> {
         let lookups = nodes.iter().map(|n| async move {
             let key = Key::of(n)?;
-            self.describer.find(&key).await
+            self.describer.find_recent(&key, BACKENDS_MAX_AGE).await
         });
         let mut out: Vec<InstanceInfo> = futures::future::try_join_all(lookups)
             .await?

@@ -5,6 +5,7 @@
 use super::*;
 
 impl LoadBalancers {
+    /// The NLB's listeners.
     pub(super) async fn listeners_of(&self, lb_arn: &str) -> Result<Vec<Listener>> {
         let elbv2 = &self.calls.clients.elbv2;
         let out = self
