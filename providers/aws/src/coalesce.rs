@@ -1,9 +1,9 @@
-//! Look-ups by key coalesced while the cloud is busy: one call at a time per kind of look-up; a caller
-//! that finds none under way makes its call at once, alone (no added latency when idle), and the callers
-//! that come while one is under way gather into the next call, up to a cap (20 names per
-//! `DescribeLoadBalancers`). So 16 Service syncs, or a group of drift checks, that each look up their
-//! load balancer make two or three calls between them instead of sixteen, and a lone sync still makes
-//! one call at once.
+//! Look-ups by key coalesced while the cloud is busy: at most a set number of calls at a time per kind
+//! of look-up (one for the load balancers'); a caller that finds room makes its call at once, alone
+//! (no added latency when idle), and the callers that come while the calls are under way gather into
+//! the next call, up to a cap (20 names per `DescribeLoadBalancers`). So 16 Service syncs, or a group
+//! of drift checks, that each look up their load balancer make two or three calls between them instead
+//! of sixteen, and a lone sync still makes one call at once.
 //!
 //! Written here rather than taken from a crate: the batching crates (`dataloader`, `batched-fn`) gather
 //! for a fixed window or run the batch on a task of their own. Here the caller at the head of a batch
