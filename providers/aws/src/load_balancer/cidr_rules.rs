@@ -1,7 +1,110 @@
 //! The CIDR ingress rules a load balancer keeps in a security group: ours (by description, or the whole
 //! group of one load balancer's own) made exactly the wanted ones, by difference.
 
+use aws_sdk_ec2::types::SecurityGroup;
+
 use super::*;
+
+/// One CIDR rule: protocol, first and last port, and an IPv4 or IPv6 CIDR.
+pub(super) type Rule = (String, i32, i32, String);
+
+/// What a sync of a group's CIDR rules writes.
+#[derive(Debug, Default, PartialEq)]
+struct Plan {
+    /// Rules to authorize.
+    missing: Vec<IpPermission>,
+    /// Rules of ours to revoke.
+    extra: Vec<IpPermission>,
+}
+
+/// The writes that make the CIDR rules of ours in the group as `read` exactly `desired`: ours are those
+/// carrying `description`, or every rule with [`RuleScope::WholeGroup`]; a desired rule the group has
+/// already, whatever its description, is left as it is.
+fn plan(read: &[SecurityGroup], description: &str, scope: RuleScope, desired: &[Rule]) -> Plan {
+    let (mut present, mut ours) = (Vec::new(), Vec::new());
+    for p in read.iter().flat_map(SecurityGroup::ip_permissions) {
+        let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
+        let v6 = p
+            .ipv6_ranges()
+            .iter()
+            .map(|r| (r.cidr_ipv6(), r.description()));
+        for (cidr, rule_description) in v4.chain(v6) {
+            let rule = (
+                p.ip_protocol().unwrap_or_default().to_owned(),
+                p.from_port().unwrap_or(0),
+                p.to_port().unwrap_or(0),
+                cidr.unwrap_or_default().to_owned(),
+            );
+            if scope == RuleScope::WholeGroup || rule_description == Some(description) {
+                ours.push(rule.clone());
+            }
+            present.push(rule);
+        }
+    }
+    // A group of one load balancer's own carries its rules undescribed, as upstream authorizes them (so
+    // a hand-over either way finds the group exactly as its manager would make it).
+    let described = (scope == RuleScope::Described).then_some(description);
+    Plan {
+        missing: desired
+            .iter()
+            .filter(|d| !present.contains(d))
+            .map(|rule| permission(rule, described))
+            .collect(),
+        extra: ours
+            .iter()
+            .filter(|e| !desired.contains(e))
+            .map(|rule| permission(rule, described))
+            .collect(),
+    }
+}
+
+/// `rule` as EC2's permission, carrying `description` when given.
+fn permission((proto, from, to, cidr): &Rule, description: Option<&str>) -> IpPermission {
+    let rule = IpPermission::builder()
+        .ip_protocol(proto)
+        .from_port(*from)
+        .to_port(*to);
+    let description = description.map(str::to_owned);
+    if cidr.contains(':') {
+        rule.ipv6_ranges(
+            Ipv6Range::builder()
+                .cidr_ipv6(cidr)
+                .set_description(description)
+                .build(),
+        )
+    } else {
+        rule.ip_ranges(
+            IpRange::builder()
+                .cidr_ip(cidr)
+                .set_description(description)
+                .build(),
+        )
+    }
+    .build()
+}
+
+/// `rules` in words, for a preview: `tcp 80-80 from 10.0.0.0/8, ...`.
+fn in_words(rules: &[IpPermission]) -> String {
+    rules
+        .iter()
+        .map(|p| {
+            let cidrs: Vec<&str> = p
+                .ip_ranges()
+                .iter()
+                .filter_map(|r| r.cidr_ip())
+                .chain(p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6()))
+                .collect();
+            format!(
+                "{} {}-{} from {}",
+                p.ip_protocol().unwrap_or_default(),
+                p.from_port().unwrap_or(0),
+                p.to_port().unwrap_or(0),
+                cidrs.join(",")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 impl LoadBalancers {
     /// Makes the CIDR ingress rules of `group` that are ours exactly `desired` (each a protocol, a port
@@ -15,7 +118,7 @@ impl LoadBalancers {
         group: &str,
         description: &str,
         scope: RuleScope,
-        desired: &[(String, i32, i32, String)],
+        desired: &[Rule],
     ) -> Result<bool> {
         let ec2 = &self.calls.clients.ec2;
         let out = self
@@ -29,102 +132,23 @@ impl LoadBalancers {
     }
 
     /// [`Self::sync_cidr_rules`] for the group `group` as `read` moments ago (by the caller that found
-    /// it, which spares a second read of it).
+    /// it, which spares a second read of it): the [`plan`]'s writes, each said in a preview instead.
     pub(super) async fn sync_read_cidr_rules(
         &self,
         group: &str,
-        read: &[aws_sdk_ec2::types::SecurityGroup],
+        read: &[SecurityGroup],
         description: &str,
         scope: RuleScope,
-        desired: &[(String, i32, i32, String)],
+        desired: &[Rule],
     ) -> Result<bool> {
         let ec2 = &self.calls.clients.ec2;
-        // Every CIDR rule of the group, and which of them are ours.
-        let (mut present, mut existing) = (Vec::new(), Vec::new());
-        for g in read {
-            for p in g.ip_permissions() {
-                let v4 = p.ip_ranges().iter().map(|r| (r.cidr_ip(), r.description()));
-                let v6 = p
-                    .ipv6_ranges()
-                    .iter()
-                    .map(|r| (r.cidr_ipv6(), r.description()));
-                for (cidr, rule_description) in v4.chain(v6) {
-                    let rule = (
-                        p.ip_protocol().unwrap_or_default().to_owned(),
-                        p.from_port().unwrap_or(0),
-                        p.to_port().unwrap_or(0),
-                        cidr.unwrap_or_default().to_owned(),
-                    );
-                    if scope == RuleScope::WholeGroup || rule_description == Some(description) {
-                        existing.push(rule.clone());
-                    }
-                    present.push(rule);
-                }
-            }
-        }
-        // A group of one load balancer's own carries its rules undescribed, as upstream authorizes them
-        // (so a hand-over either way finds the group exactly as its manager would make it).
-        let described = (scope == RuleScope::Described).then_some(description);
-        let perm = |(proto, from, to, cidr): &(String, i32, i32, String)| {
-            let rule = IpPermission::builder()
-                .ip_protocol(proto)
-                .from_port(*from)
-                .to_port(*to);
-            let described = described.map(str::to_owned);
-            if cidr.contains(':') {
-                rule.ipv6_ranges(
-                    Ipv6Range::builder()
-                        .cidr_ipv6(cidr)
-                        .set_description(described)
-                        .build(),
-                )
-            } else {
-                rule.ip_ranges(
-                    IpRange::builder()
-                        .cidr_ip(cidr)
-                        .set_description(described)
-                        .build(),
-                )
-            }
-            .build()
-        };
-        let missing: Vec<IpPermission> = desired
-            .iter()
-            .filter(|d| !present.contains(d))
-            .map(perm)
-            .collect();
-        let extra: Vec<IpPermission> = existing
-            .iter()
-            .filter(|e| !desired.contains(e))
-            .map(perm)
-            .collect();
-        let words = |rules: &[IpPermission]| -> String {
-            rules
-                .iter()
-                .map(|p| {
-                    let cidrs: Vec<&str> = p
-                        .ip_ranges()
-                        .iter()
-                        .filter_map(|r| r.cidr_ip())
-                        .chain(p.ipv6_ranges().iter().filter_map(|r| r.cidr_ipv6()))
-                        .collect();
-                    format!(
-                        "{} {}-{} from {}",
-                        p.ip_protocol().unwrap_or_default(),
-                        p.from_port().unwrap_or(0),
-                        p.to_port().unwrap_or(0),
-                        cidrs.join(",")
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let Plan { missing, extra } = plan(read, description, scope, desired);
         let mut changed = false;
         if !missing.is_empty()
             && !self.previewed(|| {
                 format!(
                     "security group {group} would allow {} ({description})",
-                    words(&missing)
+                    in_words(&missing)
                 )
             })
         {
@@ -142,7 +166,7 @@ impl LoadBalancers {
             && !self.previewed(|| {
                 format!(
                     "security group {group} would no longer allow {} ({description})",
-                    words(&extra)
+                    in_words(&extra)
                 )
             })
         {
@@ -186,5 +210,100 @@ impl LoadBalancers {
             }
         }
         Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(proto: &str, port: i32, cidr: &str) -> Rule {
+        (proto.to_owned(), port, port, cidr.to_owned())
+    }
+
+    /// A group holding `rules`, each with its description.
+    fn group(rules: &[(Rule, Option<&str>)]) -> Vec<SecurityGroup> {
+        let mut g = SecurityGroup::builder();
+        for (r, description) in rules {
+            g = g.ip_permissions(permission(r, *description));
+        }
+        vec![g.build()]
+    }
+
+    fn words(plan: &Plan) -> (String, String) {
+        (in_words(&plan.missing), in_words(&plan.extra))
+    }
+
+    #[test]
+    fn the_plan_writes_only_the_difference_of_ours() {
+        let description = "kubernetes.io/rule/nlb/client=a1";
+        let ours = Some(description);
+        let web = rule("tcp", 80, "10.0.0.0/8");
+        let v6 = rule("tcp", 80, "2001:db8::/32");
+        let old = rule("tcp", 81, "10.0.0.0/8");
+        for (name, read, scope, desired, want) in [
+            (
+                "as wanted: nothing",
+                group(&[(web.clone(), ours)]),
+                RuleScope::Described,
+                vec![web.clone()],
+                ("", ""),
+            ),
+            (
+                "a wanted rule present without our description is kept, not authorized twice",
+                group(&[(web.clone(), None)]),
+                RuleScope::Described,
+                vec![web.clone()],
+                ("", ""),
+            ),
+            (
+                "missing and extra, IPv6 beside IPv4",
+                group(&[(old.clone(), ours)]),
+                RuleScope::Described,
+                vec![web.clone(), v6.clone()],
+                (
+                    "tcp 80-80 from 10.0.0.0/8, tcp 80-80 from 2001:db8::/32",
+                    "tcp 81-81 from 10.0.0.0/8",
+                ),
+            ),
+            (
+                "someone else's rule is not ours to revoke",
+                group(&[(old.clone(), Some("a colleague's"))]),
+                RuleScope::Described,
+                vec![],
+                ("", ""),
+            ),
+            (
+                "in a group of its own every rule is ours",
+                group(&[(old.clone(), None)]),
+                RuleScope::WholeGroup,
+                vec![web.clone()],
+                ("tcp 80-80 from 10.0.0.0/8", "tcp 81-81 from 10.0.0.0/8"),
+            ),
+        ] {
+            let plan = plan(&read, description, scope, &desired);
+            assert_eq!(
+                words(&plan),
+                (want.0.to_owned(), want.1.to_owned()),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn rules_carry_our_description_only_outside_a_group_of_their_own() {
+        let web = rule("tcp", 80, "10.0.0.0/8");
+        let described = plan(
+            &[],
+            "ours",
+            RuleScope::Described,
+            std::slice::from_ref(&web),
+        );
+        assert_eq!(
+            described.missing[0].ip_ranges()[0].description(),
+            Some("ours")
+        );
+        let own = plan(&[], "ours", RuleScope::WholeGroup, &[web]);
+        assert_eq!(own.missing[0].ip_ranges()[0].description(), None);
     }
 }
