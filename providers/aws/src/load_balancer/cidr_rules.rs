@@ -6,7 +6,7 @@ use aws_sdk_ec2::types::SecurityGroup;
 use super::*;
 
 /// One CIDR rule: protocol, first and last port, and an IPv4 or IPv6 CIDR.
-pub(super) type Rule = (String, i32, i32, String);
+pub(in crate::load_balancer) type Rule = (String, i32, i32, String);
 
 /// What a sync of a group's CIDR rules writes.
 #[derive(Debug, Default, PartialEq)]

@@ -3,6 +3,61 @@
 //! describes them.
 
 use super::*;
+use crate::load_balancer::cidr_rules::Rule;
+
+/// The client rules: each source range on each node port, in the port's protocol.
+fn client_rules(ports: &[Port], source_ranges: &[String]) -> Vec<Rule> {
+    let mut rules: Vec<Rule> = ports
+        .iter()
+        .flat_map(|p| {
+            source_ranges.iter().map(|cidr| {
+                (
+                    p.protocol.to_ascii_lowercase(),
+                    p.node_port,
+                    p.node_port,
+                    cidr.clone(),
+                )
+            })
+        })
+        .collect();
+    rules.sort();
+    rules.dedup();
+    rules
+}
+
+/// Upstream's health-check ports: the port the check names, else every port's node port (UDP ones
+/// too); none when the client rules already let the checks in (TCP from everywhere to the same
+/// ports).
+fn health_check_ports(health_port: &str, ports: &[Port], source_ranges: &[String]) -> Vec<i32> {
+    let mut checked: Vec<i32> = match health_port.parse::<i32>() {
+        Ok(port) => vec![port],
+        Err(_) => ports.iter().map(|p| p.node_port).collect(),
+    };
+    checked.sort();
+    checked.dedup();
+    let mut served: Vec<i32> = ports.iter().map(|p| p.node_port).collect();
+    served.sort();
+    served.dedup();
+    let covered = source_ranges == ["0.0.0.0/0"]
+        && ports.iter().all(|p| p.protocol == "TCP")
+        && checked == served;
+    if covered { Vec::new() } else { checked }
+}
+
+/// The health rules: TCP from each of the NLB's subnets (where its checks come from) to each port.
+fn health_rules(ports: &[i32], subnet_cidrs: &[String]) -> Vec<Rule> {
+    let mut rules: Vec<Rule> = subnet_cidrs
+        .iter()
+        .flat_map(|cidr| {
+            ports
+                .iter()
+                .map(|p| ("tcp".to_owned(), *p, *p, cidr.clone()))
+        })
+        .collect();
+    rules.sort();
+    rules.dedup();
+    rules
+}
 
 impl LoadBalancers {
     /// Client rules (the source ranges on each node port) and health-check rules (the CIDRs of the
@@ -19,44 +74,13 @@ impl LoadBalancers {
         let groups = self.node_security_groups(instances, cluster_id).await?;
         let client = rule_description("client", &spec.name);
         let health = rule_description("health", &spec.name);
-        let mut client_rules = Vec::new();
-        for p in &spec.ports {
-            for cidr in &spec.source_ranges {
-                client_rules.push((
-                    p.protocol.to_ascii_lowercase(),
-                    p.node_port,
-                    p.node_port,
-                    cidr.clone(),
-                ));
-            }
-        }
-        // Upstream's health rules: TCP from the VPC to each port the health check probes (the traffic
-        // port of every port, UDP ones too, unless the check names a port), left out when the client
-        // rules already allow it (TCP from everywhere to the same ports).
-        let mut health_rules = Vec::new();
-        let mut hc_ports: Vec<i32> = match spec.health_check.port.parse::<i32>() {
-            Ok(port) => vec![port],
-            Err(_) => spec.ports.iter().map(|p| p.node_port).collect(),
+        let client_rules = client_rules(&spec.ports, &spec.source_ranges);
+        let checked = health_check_ports(&spec.health_check.port, &spec.ports, &spec.source_ranges);
+        let health_rules = if checked.is_empty() {
+            Vec::new()
+        } else {
+            health_rules(&checked, &self.subnet_cidrs(lb).await?)
         };
-        hc_ports.sort();
-        hc_ports.dedup();
-        let mut client_ports: Vec<i32> = spec.ports.iter().map(|p| p.node_port).collect();
-        client_ports.sort();
-        client_ports.dedup();
-        let covered = spec.source_ranges == ["0.0.0.0/0"]
-            && spec.ports.iter().all(|p| p.protocol == "TCP")
-            && hc_ports == client_ports;
-        if !hc_ports.is_empty() && !covered {
-            for cidr in self.subnet_cidrs(lb).await? {
-                for port in &hc_ports {
-                    health_rules.push(("tcp".to_owned(), *port, *port, cidr.clone()));
-                }
-            }
-        }
-        client_rules.sort();
-        client_rules.dedup();
-        health_rules.sort();
-        health_rules.dedup();
         for g in &groups {
             let clients_changed = self
                 .sync_cidr_rules(g, &client, RuleScope::Described, &client_rules)
@@ -67,8 +91,22 @@ impl LoadBalancers {
                 self.sync_mtu_rules(g).await?;
             }
         }
-        // Groups of former backends.
-        let vpc_id = lb.vpc_id().unwrap_or_default();
+        self.revoke_from_former_backends(
+            lb.vpc_id().unwrap_or_default(),
+            &groups,
+            [&client, &health],
+        )
+        .await
+    }
+
+    /// Takes the rules described `client` or `health` out of the groups in `vpc_id` that are not the
+    /// backends' `groups` (those of former backends), and their path-MTU rules with the client rules.
+    async fn revoke_from_former_backends(
+        &self,
+        vpc_id: &str,
+        groups: &[String],
+        [client, health]: [&String; 2],
+    ) -> Result<()> {
         let ec2 = &self.calls.clients.ec2;
         let out = self
             .calls
@@ -89,7 +127,7 @@ impl LoadBalancers {
                 continue;
             }
             let mut clients_changed = false;
-            for description in [&client, &health] {
+            for description in [client, health] {
                 let has = g.ip_permissions().iter().any(|p| {
                     p.ip_ranges()
                         .iter()
@@ -99,7 +137,7 @@ impl LoadBalancers {
                     && self
                         .sync_cidr_rules(id, description, RuleScope::Described, &[])
                         .await?
-                    && description == &client
+                    && description == client
                 {
                     clients_changed = true;
                 }
@@ -182,5 +220,80 @@ impl LoadBalancers {
             .iter()
             .filter_map(|s| Some((s.subnet_id()?.to_owned(), s.cidr_block()?.to_owned())))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(protocol: &str, node_port: i32) -> Port {
+        Port {
+            port: 80,
+            protocol: protocol.to_owned(),
+            node_port,
+        }
+    }
+
+    fn ranges(cidrs: &[&str]) -> Vec<String> {
+        cidrs.iter().map(|c| (*c).to_owned()).collect()
+    }
+
+    #[test]
+    fn clients_get_each_range_on_each_node_port_in_its_protocol() {
+        let rules = client_rules(
+            &[port("TCP", 30080), port("UDP", 30053)],
+            &ranges(&["10.0.0.0/8", "192.168.0.0/16"]),
+        );
+        assert_eq!(rules.len(), 4);
+        assert!(rules.contains(&("udp".into(), 30053, 30053, "10.0.0.0/8".into())));
+    }
+
+    #[test]
+    fn health_rules_are_left_out_only_where_the_client_rules_let_the_checks_in() {
+        let everywhere = ranges(&["0.0.0.0/0"]);
+        for (name, health_port, ports, source_ranges, want) in [
+            (
+                "TCP from everywhere on the checked ports: covered",
+                "traffic-port",
+                vec![port("TCP", 30080)],
+                everywhere.clone(),
+                vec![],
+            ),
+            (
+                "narrower sources: the checks need their own",
+                "traffic-port",
+                vec![port("TCP", 30080)],
+                ranges(&["10.0.0.0/8"]),
+                vec![30080],
+            ),
+            (
+                "a UDP port is checked over TCP",
+                "traffic-port",
+                vec![port("UDP", 30053)],
+                everywhere.clone(),
+                vec![30053],
+            ),
+            (
+                "a named port (Local's health-check node port)",
+                "32000",
+                vec![port("TCP", 30080)],
+                everywhere.clone(),
+                vec![32000],
+            ),
+        ] {
+            assert_eq!(
+                health_check_ports(health_port, &ports, &source_ranges),
+                want,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            health_rules(&[32000], &ranges(&["10.0.1.0/24", "10.0.2.0/24"])),
+            vec![
+                ("tcp".to_owned(), 32000, 32000, "10.0.1.0/24".to_owned()),
+                ("tcp".to_owned(), 32000, 32000, "10.0.2.0/24".to_owned()),
+            ]
+        );
     }
 }
