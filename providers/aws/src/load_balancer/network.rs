@@ -2,6 +2,8 @@
 //! zone tagged for the cluster and the load balancer's role, as upstream picks them), and the nodes'
 //! security groups its rules go in.
 
+use aws_sdk_ec2::types::Subnet;
+
 use super::*;
 
 /// Whether the subnet has an IPv6 CIDR (as a dual-stack NLB's subnets must).
@@ -10,6 +12,43 @@ fn has_ipv6_cidr(subnet: &aws_sdk_ec2::types::Subnet) -> bool {
         .ipv6_cidr_block_association_set()
         .iter()
         .any(|a| a.ipv6_cidr_block().is_some_and(|c| !c.is_empty()))
+}
+
+/// Upstream's pick among a VPC's subnets: those tagged `cluster_tag` (with an IPv6 CIDR for a
+/// dual-stack NLB), one per zone, preferring the role tag (`kubernetes.io/role/elb`, or
+/// `kubernetes.io/role/internal-elb` for an internal load balancer), then the lowest ID; by zone.
+fn one_per_zone(
+    subnets: &[Subnet],
+    cluster_tag: &str,
+    internal: bool,
+    dual_stack: bool,
+) -> Vec<String> {
+    let role = if internal {
+        "kubernetes.io/role/internal-elb"
+    } else {
+        "kubernetes.io/role/elb"
+    };
+    let mut best: BTreeMap<String, (bool, String)> = BTreeMap::new();
+    for s in subnets {
+        let tags: BTreeMap<&str, &str> = s
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
+            .collect();
+        if !tags.contains_key(cluster_tag) || (dual_stack && !has_ipv6_cidr(s)) {
+            continue;
+        }
+        let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else {
+            continue;
+        };
+        let has_role = tags.get(role).is_some_and(|v| v.is_empty() || *v == "1");
+        let candidate = (!has_role, id.to_owned());
+        let entry = best.entry(zone.to_owned()).or_insert(candidate.clone());
+        if candidate < *entry {
+            *entry = candidate;
+        }
+    }
+    best.into_values().map(|(_, id)| id).collect()
 }
 
 impl LoadBalancers {
@@ -42,105 +81,27 @@ impl LoadBalancers {
     }
 
     /// The subnets: the annotation's (IDs, or `Name` tags), else one per zone among the VPC's subnets
-    /// tagged for the cluster, preferring the role tag (`kubernetes.io/role/elb`, or
-    /// `kubernetes.io/role/internal-elb` for internal load balancers), then the lowest ID.
+    /// tagged for the cluster ([`one_per_zone`]).
     pub(super) async fn subnets(
         &self,
         spec: &LbSpec,
         vpc_id: &str,
         cluster_id: &str,
     ) -> Result<Vec<String>> {
+        if !spec.subnets.is_empty() {
+            return self.annotated_subnets(spec, vpc_id).await;
+        }
         let ec2 = &self.calls.clients.ec2;
         let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
-        if !spec.subnets.is_empty() {
-            let (ids, names): (Vec<String>, Vec<String>) = spec
-                .subnets
-                .iter()
-                .cloned()
-                .partition(|s| s.starts_with("subnet-"));
-            let mut found = Vec::new();
-            for (filter, values) in [("subnet-id", ids), ("tag:Name", names)] {
-                if values.is_empty() {
-                    continue;
-                }
-                let f = Filter::builder()
-                    .name(filter)
-                    .set_values(Some(values.clone()))
-                    .build();
-                let out = self
-                    .calls
-                    .call("DescribeSubnets", || {
-                        ec2.describe_subnets()
-                            .filters(vpc_filter.clone())
-                            .filters(f.clone())
-                            .send()
-                    })
-                    .await?;
-                if spec.dual_stack
-                    && let Some(s) = out.subnets().iter().find(|s| !has_ipv6_cidr(s))
-                {
-                    return Err(Error::Service {
-                        service: spec.service_name.clone(),
-                        field: spec::ANNOTATION_SUBNETS.to_owned(),
-                        message: format!(
-                            "subnet {} has no IPv6 CIDR, and a dual-stack NLB (ip-address-type: dualstack) needs one in each of its subnets",
-                            s.subnet_id().unwrap_or_default()
-                        ),
-                    });
-                }
-                found.extend(
-                    out.subnets()
-                        .iter()
-                        .filter_map(|s| s.subnet_id().map(str::to_owned)),
-                );
-            }
-            if found.len() != spec.subnets.len() {
-                return Err(Error::Service {
-                    service: spec.service_name.clone(),
-                    field: spec::ANNOTATION_SUBNETS.to_owned(),
-                    message: format!(
-                        "{:?} match {} subnets in {vpc_id}, expected one each",
-                        spec.subnets,
-                        found.len()
-                    ),
-                });
-            }
-            found.sort();
-            return Ok(found);
-        }
         let out = self
             .calls
             .call("DescribeSubnets", || {
                 ec2.describe_subnets().filters(vpc_filter.clone()).send()
             })
             .await?;
-        let role = if spec.internal {
-            "kubernetes.io/role/internal-elb"
-        } else {
-            "kubernetes.io/role/elb"
-        };
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        let mut best: BTreeMap<String, (bool, String)> = BTreeMap::new();
-        for s in out.subnets() {
-            let tags: BTreeMap<&str, &str> = s
-                .tags()
-                .iter()
-                .filter_map(|t| Some((t.key()?, t.value().unwrap_or_default())))
-                .collect();
-            if !tags.contains_key(cluster_tag.as_str()) || (spec.dual_stack && !has_ipv6_cidr(s)) {
-                continue;
-            }
-            let (Some(id), Some(zone)) = (s.subnet_id(), s.availability_zone()) else {
-                continue;
-            };
-            let has_role = tags.get(role).is_some_and(|v| v.is_empty() || *v == "1");
-            let candidate = (!has_role, id.to_owned());
-            let entry = best.entry(zone.to_owned()).or_insert(candidate.clone());
-            if candidate < *entry {
-                *entry = candidate;
-            }
-        }
-        if best.is_empty() && spec.dual_stack {
+        let picked = one_per_zone(out.subnets(), &cluster_tag, spec.internal, spec.dual_stack);
+        if picked.is_empty() && spec.dual_stack {
             return Err(Error::Service {
                 service: spec.service_name.clone(),
                 field: spec::ANNOTATION_IP_ADDRESS_TYPE.to_owned(),
@@ -149,12 +110,70 @@ impl LoadBalancers {
                 ),
             });
         }
-        if best.is_empty() {
+        if picked.is_empty() {
             return Err(Error::Setup(format!(
                 "could not find any suitable subnets for creating the ELB: none in {vpc_id} carries the tag {cluster_tag}"
             )));
         }
-        Ok(best.into_values().map(|(_, id)| id).collect())
+        Ok(picked)
+    }
+
+    /// The subnets the annotation names (IDs, or `Name` tags) in `vpc_id`, each found exactly once (and
+    /// with an IPv6 CIDR for a dual-stack NLB).
+    async fn annotated_subnets(&self, spec: &LbSpec, vpc_id: &str) -> Result<Vec<String>> {
+        let ec2 = &self.calls.clients.ec2;
+        let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
+        let refused = |message: String| Error::Service {
+            service: spec.service_name.clone(),
+            field: spec::ANNOTATION_SUBNETS.to_owned(),
+            message,
+        };
+        let (ids, names): (Vec<String>, Vec<String>) = spec
+            .subnets
+            .iter()
+            .cloned()
+            .partition(|s| s.starts_with("subnet-"));
+        let mut found = Vec::new();
+        for (filter, values) in [("subnet-id", ids), ("tag:Name", names)] {
+            if values.is_empty() {
+                continue;
+            }
+            let f = Filter::builder()
+                .name(filter)
+                .set_values(Some(values.clone()))
+                .build();
+            let out = self
+                .calls
+                .call("DescribeSubnets", || {
+                    ec2.describe_subnets()
+                        .filters(vpc_filter.clone())
+                        .filters(f.clone())
+                        .send()
+                })
+                .await?;
+            if spec.dual_stack
+                && let Some(s) = out.subnets().iter().find(|s| !has_ipv6_cidr(s))
+            {
+                return Err(refused(format!(
+                    "subnet {} has no IPv6 CIDR, and a dual-stack NLB (ip-address-type: dualstack) needs one in each of its subnets",
+                    s.subnet_id().unwrap_or_default()
+                )));
+            }
+            found.extend(
+                out.subnets()
+                    .iter()
+                    .filter_map(|s| s.subnet_id().map(str::to_owned)),
+            );
+        }
+        if found.len() != spec.subnets.len() {
+            return Err(refused(format!(
+                "{:?} match {} subnets in {vpc_id}, expected one each",
+                spec.subnets,
+                found.len()
+            )));
+        }
+        found.sort();
+        Ok(found)
     }
 
     /// The security group of each backend that load-balancer traffic is opened in: the instance's group
@@ -206,5 +225,83 @@ impl LoadBalancers {
         groups.sort();
         groups.dedup();
         Ok(groups)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_ec2::types::{SubnetIpv6CidrBlockAssociation, Tag};
+
+    use super::*;
+
+    const CLUSTER: &str = "kubernetes.io/cluster/one";
+
+    fn subnet(id: &str, zone: &str, tags: &[(&str, &str)], ipv6: bool) -> Subnet {
+        let mut s = Subnet::builder().subnet_id(id).availability_zone(zone);
+        for (k, v) in tags {
+            s = s.tags(Tag::builder().key(*k).value(*v).build());
+        }
+        if ipv6 {
+            s = s.ipv6_cidr_block_association_set(
+                SubnetIpv6CidrBlockAssociation::builder()
+                    .ipv6_cidr_block("2001:db8::/64")
+                    .build(),
+            );
+        }
+        s.build()
+    }
+
+    #[test]
+    fn one_subnet_per_zone_tagged_for_the_cluster_the_role_first_then_the_lowest_id() {
+        let subnets = [
+            subnet("subnet-b", "us-west-2a", &[(CLUSTER, "owned")], false),
+            subnet(
+                "subnet-c",
+                "us-west-2a",
+                &[(CLUSTER, "owned"), ("kubernetes.io/role/elb", "1")],
+                false,
+            ),
+            subnet("subnet-a", "us-west-2a", &[(CLUSTER, "shared")], false),
+            subnet("subnet-d", "us-west-2b", &[(CLUSTER, "owned")], true),
+            subnet(
+                "subnet-e",
+                "us-west-2b",
+                &[(CLUSTER, "owned"), ("kubernetes.io/role/internal-elb", "")],
+                false,
+            ),
+            subnet(
+                "subnet-0",
+                "us-west-2c",
+                &[("kubernetes.io/cluster/other", "owned")],
+                true,
+            ),
+        ];
+        for (name, internal, dual_stack, want) in [
+            (
+                "internet-facing: the elb role wins in 2a, the lowest ID in 2b",
+                false,
+                false,
+                vec!["subnet-c", "subnet-d"],
+            ),
+            (
+                "internal: the internal-elb role wins in 2b, the lowest ID in 2a",
+                true,
+                false,
+                vec!["subnet-a", "subnet-e"],
+            ),
+            (
+                "dual-stack: only subnets with an IPv6 CIDR",
+                false,
+                true,
+                vec!["subnet-d"],
+            ),
+        ] {
+            assert_eq!(
+                one_per_zone(&subnets, CLUSTER, internal, dual_stack),
+                want,
+                "{name}"
+            );
+        }
+        assert!(one_per_zone(&subnets, "kubernetes.io/cluster/none", false, false).is_empty());
     }
 }

@@ -46,7 +46,37 @@ pub(super) fn health_check(
         (ClusterHealthProbe::Shared { port, path }, None) => Some((*port, path.as_str())),
         _ => None,
     };
-    let mut hc = match (kind, local) {
+    let mut hc = defaults(kind, local, shared, tls, first_node_port);
+    if let Some(protocol) = annotation(service, ANNOTATION_HC_PROTOCOL).filter(|v| !v.is_empty()) {
+        set_protocol(&mut hc, kind, protocol, bad)?;
+    }
+    if hc.protocol.starts_with("HTTP")
+        && let Some(path) = annotation(service, ANNOTATION_HC_PATH).filter(|v| !v.is_empty())
+    {
+        hc.path = path.to_owned();
+    }
+    if let Some(port) = annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
+        set_port(&mut hc, kind, local.is_some(), first_node_port, port, bad)?;
+    }
+    if let (Kind::Nlb, Some((port, path))) = (kind, shared) {
+        hc.protocol = "HTTP".into();
+        hc.port = port.to_string();
+        hc.path = path.to_owned();
+    }
+    set_numbers(&mut hc, service, bad)?;
+    Ok(hc)
+}
+
+/// Upstream's health check before the annotations: by kind, for a `Local` Service (kube-proxy's
+/// health-check node port and path), with the shared probe, or on the first node port.
+fn defaults(
+    kind: Kind,
+    local: Option<(&str, i32)>,
+    shared: Option<(u16, &str)>,
+    tls: &Tls,
+    first_node_port: i32,
+) -> HealthCheck {
+    match (kind, local) {
         (Kind::Nlb, None) => HealthCheck {
             protocol: "TCP".into(),
             port: "traffic-port".into(),
@@ -88,56 +118,73 @@ pub(super) fn health_check(
             healthy_threshold: 2,
             unhealthy_threshold: 6,
         },
+    }
+}
+
+/// The `healthcheck-protocol` annotation: one the kind supports; HTTP(S) checks a path (`/` unless
+/// one is set), the others none.
+fn set_protocol(
+    hc: &mut HealthCheck,
+    kind: Kind,
+    protocol: &str,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<(), Error> {
+    let upper = protocol.to_ascii_uppercase();
+    let allowed: &[&str] = match kind {
+        Kind::Nlb => &["TCP", "HTTP", "HTTPS"],
+        Kind::Classic => &["TCP", "HTTP", "HTTPS", "SSL"],
     };
-    if let Some(protocol) = annotation(service, ANNOTATION_HC_PROTOCOL).filter(|v| !v.is_empty()) {
-        let upper = protocol.to_ascii_uppercase();
-        let allowed: &[&str] = match kind {
-            Kind::Nlb => &["TCP", "HTTP", "HTTPS"],
-            Kind::Classic => &["TCP", "HTTP", "HTTPS", "SSL"],
-        };
-        if !allowed.contains(&upper.as_str()) {
-            return Err(bad(
-                ANNOTATION_HC_PROTOCOL,
-                format!("Unsupported health check protocol {protocol}"),
-            ));
-        }
-        if upper.starts_with("HTTP") && hc.path.is_empty() {
-            hc.path = "/".into();
-        }
-        if !upper.starts_with("HTTP") {
-            hc.path.clear();
-        }
-        hc.protocol = upper;
+    if !allowed.contains(&upper.as_str()) {
+        return Err(bad(
+            ANNOTATION_HC_PROTOCOL,
+            format!("Unsupported health check protocol {protocol}"),
+        ));
     }
-    if hc.protocol.starts_with("HTTP")
-        && let Some(path) = annotation(service, ANNOTATION_HC_PATH).filter(|v| !v.is_empty())
-    {
-        hc.path = path.to_owned();
+    if upper.starts_with("HTTP") && hc.path.is_empty() {
+        hc.path = "/".into();
     }
-    if let Some(port) = annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
-        if port == "traffic-port" {
-            // Upstream's Classic ELB keeps the port it started from (the shared probe's too), except
-            // that a `Local` Service is then checked on its first node port.
-            match (kind, local) {
-                (Kind::Nlb, _) => hc.port = "traffic-port".into(),
-                (Kind::Classic, Some(_)) => hc.port = first_node_port.to_string(),
-                (Kind::Classic, None) => {}
-            }
-        } else {
-            let n: u16 = port.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                bad(
-                    ANNOTATION_HC_PORT,
-                    format!("{port:?} is neither a port number nor traffic-port"),
-                )
-            })?;
-            hc.port = n.to_string();
+    if !upper.starts_with("HTTP") {
+        hc.path.clear();
+    }
+    hc.protocol = upper;
+    Ok(())
+}
+
+/// The `healthcheck-port` annotation: a port number, or `traffic-port`, which upstream's Classic ELB
+/// reads as the port it started from (the shared probe's too), except that a `Local` Service is then
+/// checked on its first node port.
+fn set_port(
+    hc: &mut HealthCheck,
+    kind: Kind,
+    local: bool,
+    first_node_port: i32,
+    port: &str,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<(), Error> {
+    if port == "traffic-port" {
+        match (kind, local) {
+            (Kind::Nlb, _) => hc.port = "traffic-port".into(),
+            (Kind::Classic, true) => hc.port = first_node_port.to_string(),
+            (Kind::Classic, false) => {}
         }
+        return Ok(());
     }
-    if let (Kind::Nlb, Some((port, path))) = (kind, shared) {
-        hc.protocol = "HTTP".into();
-        hc.port = port.to_string();
-        hc.path = path.to_owned();
-    }
+    let n: u16 = port.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+        bad(
+            ANNOTATION_HC_PORT,
+            format!("{port:?} is neither a port number nor traffic-port"),
+        )
+    })?;
+    hc.port = n.to_string();
+    Ok(())
+}
+
+/// The interval, timeout and thresholds annotations, each a whole number in AWS's range.
+fn set_numbers(
+    hc: &mut HealthCheck,
+    service: &Service,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<(), Error> {
     for (key, field, range) in [
         (ANNOTATION_HC_INTERVAL, &mut hc.interval, 5..=300),
         (ANNOTATION_HC_TIMEOUT, &mut hc.timeout, 2..=120),
@@ -157,5 +204,5 @@ pub(super) fn health_check(
             *field = n;
         }
     }
-    Ok(hc)
+    Ok(())
 }
