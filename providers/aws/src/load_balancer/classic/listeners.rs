@@ -30,8 +30,61 @@ pub(super) fn health_target(spec: &LbSpec) -> String {
     }
 }
 
+/// Upstream's `elbListenersAreEqual`: ports, both protocols and the certificate (ARNs compared without
+/// case).
+fn same_listener(a: &Listener, b: &Listener) -> bool {
+    a.load_balancer_port() == b.load_balancer_port()
+        && a.instance_port() == b.instance_port()
+        && a.protocol().eq_ignore_ascii_case(b.protocol())
+        && a.instance_protocol()
+            .unwrap_or(a.protocol())
+            .eq_ignore_ascii_case(b.instance_protocol().unwrap_or(b.protocol()))
+        && match (
+            a.ssl_certificate_id().filter(|c| !c.is_empty()),
+            b.ssl_certificate_id().filter(|c| !c.is_empty()),
+        ) {
+            (None, None) => true,
+            (Some(x), Some(y)) => x.eq_ignore_ascii_case(y),
+            _ => false,
+        }
+}
+
+/// The listeners to delete (by port) and to create that make `current` `wanted`: a listener that
+/// differs is deleted and created again, as upstream does.
+fn listener_changes(current: &[Listener], wanted: &[Listener]) -> (Vec<i32>, Vec<Listener>) {
+    let remove = current
+        .iter()
+        .filter(|c| !wanted.iter().any(|w| same_listener(c, w)))
+        .map(Listener::load_balancer_port)
+        .collect();
+    let add = wanted
+        .iter()
+        .filter(|w| !current.iter().any(|c| same_listener(c, w)))
+        .cloned()
+        .collect();
+    (remove, add)
+}
+
+/// `listeners` in words, for a preview: `SSL 443->HTTP 30443, ...`.
+fn in_words(listeners: &[Listener]) -> String {
+    listeners
+        .iter()
+        .map(|l| {
+            format!(
+                "{} {}->{} {}",
+                l.protocol(),
+                l.load_balancer_port(),
+                l.instance_protocol().unwrap_or_default(),
+                l.instance_port()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 impl LoadBalancers {
-    /// Makes the listeners `wanted`; `true` when it changed any (outside a preview).
+    /// Makes the listeners `wanted` ([`listener_changes`]); `true` when it changed any (outside a
+    /// preview).
     pub(super) async fn sync_classic_listeners(
         &self,
         lb: &LoadBalancerDescription,
@@ -44,34 +97,7 @@ impl LoadBalancers {
             .iter()
             .filter_map(|d| d.listener().cloned())
             .collect();
-        // Upstream's `elbListenersAreEqual`: ports, both protocols and the certificate (ARNs compared
-        // without case); a listener that differs is deleted and created again.
-        let same = |a: &Listener, b: &Listener| {
-            a.load_balancer_port() == b.load_balancer_port()
-                && a.instance_port() == b.instance_port()
-                && a.protocol().eq_ignore_ascii_case(b.protocol())
-                && a.instance_protocol()
-                    .unwrap_or(a.protocol())
-                    .eq_ignore_ascii_case(b.instance_protocol().unwrap_or(b.protocol()))
-                && match (
-                    a.ssl_certificate_id().filter(|c| !c.is_empty()),
-                    b.ssl_certificate_id().filter(|c| !c.is_empty()),
-                ) {
-                    (None, None) => true,
-                    (Some(x), Some(y)) => x.eq_ignore_ascii_case(y),
-                    _ => false,
-                }
-        };
-        let remove: Vec<i32> = current
-            .iter()
-            .filter(|c| !wanted.iter().any(|w| same(c, w)))
-            .map(|c| c.load_balancer_port())
-            .collect();
-        let add: Vec<Listener> = wanted
-            .iter()
-            .filter(|w| !current.iter().any(|c| same(c, w)))
-            .cloned()
-            .collect();
+        let (remove, add) = listener_changes(&current, wanted);
         let mut changed = false;
         if !remove.is_empty()
             && !self.previewed(|| format!("listeners on ports {remove:?} would be deleted"))
@@ -87,21 +113,7 @@ impl LoadBalancers {
                 .await?;
         }
         if !add.is_empty()
-            && !self.previewed(|| {
-                let ports: Vec<String> = add
-                    .iter()
-                    .map(|l| {
-                        format!(
-                            "{} {}->{} {}",
-                            l.protocol(),
-                            l.load_balancer_port(),
-                            l.instance_protocol().unwrap_or_default(),
-                            l.instance_port()
-                        )
-                    })
-                    .collect();
-                format!("listeners {} would be created", ports.join(", "))
-            })
+            && !self.previewed(|| format!("listeners {} would be created", in_words(&add)))
         {
             changed = true;
             self.calls
@@ -164,5 +176,70 @@ impl LoadBalancers {
             })
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listener(
+        protocol: &str,
+        port: i32,
+        instance: &str,
+        node_port: i32,
+        cert: Option<&str>,
+    ) -> Listener {
+        Listener::builder()
+            .protocol(protocol)
+            .load_balancer_port(port)
+            .instance_protocol(instance)
+            .instance_port(node_port)
+            .set_ssl_certificate_id(cert.map(str::to_owned))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_listener_that_differs_is_deleted_and_made_again() {
+        let tcp = listener("TCP", 80, "TCP", 30080, None);
+        let cert = "arn:aws:acm:us-west-2:1:certificate/abc";
+        let tls = listener("SSL", 443, "TCP", 30443, Some(cert));
+        for (name, current, wanted, remove, add) in [
+            (
+                "as wanted",
+                vec![tcp.clone()],
+                vec![tcp.clone()],
+                vec![],
+                "",
+            ),
+            (
+                "protocols without case, the certificate ARN without case",
+                vec![
+                    listener("tcp", 80, "tcp", 30080, None),
+                    listener("SSL", 443, "TCP", 30443, Some(&cert.to_uppercase())),
+                ],
+                vec![tcp.clone(), tls.clone()],
+                vec![],
+                "",
+            ),
+            (
+                "a new node port",
+                vec![tcp.clone()],
+                vec![listener("TCP", 80, "TCP", 31080, None)],
+                vec![80],
+                "TCP 80->TCP 31080",
+            ),
+            (
+                "TLS added, a port gone",
+                vec![listener("TCP", 81, "TCP", 30081, None)],
+                vec![tls.clone()],
+                vec![81],
+                "SSL 443->TCP 30443",
+            ),
+        ] {
+            let (r, a) = listener_changes(&current, &wanted);
+            assert_eq!((r, in_words(&a)), (remove, add.to_owned()), "{name}");
+        }
     }
 }

@@ -4,6 +4,47 @@
 
 use super::*;
 
+/// What a Service port's NLB listener should be.
+struct WantedListener {
+    protocol: ProtocolEnum,
+    /// A TLS listener's certificate.
+    certificate: Option<Certificate>,
+    /// A TLS listener's policy when the annotation names one (else AWS's default, which is then left
+    /// as it is: upstream would set it again on every sync).
+    policy: Option<String>,
+}
+
+impl WantedListener {
+    fn of(spec: &LbSpec, service_port: &Port) -> Self {
+        let tls = spec.tls.on(service_port);
+        Self {
+            protocol: ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port)),
+            certificate: tls
+                .then(|| spec.tls.cert.clone())
+                .flatten()
+                .map(|arn| Certificate::builder().certificate_arn(arn).build()),
+            policy: spec.tls.policy.clone().filter(|p| tls && !p.is_empty()),
+        }
+    }
+
+    /// Whether `listener` is this one, forwarding to `group_arn`.
+    fn is(&self, listener: &Listener, group_arn: &str) -> bool {
+        let forwards_here = listener
+            .default_actions()
+            .iter()
+            .any(|a| a.target_group_arn() == Some(group_arn));
+        let certificate_kept = listener
+            .certificates()
+            .first()
+            .and_then(|c| c.certificate_arn())
+            == self.certificate.as_ref().and_then(|c| c.certificate_arn());
+        listener.protocol() == Some(&self.protocol)
+            && forwards_here
+            && certificate_kept
+            && (self.policy.is_none() || listener.ssl_policy() == self.policy.as_deref())
+    }
+}
+
 impl LoadBalancers {
     /// The NLB's listeners.
     pub(super) async fn listeners_of(&self, lb_arn: &str) -> Result<Vec<Listener>> {
@@ -104,84 +145,71 @@ impl LoadBalancers {
         listeners: &mut Vec<Listener>,
     ) -> Result<()> {
         let elbv2 = &self.calls.clients.elbv2;
-        let protocol = ProtocolEnum::from(spec.tls.nlb_listener_protocol(service_port));
-        let tls = spec.tls.on(service_port);
-        // A TLS listener's certificate, and its policy when the annotation names one (else AWS's
-        // default, which is then left as it is: upstream would set it again on every sync).
-        let certificate = tls
-            .then(|| spec.tls.cert.clone())
-            .flatten()
-            .map(|arn| Certificate::builder().certificate_arn(arn).build());
-        let policy = spec.tls.policy.clone().filter(|p| tls && !p.is_empty());
+        let wanted = WantedListener::of(spec, service_port);
+        let WantedListener {
+            protocol,
+            certificate,
+            policy,
+        } = &wanted;
         let forward = Action::builder()
             .r#type(ActionTypeEnum::Forward)
             .target_group_arn(group_arn)
             .build();
-        match listeners.iter().position(|l| l.port() == Some(port.port)) {
-            Some(at) => {
-                let l = listeners.remove(at);
-                let forwards_here = l
-                    .default_actions()
-                    .iter()
-                    .any(|a| a.target_group_arn() == Some(group_arn));
-                let certificate_kept = l.certificates().first().and_then(|c| c.certificate_arn())
-                    == certificate.as_ref().and_then(|c| c.certificate_arn());
-                let policy_kept = policy.is_none() || l.ssl_policy() == policy.as_deref();
-                if (l.protocol() != Some(&protocol)
-                    || !forwards_here
-                    || !certificate_kept
-                    || !policy_kept) && !self.previewed(|| {
-                    format!(
-                        "the listener on port {} would change to {}{} forwarding to {group_arn}",
-                        port.port,
-                        protocol.as_str(),
-                        certificate
-                            .as_ref()
-                            .and_then(|c| c.certificate_arn())
-                            .map(|arn| format!(" with certificate {arn}"))
-                            .unwrap_or_default()
-                    )
-                }) {
-                    self.calls
-                        .call("ModifyListener", || {
-                            elbv2
-                                .modify_listener()
-                                .listener_arn(l.listener_arn().unwrap_or_default())
-                                .protocol(protocol.clone())
-                                .set_certificates(certificate.clone().map(|c| vec![c]))
-                                .set_ssl_policy(policy.clone())
-                                .default_actions(forward.clone())
-                                .send()
-                        })
-                        .await?;
-                }
+        let Some(at) = listeners.iter().position(|l| l.port() == Some(port.port)) else {
+            if self.previewed(|| {
+                format!(
+                    "a {} listener on port {} would be created",
+                    protocol.as_str(),
+                    port.port
+                )
+            }) {
+                return Ok(());
             }
-            None => {
-                if self.previewed(|| {
-                    format!(
-                        "a {} listener on port {} would be created",
-                        protocol.as_str(),
-                        port.port
-                    )
-                }) {
-                    return Ok(());
-                }
-                self.calls
-                    .call("CreateListener", || {
-                        elbv2
-                            .create_listener()
-                            .load_balancer_arn(arn)
-                            .port(port.port)
-                            .protocol(protocol.clone())
-                            .set_certificates(certificate.clone().map(|c| vec![c]))
-                            .set_ssl_policy(policy.clone())
-                            .default_actions(forward.clone())
-                            .set_tags(Some(tags(spec)))
-                            .send()
-                    })
-                    .await?;
-            }
+            self.calls
+                .call("CreateListener", || {
+                    elbv2
+                        .create_listener()
+                        .load_balancer_arn(arn)
+                        .port(port.port)
+                        .protocol(protocol.clone())
+                        .set_certificates(certificate.clone().map(|c| vec![c]))
+                        .set_ssl_policy(policy.clone())
+                        .default_actions(forward.clone())
+                        .set_tags(Some(tags(spec)))
+                        .send()
+                })
+                .await?;
+            return Ok(());
+        };
+        let l = listeners.remove(at);
+        if wanted.is(&l, group_arn)
+            || self.previewed(|| {
+                format!(
+                    "the listener on port {} would change to {}{} forwarding to {group_arn}",
+                    port.port,
+                    protocol.as_str(),
+                    certificate
+                        .as_ref()
+                        .and_then(|c| c.certificate_arn())
+                        .map(|arn| format!(" with certificate {arn}"))
+                        .unwrap_or_default()
+                )
+            })
+        {
+            return Ok(());
         }
+        self.calls
+            .call("ModifyListener", || {
+                elbv2
+                    .modify_listener()
+                    .listener_arn(l.listener_arn().unwrap_or_default())
+                    .protocol(protocol.clone())
+                    .set_certificates(certificate.clone().map(|c| vec![c]))
+                    .set_ssl_policy(policy.clone())
+                    .default_actions(forward.clone())
+                    .send()
+            })
+            .await?;
         Ok(())
     }
 
@@ -225,5 +253,98 @@ impl LoadBalancers {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wanted(protocol: ProtocolEnum, cert: Option<&str>, policy: Option<&str>) -> WantedListener {
+        WantedListener {
+            protocol,
+            certificate: cert.map(|c| Certificate::builder().certificate_arn(c).build()),
+            policy: policy.map(str::to_owned),
+        }
+    }
+
+    fn listener(
+        protocol: ProtocolEnum,
+        group: &str,
+        cert: Option<&str>,
+        policy: Option<&str>,
+    ) -> Listener {
+        let mut l = Listener::builder()
+            .protocol(protocol)
+            .default_actions(
+                Action::builder()
+                    .r#type(ActionTypeEnum::Forward)
+                    .target_group_arn(group)
+                    .build(),
+            )
+            .set_ssl_policy(policy.map(str::to_owned));
+        if let Some(c) = cert {
+            l = l.certificates(Certificate::builder().certificate_arn(c).build());
+        }
+        l.build()
+    }
+
+    #[test]
+    fn a_listener_is_changed_only_where_it_differs() {
+        let (tg, cert) = ("arn:tg/a", "arn:cert/a");
+        for (name, have, want, same) in [
+            (
+                "TCP as wanted",
+                listener(ProtocolEnum::Tcp, tg, None, None),
+                wanted(ProtocolEnum::Tcp, None, None),
+                true,
+            ),
+            (
+                "another target group",
+                listener(ProtocolEnum::Tcp, "arn:tg/b", None, None),
+                wanted(ProtocolEnum::Tcp, None, None),
+                false,
+            ),
+            (
+                "TLS now",
+                listener(ProtocolEnum::Tcp, tg, None, None),
+                wanted(ProtocolEnum::Tls, Some(cert), None),
+                false,
+            ),
+            (
+                "AWS's default policy kept when none is named",
+                listener(
+                    ProtocolEnum::Tls,
+                    tg,
+                    Some(cert),
+                    Some("ELBSecurityPolicy-2016-08"),
+                ),
+                wanted(ProtocolEnum::Tls, Some(cert), None),
+                true,
+            ),
+            (
+                "a named policy",
+                listener(
+                    ProtocolEnum::Tls,
+                    tg,
+                    Some(cert),
+                    Some("ELBSecurityPolicy-2016-08"),
+                ),
+                wanted(
+                    ProtocolEnum::Tls,
+                    Some(cert),
+                    Some("ELBSecurityPolicy-TLS13-1-2-2021-06"),
+                ),
+                false,
+            ),
+            (
+                "another certificate",
+                listener(ProtocolEnum::Tls, tg, Some("arn:cert/b"), None),
+                wanted(ProtocolEnum::Tls, Some(cert), None),
+                false,
+            ),
+        ] {
+            assert_eq!(want.is(&have, tg), same, "{name}");
+        }
     }
 }
