@@ -185,6 +185,78 @@ pub struct ServiceOverride {
     pub signing_region: String,
 }
 
+/// The keys a `[ServiceOverride]` section takes (lower-cased).
+const OVERRIDE_KEYS: [&str; 6] = [
+    "service",
+    "region",
+    "url",
+    "signingregion",
+    "signingmethod",
+    "signingname",
+];
+
+/// One line of a cloud-config.
+enum Line<'a> {
+    /// Empty, or a comment.
+    Blank,
+    /// A section header.
+    Header(Section),
+    /// `key = value` (gcfg: a key alone is a boolean set to true).
+    Key(&'a str, String),
+}
+
+/// What `raw` is; a malformed header, value or key name is said in words.
+fn read_line(raw: &str) -> Result<Line<'_>, String> {
+    let line = raw.trim();
+    if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
+        return Ok(Line::Blank);
+    }
+    if let Some(rest) = line.strip_prefix('[') {
+        let header = strip_comment(rest);
+        let inner = header
+            .strip_suffix(']')
+            .ok_or_else(|| format!("section header {line:?} has no closing ']'"))?;
+        return parse_section(inner.trim()).map(Line::Header);
+    }
+    let (key, value) = match line.split_once('=') {
+        Some((key, value)) => (key.trim(), parse_value(value)?),
+        None => (strip_comment(line).trim(), "true".to_owned()),
+    };
+    if key.is_empty()
+        || !key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!("{key:?} is not a valid key name"));
+    }
+    Ok(Line::Key(key, value))
+}
+
+/// The `[ServiceOverride]` sections resolved, two for the same service and region refused.
+fn resolve_overrides(
+    overrides: BTreeMap<String, RawOverride>,
+    err: &dyn Fn(usize, String) -> Error,
+) -> Result<BTreeMap<String, ServiceOverride>, Error> {
+    let mut resolved_all = BTreeMap::new();
+    let mut seen = BTreeMap::new();
+    for (name, raw) in overrides {
+        let resolved = raw.resolve(&name, err)?;
+        if let Some(other) = seen.insert((resolved.service, resolved.region.clone()), name.clone())
+        {
+            let service_text = raw.keys.get("service").map_or("", |(_, v)| v.trim());
+            return Err(err(
+                raw.line,
+                format!(
+                    "duplicate entry found for service override [{name}] ({service_text} in {}; also in [{other}])",
+                    resolved.region
+                ),
+            ));
+        }
+        resolved_all.insert(name, resolved);
+    }
+    Ok(resolved_all)
+}
+
 /// Which section a line is in.
 enum Section {
     None,
@@ -389,49 +461,27 @@ impl Config {
             line,
             message,
         };
-        let mut config = Config::default();
         let mut globals = GlobalReader::default();
         let mut section = Section::None;
         let mut overrides: BTreeMap<String, RawOverride> = BTreeMap::new();
         for (index, raw) in text.lines().enumerate() {
             let line_no = index + 1;
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with(';') || line.starts_with('#') {
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix('[') {
-                let header = strip_comment(rest);
-                let inner = header.strip_suffix(']').ok_or_else(|| {
-                    err(
-                        line_no,
-                        format!("section header {line:?} has no closing ']'"),
-                    )
-                })?;
-                section = parse_section(inner.trim()).map_err(|m| err(line_no, m))?;
-                if let Section::Override(name) = &section {
-                    overrides
-                        .entry(name.clone())
-                        .or_insert_with(|| RawOverride {
-                            line: line_no,
-                            keys: BTreeMap::new(),
-                        });
+            let (key, value) = match read_line(raw).map_err(|m| err(line_no, m))? {
+                Line::Blank => continue,
+                Line::Header(header) => {
+                    if let Section::Override(name) = &header {
+                        overrides
+                            .entry(name.clone())
+                            .or_insert_with(|| RawOverride {
+                                line: line_no,
+                                keys: BTreeMap::new(),
+                            });
+                    }
+                    section = header;
+                    continue;
                 }
-                continue;
-            }
-            let (key, value) = match line.split_once('=') {
-                Some((key, value)) => {
-                    (key.trim(), parse_value(value).map_err(|m| err(line_no, m))?)
-                }
-                // gcfg: a key alone is a boolean set to true.
-                None => (strip_comment(line).trim(), "true".to_owned()),
+                Line::Key(key, value) => (key, value),
             };
-            if key.is_empty()
-                || !key
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-            {
-                return Err(err(line_no, format!("{key:?} is not a valid key name")));
-            }
             let lower = key.to_ascii_lowercase();
             match &section {
                 Section::None => {
@@ -448,15 +498,7 @@ impl Config {
                         .map_err(|m| err(line_no, m))?;
                 }
                 Section::Override(name) => {
-                    if !matches!(
-                        lower.as_str(),
-                        "service"
-                            | "region"
-                            | "url"
-                            | "signingregion"
-                            | "signingmethod"
-                            | "signingname"
-                    ) {
+                    if !OVERRIDE_KEYS.contains(&lower.as_str()) {
                         return Err(err(
                             line_no,
                             format!("unknown key {key:?} in [ServiceOverride {name:?}]"),
@@ -468,7 +510,10 @@ impl Config {
                 }
             }
         }
-        config.global = globals.global;
+        let mut config = Config {
+            global: globals.global,
+            ..Config::default()
+        };
         if let (Some(legacy), Some(id)) = (
             &config.global.kubernetes_cluster_tag,
             &config.global.kubernetes_cluster_id,
@@ -485,23 +530,7 @@ impl Config {
         config.global.cluster_health_probe =
             cluster_health_probe(globals.probe_mode, globals.probe_port, globals.probe_path)
                 .map_err(|(l, m)| err(l, m))?;
-        let mut seen = BTreeMap::new();
-        for (name, raw) in overrides {
-            let resolved = raw.resolve(&name, &err)?;
-            if let Some(other) =
-                seen.insert((resolved.service, resolved.region.clone()), name.clone())
-            {
-                let service_text = raw.keys.get("service").map_or("", |(_, v)| v.trim());
-                return Err(err(
-                    raw.line,
-                    format!(
-                        "duplicate entry found for service override [{name}] ({service_text} in {}; also in [{other}])",
-                        resolved.region
-                    ),
-                ));
-            }
-            config.service_overrides.insert(name, resolved);
-        }
+        config.service_overrides = resolve_overrides(overrides, &err)?;
         Ok(config)
     }
 
