@@ -3,13 +3,14 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use aws_sdk_ec2::types::{Filter, Instance as Ec2Instance};
 use cloud_provider::{CloudResult, InstanceMetadata, node_address};
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::{
@@ -284,12 +285,9 @@ impl Describer {
     /// of load balancers looks each node's instance up once per `max_age`, instead of once per load
     /// balancer (upstream's instance cache keeps its snapshot for 10 minutes).
     pub async fn find_recent(&self, key: &Key, max_age: Duration) -> Result<Option<InstanceInfo>> {
-        let lock = || {
-            self.answered
-                .lock()
-                .map_err(|_| Error::Setup("instance answers lock poisoned".into()))
-        };
-        let recent = lock()?
+        let recent = self
+            .answered
+            .lock()
             .by_key
             .get(key)
             .filter(|(at, _)| at.elapsed() <= max_age)
@@ -298,7 +296,7 @@ impl Describer {
             return Ok(found);
         }
         let found = self.find(key).await?;
-        let mut answered = lock()?;
+        let mut answered = self.answered.lock();
         if answered.by_key.len() >= answered.prune_at {
             answered.by_key.retain(|_, (at, _)| at.elapsed() <= max_age);
             answered.prune_at = (answered.by_key.len() * 2).max(1024);
@@ -313,16 +311,15 @@ impl Describer {
     /// termination) the one not terminated wins.
     pub async fn find(&self, key: &Key) -> Result<Option<InstanceInfo>> {
         let answer = {
-            let mut open = self
-                .open
-                .lock()
-                .map_err(|_| Error::Setup("instance batch lock poisoned".into()))?;
+            let mut open = self.open.lock();
             match open.as_mut() {
-                Some(batch) => {
+                // A batch whose leader was cancelled (its sender gone) is not joined: this look-up
+                // leads a new one in its place, so batching goes on after a cancellation.
+                Some(batch) if batch.answer.has_changed().is_ok() => {
                     batch.keys.insert(key.clone());
                     Some(batch.answer.clone())
                 }
-                None => None,
+                _ => None,
             }
         };
         let result = match answer {
@@ -360,10 +357,7 @@ impl Describer {
     async fn lead(&self, key: &Key) -> BatchResult {
         let (tx, rx) = watch::channel(None);
         {
-            let mut open = self
-                .open
-                .lock()
-                .map_err(|_| Arc::new(Error::Setup("instance batch lock poisoned".into())))?;
+            let mut open = self.open.lock();
             *open = Some(Open {
                 keys: BTreeSet::from([key.clone()]),
                 answer: rx,
@@ -371,10 +365,7 @@ impl Describer {
         }
         tokio::time::sleep(self.window).await;
         let keys = {
-            let mut open = self
-                .open
-                .lock()
-                .map_err(|_| Arc::new(Error::Setup("instance batch lock poisoned".into())))?;
+            let mut open = self.open.lock();
             open.take().map(|o| o.keys).unwrap_or_default()
         };
         let result: BatchResult = self.describe(&keys).await.map(Arc::new).map_err(Arc::new);
