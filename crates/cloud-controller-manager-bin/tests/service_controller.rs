@@ -620,6 +620,62 @@ async fn a_deleted_service_s_load_balancer_is_deleted_once() {
     h.stop(1).await;
 }
 
+/// Issue #52 item 2: a provider that panics (a bug; the fake's `panicFirstCalls`) neither stops the
+/// manager nor loses the work. The ensure that panicked is retried on the back-off and provisions the
+/// load balancer; the deletion that panicked (a Service deleted with our finalizer taken off by hand
+/// at the same moment, so the sync or the handler of vanished Services deletes it) is retried until
+/// the load balancer is gone; and the manager stops cleanly afterwards (no error, no panic).
+#[tokio::test]
+async fn a_provider_that_panics_is_retried_and_the_manager_goes_on() {
+    let _serial = SERIAL.lock().await;
+    let h = Harness::start(
+        "panicFirstCalls: {ensure_load_balancer: 1, ensure_load_balancer_deleted: 1}\n",
+    )
+    .await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    h.create("panicky", &[80]).await;
+    h.create("calm", &[80]).await;
+    h.provisioned("panicky").await;
+    h.provisioned("calm").await;
+    let object = |name: &str| format!("{}/{name}", h.namespace);
+    let calls = |method: &str, name: &str| {
+        h.manager
+            .cloud
+            .snapshot()
+            .calls_about(method, &object(name))
+    };
+    assert!(
+        calls("ensure_load_balancer", "panicky") >= 2,
+        "the panic, then the retry"
+    );
+
+    h.patch("panicky", json!({ "metadata": { "finalizers": null } }))
+        .await;
+    h.delete("panicky").await;
+    eventually(
+        "the panicking deletion retried until the load balancer is gone",
+        WAIT,
+        || async {
+            (h.get("panicky").await.is_none() && h.load_balancer("panicky").is_none()).then_some(())
+        },
+    )
+    .await;
+    assert!(calls("ensure_load_balancer_deleted", "panicky") >= 2);
+    // The rest of the controller went on: the other Service still syncs.
+    h.patch(
+        "calm",
+        json!({ "spec": { "ports": [{ "port": 81, "protocol": "TCP" }] } }),
+    )
+    .await;
+    eventually("the other Service updated", WAIT, || async {
+        h.load_balancer("calm")
+            .filter(|lb| lb.ports.iter().any(|p| p.port == 81))
+            .map(|_| ())
+    })
+    .await;
+    h.stop(1).await;
+}
+
 #[tokio::test]
 async fn services_that_are_not_ours_are_left_alone_and_a_type_change_cleans_up() {
     let _serial = SERIAL.lock().await;

@@ -73,6 +73,11 @@ pub struct Config {
     /// Injected failure probability per method (or `all`), from 0 to 1.
     #[serde(default)]
     pub failure_rate: BTreeMap<MethodName, Probability>,
+    /// Injected panics, a provider's bug for the manager's panic handling to meet: the first this many
+    /// calls of a method (or `all`) about each object (a Service's `namespace/name`; calls about no
+    /// object count together) panic.
+    #[serde(default)]
+    pub panic_first_calls: BTreeMap<MethodName, u64>,
     /// Seed of the deterministic failure sequence.
     #[serde(default)]
     pub seed: u64,
@@ -113,6 +118,7 @@ impl Default for Config {
             state_file_shared: false,
             latency: GoDuration::default(),
             failure_rate: BTreeMap::new(),
+            panic_first_calls: BTreeMap::new(),
             seed: 0,
             retry_after: None,
             instances_v2: true,
@@ -359,6 +365,15 @@ impl Config {
         Ok(())
     }
 
+    /// Whether the `call`th call (1-based) of `method` about an object panics (`panicFirstCalls`: its
+    /// own entry, else `all`).
+    pub fn panics_on(&self, method: &str, call: u64) -> bool {
+        self.panic_first_calls
+            .get(&MethodName(method.to_owned()))
+            .or_else(|| self.panic_first_calls.get(&MethodName("all".to_owned())))
+            .is_some_and(|first| call <= *first)
+    }
+
     /// The injected failure probability of `method`: its own entry, else `all`, else 0.
     pub fn failure_rate(&self, method: &str) -> f64 {
         self.failure_rate
@@ -368,7 +383,7 @@ impl Config {
     }
 }
 
-/// A method name in `failureRate`: one of [`METHODS`] or `all`.
+/// A method name in `failureRate` or `panicFirstCalls`: one of [`METHODS`] or `all`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct MethodName(pub String);
 
@@ -668,6 +683,21 @@ mod tests {
         assert!(shared.check_reload(&shared.clone()).is_ok());
         assert!(shared.check_reload(&Config::default()).is_err());
         assert!(Config::default().check_reload(&shared).is_err());
+    }
+
+    #[test]
+    fn the_first_calls_panic_as_asked() {
+        let config = Config::parse(
+            "panicFirstCalls: {ensure_load_balancer_deleted: 2, all: 0}\n",
+            None,
+        )
+        .unwrap();
+        let panics: Vec<bool> = (1..=3)
+            .map(|call| config.panics_on("ensure_load_balancer_deleted", call))
+            .collect();
+        assert_eq!(panics, [true, true, false]);
+        assert!(!config.panics_on("ensure_load_balancer", 1));
+        assert!(Config::parse("panicFirstCalls: {no_such_method: 1}\n", None).is_err());
     }
 
     #[test]

@@ -367,6 +367,11 @@ impl FakeCloud {
         if !config.latency.0.is_zero() {
             tokio::time::sleep(config.latency.0).await;
         }
+        // A provider's bug, on purpose (`panicFirstCalls`); no lock is held here.
+        assert!(
+            !config.panics_on(method, call),
+            "fake cloud: injected panic in {method} (call {call} about {object:?})"
+        );
         let rate = config.failure_rate(method);
         if rate > 0.0
             && draw(
