@@ -676,6 +676,57 @@ async fn a_provider_that_panics_is_retried_and_the_manager_goes_on() {
     h.stop(1).await;
 }
 
+/// Issue #52 item 2: a provider that panics in the node sync's update or in a drift check's preview
+/// (the loops beside the work queue) fails that one call, not the loop: the update is retried through
+/// a full sync and reaches the new node, the drift check goes on and later finds and heals a load
+/// balancer deleted out of band, and the manager stops cleanly.
+#[tokio::test]
+async fn a_provider_panic_in_the_node_sync_or_the_drift_check_fails_one_call_not_the_loop() {
+    let _serial = SERIAL.lock().await;
+    let namespace = unique_name("panics");
+    create_namespace(&namespace).await;
+    let h = Harness::start_with(
+        namespace.clone(),
+        "stateFileShared: true\npanicFirstCalls: {update_load_balancer: 1, preview_load_balancer: 1}\n",
+        &["--load-balancer-drift-period=1s"],
+    )
+    .await;
+    create_node(&kubelet_node(&h.node_name(0))).await;
+    h.create("web", &[80]).await;
+    h.provisioned("web").await;
+    create_node(&kubelet_node(&h.node_name(1))).await;
+    eventually("the new node behind the load balancer", WAIT, || async {
+        (h.backends("web").len() == 2).then_some(())
+    })
+    .await;
+    let object = format!("{namespace}/web");
+    eventually("a drift check that panicked, then more", WAIT, || async {
+        (h.manager
+            .cloud
+            .snapshot()
+            .calls_about("preview_load_balancer", &object)
+            >= 2)
+            .then_some(())
+    })
+    .await;
+    assert!(
+        h.manager
+            .cloud
+            .snapshot()
+            .calls_about("update_load_balancer", &object)
+            >= 1
+    );
+    let web = h.get("web").await.unwrap();
+    delete_out_of_band(&h.state_file, &web).await;
+    eventually(
+        "the drift check still on: the load balancer made again",
+        WAIT,
+        || async { h.load_balancer("web").map(|_| ()) },
+    )
+    .await;
+    h.stop(2).await;
+}
+
 #[tokio::test]
 async fn services_that_are_not_ours_are_left_alone_and_a_type_change_cleans_up() {
     let _serial = SERIAL.lock().await;

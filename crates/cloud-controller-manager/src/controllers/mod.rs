@@ -14,6 +14,7 @@ pub(crate) mod node;
 pub(crate) mod node_lifecycle;
 mod patch;
 pub mod periodic;
+pub(crate) mod provider_panic;
 pub(crate) mod queue_metrics;
 pub(crate) mod route;
 pub(crate) mod service;

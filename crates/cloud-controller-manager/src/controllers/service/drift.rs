@@ -30,6 +30,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 use super::{Backends, Context, events::ServiceEvent, plan::wants_load_balancer};
+use crate::controllers::provider_panic::caught;
 
 /// The shortest spacing between two groups of checks, however many Services there are.
 pub(crate) const MIN_SPACING: Duration = Duration::from_millis(100);
@@ -231,10 +232,8 @@ pub(super) async fn preview_tracked(ctx: &Context, key: &str) -> Previewed {
     let Ok(lb) = ctx.load_balancer() else {
         return Previewed::CannotPreview;
     };
-    match lb
-        .preview_load_balancer(&ctx.cluster_name, &before.service, &nodes)
-        .await
-    {
+    let preview = lb.preview_load_balancer(&ctx.cluster_name, &before.service, &nodes);
+    match caught("preview_load_balancer", preview).await {
         Ok(LoadBalancerPreview::Unknown) => Previewed::CannotPreview,
         Ok(preview) => Previewed::Done {
             preview,

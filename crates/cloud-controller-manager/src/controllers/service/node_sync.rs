@@ -1,7 +1,7 @@
 //! Node sync: gives load balancers the cluster's current backend nodes when the node set changes in a way
 //! that matters, and on a safety-net period.
 
-use crate::cached_node::CachedNode;
+use crate::{cached_node::CachedNode, controllers::provider_panic::caught};
 use std::{
     collections::HashMap,
     sync::{
@@ -257,9 +257,11 @@ async fn update_hosts(ctx: &Context, key: String) {
     let Ok(lb) = ctx.load_balancer() else { return };
     let started = Instant::now();
     ctx.metrics.sync_total.inc();
-    let result = lb
-        .update_load_balancer(&ctx.cluster_name, &service, &nodes)
-        .await;
+    let result = caught(
+        "update_load_balancer",
+        lb.update_load_balancer(&ctx.cluster_name, &service, &nodes),
+    )
+    .await;
     ctx.metrics
         .host_update_latency
         .observe(started.elapsed().as_secs_f64());
