@@ -133,6 +133,16 @@ impl Harness {
             .expect("service deleted");
     }
 
+    /// Deletes the Service and waits until it and its load balancer are gone (so that the next tests'
+    /// managers, which see every namespace, do not sync it).
+    async fn delete_and_wait(&self, name: &str) {
+        self.delete(name).await;
+        eventually(&format!("{name} gone"), WAIT, || async {
+            (self.get(name).await.is_none() && self.load_balancer(name).is_none()).then_some(())
+        })
+        .await;
+    }
+
     fn calls(&self, method: &str) -> u64 {
         self.manager.cloud.snapshot().calls_to(method)
     }
@@ -673,6 +683,7 @@ async fn a_provider_that_panics_is_retried_and_the_manager_goes_on() {
             .map(|_| ())
     })
     .await;
+    h.delete_and_wait("calm").await;
     h.stop(1).await;
 }
 
@@ -724,6 +735,7 @@ async fn a_provider_panic_in_the_node_sync_or_the_drift_check_fails_one_call_not
         || async { h.load_balancer("web").map(|_| ()) },
     )
     .await;
+    h.delete_and_wait("web").await;
     h.stop(2).await;
 }
 
