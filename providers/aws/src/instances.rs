@@ -296,6 +296,11 @@ impl Describer {
             return Ok(found);
         }
         let found = self.find(key).await?;
+        // Only what was found is reused: an instance not found yet (EC2's answers lag a new
+        // instance) is asked again by the next sync.
+        if found.is_none() {
+            return Ok(found);
+        }
         let mut answered = self.answered.lock();
         if answered.by_key.len() >= answered.prune_at {
             answered.by_key.retain(|_, (at, _)| at.elapsed() <= max_age);
