@@ -57,6 +57,19 @@ impl Config {
     /// What the types alone cannot check: pool names are unique and pools do not overlap, timeouts fit
     /// their intervals, IP-typed addresses are IPs.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_pools()?;
+        self.validate_bgp()?;
+        self.validate_no_overlap()?;
+        self.validate_load_balancer()?;
+        if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
+            return Err("kubeletProbe.timeout must be above 0".to_owned());
+        }
+        self.validate_machines()
+    }
+
+    /// Each pool on its own: a unique, non-empty name, node selectors only in agents mode, a priority
+    /// that reads one way, namespaces that are names.
+    fn validate_pools(&self) -> Result<(), String> {
         let mut names = BTreeSet::new();
         for pool in &self.address_pools {
             if pool.name.is_empty() {
@@ -93,7 +106,11 @@ impl Config {
                 })?;
             }
         }
-        self.validate_bgp()?;
+        Ok(())
+    }
+
+    /// No address belongs to two pools.
+    fn validate_no_overlap(&self) -> Result<(), String> {
         let ranges: Vec<(&str, &AddressRange)> = self
             .address_pools
             .iter()
@@ -109,6 +126,11 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The `loadBalancer` section: timings above 0, and the settings that belong to one mode only.
+    fn validate_load_balancer(&self) -> Result<(), String> {
         let timing = &self.load_balancer.health_check;
         if timing.interval.0.is_zero() || timing.timeout.0.is_zero() {
             return Err(
@@ -170,9 +192,11 @@ impl Config {
                 )
             })?;
         }
-        if self.kubelet_probe.enabled && self.kubelet_probe.timeout.0.is_zero() {
-            return Err("kubeletProbe.timeout must be above 0".to_owned());
-        }
+        Ok(())
+    }
+
+    /// The machines' addresses: none empty, and those typed as IPs are IPs.
+    fn validate_machines(&self) -> Result<(), String> {
         for (name, machine) in &self.machines {
             for address in &machine.addresses {
                 let is_ip = matches!(
@@ -197,6 +221,24 @@ impl Config {
     /// The BGP peers, and the pools that announce by BGP.
     fn validate_bgp(&self) -> Result<(), String> {
         let peers = &self.load_balancer.bgp.peers;
+        let profile_names = self.validate_bfd_profiles()?;
+        self.validate_peers(&profile_names)?;
+        passive_peers_share_port_179(peers)?;
+        if !peers.is_empty() && self.load_balancer.mode != LoadBalancerMode::Agents {
+            return Err(
+                "loadBalancer.bgp is the agents mode's (mode: agents): the node agents \
+                 speak BGP, the leading manager does not; remove bgp or set mode: agents"
+                    .to_owned(),
+            );
+        }
+        for pool in &self.address_pools {
+            self.validate_announce(pool)?;
+        }
+        Ok(())
+    }
+
+    /// The BFD profiles, each valid and named once; answers their names.
+    fn validate_bfd_profiles(&self) -> Result<BTreeSet<&str>, String> {
         let profiles = &self.load_balancer.bgp.bfd_profiles;
         let mut profile_names = BTreeSet::new();
         for profile in profiles {
@@ -208,8 +250,13 @@ impl Config {
                 ));
             }
         }
+        Ok(profile_names)
+    }
+
+    /// The BGP peers, each valid, named once, and naming a BFD profile of `profile_names` if any.
+    fn validate_peers(&self, profile_names: &BTreeSet<&str>) -> Result<(), String> {
         let mut names = BTreeSet::new();
-        for peer in peers {
+        for peer in &self.load_balancer.bgp.peers {
             if let Some(profile) = &peer.bfd_profile
                 && !profile_names.contains(profile.as_str())
             {
@@ -232,74 +279,68 @@ impl Config {
                 ));
             }
         }
-        // A node's passive peers listen on one port 179: on every address, or on their own. The kernel
-        // lets no socket have [::]:179 beside one on a single address (the second would never bind).
-        let passive: Vec<&BgpPeer> = peers.iter().filter(|p| p.passive).collect();
-        if let (Some(everywhere), Some(one)) = (
-            passive.iter().find(|p| p.source_address.is_none()),
-            passive.iter().find(|p| p.source_address.is_some()),
-        ) {
-            return Err(format!(
-                "loadBalancer.bgp.peers {:?} and {:?}: both passive, one listening on every address \
-                 (no sourceAddress) and one on {} (its sourceAddress): port 179 cannot be both; give \
-                 every passive peer a sourceAddress, or none",
-                everywhere.name,
-                one.name,
-                one.source_address
-                    .map(|a| a.to_string())
-                    .unwrap_or_default()
-            ));
-        }
-        if !peers.is_empty() && self.load_balancer.mode != LoadBalancerMode::Agents {
-            return Err(
-                "loadBalancer.bgp is the agents mode's (mode: agents): the node agents \
-                 speak BGP, the leading manager does not; remove bgp or set mode: agents"
-                    .to_owned(),
-            );
-        }
-        for pool in &self.address_pools {
-            let name = &pool.name;
-            match (pool.announce, &pool.bgp) {
-                (Announce::L2, Some(_)) => {
-                    return Err(format!(
-                        "addressPools: pool {name:?} has a bgp block but announces by layer 2: set \
-                         announce: bgp, or remove the block"
-                    ));
-                }
-                (Announce::L2, None) => {}
-                (Announce::None, Some(_)) => {
-                    return Err(format!(
-                        "addressPools: pool {name:?} has a bgp block but announces none: set \
-                         announce: bgp, or remove the block"
-                    ));
-                }
-                (Announce::None, None) if self.load_balancer.mode != LoadBalancerMode::Agents => {
-                    return Err(format!(
-                        "addressPools: pool {name:?}: announce: none needs loadBalancer.mode: \
-                         agents (in leader mode the leading manager announces every VIP)"
-                    ));
-                }
-                (Announce::None, None) => {}
-                (Announce::Bgp, _) if self.load_balancer.mode != LoadBalancerMode::Agents => {
-                    return Err(format!(
-                        "addressPools: pool {name:?}: announce: bgp needs loadBalancer.mode: agents \
-                         (the node agents speak BGP)"
-                    ));
-                }
-                (Announce::Bgp, _) if peers.is_empty() => {
-                    return Err(format!(
-                        "addressPools: pool {name:?}: announce: bgp, but loadBalancer.bgp.peers is \
-                         empty: nobody to announce to"
-                    ));
-                }
-                (Announce::Bgp, bgp) => {
-                    let bgp = bgp.clone().unwrap_or_default();
-                    if let Some(problem) = bgp_pool_problem(pool, &bgp, peers) {
-                        return Err(format!("addressPools: pool {name:?}: {problem}"));
-                    }
+        Ok(())
+    }
+
+    /// How `pool` announces fits the mode and its `bgp` block.
+    fn validate_announce(&self, pool: &AddressPool) -> Result<(), String> {
+        let peers = &self.load_balancer.bgp.peers;
+        let name = &pool.name;
+        match (pool.announce, &pool.bgp) {
+            (Announce::L2, Some(_)) => Err(format!(
+                "addressPools: pool {name:?} has a bgp block but announces by layer 2: set \
+                 announce: bgp, or remove the block"
+            )),
+            (Announce::None, Some(_)) => Err(format!(
+                "addressPools: pool {name:?} has a bgp block but announces none: set \
+                 announce: bgp, or remove the block"
+            )),
+            (Announce::None, None) if self.load_balancer.mode != LoadBalancerMode::Agents => {
+                Err(format!(
+                    "addressPools: pool {name:?}: announce: none needs loadBalancer.mode: \
+                     agents (in leader mode the leading manager announces every VIP)"
+                ))
+            }
+            (Announce::L2, None) | (Announce::None, None) => Ok(()),
+            (Announce::Bgp, _) if self.load_balancer.mode != LoadBalancerMode::Agents => {
+                Err(format!(
+                    "addressPools: pool {name:?}: announce: bgp needs loadBalancer.mode: agents \
+                     (the node agents speak BGP)"
+                ))
+            }
+            (Announce::Bgp, _) if peers.is_empty() => Err(format!(
+                "addressPools: pool {name:?}: announce: bgp, but loadBalancer.bgp.peers is \
+                 empty: nobody to announce to"
+            )),
+            (Announce::Bgp, bgp) => {
+                let bgp = bgp.clone().unwrap_or_default();
+                match bgp_pool_problem(pool, &bgp, peers) {
+                    Some(problem) => Err(format!("addressPools: pool {name:?}: {problem}")),
+                    None => Ok(()),
                 }
             }
         }
-        Ok(())
     }
+}
+
+/// A node's passive peers listen on one port 179: on every address, or on their own. The kernel lets no
+/// socket have [::]:179 beside one on a single address (the second would never bind).
+fn passive_peers_share_port_179(peers: &[BgpPeer]) -> Result<(), String> {
+    let passive: Vec<&BgpPeer> = peers.iter().filter(|p| p.passive).collect();
+    if let (Some(everywhere), Some(one)) = (
+        passive.iter().find(|p| p.source_address.is_none()),
+        passive.iter().find(|p| p.source_address.is_some()),
+    ) {
+        return Err(format!(
+            "loadBalancer.bgp.peers {:?} and {:?}: both passive, one listening on every address \
+             (no sourceAddress) and one on {} (its sourceAddress): port 179 cannot be both; give \
+             every passive peer a sourceAddress, or none",
+            everywhere.name,
+            one.name,
+            one.source_address
+                .map(|a| a.to_string())
+                .unwrap_or_default()
+        ));
+    }
+    Ok(())
 }

@@ -67,160 +67,246 @@ pub fn translate(objects: &[Object], file: &Config) -> Translation {
     }
 
     let aliases = out.communities(of(Kind::Community));
-    for object in of(Kind::BfdProfile) {
-        if file_bgp.bfd_profiles.iter().any(|p| p.name == object.name) {
-            out.refuse(object, "the cloud-config's loadBalancer.bgp.bfdProfiles has a profile of this name, which stays in force");
-            continue;
-        }
-        match bfd_profile(object) {
-            Ok(profile) => out.bfd_profiles.push(profile),
-            Err(why) => out.refuse(object, &why),
-        }
-    }
+    out.take_bfd_profiles(of(Kind::BfdProfile), &file_bgp.bfd_profiles);
     let profiles: Vec<BfdProfile> = file_bgp
         .bfd_profiles
         .iter()
         .chain(&out.bfd_profiles)
         .cloned()
         .collect();
-    for object in of(Kind::BgpPeer) {
-        if file_bgp.peers.iter().any(|p| p.name == object.name) {
-            out.refuse(object, "the cloud-config's loadBalancer.bgp.peers has a peer of this name, which stays in force");
-            continue;
-        }
-        match bgp_peer(object, &profiles) {
-            Ok(peer) => out.peers.push(peer),
-            Err(why) => out.refuse(object, &why),
-        }
-    }
-    let mut pool_labels = BTreeMap::new();
-    for object in of(Kind::IpAddressPool) {
-        if file_pools {
-            out.refuse(
-                object,
-                "the cloud-config defines addressPools of its own, which stay in force: MetalLB's \
-                 pools and the cloud-config's are not read together (remove the cloud-config's \
-                 addressPools to read MetalLB's)",
-            );
-            continue;
-        }
-        match address_pool(object) {
-            Ok(pool) => {
-                let overlap = out.pools.iter().find_map(|taken| {
-                    pool.addresses.iter().find_map(|r| {
-                        taken
-                            .addresses
-                            .iter()
-                            .find(|t| t.overlaps(r))
-                            .map(|t| (r, t, &taken.name))
-                    })
-                });
-                if let Some((mine, theirs, other)) = overlap {
-                    out.refuse(
-                        object,
-                        &format!(
-                            "spec.addresses: {mine} overlaps {theirs} of IPAddressPool {other:?} \
-                             (older): an address belongs to one pool only"
-                        ),
-                    );
-                    continue;
-                }
-                pool_labels.insert(pool.name.clone(), object.labels.clone());
-                out.pools.push(pool);
-            }
-            Err(why) => out.refuse(object, &why),
-        }
-    }
+    out.take_peers(of(Kind::BgpPeer), &file_bgp.peers, &profiles);
+    let pool_labels = out.take_pools(of(Kind::IpAddressPool), file_pools);
 
-    // Which advertisements select each pool.
-    let mut l2: BTreeMap<String, Vec<(&Object, Vec<LabelSelector>)>> = BTreeMap::new();
-    for object in of(Kind::L2Advertisement) {
-        match l2_advertisement(object, &pool_labels) {
-            Ok((pools, nodes)) => {
-                for pool in pools {
-                    l2.entry(pool).or_default().push((object, nodes.clone()));
-                }
-            }
-            Err(why) => out.refuse(object, &why),
-        }
-    }
+    let mut l2 = out.l2_advertisements(of(Kind::L2Advertisement), &pool_labels);
     let all_peers: Vec<BgpPeer> = file_bgp.peers.iter().chain(&out.peers).cloned().collect();
     let peer_names: BTreeSet<&str> = all_peers.iter().map(|p| p.name.as_str()).collect();
-    let mut bgp: BTreeMap<String, Vec<BgpChoice>> = BTreeMap::new();
-    for object in of(Kind::BgpAdvertisement) {
-        match bgp_advertisement(object, &pool_labels, &aliases, &peer_names) {
-            Ok((pools, nodes, advertised)) => {
-                for pool in pools {
-                    bgp.entry(pool)
-                        .or_default()
-                        .push((object, nodes.clone(), advertised.clone()));
-                }
-            }
-            Err(why) => out.refuse(object, &why),
-        }
-    }
+    let mut bgp = out.bgp_advertisements(
+        of(Kind::BgpAdvertisement),
+        &pool_labels,
+        &aliases,
+        &peer_names,
+    );
 
     let mut refusals = Vec::new();
     for pool in &mut out.pools {
         let l2 = l2.remove(&pool.name).unwrap_or_default();
         let bgp = bgp.remove(&pool.name).unwrap_or_default();
-        let refuse = |why: String| Refusal {
-            kind: Kind::IpAddressPool,
-            name: pool.name.clone(),
-            message: why,
-        };
-        if let (Some((l2_ad, _)), Some((bgp_ad, _, _))) = (l2.first(), bgp.first()) {
-            refusals.push(refuse(format!(
-                "it is announced both by L2Advertisement {:?} and by BGPAdvertisement {:?}: local \
-                 announces a pool one way, and announces this one by layer 2 (keep one kind of \
-                 advertisement for it)",
-                l2_ad.name, bgp_ad.name
-            )));
-        }
-        // Nodes: any advertisement's selection (one without selectors selects every node).
-        let union = |selectors: Vec<&Vec<LabelSelector>>| -> Vec<LabelSelector> {
-            if selectors.iter().any(|s| s.is_empty()) {
-                Vec::new()
-            } else {
-                selectors.into_iter().flatten().cloned().collect()
-            }
-        };
-        if !l2.is_empty() {
-            pool.announce = Announce::L2;
-            pool.node_selectors = union(l2.iter().map(|(_, nodes)| nodes).collect());
-        } else if let Some((first, _, advertised)) = bgp.first() {
-            pool.announce = Announce::Bgp;
-            let same: Vec<&BgpChoice> = bgp.iter().filter(|(_, _, a)| a == advertised).collect();
-            for (other, _, _) in bgp.iter().filter(|(_, _, a)| a != advertised) {
-                refusals.push(refuse(format!(
-                    "BGPAdvertisement {:?} advertises it with other peers, communities, local \
-                     preference or aggregation than BGPAdvertisement {:?} (older): local advertises \
-                     a pool one way, as the older one says (merge them)",
-                    other.name, first.name
-                )));
-            }
-            if let Some(problem) = bgp_pool_problem(pool, advertised, &all_peers) {
-                refusals.push(Refusal {
-                    kind: Kind::BgpAdvertisement,
-                    name: first.name.clone(),
-                    message: format!(
-                        "for IPAddressPool {:?}: {}",
-                        pool.name,
-                        problem.trim_start_matches("bgp.")
-                    ),
-                });
-                pool.announce = Announce::None;
-                continue;
-            }
-            pool.node_selectors = union(same.iter().map(|(_, nodes, _)| nodes).collect());
-            pool.bgp = Some(advertised.clone());
-        } else {
-            pool.announce = Announce::None;
-        }
+        refusals.extend(announce(pool, &l2, &bgp, &all_peers));
     }
     out.refusals.extend(refusals);
     out.refusals.sort();
     out
+}
+
+/// The L2 advertisements that select a pool: each object and the nodes it selects.
+type L2Choice<'a> = (&'a Object, Vec<LabelSelector>);
+
+impl Translation {
+    /// Takes the `BFDProfile`s, but none named as one of the cloud-config's `file_profiles`.
+    fn take_bfd_profiles<'a>(
+        &mut self,
+        objects: impl Iterator<Item = &'a Object>,
+        file_profiles: &[BfdProfile],
+    ) {
+        for object in objects {
+            if file_profiles.iter().any(|p| p.name == object.name) {
+                self.refuse(object, "the cloud-config's loadBalancer.bgp.bfdProfiles has a profile of this name, which stays in force");
+                continue;
+            }
+            match bfd_profile(object) {
+                Ok(profile) => self.bfd_profiles.push(profile),
+                Err(why) => self.refuse(object, &why),
+            }
+        }
+    }
+
+    /// Takes the `BGPPeer`s, but none named as one of the cloud-config's `file_peers`; `profiles` are
+    /// the BFD profiles a peer may name.
+    fn take_peers<'a>(
+        &mut self,
+        objects: impl Iterator<Item = &'a Object>,
+        file_peers: &[BgpPeer],
+        profiles: &[BfdProfile],
+    ) {
+        for object in objects {
+            if file_peers.iter().any(|p| p.name == object.name) {
+                self.refuse(object, "the cloud-config's loadBalancer.bgp.peers has a peer of this name, which stays in force");
+                continue;
+            }
+            match bgp_peer(object, profiles) {
+                Ok(peer) => self.peers.push(peer),
+                Err(why) => self.refuse(object, &why),
+            }
+        }
+    }
+
+    /// Takes the `IPAddressPool`s (none when the cloud-config has pools of its own), oldest first, and
+    /// refuses one whose addresses overlap an older one's. Answers each pool's labels, by name, for the
+    /// advertisements' pool selectors.
+    fn take_pools<'a>(
+        &mut self,
+        objects: impl Iterator<Item = &'a Object>,
+        file_pools: bool,
+    ) -> BTreeMap<String, BTreeMap<String, String>> {
+        let mut pool_labels = BTreeMap::new();
+        for object in objects {
+            if file_pools {
+                self.refuse(
+                    object,
+                    "the cloud-config defines addressPools of its own, which stay in force: MetalLB's \
+                     pools and the cloud-config's are not read together (remove the cloud-config's \
+                     addressPools to read MetalLB's)",
+                );
+                continue;
+            }
+            let pool = match address_pool(object) {
+                Ok(pool) => pool,
+                Err(why) => {
+                    self.refuse(object, &why);
+                    continue;
+                }
+            };
+            if let Some((mine, theirs, other)) = self.overlap(&pool) {
+                self.refuse(
+                    object,
+                    &format!(
+                        "spec.addresses: {mine} overlaps {theirs} of IPAddressPool {other:?} \
+                         (older): an address belongs to one pool only"
+                    ),
+                );
+                continue;
+            }
+            pool_labels.insert(pool.name.clone(), object.labels.clone());
+            self.pools.push(pool);
+        }
+        pool_labels
+    }
+
+    /// The first range of `pool` that overlaps a pool taken already: (its range, the taken range, the
+    /// taken pool's name).
+    fn overlap(&self, pool: &AddressPool) -> Option<(String, String, String)> {
+        self.pools.iter().find_map(|taken| {
+            pool.addresses.iter().find_map(|r| {
+                taken
+                    .addresses
+                    .iter()
+                    .find(|t| t.overlaps(r))
+                    .map(|t| (r.to_string(), t.to_string(), taken.name.clone()))
+            })
+        })
+    }
+
+    /// Which `L2Advertisement`s select each pool, by pool name.
+    fn l2_advertisements<'a>(
+        &mut self,
+        objects: impl Iterator<Item = &'a Object>,
+        pool_labels: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> BTreeMap<String, Vec<L2Choice<'a>>> {
+        let mut l2: BTreeMap<String, Vec<L2Choice>> = BTreeMap::new();
+        for object in objects {
+            match l2_advertisement(object, pool_labels) {
+                Ok((pools, nodes)) => {
+                    for pool in pools {
+                        l2.entry(pool).or_default().push((object, nodes.clone()));
+                    }
+                }
+                Err(why) => self.refuse(object, &why),
+            }
+        }
+        l2
+    }
+
+    /// Which `BGPAdvertisement`s select each pool, by pool name.
+    fn bgp_advertisements<'a>(
+        &mut self,
+        objects: impl Iterator<Item = &'a Object>,
+        pool_labels: &BTreeMap<String, BTreeMap<String, String>>,
+        aliases: &BTreeMap<String, Community>,
+        peer_names: &BTreeSet<&str>,
+    ) -> BTreeMap<String, Vec<BgpChoice<'a>>> {
+        let mut bgp: BTreeMap<String, Vec<BgpChoice>> = BTreeMap::new();
+        for object in objects {
+            match bgp_advertisement(object, pool_labels, aliases, peer_names) {
+                Ok((pools, nodes, advertised)) => {
+                    for pool in pools {
+                        bgp.entry(pool).or_default().push((
+                            object,
+                            nodes.clone(),
+                            advertised.clone(),
+                        ));
+                    }
+                }
+                Err(why) => self.refuse(object, &why),
+            }
+        }
+        bgp
+    }
+}
+
+/// Sets how `pool` is announced from the advertisements that select it (layer 2 when any L2 one does,
+/// else BGP as the oldest BGP one says, else not at all) and on which nodes; answers the refusals.
+fn announce(
+    pool: &mut AddressPool,
+    l2: &[L2Choice],
+    bgp: &[BgpChoice],
+    all_peers: &[BgpPeer],
+) -> Vec<Refusal> {
+    let mut refusals = Vec::new();
+    let refuse = |why: String| Refusal {
+        kind: Kind::IpAddressPool,
+        name: pool.name.clone(),
+        message: why,
+    };
+    if let (Some((l2_ad, _)), Some((bgp_ad, _, _))) = (l2.first(), bgp.first()) {
+        refusals.push(refuse(format!(
+            "it is announced both by L2Advertisement {:?} and by BGPAdvertisement {:?}: local \
+             announces a pool one way, and announces this one by layer 2 (keep one kind of \
+             advertisement for it)",
+            l2_ad.name, bgp_ad.name
+        )));
+    }
+    if !l2.is_empty() {
+        pool.announce = Announce::L2;
+        pool.node_selectors = union(l2.iter().map(|(_, nodes)| nodes).collect());
+    } else if let Some((first, _, advertised)) = bgp.first() {
+        pool.announce = Announce::Bgp;
+        let same: Vec<&BgpChoice> = bgp.iter().filter(|(_, _, a)| a == advertised).collect();
+        for (other, _, _) in bgp.iter().filter(|(_, _, a)| a != advertised) {
+            refusals.push(refuse(format!(
+                "BGPAdvertisement {:?} advertises it with other peers, communities, local \
+                 preference or aggregation than BGPAdvertisement {:?} (older): local advertises \
+                 a pool one way, as the older one says (merge them)",
+                other.name, first.name
+            )));
+        }
+        if let Some(problem) = bgp_pool_problem(pool, advertised, all_peers) {
+            refusals.push(Refusal {
+                kind: Kind::BgpAdvertisement,
+                name: first.name.clone(),
+                message: format!(
+                    "for IPAddressPool {:?}: {}",
+                    pool.name,
+                    problem.trim_start_matches("bgp.")
+                ),
+            });
+            pool.announce = Announce::None;
+            return refusals;
+        }
+        pool.node_selectors = union(same.iter().map(|(_, nodes, _)| nodes).collect());
+        pool.bgp = Some(advertised.clone());
+    } else {
+        pool.announce = Announce::None;
+    }
+    refusals
+}
+
+/// The nodes any of the advertisements selects: every node when one has no selector.
+fn union(selectors: Vec<&Vec<LabelSelector>>) -> Vec<LabelSelector> {
+    if selectors.iter().any(|s| s.is_empty()) {
+        Vec::new()
+    } else {
+        selectors.into_iter().flatten().cloned().collect()
+    }
 }
 
 /// [`translate`], keeping each object's last good version: an object refused now (a malformed edit)
