@@ -21,6 +21,7 @@ pub mod condition;
 mod deletion;
 pub mod drift;
 mod events;
+mod loops;
 mod metrics;
 pub mod node_set;
 mod node_sync;
@@ -49,9 +50,7 @@ use self::{
 };
 use futures::StreamExt;
 
-use super::{
-    ControllerContext, ControllerTask, background_loop::Ends, backoff::PerObjectBackoff, work_queue,
-};
+use super::{ControllerContext, ControllerTask, backoff::PerObjectBackoff, work_queue};
 use crate::{events::EventRecorder, informers::wait_for_cache_sync};
 
 /// The event source, as upstream names it.
@@ -168,6 +167,39 @@ fn key(service: &Service) -> String {
 }
 
 impl Context {
+    /// The controller's state, from the manager's `ctx` and the controller's settings; `retry` asks the
+    /// work queue for a Service's sync.
+    fn new(
+        ctx: &ControllerContext,
+        cluster_name: String,
+        served: ServedClasses,
+        workers: usize,
+        conditions: bool,
+        retry: mpsc::UnboundedSender<ObjectRef<Service>>,
+    ) -> Self {
+        Context {
+            client: ctx.client.clone(),
+            cloud: ctx.cloud.clone(),
+            cluster_name,
+            served,
+            backends_beyond_owned: ctx
+                .cloud
+                .load_balancer()
+                .is_some_and(|lb| lb.backends_beyond_owned_nodes()),
+            ownership: ctx.ownership.clone(),
+            nodes: ctx.informers.nodes().store(),
+            events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
+            metrics: ctx.metrics.service.clone(),
+            tracked: Mutex::default(),
+            backoff: backoff(),
+            retry,
+            workers,
+            backends: Mutex::default(),
+            node_sync_wanted: tokio::sync::Notify::new(),
+            conditions,
+        }
+    }
+
     /// The Services API of `service`'s namespace.
     fn api(&self, service: &Service) -> Api<Service> {
         Api::namespaced(
@@ -277,29 +309,16 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             "serving the load balancers of these Services only"
         );
     }
-    let context = Arc::new(Context {
-        client: ctx.client.clone(),
-        cloud: ctx.cloud.clone(),
+    let context = Arc::new(Context::new(
+        &ctx,
         cluster_name,
         served,
-        backends_beyond_owned: ctx
-            .cloud
-            .load_balancer()
-            .is_some_and(|lb| lb.backends_beyond_owned_nodes()),
-        ownership: ctx.ownership.clone(),
-        nodes: nodes.store(),
-        events: EventRecorder::new(ctx.events_client.clone(), COMPONENT),
-        metrics: ctx.metrics.service.clone(),
-        tracked: Mutex::default(),
-        backoff: backoff(),
-        retry,
         workers,
-        backends: Mutex::default(),
-        node_sync_wanted: tokio::sync::Notify::new(),
         conditions,
-    });
+        retry,
+    ));
     let shutdown = ctx.shutdown.clone();
-    let loops = ctx.clone();
+    let controller = ctx.clone();
     let reporting = work_queue::Reporting {
         metrics: ctx.metrics.work_queues.queue(ctx.name),
         health: ctx.health.clone(),
@@ -311,51 +330,18 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             return Ok(());
         }
         let (triggers, deletions) = deletion::split_changes(service_changes);
-        let deleted = loops.spawn_loop(
-            "deletions",
-            Ends::AtShutdown,
-            deletion::handle_deletions(context.clone(), deletions, shutdown.clone()),
+        let loops = loops::Loops::spawn(
+            &controller,
+            &context,
+            deletions,
+            node_changes,
+            &services,
+            orphan_sweep_period,
+            drift,
         );
-        let node_sync = loops.spawn_loop(
-            "node-sync",
-            Ends::AtShutdown,
-            node_sync::node_sync_loop(context.clone(), node_changes, shutdown.clone()),
-        );
-        let sweep = orphan_sweep_period.map(|period| {
-            loops.spawn_loop(
-                "orphan-sweep",
-                Ends::WhenNothingToDo,
-                sweep::sweep_loop(context.clone(), services.clone(), period, shutdown.clone()),
-            )
-        });
-        let drifts = drift.map(|(period, action)| {
-            loops.spawn_loop(
-                "drift-check",
-                Ends::WhenNothingToDo,
-                drift::drift_loop(context.clone(), period, action, shutdown.clone()),
-            )
-        });
-        let settings = context
-            .cloud
-            .load_balancer()
-            .and_then(|lb| lb.settings_changes())
-            .map(|changes| {
-                loops.spawn_loop(
-                    "settings-changes",
-                    Ends::WhenNothingToDo,
-                    settings::settings_loop(context.clone(), changes, shutdown.clone()),
-                )
-            });
         // Syncs the node sync, the drift check and settings changes ask for (a load balancer whose backends changed
         // during its ensure, one that drifted) join the Services' own changes on the one work queue.
-        let retries = {
-            let services = services.clone();
-            futures::stream::unfold(
-                retries,
-                |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
-            )
-            .filter_map(move |key: ObjectRef<Service>| std::future::ready(services.get(&key)))
-        };
+        let retries = retried(retries, services.clone());
         work_queue::run(
             futures::stream::select(triggers, retries),
             services,
@@ -367,19 +353,22 @@ pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
             shutdown.clone(),
         )
         .await;
-        deleted.finished().await;
-        node_sync.finished().await;
-        if let Some(sweep) = sweep {
-            sweep.finished().await;
-        }
-        if let Some(drifts) = drifts {
-            drifts.finished().await;
-        }
-        if let Some(settings) = settings {
-            settings.finished().await;
-        }
+        loops.finished().await;
         Ok(())
     }))
+}
+
+/// The Services whose syncs were asked for on `retries`, as the cache has them now (one deleted since
+/// is left out).
+fn retried(
+    retries: mpsc::UnboundedReceiver<ObjectRef<Service>>,
+    services: Store<Service>,
+) -> impl futures::Stream<Item = Arc<Service>> + Send + 'static {
+    futures::stream::unfold(
+        retries,
+        |mut rx| async move { rx.recv().await.map(|r| (r, rx)) },
+    )
+    .filter_map(move |key: ObjectRef<Service>| std::future::ready(services.get(&key)))
 }
 
 /// Per-Service back-off: [`MIN_RETRY`] doubling up to [`MAX_RETRY`].
