@@ -104,96 +104,130 @@ impl PeerConfig {
 
     /// Checks every setting, naming the first that is wrong.
     pub fn validate(&self) -> Result<(), Error> {
-        let wrong = |what: String| {
-            Err(Error::Config {
+        let problem = self
+            .session_problem()
+            .or_else(|| self.transport_problem())
+            .or_else(|| self.graceful_restart_problem())
+            .or_else(|| self.password_problem())
+            .or_else(|| self.bfd_problem())
+            .or_else(|| self.passive_problem())
+            .or_else(|| self.retry_problem());
+        match problem {
+            Some(what) => Err(Error::Config {
                 peer: self.socket_address().to_string(),
                 what,
-            })
-        };
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// What is wrong with the session's own settings, if anything: the router's address and port,
+    /// the AS numbers, the router ID, the hold time.
+    fn session_problem(&self) -> Option<String> {
         if self.address.is_unspecified() || self.address.is_multicast() {
-            return wrong(format!(
+            return Some(format!(
                 "address {} is not a router's address",
                 self.address
             ));
         }
         if self.port == 0 {
-            return wrong("port 0".into());
+            return Some("port 0".into());
         }
         for (name, asn) in [("peer ASN", self.peer_asn), ("local ASN", self.local_asn)] {
             // 0 is reserved (RFC 7607) and 23456 stands for a 4-octet AS (RFC 6793).
             if asn == 0 || asn == u32::from(crate::wire::AS_TRANS) {
-                return wrong(format!(
+                return Some(format!(
                     "{name} {asn} is reserved (RFC 7607, RFC 6793): use your AS number"
                 ));
             }
         }
         if self.router_id.is_unspecified() {
-            return wrong("router ID 0.0.0.0 (use the node's IPv4 address)".into());
+            return Some("router ID 0.0.0.0 (use the node's IPv4 address)".into());
         }
         if matches!(self.hold_time, 1 | 2) {
-            return wrong(format!(
+            return Some(format!(
                 "hold time {} s: 0 (no keepalives) or at least 3 s",
                 self.hold_time
             ));
         }
+        None
+    }
+
+    /// What is wrong with how our packets leave, if anything: the source address's family, the
+    /// eBGP multihop TTL.
+    fn transport_problem(&self) -> Option<String> {
         if let Some(source) = self.source
             && source.is_ipv4() != self.address.is_ipv4()
         {
-            return wrong(format!(
+            return Some(format!(
                 "source address {source} is not of the peer's family"
             ));
         }
         if self.ebgp_multihop == Some(0) {
-            return wrong("eBGP multihop TTL 0 (1 to 255)".into());
+            return Some("eBGP multihop TTL 0 (1 to 255)".into());
         }
         if self.ebgp_multihop.is_some() && !self.is_external() {
-            return wrong("eBGP multihop on an iBGP peer (same AS): leave it out".into());
+            return Some("eBGP multihop on an iBGP peer (same AS): leave it out".into());
         }
-        if self.graceful_restart.is_some_and(|t| t > 4095) {
-            return wrong(format!(
-                "graceful restart time {} s: at most 4095 s (12 bits, RFC 4724)",
-                self.graceful_restart.unwrap_or_default()
-            ));
-        }
-        if let Some(Password(key)) = &self.password
-            && (key.is_empty() || key.len() > crate::md5::MAX_KEY_LEN)
-        {
-            return wrong(format!(
+        None
+    }
+
+    /// What is wrong with the graceful restart time, if anything: it has 12 bits.
+    fn graceful_restart_problem(&self) -> Option<String> {
+        self.graceful_restart.filter(|t| *t > 4095).map(|time| {
+            format!("graceful restart time {time} s: at most 4095 s (12 bits, RFC 4724)")
+        })
+    }
+
+    /// What is wrong with the TCP MD5 password, if anything: its length.
+    fn password_problem(&self) -> Option<String> {
+        let Password(key) = self.password.as_ref()?;
+        (key.is_empty() || key.len() > crate::md5::MAX_KEY_LEN).then(|| {
+            format!(
                 "a TCP MD5 password of {} bytes: 1 to {} bytes",
                 key.len(),
                 crate::md5::MAX_KEY_LEN
+            )
+        })
+    }
+
+    /// What is wrong with BFD, if anything: a multihop peer, or the profile's timers.
+    fn bfd_problem(&self) -> Option<String> {
+        let profile = self.bfd.as_ref()?;
+        if self.ebgp_multihop.is_some() {
+            return Some(
+                "BFD with an eBGP multihop peer: multihop BFD (RFC 5883) is not implemented".into(),
+            );
+        }
+        profile.problem()
+    }
+
+    /// What is wrong with the passive peer's listening address, if anything: port 0, or another
+    /// family than the router's (unless it is `[::]`, which takes both).
+    fn passive_problem(&self) -> Option<String> {
+        let listen = self.passive?;
+        if listen.port() == 0 {
+            return Some(format!("passive on {listen}: port 0"));
+        }
+        if listen.is_ipv4() != self.address.is_ipv4()
+            && !matches!(listen.ip(), IpAddr::V6(v6) if v6.is_unspecified())
+        {
+            return Some(format!(
+                "passive on {listen}: not of the peer's family (listen on [::] for both)"
             ));
         }
-        if let Some(profile) = &self.bfd {
-            if self.ebgp_multihop.is_some() {
-                return wrong(
-                    "BFD with an eBGP multihop peer: multihop BFD (RFC 5883) is not implemented"
-                        .into(),
-                );
-            }
-            if let Some(problem) = profile.problem() {
-                return wrong(problem);
-            }
-        }
-        if let Some(listen) = self.passive {
-            if listen.port() == 0 {
-                return wrong(format!("passive on {listen}: port 0"));
-            }
-            if listen.is_ipv4() != self.address.is_ipv4()
-                && !matches!(listen.ip(), IpAddr::V6(v6) if v6.is_unspecified())
-            {
-                return wrong(format!(
-                    "passive on {listen}: not of the peer's family (listen on [::] for both)"
-                ));
-            }
-        }
-        if self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry {
-            return wrong(format!(
+        None
+    }
+
+    /// What is wrong with the connect retry waits, if anything: the first must be above 0 and at
+    /// most the longest.
+    fn retry_problem(&self) -> Option<String> {
+        (self.connect_retry.is_zero() || self.max_connect_retry < self.connect_retry).then(|| {
+            format!(
                 "connect retry {:?} must be above 0 and at most the maximum {:?}",
                 self.connect_retry, self.max_connect_retry
-            ));
-        }
-        Ok(())
+            )
+        })
     }
 }
 
