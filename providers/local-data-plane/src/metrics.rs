@@ -53,115 +53,154 @@ impl Collector for DataPlaneCollector {
             return Ok(());
         };
         let listeners: Vec<Arc<ListenerShared>> = inner.all_listeners();
-        for (name, help, value) in [
-            (
-                names::DESCRIPTORS_IN_USE,
-                "File descriptors the data plane's connections and flows hold.",
-                inner.budget.used(),
-            ),
-            (
-                names::DESCRIPTORS_BUDGET,
-                "The most file descriptors the data plane's connections and flows may hold.",
-                inner.budget.total(),
-            ),
-        ] {
-            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
-                .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
-        }
-        let counters: [(&str, &str, ReadStat); 5] = [
-            (
-                names::CONNECTIONS,
-                "Connections (TCP) or flows (UDP) relayed to a backend.",
-                |l| l.stats.connections.load(Ordering::Relaxed),
-            ),
-            (names::BYTES_IN, "Bytes received from clients.", |l| {
-                l.stats.bytes_in.load(Ordering::Relaxed)
-            }),
-            (names::BYTES_OUT, "Bytes received from backends.", |l| {
-                l.stats.bytes_out.load(Ordering::Relaxed)
-            }),
-            (
-                names::BACKEND_CONNECT_ERRORS,
-                "Failed connection attempts to backends.",
-                |l| l.stats.backend_connect_errors.load(Ordering::Relaxed),
-            ),
-            (
-                names::IDLE_TIMEOUTS,
-                "TCP connections closed after the idle timeout without a byte either way.",
-                |l| l.stats.idle_timeouts.load(Ordering::Relaxed),
-            ),
-        ];
-        for (name, help, value) in counters {
-            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for listener in &listeners {
-                let labels = [
-                    ("load_balancer", &*listener.load_balancer),
-                    ("listener", listener.label.as_str()),
-                ];
-                ConstCounter::new(value(listener)).encode(metric.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let mut metric = encoder.encode_descriptor(
-                names::ACTIVE_CONNECTIONS,
-                "Connections (TCP) or flows (UDP) open now.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for listener in &listeners {
-                let labels = [
-                    ("load_balancer", &*listener.load_balancer),
-                    ("listener", listener.label.as_str()),
-                ];
-                let active = listener.stats.active.load(Ordering::Relaxed);
-                ConstGauge::new(i64::try_from(active).unwrap_or(i64::MAX))
-                    .encode(metric.encode_family(&labels)?)?;
-            }
-        }
-        {
-            let mut metric = encoder.encode_descriptor(
-                names::REFUSED,
-                "Connections or flows refused, by reason.",
-                None,
-                MetricType::Counter,
-            )?;
-            for listener in &listeners {
-                for (reason, value) in [
-                    ("source_range", &listener.stats.refused_source),
-                    ("no_healthy_backend", &listener.stats.refused_no_backend),
-                    ("descriptor_budget", &listener.stats.refused_budget),
-                ] {
-                    let labels = [
-                        ("load_balancer", &*listener.load_balancer),
-                        ("listener", listener.label.as_str()),
-                        ("reason", reason),
-                    ];
-                    ConstCounter::new(value.load(Ordering::Relaxed))
-                        .encode(metric.encode_family(&labels)?)?;
-                }
-            }
-        }
-        {
-            let mut metric = encoder.encode_descriptor(
-                names::BACKEND_HEALTHY,
-                "1 if the backend gets new connections, else 0.",
-                None,
-                MetricType::Gauge,
-            )?;
-            for listener in &listeners {
-                for backend in &listener.config().backends {
-                    let address = backend.addr.to_string();
-                    let labels = [
-                        ("load_balancer", &*listener.load_balancer),
-                        ("listener", listener.label.as_str()),
-                        ("backend", address.as_str()),
-                        ("node", backend.node.as_str()),
-                    ];
-                    ConstGauge::new(i64::from(backend.is_healthy()))
-                        .encode(metric.encode_family(&labels)?)?;
-                }
-            }
-        }
+        encode_descriptor_budget(&mut encoder, &inner)?;
+        encode_listener_counters(&mut encoder, &listeners)?;
+        encode_active_connections(&mut encoder, &listeners)?;
+        encode_refused(&mut encoder, &listeners)?;
+        encode_backend_health(&mut encoder, &listeners)?;
         Ok(())
     }
+}
+
+/// The labels every per-listener series has: its load balancer and the listener.
+fn listener_labels(listener: &ListenerShared) -> [(&str, &str); 2] {
+    [
+        ("load_balancer", &*listener.load_balancer),
+        ("listener", listener.label.as_str()),
+    ]
+}
+
+/// Encodes the descriptors' gauges: how many the connections and flows hold, and the most they may.
+fn encode_descriptor_budget(
+    encoder: &mut DescriptorEncoder,
+    inner: &Inner,
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in [
+        (
+            names::DESCRIPTORS_IN_USE,
+            "File descriptors the data plane's connections and flows hold.",
+            inner.budget.used(),
+        ),
+        (
+            names::DESCRIPTORS_BUDGET,
+            "The most file descriptors the data plane's connections and flows may hold.",
+            inner.budget.total(),
+        ),
+    ] {
+        ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
+            .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+    }
+    Ok(())
+}
+
+/// Encodes the counters that have one series per listener: connections, bytes in and out, backend
+/// connect errors and idle timeouts.
+fn encode_listener_counters(
+    encoder: &mut DescriptorEncoder,
+    listeners: &[Arc<ListenerShared>],
+) -> Result<(), std::fmt::Error> {
+    let counters: [(&str, &str, ReadStat); 5] = [
+        (
+            names::CONNECTIONS,
+            "Connections (TCP) or flows (UDP) relayed to a backend.",
+            |l| l.stats.connections.load(Ordering::Relaxed),
+        ),
+        (names::BYTES_IN, "Bytes received from clients.", |l| {
+            l.stats.bytes_in.load(Ordering::Relaxed)
+        }),
+        (names::BYTES_OUT, "Bytes received from backends.", |l| {
+            l.stats.bytes_out.load(Ordering::Relaxed)
+        }),
+        (
+            names::BACKEND_CONNECT_ERRORS,
+            "Failed connection attempts to backends.",
+            |l| l.stats.backend_connect_errors.load(Ordering::Relaxed),
+        ),
+        (
+            names::IDLE_TIMEOUTS,
+            "TCP connections closed after the idle timeout without a byte either way.",
+            |l| l.stats.idle_timeouts.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, value) in counters {
+        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for listener in listeners {
+            ConstCounter::new(value(listener))
+                .encode(metric.encode_family(&listener_labels(listener))?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Encodes the gauge of the connections (TCP) or flows (UDP) each listener has open now.
+fn encode_active_connections(
+    encoder: &mut DescriptorEncoder,
+    listeners: &[Arc<ListenerShared>],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        names::ACTIVE_CONNECTIONS,
+        "Connections (TCP) or flows (UDP) open now.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for listener in listeners {
+        let active = listener.stats.active.load(Ordering::Relaxed);
+        ConstGauge::new(i64::try_from(active).unwrap_or(i64::MAX))
+            .encode(metric.encode_family(&listener_labels(listener))?)?;
+    }
+    Ok(())
+}
+
+/// Encodes the refusals of each listener, one series per `reason`.
+fn encode_refused(
+    encoder: &mut DescriptorEncoder,
+    listeners: &[Arc<ListenerShared>],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        names::REFUSED,
+        "Connections or flows refused, by reason.",
+        None,
+        MetricType::Counter,
+    )?;
+    for listener in listeners {
+        for (reason, value) in [
+            ("source_range", &listener.stats.refused_source),
+            ("no_healthy_backend", &listener.stats.refused_no_backend),
+            ("descriptor_budget", &listener.stats.refused_budget),
+        ] {
+            let [load_balancer, listener_label] = listener_labels(listener);
+            let labels = [load_balancer, listener_label, ("reason", reason)];
+            ConstCounter::new(value.load(Ordering::Relaxed))
+                .encode(metric.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Encodes each backend's health (1 if it gets new connections, else 0), per listener.
+fn encode_backend_health(
+    encoder: &mut DescriptorEncoder,
+    listeners: &[Arc<ListenerShared>],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(
+        names::BACKEND_HEALTHY,
+        "1 if the backend gets new connections, else 0.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for listener in listeners {
+        for backend in &listener.config().backends {
+            let address = backend.addr.to_string();
+            let [load_balancer, listener_label] = listener_labels(listener);
+            let labels = [
+                load_balancer,
+                listener_label,
+                ("backend", address.as_str()),
+                ("node", backend.node.as_str()),
+            ];
+            ConstGauge::new(i64::from(backend.is_healthy()))
+                .encode(metric.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
 }
