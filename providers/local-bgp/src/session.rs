@@ -438,6 +438,17 @@ async fn session(
     result
 }
 
+/// What the OPEN exchange settled with the router.
+struct Negotiated {
+    /// The router's BGP identifier.
+    router_id: Ipv4Addr,
+    /// The hold time in force: the smaller of ours and the router's.
+    hold: Duration,
+    /// The families both sides announced.
+    families: Vec<Family>,
+}
+
+/// A session over a connection: the OPEN exchange, then routes until it fails or `stop`.
 // Each argument is a distinct input or output of the session; a struct of them would only rename them.
 #[allow(clippy::too_many_arguments)]
 async fn exchange(
@@ -447,37 +458,108 @@ async fn exchange(
     routes: &mut watch::Receiver<Routes>,
     status: &watch::Sender<PeerStatus>,
     stop: &Stop,
-    mut bfd: Option<watch::Receiver<BfdStatus>>,
+    bfd: Option<watch::Receiver<BfdStatus>>,
     counters: &mut Counters,
 ) -> Result<Ended, Error> {
     let peer = connection.peer;
     // The R bit goes with the first session of a speaker that restarted only.
     let restarted = config.restarted && counters.established == 0;
+    let Some(negotiated) =
+        open_exchange(config, restarted, connection, status, stop, counters).await?
+    else {
+        return stopping(connection, stop, counters).await;
+    };
+    let hold = negotiated.hold;
+    let mut established = Established {
+        session: session_over(config, local, connection.context, negotiated.families),
+        sent: Routes::new(),
+        hold,
+    };
+    counters.established += 1;
+    info!(%peer, router_id = %negotiated.router_id, ?hold, "BGP session established");
+    status.send_modify(|s| {
+        s.state = State::Established;
+        s.established_since = Some(Instant::now());
+        s.last_error = None;
+        s.counters = counters.clone();
+    });
+    established
+        .announce_whole_table(connection, routes, status, counters)
+        .await?;
+    established
+        .keep_up(connection, routes, status, stop, bfd, counters)
+        .await
+}
+
+/// The OPEN exchange (RFC 4271 §8.2.2, OpenSent and OpenConfirm): our OPEN, the router's (checked),
+/// then a KEEPALIVE each way. `None`: we were told to stop meanwhile.
+async fn open_exchange(
+    config: &PeerConfig,
+    restarted: bool,
+    connection: &mut Connection,
+    status: &watch::Sender<PeerStatus>,
+    stop: &Stop,
+    counters: &mut Counters,
+) -> Result<Option<Negotiated>, Error> {
     connection
         .send(&Message::Open(our_open(config, restarted)))
         .await?;
     status.send_modify(|s| s.state = State::OpenSent);
-
-    let theirs = tokio::select! {
-        _ = stop.cancelled() => return stopping(connection, stop, counters).await,
-        message = timeout(OPEN_TIMEOUT, connection.next(counters)) => match message {
-            Err(_) => {
-                connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
-                return Err(Error::HoldTimerExpired { peer, hold: OPEN_TIMEOUT });
-            }
-            Ok(message) => match message? {
-                Message::Open(open) => open,
-                Message::Notification(notification) => {
-                    counters.notifications_received += 1;
-                    return Err(Error::Notified { peer, notification });
-                }
-                other => {
-                    connection.notify(Notification { code: codes::FSM, subcode: 1, data: vec![] }, counters).await;
-                    return Err(Error::Unexpected { peer, message: other.kind(), state: State::OpenSent.name() });
-                }
-            },
-        },
+    let Some(theirs) = their_open(connection, stop, counters).await? else {
+        return Ok(None);
     };
+    check_their_open(config, &theirs, connection, counters).await?;
+    connection.context.four_octet_as = theirs.has(|c| matches!(c, Capability::FourOctetAs(_)));
+    let negotiated = Negotiated {
+        router_id: theirs.router_id,
+        hold: Duration::from_secs(u64::from(config.hold_time.min(theirs.hold_time))),
+        families: common_families(&our_open(config, restarted), &theirs),
+    };
+    connection.send(&Message::Keepalive).await?;
+    status.send_modify(|s| {
+        s.state = State::OpenConfirm;
+        s.router_id = Some(negotiated.router_id);
+        s.hold_time = Some(negotiated.hold);
+        s.families = negotiated.families.clone();
+    });
+    let Some(()) = their_keepalive(connection, stop, counters, negotiated.hold).await? else {
+        return Ok(None);
+    };
+    Ok(Some(negotiated))
+}
+
+/// The router's OPEN, within [`OPEN_TIMEOUT`]; `None`: we were told to stop first. Silence, a
+/// NOTIFICATION or another message end the session.
+async fn their_open(
+    connection: &mut Connection,
+    stop: &Stop,
+    counters: &mut Counters,
+) -> Result<Option<Open>, Error> {
+    let message = tokio::select! {
+        _ = stop.cancelled() => return Ok(None),
+        message = timeout(OPEN_TIMEOUT, connection.next(counters)) => message,
+    };
+    let Ok(message) = message else {
+        return Err(hold_timer_expired(connection, counters, OPEN_TIMEOUT).await);
+    };
+    match message? {
+        Message::Open(open) => Ok(Some(open)),
+        Message::Notification(notification) => {
+            Err(notified(connection.peer, notification, counters))
+        }
+        other => Err(unexpected(connection, counters, 1, other.kind(), State::OpenSent).await),
+    }
+}
+
+/// Refuses the router's OPEN (with a NOTIFICATION) when its AS is not the one configured, or, on
+/// iBGP, when it has our BGP identifier.
+async fn check_their_open(
+    config: &PeerConfig,
+    theirs: &Open,
+    connection: &mut Connection,
+    counters: &mut Counters,
+) -> Result<(), Error> {
+    let peer = connection.peer;
     if theirs.asn != config.peer_asn {
         let data = u16::try_from(theirs.asn)
             .unwrap_or(wire::AS_TRANS)
@@ -511,47 +593,57 @@ async fn exchange(
             router_id: theirs.router_id,
         });
     }
-    connection.context.four_octet_as = theirs.has(|c| matches!(c, Capability::FourOctetAs(_)));
-    let ours = our_open(config, restarted);
-    let families: Vec<Family> = ours
-        .families()
+    Ok(())
+}
+
+/// The families of our OPEN that the router's announces too, in our order.
+fn common_families(ours: &Open, theirs: &Open) -> Vec<Family> {
+    let theirs = theirs.families();
+    ours.families()
         .into_iter()
-        .filter(|f| theirs.families().contains(f))
-        .collect();
-    let hold = Duration::from_secs(u64::from(config.hold_time.min(theirs.hold_time)));
-    connection.send(&Message::Keepalive).await?;
-    status.send_modify(|s| {
-        s.state = State::OpenConfirm;
-        s.router_id = Some(theirs.router_id);
-        s.hold_time = Some(hold);
-        s.families = families.clone();
-    });
+        .filter(|f| theirs.contains(f))
+        .collect()
+}
 
-    let mut deadline = Instant::now() + if hold.is_zero() { OPEN_TIMEOUT } else { hold };
-    tokio::select! {
-        _ = stop.cancelled() => return stopping(connection, stop, counters).await,
+/// The router's KEEPALIVE that confirms the OPENs, within the hold time ([`OPEN_TIMEOUT`] when it
+/// is 0); `None`: we were told to stop first. Silence, a NOTIFICATION or another message end the
+/// session.
+async fn their_keepalive(
+    connection: &mut Connection,
+    stop: &Stop,
+    counters: &mut Counters,
+    hold: Duration,
+) -> Result<Option<()>, Error> {
+    let deadline = Instant::now() + if hold.is_zero() { OPEN_TIMEOUT } else { hold };
+    let message = tokio::select! {
+        _ = stop.cancelled() => return Ok(None),
         _ = sleep_until(deadline) => {
-            connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
-            return Err(Error::HoldTimerExpired { peer, hold });
+            return Err(hold_timer_expired(connection, counters, hold).await);
         }
-        message = connection.next(counters) => match message? {
-            Message::Keepalive => {}
-            Message::Notification(notification) => {
-                counters.notifications_received += 1;
-                return Err(Error::Notified { peer, notification });
-            }
-            other => {
-                connection.notify(Notification { code: codes::FSM, subcode: 2, data: vec![] }, counters).await;
-                return Err(Error::Unexpected { peer, message: other.kind(), state: State::OpenConfirm.name() });
-            }
-        },
+        message = connection.next(counters) => message?,
+    };
+    match message {
+        Message::Keepalive => Ok(Some(())),
+        Message::Notification(notification) => {
+            Err(notified(connection.peer, notification, counters))
+        }
+        other => Err(unexpected(connection, counters, 2, other.kind(), State::OpenConfirm).await),
     }
+}
 
-    let session = Session {
+/// What an established session carries and how: the families negotiated, the AS number width, and
+/// the next hops (configured, or the connection's own address `local` for its family).
+fn session_over(
+    config: &PeerConfig,
+    local: IpAddr,
+    context: Context,
+    families: Vec<Family>,
+) -> Session {
+    Session {
         local_asn: config.local_asn,
         external: config.is_external(),
-        context: connection.context,
-        families: families.clone(),
+        context,
+        families,
         next_hop_v4: config.next_hop_v4.or(match local {
             IpAddr::V4(v4) => Some(v4),
             IpAddr::V6(_) => None,
@@ -560,100 +652,217 @@ async fn exchange(
             IpAddr::V6(v6) => Some(v6),
             IpAddr::V4(_) => None,
         }),
-    };
-    counters.established += 1;
-    info!(%peer, router_id = %theirs.router_id, ?hold, "BGP session established");
-    status.send_modify(|s| {
-        s.state = State::Established;
-        s.established_since = Some(Instant::now());
-        s.last_error = None;
-        s.counters = counters.clone();
-    });
+    }
+}
 
-    // The whole table, then End-of-RIB for each family.
-    let mut sent = Routes::new();
-    announce(&session, &mut sent, routes, connection, status, counters).await?;
-    for family in &families {
-        connection
-            .send(&Message::Update(Update::end_of_rib(*family)))
-            .await?;
-        counters.updates_sent += 1;
+/// Tells the router its hold timer expired; the error that ends the session.
+async fn hold_timer_expired(
+    connection: &mut Connection,
+    counters: &mut Counters,
+    hold: Duration,
+) -> Error {
+    let notification = Notification {
+        code: codes::HOLD_TIMER_EXPIRED,
+        subcode: 0,
+        data: vec![],
+    };
+    connection.notify(notification, counters).await;
+    Error::HoldTimerExpired {
+        peer: connection.peer,
+        hold,
+    }
+}
+
+/// Tells the router its `message` does not belong in `state` (a finite state machine error with
+/// `subcode`, RFC 6608); the error that ends the session.
+async fn unexpected(
+    connection: &mut Connection,
+    counters: &mut Counters,
+    subcode: u8,
+    message: &'static str,
+    state: State,
+) -> Error {
+    let notification = Notification {
+        code: codes::FSM,
+        subcode,
+        data: vec![],
+    };
+    connection.notify(notification, counters).await;
+    Error::Unexpected {
+        peer: connection.peer,
+        message,
+        state: state.name(),
+    }
+}
+
+/// Counts the router's NOTIFICATION; the error that ends the session.
+fn notified(peer: SocketAddr, notification: Notification, counters: &mut Counters) -> Error {
+    counters.notifications_received += 1;
+    Error::Notified { peer, notification }
+}
+
+/// Puts the counters in the status when they changed (so that watchers wake only then).
+fn publish_counters(status: &watch::Sender<PeerStatus>, counters: &Counters) {
+    status.send_if_modified(|s| {
+        let changed = s.counters != *counters;
+        if changed {
+            s.counters = counters.clone();
+        }
+        changed
+    });
+}
+
+/// Sends the End-of-RIB marker of `family` (RFC 4724 §2).
+async fn send_end_of_rib(
+    connection: &mut Connection,
+    family: Family,
+    counters: &mut Counters,
+) -> Result<(), Error> {
+    connection
+        .send(&Message::Update(Update::end_of_rib(family)))
+        .await?;
+    counters.updates_sent += 1;
+    Ok(())
+}
+
+/// An established session: what it carries and how, the routes the router has from us, the hold
+/// time in force.
+struct Established {
+    session: Session,
+    sent: Routes,
+    hold: Duration,
+}
+
+impl Established {
+    /// Sends the whole table, then End-of-RIB for each family.
+    async fn announce_whole_table(
+        &mut self,
+        connection: &mut Connection,
+        routes: &mut watch::Receiver<Routes>,
+        status: &watch::Sender<PeerStatus>,
+        counters: &mut Counters,
+    ) -> Result<(), Error> {
+        announce(
+            &self.session,
+            &mut self.sent,
+            routes,
+            connection,
+            status,
+            counters,
+        )
+        .await?;
+        for family in &self.session.families {
+            send_end_of_rib(connection, *family, counters).await?;
+        }
+        Ok(())
     }
 
-    let keepalive_every = if hold.is_zero() {
-        Duration::MAX
-    } else {
-        hold / 3
-    };
-    let mut next_keepalive = Instant::now() + keepalive_every.min(Duration::from_secs(86400));
-    let mut routes_open = true;
-    deadline = Instant::now() + hold;
-    // BFD failures before this session do not end it; one while it runs does (RFC 5882 §3.2).
-    let bfd_failures = bfd
-        .as_mut()
-        .map_or(0, |bfd| bfd.borrow_and_update().failures);
-    loop {
-        status.send_if_modified(|s| {
-            let changed = s.counters != *counters;
-            if changed {
-                s.counters = counters.clone();
-            }
-            changed
-        });
-        tokio::select! {
-            _ = stop.cancelled() => return stopping(connection, stop, counters).await,
-            changed = routes.changed(), if routes_open => {
-                if changed.is_err() {
-                    // Nobody will change the routes any more: keep announcing the last ones.
-                    routes_open = false;
-                    continue;
+    /// Keeps the session until it fails or `stop`: announces the routes as they change, sends
+    /// KEEPALIVEs, minds the hold timer and BFD, and answers the router's messages.
+    async fn keep_up(
+        &mut self,
+        connection: &mut Connection,
+        routes: &mut watch::Receiver<Routes>,
+        status: &watch::Sender<PeerStatus>,
+        stop: &Stop,
+        mut bfd: Option<watch::Receiver<BfdStatus>>,
+        counters: &mut Counters,
+    ) -> Result<Ended, Error> {
+        let peer = connection.peer;
+        let hold = self.hold;
+        let keepalive_every = if hold.is_zero() {
+            Duration::MAX
+        } else {
+            hold / 3
+        };
+        let mut next_keepalive = Instant::now() + keepalive_every.min(Duration::from_secs(86400));
+        let mut routes_open = true;
+        let mut deadline = Instant::now() + hold;
+        // BFD failures before this session do not end it; one while it runs does (RFC 5882 §3.2).
+        let bfd_failures = bfd
+            .as_mut()
+            .map_or(0, |bfd| bfd.borrow_and_update().failures);
+        loop {
+            publish_counters(status, counters);
+            tokio::select! {
+                _ = stop.cancelled() => return stopping(connection, stop, counters).await,
+                changed = routes.changed(), if routes_open => {
+                    if changed.is_err() {
+                        // Nobody will change the routes any more: keep announcing the last ones.
+                        routes_open = false;
+                        continue;
+                    }
+                    announce(&self.session, &mut self.sent, routes, connection, status, counters).await?;
                 }
-                announce(&session, &mut sent, routes, connection, status, counters).await?;
-            }
-            _ = sleep_until(next_keepalive), if !hold.is_zero() => {
-                connection.send(&Message::Keepalive).await?;
-                next_keepalive = Instant::now() + keepalive_every;
-            }
-            _ = sleep_until(deadline), if !hold.is_zero() => {
-                connection.notify(Notification { code: codes::HOLD_TIMER_EXPIRED, subcode: 0, data: vec![] }, counters).await;
-                return Err(Error::HoldTimerExpired { peer, hold });
-            }
-            Some(bfd) = bfd_changed(&mut bfd) => {
-                if bfd.failures > bfd_failures {
-                    connection.notify(Notification::cease(codes::cease::BFD_DOWN), counters).await;
-                    return Err(Error::BfdDown { peer, diagnostic: bfd.diagnostic });
+                _ = sleep_until(next_keepalive), if !hold.is_zero() => {
+                    connection.send(&Message::Keepalive).await?;
+                    next_keepalive = Instant::now() + keepalive_every;
                 }
-            }
-            message = connection.next(counters) => {
-                deadline = Instant::now() + hold;
-                match message? {
-                    Message::Keepalive => {}
-                    Message::Update(_) => counters.updates_received += 1,
-                    Message::RouteRefresh(family) => {
-                        debug!(%peer, %family, "route refresh");
-                        counters.route_refreshes += 1;
-                        let of_family: Routes =
-                            sent.iter().filter(|(p, _)| Family::of(p) == family).map(|(p, a)| (*p, a.clone())).collect();
-                        for update in session.plan(&Routes::new(), &of_family) {
-                            connection.send(&Message::Update(update)).await?;
-                            counters.updates_sent += 1;
-                        }
-                        if families.contains(&family) {
-                            connection.send(&Message::Update(Update::end_of_rib(family))).await?;
-                            counters.updates_sent += 1;
-                        }
+                _ = sleep_until(deadline), if !hold.is_zero() => {
+                    return Err(hold_timer_expired(connection, counters, hold).await);
+                }
+                Some(bfd) = bfd_changed(&mut bfd) => {
+                    if bfd.failures > bfd_failures {
+                        connection.notify(Notification::cease(codes::cease::BFD_DOWN), counters).await;
+                        return Err(Error::BfdDown { peer, diagnostic: bfd.diagnostic });
                     }
-                    Message::Notification(notification) => {
-                        counters.notifications_received += 1;
-                        return Err(Error::Notified { peer, notification });
-                    }
-                    Message::Open(_) => {
-                        connection.notify(Notification { code: codes::FSM, subcode: 3, data: vec![] }, counters).await;
-                        return Err(Error::Unexpected { peer, message: "OPEN", state: State::Established.name() });
-                    }
+                }
+                message = connection.next(counters) => {
+                    deadline = Instant::now() + hold;
+                    self.answer(message?, connection, counters).await?;
                 }
             }
         }
+    }
+
+    /// Takes a message from the router: KEEPALIVEs only count for the hold timer, UPDATEs are
+    /// counted and not used, a ROUTE-REFRESH is answered; a NOTIFICATION or an OPEN ends the session.
+    async fn answer(
+        &self,
+        message: Message,
+        connection: &mut Connection,
+        counters: &mut Counters,
+    ) -> Result<(), Error> {
+        match message {
+            Message::Keepalive => Ok(()),
+            Message::Update(_) => {
+                counters.updates_received += 1;
+                Ok(())
+            }
+            Message::RouteRefresh(family) => self.refresh(family, connection, counters).await,
+            Message::Notification(notification) => {
+                Err(notified(connection.peer, notification, counters))
+            }
+            Message::Open(_) => {
+                Err(unexpected(connection, counters, 3, "OPEN", State::Established).await)
+            }
+        }
+    }
+
+    /// Answers a ROUTE-REFRESH (RFC 2918): the routes of `family` the router has from us, again,
+    /// then the family's End-of-RIB if the session carries it.
+    async fn refresh(
+        &self,
+        family: Family,
+        connection: &mut Connection,
+        counters: &mut Counters,
+    ) -> Result<(), Error> {
+        debug!(peer = %connection.peer, %family, "route refresh");
+        counters.route_refreshes += 1;
+        let of_family: Routes = self
+            .sent
+            .iter()
+            .filter(|(p, _)| Family::of(p) == family)
+            .map(|(p, a)| (*p, a.clone()))
+            .collect();
+        for update in self.session.plan(&Routes::new(), &of_family) {
+            connection.send(&Message::Update(update)).await?;
+            counters.updates_sent += 1;
+        }
+        if self.session.families.contains(&family) {
+            send_end_of_rib(connection, family, counters).await?;
+        }
+        Ok(())
     }
 }
 
@@ -693,4 +902,53 @@ async fn announce(
         s.counters = counters.clone();
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> PeerConfig {
+        PeerConfig::new(
+            "192.0.2.1".parse().unwrap(),
+            64512,
+            64513,
+            Ipv4Addr::new(192, 0, 2, 2),
+        )
+    }
+
+    #[test]
+    fn the_families_are_those_both_sides_announced_in_our_order() {
+        let ours = our_open(&config(), false);
+        let mut theirs = our_open(&config(), false);
+        theirs.capabilities = vec![
+            Capability::Multiprotocol(Family::IPV6_UNICAST),
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+        ];
+        assert_eq!(
+            common_families(&ours, &theirs),
+            vec![Family::IPV4_UNICAST, Family::IPV6_UNICAST]
+        );
+        // No multiprotocol capability: IPv4 unicast only (RFC 4760 §8).
+        theirs.capabilities.clear();
+        assert_eq!(common_families(&ours, &theirs), vec![Family::IPV4_UNICAST]);
+    }
+
+    #[test]
+    fn a_next_hop_is_the_connections_address_of_its_family_unless_configured() {
+        let local: IpAddr = "192.0.2.2".parse().unwrap();
+        let session = session_over(&config(), local, Context::default(), vec![]);
+        assert_eq!(session.next_hop_v4, Some(Ipv4Addr::new(192, 0, 2, 2)));
+        assert_eq!(session.next_hop_v6, None);
+        assert!(session.external);
+        let v6: std::net::Ipv6Addr = "2001:db8::2".parse().unwrap();
+        let configured = PeerConfig {
+            next_hop_v4: Some(Ipv4Addr::new(192, 0, 2, 9)),
+            next_hop_v6: Some(v6),
+            ..config()
+        };
+        let session = session_over(&configured, local, Context::default(), vec![]);
+        assert_eq!(session.next_hop_v4, Some(Ipv4Addr::new(192, 0, 2, 9)));
+        assert_eq!(session.next_hop_v6, Some(v6));
+    }
 }
