@@ -585,61 +585,13 @@ async fn run(
                 next_send = Instant::now() + jittered(interval, multiplier);
             }
         }
-        if let Some(Change { from, to }) = change {
-            if to == BfdState::Up {
-                info!(detection_time = ?machine.detection_time(), "BFD session Up");
-            } else if from == BfdState::Up {
-                warn!(diagnostic = %machine.diagnostic, "BFD session {to} (was Up)");
-            } else {
-                debug!(%from, %to, "BFD session state");
-            }
+        if let Some(change) = change {
+            log_change(&machine, change);
         }
+        let counts = Counts { received, sent };
+        let endpoints = local.zip(peer);
         status.send_if_modified(|s| {
-            let next = BfdStatus {
-                state: machine.state,
-                remote_state: machine.remote_state,
-                diagnostic: machine.diagnostic,
-                up_since: match change {
-                    Some(Change {
-                        to: BfdState::Up, ..
-                    }) => Some(Instant::now()),
-                    Some(_) => None,
-                    None => s.up_since,
-                },
-                remote_admin_down: machine.remote_state == BfdState::AdminDown,
-                up_events: s.up_events
-                    + u64::from(matches!(
-                        change,
-                        Some(Change {
-                            to: BfdState::Up,
-                            ..
-                        })
-                    )),
-                down_events: s.down_events
-                    + u64::from(matches!(
-                        change,
-                        Some(Change {
-                            from: BfdState::Up,
-                            ..
-                        })
-                    )),
-                failures: s.failures
-                    + u64::from(
-                        matches!(
-                            change,
-                            Some(Change {
-                                from: BfdState::Up,
-                                ..
-                            })
-                        ) && machine.remote_state != BfdState::AdminDown,
-                    ),
-                packets_received: received,
-                packets_sent: sent,
-                detection_time: (machine.state == BfdState::Up).then(|| machine.detection_time()),
-                resume: local
-                    .zip(peer)
-                    .and_then(|(local, peer)| machine.resume(local, peer)),
-            };
+            let next = next_status(s, &machine, change, counts, endpoints);
             let changed = *s != next;
             *s = next;
             changed
@@ -649,7 +601,80 @@ async fn run(
         debug!("BFD session handed over: stopped without a word");
         return;
     }
-    // §6.8.16: AdminDown, said a few times a transmit interval apart (at most 100 ms).
+    say_admin_down(&socket, &mut machine, &mut sent).await;
+    status.send_modify(|s| {
+        s.state = BfdState::AdminDown;
+        s.up_since = None;
+        s.packets_sent = sent;
+    });
+}
+
+/// Logs a change of the session's state: coming Up and leaving Up louder than the rest.
+fn log_change(machine: &Machine, Change { from, to }: Change) {
+    if to == BfdState::Up {
+        info!(detection_time = ?machine.detection_time(), "BFD session Up");
+    } else if from == BfdState::Up {
+        warn!(diagnostic = %machine.diagnostic, "BFD session {to} (was Up)");
+    } else {
+        debug!(%from, %to, "BFD session state");
+    }
+}
+
+/// The control packets a session received and sent so far.
+#[derive(Clone, Copy)]
+struct Counts {
+    received: u64,
+    sent: u64,
+}
+
+/// The session's status after a turn of its loop: `previous` with the machine's state, the `change`
+/// counted, and, while Up, what a successor needs to take over from `endpoints` (our address and
+/// port, the router's address).
+fn next_status(
+    previous: &BfdStatus,
+    machine: &Machine,
+    change: Option<Change>,
+    counts: Counts,
+    endpoints: Option<(SocketAddr, IpAddr)>,
+) -> BfdStatus {
+    let came_up = matches!(
+        change,
+        Some(Change {
+            to: BfdState::Up,
+            ..
+        })
+    );
+    let went_down = matches!(
+        change,
+        Some(Change {
+            from: BfdState::Up,
+            ..
+        })
+    );
+    let remote_admin_down = machine.remote_state == BfdState::AdminDown;
+    BfdStatus {
+        state: machine.state,
+        remote_state: machine.remote_state,
+        diagnostic: machine.diagnostic,
+        up_since: match change {
+            Some(_) if came_up => Some(Instant::now()),
+            Some(_) => None,
+            None => previous.up_since,
+        },
+        remote_admin_down,
+        up_events: previous.up_events + u64::from(came_up),
+        down_events: previous.down_events + u64::from(went_down),
+        failures: previous.failures + u64::from(went_down && !remote_admin_down),
+        packets_received: counts.received,
+        packets_sent: counts.sent,
+        detection_time: (machine.state == BfdState::Up).then(|| machine.detection_time()),
+        resume: endpoints.and_then(|(local, peer)| machine.resume(local, peer)),
+    }
+}
+
+/// Says AdminDown as the session stops (§6.8.16): a few packets, a transmit interval apart (at
+/// most 100 ms).
+async fn say_admin_down(socket: &UdpSocket, machine: &mut Machine, sent: &mut u64) {
     machine.admin_down();
     let gap = machine
         .transmit_interval()
@@ -659,13 +684,8 @@ async fn run(
         if n > 0 {
             tokio::time::sleep(gap).await;
         }
-        send(&socket, &mut machine, &mut sent).await;
+        send(socket, machine, sent).await;
     }
-    status.send_modify(|s| {
-        s.state = BfdState::AdminDown;
-        s.up_since = None;
-        s.packets_sent = sent;
-    });
 }
 
 async fn send(socket: &UdpSocket, machine: &mut Machine, sent: &mut u64) {
@@ -679,4 +699,50 @@ async fn send(socket: &UdpSocket, machine: &mut Machine, sent: &mut u64) {
 
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(86400)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn going_down_from_up_is_a_failure_unless_the_router_said_admin_down() {
+        let counts = Counts {
+            received: 2,
+            sent: 3,
+        };
+        let mut machine = Machine::new(BfdProfile::default(), 1);
+        machine.state = BfdState::Up;
+        let came_up = Some(Change {
+            from: BfdState::Init,
+            to: BfdState::Up,
+        });
+        let up = next_status(&BfdStatus::default(), &machine, came_up, counts, None);
+        assert!(up.up_since.is_some());
+        assert_eq!((up.up_events, up.down_events, up.failures), (1, 0, 0));
+        assert_eq!((up.packets_received, up.packets_sent), (2, 3));
+        assert_eq!(
+            next_status(&up, &machine, None, counts, None).up_since,
+            up.up_since
+        );
+
+        machine.state = BfdState::Down;
+        let went_down = Some(Change {
+            from: BfdState::Up,
+            to: BfdState::Down,
+        });
+        let failed = next_status(&up, &machine, went_down, counts, None);
+        assert_eq!(failed.up_since, None);
+        assert_eq!(
+            (failed.up_events, failed.down_events, failed.failures),
+            (1, 1, 1)
+        );
+        machine.remote_state = BfdState::AdminDown;
+        let stopped = next_status(&up, &machine, went_down, counts, None);
+        assert!(stopped.remote_admin_down);
+        assert_eq!(
+            (stopped.up_events, stopped.down_events, stopped.failures),
+            (1, 1, 0)
+        );
+    }
 }
