@@ -23,7 +23,7 @@ use super::{
     announcer::Announcer,
     bgp::{BgpAnnouncer, Speaker},
     heartbeat,
-    judge::{Judge, Signals},
+    judge::{Judge, Judgement, Signals},
     membership::Membership,
     plan::{self, Served, node_unfit, nodes_with_ready_endpoints},
     wake,
@@ -211,35 +211,91 @@ impl Agent {
         let config = self.cloud.config();
         let leases = mirrors.leases.state();
         let nodes = mirrors.nodes.state();
-        let (services, slices) = (&mirrors.services, &mirrors.slices);
         let (signals, membership_wake) =
             self.signals(&leases, lease_alive, &nodes, self_fresh, now);
         let judgement = self.judge.judge(&signals);
-        if judgement.fenced_because != self.fenced {
-            match &judgement.fenced_because {
-                Some(why) => tracing::warn!(%why, "this node stops announcing"),
-                None => tracing::info!(
-                    by_membership = judgement.by_membership,
-                    "this node may announce again"
-                ),
-            }
-            self.fenced = judgement.fenced_because.clone();
-            self.metrics.fenced.set(i64::from(self.fenced.is_some()));
-        }
-        let alive = &judgement.alive;
+        self.note_fencing(&judgement);
+        let serving = self.serving_nodes(&nodes, &signals, &judgement, &config);
+        let candidates: BTreeSet<String> = serving
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .filter(|n| judgement.alive.contains(n))
+            .collect();
+        let slices = mirrors.slices.state();
+        let served: Vec<Served> = mirrors
+            .services
+            .state()
+            .into_iter()
+            .filter_map(|s| self.served(s, &config, &slices))
+            .collect();
+        let plan = self.plan(&served, &candidates, &nodes, &config);
+        let backends: Vec<(String, Vec<IpAddr>)> = serving
+            .iter()
+            .filter_map(|n| self.cloud.backend_addresses(&config, n))
+            .collect();
         let me = self.settings.node_name.as_str();
-        let heard = signals.members.unwrap_or_default();
-        // A node whose agent speaks membership and was declared down is taken for unreachable: no
-        // candidate, and no backend either (a dead node's first health check would hold the new
-        // announcer's data plane for the check's whole timeout). A crashed agent takes its node out of
-        // the backends for as long as it is down.
+        let my_node = nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(me));
+        // The BGP sessions of the peers that select this node first, so that the announcements'
+        // events name them; their routes after, once the data plane serves.
+        if let Some((speaker, _)) = &mut self.speaker {
+            let labels = my_node
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default();
+            speaker.select(&config, &labels).await;
+        }
+        // This node's own Node says it is to leave the load balancers (not a failure: it still runs and
+        // hears its peers), so its VIPs are handed over make-before-break.
+        let leaving_on_purpose =
+            self.fenced.is_none() && my_node.and_then(|n| plan::leaving_on_purpose(n)).is_some();
+        self.converge(&plan, &served, &config, &backends, now, leaving_on_purpose)
+            .await;
+        self.advertise_routes(&config);
+        self.metrics.set_announced(self.announced.keys());
+        let retry = self.retry_at.values().min().copied();
+        let left = self.leaving.values().min().copied();
+        [retry, membership_wake, left].into_iter().flatten().min()
+    }
+
+    /// Logs and counts a change of the judge's fencing of this node.
+    fn note_fencing(&mut self, judgement: &Judgement) {
+        if judgement.fenced_because == self.fenced {
+            return;
+        }
+        match &judgement.fenced_because {
+            Some(why) => tracing::warn!(%why, "this node stops announcing"),
+            None => tracing::info!(
+                by_membership = judgement.by_membership,
+                "this node may announce again"
+            ),
+        }
+        self.fenced = judgement.fenced_because.clone();
+        self.metrics.fenced.set(i64::from(self.fenced.is_some()));
+    }
+
+    /// The nodes that may serve: fit, with backend addresses, and not declared down by the membership
+    /// protocol. A node whose agent speaks membership and was declared down is taken for unreachable: no
+    /// candidate, and no backend either (a dead node's first health check would hold the new
+    /// announcer's data plane for the check's whole timeout). A crashed agent takes its node out of
+    /// the backends for as long as it is down.
+    fn serving_nodes<'n>(
+        &self,
+        nodes: &'n [Arc<Node>],
+        signals: &Signals,
+        judgement: &Judgement,
+        config: &Config,
+    ) -> Vec<&'n Arc<Node>> {
+        let me = self.settings.node_name.as_str();
+        let no_one = BTreeSet::new();
+        let heard = signals.members.as_ref().unwrap_or(&no_one);
         let declared_down = |name: &str| {
             judgement.by_membership
                 && name != me
                 && signals.speaks_membership.contains(name)
                 && !heard.contains(name)
         };
-        let serving: Vec<&Arc<Node>> = nodes
+        nodes
             .iter()
             .filter(|n| {
                 let name = n.metadata.name.as_deref().unwrap_or_default();
@@ -248,20 +304,19 @@ impl Agent {
                 let agent_heard = heard.contains(name) || (name == me && judgement.by_membership);
                 !declared_down(name) && node_unfit(n, agent_heard).is_none()
             })
-            .filter(|n| self.cloud.backend_addresses(&config, n).is_some())
-            .collect();
-        let candidates: BTreeSet<String> = serving
-            .iter()
-            .filter_map(|n| n.metadata.name.clone())
-            .filter(|n| alive.contains(n))
-            .collect();
-        let slices = slices.state();
-        let served: Vec<Served> = services
-            .state()
-            .into_iter()
-            .filter_map(|s| self.served(s, &config, &slices))
-            .collect();
-        let routed = |ip: IpAddr| self.is_routed(ip, &config);
+            .filter(|n| self.cloud.backend_addresses(config, n).is_some())
+            .collect()
+    }
+
+    /// Which node announces each served VIP ([`plan::plan`]), among `candidates`, as the pools'
+    /// announcing ways and node selectors allow.
+    fn plan(
+        &self,
+        served: &[Served],
+        candidates: &BTreeSet<String>,
+        nodes: &[Arc<Node>],
+        config: &Config,
+    ) -> plan::Plan {
         let labels_of: BTreeMap<&str, &BTreeMap<String, String>> = nodes
             .iter()
             .filter_map(|n| Some((n.metadata.name.as_deref()?, n.metadata.labels.as_ref()?)))
@@ -277,50 +332,25 @@ impl Agent {
                 .pool_of(vip)
                 .is_some_and(|pool| pool.metallb_election)
         };
-        let plan = plan::plan(
-            me,
-            &served,
-            &candidates,
-            routed,
+        plan::plan(
+            self.settings.node_name.as_str(),
+            served,
+            candidates,
+            |ip| self.is_routed(ip, config),
             may_announce,
             metallb_election,
-        );
-        let backends: Vec<(String, Vec<IpAddr>)> = serving
-            .iter()
-            .filter_map(|n| self.cloud.backend_addresses(&config, n))
-            .collect();
-        // The BGP sessions of the peers that select this node first, so that the announcements'
-        // events name them; their routes after, once the data plane serves.
-        if let Some((speaker, _)) = &mut self.speaker {
-            let me = self.settings.node_name.as_str();
-            let labels = nodes
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(me))
-                .and_then(|n| n.metadata.labels.clone())
-                .unwrap_or_default();
-            speaker.select(&config, &labels).await;
-        }
-        // This node's own Node says it is to leave the load balancers (not a failure: it still runs and
-        // hears its peers), so its VIPs are handed over make-before-break.
-        let leaving_on_purpose = self.fenced.is_none()
-            && nodes
-                .iter()
-                .find(|n| n.metadata.name.as_deref() == Some(me))
-                .and_then(|n| plan::leaving_on_purpose(n))
-                .is_some();
-        self.converge(&plan, &served, &config, &backends, now, leaving_on_purpose)
-            .await;
+        )
+    }
+
+    /// Advertises this node's routed VIPs to its BGP peers, recording the peers' events on the node.
+    fn advertise_routes(&mut self, config: &Config) {
         if let Some((speaker, vips)) = &mut self.speaker {
             let vips = vips.borrow().clone();
             let (cloud, node) = (&self.cloud, self.settings.node_name.as_str());
-            speaker.advertise(&config, &vips, |type_, reason, note| {
+            speaker.advertise(config, &vips, |type_, reason, note| {
                 cloud.record_event(type_, CloudEvent::about_node(node, reason, "Peer"), note);
             });
         }
-        self.metrics.set_announced(self.announced.keys());
-        let retry = self.retry_at.values().min().copied();
-        let left = self.leaving.values().min().copied();
-        [retry, membership_wake, left].into_iter().flatten().min()
     }
 
     /// What the Leases and the membership protocol say, for the [`Judge`]; asks the peers that speak

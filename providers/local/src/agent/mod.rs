@@ -46,7 +46,7 @@ use kube::Client;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, LocalCloud, instances::lock};
+use crate::{Error, LocalCloud};
 
 use self::look::Agent;
 
@@ -66,87 +66,24 @@ pub async fn run(
 ) -> Result<(), Error> {
     settings.check()?;
     start::check_cloud(&cloud, &settings)?;
-    // First of all, before the kubelet's first probe can make this pod ready: is an agent running on
-    // this node, which this one replaces (a rolling update)?
-    let (mut point, replacing) = start::open_handover(&settings)?;
-    *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
-    let supervisor = cloud_provider::Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
-    health.watch_tasks(supervisor.clone());
     let changed = Arc::new(Notify::new());
-    // MetalLB's pools and peers, when read, before the VIPs an earlier run left are looked at. The
-    // manager reports the objects refused; the agents only read them.
-    crate::metallb::watch::start(
-        &cloud,
-        client.clone(),
-        &supervisor,
-        false,
-        Some(changed.clone()),
+    let Some(started) = start::start(
+        &cloud, &client, &settings, &metrics, &health, &changed, &shutdown,
     )
-    .await?;
-    let (mirrors, lease_view) = watches::start(&client, &settings, &changed, &health);
-    let membership_settings = match &settings.membership {
-        None => {
-            tracing::warn!(
-                "membership is off (no --membership-key-file): this node stops announcing when its \
-                 heartbeat cannot be renewed, as while the API server is unreachable"
-            );
-            None
-        }
-        Some(flags) => {
-            Some(own_node::membership_settings(&client, &settings.node_name, flags).await?)
-        }
+    .await?
+    else {
+        return Ok(());
     };
-    let interface = match &settings.interface {
-        Some(interface) => interface.clone(),
-        None => own_node::node_interface(&client, &settings.node_name).await?,
-    };
-    let mut handed = handover::Handed::default();
-    let mut took_over = false;
-    if let Some(predecessor) = replacing {
-        match start::take_over(predecessor, &mirrors, &metrics, &shutdown).await {
-            start::Succession::Stopped => return Ok(()),
-            start::Succession::Received(received) => {
-                handed = received;
-                took_over = true;
-            }
-            start::Succession::Afresh => {}
-        }
-        if let Some(path) = &settings.handover_socket {
-            point = Some(handover::Point::bind(path)?);
-        }
-    }
-    cloud
-        .inner
-        .data_plane
-        .inherit(std::mem::take(&mut handed.listeners));
-    let membership = start::start_membership(
-        &settings,
-        membership_settings,
-        &metrics,
-        &changed,
-        handed.membership.take(),
-    )
-    .await?;
-    let (beating, renewed) = start::start_heartbeat(
-        &client,
-        &settings,
-        membership.as_ref(),
-        &changed,
-        &metrics,
-        &shutdown,
-    )
-    .await?;
-    let announcers = start::announcers(
-        &cloud,
-        &client,
-        &settings,
-        &interface,
-        took_over,
-        &metrics,
-        std::mem::take(&mut handed.bfd),
-    )
-    .await?;
-
+    let start::Started {
+        mirrors,
+        lease_view,
+        membership,
+        beating,
+        renewed,
+        announcers,
+        interface,
+        mut point,
+    } = started;
     tokio::select! {
         () = shutdown.cancelled() => {}
         () = mirrors.ready() => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),

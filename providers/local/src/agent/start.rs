@@ -15,16 +15,18 @@ use tokio::{sync::Notify, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AgentMetrics, AgentSettings,
+    AgentHealth, AgentMetrics, AgentSettings,
     announcer::Announcer,
     bgp::{BgpAnnouncer, Speaker},
     handover,
-    heartbeat::{Heartbeat, beat},
+    heartbeat::{Heartbeat, LeaseView, beat},
     membership::{Membership, MembershipSettings},
-    own_node::node_internal_ip,
-    watches::Mirrors,
+    own_node::{self, node_internal_ip},
+    watches::{self, Mirrors},
 };
-use crate::{Announce, Error, LoadBalancerMode, LocalCloud, addresses::AddressManager};
+use crate::{
+    Announce, Error, LoadBalancerMode, LocalCloud, addresses::AddressManager, instances::lock,
+};
 
 /// Refuses a cloud-config the agents do not serve (leader mode), and heartbeats where the manager does
 /// not look for them.
@@ -52,6 +54,102 @@ pub(super) fn check_cloud(cloud: &LocalCloud, settings: &AgentSettings) -> Resul
         });
     }
     Ok(())
+}
+
+/// What [`start`] started, for the agent to run with.
+pub(super) struct Started {
+    pub(super) mirrors: Mirrors,
+    pub(super) lease_view: Arc<Mutex<LeaseView>>,
+    pub(super) membership: Option<Membership>,
+    pub(super) beating: JoinHandle<Heartbeat>,
+    pub(super) renewed: Arc<Mutex<Instant>>,
+    pub(super) announcers: Announcers,
+    /// The interface the VIPs go on.
+    pub(super) interface: String,
+    /// The hand-over point, for the agent that will replace this one.
+    pub(super) point: Option<handover::Point>,
+}
+
+/// Starts the agent's parts, phase by phase: the hand-over point, the watches (MetalLB's objects
+/// first), the hand-over from an agent this one replaces, the membership protocol, the heartbeat and
+/// the announcers. `None`: told to stop before any hand-over.
+pub(super) async fn start(
+    cloud: &LocalCloud,
+    client: &Client,
+    settings: &AgentSettings,
+    metrics: &AgentMetrics,
+    health: &AgentHealth,
+    changed: &Arc<Notify>,
+    shutdown: &CancellationToken,
+) -> Result<Option<Started>, Error> {
+    // First of all, before the kubelet's first probe can make this pod ready: is an agent running on
+    // this node, which this one replaces (a rolling update)?
+    let (mut point, replacing) = open_handover(settings)?;
+    *lock(&cloud.inner.reporter) = Some((client.clone(), tokio::runtime::Handle::current()));
+    let supervisor = cloud_provider::Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
+    health.watch_tasks(supervisor.clone());
+    // MetalLB's pools and peers, when read, before the VIPs an earlier run left are looked at. The
+    // manager reports the objects refused; the agents only read them.
+    crate::metallb::watch::start(
+        cloud,
+        client.clone(),
+        &supervisor,
+        false,
+        Some(changed.clone()),
+    )
+    .await?;
+    let (mirrors, lease_view) = watches::start(client, settings, changed, health);
+    let membership_settings = membership_settings(client, settings).await?;
+    let interface = match &settings.interface {
+        Some(interface) => interface.clone(),
+        None => own_node::node_interface(client, &settings.node_name).await?,
+    };
+    let Some((mut handed, took_over)) =
+        succeed(replacing, &mirrors, metrics, settings, shutdown, &mut point).await?
+    else {
+        return Ok(None);
+    };
+    cloud
+        .inner
+        .data_plane
+        .inherit(std::mem::take(&mut handed.listeners));
+    let membership = start_membership(
+        settings,
+        membership_settings,
+        metrics,
+        changed,
+        handed.membership.take(),
+    )
+    .await?;
+    let (beating, renewed) = start_heartbeat(
+        client,
+        settings,
+        membership.as_ref(),
+        changed,
+        metrics,
+        shutdown,
+    )
+    .await?;
+    let announcers = announcers(
+        cloud,
+        client,
+        settings,
+        &interface,
+        took_over,
+        metrics,
+        std::mem::take(&mut handed.bfd),
+    )
+    .await?;
+    Ok(Some(Started {
+        mirrors,
+        lease_view,
+        membership,
+        beating,
+        renewed,
+        announcers,
+        interface,
+        point,
+    }))
 }
 
 /// The hand-over point on this node (`--handover-socket`): bound when no agent runs here, else the
@@ -121,6 +219,51 @@ pub(super) async fn take_over(
             tracing::warn!(error = %err, "local-agent: the hand-over failed: starting afresh");
             Succession::Afresh
         }
+    }
+}
+
+/// The hand-over from the agent this one replaces, if any, and whether it took the node's VIPs over;
+/// `None` when this agent was told to stop first. A successor binds the hand-over point once its
+/// predecessor is gone, for the agent that will replace it in turn.
+pub(super) async fn succeed(
+    replacing: Option<handover::Predecessor>,
+    mirrors: &Mirrors,
+    metrics: &AgentMetrics,
+    settings: &AgentSettings,
+    shutdown: &CancellationToken,
+    point: &mut Option<handover::Point>,
+) -> Result<Option<(handover::Handed, bool)>, Error> {
+    let Some(predecessor) = replacing else {
+        return Ok(Some((handover::Handed::default(), false)));
+    };
+    let succession = match take_over(predecessor, mirrors, metrics, shutdown).await {
+        Succession::Stopped => return Ok(None),
+        Succession::Received(received) => (received, true),
+        Succession::Afresh => (handover::Handed::default(), false),
+    };
+    if let Some(path) = &settings.handover_socket {
+        *point = Some(handover::Point::bind(path)?);
+    }
+    Ok(Some(succession))
+}
+
+/// The membership protocol's settings (`--membership-key-file` and this node's InternalIP); `None`,
+/// with a warning, when membership is off.
+pub(super) async fn membership_settings(
+    client: &Client,
+    settings: &AgentSettings,
+) -> Result<Option<MembershipSettings>, Error> {
+    match &settings.membership {
+        None => {
+            tracing::warn!(
+                "membership is off (no --membership-key-file): this node stops announcing when its \
+                 heartbeat cannot be renewed, as while the API server is unreachable"
+            );
+            Ok(None)
+        }
+        Some(flags) => Ok(Some(
+            own_node::membership_settings(client, &settings.node_name, flags).await?,
+        )),
     }
 }
 
