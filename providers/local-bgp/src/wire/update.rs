@@ -150,28 +150,22 @@ impl Update {
     }
 
     pub(super) fn decode(body: &[u8], context: Context) -> Result<Update, Malformed> {
-        let list = |reason: String| {
-            Malformed::new(
-                codes::UPDATE,
-                codes::update::MALFORMED_ATTRIBUTE_LIST,
-                Vec::new(),
-                reason,
-            )
-        };
         let withdrawn_len = usize::from(u16::from_be_bytes([body[0], body[1]]));
         let Some(withdrawn) = body.get(2..2 + withdrawn_len) else {
-            return Err(list(format!(
+            return Err(malformed_attribute_list(format!(
                 "an UPDATE says {withdrawn_len} bytes of withdrawn routes and has {}",
                 body.len() - 2
             )));
         };
         let rest = &body[2 + withdrawn_len..];
         if rest.len() < 2 {
-            return Err(list("an UPDATE without its path attributes' length".into()));
+            return Err(malformed_attribute_list(
+                "an UPDATE without its path attributes' length".into(),
+            ));
         }
         let attributes_len = usize::from(u16::from_be_bytes([rest[0], rest[1]]));
         let Some(mut data) = rest.get(2..2 + attributes_len) else {
-            return Err(list(format!(
+            return Err(malformed_attribute_list(format!(
                 "an UPDATE says {attributes_len} bytes of path attributes and has {}",
                 rest.len() - 2
             )));
@@ -193,85 +187,8 @@ impl Update {
 
 impl Attribute {
     fn encode(&self, out: &mut Vec<u8>, context: Context) {
-        let mut value = Vec::new();
-        let (flags, code) = match self {
-            Attribute::Origin(origin) => {
-                value.push(*origin);
-                (flags::TRANSITIVE, ORIGIN)
-            }
-            Attribute::AsPath(segments) => {
-                put_segments(&mut value, segments, context.four_octet_as);
-                (flags::TRANSITIVE, AS_PATH)
-            }
-            Attribute::NextHop(address) => {
-                value.extend_from_slice(&address.octets());
-                (flags::TRANSITIVE, NEXT_HOP)
-            }
-            Attribute::Med(med) => {
-                value.extend_from_slice(&med.to_be_bytes());
-                (flags::OPTIONAL, MED)
-            }
-            Attribute::LocalPref(preference) => {
-                value.extend_from_slice(&preference.to_be_bytes());
-                (flags::TRANSITIVE, LOCAL_PREF)
-            }
-            Attribute::Communities(communities) => {
-                for community in communities {
-                    value.extend_from_slice(&community.to_be_bytes());
-                }
-                (flags::OPTIONAL | flags::TRANSITIVE, COMMUNITIES)
-            }
-            Attribute::MpReach {
-                family,
-                next_hops,
-                nlri,
-            } => {
-                value.extend_from_slice(&family.afi.to_be_bytes());
-                value.push(family.safi);
-                let at = value.len();
-                value.push(0);
-                for hop in next_hops {
-                    match hop {
-                        IpAddr::V4(v4) => value.extend_from_slice(&v4.octets()),
-                        IpAddr::V6(v6) => value.extend_from_slice(&v6.octets()),
-                    }
-                }
-                value[at] = (value.len() - at - 1) as u8;
-                value.push(0);
-                for prefix in nlri {
-                    put_prefix(&mut value, prefix);
-                }
-                (flags::OPTIONAL, MP_REACH_NLRI)
-            }
-            Attribute::MpUnreach { family, withdrawn } => {
-                value.extend_from_slice(&family.afi.to_be_bytes());
-                value.push(family.safi);
-                for prefix in withdrawn {
-                    put_prefix(&mut value, prefix);
-                }
-                (flags::OPTIONAL, MP_UNREACH_NLRI)
-            }
-            Attribute::As4Path(segments) => {
-                put_segments(&mut value, segments, true);
-                (flags::OPTIONAL | flags::TRANSITIVE, AS4_PATH)
-            }
-            Attribute::LargeCommunities(communities) => {
-                for community in communities {
-                    for part in community {
-                        value.extend_from_slice(&part.to_be_bytes());
-                    }
-                }
-                (flags::OPTIONAL | flags::TRANSITIVE, LARGE_COMMUNITY)
-            }
-            Attribute::Other {
-                flags,
-                code,
-                value: raw,
-            } => {
-                value.extend_from_slice(raw);
-                (*flags & !flags::EXTENDED_LENGTH, *code)
-            }
-        };
+        let (flags, code) = self.flags_and_code();
+        let value = self.value(context);
         if value.len() > 255 {
             out.push(flags | flags::EXTENDED_LENGTH);
             out.push(code);
@@ -284,33 +201,69 @@ impl Attribute {
         out.extend_from_slice(&value);
     }
 
+    /// The attribute's flags (without the extended length, which its value's length decides) and
+    /// type code.
+    fn flags_and_code(&self) -> (u8, u8) {
+        match self {
+            Attribute::Origin(_) => (flags::TRANSITIVE, ORIGIN),
+            Attribute::AsPath(_) => (flags::TRANSITIVE, AS_PATH),
+            Attribute::NextHop(_) => (flags::TRANSITIVE, NEXT_HOP),
+            Attribute::Med(_) => (flags::OPTIONAL, MED),
+            Attribute::LocalPref(_) => (flags::TRANSITIVE, LOCAL_PREF),
+            Attribute::Communities(_) => (flags::OPTIONAL | flags::TRANSITIVE, COMMUNITIES),
+            Attribute::MpReach { .. } => (flags::OPTIONAL, MP_REACH_NLRI),
+            Attribute::MpUnreach { .. } => (flags::OPTIONAL, MP_UNREACH_NLRI),
+            Attribute::As4Path(_) => (flags::OPTIONAL | flags::TRANSITIVE, AS4_PATH),
+            Attribute::LargeCommunities(_) => {
+                (flags::OPTIONAL | flags::TRANSITIVE, LARGE_COMMUNITY)
+            }
+            Attribute::Other { flags, code, .. } => (*flags & !flags::EXTENDED_LENGTH, *code),
+        }
+    }
+
+    /// The attribute's value as it goes on the wire.
+    fn value(&self, context: Context) -> Vec<u8> {
+        let mut value = Vec::new();
+        match self {
+            Attribute::Origin(origin) => value.push(*origin),
+            Attribute::AsPath(segments) => {
+                put_segments(&mut value, segments, context.four_octet_as);
+            }
+            Attribute::NextHop(address) => value.extend_from_slice(&address.octets()),
+            Attribute::Med(med) => value.extend_from_slice(&med.to_be_bytes()),
+            Attribute::LocalPref(preference) => value.extend_from_slice(&preference.to_be_bytes()),
+            Attribute::Communities(communities) => {
+                for community in communities {
+                    value.extend_from_slice(&community.to_be_bytes());
+                }
+            }
+            Attribute::MpReach {
+                family,
+                next_hops,
+                nlri,
+            } => put_mp_reach(&mut value, *family, next_hops, nlri),
+            Attribute::MpUnreach { family, withdrawn } => {
+                put_family(&mut value, *family);
+                for prefix in withdrawn {
+                    put_prefix(&mut value, prefix);
+                }
+            }
+            Attribute::As4Path(segments) => put_segments(&mut value, segments, true),
+            Attribute::LargeCommunities(communities) => {
+                for part in communities.iter().flatten() {
+                    value.extend_from_slice(&part.to_be_bytes());
+                }
+            }
+            Attribute::Other { value: raw, .. } => value.extend_from_slice(raw),
+        }
+        value
+    }
+
     /// Decodes the attribute at the start of `data`, and how many bytes it took.
     fn decode(data: &[u8], context: Context) -> Result<(Attribute, usize), Malformed> {
-        let list = |reason: String| {
-            Malformed::new(
-                codes::UPDATE,
-                codes::update::MALFORMED_ATTRIBUTE_LIST,
-                Vec::new(),
-                reason,
-            )
-        };
-        if data.len() < 3 {
-            return Err(list(format!(
-                "a path attribute cut short ({} bytes)",
-                data.len()
-            )));
-        }
-        let (flags, code) = (data[0], data[1]);
-        let (header, length) = if flags & flags::EXTENDED_LENGTH != 0 {
-            if data.len() < 4 {
-                return Err(list("a path attribute's extended length cut short".into()));
-            }
-            (4, usize::from(u16::from_be_bytes([data[2], data[3]])))
-        } else {
-            (3, usize::from(data[2]))
-        };
+        let (flags, code, header, length) = attribute_header(data)?;
         let Some(value) = data.get(header..header + length) else {
-            return Err(list(format!(
+            return Err(malformed_attribute_list(format!(
                 "path attribute {code} says {length} bytes and has {}",
                 data.len() - header
             )));
@@ -323,9 +276,6 @@ impl Attribute {
                 format!("path attribute {code} of {length} bytes"),
             )
         };
-        let u32_at = |at: usize| {
-            u32::from_be_bytes([value[at], value[at + 1], value[at + 2], value[at + 3]])
-        };
         let attribute = match code {
             ORIGIN if length == 1 => Attribute::Origin(value[0]),
             AS_PATH => {
@@ -335,52 +285,19 @@ impl Attribute {
             NEXT_HOP if length == 4 => {
                 Attribute::NextHop(Ipv4Addr::new(value[0], value[1], value[2], value[3]))
             }
-            MED if length == 4 => Attribute::Med(u32_at(0)),
-            LOCAL_PREF if length == 4 => Attribute::LocalPref(u32_at(0)),
+            MED if length == 4 => Attribute::Med(u32_at(value, 0)),
+            LOCAL_PREF if length == 4 => Attribute::LocalPref(u32_at(value, 0)),
             COMMUNITIES if length % 4 == 0 => {
-                Attribute::Communities((0..length / 4).map(|i| u32_at(i * 4)).collect())
+                Attribute::Communities((0..length / 4).map(|i| u32_at(value, i * 4)).collect())
             }
             LARGE_COMMUNITY if length % 12 == 0 => Attribute::LargeCommunities(
                 (0..length / 12)
-                    .map(|i| [u32_at(i * 12), u32_at(i * 12 + 4), u32_at(i * 12 + 8)])
+                    .map(|i| [0, 4, 8].map(|part| u32_at(value, i * 12 + part)))
                     .collect(),
             ),
-            MP_REACH_NLRI if length >= 5 && is_unicast(value) => {
-                let family = Family {
-                    afi: u16::from_be_bytes([value[0], value[1]]),
-                    safi: value[2],
-                };
-                let hops_len = usize::from(value[3]);
-                let Some(hops) = value.get(4..4 + hops_len) else {
-                    return Err(wrong_length());
-                };
-                let next_hops = match hops.len() {
-                    4 => vec![IpAddr::V4(Ipv4Addr::new(
-                        hops[0], hops[1], hops[2], hops[3],
-                    ))],
-                    16 | 32 => hops
-                        .chunks_exact(16)
-                        .map(|c| {
-                            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(c).unwrap_or_default()))
-                        })
-                        .collect(),
-                    _ => return Err(wrong_length()),
-                };
-                // One reserved byte after the next hops.
-                let Some(nlri) = value.get(5 + hops_len..) else {
-                    return Err(wrong_length());
-                };
-                Attribute::MpReach {
-                    family,
-                    next_hops,
-                    nlri: prefixes(nlri, family.afi, "MP_REACH_NLRI")?,
-                }
-            }
+            MP_REACH_NLRI if length >= 5 && is_unicast(value) => mp_reach(value, wrong_length)?,
             MP_UNREACH_NLRI if length >= 3 && is_unicast(value) => {
-                let family = Family {
-                    afi: u16::from_be_bytes([value[0], value[1]]),
-                    safi: value[2],
-                };
+                let family = family_at(value);
                 Attribute::MpUnreach {
                     family,
                     withdrawn: prefixes(&value[3..], family.afi, "MP_UNREACH_NLRI")?,
@@ -396,6 +313,112 @@ impl Attribute {
             },
         };
         Ok((attribute, header + length))
+    }
+}
+
+/// The error of an UPDATE whose parts do not add up (Malformed Attribute List).
+fn malformed_attribute_list(reason: String) -> Malformed {
+    Malformed::new(
+        codes::UPDATE,
+        codes::update::MALFORMED_ATTRIBUTE_LIST,
+        Vec::new(),
+        reason,
+    )
+}
+
+/// A path attribute's header at the start of `data`: its flags, its type code, the header's length
+/// (3, or 4 with an extended length) and the value's length.
+fn attribute_header(data: &[u8]) -> Result<(u8, u8, usize, usize), Malformed> {
+    if data.len() < 3 {
+        return Err(malformed_attribute_list(format!(
+            "a path attribute cut short ({} bytes)",
+            data.len()
+        )));
+    }
+    let (flags, code) = (data[0], data[1]);
+    if flags & flags::EXTENDED_LENGTH == 0 {
+        return Ok((flags, code, 3, usize::from(data[2])));
+    }
+    if data.len() < 4 {
+        return Err(malformed_attribute_list(
+            "a path attribute's extended length cut short".into(),
+        ));
+    }
+    Ok((
+        flags,
+        code,
+        4,
+        usize::from(u16::from_be_bytes([data[2], data[3]])),
+    ))
+}
+
+/// The 4-octet number at `at` in `value`.
+fn u32_at(value: &[u8], at: usize) -> u32 {
+    u32::from_be_bytes([value[at], value[at + 1], value[at + 2], value[at + 3]])
+}
+
+/// The family a multiprotocol attribute's value starts with (AFI, SAFI).
+fn family_at(value: &[u8]) -> Family {
+    Family {
+        afi: u16::from_be_bytes([value[0], value[1]]),
+        safi: value[2],
+    }
+}
+
+/// Puts a family as multiprotocol attributes carry it (AFI, SAFI).
+fn put_family(out: &mut Vec<u8>, family: Family) {
+    out.extend_from_slice(&family.afi.to_be_bytes());
+    out.push(family.safi);
+}
+
+/// Puts an MP_REACH_NLRI's value (RFC 4760 §3): the family, the next hops with their length, a
+/// reserved byte, the routes.
+fn put_mp_reach(out: &mut Vec<u8>, family: Family, next_hops: &[IpAddr], nlri: &[IpNet]) {
+    put_family(out, family);
+    let at = out.len();
+    out.push(0);
+    for hop in next_hops {
+        match hop {
+            IpAddr::V4(v4) => out.extend_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => out.extend_from_slice(&v6.octets()),
+        }
+    }
+    out[at] = (out.len() - at - 1) as u8;
+    out.push(0);
+    for prefix in nlri {
+        put_prefix(out, prefix);
+    }
+}
+
+/// Decodes an MP_REACH_NLRI's value (of IPv4 or IPv6 unicast, at least 5 bytes); `wrong_length`
+/// is the error when its next hops or routes do not fit.
+fn mp_reach(value: &[u8], wrong_length: impl Fn() -> Malformed) -> Result<Attribute, Malformed> {
+    let family = family_at(value);
+    let hops_len = usize::from(value[3]);
+    let hops = value.get(4..4 + hops_len).ok_or_else(&wrong_length)?;
+    let next_hops = next_hops(hops).ok_or_else(&wrong_length)?;
+    // One reserved byte after the next hops.
+    let nlri = value.get(5 + hops_len..).ok_or_else(&wrong_length)?;
+    Ok(Attribute::MpReach {
+        family,
+        next_hops,
+        nlri: prefixes(nlri, family.afi, "MP_REACH_NLRI")?,
+    })
+}
+
+/// The next hops of an MP_REACH_NLRI: one IPv4 address, or an IPv6 one and maybe its link-local
+/// one; `None` for any other length.
+fn next_hops(hops: &[u8]) -> Option<Vec<IpAddr>> {
+    match hops.len() {
+        4 => Some(vec![IpAddr::V4(Ipv4Addr::new(
+            hops[0], hops[1], hops[2], hops[3],
+        ))]),
+        16 | 32 => Some(
+            hops.chunks_exact(16)
+                .map(|c| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(c).unwrap_or_default())))
+                .collect(),
+        ),
+        _ => None,
     }
 }
 
@@ -573,6 +596,40 @@ mod tests {
             ..Update::default()
         };
         round_trip(update, Context::default());
+    }
+
+    #[test]
+    fn next_hops_are_one_ipv4_address_or_one_or_two_ipv6_ones() {
+        assert_eq!(
+            next_hops(&[192, 0, 2, 1]),
+            Some(vec!["192.0.2.1".parse().unwrap()])
+        );
+        let global: Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let link_local: Ipv6Addr = "fe80::1".parse().unwrap();
+        assert_eq!(next_hops(&global.octets()), Some(vec![IpAddr::V6(global)]));
+        let both = [global.octets(), link_local.octets()].concat();
+        assert_eq!(
+            next_hops(&both),
+            Some(vec![IpAddr::V6(global), IpAddr::V6(link_local)])
+        );
+        for length in [0, 5, 8, 20, 48] {
+            assert_eq!(next_hops(&vec![1; length]), None, "{length} bytes");
+        }
+    }
+
+    #[test]
+    fn an_attribute_header_has_a_1_or_2_octet_length() {
+        assert_eq!(
+            attribute_header(&[flags::TRANSITIVE, ORIGIN, 1, 0]).unwrap(),
+            (flags::TRANSITIVE, ORIGIN, 3, 1)
+        );
+        let extended = flags::OPTIONAL | flags::EXTENDED_LENGTH;
+        assert_eq!(
+            attribute_header(&[extended, COMMUNITIES, 1, 4]).unwrap(),
+            (extended, COMMUNITIES, 4, 260)
+        );
+        assert!(attribute_header(&[extended, COMMUNITIES, 1]).is_err());
+        assert!(attribute_header(&[flags::TRANSITIVE, ORIGIN]).is_err());
     }
 
     #[test]
