@@ -103,9 +103,15 @@ pub(crate) async fn serve(
     stop: CancellationToken,
     idle_timeout: Duration,
 ) -> JoinSet<()> {
-    let mut tasks = JoinSet::new();
-    let epoch = Instant::now();
-    let mut flows: HashMap<SocketAddr, FlowEntry> = HashMap::new();
+    let mut relay = Relay {
+        socket: socket.clone(),
+        shared,
+        stop: stop.clone(),
+        idle_timeout,
+        epoch: Instant::now(),
+        flows: HashMap::new(),
+        tasks: JoinSet::new(),
+    };
     let mut buf = vec![0u8; MAX_DATAGRAM];
     let mut sweep = tokio::time::interval(
         idle_timeout.clamp(Duration::from_millis(100), Duration::from_secs(10)),
@@ -116,13 +122,7 @@ pub(crate) async fn serve(
             biased;
             _ = stop.cancelled() => break,
             _ = sweep.tick() => {
-                flows.retain(|_, entry| !entry.flow.closed.load(Ordering::Relaxed));
-                // A burst of flows leaves a table sized for it: give the room back once it is
-                // mostly empty.
-                if flows.capacity() > 4 * flows.len() + 64 {
-                    flows.shrink_to_fit();
-                }
-                while tasks.try_join_next().is_some() {}
+                relay.sweep();
                 continue;
             }
             received = socket.recv_from(&mut buf) => match received {
@@ -133,97 +133,162 @@ pub(crate) async fn serve(
                 }
             },
         };
-        let current = shared.config();
-        let existing = match flows.get_mut(&peer) {
-            Some(entry) if !entry.flow.closed.load(Ordering::Relaxed) => {
-                if entry.still_valid(&current, peer) {
-                    Some(entry.flow.clone())
-                } else {
-                    // Its backend went (or turned unhealthy) or its source is no longer allowed: the
-                    // flow ends and the datagram is judged as a new flow's.
-                    entry.close();
-                    flows.remove(&peer);
-                    None
-                }
-            }
-            _ => None,
+        if let Some(flow) = relay.flow_for(peer).await {
+            relay.forward(&flow, &buf[..len]).await;
+        }
+    }
+    relay.tasks.shutdown().await;
+    relay.tasks
+}
+
+/// What the receive loop of one listener works with: the listener, its flows by client address and
+/// the flows' reply tasks.
+struct Relay {
+    /// The listener's socket; replies leave through it.
+    socket: Arc<UdpSocket>,
+    shared: Arc<ListenerShared>,
+    /// Cancelled when the listener stops; each flow's `cancel` is a child of it.
+    stop: CancellationToken,
+    idle_timeout: Duration,
+    /// What the flows' `last_active` counts from.
+    epoch: Instant,
+    flows: HashMap<SocketAddr, FlowEntry>,
+    tasks: JoinSet<()>,
+}
+
+impl Relay {
+    /// Forgets the closed flows, gives back the table's room after a burst and reaps the reply tasks
+    /// that ended.
+    fn sweep(&mut self) {
+        self.flows
+            .retain(|_, entry| !entry.flow.closed.load(Ordering::Relaxed));
+        // A burst of flows leaves a table sized for it: give the room back once it is mostly empty.
+        if self.flows.capacity() > 4 * self.flows.len() + 64 {
+            self.flows.shrink_to_fit();
+        }
+        while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// The flow a datagram from `peer` goes to: its flow if it may go on, else a new one. `None` if
+    /// the datagram is dropped (refused, or no upstream socket could be opened).
+    async fn flow_for(&mut self, peer: SocketAddr) -> Option<Arc<Flow>> {
+        let current = self.shared.config();
+        if let Some(flow) = self.existing_flow(peer, &current) {
+            return Some(flow);
+        }
+        self.new_flow(peer, current).await
+    }
+
+    /// The open flow of `peer`, if it may go on. One whose backend went (or turned unhealthy) or whose
+    /// source is no longer allowed ends here, and the datagram is judged as a new flow's.
+    #[inline]
+    fn existing_flow(
+        &mut self,
+        peer: SocketAddr,
+        current: &Arc<ListenerConfig>,
+    ) -> Option<Arc<Flow>> {
+        let entry = self.flows.get_mut(&peer)?;
+        if entry.flow.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        if entry.still_valid(current, peer) {
+            return Some(entry.flow.clone());
+        }
+        entry.close();
+        self.flows.remove(&peer);
+        None
+    }
+
+    /// Starts a flow for `peer` under `config`: a backend, room in the table, a descriptor from the
+    /// budget, an upstream socket, and the task that relays the replies. `None` (counted) if any is
+    /// refused.
+    async fn new_flow(
+        &mut self,
+        peer: SocketAddr,
+        config: Arc<ListenerConfig>,
+    ) -> Option<Arc<Flow>> {
+        let backend = self.admit(peer, &config)?;
+        if self.flows.len() >= MAX_FLOWS_PER_LISTENER {
+            evict_one(&mut self.flows);
+        }
+        let stats = &self.shared.stats;
+        let Some(claim) = self.shared.budget.claim(peer.ip(), 1) else {
+            stats.refused_budget.fetch_add(1, Ordering::Relaxed);
+            return None;
         };
-        let flow = match existing {
-            Some(flow) => flow,
-            None => {
-                let config = current;
-                if !config.allows(peer.ip()) {
-                    shared.stats.refused_source.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                }
-                let Some(backend) = shared.pick(&config, peer.ip(), &[]) else {
-                    shared
-                        .stats
-                        .refused_no_backend
-                        .fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                if flows.len() >= MAX_FLOWS_PER_LISTENER {
-                    evict_one(&mut flows);
-                }
-                let Some(claim) = shared.budget.claim(peer.ip(), 1) else {
-                    shared.stats.refused_budget.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                let upstream = match connect_upstream(backend.addr).await {
-                    Ok(upstream) => Arc::new(upstream),
-                    Err(error) => {
-                        shared
-                            .stats
-                            .backend_connect_errors
-                            .fetch_add(1, Ordering::Relaxed);
-                        warn!(backend = %backend.addr, %error, "cannot open a UDP socket to the backend");
-                        continue;
-                    }
-                };
-                let flow = Arc::new(Flow {
-                    upstream,
-                    last_active: AtomicU64::new(millis_since(epoch)),
-                    closed: AtomicBool::new(false),
-                    cancel: stop.child_token(),
-                    _claim: claim,
-                });
-                flows.insert(
-                    peer,
-                    FlowEntry {
-                        flow: flow.clone(),
-                        config: config.clone(),
-                        backend: backend.clone(),
-                    },
-                );
-                let span = tracing::debug_span!("flow", %peer, backend = %backend.addr);
-                tasks.spawn(
-                    replies(
-                        flow.clone(),
-                        peer,
-                        socket.clone(),
-                        shared.clone(),
-                        backend,
-                        epoch,
-                        idle_timeout,
-                    )
-                    .instrument(span),
-                );
-                flow
+        let upstream = match connect_upstream(backend.addr).await {
+            Ok(upstream) => Arc::new(upstream),
+            Err(error) => {
+                stats.backend_connect_errors.fetch_add(1, Ordering::Relaxed);
+                warn!(backend = %backend.addr, %error, "cannot open a UDP socket to the backend");
+                return None;
             }
         };
+        let flow = Arc::new(Flow {
+            upstream,
+            last_active: AtomicU64::new(millis_since(self.epoch)),
+            closed: AtomicBool::new(false),
+            cancel: self.stop.child_token(),
+            _claim: claim,
+        });
+        self.flows.insert(
+            peer,
+            FlowEntry {
+                flow: flow.clone(),
+                config,
+                backend: backend.clone(),
+            },
+        );
+        self.spawn_replies(flow.clone(), peer, backend);
+        Some(flow)
+    }
+
+    /// The backend for a new flow from `peer`, if its source is allowed and a backend is healthy;
+    /// else the refusal is counted.
+    fn admit(&self, peer: SocketAddr, config: &ListenerConfig) -> Option<Arc<BackendEntry>> {
+        let stats = &self.shared.stats;
+        if !config.allows(peer.ip()) {
+            stats.refused_source.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        let backend = self.shared.pick(config, peer.ip(), &[]);
+        if backend.is_none() {
+            stats.refused_no_backend.fetch_add(1, Ordering::Relaxed);
+        }
+        backend
+    }
+
+    /// Starts the task that relays `backend`'s replies on `flow` back to `peer`.
+    fn spawn_replies(&mut self, flow: Arc<Flow>, peer: SocketAddr, backend: Arc<BackendEntry>) {
+        let span = tracing::debug_span!("flow", %peer, backend = %backend.addr);
+        self.tasks.spawn(
+            replies(
+                flow,
+                peer,
+                self.socket.clone(),
+                self.shared.clone(),
+                backend,
+                self.epoch,
+                self.idle_timeout,
+            )
+            .instrument(span),
+        );
+    }
+
+    /// Sends a client's datagram on to the flow's backend, and notes the flow active and the bytes.
+    async fn forward(&self, flow: &Flow, datagram: &[u8]) {
         flow.last_active
-            .store(millis_since(epoch), Ordering::Relaxed);
-        shared
+            .store(millis_since(self.epoch), Ordering::Relaxed);
+        self.shared
             .stats
             .bytes_in
-            .fetch_add(len as u64, Ordering::Relaxed);
+            .fetch_add(datagram.len() as u64, Ordering::Relaxed);
         // Usually the datagram goes out at once. A socket that is new (its readiness not yet seen by
         // the reactor) or whose send buffer is full waits for writability: that is back-pressure on
         // this listener, bounded because UDP sends to a connected socket drain in microseconds.
-        let sent = match flow.upstream.try_send(&buf[..len]) {
+        let sent = match flow.upstream.try_send(datagram) {
             Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                flow.upstream.send(&buf[..len]).await
+                flow.upstream.send(datagram).await
             }
             other => other,
         };
@@ -231,8 +296,6 @@ pub(crate) async fn serve(
             debug!(%error, "send to backend failed");
         }
     }
-    tasks.shutdown().await;
-    tasks
 }
 
 /// Makes room for one flow: the closed ones go, else the least recently active one.
