@@ -137,9 +137,6 @@ impl Open {
     }
 
     pub(super) fn decode(body: &[u8]) -> Result<Open, Malformed> {
-        let bad_length = |reason: String| {
-            Malformed::new(codes::HEADER, codes::header::BAD_LENGTH, Vec::new(), reason)
-        };
         if body[0] != 4 {
             return Err(Malformed::new(
                 codes::OPEN,
@@ -167,59 +164,8 @@ impl Open {
                 "an OPEN with BGP identifier 0.0.0.0",
             ));
         }
-        let declared = usize::from(body[9]);
-        let mut rest = &body[10..];
-        // RFC 9072: a first parameter of type 255 says the parameters have 2-octet lengths.
-        let extended = declared == 255 && rest.first() == Some(&255);
-        let declared = if extended {
-            if rest.len() < 3 {
-                return Err(bad_length(
-                    "an OPEN's extended optional parameters are cut short".into(),
-                ));
-            }
-            let length = usize::from(u16::from_be_bytes([rest[1], rest[2]]));
-            rest = &rest[3..];
-            length
-        } else {
-            declared
-        };
-        if rest.len() != declared {
-            return Err(bad_length(format!(
-                "an OPEN says {declared} bytes of optional parameters and carries {}",
-                rest.len()
-            )));
-        }
-        let mut capabilities = Vec::new();
-        while !rest.is_empty() {
-            let header = if extended { 3 } else { 2 };
-            if rest.len() < header {
-                return Err(bad_length(
-                    "an OPEN's optional parameter is cut short".into(),
-                ));
-            }
-            let kind = rest[0];
-            let length = if extended {
-                usize::from(u16::from_be_bytes([rest[1], rest[2]]))
-            } else {
-                usize::from(rest[1])
-            };
-            let Some(value) = rest.get(header..header + length) else {
-                return Err(bad_length(format!(
-                    "an OPEN's optional parameter of type {kind} says {length} bytes and has {}",
-                    rest.len() - header
-                )));
-            };
-            if kind != CAPABILITIES {
-                return Err(Malformed::new(
-                    codes::OPEN,
-                    codes::open::UNSUPPORTED_OPTIONAL_PARAMETER,
-                    Vec::new(),
-                    format!("an OPEN with optional parameter type {kind} (only capabilities, 2)"),
-                ));
-            }
-            decode_capabilities(value, &mut capabilities)?;
-            rest = &rest[header + length..];
-        }
+        let (parameters, extended) = optional_parameters(&body[9..])?;
+        let capabilities = decode_parameters(parameters, extended)?;
         let asn = capabilities
             .iter()
             .find_map(|c| match c {
@@ -234,6 +180,75 @@ impl Open {
             capabilities,
         })
     }
+}
+
+/// The error of an OPEN whose lengths do not add up (a message header error: Bad Message Length).
+fn bad_length(reason: String) -> Malformed {
+    Malformed::new(codes::HEADER, codes::header::BAD_LENGTH, Vec::new(), reason)
+}
+
+/// An OPEN's optional parameters, from their length on (`data`), and whether they have 2-octet
+/// lengths (RFC 9072's extended form: a first parameter of type 255 after a length of 255).
+fn optional_parameters(data: &[u8]) -> Result<(&[u8], bool), Malformed> {
+    let declared = usize::from(data[0]);
+    let mut rest = &data[1..];
+    let extended = declared == 255 && rest.first() == Some(&255);
+    let declared = if extended {
+        if rest.len() < 3 {
+            return Err(bad_length(
+                "an OPEN's extended optional parameters are cut short".into(),
+            ));
+        }
+        let length = usize::from(u16::from_be_bytes([rest[1], rest[2]]));
+        rest = &rest[3..];
+        length
+    } else {
+        declared
+    };
+    if rest.len() != declared {
+        return Err(bad_length(format!(
+            "an OPEN says {declared} bytes of optional parameters and carries {}",
+            rest.len()
+        )));
+    }
+    Ok((rest, extended))
+}
+
+/// The capabilities in an OPEN's optional parameters (with 2-octet lengths when `extended`); any
+/// other parameter is refused.
+fn decode_parameters(mut rest: &[u8], extended: bool) -> Result<Vec<Capability>, Malformed> {
+    let mut capabilities = Vec::new();
+    let header = if extended { 3 } else { 2 };
+    while !rest.is_empty() {
+        if rest.len() < header {
+            return Err(bad_length(
+                "an OPEN's optional parameter is cut short".into(),
+            ));
+        }
+        let kind = rest[0];
+        let length = if extended {
+            usize::from(u16::from_be_bytes([rest[1], rest[2]]))
+        } else {
+            usize::from(rest[1])
+        };
+        let Some(value) = rest.get(header..header + length) else {
+            return Err(bad_length(format!(
+                "an OPEN's optional parameter of type {kind} says {length} bytes and has {}",
+                rest.len() - header
+            )));
+        };
+        if kind != CAPABILITIES {
+            return Err(Malformed::new(
+                codes::OPEN,
+                codes::open::UNSUPPORTED_OPTIONAL_PARAMETER,
+                Vec::new(),
+                format!("an OPEN with optional parameter type {kind} (only capabilities, 2)"),
+            ));
+        }
+        decode_capabilities(value, &mut capabilities)?;
+        rest = &rest[header + length..];
+    }
+    Ok(capabilities)
 }
 
 fn decode_capabilities(mut data: &[u8], out: &mut Vec<Capability>) -> Result<(), Malformed> {
