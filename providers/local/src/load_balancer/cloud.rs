@@ -275,87 +275,106 @@ impl LocalCloud {
             (previous, vips, adopting)
         };
         if adopting {
-            tracing::info!(vips = ?vips, "adopting the addresses kept for this Service's name");
-            let client = lock(&self.inner.reporter).clone().map(|(client, _)| client);
-            if let Some(client) = client
-                && let Err(err) = crate::retained::write(client, &key, None).await
-            {
-                // The record stays in the ConfigMap; the Service holds the addresses all the same.
-                tracing::warn!(error = %err, "could not forget the kept addresses in their ConfigMap");
-            }
+            self.forget_kept(&key, &vips).await;
         }
         if config.load_balancer.mode == LoadBalancerMode::Agents {
             // The node agents announce and serve the VIPs; the manager only assigns them.
             tracing::debug!(vips = ?vips, "addresses assigned; the node agents serve them");
             self.tell_if_unserved(service, &key, &vips).await;
-            return Ok(lock(&self.inner.load_balancers)
-                .services
-                .get(&key)
-                .map(Record::status)
-                .unwrap_or_default());
+            return Ok(self.status_of(&key));
         }
-        let (unchanged, spec) = {
-            let allocations = lock(&self.inner.load_balancers);
-            let spec = build_spec(&key, &vips, &wanted, &backends);
-            // Applied as asked, and the data plane still runs every listener of it (one lost out of
-            // band, or that failed to bind, is applied again).
-            let unchanged = allocations
-                .services
-                .get(&key)
-                .is_some_and(|r| r.applied.as_ref() == Some(&spec))
-                && self.running_differences(&spec).is_empty();
-            (unchanged, spec)
-        };
-        if !unchanged {
-            // The VIPs go on the interface before the listeners bind them, and are announced after:
-            // no neighbour is sent here before this host accepts (a previous holder, such as a
-            // leader handing off, answers until then).
-            if let Some(addresses) = &self.inner.addresses {
-                for vip in &vips {
-                    addresses.put_on(*vip).await.map_err(bad)?;
-                }
-            }
-            tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
-            self.inner
-                .applies
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let result = self.inner.data_plane.apply(spec.clone()).await;
-            if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(&key) {
-                record.applied = result.is_ok().then(|| spec.clone());
-            }
-            result.map_err(|source| Error::DataPlane {
-                service: key.clone(),
-                source,
-            })?;
-            if let Some(addresses) = &self.inner.addresses {
-                for vip in &vips {
-                    // A VIP on but not announced is served all the same: reported, not failed.
-                    if let Some(warning) = addresses.announce(*vip).await.map_err(bad)? {
-                        self.report_unannounced_vip(service, &warning);
-                    }
-                }
-                let shared: Vec<IpAddr> = {
-                    let allocations = lock(&self.inner.load_balancers);
-                    previous
-                        .iter()
-                        .copied()
-                        .filter(|ip| allocations.held_by_another(*ip, &key))
-                        .collect()
-                };
-                for old in previous
-                    .iter()
-                    .filter(|ip| !vips.contains(ip) && !shared.contains(ip))
-                {
-                    addresses.remove(*old).await;
-                }
-            }
-        }
-        let allocations = lock(&self.inner.load_balancers);
-        Ok(allocations
+        let spec = build_spec(&key, &vips, &wanted, &backends);
+        // Applied as asked, and the data plane still runs every listener of it (one lost out of band,
+        // or that failed to bind, is applied again).
+        let unchanged = lock(&self.inner.load_balancers)
             .services
             .get(&key)
+            .is_some_and(|r| r.applied.as_ref() == Some(&spec))
+            && self.running_differences(&spec).is_empty();
+        if !unchanged {
+            self.apply(service, &key, &vips, &previous, spec).await?;
+        }
+        Ok(self.status_of(&key))
+    }
+
+    /// The status of the load balancer `key` as its record says (empty without one).
+    fn status_of(&self, key: &str) -> LoadBalancerStatus {
+        lock(&self.inner.load_balancers)
+            .services
+            .get(key)
             .map(Record::status)
-            .unwrap_or_default())
+            .unwrap_or_default()
+    }
+
+    /// Forgets the addresses kept for `key`'s name in their ConfigMap, now that its Service holds them.
+    async fn forget_kept(&self, key: &str, vips: &[IpAddr]) {
+        tracing::info!(vips = ?vips, "adopting the addresses kept for this Service's name");
+        let client = lock(&self.inner.reporter).clone().map(|(client, _)| client);
+        if let Some(client) = client
+            && let Err(err) = crate::retained::write(client, key, None).await
+        {
+            // The record stays in the ConfigMap; the Service holds the addresses all the same.
+            tracing::warn!(error = %err, "could not forget the kept addresses in their ConfigMap");
+        }
+    }
+
+    /// Applies `spec` (leader mode): the VIPs on the interface, the data plane's listeners, the VIPs
+    /// announced, and the `previous` addresses no Service holds any more taken off.
+    async fn apply(
+        &self,
+        service: &Service,
+        key: &str,
+        vips: &[IpAddr],
+        previous: &[IpAddr],
+        spec: LoadBalancerSpec,
+    ) -> Result<(), Error> {
+        let bad = |message: String| Error::Service {
+            service: key.to_owned(),
+            message,
+        };
+        // The VIPs go on the interface before the listeners bind them, and are announced after:
+        // no neighbour is sent here before this host accepts (a previous holder, such as a
+        // leader handing off, answers until then).
+        if let Some(addresses) = &self.inner.addresses {
+            for vip in vips {
+                addresses.put_on(*vip).await.map_err(bad)?;
+            }
+        }
+        tracing::info!(vips = ?vips, listeners = spec.listeners.len(), backends = spec.backends.len(), "applying the load balancer");
+        self.inner
+            .applies
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let result = self.inner.data_plane.apply(spec.clone()).await;
+        if let Some(record) = lock(&self.inner.load_balancers).services.get_mut(key) {
+            record.applied = result.is_ok().then(|| spec.clone());
+        }
+        result.map_err(|source| Error::DataPlane {
+            service: key.to_owned(),
+            source,
+        })?;
+        if let Some(addresses) = &self.inner.addresses {
+            for vip in vips {
+                // A VIP on but not announced is served all the same: reported, not failed.
+                if let Some(warning) = addresses.announce(*vip).await.map_err(bad)? {
+                    self.report_unannounced_vip(service, &warning);
+                }
+            }
+            let shared: Vec<IpAddr> = {
+                let allocations = lock(&self.inner.load_balancers);
+                previous
+                    .iter()
+                    .copied()
+                    .filter(|ip| allocations.held_by_another(*ip, key))
+                    .collect()
+            };
+            for old in previous
+                .iter()
+                .filter(|ip| !vips.contains(ip) && !shared.contains(ip))
+            {
+                addresses.remove(*old).await;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -411,46 +430,12 @@ impl LocalCloud {
                 wanted.data_path.ip_mode()
             ));
         }
-        for (family, ip) in &wanted.requested {
-            if !record.ips.contains(ip) {
-                detail.push(format!("the {family:?} address would change to {ip}"));
-            }
-        }
-        // An address its pool no longer gives this Service (the pools or their limits changed, or the
-        // Service names another pool): an ensure takes another, so the drift check moves it.
-        for ip in &record.ips {
-            let why = match config.pool_of(*ip) {
-                None => Some("it is in no address pool now".to_owned()),
-                Some(pool) if wanted.pool.as_ref().is_some_and(|n| n != &pool.name) => {
-                    Some(format!(
-                        "it is in pool {:?}, not in the one the Service names",
-                        pool.name
-                    ))
-                }
-                Some(pool) => {
-                    pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels)
-                }
-            };
-            if let Some(why) = why {
-                detail.push(format!("the address {ip} would change: {why}"));
-            }
-        }
+        detail.extend(address_changes(&record, &wanted, &config));
         let (added, removed) = match &record.applied {
             _ if agents => (Vec::new(), Vec::new()),
             Some(applied) => {
                 let (was, will) = (names(&applied.backends), names(&spec.backends));
-                if applied.health_check != spec.health_check {
-                    detail.push("the health check would change".into());
-                }
-                if applied.session_affinity != spec.session_affinity {
-                    detail.push("the session affinity would change".into());
-                }
-                if applied.source_ranges != spec.source_ranges {
-                    detail.push("the source ranges would change".into());
-                }
-                if applied.proxy_protocol != spec.proxy_protocol {
-                    detail.push("PROXY protocol would change".into());
-                }
+                detail.extend(setting_changes(applied, &spec));
                 (
                     will.difference(&was).cloned().collect::<Vec<_>>(),
                     was.difference(&will).cloned().collect::<Vec<_>>(),
@@ -532,4 +517,56 @@ impl LocalCloud {
             source,
         })
     }
+}
+
+/// The addresses of `record` that would change: one the Service asks for that it does not hold, and one
+/// its pool no longer gives the Service (the pools or their limits changed, or the Service names
+/// another pool): an ensure takes another, so the drift check moves it.
+fn address_changes(record: &Record, wanted: &Wanted, config: &Config) -> Vec<String> {
+    let mut changes = Vec::new();
+    for (family, ip) in &wanted.requested {
+        if !record.ips.contains(ip) {
+            changes.push(format!("the {family:?} address would change to {ip}"));
+        }
+    }
+    for ip in &record.ips {
+        let why = match config.pool_of(*ip) {
+            None => Some("it is in no address pool now".to_owned()),
+            Some(pool) if wanted.pool.as_ref().is_some_and(|n| n != &pool.name) => Some(format!(
+                "it is in pool {:?}, not in the one the Service names",
+                pool.name
+            )),
+            Some(pool) => pool.refuses(&wanted.namespace, &wanted.namespace_labels, &wanted.labels),
+        };
+        if let Some(why) = why {
+            changes.push(format!("the address {ip} would change: {why}"));
+        }
+    }
+    changes
+}
+
+/// The settings other than backends in which `spec` differs from the `applied` one.
+fn setting_changes(applied: &LoadBalancerSpec, spec: &LoadBalancerSpec) -> Vec<String> {
+    [
+        (
+            applied.health_check != spec.health_check,
+            "the health check would change",
+        ),
+        (
+            applied.session_affinity != spec.session_affinity,
+            "the session affinity would change",
+        ),
+        (
+            applied.source_ranges != spec.source_ranges,
+            "the source ranges would change",
+        ),
+        (
+            applied.proxy_protocol != spec.proxy_protocol,
+            "PROXY protocol would change",
+        ),
+    ]
+    .into_iter()
+    .filter(|(changed, _)| *changed)
+    .map(|(_, what)| what.to_owned())
+    .collect()
 }
