@@ -354,7 +354,6 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
             }
         })
     };
-    let panics = Arc::new(PerObjectBackoff::new(PANIC_RETRY_MIN, PANIC_RETRY_MAX));
     let reported = Arc::new((metrics, health, events));
     let feed = spawn_feed(changes, queue.clone(), shutdown.clone(), reported.1.clone());
     let stop = {
@@ -364,55 +363,17 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
             queue.shut_down();
         })
     };
-    let reconcile = Arc::new(reconcile);
-    let error_policy = Arc::new(error_policy);
+    let worker = Worker {
+        queue,
+        store,
+        ctx,
+        reconcile: Arc::new(reconcile),
+        error_policy: Arc::new(error_policy),
+        panics: Arc::new(PerObjectBackoff::new(PANIC_RETRY_MIN, PANIC_RETRY_MAX)),
+        reported,
+    };
     let handles: Vec<_> = (0..workers.max(1))
-        .map(|_| {
-            let (queue, store, ctx) = (queue.clone(), store.clone(), ctx.clone());
-            let (reconcile, error_policy) = (reconcile.clone(), error_policy.clone());
-            let (panics, reported) = (panics.clone(), reported.clone());
-            let health = reported.1.clone();
-            let working = async move {
-                while let Some(key) = queue.next().await {
-                    if let Some(object) = store.get(&key) {
-                        // The reconcile (and its error policy) runs in this worker's task: a panic is
-                        // caught here, so the key is marked done and retried, and the worker goes on
-                        // with the next key.
-                        let attempt = std::panic::AssertUnwindSafe(async {
-                            match reconcile(object.clone(), ctx.clone()).await {
-                                Ok(next) => next,
-                                Err(err) => error_policy(object.clone(), &err, ctx.clone()),
-                            }
-                        })
-                        .catch_unwind()
-                        .await;
-                        let next = match attempt {
-                            Ok(next) => {
-                                panics.succeeded(&key.to_string());
-                                next
-                            }
-                            Err(panic) => {
-                                let message = cloud_provider::panic_message(panic.as_ref());
-                                panicked(object.as_ref(), &key, &message, &panics, &reported)
-                            }
-                        };
-                        if let Next::RequeueAfter(delay) = next {
-                            queue.add_after(key.clone(), delay);
-                        }
-                    }
-                    queue.done(&key);
-                }
-            };
-            // A worker that dies outside a reconcile (a bug of the queue's own) would leave fewer, or
-            // none, to work: the controller's health check fails for good (the manager restarts).
-            tokio::spawn(async move {
-                if let Err(panic) = std::panic::AssertUnwindSafe(working).catch_unwind().await {
-                    let why = format!("panicked: {}", cloud_provider::panic_message(panic.as_ref()));
-                    tracing::error!("a worker of the work queue {why}; the controller's health check fails from now on, so that the manager is restarted");
-                    health.background_loop_failed("worker", &why);
-                }
-            })
-        })
+        .map(|_| worker.clone().spawn())
         .collect();
     for handle in handles {
         if let Err(err) = handle.await {
@@ -422,6 +383,102 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     feed.abort();
     stop.abort();
     unfinished.abort();
+}
+
+/// One of the queue's workers: it takes keys from the queue until it shuts down, and reconciles each
+/// object as the cache holds it then.
+struct Worker<K: Resource<DynamicType = ()> + 'static, C, R, P> {
+    queue: Arc<WorkQueue<ObjectRef<K>>>,
+    store: Store<K>,
+    ctx: Arc<C>,
+    reconcile: Arc<R>,
+    error_policy: Arc<P>,
+    /// The back-off of keys whose reconcile panicked, shared by the workers.
+    panics: Arc<PerObjectBackoff>,
+    reported: Arc<Reported>,
+}
+
+impl<K: Resource<DynamicType = ()> + 'static, C, R, P> Clone for Worker<K, C, R, P> {
+    fn clone(&self) -> Self {
+        Self {
+            queue: self.queue.clone(),
+            store: self.store.clone(),
+            ctx: self.ctx.clone(),
+            reconcile: self.reconcile.clone(),
+            error_policy: self.error_policy.clone(),
+            panics: self.panics.clone(),
+            reported: self.reported.clone(),
+        }
+    }
+}
+
+impl<K, C, E, R, RFut, P> Worker<K, C, R, P>
+where
+    K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    R: Fn(Arc<K>, Arc<C>) -> RFut + Send + Sync + 'static,
+    RFut: Future<Output = Result<Next, E>> + Send + 'static,
+    P: Fn(Arc<K>, &E, Arc<C>) -> Next + Send + Sync + 'static,
+{
+    /// Starts working in a task of its own. A worker that dies outside a reconcile (a bug of the
+    /// queue's own) would leave fewer, or none, to work: the controller's health check fails for good
+    /// (the manager restarts).
+    fn spawn(self) -> tokio::task::JoinHandle<()> {
+        let health = self.reported.1.clone();
+        tokio::spawn(async move {
+            if let Err(panic) = std::panic::AssertUnwindSafe(self.work())
+                .catch_unwind()
+                .await
+            {
+                let why = format!(
+                    "panicked: {}",
+                    cloud_provider::panic_message(panic.as_ref())
+                );
+                tracing::error!(
+                    "a worker of the work queue {why}; the controller's health check fails from now on, so that the manager is restarted"
+                );
+                health.background_loop_failed("worker", &why);
+            }
+        })
+    }
+
+    /// Reconciles the queued keys until the queue shuts down (a key whose object left the cache is
+    /// skipped).
+    async fn work(self) {
+        while let Some(key) = self.queue.next().await {
+            if let Some(object) = self.store.get(&key)
+                && let Next::RequeueAfter(delay) = self.reconcile_one(object, &key).await
+            {
+                self.queue.add_after(key.clone(), delay);
+            }
+            self.queue.done(&key);
+        }
+    }
+
+    /// Reconciles `object` (its error policy on an error) and says when to again. The reconcile runs
+    /// in this worker's task: a panic is caught here, so the key is marked done and retried on its
+    /// panic back-off, and the worker goes on with the next key.
+    async fn reconcile_one(&self, object: Arc<K>, key: &ObjectRef<K>) -> Next {
+        let (reconcile, error_policy, ctx) = (&self.reconcile, &self.error_policy, &self.ctx);
+        let attempt = std::panic::AssertUnwindSafe(async {
+            match reconcile(object.clone(), ctx.clone()).await {
+                Ok(next) => next,
+                Err(err) => error_policy(object.clone(), &err, ctx.clone()),
+            }
+        })
+        .catch_unwind()
+        .await;
+        match attempt {
+            Ok(next) => {
+                self.panics.succeeded(&key.to_string());
+                next
+            }
+            Err(panic) => {
+                let message = cloud_provider::panic_message(panic.as_ref());
+                panicked(object.as_ref(), key, &message, &self.panics, &self.reported)
+            }
+        }
+    }
 }
 
 /// What a work queue's panics are told to: its metrics, the controller's health, the object's events.

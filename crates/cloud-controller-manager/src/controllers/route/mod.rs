@@ -189,16 +189,9 @@ async fn reconcile(
 
     // Deletions first (and, when routes carry node addresses, before any creation).
     futures::stream::iter(&plan.delete)
-        .for_each_concurrent(MAX_IN_FLIGHT, |route| {
-            let changed = &changed;
-            async move {
-                tracing::info!(route = %route.name, target = %route.target_node, cidr = %route.destination_cidr, blackhole = route.blackhole, "deleting route");
-                match routes.delete_route(&ctx.cluster_name, route).await {
-                    Ok(()) => changed.store(true, Ordering::Relaxed),
-                    Err(err) => {
-                        tracing::warn!(route = %route.name, error = %err, "could not delete route")
-                    }
-                }
+        .for_each_concurrent(MAX_IN_FLIGHT, |route| async {
+            if delete_route(ctx, routes, route).await {
+                changed.store(true, Ordering::Relaxed);
             }
         })
         .await;
@@ -206,61 +199,95 @@ async fn reconcile(
     let actions = Mutex::new(plan.actions);
     futures::stream::iter(plan.create)
         .for_each_concurrent(MAX_IN_FLIGHT, |(node, cidr)| {
-            let actions = &actions;
-            let changed = &changed;
+            let (actions, changed) = (&actions, &changed);
             async move {
-                let started = Instant::now();
-                let route = Route {
-                    target_node: node.name_any(),
-                    target_node_addresses: node
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.addresses.clone())
-                        .unwrap_or_default(),
-                    destination_cidr: cidr.clone(),
-                    ..Default::default()
-                };
-                let hint = node.metadata.uid.clone().unwrap_or_default();
-                match routes.create_route(&ctx.cluster_name, &hint, &route).await {
-                    Ok(()) => {
-                        changed.store(true, Ordering::Relaxed);
-                        tracing::info!(node = %route.target_node, %cidr, "created route");
-                        actions
-                            .lock()
-                            .insert((route.target_node.clone(), cidr.clone()), Action::Keep);
-                    }
-                    Err(err) => {
-                        let message = format!(
-                            "Could not create route {hint} {cidr} for node {} after {:?}: {err}",
-                            route.target_node,
-                            started.elapsed()
-                        );
-                        tracing::warn!("{message}");
-                        ctx.events
-                            .record(
-                                node.as_ref(),
-                                EventType::Warning,
-                                "FailedToCreateRoute",
-                                "CreateRoute",
-                                message,
-                            )
-                            .await;
-                    }
+                if create_route(ctx, routes, &node, &cidr).await {
+                    changed.store(true, Ordering::Relaxed);
+                    actions
+                        .lock()
+                        .insert((node.name_any(), cidr.clone()), Action::Keep);
                 }
             }
         })
         .await;
 
-    let actions = actions.into_inner();
+    set_conditions(ctx, nodes, &actions.into_inner(), &plan.route_targets).await;
+    Ok(changed.into_inner())
+}
+
+/// Deletes `route`; whether it was deleted (a failure is logged, and the next pass tries again).
+async fn delete_route(ctx: &Context, routes: &dyn Routes, route: &Route) -> bool {
+    tracing::info!(route = %route.name, target = %route.target_node, cidr = %route.destination_cidr, blackhole = route.blackhole, "deleting route");
+    match routes.delete_route(&ctx.cluster_name, route).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::warn!(route = %route.name, error = %err, "could not delete route");
+            false
+        }
+    }
+}
+
+/// Creates the route of `cidr` to `node`; whether it was created (a failure is logged and told in a
+/// `FailedToCreateRoute` Warning event on the node, as upstream does).
+async fn create_route(
+    ctx: &Context,
+    routes: &dyn Routes,
+    node: &Arc<CachedNode>,
+    cidr: &str,
+) -> bool {
+    let started = Instant::now();
+    let route = Route {
+        target_node: node.name_any(),
+        target_node_addresses: node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default(),
+        destination_cidr: cidr.to_owned(),
+        ..Default::default()
+    };
+    let hint = node.metadata.uid.clone().unwrap_or_default();
+    match routes.create_route(&ctx.cluster_name, &hint, &route).await {
+        Ok(()) => {
+            tracing::info!(node = %route.target_node, %cidr, "created route");
+            true
+        }
+        Err(err) => {
+            let message = format!(
+                "Could not create route {hint} {cidr} for node {} after {:?}: {err}",
+                route.target_node,
+                started.elapsed()
+            );
+            tracing::warn!("{message}");
+            ctx.events
+                .record(
+                    node.as_ref(),
+                    EventType::Warning,
+                    "FailedToCreateRoute",
+                    "CreateRoute",
+                    message,
+                )
+                .await;
+            false
+        }
+    }
+}
+
+/// Sets the `NetworkUnavailable` condition of the nodes the pass's `actions` name, and of those with a
+/// route (`route_targets`), as their routes' actions say.
+async fn set_conditions(
+    ctx: &Context,
+    nodes: &[Arc<CachedNode>],
+    actions: &HashMap<(String, String), Action>,
+    route_targets: &std::collections::HashSet<String>,
+) {
     let mut by_node: HashMap<String, Vec<Action>> = HashMap::new();
-    for ((node, _), action) in &actions {
+    for ((node, _), action) in actions {
         by_node.entry(node.clone()).or_default().push(*action);
     }
     let targets: Vec<&Arc<CachedNode>> = nodes
         .iter()
-        .filter(|n| {
-            by_node.contains_key(&n.name_any()) || plan.route_targets.contains(&n.name_any())
-        })
+        .filter(|n| by_node.contains_key(&n.name_any()) || route_targets.contains(&n.name_any()))
         .collect();
     futures::stream::iter(targets)
         .for_each_concurrent(MAX_IN_FLIGHT, |node| {
@@ -271,7 +298,6 @@ async fn reconcile(
             async move { set_condition(ctx, node, wanted_condition(node_actions)).await }
         })
         .await;
-    Ok(changed.into_inner())
 }
 
 /// The write carries the node's `resourceVersion` and is re-planned from a fresh read on a conflict (the
