@@ -279,11 +279,14 @@ pub fn key_values(value: &str) -> BTreeMap<String, String> {
 /// The label keys of `aws-load-balancer-target-node-labels`: the labels a node's place among the
 /// load balancer's targets depends on.
 pub fn target_node_label_keys(service: &Service) -> Vec<String> {
+    target_node_labels_of(service).into_keys().collect()
+}
+
+/// The labels of `aws-load-balancer-target-node-labels` a node needs all of to be a target.
+fn target_node_labels_of(service: &Service) -> BTreeMap<String, String> {
     annotation(service, ANNOTATION_TARGET_NODE_LABELS)
         .map(key_values)
         .unwrap_or_default()
-        .into_keys()
-        .collect()
 }
 
 fn list(value: Option<&str>) -> Vec<String> {
@@ -294,6 +297,70 @@ fn list(value: Option<&str>) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// The Service's `namespace/name`, as errors and the service-name tag write it (`default` for a
+/// Service without a namespace).
+fn service_name_of(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Refuses `spec.loadBalancerIP`, which an AWS load balancer cannot take (upstream's message).
+fn refuse_load_balancer_ip(
+    spec: &ServiceSpec,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<(), Error> {
+    if spec
+        .load_balancer_ip
+        .as_deref()
+        .is_some_and(|ip| !ip.is_empty())
+    {
+        return Err(bad(
+            "spec.loadBalancerIP",
+            "LoadBalancerIP cannot be specified for AWS ELB".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The client CIDRs allowed (`spec.loadBalancerSourceRanges`, else the annotation, else everyone).
+fn source_ranges_of(
+    service: &Service,
+    bad: &dyn Fn(&str, String) -> Error,
+) -> Result<Vec<String>, Error> {
+    Ok(service_helpers::load_balancer_source_ranges(service)
+        .map_err(|e| bad("spec.loadBalancerSourceRanges", e.to_string()))?
+        .into_iter()
+        .map(|n| n.to_string())
+        .collect())
+}
+
+/// The tags of every resource made for the Service: the `additional-resource-tags`, then the
+/// Service's name and the cluster's ownership over them.
+fn tags_of(service: &Service, service_name: &str, cluster_id: &str) -> BTreeMap<String, String> {
+    let mut tags = annotation(service, ANNOTATION_ADDITIONAL_TAGS)
+        .map(key_values)
+        .unwrap_or_default();
+    tags.insert(TAG_SERVICE_NAME.to_owned(), service_name.to_owned());
+    tags.insert(
+        format!("{TAG_CLUSTER_PREFIX}{cluster_id}"),
+        "owned".to_owned(),
+    );
+    tags
+}
+
+/// Whether the Service's status names a load balancer already (see [`LbSpec::provisioned`]).
+fn provisioned(service: &Service) -> bool {
+    service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .is_some_and(|ingress| !ingress.is_empty())
 }
 
 impl LbSpec {
@@ -307,11 +374,7 @@ impl LbSpec {
         global: &Global,
     ) -> Result<Self, Error> {
         let probe = &global.cluster_health_probe;
-        let service_name = format!(
-            "{}/{}",
-            service.metadata.namespace.as_deref().unwrap_or("default"),
-            service.metadata.name.as_deref().unwrap_or_default()
-        );
+        let service_name = service_name_of(service);
         let bad = |field: &str, message: String| Error::Service {
             service: service_name.clone(),
             field: field.to_owned(),
@@ -326,34 +389,14 @@ impl LbSpec {
         let dual_stack = ip_address_type(service, kind, &bad)?;
         let internal = internal_of(service, &bad)?;
         let spec = service.spec.clone().unwrap_or_default();
-        if spec
-            .load_balancer_ip
-            .as_deref()
-            .is_some_and(|ip| !ip.is_empty())
-        {
-            return Err(bad(
-                "spec.loadBalancerIP",
-                "LoadBalancerIP cannot be specified for AWS ELB".into(),
-            ));
-        }
+        refuse_load_balancer_ip(&spec, &bad)?;
         let ServicePorts {
             ports,
             named,
             first_listed,
         } = ports_of(&spec, kind, &bad)?;
-        let source_ranges = service_helpers::load_balancer_source_ranges(service)
-            .map_err(|e| bad("spec.loadBalancerSourceRanges", e.to_string()))?
-            .into_iter()
-            .map(|n| n.to_string())
-            .collect();
-        let mut tags = annotation(service, ANNOTATION_ADDITIONAL_TAGS)
-            .map(key_values)
-            .unwrap_or_default();
-        tags.insert(TAG_SERVICE_NAME.to_owned(), service_name.clone());
-        tags.insert(
-            format!("{TAG_CLUSTER_PREFIX}{cluster_id}"),
-            "owned".to_owned(),
-        );
+        let source_ranges = source_ranges_of(service, &bad)?;
+        let tags = tags_of(service, &service_name, cluster_id);
         let cross_zone = cross_zone_of(service, &bad)?;
         let tls = tls(service, kind, &named, &bad)?;
         let classic_attributes = classic_attributes(service, cross_zone, &bad)?;
@@ -370,9 +413,7 @@ impl LbSpec {
             health_check,
             source_ranges,
             tags,
-            target_node_labels: annotation(service, ANNOTATION_TARGET_NODE_LABELS)
-                .map(key_values)
-                .unwrap_or_default(),
+            target_node_labels: target_node_labels_of(service),
             cross_zone,
             subnets: list(annotation(service, ANNOTATION_SUBNETS)),
             security_groups: list(annotation(service, ANNOTATION_SECURITY_GROUPS)),
@@ -385,12 +426,7 @@ impl LbSpec {
             eip_allocations,
             private_ipv4_addresses,
             own_group_name: String::new(),
-            provisioned: service
-                .status
-                .as_ref()
-                .and_then(|s| s.load_balancer.as_ref())
-                .and_then(|lb| lb.ingress.as_ref())
-                .is_some_and(|ingress| !ingress.is_empty()),
+            provisioned: provisioned(service),
         })
     }
 
@@ -1037,5 +1073,95 @@ mod tests {
         no.metadata.labels = Some([("pool".to_owned(), "lb".to_owned())].into());
         let nodes = [Arc::new(yes), Arc::new(no)];
         assert_eq!(s.target_nodes(&nodes).len(), 1);
+    }
+
+    #[test]
+    fn service_names_default_the_namespace() {
+        for (namespace, name, expected) in [
+            (Some("shop"), Some("web"), "shop/web"),
+            (None, Some("web"), "default/web"),
+            (Some("shop"), None, "shop/"),
+        ] {
+            let mut s = Service::default();
+            s.metadata.namespace = namespace.map(str::to_owned);
+            s.metadata.name = name.map(str::to_owned);
+            assert_eq!(service_name_of(&s), expected, "{namespace:?} {name:?}");
+        }
+    }
+
+    #[test]
+    fn tags_put_the_services_name_and_the_clusters_over_the_additional_ones() {
+        for (additional, expected) in [
+            (
+                None,
+                vec![
+                    ("kubernetes.io/cluster/prod", "owned"),
+                    ("kubernetes.io/service-name", "shop/web"),
+                ],
+            ),
+            (
+                Some("team=a, kubernetes.io/service-name=other"),
+                vec![
+                    ("kubernetes.io/cluster/prod", "owned"),
+                    ("kubernetes.io/service-name", "shop/web"),
+                    ("team", "a"),
+                ],
+            ),
+        ] {
+            let annotations: Vec<_> = additional
+                .map(|tags| (ANNOTATION_ADDITIONAL_TAGS, tags))
+                .into_iter()
+                .collect();
+            let tags = tags_of(&service(&annotations, false), "shop/web", "prod");
+            let tags: Vec<_> = tags.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            assert_eq!(tags, expected, "{additional:?}");
+        }
+    }
+
+    #[test]
+    fn a_service_is_provisioned_once_its_status_has_an_ingress() {
+        use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, ServiceStatus};
+        for (ingress, expected) in [
+            (None, false),
+            (Some(vec![]), false),
+            (Some(vec![LoadBalancerIngress::default()]), true),
+        ] {
+            let s = Service {
+                status: Some(ServiceStatus {
+                    load_balancer: Some(LoadBalancerStatus {
+                        ingress: ingress.clone(),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            assert_eq!(provisioned(&s), expected, "{ingress:?}");
+        }
+        assert!(!provisioned(&Service::default()));
+    }
+
+    #[test]
+    fn a_load_balancer_ip_is_refused_unless_empty() {
+        let bad = |field: &str, message: String| Error::Service {
+            service: "shop/web".into(),
+            field: field.to_owned(),
+            message,
+        };
+        for (ip, refused) in [(None, false), (Some(""), false), (Some("10.0.0.1"), true)] {
+            let spec = ServiceSpec {
+                load_balancer_ip: ip.map(str::to_owned),
+                ..Default::default()
+            };
+            let result = refuse_load_balancer_ip(&spec, &bad);
+            assert_eq!(result.is_err(), refused, "{ip:?}");
+            if let Err(e) = result {
+                assert!(
+                    e.to_string().ends_with(
+                        "spec.loadBalancerIP: LoadBalancerIP cannot be specified for AWS ELB"
+                    ),
+                    "{e}"
+                );
+            }
+        }
     }
 }
