@@ -303,31 +303,9 @@ impl GlobalReader {
                     format!("[Global] {key}: {value:?} is not a boolean (true/false, yes/no, on/off, 1/0)")
                 })?;
             }
-            "nodeipfamilies" => {
-                let family = match value.to_ascii_lowercase().as_str() {
-                    "ipv4" => NodeIpFamily::Ipv4,
-                    "ipv6" => NodeIpFamily::Ipv6,
-                    _ => {
-                        return Err(format!(
-                            "[Global] {key}: {value:?} is not an IP family (ipv4 or ipv6)"
-                        ));
-                    }
-                };
-                if !self.families_given {
-                    g.node_ip_families.clear();
-                    self.families_given = true;
-                }
-                if g.node_ip_families.contains(&family) {
-                    return Err(format!("[Global] {key}: {value:?} is listed twice"));
-                }
-                g.node_ip_families.push(family);
-            }
+            "nodeipfamilies" => self.add_node_ip_family(key, &value)?,
             "supportedtopologyinstancetypepattern" => {
-                if let Err(e) = regex_lite::Regex::new(&value) {
-                    return Err(format!(
-                        "[Global] {key}: {value:?} is not a regular expression: {e}"
-                    ));
-                }
+                check_pattern(key, &value)?;
                 g.supported_topology_instance_type_pattern = opt(value);
             }
             "clusterserviceloadbalancerhealthprobemode" => {
@@ -340,29 +318,71 @@ impl GlobalReader {
                 self.probe_path = Some((line_no, key.to_owned(), value));
             }
             "nlbsecuritygroupmode" => {
-                // Upstream compares the value as written and fails every NLB sync on any
-                // other; here the file is refused where it says so.
-                g.nlb_security_group_mode = match value.as_str() {
-                    "" => NlbSecurityGroupMode::Unmanaged,
-                    "Managed" => NlbSecurityGroupMode::Managed,
-                    _ => {
-                        return Err(format!(
-                            "[Global] {key}: {value:?} is not an NLB security group mode (Managed, or unset)"
-                        ));
-                    }
-                };
+                g.nlb_security_group_mode = nlb_security_group_mode(key, &value)?;
             }
             "driftcheckcallspersecond" => {
-                g.drift_check_calls_per_second = value.parse().map_err(|_| {
-                    format!(
-                            "[Global] {key}: {value:?} is not a whole number of calls a second (0 for no limit)"
-                        )
-                })?;
+                g.drift_check_calls_per_second = calls_per_second(key, &value)?;
             }
             _ => return Err(format!("unknown key {key:?} in [Global]")),
         }
         Ok(())
     }
+
+    /// Adds the `NodeIPFamilies` line `value` (`key` as written) to the families: the first line
+    /// replaces the default, a family listed twice is refused.
+    fn add_node_ip_family(&mut self, key: &str, value: &str) -> Result<(), String> {
+        let family = node_ip_family(key, value)?;
+        let families = &mut self.global.node_ip_families;
+        if !self.families_given {
+            families.clear();
+            self.families_given = true;
+        }
+        if families.contains(&family) {
+            return Err(format!("[Global] {key}: {value:?} is listed twice"));
+        }
+        families.push(family);
+        Ok(())
+    }
+}
+
+/// A `NodeIPFamilies` value (`key` as written): `ipv4` or `ipv6`, in any case.
+fn node_ip_family(key: &str, value: &str) -> Result<NodeIpFamily, String> {
+    match value.to_ascii_lowercase().as_str() {
+        "ipv4" => Ok(NodeIpFamily::Ipv4),
+        "ipv6" => Ok(NodeIpFamily::Ipv6),
+        _ => Err(format!(
+            "[Global] {key}: {value:?} is not an IP family (ipv4 or ipv6)"
+        )),
+    }
+}
+
+/// Checks that the `SupportedTopologyInstanceTypePattern` value (`key` as written) is a regular
+/// expression.
+fn check_pattern(key: &str, value: &str) -> Result<(), String> {
+    regex_lite::Regex::new(value)
+        .map(drop)
+        .map_err(|e| format!("[Global] {key}: {value:?} is not a regular expression: {e}"))
+}
+
+/// An `NLBSecurityGroupMode` value (`key` as written): `Managed`, or empty. Upstream compares the
+/// value as written and fails every NLB sync on any other; here the file is refused where it says so.
+fn nlb_security_group_mode(key: &str, value: &str) -> Result<NlbSecurityGroupMode, String> {
+    match value {
+        "" => Ok(NlbSecurityGroupMode::Unmanaged),
+        "Managed" => Ok(NlbSecurityGroupMode::Managed),
+        _ => Err(format!(
+            "[Global] {key}: {value:?} is not an NLB security group mode (Managed, or unset)"
+        )),
+    }
+}
+
+/// A `DriftCheckCallsPerSecond` value (`key` as written): a whole number, 0 for no limit.
+fn calls_per_second(key: &str, value: &str) -> Result<u32, String> {
+    value.parse().map_err(|_| {
+        format!(
+            "[Global] {key}: {value:?} is not a whole number of calls a second (0 for no limit)"
+        )
+    })
 }
 
 /// One `[ServiceOverride]` section while it is read: each key with the line it came from.
@@ -1067,5 +1087,64 @@ SigningMethod = v4
         assert_eq!(zone_to_region("us-east-1a").as_deref(), Some("us-east-1"));
         assert_eq!(zone_to_region("us-east-1"), None);
         assert_eq!(zone_to_region(""), None);
+    }
+
+    #[test]
+    fn global_values_are_read_or_refused_in_words() {
+        for (value, expected) in [
+            ("IPv4", Ok(NodeIpFamily::Ipv4)),
+            ("ipv6", Ok(NodeIpFamily::Ipv6)),
+            (
+                "ipv5",
+                Err("[Global] NodeIPFamilies: \"ipv5\" is not an IP family (ipv4 or ipv6)"),
+            ),
+        ] {
+            let expected = expected.map_err(str::to_owned);
+            assert_eq!(
+                node_ip_family("NodeIPFamilies", value),
+                expected,
+                "{value:?}"
+            );
+        }
+        for (value, expected) in [
+            ("", Ok(NlbSecurityGroupMode::Unmanaged)),
+            ("Managed", Ok(NlbSecurityGroupMode::Managed)),
+            (
+                "managed",
+                Err(
+                    "[Global] Mode: \"managed\" is not an NLB security group mode (Managed, or unset)",
+                ),
+            ),
+        ] {
+            let expected = expected.map_err(str::to_owned);
+            assert_eq!(
+                nlb_security_group_mode("Mode", value),
+                expected,
+                "{value:?}"
+            );
+        }
+        for (value, expected) in [
+            ("0", Ok(0)),
+            ("5", Ok(5)),
+            (
+                "1.5",
+                Err(
+                    "[Global] Calls: \"1.5\" is not a whole number of calls a second (0 for no limit)",
+                ),
+            ),
+        ] {
+            let expected = expected.map_err(str::to_owned);
+            assert_eq!(calls_per_second("Calls", value), expected, "{value:?}");
+        }
+        for (value, valid) in [("^m5\\.", true), ("(", false)] {
+            let got = check_pattern("Pattern", value);
+            assert_eq!(got.is_ok(), valid, "{value:?}: {got:?}");
+            if let Err(message) = got {
+                assert!(
+                    message.starts_with("[Global] Pattern: \"(\" is not a regular expression: "),
+                    "{message}"
+                );
+            }
+        }
     }
 }
