@@ -90,18 +90,65 @@ pub(super) async fn node_sync_loop(
     changes: impl Stream<Item = Change<CachedNode>> + Send + 'static,
     shutdown: CancellationToken,
 ) {
-    let mut changes = Box::pin(changes);
-    let mut facts: HashMap<String, (BackendFacts, bool)> = HashMap::new();
-    // Whether the change triggers a node sync; any change to what the predicates read also drops the
-    // cached backend list.
-    let mut observe = |change: Change<CachedNode>| -> bool {
+    let mut watch = NodeWatch {
+        changes: Box::pin(changes),
+        facts: HashMap::new(),
+        ctx: ctx.clone(),
+    };
+    let mut period = tokio::time::interval(NODE_SYNC_PERIOD);
+    period.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    period.reset(); // the first tick after a period, not at once
+    // Changes seen during the last pass, for the next one.
+    let mut next: Option<Burst> = None;
+    loop {
+        let burst = match next.take() {
+            Some(burst) => Some(burst),
+            None => watch.first_change(&mut period, &shutdown).await,
+        };
+        let Some(mut burst) = burst else { return };
+        // Nodes often change in bursts (a script or an autoscaler deleting or relabelling a group): gather
+        // what follows until the changes pause, so each load balancer gets one update for the burst, not
+        // one per node.
+        if !watch.until_quiet(&mut burst, &shutdown).await {
+            return;
+        }
+        match watch.pass(&mut burst, &shutdown).await {
+            None => return,
+            // The updates it did not start wait for the burst's next quiet period (or its 500 ms).
+            Some(PassEnd::Paused) => next = Some(burst),
+            Some(PassEnd::Done { next_burst }) => next = next_burst,
+        }
+    }
+}
+
+/// How a node sync's pass ended.
+enum PassEnd {
+    /// Paused by its burst going on: the updates not started wait for the burst's end.
+    Paused,
+    /// Done; a burst that started during it comes next.
+    Done { next_burst: Option<Burst> },
+}
+
+/// The node changes the node sync reads, and what it knows of each node from them.
+struct NodeWatch<S> {
+    changes: std::pin::Pin<Box<S>>,
+    /// Each node's backend facts and whether this manager may back with it.
+    facts: HashMap<String, (BackendFacts, bool)>,
+    ctx: Arc<Context>,
+}
+
+impl<S: Stream<Item = Change<CachedNode>>> NodeWatch<S> {
+    /// Whether the change triggers a node sync; any change to what the predicates read also drops the
+    /// cached backend list.
+    fn observe(&mut self, change: Change<CachedNode>) -> bool {
+        let ctx = &self.ctx;
         let (before, after) = match change {
             Change::Applied(node) => {
                 // A node that stops (or starts) being this manager's leaves (or joins) the backends.
                 let now = (BackendFacts::of(&node), ctx.may_back(&node));
-                (facts.insert(node.name_any(), now.clone()), Some(now))
+                (self.facts.insert(node.name_any(), now.clone()), Some(now))
             }
-            Change::Deleted(node) => (facts.remove(&node.name_any()), None),
+            Change::Deleted(node) => (self.facts.remove(&node.name_any()), None),
         };
         if before != after {
             ctx.forget_backends();
@@ -111,74 +158,77 @@ pub(super) async fn node_sync_loop(
             // A relabelled node, when some load balancer selects its backends by labels.
             || (before.as_ref().map(|f| f.0.labels()) != after.as_ref().map(|f| f.0.labels())
                 && ctx.tracked().values().any(|t| t.labels.watched()))
-    };
-    let mut period = tokio::time::interval(NODE_SYNC_PERIOD);
-    period.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    period.reset(); // the first tick after a period, not at once
-    // Changes seen during the last pass, for the next one.
-    let mut next: Option<Burst> = None;
-    loop {
-        let mut burst = match next.take() {
-            Some(burst) => burst,
-            None => {
-                let wanted = tokio::select! {
-                    change = changes.next() => match change { Some(change) => observe(change), None => return },
-                    () = ctx.node_sync_wanted.notified() => true,
-                    _ = period.tick() => {
-                        ctx.forget_backends();
-                        true
-                    }
-                    () = shutdown.cancelled() => return,
-                };
-                if !wanted {
-                    continue;
-                }
-                Burst::new(Instant::now())
-            }
-        };
-        // Nodes often change in bursts (a script or an autoscaler deleting or relabelling a group): gather
-        // what follows until the changes pause, so each load balancer gets one update for the burst, not
-        // one per node.
+    }
+
+    /// Waits for a change that triggers a sync, a pass asked for, or the period; the burst it starts.
+    /// `None` at shutdown, or when the changes ended.
+    async fn first_change(
+        &mut self,
+        period: &mut tokio::time::Interval,
+        shutdown: &CancellationToken,
+    ) -> Option<Burst> {
         loop {
-            tokio::select! {
-                change = changes.next() => match change {
-                    Some(change) => if observe(change) {
-                        burst.last = Instant::now();
-                    },
-                    None => return,
-                },
-                () = tokio::time::sleep_until(burst.due()) => break,
-                () = shutdown.cancelled() => return,
+            let wanted = tokio::select! {
+                change = self.changes.next() => self.observe(change?),
+                () = self.ctx.node_sync_wanted.notified() => true,
+                _ = period.tick() => {
+                    self.ctx.forget_backends();
+                    true
+                }
+                () = shutdown.cancelled() => return None,
+            };
+            if wanted {
+                return Some(Burst::new(Instant::now()));
             }
         }
-        // Changes during the pass are observed as they come. One soon after the burst's first change
-        // pauses the pass (the burst goes on); a later one starts the next burst, and the updates not
-        // started yet give the new backends.
+    }
+
+    /// Gathers the burst's changes until they pause (or its longest wait); false at shutdown, or when
+    /// the changes ended.
+    async fn until_quiet(&mut self, burst: &mut Burst, shutdown: &CancellationToken) -> bool {
+        loop {
+            tokio::select! {
+                change = self.changes.next() => match change {
+                    Some(change) => if self.observe(change) {
+                        burst.last = Instant::now();
+                    },
+                    None => return false,
+                },
+                () = tokio::time::sleep_until(burst.due()) => return true,
+                () = shutdown.cancelled() => return false,
+            }
+        }
+    }
+
+    /// Runs a pass, observing the changes as they come. One soon after the burst's first change pauses
+    /// the pass (the burst goes on); a later one starts the next burst, and the updates not started yet
+    /// give the new backends. `None` at shutdown, or when the changes ended.
+    async fn pass(&mut self, burst: &mut Burst, shutdown: &CancellationToken) -> Option<PassEnd> {
+        let ctx = self.ctx.clone();
         let paused = AtomicBool::new(false);
+        let mut next_burst: Option<Burst> = None;
         let pass = sync_nodes(&ctx, &paused);
         tokio::pin!(pass);
         loop {
             tokio::select! {
                 () = &mut pass => break,
-                change = changes.next() => match change {
-                    Some(change) => if observe(change) {
-                        let now = Instant::now();
-                        if paused.load(Ordering::Relaxed) || burst.pauses_pass_at(now) {
-                            paused.store(true, Ordering::Relaxed);
-                            burst.last = now;
-                        } else {
-                            next.get_or_insert(Burst::new(now)).last = now;
-                        }
-                    },
-                    None => return,
+                change = self.changes.next() => if self.observe(change?) {
+                    let now = Instant::now();
+                    if paused.load(Ordering::Relaxed) || burst.pauses_pass_at(now) {
+                        paused.store(true, Ordering::Relaxed);
+                        burst.last = now;
+                    } else {
+                        next_burst.get_or_insert(Burst::new(now)).last = now;
+                    }
                 },
-                () = shutdown.cancelled() => return,
+                () = shutdown.cancelled() => return None,
             }
         }
-        if paused.load(Ordering::Relaxed) {
-            // The updates it did not start wait for the burst's next quiet period (or its 500 ms).
-            next = Some(burst);
-        }
+        Some(if paused.load(Ordering::Relaxed) {
+            PassEnd::Paused
+        } else {
+            PassEnd::Done { next_burst }
+        })
     }
 }
 
