@@ -209,11 +209,21 @@ fn port_key(port: &ServicePort) -> (String, String, i32, Option<IntOrString>) {
 /// removing what the infra side added).
 pub fn plan(desired: &Desired, actual: &Service) -> Option<Value> {
     let spec = actual.spec.clone().unwrap_or_default();
-    let mut spec_patch = Map::new();
+    let mut spec_patch = provider_fields_patch(desired, &spec);
+    spec_patch.extend(user_fields_patch(desired, &spec));
+    spec_patch.extend(session_affinity_patch(desired, &spec));
+    spec_patch.extend(ip_family_policy_patch(desired, &spec));
+    merge_patch(metadata_patch(desired, &actual.metadata), spec_patch)
+}
+
+/// The spec fields the provider sets, where `spec` differs from `desired`: the ports, the
+/// `externalTrafficPolicy` (when the tenant has one) and the selector.
+fn provider_fields_patch(desired: &Desired, spec: &ServiceSpec) -> Map<String, Value> {
+    let mut patch = Map::new();
     let actual_ports: Vec<_> = spec.ports.iter().flatten().map(port_key).collect();
     let desired_ports: Vec<_> = desired.ports.iter().map(port_key).collect();
     if actual_ports != desired_ports {
-        spec_patch.insert(
+        patch.insert(
             "ports".into(),
             serde_json::to_value(&desired.ports).unwrap_or(Value::Null),
         );
@@ -221,67 +231,109 @@ pub fn plan(desired: &Desired, actual: &Service) -> Option<Value> {
     if desired.external_traffic_policy.is_some()
         && spec.external_traffic_policy != desired.external_traffic_policy
     {
-        spec_patch.insert(
+        patch.insert(
             "externalTrafficPolicy".into(),
             json!(desired.external_traffic_policy),
         );
     }
     let actual_selector = spec.selector.clone().filter(|s| !s.is_empty());
     if actual_selector != desired.selector {
-        spec_patch.insert("selector".into(), json!(desired.selector));
+        patch.insert("selector".into(), json!(desired.selector));
     }
-    // What the tenant's user set, kept in step (a value removed on the tenant is removed here: JSON null).
+    patch
+}
+
+/// What the tenant's user set, kept in step where `spec` differs from `desired`: `externalIPs`,
+/// `loadBalancerIP` and `loadBalancerSourceRanges` (a value removed on the tenant is removed here:
+/// JSON null; an empty one is none).
+fn user_fields_patch(desired: &Desired, spec: &ServiceSpec) -> Map<String, Value> {
+    let mut patch = Map::new();
     let listed = |v: &Option<Vec<String>>| v.clone().filter(|l| !l.is_empty());
     if listed(&spec.external_ips) != desired.external_ips {
-        spec_patch.insert("externalIPs".into(), json!(desired.external_ips));
+        patch.insert("externalIPs".into(), json!(desired.external_ips));
     }
     if spec.load_balancer_ip.clone().filter(|ip| !ip.is_empty()) != desired.load_balancer_ip {
-        spec_patch.insert("loadBalancerIP".into(), json!(desired.load_balancer_ip));
+        patch.insert("loadBalancerIP".into(), json!(desired.load_balancer_ip));
     }
     if listed(&spec.load_balancer_source_ranges) != desired.source_ranges {
-        spec_patch.insert(
+        patch.insert(
             "loadBalancerSourceRanges".into(),
             json!(desired.source_ranges),
         );
     }
+    patch
+}
+
+/// `sessionAffinity` and its config together, when either differs from `desired` (no affinity is
+/// `None`).
+fn session_affinity_patch(desired: &Desired, spec: &ServiceSpec) -> Map<String, Value> {
+    let mut patch = Map::new();
     let affinity = spec
         .session_affinity
         .clone()
         .unwrap_or_else(|| "None".into());
     if affinity != desired.session_affinity
-        || client_ip_timeout(&spec) != desired.session_affinity_timeout
+        || client_ip_timeout(spec) != desired.session_affinity_timeout
     {
-        spec_patch.insert("sessionAffinity".into(), json!(desired.session_affinity));
-        spec_patch.insert(
+        patch.insert("sessionAffinity".into(), json!(desired.session_affinity));
+        patch.insert(
             "sessionAffinityConfig".into(),
             json!(affinity_config(desired.session_affinity_timeout)),
         );
     }
+    patch
+}
+
+/// The tenant's `ipFamilyPolicy`, when it has one and `spec` differs; going back to `SingleStack`
+/// also drops the second of `spec`'s families.
+fn ip_family_policy_patch(desired: &Desired, spec: &ServiceSpec) -> Map<String, Value> {
+    let mut patch = Map::new();
     if let Some(policy) = &desired.ip_family_policy
         && spec.ip_family_policy.as_ref() != Some(policy)
     {
-        spec_patch.insert("ipFamilyPolicy".into(), json!(policy));
+        patch.insert("ipFamilyPolicy".into(), json!(policy));
         // Back to one family, the API server wants the second one dropped in the same write.
         let families = spec.ip_families.clone().unwrap_or_default();
         if policy == "SingleStack" && families.len() > 1 {
-            spec_patch.insert("ipFamilies".into(), json!(&families[..1]));
+            patch.insert("ipFamilies".into(), json!(&families[..1]));
         }
     }
-    let mut metadata_patch = Map::new();
-    let changed = |wanted: &BTreeMap<String, String>, have: Option<&BTreeMap<String, String>>| {
-        let changed: Map<String, Value> = wanted
-            .iter()
-            .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
-            .map(|(k, v)| (k.clone(), json!(v)))
-            .collect();
-        (!changed.is_empty()).then_some(Value::Object(changed))
-    };
-    if let Some(labels) = changed(&desired.labels, actual.metadata.labels.as_ref()) {
-        metadata_patch.insert("labels".into(), labels);
+    patch
+}
+
+/// The labels and annotations `desired` adds to or changes on `metadata` (never removing any).
+fn metadata_patch(desired: &Desired, metadata: &ObjectMeta) -> Map<String, Value> {
+    let mut patch = Map::new();
+    if let Some(labels) = changed_entries(&desired.labels, metadata.labels.as_ref()) {
+        patch.insert("labels".into(), labels);
     }
-    if let Some(annotations) = changed(&desired.annotations, actual.metadata.annotations.as_ref()) {
-        metadata_patch.insert("annotations".into(), annotations);
+    if let Some(annotations) = changed_entries(&desired.annotations, metadata.annotations.as_ref())
+    {
+        patch.insert("annotations".into(), annotations);
     }
+    patch
+}
+
+/// The entries of `wanted` that `have` lacks or has with another value, as a JSON object; `None`
+/// when there are none.
+fn changed_entries(
+    wanted: &BTreeMap<String, String>,
+    have: Option<&BTreeMap<String, String>>,
+) -> Option<Value> {
+    let changed: Map<String, Value> = wanted
+        .iter()
+        .filter(|(k, v)| have.and_then(|h| h.get(*k)) != Some(*v))
+        .map(|(k, v)| (k.clone(), json!(v)))
+        .collect();
+    (!changed.is_empty()).then_some(Value::Object(changed))
+}
+
+/// The merge patch of the metadata and spec changes, each section only when it has any; `None` when
+/// neither has.
+fn merge_patch(
+    metadata_patch: Map<String, Value>,
+    spec_patch: Map<String, Value>,
+) -> Option<Value> {
     if spec_patch.is_empty() && metadata_patch.is_empty() {
         return None;
     }
@@ -886,6 +938,114 @@ mod tests {
             plan(&local_eps, &actual).unwrap()["spec"]["selector"],
             Value::Null
         );
+    }
+
+    #[test]
+    fn changed_entries_are_the_added_and_changed_ones() {
+        let map = |entries: &[(&str, &str)]| -> BTreeMap<String, String> {
+            entries
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let wanted = map(&[("a", "1"), ("b", "2")]);
+        for (have, expected) in [
+            (None, Some(json!({"a": "1", "b": "2"}))),
+            (Some(map(&[("a", "1"), ("b", "2"), ("c", "3")])), None),
+            (Some(map(&[("a", "0")])), Some(json!({"a": "1", "b": "2"}))),
+            (Some(map(&[("a", "1")])), Some(json!({"b": "2"}))),
+        ] {
+            assert_eq!(
+                changed_entries(&wanted, have.as_ref()),
+                expected,
+                "{have:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn merge_patches_hold_only_the_sections_that_change() {
+        let section = |value: Value| match value {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        for (metadata, spec, expected) in [
+            (json!({}), json!({}), None),
+            (
+                json!({"labels": {"a": "1"}}),
+                json!({}),
+                Some(json!({"metadata": {"labels": {"a": "1"}}})),
+            ),
+            (
+                json!({}),
+                json!({"selector": null}),
+                Some(json!({"spec": {"selector": null}})),
+            ),
+            (
+                json!({"labels": {"a": "1"}}),
+                json!({"selector": null}),
+                Some(json!({"metadata": {"labels": {"a": "1"}}, "spec": {"selector": null}})),
+            ),
+        ] {
+            assert_eq!(
+                merge_patch(section(metadata.clone()), section(spec.clone())),
+                expected,
+                "{metadata} {spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn single_stack_again_drops_the_second_family() {
+        let base = desired(
+            &tenant("Cluster", &[("http", 80, Some(30080))]),
+            "a1",
+            "c",
+            &config(),
+        )
+        .unwrap();
+        let families = |f: &[&str]| Some(f.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+        for (wanted, have, have_families, expected) in [
+            (
+                None,
+                Some("PreferDualStack"),
+                families(&["IPv4", "IPv6"]),
+                json!({}),
+            ),
+            (
+                Some("SingleStack"),
+                Some("SingleStack"),
+                families(&["IPv4"]),
+                json!({}),
+            ),
+            (
+                Some("SingleStack"),
+                Some("PreferDualStack"),
+                families(&["IPv6", "IPv4"]),
+                json!({"ipFamilyPolicy": "SingleStack", "ipFamilies": ["IPv6"]}),
+            ),
+            (
+                Some("PreferDualStack"),
+                None,
+                families(&["IPv4"]),
+                json!({"ipFamilyPolicy": "PreferDualStack"}),
+            ),
+        ] {
+            let wanted = Desired {
+                ip_family_policy: wanted.map(str::to_owned),
+                ..base.clone()
+            };
+            let spec = ServiceSpec {
+                ip_family_policy: have.map(str::to_owned),
+                ip_families: have_families,
+                ..Default::default()
+            };
+            assert_eq!(
+                Value::Object(ip_family_policy_patch(&wanted, &spec)),
+                expected,
+                "{wanted:?} {have:?}"
+            );
+        }
     }
 
     #[test]
