@@ -5,11 +5,15 @@ use cloud_provider::{
     CloudError, CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef,
     default_load_balancer_name,
 };
-use std::sync::Arc;
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::Ipv4Addr,
+    sync::Arc,
+};
 
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
-use crate::{FakeCloud, LoadBalancerRecord, Mutable, PortRecord};
+use crate::{CloudState, FakeCloud, LoadBalancerRecord, Mutable, PortRecord, config::IpPool};
 
 fn service_key(service: &Service) -> String {
     format!(
@@ -109,6 +113,102 @@ impl FakeCloud {
     }
 }
 
+/// A load balancer kept for a Service of this namespace and name (`key`) that went: adopted, with its
+/// address, under this Service's load-balancer `name`, unless one of that name exists.
+fn adopt_retained(state: &mut CloudState, name: &str, key: &str) {
+    if state.load_balancers.iter().any(|lb| lb.name == name) {
+        return;
+    }
+    if let Some(kept) = state
+        .load_balancers
+        .iter_mut()
+        .find(|lb| lb.retained && lb.service == key)
+    {
+        kept.name = name.to_owned();
+        kept.retained = false;
+    }
+}
+
+/// The existing `record` given the Service `key`'s listeners `ports` and backends `nodes`, and taken
+/// back if it was kept when its Service stopped being a LoadBalancer; a `requested` address other
+/// than its own is refused, as the fake cannot move a load balancer.
+fn take_over(
+    record: &mut LoadBalancerRecord,
+    requested: Option<Ipv4Addr>,
+    key: String,
+    ports: Vec<PortRecord>,
+    nodes: Arc<Vec<String>>,
+) -> CloudResult<LoadBalancerStatus> {
+    if let Some(requested) = requested
+        && record.ingress != [requested.to_string()]
+    {
+        return Err(CloudError::refused(format!(
+            "spec.loadBalancerIP {requested}: the fake cloud cannot move load balancer \
+             {} from {:?}; delete and re-create the Service",
+            record.name, record.ingress
+        )));
+    }
+    record.service = key;
+    record.ports = ports;
+    record.nodes = nodes;
+    record.retained = false;
+    Ok(status_of(record))
+}
+
+/// The address of a new load balancer for the Service `key`: the `requested` one if `pool` has it
+/// free, else a free one of `pool` (see [`free_address`]).
+fn new_address(
+    state: &CloudState,
+    key: &str,
+    requested: Option<Ipv4Addr>,
+    pool: &IpPool,
+) -> CloudResult<Ipv4Addr> {
+    let taken: HashSet<Ipv4Addr> = state
+        .load_balancers
+        .iter()
+        .flat_map(|lb| lb.ingress.iter().filter_map(|ip| ip.parse().ok()))
+        .collect();
+    match requested {
+        Some(requested) => requested_address(&requested, pool, taken.contains(&requested)),
+        None => free_address(&state.ip_assignments, key, pool, &taken)
+            .ok_or_else(|| CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))),
+    }
+}
+
+/// A free address of `pool` (not in `taken`) for the Service `key`: the one it was given before
+/// (`assignments`), so it keeps its IP across a delete and re-create while the IP is free; else the
+/// lowest never given to another Service; else the lowest free one.
+fn free_address(
+    assignments: &BTreeMap<String, Ipv4Addr>,
+    key: &str,
+    pool: &IpPool,
+    taken: &HashSet<Ipv4Addr>,
+) -> Option<Ipv4Addr> {
+    let in_use = |ip: &Ipv4Addr| taken.contains(ip);
+    assignments
+        .get(key)
+        .copied()
+        .filter(|ip| pool.contains(*ip) && !in_use(ip))
+        .or_else(|| {
+            let assigned: BTreeSet<_> = assignments
+                .iter()
+                .filter(|(k, _)| *k != key)
+                .map(|(_, ip)| *ip)
+                .collect();
+            pool.addresses()
+                .find(|ip| !in_use(ip) && !assigned.contains(ip))
+                .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
+        })
+}
+
+/// Adds `record` to the load balancers, kept sorted by name; its status.
+fn add_load_balancer(state: &mut CloudState, record: LoadBalancerRecord) -> LoadBalancerStatus {
+    let status = status_of(&record);
+    state.load_balancers.push(record);
+    state.load_balancers.sort_by(|a, b| a.name.cmp(&b.name));
+    status
+}
+
 /// What `ensure_load_balancer` would change on `record` (`None`: there is none) to give it `service`'s
 /// key and listeners and the backends `nodes`.
 fn preview(
@@ -202,86 +302,25 @@ impl LoadBalancer for FakeCloud {
         let requested = requested_ip(service)?;
         self.change(|cloud| {
             let nodes = cloud.share_backends(nodes);
-            // A load balancer kept for a Service of this namespace and name that went: adopted, with
-            // its address, under this Service's name.
-            if Self::position(cloud, &name).is_none()
-                && let Some(kept) = cloud
-                    .state
-                    .load_balancers
-                    .iter_mut()
-                    .find(|lb| lb.retained && lb.service == key)
-            {
-                kept.name = name.clone();
-                kept.retained = false;
-            }
+            adopt_retained(&mut cloud.state, &name, &key);
             if let Some(i) = Self::position(cloud, &name) {
                 let record = &mut cloud.state.load_balancers[i];
-                if let Some(requested) = requested
-                    && record.ingress != [requested.to_string()]
-                {
-                    return Err(CloudError::refused(format!(
-                        "spec.loadBalancerIP {requested}: the fake cloud cannot move load balancer \
-                         {name} from {:?}; delete and re-create the Service",
-                        record.ingress
-                    )));
-                }
-                record.service = key;
-                record.ports = ports;
-                record.nodes = nodes;
-                // Kept when its Service stopped being a LoadBalancer, and one again now: taken back.
-                record.retained = false;
-                return Ok(status_of(record));
+                return take_over(record, requested, key, ports, nodes);
             }
             let pool = config.load_balancers.ip_pool;
-            let taken: std::collections::HashSet<std::net::Ipv4Addr> = cloud
-                .state
-                .load_balancers
-                .iter()
-                .flat_map(|lb| lb.ingress.iter().filter_map(|ip| ip.parse().ok()))
-                .collect();
-            let in_use = |ip: &std::net::Ipv4Addr| taken.contains(ip);
-            let ip = match requested {
-                Some(requested) => requested_address(&requested, &pool, in_use(&requested))?,
-                // The same Service keeps its IP across a delete and re-create while the IP is free.
-                None => cloud
-                    .state
-                    .ip_assignments
-                    .get(&key)
-                    .copied()
-                    .filter(|ip| pool.contains(*ip) && !in_use(ip))
-                    .or_else(|| {
-                        let assigned: std::collections::BTreeSet<_> = cloud
-                            .state
-                            .ip_assignments
-                            .iter()
-                            .filter(|(k, _)| **k != key)
-                            .map(|(_, ip)| *ip)
-                            .collect();
-                        // Prefer addresses never given to another Service, then any free one.
-                        pool.addresses()
-                            .find(|ip| !in_use(ip) && !assigned.contains(ip))
-                            .or_else(|| pool.addresses().find(|ip| !in_use(ip)))
-                    })
-                    .ok_or_else(|| {
-                        CloudError::other(format!("fake cloud: ipPool {pool} is exhausted"))
-                    })?,
-            };
+            let ip = new_address(&cloud.state, &key, requested, &pool)?;
             cloud.state.ip_assignments.insert(key.clone(), ip);
-            let record = LoadBalancerRecord {
-                name: name.clone(),
-                service: key,
-                ingress: vec![ip.to_string()],
-                ports,
-                nodes,
-                retained: false,
-            };
-            let status = status_of(&record);
-            cloud.state.load_balancers.push(record);
-            cloud
-                .state
-                .load_balancers
-                .sort_by(|a, b| a.name.cmp(&b.name));
-            Ok(status)
+            Ok(add_load_balancer(
+                &mut cloud.state,
+                LoadBalancerRecord {
+                    name: name.clone(),
+                    service: key,
+                    ingress: vec![ip.to_string()],
+                    ports,
+                    nodes,
+                    retained: false,
+                },
+            ))
         })
     }
 
@@ -388,6 +427,83 @@ mod tests {
     use cloud_provider::{CloudProvider, conformance};
 
     use super::*;
+
+    #[test]
+    fn a_free_address_is_the_services_own_then_a_never_given_one_then_any() {
+        let pool: IpPool = "10.0.0.0/29".parse().unwrap();
+        let ip = |last: u8| Ipv4Addr::new(10, 0, 0, last);
+        let assignments = |entries: &[(&str, u8)]| -> BTreeMap<String, Ipv4Addr> {
+            entries
+                .iter()
+                .map(|(k, last)| (k.to_string(), ip(*last)))
+                .collect()
+        };
+        let taken = |lasts: &[u8]| -> HashSet<Ipv4Addr> { lasts.iter().map(|l| ip(*l)).collect() };
+        for (given, in_use, expected) in [
+            (assignments(&[]), taken(&[]), Some(ip(1))),
+            (assignments(&[("a/web", 4)]), taken(&[]), Some(ip(4))),
+            (assignments(&[("a/web", 4)]), taken(&[4]), Some(ip(1))),
+            (assignments(&[("a/web", 9)]), taken(&[]), Some(ip(1))),
+            (assignments(&[("b/db", 1)]), taken(&[2]), Some(ip(3))),
+            (
+                assignments(&[("b/1", 1), ("b/2", 2), ("b/3", 3), ("b/4", 4), ("b/5", 5)]),
+                taken(&[1, 2, 3, 4]),
+                Some(ip(6)),
+            ),
+            (
+                assignments(&[
+                    ("b/1", 1),
+                    ("b/2", 2),
+                    ("b/3", 3),
+                    ("b/4", 4),
+                    ("b/5", 5),
+                    ("b/6", 6),
+                ]),
+                taken(&[1, 2, 3, 4, 6]),
+                Some(ip(5)),
+            ),
+            (assignments(&[]), taken(&[1, 2, 3, 4, 5, 6]), None),
+        ] {
+            assert_eq!(
+                free_address(&given, "a/web", &pool, &in_use),
+                expected,
+                "{given:?} {in_use:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_retained_load_balancer_is_adopted_unless_one_has_the_name() {
+        let record = |name: &str, service: &str, retained: bool| LoadBalancerRecord {
+            name: name.into(),
+            service: service.into(),
+            ingress: vec![],
+            ports: vec![],
+            nodes: Arc::default(),
+            retained,
+        };
+        for (records, expected) in [
+            (vec![record("old", "a/web", true)], vec![("new", false)]),
+            (vec![record("old", "a/db", true)], vec![("old", true)]),
+            (vec![record("old", "a/web", false)], vec![("old", false)]),
+            (
+                vec![record("new", "a/web", false), record("old", "a/web", true)],
+                vec![("new", false), ("old", true)],
+            ),
+        ] {
+            let mut state = CloudState {
+                load_balancers: records,
+                ..Default::default()
+            };
+            adopt_retained(&mut state, "new", "a/web");
+            let got: Vec<_> = state
+                .load_balancers
+                .iter()
+                .map(|lb| (lb.name.as_str(), lb.retained))
+                .collect();
+            assert_eq!(got, expected);
+        }
+    }
 
     #[tokio::test]
     async fn a_requested_address_is_given_if_the_pool_has_it_free_and_refused_otherwise() {
