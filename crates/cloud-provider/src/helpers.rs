@@ -175,66 +175,11 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
     let mut rest = text;
     let mut total: u64 = 0;
     while !rest.is_empty() {
-        if !rest.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
-            return Err(bad(""));
-        }
-        // The whole part, [0-9]*; as Go, more than 2^63 is an error.
-        let whole_len = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let mut whole: u64 = 0;
-        for digit in rest[..whole_len].bytes() {
-            whole = whole
-                .checked_mul(10)
-                .and_then(|w| w.checked_add(u64::from(digit - b'0')))
-                .filter(|w| *w <= GO_DURATION_LIMIT)
-                .ok_or_else(out_of_range)?;
-        }
-        rest = &rest[whole_len..];
-        // The fraction, (\.[0-9]*)?; as Go, digits past 64 bits of precision are dropped.
-        let (mut fraction, mut scale, mut fraction_len) = (0u64, 1f64, 0);
-        if let Some(after_dot) = rest.strip_prefix('.') {
-            fraction_len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
-            let mut overflow = false;
-            for digit in after_dot[..fraction_len].bytes() {
-                if overflow || fraction > (GO_DURATION_LIMIT - 1) / 10 {
-                    overflow = true;
-                    continue;
-                }
-                let next = fraction * 10 + u64::from(digit - b'0');
-                if next > GO_DURATION_LIMIT {
-                    overflow = true;
-                    continue;
-                }
-                fraction = next;
-                scale *= 10.0;
-            }
-            rest = &after_dot[fraction_len..];
-        }
-        if whole_len == 0 && fraction_len == 0 {
-            return Err(bad(""));
-        }
-        let unit_len = rest
-            .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = match &rest[..unit_len] {
-            "" => return Err(bad(": missing unit")),
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            other => return Err(bad(&format!(": unknown unit {other:?}"))),
-        };
-        rest = &rest[unit_len..];
-        if whole > GO_DURATION_LIMIT / unit {
-            return Err(out_of_range());
-        }
-        let mut nanos = whole * unit;
-        if fraction > 0 {
-            // As Go: a float64 keeps fractions of hours nanosecond-accurate (the product is at most
-            // 3.6e12, an hour in nanoseconds); `as` cannot overflow here.
-            nanos += (fraction as f64 * (unit as f64 / scale)) as u64;
-        }
+        let (nanos, after) = go_duration_term(rest).map_err(|e| match e {
+            GoDurationError::Syntax(why) => bad(&why),
+            GoDurationError::OutOfRange => out_of_range(),
+        })?;
+        rest = after;
         total = total
             .checked_add(nanos)
             .filter(|t| *t <= GO_DURATION_LIMIT)
@@ -244,6 +189,96 @@ pub fn parse_go_duration(text: &str) -> Result<Duration, String> {
         return Err(out_of_range());
     }
     Ok(Duration::from_nanos(total))
+}
+
+/// What is wrong with a term of a Go duration.
+#[derive(Debug, PartialEq)]
+enum GoDurationError {
+    /// Not Go's syntax; what follows the quoted text in the message (`""`, `": missing unit"`, …).
+    Syntax(String),
+    /// More than 2^63 nanoseconds.
+    OutOfRange,
+}
+
+/// The first term of `text`, `[0-9]*(\.[0-9]*)?` and a unit, in nanoseconds (at most 2^63 and an
+/// hour's worth of fraction), with the text after it.
+fn go_duration_term(text: &str) -> Result<(u64, &str), GoDurationError> {
+    if !text.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
+        return Err(GoDurationError::Syntax(String::new()));
+    }
+    let (whole, whole_len) = go_whole_part(text).ok_or(GoDurationError::OutOfRange)?;
+    let mut rest = &text[whole_len..];
+    let (mut fraction, mut scale, mut fraction_len) = (0u64, 1f64, 0);
+    if let Some(after_dot) = rest.strip_prefix('.') {
+        (fraction, scale, fraction_len) = go_fraction_part(after_dot);
+        rest = &after_dot[fraction_len..];
+    }
+    if whole_len == 0 && fraction_len == 0 {
+        return Err(GoDurationError::Syntax(String::new()));
+    }
+    let unit_len = rest
+        .find(|c: char| c == '.' || c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    let unit = go_unit(&rest[..unit_len]).map_err(GoDurationError::Syntax)?;
+    if whole > GO_DURATION_LIMIT / unit {
+        return Err(GoDurationError::OutOfRange);
+    }
+    let mut nanos = whole * unit;
+    if fraction > 0 {
+        // As Go: a float64 keeps fractions of hours nanosecond-accurate (the product is at most
+        // 3.6e12, an hour in nanoseconds); `as` cannot overflow here.
+        nanos += (fraction as f64 * (unit as f64 / scale)) as u64;
+    }
+    Ok((nanos, &rest[unit_len..]))
+}
+
+/// The whole part that `text` starts with, `[0-9]*`, and its length; `None` past 2^63, as Go.
+fn go_whole_part(text: &str) -> Option<(u64, usize)> {
+    let len = text.bytes().take_while(u8::is_ascii_digit).count();
+    let mut whole: u64 = 0;
+    for digit in text[..len].bytes() {
+        whole = whole
+            .checked_mul(10)
+            .and_then(|w| w.checked_add(u64::from(digit - b'0')))
+            .filter(|w| *w <= GO_DURATION_LIMIT)?;
+    }
+    Some((whole, len))
+}
+
+/// The fraction digits that `after_dot` starts with: their value, the power of ten it is to be
+/// divided by, and how many there are. As Go, digits past 64 bits of precision are dropped.
+fn go_fraction_part(after_dot: &str) -> (u64, f64, usize) {
+    let len = after_dot.bytes().take_while(u8::is_ascii_digit).count();
+    let (mut fraction, mut scale) = (0u64, 1f64);
+    let mut overflow = false;
+    for digit in after_dot[..len].bytes() {
+        if overflow || fraction > (GO_DURATION_LIMIT - 1) / 10 {
+            overflow = true;
+            continue;
+        }
+        let next = fraction * 10 + u64::from(digit - b'0');
+        if next > GO_DURATION_LIMIT {
+            overflow = true;
+            continue;
+        }
+        fraction = next;
+        scale *= 10.0;
+    }
+    (fraction, scale, len)
+}
+
+/// The nanoseconds in one Go duration `unit`; what is wrong with it, as the message's tail.
+fn go_unit(unit: &str) -> Result<u64, String> {
+    match unit {
+        "" => Err(": missing unit".to_owned()),
+        "ns" => Ok(1),
+        "us" | "\u{b5}s" | "\u{3bc}s" => Ok(1_000),
+        "ms" => Ok(1_000_000),
+        "s" => Ok(1_000_000_000),
+        "m" => Ok(60_000_000_000),
+        "h" => Ok(3_600_000_000_000),
+        other => Err(format!(": unknown unit {other:?}")),
+    }
 }
 
 /// 2^63 nanoseconds: one more than Go's longest duration (`math.MaxInt64` nanoseconds, about 292
@@ -340,6 +375,47 @@ mod tests {
         assert!(d(".s").is_err() && d("1..5s").is_err() && d("+1s").is_err());
         assert!(d("10").unwrap_err().contains("missing unit"));
         assert!(d("5d").unwrap_err().contains(r#"unknown unit "d""#));
+    }
+
+    #[test]
+    fn go_duration_parts_read_as_go_reads_them() {
+        for (text, expected) in [
+            ("", Some((0, 0))),
+            ("15m", Some((15, 2))),
+            ("9223372036854775808s", Some((1 << 63, 19))),
+            ("9223372036854775809s", None),
+        ] {
+            assert_eq!(go_whole_part(text), expected, "{text}");
+        }
+        for (after_dot, expected) in [
+            ("s", (0, 1.0, 0)),
+            ("25s", (25, 100.0, 2)),
+            // Past 64 bits of precision, digits are counted but dropped.
+            (
+                "12345678901234567890123s",
+                (1_234_567_890_123_456_789, 1e19, 23),
+            ),
+        ] {
+            assert_eq!(go_fraction_part(after_dot), expected, "{after_dot}");
+        }
+        for (unit, expected) in [
+            ("ns", Ok(1)),
+            ("\u{3bc}s", Ok(1_000)),
+            ("h", Ok(3_600_000_000_000)),
+            ("", Err(": missing unit".to_owned())),
+            ("d", Err(": unknown unit \"d\"".to_owned())),
+        ] {
+            assert_eq!(go_unit(unit), expected, "{unit:?}");
+        }
+        for (text, expected) in [
+            ("1m30s", Ok((60_000_000_000, "30s"))),
+            ("1.5h", Ok((5_400_000_000_000, ""))),
+            (".s", Err(GoDurationError::Syntax(String::new()))),
+            ("-1s", Err(GoDurationError::Syntax(String::new()))),
+            ("2562048h", Err(GoDurationError::OutOfRange)),
+        ] {
+            assert_eq!(go_duration_term(text), expected, "{text}");
+        }
     }
 
     #[test]
