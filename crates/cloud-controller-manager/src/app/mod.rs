@@ -22,11 +22,7 @@ pub(crate) mod serving;
 pub(crate) mod tls_curves;
 pub(crate) mod upstream_flags;
 
-use std::{
-    path::PathBuf,
-    sync::{Arc, atomic::AtomicBool},
-    time::Duration,
-};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, InitializeContext, Registry, RegistryError,
@@ -35,16 +31,10 @@ use tokio_util::sync::CancellationToken;
 
 use client_factory::{ClientFactory, controller_clients};
 
-use crate::write_fence::WriteFence;
-use crate::{
-    controllers::ControllerContext,
-    informers::{InformerFactory, InitialList},
-    metrics::Metrics,
-    shadow::ShadowReport,
-};
+use crate::{controllers::ControllerContext, informers::InformerFactory, metrics::Metrics};
 pub use client::ClientError;
 pub use command_line::CommandLine;
-use controller_table::{ControllerName, ControllerSpec, StartFn};
+use controller_table::{ControllerSpec, StartFn};
 pub use controllers_flag::{ControllerSelection, UnknownController};
 use health::Health;
 pub use leader_election::LeadershipLost;
@@ -187,46 +177,11 @@ pub async fn run(
     metrics: &Metrics,
     shutdown: CancellationToken,
 ) -> Result<(), AppError> {
-    let CommandLine { options, matches } = command_line;
-    let known: Vec<ControllerName> = controllers.iter().map(|c| *c.name()).collect();
-    let selection = ControllerSelection::parse(&options.generic.controllers, &known)?;
-    options.validate()?;
-    let client_features = feature_gates::ClientFeatures::from_env(std::env::vars_os())
-        .map_err(AppError::Environment)?;
-    let cloud = init_cloud(&options.cloud, &matches, registry)?;
-    tracing::info!(
-        provider = cloud.provider_name(),
-        "cloud provider initialized from the registry"
-    );
-    let configured =
-        phases::configure(controllers, &selection, &options, &matches, cloud.as_ref())?;
-    metrics.register_provider(cloud.as_ref());
-    // With leader election, the API writes and the cloud calls of the controllers go on only while this
-    // fence, which the elector opens and extends, allows.
-    let leading = options.leader_election.leader_elect && !options.generic.dry_run;
-    let fence = if leading {
-        WriteFence::default()
-    } else {
-        WriteFence::unenforced()
-    };
-    // Shadow mode: API writes become recorded dry runs, cloud writes recorded previews.
-    let shadow = options
-        .generic
-        .dry_run
-        .then(|| ShadowReport::new(metrics.dry_run.clone()));
-    let (cloud, actual_cloud) = phases::decorate(cloud, metrics, &fence, shadow.as_ref());
-
-    let (mut clients, url) = phases::clients(&options, metrics, shadow.as_ref()).await?;
+    let prepared = phases::prepare(command_line, registry, controllers, metrics)?;
+    let (options, cloud) = (&prepared.options, prepared.cloud.clone());
+    let (mut clients, url) = phases::clients(options, metrics, prepared.shadow.as_ref()).await?;
     let client = clients.build()?;
-    let (health, supervisor) = phases::serve(
-        &options,
-        metrics,
-        &clients,
-        &client,
-        shadow,
-        actual_cloud,
-        &shutdown,
-    )?;
+    let (health, supervisor) = phases::serve(&prepared, metrics, &clients, &client, &shutdown)?;
     wait_for_api_server(&client, &url, &shutdown).await?;
     if shutdown.is_cancelled() {
         return Ok(());
@@ -235,20 +190,21 @@ pub async fn run(
     // What the provider sees of the leader riding out an API-server outage: nothing, unless it leads
     // and the provider asked for it (the report is dropped otherwise).
     let (outage_report, api_outage) = cloud_provider::ApiOutage::channel();
-    let elector = if leading {
-        let elector = phases::elector(
-            &clients,
-            &options,
-            fence,
-            cloud.as_ref(),
+    let elector = if prepared.leading {
+        let outage_report = cloud.rides_out_api_outages().then_some(outage_report);
+        let won = phases::win_leadership(
+            &mut clients,
+            &options.leader_election,
+            prepared.fence.clone(),
             outage_report,
             metrics,
-        )?;
-        health.watch_leader(elector.clone());
-        if !phases::lead(&elector, &mut clients, &options, metrics, &shutdown).await {
-            return Ok(()); // shut down while waiting: nothing was started
+            &health,
+            &shutdown,
+        );
+        match won.await? {
+            Some(elector) => Some(elector),
+            None => return Ok(()), // shut down while waiting: nothing was started
         }
-        Some(elector)
     } else {
         None
     };
@@ -262,22 +218,19 @@ pub async fn run(
         .clone()
         .map(|elector| phases::start_renewing(elector, &stops, metrics, &lease));
 
-    let result = run_controllers(
-        configured,
-        phases::initial_list(&client_features),
-        &options.cloud.cloud_provider,
-        cloud.clone(),
-        phases::node_ownership(&options, cloud.clone()),
-        &clients,
+    let launch = Launch {
+        options,
+        client_features: &prepared.client_features,
+        cloud: cloud.clone(),
+        clients: &clients,
         metrics,
-        &health,
-        (stops.controllers.clone(), stops.provider.clone()),
-        &supervisor,
-        &stops.lost,
-        api_outage,
-        &options.cloud.cluster_name,
-    )
-    .await;
+        health: &health,
+        stops: &stops,
+        supervisor: &supervisor,
+    };
+    let result = launch
+        .run_controllers(prepared.configured, api_outage)
+        .await;
     stops.controllers.cancel();
     stops.renewing.cancel();
     phases::renewal_ended(renewing).await?;
@@ -300,96 +253,133 @@ struct Configured {
     start: StartFn,
 }
 
-/// Runs the enabled controllers until `stop` is cancelled (then lets in-flight work finish, unless
-/// leadership was `lost`) or one of them fails. The provider is initialized with `provider_stop` as
-/// its shutdown (`stop` itself, unless it hands its traffic off).
-#[allow(clippy::too_many_arguments)]
-async fn run_controllers(
-    configured: Vec<Configured>,
-    initial_list: InitialList,
-    provider_name: &str,
+/// What the controllers are started with, once leadership is won.
+struct Launch<'a> {
+    options: &'a Options,
+    client_features: &'a feature_gates::ClientFeatures,
+    /// The decorated cloud.
     cloud: Arc<dyn CloudProvider>,
-    ownership: crate::node_ownership::NodeOwnership,
-    clients: &ClientFactory,
-    metrics: &Metrics,
-    health: &Health,
-    (stop, provider_stop): (CancellationToken, CancellationToken),
-    supervisor: &cloud_provider::Supervisor,
-    lost: &AtomicBool,
-    api_outage: cloud_provider::ApiOutage,
-    cluster_name: &str,
-) -> Result<(), AppError> {
-    // As upstream: the shared informers, the event sink and each controller have a client (and so a
-    // client-side rate limit) of their own, so events and one busy controller do not starve another.
-    // The informers' client (upstream's `shared-informers`) keeps the manager's own identity.
-    let client = clients.build()?;
-    let events_client = clients.build()?;
-    let credentials =
-        clients.service_account_credentials(supervisor.stopping_with(stop.clone()))?;
-    // Names only across the awaits (a start function is `Send` but not `Sync`).
-    let names = configured
-        .iter()
-        .map(|c| (c.name, c.service_account))
-        .collect();
-    let per_controller =
-        controller_clients(names, clients, credentials.as_ref(), &events_client).await?;
-    cloud
-        .initialize(InitializeContext {
-            client: client.clone(),
-            supervisor: supervisor.stopping_with(provider_stop.clone()),
-            shutdown: provider_stop,
-            api_outage,
-            cluster_name: cluster_name.to_owned(),
-        })
-        .await
-        .map_err(|source| AppError::Initialize {
-            name: provider_name.to_owned(),
-            source,
-        })?;
+    clients: &'a ClientFactory,
+    metrics: &'a Metrics,
+    health: &'a Health,
+    stops: &'a phases::Stops,
+    supervisor: &'a cloud_provider::Supervisor,
+}
 
-    // Each controller asks for the caches it reads as it starts; they start together afterwards.
-    let informers = InformerFactory::new();
-    let context = ControllerContext {
-        client: client.clone(),
-        events_client: events_client.clone(),
-        cloud,
-        shutdown: stop.clone(),
-        informers: informers.clone(),
-        metrics: metrics.clone(),
-        ownership,
-        name: "",
-        health: Default::default(),
-    };
-    let mut running = tokio::task::JoinSet::new();
-    let mut names = std::collections::HashMap::new();
-    for (Configured { name, start, .. }, own) in configured.into_iter().zip(per_controller) {
+impl Launch<'_> {
+    /// Runs the `configured` controllers until the controllers' stop is cancelled (then lets in-flight
+    /// work finish, unless leadership was lost) or one of them fails. The provider is initialized first,
+    /// with the provider's stop as its shutdown (the controllers' own, unless it hands its traffic off).
+    async fn run_controllers(
+        self,
+        configured: Vec<Configured>,
+        api_outage: cloud_provider::ApiOutage,
+    ) -> Result<(), AppError> {
+        let stop = &self.stops.controllers;
+        // As upstream: the shared informers, the event sink and each controller have a client (and so a
+        // client-side rate limit) of their own, so events and one busy controller do not starve
+        // another. The informers' client (upstream's `shared-informers`) keeps the manager's own
+        // identity.
+        let client = self.clients.build()?;
+        let events_client = self.clients.build()?;
+        let credentials = self
+            .clients
+            .service_account_credentials(self.supervisor.stopping_with(stop.clone()))?;
+        // Names only across the awaits (a start function is `Send` but not `Sync`).
+        let names = configured
+            .iter()
+            .map(|c| (c.name, c.service_account))
+            .collect();
+        let per_controller =
+            controller_clients(names, self.clients, credentials.as_ref(), &events_client).await?;
+        self.initialize_cloud(&client, api_outage).await?;
+
+        // Each controller asks for the caches it reads as it starts; they start together afterwards.
+        let informers = InformerFactory::new();
         let context = ControllerContext {
-            client: own.client,
-            events_client: own.events_client,
-            name,
+            client: client.clone(),
+            events_client,
+            cloud: self.cloud.clone(),
+            shutdown: stop.clone(),
+            informers: informers.clone(),
+            metrics: self.metrics.clone(),
+            ownership: phases::node_ownership(self.options, self.cloud.clone()),
+            name: "",
             health: Default::default(),
-            ..context.clone()
         };
-        let controller_health = context.health.clone();
-        match start(context) {
-            Some(task) => {
-                tracing::info!(controller = name, "starting controller");
-                let handle = running.spawn(async move { (name, task.await) });
-                names.insert(handle.id(), name);
-                health.controller_started(name, controller_health);
-            }
-            None => tracing::info!(
-                controller = name,
-                "controller is enabled but does not run (see the reason above)"
-            ),
-        }
+        let (running, names) = self.start_controllers(configured, per_controller, &context);
+        // Every cache a controller asked for starts now that all have (upstream's
+        // `InformerFactory.Start` after the controllers are built); one asked for later starts when it
+        // is.
+        let initial_list = phases::initial_list(self.client_features);
+        informers.start(
+            client,
+            self.supervisor.stopping_with(stop.clone()),
+            initial_list,
+        );
+        phases::run_until_stopped(running, names, stop, self.health, &self.stops.lost).await
     }
 
-    // Every cache a controller asked for starts now that all have (upstream's `InformerFactory.Start`
-    // after the controllers are built); one asked for later starts when it is.
-    informers.start(client, supervisor.stopping_with(stop.clone()), initial_list);
+    /// Initializes the provider: its client, its supervisor and shutdown (the provider's stop), what it
+    /// sees of API-server outages, the cluster's name.
+    async fn initialize_cloud(
+        &self,
+        client: &kube::Client,
+        api_outage: cloud_provider::ApiOutage,
+    ) -> Result<(), AppError> {
+        let provider_stop = self.stops.provider.clone();
+        self.cloud
+            .initialize(InitializeContext {
+                client: client.clone(),
+                supervisor: self.supervisor.stopping_with(provider_stop.clone()),
+                shutdown: provider_stop,
+                api_outage,
+                cluster_name: self.options.cloud.cluster_name.clone(),
+            })
+            .await
+            .map_err(|source| AppError::Initialize {
+                name: self.options.cloud.cloud_provider.clone(),
+                source,
+            })
+    }
 
-    phases::run_until_stopped(running, names, &stop, health, lost).await
+    /// Starts each configured controller with its own clients; the running ones, and their names by
+    /// task.
+    fn start_controllers(
+        &self,
+        configured: Vec<Configured>,
+        per_controller: Vec<client_factory::ControllerClients>,
+        context: &ControllerContext,
+    ) -> (
+        phases::Running,
+        std::collections::HashMap<tokio::task::Id, &'static str>,
+    ) {
+        let mut running = tokio::task::JoinSet::new();
+        let mut names = std::collections::HashMap::new();
+        for (Configured { name, start, .. }, own) in configured.into_iter().zip(per_controller) {
+            let context = ControllerContext {
+                client: own.client,
+                events_client: own.events_client,
+                name,
+                health: Default::default(),
+                ..context.clone()
+            };
+            let controller_health = context.health.clone();
+            match start(context) {
+                Some(task) => {
+                    tracing::info!(controller = name, "starting controller");
+                    let handle = running.spawn(async move { (name, task.await) });
+                    names.insert(handle.id(), name);
+                    self.health.controller_started(name, controller_health);
+                }
+                None => tracing::info!(
+                    controller = name,
+                    "controller is enabled but does not run (see the reason above)"
+                ),
+            }
+        }
+        (running, names)
+    }
 }
 
 /// Whether `err` says the API server could not be reached at all (refused, reset, timed out, or an

@@ -14,13 +14,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    AppError, Configured, ControllerSelection, Options, client,
+    AppError, CommandLine, Configured, ControllerSelection, Options, client,
     client_factory::ClientFactory,
-    controller_table::{ConfigureContext, ControllerSpec},
+    controller_table::{ConfigureContext, ControllerName, ControllerSpec},
     delegated_auth::DelegatedAuth,
     feature_gates,
     health::Health,
     leader_election::{self, LeaderElector, LeadershipLost},
+    options::LeaderElectionOptions,
     serving::{self, ServerState},
 };
 use crate::{
@@ -31,6 +32,71 @@ use crate::{
     shadow::{DryRunLayer, ShadowCloud, ShadowReport, ShadowView},
     write_fence::WriteFence,
 };
+
+/// What the first phase makes: nothing started yet.
+pub(super) struct Prepared {
+    pub(super) options: Options,
+    pub(super) client_features: feature_gates::ClientFeatures,
+    /// The enabled controllers, configured.
+    pub(super) configured: Vec<Configured>,
+    /// The cloud as the controllers call it ([`decorate`]).
+    pub(super) cloud: Arc<dyn CloudProvider>,
+    /// The metered cloud without the shadow ([`decorate`]).
+    pub(super) metered_cloud: Arc<dyn CloudProvider>,
+    /// The leader's write fence (unenforced without leader election).
+    pub(super) fence: WriteFence,
+    /// Shadow mode's report (`--dry-run`).
+    pub(super) shadow: Option<ShadowReport>,
+    /// Whether this manager elects a leader.
+    pub(super) leading: bool,
+}
+
+/// The first phase: the flags, the environment and the provider checked, every enabled controller
+/// configured, and the cloud decorated; nothing started yet.
+pub(super) fn prepare(
+    command_line: CommandLine,
+    registry: &cloud_provider::Registry,
+    controllers: &[ControllerSpec],
+    metrics: &Metrics,
+) -> Result<Prepared, AppError> {
+    let CommandLine { options, matches } = command_line;
+    let known: Vec<ControllerName> = controllers.iter().map(|c| *c.name()).collect();
+    let selection = ControllerSelection::parse(&options.generic.controllers, &known)?;
+    options.validate()?;
+    let client_features = feature_gates::ClientFeatures::from_env(std::env::vars_os())
+        .map_err(AppError::Environment)?;
+    let cloud = super::init_cloud(&options.cloud, &matches, registry)?;
+    tracing::info!(
+        provider = cloud.provider_name(),
+        "cloud provider initialized from the registry"
+    );
+    let configured = configure(controllers, &selection, &options, &matches, cloud.as_ref())?;
+    metrics.register_provider(cloud.as_ref());
+    // With leader election, the API writes and the cloud calls of the controllers go on only while this
+    // fence, which the elector opens and extends, allows.
+    let leading = options.leader_election.leader_elect && !options.generic.dry_run;
+    let fence = if leading {
+        WriteFence::default()
+    } else {
+        WriteFence::unenforced()
+    };
+    // Shadow mode: API writes become recorded dry runs, cloud writes recorded previews.
+    let shadow = options
+        .generic
+        .dry_run
+        .then(|| ShadowReport::new(metrics.dry_run.clone()));
+    let (cloud, actual_cloud) = decorate(cloud, metrics, &fence, shadow.as_ref());
+    Ok(Prepared {
+        options,
+        client_features,
+        configured,
+        cloud,
+        metered_cloud: actual_cloud,
+        fence,
+        shadow,
+        leading,
+    })
+}
 
 /// The factory of the manager's API clients (each with its own rate limit; with `shadow`, every write a
 /// recorded dry run), not yet fenced by leadership, and the API server's URL.
@@ -114,15 +180,14 @@ pub(super) fn decorate(
 /// the health checks and the supervisor of every long-running task beside the controllers (the
 /// caches, the provider's background work, the certificate reload: one that fails fails `/healthz`).
 pub(super) fn serve(
-    options: &Options,
+    prepared: &Prepared,
     metrics: &Metrics,
     clients: &ClientFactory,
     client: &kube::Client,
-    shadow: Option<ShadowReport>,
-    actual_cloud: Arc<dyn CloudProvider>,
     shutdown: &CancellationToken,
 ) -> Result<(Arc<Health>, Supervisor), AppError> {
-    if shadow.is_some() {
+    let options = &prepared.options;
+    if prepared.shadow.is_some() {
         tracing::info!(
             leader_elect = options.leader_election.leader_elect,
             "--dry-run: leader election is off (a shadow writes nothing, so it needs no lease and must not take the acting manager's); every write is a recorded dry run, reported at /dry-run"
@@ -131,11 +196,11 @@ pub(super) fn serve(
     let health = Arc::new(Health::default());
     let supervisor = Supervisor::new(metrics.supervisor.clone(), shutdown.clone());
     health.watch_tasks(supervisor.clone());
-    let dry_run = shadow.map(|report| {
+    let dry_run = prepared.shadow.clone().map(|report| {
         Arc::new(ShadowView {
             report,
             client: client.clone(),
-            cloud: actual_cloud,
+            cloud: prepared.metered_cloud.clone(),
             cluster_name: options.cloud.cluster_name.clone(),
         })
     });
@@ -174,48 +239,41 @@ pub(super) fn node_ownership(options: &Options, cloud: Arc<dyn CloudProvider>) -
     ownership
 }
 
-/// This replica's candidate for the Lease, opening and extending `fence`; one that rides out an API
-/// server it cannot reach when the provider carries traffic (telling it through `outage_report`).
-pub(super) fn elector(
-    clients: &ClientFactory,
-    options: &Options,
+/// Wins leadership (`--leader-elect`): the elector made, watched by the health check, and the Lease
+/// acquired; from then on the clients' writes are fenced by it. With `outage_report` (a provider that
+/// serves traffic from this process), a leader that cannot reach the API server rides the outage out.
+/// `None`: shut down while waiting (nothing was started).
+pub(super) async fn win_leadership(
+    clients: &mut ClientFactory,
+    election: &LeaderElectionOptions,
     fence: WriteFence,
-    cloud: &dyn CloudProvider,
-    outage_report: ApiOutageReport,
+    outage_report: Option<ApiOutageReport>,
     metrics: &Metrics,
-) -> Result<Arc<LeaderElector>, AppError> {
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Option<Arc<LeaderElector>>, AppError> {
     let mut elector = LeaderElector::new(
         clients.build_for_leader_election()?,
-        &options.leader_election,
+        election,
         leader_election::new_identity(),
         fence,
     );
-    if cloud.rides_out_api_outages() {
+    if let Some(outage_report) = outage_report {
         tracing::info!(
             "the provider serves traffic from this process: a leader that cannot reach the API server at its renew deadline stops writing but keeps running, until the API server answers or another replica serves"
         );
         elector = elector.riding_out_outages(outage_report, metrics.leader_election.clone());
     }
-    Ok(Arc::new(elector))
-}
-
-/// Waits until `elector` holds the Lease (`false`: shut down first); every client `clients` builds
-/// from then on writes only while this replica's leadership is valid.
-pub(super) async fn lead(
-    elector: &LeaderElector,
-    clients: &mut ClientFactory,
-    options: &Options,
-    metrics: &Metrics,
-    shutdown: &CancellationToken,
-) -> bool {
-    let lease = &options.leader_election.leader_elect_resource_name;
+    let elector = Arc::new(elector);
+    health.watch_leader(elector.clone());
+    let lease = &election.leader_elect_resource_name;
     metrics.leader_election.set_leading(lease, false);
     if !elector.acquire(shutdown).await {
-        return false;
+        return Ok(None);
     }
     metrics.leader_election.set_leading(lease, true);
     clients.fence = elector.fence().clone();
-    true
+    Ok(Some(elector))
 }
 
 /// What stops the leader's work, and when.

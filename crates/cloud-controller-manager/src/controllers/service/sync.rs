@@ -222,23 +222,11 @@ async fn ensure(
     // The finalizer first: no cloud load balancer may exist without it. The Service as that write left
     // it is what the status write is planned from: its resourceVersion is the current one, so the status
     // write does not meet a certain conflict (a 409, a re-read and a second write per new Service).
-    let mut written_service: Option<Service> = None;
-    if add_finalizer {
-        // Re-planned from the current Service on a conflict.
-        written_service = patch_with_retry(
-            &ctx.api(service),
-            service.as_ref(),
-            Target::Status,
-            |current, rv| {
-                with_finalizer(current).map(|finalizers| finalizers_patch(&finalizers, rv))
-            },
-        )
-        .await
-        .map_err(|source| ServiceError::Write {
-            what: "failed to add load balancer cleanup finalizer",
-            source,
-        })?;
-    }
+    let written_service = if add_finalizer {
+        written_with_finalizer(service, ctx).await?
+    } else {
+        None
+    };
 
     let Backends { nodes, set } = ctx.backends();
     if nodes.is_empty() {
@@ -246,16 +234,7 @@ async fn ensure(
             .record(&ctx.events, service)
             .await;
     }
-    ctx.tracked().insert(
-        key(service),
-        Tracked {
-            service: service.clone(),
-            synced: false,
-            backends: set,
-            labels: BackendLabels::of(lb.backend_label_keys(service), &nodes),
-            retry_at: None,
-        },
-    );
+    track(ctx, service, lb, &nodes, set);
     ctx.metrics.sync_total.inc();
     let status = match lb
         .ensure_load_balancer(&ctx.cluster_name, service, &nodes)
@@ -292,6 +271,46 @@ async fn ensure(
     .await?;
     mark_synced(ctx, service);
     Ok(())
+}
+
+/// Adds the cleanup finalizer (re-planned from the current Service on a conflict); the Service as the
+/// write left it (`None` when it had the finalizer already).
+async fn written_with_finalizer(
+    service: &Arc<Service>,
+    ctx: &Context,
+) -> Result<Option<Service>, ServiceError> {
+    patch_with_retry(
+        &ctx.api(service),
+        service.as_ref(),
+        Target::Status,
+        |current, rv| with_finalizer(current).map(|finalizers| finalizers_patch(&finalizers, rv)),
+    )
+    .await
+    .map_err(|source| ServiceError::Write {
+        what: "failed to add load balancer cleanup finalizer",
+        source,
+    })
+}
+
+/// Tracks the Service as being synced with the backends `set` (the node sync passes over it until
+/// it is marked synced).
+fn track(
+    ctx: &Context,
+    service: &Arc<Service>,
+    lb: &dyn cloud_provider::LoadBalancer,
+    nodes: &[Arc<k8s_openapi::api::core::v1::Node>],
+    set: Arc<super::BackendSet>,
+) {
+    ctx.tracked().insert(
+        key(service),
+        Tracked {
+            service: service.clone(),
+            synced: false,
+            backends: set,
+            labels: BackendLabels::of(lb.backend_label_keys(service), nodes),
+            retry_at: None,
+        },
+    );
 }
 
 /// Marks the Service synced. Node changes during its sync were skipped by the node sync (it passes over
