@@ -459,8 +459,41 @@ fn bfd_profile(object: &Object) -> Result<BfdProfile, String> {
     Ok(profile)
 }
 
+/// A `BGPPeer` as the cloud-config's peer: read through the cloud-config's own type and checks, its
+/// BFD profile one of `profiles`; every MetalLB field `local` does not implement refused by name.
 fn bgp_peer(object: &Object, profiles: &[BfdProfile]) -> Result<BgpPeer, String> {
     let spec: BgpPeerSpec = spec(object)?;
+    refuse_unimplemented_peer_fields(&spec)?;
+    let Some(address) = &spec.peer_address else {
+        return Err("spec.peerAddress is missing".to_owned());
+    };
+    let hold = spec.hold_time.clone().unwrap_or_else(|| "90s".to_owned());
+    check_keepalive(&spec, &hold)?;
+    if let Some(profile) = &spec.bfd_profile
+        && !profiles.iter().any(|p| &p.name == profile)
+    {
+        return Err(format!(
+            "spec.bfdProfile {profile:?}: no BFDProfile of that name was taken"
+        ));
+    }
+    let value = peer_config(object, &spec, address, &hold);
+    let peer: BgpPeer = as_config(value).map_err(|why| format!("spec: {why}"))?;
+    let bfd = peer.bfd_profile.as_ref().and_then(|name| {
+        profiles
+            .iter()
+            .find(|p| &p.name == name)
+            .map(BfdProfile::timers)
+    });
+    peer.validate(bfd).map_err(|why| {
+        why.split_once(": ")
+            .map(|(_, rest)| format!("spec: {rest}"))
+            .unwrap_or(why)
+    })?;
+    Ok(peer)
+}
+
+/// The first field of a `BGPPeer` that asks for what `local` does not implement, refused by name.
+fn refuse_unimplemented_peer_fields(spec: &BgpPeerSpec) -> Result<(), String> {
     let refused = [
         (
             spec.dynamic_asn.is_some(),
@@ -496,12 +529,13 @@ fn bgp_peer(object: &Object, profiles: &[BfdProfile]) -> Result<BgpPeer, String>
     if let Some((_, why)) = refused.iter().find(|(set, _)| *set) {
         return Err((*why).to_owned());
     }
-    let Some(address) = &spec.peer_address else {
-        return Err("spec.peerAddress is missing".to_owned());
-    };
-    let hold = spec.hold_time.clone().unwrap_or_else(|| "90s".to_owned());
+    Ok(())
+}
+
+/// A keepalive time is a third of the hold time: the only one the speaker sends.
+fn check_keepalive(spec: &BgpPeerSpec, hold: &str) -> Result<(), String> {
     if let Some(keepalive) = &spec.keepalive_time {
-        let hold_d = crate::config::GoDuration::from_str(&hold)
+        let hold_d = crate::config::GoDuration::from_str(hold)
             .map_err(|why| format!("spec.holdTime: {why}"))?;
         let keep_d = crate::config::GoDuration::from_str(keepalive)
             .map_err(|why| format!("spec.keepaliveTime: {why}"))?;
@@ -512,13 +546,12 @@ fn bgp_peer(object: &Object, profiles: &[BfdProfile]) -> Result<BgpPeer, String>
             ));
         }
     }
-    if let Some(profile) = &spec.bfd_profile
-        && !profiles.iter().any(|p| &p.name == profile)
-    {
-        return Err(format!(
-            "spec.bfdProfile {profile:?}: no BFDProfile of that name was taken"
-        ));
-    }
+    Ok(())
+}
+
+/// The cloud-config's peer entry for a `BGPPeer`: its fields under the cloud-config's names, for the
+/// cloud-config's own type to read and check.
+fn peer_config(object: &Object, spec: &BgpPeerSpec, address: &str, hold: &str) -> Value {
     let mut value = json!({
         "name": object.name,
         "peerAddress": address,
@@ -550,19 +583,7 @@ fn bgp_peer(object: &Object, profiles: &[BfdProfile]) -> Result<BgpPeer, String>
     if let Some(profile) = &spec.bfd_profile {
         value["bfdProfile"] = json!(profile);
     }
-    let peer: BgpPeer = as_config(value).map_err(|why| format!("spec: {why}"))?;
-    let bfd = peer.bfd_profile.as_ref().and_then(|name| {
-        profiles
-            .iter()
-            .find(|p| &p.name == name)
-            .map(BfdProfile::timers)
-    });
-    peer.validate(bfd).map_err(|why| {
-        why.split_once(": ")
-            .map(|(_, rest)| format!("spec: {rest}"))
-            .unwrap_or(why)
-    })?;
-    Ok(peer)
+    value
 }
 
 /// MetalLB's addresses: a CIDR is every address of its block (MetalLB gives out a block's network

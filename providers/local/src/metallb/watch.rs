@@ -172,50 +172,10 @@ async fn keep(
     report: bool,
     on_change: Option<Arc<Notify>>,
 ) {
-    loop {
-        match served(&client).await {
-            Ok(true) => break,
-            Ok(false) => {}
-            Err(err) => tracing::warn!(error = %err, "looking for MetalLB's CRDs failed; retrying"),
-        }
-        tokio::time::sleep(RECHECK).await;
-    }
+    wait_for_crds(&client).await;
     let changed = Arc::new(Notify::new());
     let mut drivers = tokio::task::JoinSet::new();
-    let stores: Vec<(Kind, Store<DynamicObject>)> = Kind::ALL
-        .iter()
-        .map(|kind| {
-            let resource = resource(*kind);
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), namespace, &resource);
-            let writer = reflector::store::Writer::new(resource);
-            let store = writer.as_reader();
-            let stream = reflector::reflector(
-                writer,
-                watcher(api, watcher::Config::default())
-                    .backoff(cloud_provider::watch_retry_backoff()),
-            );
-            let changed = changed.clone();
-            let name = kind.name();
-            drivers.spawn(async move {
-                let mut stream = std::pin::pin!(stream);
-                while let Some(event) = stream.next().await {
-                    match event {
-                        Ok(_) => changed.notify_one(),
-                        Err(err) => {
-                            tracing::warn!(kind = name, error = %err, "watching MetalLB's objects failed; retrying");
-                        }
-                    }
-                }
-            });
-            (*kind, store)
-        })
-        .collect();
-    for (_, store) in &stores {
-        // A store that never fills (its watch keeps failing) is waited for no longer than RECHECK:
-        // the others' objects are read meanwhile.
-        let _ = tokio::time::timeout(RECHECK, store.wait_until_ready()).await;
-    }
+    let stores = watch_every_kind(&client, namespace, &changed, &mut drivers).await;
     let mut told: BTreeSet<Refusal> = BTreeSet::new();
     let mut last_good = BTreeMap::new();
     let mut written: BTreeMap<String, PoolUsage> = BTreeMap::new();
@@ -267,6 +227,62 @@ async fn keep(
             }
         }
     }
+}
+
+/// Waits until MetalLB's CRDs are served, looking again every [`RECHECK`].
+async fn wait_for_crds(client: &Client) {
+    loop {
+        match served(client).await {
+            Ok(true) => return,
+            Ok(false) => {}
+            Err(err) => tracing::warn!(error = %err, "looking for MetalLB's CRDs failed; retrying"),
+        }
+        tokio::time::sleep(RECHECK).await;
+    }
+}
+
+/// Watches each kind of MetalLB's objects in `namespace` into a store, its watch driven in `drivers`
+/// and telling `changed` of every event; returns once each store has its first list (or after
+/// [`RECHECK`], for a kind whose watch keeps failing: the others' objects are read meanwhile).
+async fn watch_every_kind(
+    client: &Client,
+    namespace: &str,
+    changed: &Arc<Notify>,
+    drivers: &mut tokio::task::JoinSet<()>,
+) -> Vec<(Kind, Store<DynamicObject>)> {
+    let stores: Vec<(Kind, Store<DynamicObject>)> = Kind::ALL
+        .iter()
+        .map(|kind| {
+            let resource = resource(*kind);
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), namespace, &resource);
+            let writer = reflector::store::Writer::new(resource);
+            let store = writer.as_reader();
+            let stream = reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default())
+                    .backoff(cloud_provider::watch_retry_backoff()),
+            );
+            let changed = changed.clone();
+            let name = kind.name();
+            drivers.spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(event) = stream.next().await {
+                    match event {
+                        Ok(_) => changed.notify_one(),
+                        Err(err) => {
+                            tracing::warn!(kind = name, error = %err, "watching MetalLB's objects failed; retrying");
+                        }
+                    }
+                }
+            });
+            (*kind, store)
+        })
+        .collect();
+    for (_, store) in &stores {
+        let _ = tokio::time::timeout(RECHECK, store.wait_until_ready()).await;
+    }
+    stores
 }
 
 /// Writes the usage of each pool read from an `IPAddressPool` into its status, in MetalLB's fields
