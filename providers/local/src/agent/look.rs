@@ -487,42 +487,8 @@ impl Agent {
         // A VIP handed over on purpose that is this node's again is no longer leaving; one whose grace
         // is over goes now (below, with the others given up).
         self.leaving.retain(|ip, _| !wanted.contains(ip));
-        for ip in self
-            .adopted
-            .difference(&wanted)
-            .copied()
-            .collect::<Vec<_>>()
-        {
-            tracing::info!(%ip, "VIP left by an earlier run, not this node's: withdrawn");
-            self.withdraw(ip).await;
-            self.adopted.remove(&ip);
-            self.health.progressed(Instant::now());
-        }
-        for ip in self
-            .announced
-            .keys()
-            .filter(|ip| !wanted.contains(ip))
-            .copied()
-            .collect::<Vec<_>>()
-        {
-            let to = plan.announcers.get(&ip).cloned().flatten();
-            if leaving_on_purpose && to.is_some() {
-                let until = *self.leaving.entry(ip).or_insert_with(|| {
-                    tracing::info!(%ip, to = ?to, grace = ?LEAVING_GRACE, "VIP handed over; served here until the next announcer's announcement is out");
-                    now + LEAVING_GRACE
-                });
-                if until > now {
-                    continue;
-                }
-            }
-            tracing::info!(%ip, to = ?to, "VIP given up");
-            self.withdraw(ip).await;
-            self.announced.remove(&ip);
-            self.leaving.remove(&ip);
-            self.metrics.given_up.inc();
-            self.health.progressed(Instant::now());
-        }
-        let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
+        self.withdraw_adopted(&wanted).await;
+        self.give_up(plan, &wanted, now, leaving_on_purpose).await;
         // Load balancers this node no longer serves drain in the background, once none of their VIPs is
         // still being handed over.
         let gone: Vec<String> = self
@@ -541,6 +507,66 @@ impl Agent {
             self.applied.remove(&key);
             self.drain(key);
         }
+        self.serve_mine(plan, served, config, backends, now).await;
+    }
+
+    /// Withdraws the VIPs an earlier run left on the interface that are not this node's (`wanted`).
+    async fn withdraw_adopted(&mut self, wanted: &BTreeSet<IpAddr>) {
+        for ip in self.adopted.difference(wanted).copied().collect::<Vec<_>>() {
+            tracing::info!(%ip, "VIP left by an earlier run, not this node's: withdrawn");
+            self.withdraw(ip).await;
+            self.adopted.remove(&ip);
+            self.health.progressed(Instant::now());
+        }
+    }
+
+    /// Gives up the announced VIPs that are not this node's (`wanted`). When this node leaves on
+    /// purpose, a VIP with a next announcer is served here for [`LEAVING_GRACE`] more, until the next
+    /// announcer's announcement is out (make-before-break).
+    async fn give_up(
+        &mut self,
+        plan: &plan::Plan,
+        wanted: &BTreeSet<IpAddr>,
+        now: Instant,
+        leaving_on_purpose: bool,
+    ) {
+        let not_mine: Vec<IpAddr> = self
+            .announced
+            .keys()
+            .filter(|ip| !wanted.contains(ip))
+            .copied()
+            .collect();
+        for ip in not_mine {
+            let to = plan.announcers.get(&ip).cloned().flatten();
+            if leaving_on_purpose && to.is_some() {
+                let until = *self.leaving.entry(ip).or_insert_with(|| {
+                    tracing::info!(%ip, to = ?to, grace = ?LEAVING_GRACE, "VIP handed over; served here until the next announcer's announcement is out");
+                    now + LEAVING_GRACE
+                });
+                if until > now {
+                    continue;
+                }
+            }
+            tracing::info!(%ip, to = ?to, "VIP given up");
+            self.withdraw(ip).await;
+            self.announced.remove(&ip);
+            self.leaving.remove(&ip);
+            self.metrics.given_up.inc();
+            self.health.progressed(Instant::now());
+        }
+    }
+
+    /// Serves each load balancer the plan gives this node (but those whose retry is not due yet); one
+    /// that cannot be served is logged when it starts failing, and retried after [`RETRY_AFTER`].
+    async fn serve_mine(
+        &mut self,
+        plan: &plan::Plan,
+        served: &[Served],
+        config: &Config,
+        backends: &[(String, Vec<IpAddr>)],
+        now: Instant,
+    ) {
+        let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
         self.retry_at.retain(|_, at| *at > now);
         for (key, vips) in &plan.mine {
             if self.retry_at.contains_key(key) {
