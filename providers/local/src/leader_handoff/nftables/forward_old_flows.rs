@@ -35,19 +35,7 @@ pub(crate) fn forward_old_flows_batch(
 ) -> Result<Batch, NftError> {
     check_name("table", table, NFT_NAME_MAX)?;
     check_name("interface", &link.name, IFNAME_MAX)?;
-    let timeout_ms = u64::try_from(flow_timeout.as_millis())
-        .ok()
-        .filter(|ms| *ms > 0)
-        .ok_or_else(|| {
-            NftError::Invalid(format!(
-                "a flow timeout of {flow_timeout:?} (it must be 1 ms or more, in milliseconds)"
-            ))
-        })?;
-    if max_flows == 0 {
-        return Err(NftError::Invalid(
-            "room for no flow (max_flows is 0)".to_owned(),
-        ));
-    }
+    let timeout_ms = flow_timeout_ms(flow_timeout, max_flows)?;
     let mut batch = Builder::new();
     batch.replace_table(Family::Netdev, table, !old_holders.is_empty());
     if old_holders.is_empty() {
@@ -69,51 +57,80 @@ pub(crate) fn forward_old_flows_batch(
             device: Some(&link.name),
         },
     );
+    for (n, (vip, old_mac)) in old_holders.iter().enumerate() {
+        forward_vip(&mut batch, table, link, 3 * n, *vip, *old_mac);
+    }
+    batch.finish()
+}
+
+/// The flows' timeout in milliseconds (1 or more), once `max_flows` is checked to leave room for one.
+fn flow_timeout_ms(flow_timeout: Duration, max_flows: u32) -> Result<u64, NftError> {
+    let timeout_ms = u64::try_from(flow_timeout.as_millis())
+        .ok()
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            NftError::Invalid(format!(
+                "a flow timeout of {flow_timeout:?} (it must be 1 ms or more, in milliseconds)"
+            ))
+        })?;
+    if max_flows == 0 {
+        return Err(NftError::Invalid(
+            "room for no flow (max_flows is 0)".to_owned(),
+        ));
+    }
+    Ok(timeout_ms)
+}
+
+/// The three rules of `vip` (numbered after the `before` rules of the chain): TCP that begins here is
+/// accepted and its flow remembered, TCP of a flow that began here is accepted, and the rest goes to
+/// the old holder's MAC out of `link`.
+fn forward_vip(
+    batch: &mut Builder,
+    table: &str,
+    link: &Link,
+    before: usize,
+    vip: IpAddr,
+    old_mac: Mac,
+) {
     let rule = |n: usize, what: String| {
         format!(
-            "adding rule {n} to chain {INGRESS_CHAIN} of table {} {table} ({what})",
+            "adding rule {} to chain {INGRESS_CHAIN} of table {} {table} ({what})",
+            before + n,
             Family::Netdev
         )
     };
-    let mut n = 0;
-    for (vip, old_mac) in old_holders {
-        let (ip, address) = ip_of(*vip);
-        n += 1;
-        batch.rule(
-            Family::Netdev,
-            table,
-            INGRESS_CHAIN,
-            rule(
-                n,
-                format!("accept TCP to {vip} that begins here, and remember its flow"),
+    let (ip, address) = ip_of(vip);
+    batch.rule(
+        Family::Netdev,
+        table,
+        INGRESS_CHAIN,
+        rule(
+            1,
+            format!("accept TCP to {vip} that begins here, and remember its flow"),
+        ),
+        &begins_here(ip, &address),
+    );
+    batch.rule(
+        Family::Netdev,
+        table,
+        INGRESS_CHAIN,
+        rule(2, format!("accept TCP to {vip} of a flow that began here")),
+        &began_here(ip, &address),
+    );
+    batch.rule(
+        Family::Netdev,
+        table,
+        INGRESS_CHAIN,
+        rule(
+            3,
+            format!(
+                "send other TCP to {vip} to the old holder {} out of {}",
+                mac_text(&old_mac),
+                link.name
             ),
-            &begins_here(ip, &address),
-        );
-        n += 1;
-        batch.rule(
-            Family::Netdev,
-            table,
-            INGRESS_CHAIN,
-            rule(n, format!("accept TCP to {vip} of a flow that began here")),
-            &began_here(ip, &address),
-        );
-        n += 1;
-        batch.rule(
-            Family::Netdev,
-            table,
-            INGRESS_CHAIN,
-            rule(
-                n,
-                format!(
-                    "send other TCP to {vip} to the old holder {} out of {}",
-                    mac_text(old_mac),
-                    link.name
-                ),
-            ),
-            &to_old_holder(ip, &address, link, *old_mac),
-        );
-    }
-    batch.finish()
+        ),
+        &to_old_holder(ip, &address, link, old_mac),
+    );
 }
 
 /// Where an IP family's fields are, and its set of flows.

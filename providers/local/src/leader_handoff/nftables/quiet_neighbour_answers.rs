@@ -46,84 +46,102 @@ pub(crate) fn quiet_neighbour_answers_batch(
         if mine.is_empty() {
             continue;
         }
-        let number = match family {
-            Family::Arp => NF_ARP_IN,
-            _ => NF_INET_LOCAL_IN,
+        drop_answers(&mut batch, family, table, &mine);
+        ask_anonymously(&mut batch, family, table, &mine, link_local);
+    }
+    batch.finish()
+}
+
+/// The input chain of `family`'s `table`: a rule per VIP of `mine` dropping the ARP requests (IPv4) or
+/// neighbour solicitations (IPv6) for it.
+fn drop_answers(batch: &mut Builder, family: Family, table: &str, mine: &[IpAddr]) {
+    let number = match family {
+        Family::Arp => NF_ARP_IN,
+        _ => NF_INET_LOCAL_IN,
+    };
+    batch.chain(
+        family,
+        table,
+        INPUT_CHAIN,
+        Hook {
+            name: "input",
+            number,
+            priority: INPUT_PRIORITY,
+            device: None,
+        },
+    );
+    for (n, vip) in mine.iter().enumerate() {
+        let (what, expressions) = match vip {
+            IpAddr::V4(vip) => ("ARP requests", arp_requests_for(&vip.octets())),
+            IpAddr::V6(vip) => (
+                "neighbour solicitations",
+                neighbour_solicitations_for(&vip.octets()),
+            ),
         };
-        batch.chain(
+        batch.rule(
             family,
             table,
             INPUT_CHAIN,
-            Hook {
-                name: "input",
-                number,
-                priority: INPUT_PRIORITY,
-                device: None,
-            },
-        );
-        for (n, vip) in mine.iter().enumerate() {
-            let (what, expressions) = match vip {
-                IpAddr::V4(vip) => ("ARP requests", arp_requests_for(&vip.octets())),
-                IpAddr::V6(vip) => (
-                    "neighbour solicitations",
-                    neighbour_solicitations_for(&vip.octets()),
-                ),
-            };
-            batch.rule(
-                family,
-                table,
-                INPUT_CHAIN,
-                format!(
-                    "adding rule {} to chain {INPUT_CHAIN} of table {family} {table} (drop {what} for {vip})",
-                    n + 1
-                ),
-                &expressions,
-            );
-        }
-        // This host still talks from the VIPs (the open connections): when it asks for a client's
-        // MAC address from one, the client would take the question's sender as the VIP's holder and
-        // turn back here. Asked from 0.0.0.0 (an ARP probe) or from the link-local address (the
-        // ICMPv6 checksum follows the new source), the client answers all the same and learns
-        // nothing (what `arp_announce` 2 does for a host's other addresses).
-        let (hook, rewrite): (u32, Option<(String, Vec<u8>)>) = match family {
-            Family::Arp => (NF_ARP_OUT, Some(("0.0.0.0".to_owned(), vec![0; 4]))),
-            _ => (
-                NF_INET_LOCAL_OUT,
-                link_local.map(|ll| (ll.to_string(), ll.octets().to_vec())),
+            format!(
+                "adding rule {} to chain {INPUT_CHAIN} of table {family} {table} (drop {what} for {vip})",
+                n + 1
             ),
+            &expressions,
+        );
+    }
+}
+
+/// The output chain of `family`'s `table`: this host's own neighbour questions asked from a VIP of
+/// `mine` go out from 0.0.0.0 (ARP) or from `link_local` (IPv6; none without it). This host still
+/// talks from the VIPs (the open connections): when it asks for a client's MAC address from one, the
+/// client would take the question's sender as the VIP's holder and turn back here. Asked from 0.0.0.0
+/// (an ARP probe) or from the link-local address (the ICMPv6 checksum follows the new source), the
+/// client answers all the same and learns nothing (what `arp_announce` 2 does for a host's other
+/// addresses).
+fn ask_anonymously(
+    batch: &mut Builder,
+    family: Family,
+    table: &str,
+    mine: &[IpAddr],
+    link_local: Option<Ipv6Addr>,
+) {
+    let (hook, rewrite): (u32, Option<(String, Vec<u8>)>) = match family {
+        Family::Arp => (NF_ARP_OUT, Some(("0.0.0.0".to_owned(), vec![0; 4]))),
+        _ => (
+            NF_INET_LOCAL_OUT,
+            link_local.map(|ll| (ll.to_string(), ll.octets().to_vec())),
+        ),
+    };
+    let Some((source, source_bytes)) = rewrite else {
+        return;
+    };
+    batch.chain(
+        family,
+        table,
+        OUTPUT_CHAIN,
+        Hook {
+            name: "output",
+            number: hook,
+            priority: INPUT_PRIORITY,
+            device: None,
+        },
+    );
+    for (n, vip) in mine.iter().enumerate() {
+        let expressions = match vip {
+            IpAddr::V4(vip) => arp_requests_from_anonymous(&vip.octets()),
+            IpAddr::V6(vip) => solicitations_from_link_local(&vip.octets(), &source_bytes),
         };
-        let Some((source, source_bytes)) = rewrite else {
-            continue;
-        };
-        batch.chain(
+        batch.rule(
             family,
             table,
             OUTPUT_CHAIN,
-            Hook {
-                name: "output",
-                number: hook,
-                priority: INPUT_PRIORITY,
-                device: None,
-            },
+            format!(
+                "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (ask from {source} instead of {vip})",
+                n + 1
+            ),
+            &expressions,
         );
-        for (n, vip) in mine.iter().enumerate() {
-            let expressions = match vip {
-                IpAddr::V4(vip) => arp_requests_from_anonymous(&vip.octets()),
-                IpAddr::V6(vip) => solicitations_from_link_local(&vip.octets(), &source_bytes),
-            };
-            batch.rule(
-                family,
-                table,
-                OUTPUT_CHAIN,
-                format!(
-                    "adding rule {} to chain {OUTPUT_CHAIN} of table {family} {table} (ask from {source} instead of {vip})",
-                    n + 1
-                ),
-                &expressions,
-            );
-        }
     }
-    batch.finish()
 }
 
 /// `payload load LEN @ BASE + OFFSET => reg 1; cmp eq reg 1 DATA` (LEN: DATA's).
