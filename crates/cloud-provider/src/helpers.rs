@@ -2,7 +2,7 @@
 
 use std::{fmt, time::Duration};
 
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 
 use crate::{CloudError, CloudProvider, CloudResult};
 
@@ -13,7 +13,7 @@ use crate::{CloudError, CloudProvider, CloudResult};
 /// clouds with short name limits.
 ///
 /// ```
-/// # use k8s_openapi::api::core::v1::Service;
+/// # use k8s_openapi::api::core::v1::{Node, Service};
 /// # use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 /// let svc = Service {
 ///     metadata: ObjectMeta { uid: Some("12345678-90ab-cdef-1234-567890abcdef".into()), ..Default::default() },
@@ -113,6 +113,35 @@ impl ProviderId {
     /// The instance part (after `://`).
     pub fn instance(&self) -> &str {
         &self.instance
+    }
+
+    /// The instance `node` stands for in `provider`'s cloud: its provider ID's instance when it has
+    /// one, else its name (a node registers before the cloud node controller names its instance).
+    /// `None` for a node whose provider ID is another provider's or malformed.
+    ///
+    /// ```
+    /// # use k8s_openapi::api::core::v1::{Node, NodeSpec};
+    /// # use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    /// use cloud_provider::ProviderId;
+    /// let node = |id: Option<&str>| Node {
+    ///     metadata: ObjectMeta { name: Some("worker-1".into()), ..Default::default() },
+    ///     spec: Some(NodeSpec { provider_id: id.map(Into::into), ..Default::default() }),
+    ///     ..Default::default()
+    /// };
+    /// assert_eq!(ProviderId::instance_of_node("acme", &node(None)).as_deref(), Some("worker-1"));
+    /// assert_eq!(ProviderId::instance_of_node("acme", &node(Some("acme://i-1"))).as_deref(), Some("i-1"));
+    /// assert_eq!(ProviderId::instance_of_node("acme", &node(Some("other://i-1"))), None);
+    /// ```
+    pub fn instance_of_node(provider: &str, node: &Node) -> Option<String> {
+        match node
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.as_deref())
+            .filter(|id| !id.is_empty())
+        {
+            Some(id) => Self::parse_for(provider, id).ok().map(|id| id.instance),
+            None => node.metadata.name.clone(),
+        }
     }
 }
 

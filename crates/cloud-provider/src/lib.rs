@@ -70,6 +70,7 @@ pub mod api_outage;
 mod clusters;
 pub mod config_values;
 mod error;
+pub mod flag_values;
 mod helpers;
 mod instances;
 pub mod labels;

@@ -19,7 +19,7 @@ use std::{collections::BTreeMap, sync::Arc, time::Duration};
 // `#[derive(clap::Args)]` work without a dependency of our own.
 use cloud_provider::{
     CloudConfig, CloudError, CloudProvider, CloudResult, InstanceMetadata, InstancesV2, ProviderId,
-    ProviderResult, async_trait, clap, k8s_openapi::api::core::v1::Node, parse_go_duration,
+    ProviderResult, async_trait, clap, flag_values, k8s_openapi::api::core::v1::Node,
     register_provider,
 };
 
@@ -35,15 +35,8 @@ pub struct InventoryFlags {
     pub inventory_default_region: String,
 
     /// How often the inventory-audit controller looks for nodes the inventory does not list.
-    #[arg(long, default_value = "1m", value_parser = positive_duration)]
+    #[arg(long, default_value = "1m", value_parser = flag_values::positive_go_duration)]
     pub inventory_audit_period: Duration,
-}
-
-fn positive_duration(text: &str) -> Result<Duration, String> {
-    match parse_go_duration(text)? {
-        duration if duration.is_zero() => Err("must be greater than 0".to_owned()),
-        duration => Ok(duration),
-    }
 }
 
 // Linking this crate into a manager binary makes `--cloud-provider=inventory` available, with its flags.
@@ -106,12 +99,7 @@ impl Inventory {
 
     /// The machine of a node: by provider ID when it has one, else by name.
     fn machine(&self, node: &Node) -> Option<(String, &Machine)> {
-        let name = match node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
-            Some(id) if !id.is_empty() => {
-                ProviderId::parse_for(NAME, id).ok()?.instance().to_owned()
-            }
-            _ => node.metadata.name.clone()?,
-        };
+        let name = ProviderId::instance_of_node(NAME, node)?;
         let machine = self.machines.get(&name)?;
         Some((name, machine))
     }

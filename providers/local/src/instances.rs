@@ -52,17 +52,7 @@ pub(crate) enum Known {
 /// The machine name a node stands for: the instance of its `local://` provider ID, else its name.
 /// `None` for a node with another cloud's provider ID.
 fn machine_name(node: &Node) -> Option<String> {
-    let provider_id = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .filter(|id| !id.is_empty());
-    match provider_id {
-        Some(id) => ProviderId::parse_for(PROVIDER_NAME, id)
-            .ok()
-            .map(|id| id.instance().to_owned()),
-        None => node.metadata.name.clone(),
-    }
+    ProviderId::instance_of_node(PROVIDER_NAME, node)
 }
 
 fn label<'a>(node: &'a Node, key: &str) -> Option<&'a str> {

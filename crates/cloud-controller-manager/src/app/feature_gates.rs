@@ -340,7 +340,7 @@ impl ClientFeatures {
                     CLIENT.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
                 ));
             };
-            let on = super::options::go_bool(&value)
+            let on = cloud_provider::flag_values::go_bool(&value)
                 .map_err(|err| format!("{PREFIX}{name}={value}: {err}"))?;
             check(gate, on).map_err(|err| format!("{PREFIX}{err}"))?;
             features.set.insert(gate.name, on);
@@ -398,7 +398,7 @@ fn parse_one(value: &str) -> Result<Vec<(&'static str, bool)>, String> {
             return Err(format!("missing bool value for {pair}"));
         };
         let (name, text) = (name.trim(), text.trim());
-        let on = super::options::go_bool(text)
+        let on = cloud_provider::flag_values::go_bool(text)
             .map_err(|err| format!("invalid value of {name}={text}, err: {err}"))?;
         // Upstream sets every alpha (beta) gate to the value given, which would turn on gates this
         // manager does not implement or off ones it always follows: refused at either value.

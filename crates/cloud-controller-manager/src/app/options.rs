@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use cloud_provider::flag_values::{go_bool, go_duration, positive_go_duration};
+
 use clap::{ArgAction, Args, Parser, ValueEnum};
 
 /// The Kubernetes cloud-controller-manager.
@@ -121,15 +123,15 @@ pub struct LeaderElectionOptions {
 
     /// How long non-leader candidates wait after observing a leadership renewal before attempting to
     /// acquire leadership of a led but unrenewed leader slot.
-    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    #[arg(long, default_value = "15s", value_parser = positive_go_duration)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the acting leader keeps trying to renew before it stops leading (and exits).
-    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    #[arg(long, default_value = "10s", value_parser = positive_go_duration)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How long candidates wait between tries of acquiring and renewing leadership.
-    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    #[arg(long, default_value = "2s", value_parser = positive_go_duration)]
     pub leader_elect_retry_period: Duration,
 
     /// The type of resource object used for locking; only `leases` is supported.
@@ -293,11 +295,11 @@ pub struct NodeControllerOptions {
     pub concurrent_node_lifecycle_syncs: Option<u16>,
 
     /// How often the cloud-node controller refreshes every node's addresses from the cloud.
-    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    #[arg(long, default_value = "5m", value_parser = positive_go_duration)]
     pub node_status_update_frequency: Duration,
 
     /// How often the cloud-node-lifecycle controller checks not-ready nodes against the cloud.
-    #[arg(long, default_value = "5s", value_parser = go_duration)]
+    #[arg(long, default_value = "5s", value_parser = positive_go_duration)]
     pub node_monitor_period: Duration,
 }
 
@@ -334,7 +336,7 @@ pub struct ServiceControllerOptions {
     /// Service no longer exists (left by a leader that froze during a call, or by anything else) and
     /// deletes them; `0s` turns the sweep off. Not in upstream. Needs a provider that lists its load
     /// balancers (`fake`, `local` and `aws` do; for others the sweep says once that it cannot run).
-    #[arg(long, default_value = "5m", value_parser = go_duration_or_zero)]
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
     pub orphaned_load_balancer_sweep_period: Duration,
 
     /// Serve the Services of this `spec.loadBalancerClass` (repeatable, or comma-separated), and by
@@ -356,7 +358,7 @@ pub struct ServiceControllerOptions {
     /// How often each load balancer the controller synced is checked against the cloud for drift (a
     /// read-only preview of what an ensure would change), the checks spread evenly over the period;
     /// `0s` turns the checks off. Not in upstream.
-    #[arg(long, default_value = "5m", value_parser = go_duration_or_zero)]
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
     pub load_balancer_drift_period: Duration,
 
     /// What a drift leads to: `heal` (a Warning event `LoadBalancerDrift`, then the load balancer is
@@ -375,7 +377,7 @@ pub struct RouteControllerOptions {
     pub configure_cloud_routes: bool,
 
     /// The period for reconciling routes created for nodes by the cloud provider.
-    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    #[arg(long, default_value = "10s", value_parser = positive_go_duration)]
     pub route_reconciliation_period: Duration,
 }
 
@@ -407,30 +409,6 @@ pub struct NodeIpamOptions {
     /// overlap them.
     #[arg(long, default_value = "")]
     pub service_cluster_ip_range: String,
-}
-
-/// A boolean as Go's `strconv.ParseBool` reads it (upstream's flags): `1`, `t`, `T`, `TRUE`, `true`,
-/// `True`, and `0`, `f`, `F`, `FALSE`, `false`, `False`.
-pub(crate) fn go_bool(text: &str) -> Result<bool, String> {
-    match text {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        _ => Err("not a boolean (true, false, 1, 0, t, f, TRUE, FALSE, True, False)".to_owned()),
-    }
-}
-
-/// A positive duration in Go's syntax (`5s`, `1m30s`).
-/// A Go duration where `0s` means "off".
-fn go_duration_or_zero(text: &str) -> Result<Duration, String> {
-    cloud_provider::parse_go_duration(text)
-}
-
-fn go_duration(text: &str) -> Result<Duration, String> {
-    let duration = cloud_provider::parse_go_duration(text)?;
-    if duration.is_zero() {
-        return Err("must be greater than 0".to_owned());
-    }
-    Ok(duration)
 }
 
 /// How the manager talks to the API server.

@@ -10,7 +10,7 @@
 
 use clap::{Arg, ArgAction, Command};
 
-use super::options::go_bool;
+use cloud_provider::flag_values::go_bool;
 
 /// Whether the flag takes a boolean (`--flag` alone means `true`) or a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -38,10 +38,10 @@ pub struct AgentFlags {
     )]
     pub namespace: String,
     /// A node whose agent has not renewed its heartbeat for this long loses its VIPs (whole seconds).
-    #[arg(long, default_value = "3s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "3s", value_parser = cloud_provider::flag_values::go_duration, value_name = "DURATION")]
     pub heartbeat: Duration,
     /// How often the agent renews its heartbeat (at most half of --heartbeat).
-    #[arg(long, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, default_value = "1s", value_parser = cloud_provider::flag_values::go_duration, value_name = "DURATION")]
     pub renew_interval: Duration,
     /// Serve only Services of this loadBalancerClass (the manager's --load-balancer-class); without it,
     /// the Services without a class.
@@ -62,11 +62,11 @@ pub struct AgentFlags {
     )]
     pub membership_port: u16,
     /// How often each agent probes another one over the membership protocol.
-    #[arg(long, default_value = "100ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
+    #[arg(long, default_value = "100ms", value_parser = cloud_provider::flag_values::go_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_probe_interval: Duration,
     /// How long an agent that answers no probe is suspected before it is declared down (and its
     /// VIPs move).
-    #[arg(long, default_value = "500ms", value_parser = parse_duration, value_name = "DURATION", requires = "membership_key_file")]
+    #[arg(long, default_value = "500ms", value_parser = cloud_provider::flag_values::go_duration, value_name = "DURATION", requires = "membership_key_file")]
     pub membership_suspicion_timeout: Duration,
     /// A Unix socket through which an agent hands its VIPs, listening sockets and membership over to
     /// the agent that replaces it on the same node (a rolling update with maxSurge), so that the
@@ -119,11 +119,6 @@ impl AgentFlags {
         };
         LocalCloud::from_cloud_config(&config)
     }
-}
-
-/// A Go-style duration (`3s`, `500ms`), as the manager's flags take them.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    cloud_provider::parse_go_duration(text)
 }
 
 /// A node agent's settings.
