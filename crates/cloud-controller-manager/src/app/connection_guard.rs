@@ -245,8 +245,10 @@ pub fn serve_plain_http(
 ) -> io::Result<()> {
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
+    let stopping = shutdown.clone();
+    // Unsupervised: waits for the shutdown, then tells the server to stop (nothing in it can fail).
     tokio::spawn(async move {
-        shutdown.cancelled().await;
+        stopping.cancelled().await;
         stopper.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     let mut server = axum_server::from_tcp(listener)?
@@ -257,10 +259,23 @@ pub fn serve_plain_http(
         .http1()
         .timer(hyper_util::rt::TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
+    // Watched: the task catches the server's panic and says it at error level, as its early end; either
+    // closes the port, so the kubelet's probes of `/healthz` there fail and the process is restarted.
     tokio::spawn(async move {
-        if let Err(err) = server.serve(app.into_make_service()).await {
-            tracing::error!(error = %err, "the HTTP endpoint stopped");
-        }
+        let serving = std::panic::AssertUnwindSafe(server.serve(app.into_make_service()));
+        let why = match futures::FutureExt::catch_unwind(serving).await {
+            Ok(Ok(())) if shutdown.is_cancelled() => return,
+            Ok(Ok(())) => "ended while the process was not stopping".to_owned(),
+            Ok(Err(err)) => format!("failed: {err}"),
+            Err(panic) => format!(
+                "panicked (a bug): {}",
+                cloud_provider::panic_message(panic.as_ref())
+            ),
+        };
+        tracing::error!(
+            "the HTTP endpoint {why}; its port is closed, so the probes of /healthz fail and the \
+             process is restarted"
+        );
     });
     Ok(())
 }

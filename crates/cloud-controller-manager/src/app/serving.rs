@@ -142,8 +142,10 @@ pub fn start(
     }
     let handle = axum_server::Handle::new();
     let stopper = handle.clone();
+    let stopping = shutdown.clone();
+    // Unsupervised: waits for the shutdown, then tells the server to stop (nothing in it can fail).
     tokio::spawn(async move {
-        shutdown.cancelled().await;
+        stopping.cancelled().await;
         stopper.graceful_shutdown(Some(Duration::from_secs(5)));
     });
     let dry_run = state.dry_run.is_some();
@@ -161,11 +163,26 @@ pub fn start(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT);
-    tokio::spawn(async move {
-        if let Err(err) = server.serve(app.into_make_service()).await {
-            tracing::error!(error = %err, "the secure endpoint stopped");
+    // Supervised: a panic of the server, or its end while the manager is not stopping, fails
+    // `/healthz` and is counted (the kubelet's probe fails anyway once the port closes; the supervisor
+    // says why). Under a stop token of its own, cancelled once it has returned after the shutdown: the
+    // supervisor's own token would drop it at the shutdown, before its open requests had their 5 s.
+    let served = tokio_util::sync::CancellationToken::new();
+    let serving = {
+        let served = served.clone();
+        async move {
+            if let Err(err) = server.serve(app.into_make_service()).await {
+                tracing::error!(error = %err, "the secure endpoint stopped");
+            }
+            if shutdown.is_cancelled() {
+                served.cancel();
+            }
         }
-    });
+    };
+    let ends = cloud_provider::supervise::Ends::AtShutdown;
+    supervisor
+        .stopping_with(served)
+        .spawn_once("secure endpoint", ends, serving);
     tracing::info!(address = %local, dry_run, "serving /healthz, /livez, /readyz and /metrics (and /dry-run in shadow mode) over HTTPS");
     Ok(Some(local))
 }
@@ -344,5 +361,45 @@ mod tests {
             .map(|g| g.name())
             .collect();
         assert_eq!(groups, [rustls::NamedGroup::secp384r1]);
+    }
+
+    /// The endpoint runs under the manager's supervisor (counted, its panic or early end failing
+    /// `/healthz`), and its graceful stop at shutdown is no failure.
+    #[tokio::test]
+    async fn the_endpoint_is_supervised_and_its_stop_at_shutdown_is_no_failure() {
+        let free = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = free.local_addr().unwrap().port();
+        drop(free);
+        let options = ServingOptions {
+            secure_port: port,
+            bind_address: "127.0.0.1".parse().unwrap(),
+            tls_cert_file: String::new(),
+            tls_private_key_file: String::new(),
+            authorization_always_allow_paths: vec!["/healthz".to_owned()],
+            tls_curve_preferences: Default::default(),
+        };
+        let unreachable = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let state = Arc::new(ServerState {
+            health: Arc::new(Health::default()),
+            metrics: Metrics::new(),
+            auth: DelegatedAuth::new(kube::Client::try_from(unreachable).unwrap()),
+            always_allow: options.authorization_always_allow_paths.clone(),
+            dry_run: None,
+        });
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let supervisor = cloud_provider::Supervisor::new(Default::default(), shutdown.clone());
+        let address = start(&options, state, &supervisor).unwrap().unwrap();
+        assert_eq!(supervisor.running(), ["secure endpoint"]);
+        tokio::net::TcpStream::connect(address).await.unwrap();
+        shutdown.cancel();
+        let stopped = async {
+            while !supervisor.running().is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), stopped)
+            .await
+            .expect("the endpoint stops within its 5 s of grace");
+        assert_eq!(supervisor.check(), Ok(()));
     }
 }
