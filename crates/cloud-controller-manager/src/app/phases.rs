@@ -324,6 +324,8 @@ pub(super) fn start_renewing(
         status: metrics.leader_election.clone(),
         lease: lease.to_owned(),
     };
+    // Watched: the handle is awaited in `renewal_ended`, which reports a panic; a panic stops the
+    // controllers and the provider at once, as a lost Lease does (`keep_renewing`).
     tokio::spawn(keep_renewing(elector, stops.renewing.clone(), on_loss))
 }
 
@@ -339,20 +341,41 @@ struct OnLoss {
 }
 
 /// Renews the Lease until `stop_renewing`; a lost Lease stops the controllers and the provider at once.
+/// So does a panic of the renewal (a bug: the Lease is no longer renewed, and another replica takes it
+/// over once it expires), which is then resumed for [`renewal_ended`] to report.
 async fn keep_renewing(
     elector: Arc<LeaderElector>,
     stop_renewing: CancellationToken,
     on_loss: OnLoss,
 ) -> Result<(), LeadershipLost> {
-    let result = elector.keep_renewing(&stop_renewing).await;
+    let renewing = std::panic::AssertUnwindSafe(elector.keep_renewing(&stop_renewing));
+    let result = match futures::FutureExt::catch_unwind(renewing).await {
+        Ok(result) => result,
+        Err(panic) => {
+            tracing::error!(
+                "the leader election's renewal panicked (a bug): {}; stopping the controllers, as \
+                 on a lost Lease",
+                cloud_provider::panic_message(panic.as_ref())
+            );
+            on_loss.stop();
+            std::panic::resume_unwind(panic);
+        }
+    };
     if result.is_err() {
-        on_loss.status.set_leading(&on_loss.lease, false);
-        on_loss.lost.store(true, Ordering::Relaxed);
-        for stop in &on_loss.stops {
+        on_loss.stop();
+    }
+    result
+}
+
+impl OnLoss {
+    /// No longer leading: the status says so, and the controllers and the provider stop at once.
+    fn stop(&self) {
+        self.status.set_leading(&self.lease, false);
+        self.lost.store(true, Ordering::Relaxed);
+        for stop in &self.stops {
             stop.cancel();
         }
     }
-    result
 }
 
 /// How the renewal ended, once told to stop: an error when the Lease was lost, or when the renewal
