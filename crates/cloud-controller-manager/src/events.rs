@@ -159,6 +159,9 @@ impl EventRecorder {
     fn enqueue(&self, pending: Pending) {
         let queue = self.queue.get_or_init(|| {
             let (sender, receiver) = mpsc::channel(QUEUE);
+            // Unsupervised: it only receives, takes a slot and spawns (nothing in it can fail; each
+            // delivery catches its own panic); it ends by design once every recorder is gone, and
+            // `enqueue` says so should it ever be gone before.
             tokio::spawn(deliver_all(self.inner.clone(), receiver));
             sender
         });
@@ -274,8 +277,8 @@ async fn deliver_all(inner: Arc<Delivery>, mut queue: mpsc::Receiver<Pending>) {
             return;
         };
         let inner = inner.clone();
-        // One event's write, awaited by no one: a panic in it (a bug) is caught, said, and the event
-        // counted as given up on, so that the delivery goes on and `flush` does not wait for it.
+        // Watched: one event's write, awaited by no one: a panic in it (a bug) is caught, said, and the
+        // event counted as given up on, so that the delivery goes on and `flush` does not wait for it.
         tokio::spawn(async move {
             let delivering = std::panic::AssertUnwindSafe(deliver(&inner, &pending));
             if let Err(panic) = futures::FutureExt::catch_unwind(delivering).await {

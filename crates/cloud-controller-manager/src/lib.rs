@@ -349,6 +349,8 @@ impl Manager {
         };
         let result = runtime.block_on(async {
             let shutdown = CancellationToken::new();
+            // Unsupervised: waits for a signal, then cancels the shutdown or exits (nothing in it
+            // can fail).
             tokio::spawn(stop_on_signals(shutdown.clone()));
             self.run(command_line, shutdown).await
         });

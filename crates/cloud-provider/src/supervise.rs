@@ -264,7 +264,8 @@ impl Supervisor {
         let running = Running::new(&self.shared, &name);
         let this = self.clone();
         let supervised = supervising(self.clone(), name.clone());
-        // The supervisor's own task catches every panic of the one it runs: it has nothing to report.
+        // Watched: this is the supervisor itself: its task catches every panic of the one it runs, and
+        // reports it.
         tokio::spawn(
             async move {
                 let _running = running;

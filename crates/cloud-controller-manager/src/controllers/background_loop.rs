@@ -74,6 +74,8 @@ pub(crate) fn spawn(
     } = reporting.clone();
     let failures = metrics.failures_of(controller, loop_name);
     let span = tracing::info_span!("background_loop", controller, loop_name);
+    // Watched: this is the background-loop machinery: the task catches the loop's panic, and its early
+    // end, and fails the controller's health check.
     let handle = tokio::spawn(
         async move {
             let why = match AssertUnwindSafe(task).catch_unwind().await {

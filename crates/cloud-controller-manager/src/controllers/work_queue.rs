@@ -149,6 +149,7 @@ impl<T: Clone + Eq + Hash + Send + 'static> WorkQueue<T> {
         // One timer per delayed key: spawning is O(1), and a timer superseded by an earlier deadline
         // or an immediate add finds its deadline gone when it fires and does nothing.
         let queue = Arc::downgrade(self);
+        // Unsupervised: a timer: sleeps, then queues the key (nothing in it can fail).
         tokio::spawn(async move {
             tokio::time::sleep_until(deadline).await;
             let Some(queue) = queue.upgrade() else { return };
@@ -346,6 +347,7 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     let queue: Arc<WorkQueue<ObjectRef<K>>> = WorkQueue::new(metrics.clone());
     let unfinished = {
         let queue = queue.clone();
+        // Unsupervised: ticks, and sets two gauges (nothing in it can fail); aborted with the queue.
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval(Duration::from_millis(500));
             loop {
@@ -358,6 +360,7 @@ pub(crate) async fn run<K, C, E, R, RFut, P>(
     let feed = spawn_feed(changes, queue.clone(), shutdown.clone(), reported.1.clone());
     let stop = {
         let queue = queue.clone();
+        // Unsupervised: waits for the shutdown, then shuts the queue down (nothing in it can fail).
         tokio::spawn(async move {
             shutdown.cancelled().await;
             queue.shut_down();
@@ -425,6 +428,8 @@ where
     /// (the manager restarts).
     fn spawn(self) -> tokio::task::JoinHandle<()> {
         let health = self.reported.1.clone();
+        // Watched: catches the worker's panic and fails the controller's health check; `run` awaits
+        // the handle.
         tokio::spawn(async move {
             if let Err(panic) = std::panic::AssertUnwindSafe(self.work())
                 .catch_unwind()
@@ -521,6 +526,7 @@ fn spawn_feed<K>(
 where
     K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static,
 {
+    // Watched: catches the feed's panic, and its early end, and fails the controller's health check.
     tokio::spawn(async move {
         let feeding = std::panic::AssertUnwindSafe(async {
             let mut changes = Box::pin(changes);
