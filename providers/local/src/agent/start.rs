@@ -117,6 +117,7 @@ pub(super) async fn start(
         settings,
         membership_settings,
         metrics,
+        health,
         changed,
         handed.membership.take(),
     )
@@ -272,6 +273,7 @@ pub(super) async fn start_membership(
     settings: &AgentSettings,
     membership_settings: Option<MembershipSettings>,
     metrics: &AgentMetrics,
+    health: &AgentHealth,
     changed: &Arc<Notify>,
     handed: Option<std::os::fd::OwnedFd>,
 ) -> Result<Option<Membership>, Error> {
@@ -283,6 +285,7 @@ pub(super) async fn start_membership(
                 &settings.node_name,
                 membership_settings,
                 metrics.clone(),
+                health.clone(),
                 changed.clone(),
                 handed,
             )
@@ -325,6 +328,8 @@ pub(super) async fn start_heartbeat(
         source,
     })?;
     let renewed = Arc::new(Mutex::new(Instant::now()));
+    // Watched: each look checks that it still runs (the agent stops, failing, when it ended);
+    // `stop` awaits it.
     let beating = tokio::spawn(beat(
         heartbeat,
         settings.renew_interval,

@@ -33,7 +33,7 @@ use tokio::{
 
 pub(crate) use self::envelope::{Dropped, MIN_KEY_LEN};
 use self::{envelope::Envelope, peer::Peer};
-use super::AgentMetrics;
+use super::{AgentHealth, AgentMetrics};
 use crate::instances::lock;
 
 /// The membership protocol's settings.
@@ -85,11 +85,13 @@ impl Membership {
     /// Binds the socket (or takes `inherited`, the socket the agent this one replaces handed over,
     /// when it is bound to the same address) and starts the protocol as `node`; every change of the
     /// view wakes `changed`. The task runs until [`Membership::stopped`] or
-    /// [`Membership::hand_over`].
+    /// [`Membership::hand_over`]; should it panic (a bug: the view would stay as it was), `health`'s
+    /// liveness fails for good.
     pub(crate) async fn start(
         node: &str,
         settings: MembershipSettings,
         metrics: AgentMetrics,
+        health: AgentHealth,
         changed: Arc<Notify>,
         inherited: Option<std::os::fd::OwnedFd>,
     ) -> Result<Self, std::io::Error> {
@@ -125,7 +127,7 @@ impl Membership {
         let (stop, stopping) = oneshot::channel();
         let envelope = Envelope::new(&settings.key, rand::random());
         let config = config(&settings);
-        let task = tokio::spawn(
+        let protocol = std::panic::AssertUnwindSafe(
             Protocol {
                 foca: Foca::new(me, config, rand::make_rng::<StdRng>(), PostcardCodec),
                 socket,
@@ -138,6 +140,25 @@ impl Membership {
             }
             .run(joins, stopping),
         );
+        // Watched: catches the protocol's panic and fails `/healthz` (`part_died`); the handle is
+        // awaited when the agent stops.
+        let task = tokio::spawn(async move {
+            match futures::FutureExt::catch_unwind(protocol).await {
+                Ok(socket) => socket,
+                Err(panic) => {
+                    let why = format!(
+                        "panicked: {}",
+                        cloud_provider::panic_message(panic.as_ref())
+                    );
+                    tracing::error!(
+                        "local-agent: the membership protocol {why}; the agent's health check fails \
+                         from now on"
+                    );
+                    health.part_died("the membership protocol", &why);
+                    None
+                }
+            }
+        });
         Ok(Self {
             view,
             address,
@@ -445,6 +466,7 @@ mod tests {
             node,
             settings,
             metrics.clone(),
+            AgentHealth::default(),
             Arc::new(Notify::new()),
             inherited,
         )
