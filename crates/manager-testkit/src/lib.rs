@@ -73,6 +73,7 @@ impl ManagerUnderTest {
         let options = Options::try_parse_from(argv).expect("valid flags");
         let shutdown = CancellationToken::new();
         let token = shutdown.clone();
+        // Watched: `stop` awaits the handle, and fails the test on a panic or an error.
         let task = tokio::spawn(async move { manager.run(options, token).await });
         Self {
             metrics,

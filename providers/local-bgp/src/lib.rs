@@ -101,6 +101,8 @@ impl Peer {
         let stop = Arc::new(session::Stop::default());
         let span = tracing::info_span!("bgp_peer", peer = %config.socket_address());
         let bfd_status = bfd.as_ref().map(bfd::BfdSession::status);
+        // Watched: `has_failed` sees its end (the agent then stops it, which logs the panic, and
+        // starts it again); `stop` awaits it.
         let task = tokio::spawn(
             session::run(config.clone(), routes, status_tx, stop.clone(), bfd_status)
                 .instrument(span),

@@ -97,6 +97,8 @@ pub(crate) fn register(
             let socket = std::sync::Arc::new(bind(listen).map_err(failed)?);
             let stop = CancellationToken::new();
             let span = tracing::info_span!("bgp_listener", %listen);
+            // Watched: `accepting` starts its accept loop again after a panic, and ends with
+            // `stop`.
             tokio::spawn(accepting(listen, socket.clone(), stop.clone()).instrument(span));
             entry.insert(Listening {
                 peers: HashMap::new(),
@@ -146,6 +148,7 @@ async fn accepting(
 ) {
     loop {
         let running = accept_loop(listen, socket.clone(), stop.clone()).in_current_span();
+        // Watched: awaited here; a panic is logged and the loop started again.
         match tokio::spawn(running).await {
             Err(err) if err.is_panic() && !stop.is_cancelled() => {
                 let message = err

@@ -40,6 +40,8 @@ impl DataPlane {
         let failures = self.run_listeners(&lb, &spec, &wanted, &probes);
         if !leaving.is_empty() {
             let drain = self.inner.settings.drain_timeout;
+            // Unsupervised: bounded by the drain time (it waits, then cuts); a panic drops the
+            // listeners, which cuts their connections as its end would.
             tokio::spawn(drain_listeners(leaving, drain).instrument(tracing::Span::current()));
         }
         if failures.is_empty() {

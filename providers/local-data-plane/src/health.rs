@@ -75,6 +75,8 @@ impl ProbeRegistry {
             checked: watch::Sender::new(false),
         });
         probes.insert(key.clone(), Arc::downgrade(&probe));
+        // Watched: `probing` starts the checks again after a panic (`restart::restarting`), until
+        // the probe is let go.
         tokio::spawn(probing(
             Arc::downgrade(&probe),
             key.clone(),

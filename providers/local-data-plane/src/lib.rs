@@ -228,6 +228,8 @@ impl DataPlane {
                 (
                     local_addr,
                     handover::ListeningSocket::Tcp(socket),
+                    // Watched: restarted after a panic (`restart::restarting`); the handle is
+                    // kept (`accept_loop`) and awaited when the listener stops accepting.
                     tokio::spawn(task.instrument(span)),
                 )
             }
@@ -251,6 +253,8 @@ impl DataPlane {
                 (
                     local_addr,
                     handover::ListeningSocket::Udp(socket),
+                    // Watched: restarted after a panic (`restart::restarting`); the handle is
+                    // kept (`accept_loop`) and awaited when the listener stops accepting.
                     tokio::spawn(task.instrument(span)),
                 )
             }

@@ -23,6 +23,7 @@ where
         let Some(task) = make() else {
             return T::default();
         };
+        // Watched: awaited here; a panic is logged and the task started again.
         match tokio::spawn(task.in_current_span()).await {
             Ok(output) => return output,
             Err(err) if err.is_panic() => {

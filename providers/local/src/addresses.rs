@@ -443,6 +443,8 @@ impl Worker {
             Ok(announce::Sent::Announced) => {
                 tracing::debug!(%ip, %interface, "VIP announced to the link's neighbours");
                 self.warned.remove(&ip);
+                // Unsupervised: repeats of what was just sent, seconds long (it sleeps, sends);
+                // a panic loses only those. Aborted when the VIP comes off.
                 let repeat =
                     tokio::spawn(announce::repeat(self.announce, interface.to_owned(), ip));
                 if let Some(earlier) = self.repeats.insert(ip, repeat.abort_handle()) {
@@ -561,6 +563,8 @@ impl Netlink {
     fn open() -> Result<Self, String> {
         let (connection, handle, _) = rtnetlink::new_connection()
             .map_err(|err| format!("cannot open a netlink socket: {err}"))?;
+        // Watched: the connection serves this `Netlink` only (one per operation) and ends when it is
+        // dropped; should it die first, this operation's requests fail or time out, and say so.
         tokio::spawn(connection);
         Ok(Self(handle))
     }

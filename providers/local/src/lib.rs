@@ -625,6 +625,8 @@ impl LocalCloud {
         }
         let vips_off = VipsOff(self.inner.clone());
         let cloud = self.clone();
+        // Unsupervised: waits for the shutdown, then stops serving as the process exits (a supervisor
+        // would drop it at that moment); the VIPs come off by the guard's drop, also on a panic.
         tokio::spawn(async move {
             shutdown.cancelled().await;
             drop(vips_off);

@@ -43,6 +43,7 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
     let cloud = flags.cloud().map_err(|err| err.to_string())?;
     let client = client(&flags).await?;
     let shutdown = CancellationToken::new();
+    // Unsupervised: waits for a signal, then cancels the shutdown (nothing in it can fail).
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let metrics = AgentMetrics::default();
     let health = AgentHealth::default();
@@ -68,6 +69,8 @@ async fn run(flags: AgentFlags) -> Result<(), String> {
                     && flags.handover_socket.is_some() =>
             {
                 tracing::info!(%address, "--metrics-bind-address is in use (by the agent this one replaces, until it hands over): serving once it is free");
+                // Watched: the handle is awaited once the agent has run; its error or panic is the
+                // run's error.
                 serving = Some(tokio::spawn(serve_metrics_once_free(
                     address,
                     registry,

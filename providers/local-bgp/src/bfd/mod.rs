@@ -206,6 +206,8 @@ impl Bfd {
                     return Err(Error::BfdBind { address, source });
                 }
             };
+            // Watched: `Bfd::has_failed` sees a receiver that ended (a panic): the agent binds the
+            // endpoint again.
             receivers.push(tokio::spawn(
                 receive(socket, sessions.clone())
                     .instrument(tracing::info_span!("bfd_receive", %address)),
@@ -287,6 +289,7 @@ impl Bfd {
         let (status_tx, status) = watch::channel(BfdStatus::default());
         let stop = CancellationToken::new();
         let silent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Watched: `BfdSession::has_failed` sees its end (a panic); stopping the session awaits it.
         let task = tokio::spawn(
             run(
                 machine,

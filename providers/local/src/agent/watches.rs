@@ -55,6 +55,7 @@ where
     );
     let health = health.clone();
     let reader = store.clone();
+    // Watched: catches the watch's panic, and its end, and fails `/healthz` (`part_died`).
     tokio::spawn(async move {
         let why = match AssertUnwindSafe(drive(stream, reader, concerns, changed))
             .catch_unwind()

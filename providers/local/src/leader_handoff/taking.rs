@@ -63,8 +63,8 @@ pub(crate) async fn take_over(
         .collect();
     tracing::info!(%interface, ?lifetime, "leader hand-off: the previous leader still serves {}; forwarding the packets of its open TCP connections to it", described.join(", "));
     // The table goes after `lifetime`, at shutdown, or when the runtime drops this task: the guard's
-    // drop removes it in every case. The task only waits (nothing in it can panic), so it needs no
-    // supervisor.
+    // drop removes it in every case.
+    // Unsupervised: the task only waits (nothing in it can panic).
     tokio::spawn(async move {
         tokio::select! {
             () = tokio::time::sleep(lifetime) => {
