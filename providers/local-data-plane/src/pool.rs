@@ -89,6 +89,9 @@ pub(crate) struct ListenerShared {
     pub(crate) spec: ListenerSpec,
     pub(crate) label: String,
     config: RwLock<Arc<ListenerConfig>>,
+    /// Bumped by each [`ListenerShared::set_config`], so that a UDP relay re-reads the configuration
+    /// only when it changed (one atomic load per datagram, no lock).
+    config_version: AtomicU64,
     next: AtomicUsize,
     affinity: Mutex<AffinityTable>,
     pub(crate) stats: Stats,
@@ -108,6 +111,7 @@ impl ListenerShared {
             label: spec.to_string(),
             spec,
             config: RwLock::new(Arc::new(config)),
+            config_version: AtomicU64::new(0),
             next: AtomicUsize::new(0),
             affinity: Mutex::new(AffinityTable::default()),
             stats: Stats::default(),
@@ -123,9 +127,21 @@ impl ListenerShared {
             .clone()
     }
 
+    /// The configuration, if it changed since version `seen` (and its version): what a relay that keeps
+    /// its own copy calls per datagram.
+    pub(crate) fn config_since(&self, seen: u64) -> Option<(u64, Arc<ListenerConfig>)> {
+        let version = self.config_version.load(Ordering::Acquire);
+        (version != seen).then(|| (version, self.config()))
+    }
+
     pub(crate) fn set_config(&self, config: ListenerConfig) {
         let affinity_off = config.affinity.is_none();
-        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        {
+            let mut current = self.config.write().unwrap_or_else(|e| e.into_inner());
+            *current = Arc::new(config);
+            // Under the write lock: a reader that sees the new version reads the new configuration.
+            self.config_version.fetch_add(1, Ordering::Release);
+        }
         if affinity_off {
             self.affinity
                 .lock()

@@ -105,6 +105,7 @@ pub(crate) async fn serve(
 ) -> JoinSet<()> {
     let mut relay = Relay {
         socket: socket.clone(),
+        config: (0, shared.config()),
         shared,
         stop: stop.clone(),
         idle_timeout,
@@ -147,6 +148,9 @@ struct Relay {
     /// The listener's socket; replies leave through it.
     socket: Arc<UdpSocket>,
     shared: Arc<ListenerShared>,
+    /// The listener's configuration as last read, and its version
+    /// ([`ListenerShared::config_since`]): read again only when it changed.
+    config: (u64, Arc<ListenerConfig>),
     /// Cancelled when the listener stops; each flow's `cancel` is a child of it.
     stop: CancellationToken,
     idle_timeout: Duration,
@@ -172,7 +176,10 @@ impl Relay {
     /// The flow a datagram from `peer` goes to: its flow if it may go on, else a new one. `None` if
     /// the datagram is dropped (refused, or no upstream socket could be opened).
     async fn flow_for(&mut self, peer: SocketAddr) -> Option<Arc<Flow>> {
-        let current = self.shared.config();
+        if let Some(changed) = self.shared.config_since(self.config.0) {
+            self.config = changed;
+        }
+        let current = self.config.1.clone();
         if let Some(flow) = self.existing_flow(peer, &current) {
             return Some(flow);
         }
