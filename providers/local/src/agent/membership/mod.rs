@@ -81,6 +81,30 @@ enum Stop {
     HandOver,
 }
 
+/// The protocol's socket: `inherited`, the one the agent this one replaces handed over, when it is bound
+/// to the address asked for (or any port was asked for); else one bound anew.
+async fn socket_for(
+    settings: &MembershipSettings,
+    inherited: Option<std::os::fd::OwnedFd>,
+) -> Result<UdpSocket, std::io::Error> {
+    Ok(match inherited.map(take_socket) {
+        Some(Ok(socket)) if socket.local_addr()? == settings.bind || settings.bind.port() == 0 => {
+            tracing::info!(address = %settings.bind, "membership: on the socket handed over");
+            socket
+        }
+        Some(Ok(socket)) => {
+            tracing::warn!(handed = %socket.local_addr()?, bind = %settings.bind, "membership: the socket handed over is bound elsewhere: binding anew");
+            drop(socket);
+            bind_when_free(settings.bind).await?
+        }
+        Some(Err(err)) => {
+            tracing::warn!(error = %err, "membership: the socket handed over is unusable: binding anew");
+            bind_when_free(settings.bind).await?
+        }
+        None => bind_when_free(settings.bind).await?,
+    })
+}
+
 impl Membership {
     /// Binds the socket (or takes `inherited`, the socket the agent this one replaces handed over,
     /// when it is bound to the same address) and starts the protocol as `node`; every change of the
@@ -95,24 +119,7 @@ impl Membership {
         changed: Arc<Notify>,
         inherited: Option<std::os::fd::OwnedFd>,
     ) -> Result<Self, std::io::Error> {
-        let socket = match inherited.map(take_socket) {
-            Some(Ok(socket))
-                if socket.local_addr()? == settings.bind || settings.bind.port() == 0 =>
-            {
-                tracing::info!(address = %settings.bind, "membership: on the socket handed over");
-                socket
-            }
-            Some(Ok(socket)) => {
-                tracing::warn!(handed = %socket.local_addr()?, bind = %settings.bind, "membership: the socket handed over is bound elsewhere: binding anew");
-                drop(socket);
-                bind_when_free(settings.bind).await?
-            }
-            Some(Err(err)) => {
-                tracing::warn!(error = %err, "membership: the socket handed over is unusable: binding anew");
-                bind_when_free(settings.bind).await?
-            }
-            None => bind_when_free(settings.bind).await?,
-        };
+        let socket = socket_for(&settings, inherited).await?;
         let address = socket.local_addr()?;
         let started_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
