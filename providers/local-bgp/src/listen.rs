@@ -146,10 +146,19 @@ async fn accepting(
     socket: std::sync::Arc<TcpListener>,
     stop: CancellationToken,
 ) {
+    let run = || accept_loop(listen, socket.clone(), stop.clone()).in_current_span();
+    restarted_after_panics(run, &stop).await;
+}
+
+/// Runs the task `run` makes until it returns or `stop`; one that panics is logged and made again
+/// [`ACCEPT_RETRY`] later.
+async fn restarted_after_panics<F>(run: impl Fn() -> F, stop: &CancellationToken)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     loop {
-        let running = accept_loop(listen, socket.clone(), stop.clone()).in_current_span();
         // Watched: awaited here; a panic is logged and the loop started again.
-        match tokio::spawn(running).await {
+        match tokio::spawn(run()).await {
             Err(err) if err.is_panic() && !stop.is_cancelled() => {
                 let message = err
                     .into_panic()
@@ -205,5 +214,58 @@ async fn accept_loop(
                 Err(_) => debug!(%remote, "the peer stopped waiting: closed"),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicU32, Ordering},
+    };
+
+    use super::*;
+
+    /// A boxed run of the loop.
+    type Run = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+    /// A run that panics on its `panics` first turns, counting its runs.
+    fn panicking(panics: u32, runs: &Arc<AtomicU32>) -> impl Fn() -> Run {
+        let runs = runs.clone();
+        move || {
+            let runs = runs.clone();
+            Box::pin(async move {
+                if runs.fetch_add(1, Ordering::SeqCst) < panics {
+                    panic!("a bug in the accept loop");
+                }
+            })
+        }
+    }
+
+    /// An accept loop that panics (a bug) is started again, not lost: every passive peer's connections
+    /// come through it.
+    #[tokio::test]
+    async fn an_accept_loop_that_panics_is_started_again() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let stop = CancellationToken::new();
+        let ended = restarted_after_panics(panicking(2, &runs), &stop);
+        tokio::time::timeout(Duration::from_secs(5), ended)
+            .await
+            .expect("ends once a run returns");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "two panics, then a run that returns"
+        );
+    }
+
+    /// Once stopped (the last peer gone), a panic ends it: nothing is started again.
+    #[tokio::test]
+    async fn a_stopped_accept_loop_that_panics_is_not_started_again() {
+        let runs = Arc::new(AtomicU32::new(0));
+        let stop = CancellationToken::new();
+        stop.cancel();
+        restarted_after_panics(panicking(5, &runs), &stop).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }

@@ -324,9 +324,11 @@ pub(super) fn start_renewing(
         status: metrics.leader_election.clone(),
         lease: lease.to_owned(),
     };
+    let stop_renewing = stops.renewing.clone();
+    let renewing = async move { elector.keep_renewing(&stop_renewing).await };
     // Watched: the handle is awaited in `renewal_ended`, which reports a panic; a panic stops the
     // controllers and the provider at once, as a lost Lease does (`keep_renewing`).
-    tokio::spawn(keep_renewing(elector, stops.renewing.clone(), on_loss))
+    tokio::spawn(keep_renewing(renewing, on_loss))
 }
 
 /// What a lost Lease stops and tells.
@@ -340,15 +342,15 @@ struct OnLoss {
     lease: String,
 }
 
-/// Renews the Lease until `stop_renewing`; a lost Lease stops the controllers and the provider at once.
+/// Runs `renewing` (the elector's renewal, until told to stop); a lost Lease stops the controllers and
+/// the provider at once.
 /// So does a panic of the renewal (a bug: the Lease is no longer renewed, and another replica takes it
 /// over once it expires), which is then resumed for [`renewal_ended`] to report.
 async fn keep_renewing(
-    elector: Arc<LeaderElector>,
-    stop_renewing: CancellationToken,
+    renewing: impl Future<Output = Result<(), LeadershipLost>>,
     on_loss: OnLoss,
 ) -> Result<(), LeadershipLost> {
-    let renewing = std::panic::AssertUnwindSafe(elector.keep_renewing(&stop_renewing));
+    let renewing = std::panic::AssertUnwindSafe(renewing);
     let result = match futures::FutureExt::catch_unwind(renewing).await {
         Ok(result) => result,
         Err(panic) => {
@@ -471,4 +473,35 @@ pub(super) async fn run_until_stopped(
         tracing::warn!(grace = ?super::SHUTDOWN_GRACE, "controllers did not stop in time; abandoning them");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A renewal that panics (a bug) no longer renews the Lease: the controllers and the provider stop at
+    /// once, as on a lost Lease, and the panic goes on to `renewal_ended`, which fails the run.
+    #[tokio::test]
+    async fn a_renewal_that_panics_stops_the_controllers_and_the_provider_at_once() {
+        let stops = [CancellationToken::new(), CancellationToken::new()];
+        let lost = Arc::new(AtomicBool::new(false));
+        let on_loss = OnLoss {
+            stops: stops.clone(),
+            lost: lost.clone(),
+            status: Metrics::new().leader_election.clone(),
+            lease: "cloud-controller-manager".to_owned(),
+        };
+        let panicking =
+            futures::FutureExt::map(std::future::ready(()), |()| -> Result<(), LeadershipLost> {
+                panic!("a bug in the renewal")
+            });
+        let renewing = tokio::spawn(keep_renewing(panicking, on_loss));
+        let ended = renewal_ended(Some(renewing)).await;
+        assert!(
+            matches!(&ended, Err(AppError::RenewalPanicked(why)) if why.contains("panicked")),
+            "{ended:?}"
+        );
+        assert!(stops.iter().all(CancellationToken::is_cancelled));
+        assert!(lost.load(Ordering::Relaxed));
+    }
 }

@@ -81,6 +81,34 @@ enum Stop {
     HandOver,
 }
 
+/// Runs the membership protocol in a task of its own, which answers the socket to hand over. Should it
+/// panic (a bug: the view would stay as it was), the agent's liveness fails for good (`part_died`).
+fn spawn_watched<T: Send + 'static>(
+    protocol: impl Future<Output = Option<T>> + Send + 'static,
+    health: AgentHealth,
+) -> tokio::task::JoinHandle<Option<T>> {
+    let protocol = std::panic::AssertUnwindSafe(protocol);
+    // Watched: catches the protocol's panic and fails `/healthz` (`part_died`); the handle is awaited
+    // when the agent stops.
+    tokio::spawn(async move {
+        match futures::FutureExt::catch_unwind(protocol).await {
+            Ok(socket) => socket,
+            Err(panic) => {
+                let why = format!(
+                    "panicked: {}",
+                    cloud_provider::panic_message(panic.as_ref())
+                );
+                tracing::error!(
+                    "local-agent: the membership protocol {why}; the agent's health check fails from \
+                     now on"
+                );
+                health.part_died("the membership protocol", &why);
+                None
+            }
+        }
+    })
+}
+
 /// The protocol's socket: `inherited`, the one the agent this one replaces handed over, when it is bound
 /// to the address asked for (or any port was asked for); else one bound anew.
 async fn socket_for(
@@ -134,38 +162,18 @@ impl Membership {
         let (stop, stopping) = oneshot::channel();
         let envelope = Envelope::new(&settings.key, rand::random());
         let config = config(&settings);
-        let protocol = std::panic::AssertUnwindSafe(
-            Protocol {
-                foca: Foca::new(me, config, rand::make_rng::<StdRng>(), PostcardCodec),
-                socket,
-                envelope,
-                timers: BinaryHeap::new(),
-                sequence: 0,
-                view: view.clone(),
-                metrics,
-                changed,
-            }
-            .run(joins, stopping),
-        );
-        // Watched: catches the protocol's panic and fails `/healthz` (`part_died`); the handle is
-        // awaited when the agent stops.
-        let task = tokio::spawn(async move {
-            match futures::FutureExt::catch_unwind(protocol).await {
-                Ok(socket) => socket,
-                Err(panic) => {
-                    let why = format!(
-                        "panicked: {}",
-                        cloud_provider::panic_message(panic.as_ref())
-                    );
-                    tracing::error!(
-                        "local-agent: the membership protocol {why}; the agent's health check fails \
-                         from now on"
-                    );
-                    health.part_died("the membership protocol", &why);
-                    None
-                }
-            }
-        });
+        let protocol = Protocol {
+            foca: Foca::new(me, config, rand::make_rng::<StdRng>(), PostcardCodec),
+            socket,
+            envelope,
+            timers: BinaryHeap::new(),
+            sequence: 0,
+            view: view.clone(),
+            metrics,
+            changed,
+        }
+        .run(joins, stopping);
+        let task = spawn_watched(protocol, health);
         Ok(Self {
             view,
             address,
@@ -445,6 +453,23 @@ mod tests {
     use super::*;
 
     const KEY: &[u8] = b"a key of the tests, 32 bytes....";
+
+    /// The protocol's task panicking (a bug) fails the agent's liveness for good, rather than leaving
+    /// the view as it was with the agent looking healthy.
+    #[tokio::test]
+    async fn a_protocol_that_panics_fails_the_agents_liveness() {
+        let health = AgentHealth::default();
+        assert_eq!(health.live(), Ok(()));
+        let panicking = futures::FutureExt::map(std::future::ready(()), |()| -> Option<()> {
+            panic!("a bug in the protocol")
+        });
+        assert_eq!(
+            spawn_watched(panicking, health.clone()).await.unwrap(),
+            None
+        );
+        let dead = health.live().unwrap_err();
+        assert!(dead.contains("membership protocol"), "{dead}");
+    }
 
     struct Running {
         membership: Membership,
