@@ -278,17 +278,29 @@ async fn deliver_all(inner: Arc<Delivery>, mut queue: mpsc::Receiver<Pending>) {
         };
         let inner = inner.clone();
         // Watched: one event's write, awaited by no one: a panic in it (a bug) is caught, said, and the
-        // event counted as given up on, so that the delivery goes on and `flush` does not wait for it.
+        // event counted as given up on (`write_caught`).
         tokio::spawn(async move {
-            let delivering = std::panic::AssertUnwindSafe(deliver(&inner, &pending));
-            if let Err(panic) = futures::FutureExt::catch_unwind(delivering).await {
-                let message = cloud_provider::panic_message(panic.as_ref());
-                tracing::error!(reason = pending.event.reason, object = ?pending.object(), "delivering an event panicked (a bug): {message}");
-            }
-            inner.undelivered.send_modify(|n| *n -= 1);
+            let what = (pending.event.reason.as_str(), pending.object());
+            write_caught(deliver(&inner, &pending), &inner.undelivered, what).await;
             drop(slot);
         });
     }
+}
+
+/// Runs one event's write, `delivering`, and counts the event off `undelivered` whatever happens: a
+/// panic in it (a bug) is caught and said (with the event's reason and object, `what`), so that the
+/// delivery goes on and `flush` does not wait for the event.
+async fn write_caught(
+    delivering: impl Future<Output = ()>,
+    undelivered: &tokio::sync::watch::Sender<usize>,
+    (reason, object): (&str, Option<&str>),
+) {
+    let delivering = std::panic::AssertUnwindSafe(delivering);
+    if let Err(panic) = futures::FutureExt::catch_unwind(delivering).await {
+        let message = cloud_provider::panic_message(panic.as_ref());
+        tracing::error!(reason, object = ?object, "delivering an event panicked (a bug): {message}");
+    }
+    undelivered.send_modify(|n| *n -= 1);
 }
 
 /// Writes one event, retrying what may succeed later (no answer, 5xx, 429, or a write the leader's
@@ -419,6 +431,18 @@ fn cut_name(name: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An event's write that panics (a bug) is caught: the event is counted off, so `flush` does not
+    /// wait for it, and the delivery goes on.
+    #[tokio::test]
+    async fn a_write_that_panics_is_counted_off_and_the_delivery_goes_on() {
+        let undelivered = tokio::sync::watch::Sender::new(1);
+        let panicking = futures::FutureExt::map(std::future::ready(()), |()| -> () {
+            panic!("a bug in the write")
+        });
+        write_caught(panicking, &undelivered, ("Reason", Some("object"))).await;
+        assert_eq!(*undelivered.borrow(), 0);
+    }
 
     #[test]
     fn long_names_are_cut_to_fit_and_end_alphanumeric() {
