@@ -395,10 +395,11 @@ fn session_over(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn config() -> PeerConfig {
+    /// A peer of the session modules' tests.
+    pub(in crate::session) fn config() -> PeerConfig {
         PeerConfig::new(
             "192.0.2.1".parse().unwrap(),
             64512,

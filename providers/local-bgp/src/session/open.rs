@@ -194,16 +194,8 @@ async fn their_keepalive(
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::config;
     use super::*;
-
-    fn config() -> PeerConfig {
-        PeerConfig::new(
-            "192.0.2.1".parse().unwrap(),
-            64512,
-            64513,
-            Ipv4Addr::new(192, 0, 2, 2),
-        )
-    }
 
     #[test]
     fn the_families_are_those_both_sides_announced_in_our_order() {
