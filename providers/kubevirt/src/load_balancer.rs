@@ -820,15 +820,20 @@ mod tests {
         );
     }
 
-    #[test]
-    fn plans() {
-        let base = desired(
+    /// What an infra Service for a tenant Service with one HTTP port (node port 30080) looks like.
+    fn one_port_http() -> Desired {
+        desired(
             &tenant("Cluster", &[("http", 80, Some(30080))]),
             "a1",
             "c",
             &config(),
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn plans() {
+        let base = one_port_http();
         let actual = existing(&base);
         // (what the tenant asks now, the patch's fields)
         let cases: Vec<(Desired, Option<&str>)> = vec![
@@ -997,13 +1002,7 @@ mod tests {
 
     #[test]
     fn single_stack_again_drops_the_second_family() {
-        let base = desired(
-            &tenant("Cluster", &[("http", 80, Some(30080))]),
-            "a1",
-            "c",
-            &config(),
-        )
-        .unwrap();
+        let base = one_port_http();
         let families = |f: &[&str]| Some(f.iter().map(|f| f.to_string()).collect::<Vec<_>>());
         for (wanted, have, have_families, expected) in [
             (
@@ -1050,13 +1049,7 @@ mod tests {
 
     #[test]
     fn readiness_by_status_and_age() {
-        let base = desired(
-            &tenant("Cluster", &[("http", 80, Some(30080))]),
-            "a1",
-            "c",
-            &config(),
-        )
-        .unwrap();
+        let base = one_port_http();
         let mut service = existing(&base);
         let timeout = Duration::from_secs(300);
         assert_eq!(
