@@ -217,162 +217,79 @@ impl CloudProvider for AwsCloud {
     }
 }
 
-#[cloud_provider::async_trait]
-impl InstancesV2 for AwsCloud {
-    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
-        self.parts().await?.instances.instance_exists(node).await
-    }
-
-    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
-        self.parts().await?.instances.instance_shutdown(node).await
-    }
-
-    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
-        self.parts().await?.instances.instance_metadata(node).await
-    }
+/// An `impl` of a provider trait for [`AwsCloud`]: the methods written out in braces as they are, then
+/// each listed signature handing its call to the [`Parts`] field named after `=>` (the SDK loaded first).
+macro_rules! impl_through_part {
+    (
+        impl $trait:ident => $part:ident { $($own:tt)* }
+        $(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*
+    ) => {
+        #[cloud_provider::async_trait]
+        impl $trait for AwsCloud {
+            $($own)*
+            $(
+                async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    self.parts().await?.$part.$name($($arg),*).await
+                }
+            )*
+        }
+    };
 }
 
-#[cloud_provider::async_trait]
-impl LoadBalancer for AwsCloud {
-    /// The keys of `aws-load-balancer-target-node-labels`: a node relabelled into or out of them joins
-    /// or leaves the load balancer's targets.
-    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
-        spec::target_node_label_keys(service)
-    }
+impl_through_part! {
+    impl InstancesV2 => instances {}
+    fn instance_exists(&self, node: &Node) -> CloudResult<bool>;
+    fn instance_shutdown(&self, node: &Node) -> CloudResult<bool>;
+    fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>>;
+}
 
-    /// Upstream's name, or the name of the kept load balancer the Service adopted (known once the
-    /// provider made its first load-balancer call: see `load_balancer::retained`).
-    fn get_load_balancer_name(&self, cluster_name: &str, service: &Service) -> String {
-        match self.parts.get() {
-            Some(parts) => parts
-                .load_balancers
-                .get_load_balancer_name(cluster_name, service),
-            None => cloud_provider::default_load_balancer_name(service),
+impl_through_part! {
+    impl LoadBalancer => load_balancers {
+        /// The keys of `aws-load-balancer-target-node-labels`: a node relabelled into or out of them
+        /// joins or leaves the load balancer's targets.
+        fn backend_label_keys(&self, service: &Service) -> Vec<String> {
+            spec::target_node_label_keys(service)
+        }
+
+        /// Upstream's name, or the name of the kept load balancer the Service adopted (known once the
+        /// provider made its first load-balancer call: see `load_balancer::retained`).
+        fn get_load_balancer_name(&self, cluster_name: &str, service: &Service) -> String {
+            match self.parts.get() {
+                Some(parts) => parts
+                    .load_balancers
+                    .get_load_balancer_name(cluster_name, service),
+                None => cloud_provider::default_load_balancer_name(service),
+            }
+        }
+
+        fn retains_load_balancers(&self) -> bool {
+            true
         }
     }
-
-    fn retains_load_balancers(&self) -> bool {
-        true
-    }
-
-    async fn retain_load_balancer(&self, cluster_name: &str, service: &Service) -> CloudResult<()> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .retain_load_balancer(cluster_name, service)
-            .await
-    }
-
-    async fn get_load_balancer(
-        &self,
-        cluster_name: &str,
-        service: &Service,
-    ) -> CloudResult<Option<LoadBalancerStatus>> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .get_load_balancer(cluster_name, service)
-            .await
-    }
-
-    async fn ensure_load_balancer(
-        &self,
-        cluster_name: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<LoadBalancerStatus> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .ensure_load_balancer(cluster_name, service, nodes)
-            .await
-    }
-
-    async fn update_load_balancer(
-        &self,
-        cluster_name: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<()> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .update_load_balancer(cluster_name, service, nodes)
-            .await
-    }
-
-    async fn ensure_load_balancer_deleted(
-        &self,
-        cluster_name: &str,
-        service: &Service,
-    ) -> CloudResult<()> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .ensure_load_balancer_deleted(cluster_name, service)
-            .await
-    }
-
-    async fn preview_load_balancer(
-        &self,
-        cluster_name: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<LoadBalancerPreview> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .preview_load_balancer(cluster_name, service, nodes)
-            .await
-    }
-
-    async fn list_load_balancers(
-        &self,
-        cluster_name: &str,
-    ) -> CloudResult<Vec<cloud_provider::ClusterLoadBalancer>> {
-        let parts = self.parts().await?;
-        parts.load_balancers.list_load_balancers(cluster_name).await
-    }
-
-    async fn delete_orphaned_load_balancer(
+    fn retain_load_balancer(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+    fn get_load_balancer(&self, cluster_name: &str, service: &Service)
+        -> CloudResult<Option<LoadBalancerStatus>>;
+    fn ensure_load_balancer(&self, cluster_name: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<LoadBalancerStatus>;
+    fn update_load_balancer(&self, cluster_name: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<()>;
+    fn ensure_load_balancer_deleted(&self, cluster_name: &str, service: &Service) -> CloudResult<()>;
+    fn preview_load_balancer(&self, cluster_name: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<LoadBalancerPreview>;
+    fn list_load_balancers(&self, cluster_name: &str)
+        -> CloudResult<Vec<cloud_provider::ClusterLoadBalancer>>;
+    fn delete_orphaned_load_balancer(
         &self,
         cluster_name: &str,
         load_balancer: &cloud_provider::ClusterLoadBalancer,
-    ) -> CloudResult<()> {
-        let parts = self.parts().await?;
-        parts
-            .load_balancers
-            .delete_orphaned_load_balancer(cluster_name, load_balancer)
-            .await
-    }
+    ) -> CloudResult<()>;
 }
 
-#[cloud_provider::async_trait]
-impl Routes for AwsCloud {
-    async fn list_routes(&self, cluster_name: &str) -> CloudResult<Vec<Route>> {
-        self.parts().await?.routes.list_routes(cluster_name).await
-    }
-
-    async fn create_route(
-        &self,
-        cluster_name: &str,
-        name_hint: &str,
-        route: &Route,
-    ) -> CloudResult<()> {
-        let parts = self.parts().await?;
-        parts
-            .routes
-            .create_route(cluster_name, name_hint, route)
-            .await
-    }
-
-    async fn delete_route(&self, cluster_name: &str, route: &Route) -> CloudResult<()> {
-        self.parts()
-            .await?
-            .routes
-            .delete_route(cluster_name, route)
-            .await
-    }
+impl_through_part! {
+    impl Routes => routes {}
+    fn list_routes(&self, cluster_name: &str) -> CloudResult<Vec<Route>>;
+    fn create_route(&self, cluster_name: &str, name_hint: &str, route: &Route) -> CloudResult<()>;
+    fn delete_route(&self, cluster_name: &str, route: &Route) -> CloudResult<()>;
 }
 
 #[cloud_provider::async_trait]
