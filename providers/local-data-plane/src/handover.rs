@@ -46,30 +46,34 @@ impl ListeningSocket {
 /// A TCP listener from a descriptor handed over; refused unless it is a TCP socket listening on
 /// `addr`.
 pub(crate) fn tcp_listener(fd: OwnedFd, addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = socket2::Socket::from(fd);
-    if socket.r#type()? != socket2::Type::STREAM || !socket.is_listener()? {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "the socket handed over is no listening TCP socket",
-        ));
-    }
-    bound_to(&socket, addr)?;
-    socket.set_nonblocking(true)?;
+    let socket = adopted(fd, addr, socket2::Type::STREAM, "no listening TCP socket")?;
     TcpListener::from_std(socket.into())
 }
 
 /// A UDP socket from a descriptor handed over; refused unless it is a UDP socket bound to `addr`.
 pub(crate) fn udp_socket(fd: OwnedFd, addr: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = adopted(fd, addr, socket2::Type::DGRAM, "no UDP socket")?;
+    UdpSocket::from_std(socket.into())
+}
+
+/// The socket of a descriptor handed over, made non-blocking; refused (the socket handed over is
+/// `not_it`) unless it is of type `kind` (a stream one listening) and bound to `addr`.
+fn adopted(
+    fd: OwnedFd,
+    addr: SocketAddr,
+    kind: socket2::Type,
+    not_it: &str,
+) -> io::Result<socket2::Socket> {
     let socket = socket2::Socket::from(fd);
-    if socket.r#type()? != socket2::Type::DGRAM {
+    if socket.r#type()? != kind || (kind == socket2::Type::STREAM && !socket.is_listener()?) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            "the socket handed over is no UDP socket",
+            format!("the socket handed over is {not_it}"),
         ));
     }
     bound_to(&socket, addr)?;
     socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket.into())
+    Ok(socket)
 }
 
 fn bound_to(socket: &socket2::Socket, addr: SocketAddr) -> io::Result<()> {

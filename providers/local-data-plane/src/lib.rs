@@ -40,6 +40,7 @@ mod health;
 pub mod metrics;
 mod pool;
 mod restart;
+mod sockets;
 mod spec;
 mod tcp;
 mod udp;
@@ -215,22 +216,16 @@ impl DataPlane {
                     connect: self.inner.settings.connect_timeout,
                     idle: self.inner.settings.tcp_idle_timeout,
                 };
-                let (serving, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
-                let task = restart::restarting(
+                let accept_loop = spawn_serving(
                     "a TCP listener's accept loop",
-                    ACCEPT_LOOP_RESTART,
-                    move || {
-                        (!stop.is_cancelled()).then(|| {
-                            tcp::serve(serving.clone(), shared.clone(), stop.clone(), timeouts)
-                        })
-                    },
+                    (&socket, &shared, &stop),
+                    span,
+                    move |socket, shared, stop| tcp::serve(socket, shared, stop, timeouts),
                 );
                 (
                     local_addr,
                     handover::ListeningSocket::Tcp(socket),
-                    // Watched: restarted after a panic (`restart::restarting`); the handle is
-                    // kept (`accept_loop`) and awaited when the listener stops accepting.
-                    tokio::spawn(task.instrument(span)),
+                    accept_loop,
                 )
             }
             Protocol::Udp => {
@@ -240,22 +235,16 @@ impl DataPlane {
                 });
                 let local_addr = socket.local_addr()?;
                 let idle = self.inner.settings.udp_idle_timeout;
-                let (serving, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
-                let task = restart::restarting(
+                let accept_loop = spawn_serving(
                     "a UDP listener's receive loop",
-                    ACCEPT_LOOP_RESTART,
-                    move || {
-                        (!stop.is_cancelled()).then(|| {
-                            udp::serve(serving.clone(), shared.clone(), stop.clone(), idle)
-                        })
-                    },
+                    (&socket, &shared, &stop),
+                    span,
+                    move |socket, shared, stop| udp::serve(socket, shared, stop, idle),
                 );
                 (
                     local_addr,
                     handover::ListeningSocket::Udp(socket),
-                    // Watched: restarted after a panic (`restart::restarting`); the handle is
-                    // kept (`accept_loop`) and awaited when the listener stops accepting.
-                    tokio::spawn(task.instrument(span)),
+                    accept_loop,
                 )
             }
         };
@@ -421,4 +410,24 @@ impl Inner {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Spawns a listener's loop, `serve` over its socket, in `span`. Watched: started again after a panic
+/// (`restart::restarting`) until `stop` is cancelled; the handle is kept (`accept_loop`) and awaited
+/// when the listener stops accepting.
+fn spawn_serving<S, Fut>(
+    what: &'static str,
+    (socket, shared, stop): (&Arc<S>, &Arc<ListenerShared>, &CancellationToken),
+    span: tracing::Span,
+    serve: impl Fn(Arc<S>, Arc<ListenerShared>, CancellationToken) -> Fut + Send + 'static,
+) -> JoinHandle<JoinSet<()>>
+where
+    S: Send + Sync + 'static,
+    Fut: Future<Output = JoinSet<()>> + Send + 'static,
+{
+    let (socket, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
+    let task = restart::restarting(what, ACCEPT_LOOP_RESTART, move || {
+        (!stop.is_cancelled()).then(|| serve(socket.clone(), shared.clone(), stop.clone()))
+    });
+    tokio::spawn(task.instrument(span))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use socket2::{Domain, SockRef, Socket, Type};
+use socket2::{SockRef, Type};
 use tokio::io::Interest;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::pool::{ActiveGuard, ListenerShared};
+use crate::sockets;
 
 /// Relay buffer per direction. Allocated only once a connection has data (see `relay`), so idle
 /// connections do not hold them, and never zeroed, so a connection touches only what it uses.
@@ -23,14 +24,7 @@ const CONNECT_ATTEMPTS: usize = 3;
 
 /// Binds `addr` for listening (IPv6 sockets are IPv6-only, so `[::]` and `0.0.0.0` can coexist).
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
-    let socket = Socket::new(
-        Domain::for_address(addr),
-        Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
+    let socket = sockets::for_address(addr, Type::STREAM, socket2::Protocol::TCP)?;
     // Lets a listener come back on its port while old connections sit in TIME_WAIT; on Linux it does
     // not let two sockets listen on one port.
     socket.set_reuse_address(true)?;

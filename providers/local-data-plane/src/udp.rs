@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use socket2::{Domain, Socket, Type};
+use socket2::Type;
 use tokio::net::UdpSocket;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +16,7 @@ use tracing::{Instrument, debug, warn};
 
 use crate::budget::Claim;
 use crate::pool::{ActiveGuard, BackendEntry, ListenerConfig, ListenerShared};
+use crate::sockets;
 
 const MAX_DATAGRAM: usize = 64 * 1024;
 
@@ -34,14 +35,7 @@ pub(crate) const MAX_FLOWS_PER_LISTENER: usize = 8192;
 
 /// Binds `addr` (no `SO_REUSEADDR`: for UDP it would let two sockets share the port).
 pub(crate) fn bind(addr: SocketAddr) -> io::Result<UdpSocket> {
-    let socket = Socket::new(
-        Domain::for_address(addr),
-        Type::DGRAM,
-        Some(socket2::Protocol::UDP),
-    )?;
-    if addr.is_ipv6() {
-        socket.set_only_v6(true)?;
-    }
+    let socket = sockets::for_address(addr, Type::DGRAM, socket2::Protocol::UDP)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     UdpSocket::from_std(socket.into())
