@@ -59,14 +59,8 @@ impl Lookups {
         name: &str,
         shared: bool,
     ) -> Result<Option<LoadBalancerDescription>> {
-        if !shared {
-            return alone(name, NOT_FOUND, |n| classic_call(calls, n)).await;
-        }
-        self.classic
-            .get(name.to_owned(), |names| {
-                by_name(names, NOT_FOUND, |n| classic_call(calls, n))
-            })
-            .await
+        let call = |names| classic_call(calls, names);
+        look_up(&self.classic, name, shared, NOT_FOUND, call).await
     }
 
     /// The NLB named `name`, if any, through `calls` (an ELBv2 load balancer of another type by that
@@ -77,24 +71,36 @@ impl Lookups {
         name: &str,
         shared: bool,
     ) -> Result<Option<Elbv2LoadBalancer>> {
-        if !shared {
-            return alone(name, NOT_FOUND, |n| nlb_call(calls, n)).await;
-        }
-        self.nlb
-            .get(name.to_owned(), |names| {
-                by_name(names, NOT_FOUND, |n| nlb_call(calls, n))
-            })
-            .await
+        let call = |names| nlb_call(calls, names);
+        look_up(&self.nlb, name, shared, NOT_FOUND, call).await
     }
 
     /// The target group with ARN `arn`, if any, through `calls`, in a shared call.
     pub async fn target_group(&self, calls: &Calls, arn: &str) -> Result<Option<TargetGroup>> {
-        self.target_groups
-            .get(arn.to_owned(), |arns| {
-                by_name(arns, GROUP_NOT_FOUND, |a| target_group_call(calls, a))
-            })
-            .await
+        let call = |arns| target_group_call(calls, arns);
+        look_up(&self.target_groups, arn, true, GROUP_NOT_FOUND, call).await
     }
+}
+
+/// `key` looked up with `call`: in a call `shared` through `coalescer` with the look-ups under way,
+/// else alone and at once (`not_found`: AWS's code for a key that does not exist).
+async fn look_up<V: Clone, F, Fut>(
+    coalescer: &Coalescer<String, V>,
+    key: &str,
+    shared: bool,
+    not_found: &str,
+    call: F,
+) -> Result<Option<V>>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: Future<Output = Found<V>>,
+{
+    if !shared {
+        return alone(key, not_found, call).await;
+    }
+    coalescer
+        .get(key.to_owned(), |keys| by_name(keys, not_found, call))
+        .await
 }
 
 /// `call` for `key` alone (`not_found`: AWS's code for a key that does not exist).
@@ -136,64 +142,57 @@ where
     }
 }
 
-async fn target_group_call(
-    calls: &Calls,
-    arns: Vec<String>,
-) -> Result<BTreeMap<String, TargetGroup>> {
-    let elbv2 = &calls.clients.elbv2;
-    let out = calls
-        .call("DescribeTargetGroups", || {
-            elbv2
-                .describe_target_groups()
-                .set_target_group_arns(Some(arns.clone()))
-                .send()
-        })
-        .await?;
-    Ok(out
-        .target_groups()
-        .iter()
-        .filter_map(|g| Some((g.target_group_arn()?.to_owned(), g.clone())))
-        .collect())
+/// What one look-up call found, by name or ARN.
+type Found<T> = Result<BTreeMap<String, T>>;
+
+/// `items` by the name or ARN `key` reads (those without one left out).
+fn keyed<'a, T: Clone + 'a>(
+    items: impl IntoIterator<Item = &'a T>,
+    key: impl Fn(&T) -> Option<&str>,
+) -> BTreeMap<String, T> {
+    items
+        .into_iter()
+        .filter_map(|item| Some((key(item)?.to_owned(), item.clone())))
+        .collect()
 }
 
-async fn classic_call(
-    calls: &Calls,
-    names: Vec<String>,
-) -> Result<BTreeMap<String, LoadBalancerDescription>> {
-    let elb = &calls.clients.elb;
+async fn target_group_call(calls: &Calls, arns: Vec<String>) -> Found<TargetGroup> {
+    let request = calls.clients.elbv2.describe_target_groups();
+    let request = request.set_target_group_arns(Some(arns));
     let out = calls
-        .call("elb:DescribeLoadBalancers", || {
-            elb.describe_load_balancers()
-                .set_load_balancer_names(Some(names.clone()))
-                .send()
-        })
+        .call("DescribeTargetGroups", || request.clone().send())
         .await?;
-    Ok(out
-        .load_balancer_descriptions()
-        .iter()
-        .filter_map(|lb| Some((lb.load_balancer_name()?.to_owned(), lb.clone())))
-        .collect())
+    Ok(keyed(out.target_groups(), TargetGroup::target_group_arn))
 }
 
-async fn nlb_call(
-    calls: &Calls,
-    names: Vec<String>,
-) -> Result<BTreeMap<String, Elbv2LoadBalancer>> {
-    let elbv2 = &calls.clients.elbv2;
+async fn classic_call(calls: &Calls, names: Vec<String>) -> Found<LoadBalancerDescription> {
+    let request = calls.clients.elb.describe_load_balancers();
+    let request = request.set_load_balancer_names(Some(names));
     let out = calls
-        .call("elbv2:DescribeLoadBalancers", || {
-            elbv2
-                .describe_load_balancers()
-                .set_names(Some(names.clone()))
-                .send()
-        })
+        .call("elb:DescribeLoadBalancers", || request.clone().send())
         .await?;
-    Ok(out
-        .load_balancers()
-        .iter()
-        .filter(|lb| lb.r#type() == Some(&LoadBalancerTypeEnum::Network) || lb.r#type().is_none())
-        .filter_map(|lb| Some((lb.load_balancer_name()?.to_owned(), lb.clone())))
-        .collect())
+    let descriptions = out.load_balancer_descriptions();
+    Ok(keyed(
+        descriptions,
+        LoadBalancerDescription::load_balancer_name,
+    ))
+}
+
+/// The NLBs among the ELBv2 load balancers named `names` (one of an unknown type counts as one).
+async fn nlb_call(calls: &Calls, names: Vec<String>) -> Found<Elbv2LoadBalancer> {
+    let request = calls
+        .clients
+        .elbv2
+        .describe_load_balancers()
+        .set_names(Some(names));
+    let out = calls
+        .call("elbv2:DescribeLoadBalancers", || request.clone().send())
+        .await?;
+    let nlbs = out.load_balancers().iter().filter(|lb| {
+        lb.r#type()
+            .is_none_or(|t| *t == LoadBalancerTypeEnum::Network)
+    });
+    Ok(keyed(nlbs, Elbv2LoadBalancer::load_balancer_name))
 }
 
 #[cfg(test)]
