@@ -83,6 +83,15 @@ fn permission((proto, from, to, cidr): &Rule, description: Option<&str>) -> IpPe
     .build()
 }
 
+/// Whether `group` has an IPv4 range carrying `description`.
+pub(super) fn has_described_range(group: &SecurityGroup, description: &str) -> bool {
+    group.ip_permissions().iter().any(|p| {
+        p.ip_ranges()
+            .iter()
+            .any(|r| r.description() == Some(description))
+    })
+}
+
 /// `rules` in words, for a preview: `tcp 80-80 from 10.0.0.0/8, ...`.
 fn in_words(rules: &[IpPermission]) -> String {
     rules
@@ -120,14 +129,8 @@ impl LoadBalancers {
         scope: RuleScope,
         desired: &[Rule],
     ) -> Result<bool> {
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups().group_ids(group).send()
-            })
-            .await?;
-        self.sync_read_cidr_rules(group, out.security_groups(), description, scope, desired)
+        let read = self.security_groups_where(|r| r.group_ids(group)).await?;
+        self.sync_read_cidr_rules(group, &read, description, scope, desired)
             .await
     }
 
@@ -186,21 +189,9 @@ impl LoadBalancers {
     /// Revokes every ingress rule carrying `description` in every group of the VPCs the provider sees;
     /// the groups it changed.
     pub(super) async fn revoke_described_rules(&self, description: &str) -> Result<Vec<String>> {
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups().send()
-            })
-            .await?;
         let mut changed = Vec::new();
-        for g in out.security_groups() {
-            let has = g.ip_permissions().iter().any(|p| {
-                p.ip_ranges()
-                    .iter()
-                    .any(|r| r.description() == Some(description))
-            });
-            if has
+        for g in self.security_groups_where(|every| every).await? {
+            if has_described_range(&g, description)
                 && let Some(id) = g.group_id()
                 && self
                     .sync_cidr_rules(id, description, RuleScope::Described, &[])

@@ -192,18 +192,11 @@ impl LoadBalancers {
         if all.is_empty() {
             return Ok(Vec::new());
         }
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups()
-                    .set_group_ids(Some(all.clone()))
-                    .send()
-            })
+        let read = self
+            .security_groups_where(|r| r.set_group_ids(Some(all)))
             .await?;
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        let tagged: Vec<&str> = out
-            .security_groups()
+        let tagged: Vec<&str> = read
             .iter()
             .filter(|g| {
                 g.tags()

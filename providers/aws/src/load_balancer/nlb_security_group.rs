@@ -196,18 +196,11 @@ impl LoadBalancers {
         let vpc_id = lb.vpc_id().unwrap_or_default();
         let mut ours: Vec<String> = Vec::new();
         if !detached.is_empty() {
-            let ec2 = &self.calls.clients.ec2;
-            let out = self
-                .calls
-                .call("DescribeSecurityGroups", || {
-                    ec2.describe_security_groups()
-                        .set_group_ids(Some(detached.clone()))
-                        .send()
-                })
+            let read = self
+                .security_groups_where(|r| r.set_group_ids(Some(detached)))
                 .await?;
             ours.extend(
-                out.security_groups()
-                    .iter()
+                read.iter()
                     .filter(|g| owned(g, cluster_id))
                     .filter_map(|g| g.group_id().map(str::to_owned)),
             );
@@ -263,18 +256,11 @@ impl LoadBalancers {
         let groups: Vec<SecurityGroup> = match (attached, own_group_name) {
             (Some([]), _) => return Ok(()),
             (Some(ids), _) => {
-                let ec2 = &self.calls.clients.ec2;
-                let ids = ids.to_vec();
                 match self
-                    .calls
-                    .call("DescribeSecurityGroups", || {
-                        ec2.describe_security_groups()
-                            .set_group_ids(Some(ids.clone()))
-                            .send()
-                    })
+                    .security_groups_where(|r| r.set_group_ids(Some(ids.to_vec())))
                     .await
                 {
-                    Ok(out) => out.security_groups().to_vec(),
+                    Ok(read) => read,
                     Err(e) if e.code() == Some("InvalidGroup.NotFound") => Vec::new(),
                     Err(e) => return Err(e),
                 }

@@ -2,32 +2,50 @@
 //! `k8s-<namespace>-<name>-<hash>`): found by name in the VPC, created tagged for the cluster, and
 //! deleted with every rule of another group that refers to them.
 
-use aws_sdk_ec2::types::{
-    Filter, IpPermission, ResourceType, SecurityGroup, TagSpecification, UserIdGroupPair,
+use aws_sdk_ec2::{
+    operation::describe_security_groups::builders::DescribeSecurityGroupsFluentBuilder as Describe,
+    types::{Filter, IpPermission, ResourceType, SecurityGroup, TagSpecification, UserIdGroupPair},
 };
 
 use super::{LoadBalancers, spec::LbSpec};
 use crate::{Error, error::Result};
 
+/// The EC2 filter `name` with the one value `value`.
+pub(super) fn filter(name: &str, value: impl Into<String>) -> Filter {
+    Filter::builder().name(name).values(value).build()
+}
+
 impl LoadBalancers {
+    /// The groups one `DescribeSecurityGroups` answers, narrowed by `ask` (to IDs, by filters; left as
+    /// it is: every group the provider sees).
+    pub(super) async fn security_groups_where(
+        &self,
+        ask: impl FnOnce(Describe) -> Describe,
+    ) -> Result<Vec<SecurityGroup>> {
+        let request = ask(self.calls.clients.ec2.describe_security_groups());
+        let out = self
+            .calls
+            .call("DescribeSecurityGroups", || request.clone().send())
+            .await?;
+        Ok(out.security_groups().to_vec())
+    }
+
     /// The group named `name` in `vpc_id` (any VPC when empty), if any.
     pub(super) async fn security_group_named(
         &self,
         name: &str,
         vpc_id: &str,
     ) -> Result<Option<SecurityGroup>> {
-        let ec2 = &self.calls.clients.ec2;
-        let mut request = ec2
-            .describe_security_groups()
-            .filters(Filter::builder().name("group-name").values(name).build());
-        if !vpc_id.is_empty() {
-            request = request.filters(Filter::builder().name("vpc-id").values(vpc_id).build());
-        }
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || request.clone().send())
+        let groups = self
+            .security_groups_where(|request| {
+                let request = request.filters(filter("group-name", name));
+                match vpc_id {
+                    "" => request,
+                    vpc => request.filters(filter("vpc-id", vpc)),
+                }
+            })
             .await?;
-        Ok(out.security_groups().first().cloned())
+        Ok(groups.into_iter().next())
     }
 
     /// The group `name` in `vpc_id`, created with `description` and the Service's tags (the cluster's
@@ -109,21 +127,14 @@ impl LoadBalancers {
         sg: &str,
         vpc_id: Option<&str>,
     ) -> Result<Vec<SecurityGroup>> {
-        let ec2 = &self.calls.clients.ec2;
-        let mut request = ec2.describe_security_groups().filters(
-            Filter::builder()
-                .name("ip-permission.group-id")
-                .values(sg)
-                .build(),
-        );
-        if let Some(vpc) = vpc_id {
-            request = request.filters(Filter::builder().name("vpc-id").values(vpc).build());
-        }
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || request.clone().send())
-            .await?;
-        Ok(out.security_groups().to_vec())
+        self.security_groups_where(|request| {
+            let request = request.filters(filter("ip-permission.group-id", sg));
+            match vpc_id {
+                Some(vpc) => request.filters(filter("vpc-id", vpc)),
+                None => request,
+            }
+        })
+        .await
     }
 
     /// Deletes the group `sg` of the load balancer `lb_name` after revoking every rule of another

@@ -3,7 +3,7 @@
 //! negotiation policy), the health check, registered instances, and the nodes' security groups
 //! opened to the load balancer's group.
 
-use aws_sdk_ec2::types::{Filter, IpPermission, SecurityGroup, UserIdGroupPair};
+use aws_sdk_ec2::types::{IpPermission, SecurityGroup, UserIdGroupPair};
 use aws_sdk_elasticloadbalancing::types::{
     AccessLog, ConnectionDraining, ConnectionSettings, CrossZoneLoadBalancing,
     HealthCheck as ElbHealthCheck, Instance, Listener, LoadBalancerAttributes,
@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
     LoadBalancers, RuleScope, all_pages, hostname_status,
+    security_groups::filter,
     spec::{ClassicAttributes, LbSpec, TAG_CLUSTER_PREFIX},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -252,28 +253,14 @@ impl LoadBalancers {
             self.classic_load_balancer_deleted(name).await;
         }
         let vpc_id = vpc_id.unwrap_or_default();
-        let ec2 = &self.calls.clients.ec2;
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups()
-                    .filters(
-                        Filter::builder()
-                            .name("group-name")
-                            .values(security_group_name(name))
-                            .build(),
-                    )
-                    .filters(
-                        Filter::builder()
-                            .name("tag-key")
-                            .values(&cluster_tag)
-                            .build(),
-                    )
-                    .send()
+        let ours = self
+            .security_groups_where(|r| {
+                r.filters(filter("group-name", security_group_name(name)))
+                    .filters(filter("tag-key", &cluster_tag))
             })
             .await?;
-        for g in out.security_groups() {
+        for g in &ours {
             let Some(sg) = g.group_id() else { continue };
             if !vpc_id.is_empty() && g.vpc_id() != Some(vpc_id.as_str()) {
                 continue;

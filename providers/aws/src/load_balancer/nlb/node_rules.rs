@@ -3,7 +3,10 @@
 //! describes them.
 
 use super::*;
-use crate::load_balancer::cidr_rules::Rule;
+use crate::load_balancer::{
+    cidr_rules::{Rule, has_described_range},
+    security_groups::filter,
+};
 
 /// The client rules: each source range on each node port, in the port's protocol.
 fn client_rules(ports: &[Port], source_ranges: &[String]) -> Vec<Rule> {
@@ -107,33 +110,17 @@ impl LoadBalancers {
         groups: &[String],
         [client, health]: [&String; 2],
     ) -> Result<()> {
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups()
-                    .filters(
-                        aws_sdk_ec2::types::Filter::builder()
-                            .name("vpc-id")
-                            .values(vpc_id)
-                            .build(),
-                    )
-                    .send()
-            })
+        let in_vpc = self
+            .security_groups_where(|r| r.filters(filter("vpc-id", vpc_id)))
             .await?;
-        for g in out.security_groups() {
+        for g in &in_vpc {
             let Some(id) = g.group_id() else { continue };
             if groups.iter().any(|w| w == id) {
                 continue;
             }
             let mut clients_changed = false;
             for description in [client, health] {
-                let has = g.ip_permissions().iter().any(|p| {
-                    p.ip_ranges()
-                        .iter()
-                        .any(|r| r.description() == Some(description.as_str()))
-                });
-                if has
+                if has_described_range(g, description)
                     && self
                         .sync_cidr_rules(id, description, RuleScope::Described, &[])
                         .await?
@@ -153,15 +140,8 @@ impl LoadBalancers {
     /// NLB there ([`MTU_DESCRIPTION`]), made again whenever client rules changed, so the last NLB's
     /// deletion takes them away too.
     pub(super) async fn sync_mtu_rules(&self, group: &str) -> Result<()> {
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSecurityGroups", || {
-                ec2.describe_security_groups().group_ids(group).send()
-            })
-            .await?;
-        let mut rules: Vec<(String, i32, i32, String)> = out
-            .security_groups()
+        let read = self.security_groups_where(|r| r.group_ids(group)).await?;
+        let mut rules: Vec<(String, i32, i32, String)> = read
             .iter()
             .flat_map(|g| g.ip_permissions())
             .flat_map(|p| p.ip_ranges())
