@@ -139,24 +139,12 @@ impl LocalCloud {
             .filter_map(|a| a.address.parse().ok())
             .collect();
         let from_node = || -> Vec<IpAddr> { internal_ips(node).collect() };
-        let from_annotation = || -> Vec<IpAddr> {
-            node.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(PROVIDED_NODE_IP_ANNOTATION))
-                .map(|v| {
-                    v.split(',')
-                        .filter_map(|ip| ip.trim().parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
         let mut ips = from_inventory;
         if ips.is_empty() {
             ips = from_node();
         }
         if ips.is_empty() {
-            ips = from_annotation();
+            ips = provided_node_ips(node);
         }
         Some((node.metadata.name.clone().unwrap_or_default(), ips))
     }
@@ -168,6 +156,20 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The IPs of a node's provided-node-ip annotation (none without it; what does not parse is skipped).
+fn provided_node_ips(node: &Node) -> Vec<IpAddr> {
+    node.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROVIDED_NODE_IP_ANNOTATION))
+        .map(|v| {
+            v.split(',')
+                .filter_map(|ip| ip.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The addresses of a node that the inventory gives none for: the IPs of its provided-node-ip
 /// annotation as InternalIPs with its other non-InternalIP addresses, else its own addresses, else its
 /// name as Hostname.
@@ -177,17 +179,7 @@ fn own_addresses(node: &Node, name: &str) -> Vec<NodeAddress> {
         .as_ref()
         .and_then(|s| s.addresses.clone())
         .unwrap_or_default();
-    let provided: Vec<IpAddr> = node
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PROVIDED_NODE_IP_ANNOTATION))
-        .map(|v| {
-            v.split(',')
-                .filter_map(|ip| ip.trim().parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+    let provided = provided_node_ips(node);
     let mut addresses: Vec<NodeAddress> = if provided.is_empty() {
         status
     } else {
