@@ -42,7 +42,7 @@ use rtnetlink::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use crate::{announce, instances::lock};
+use crate::{announce, instances::lock, os_error};
 
 /// How long one netlink request may take.
 const NETLINK_TIMEOUT: Duration = Duration::from_secs(10);
@@ -714,38 +714,40 @@ fn errno(err: &rtnetlink::Error) -> Option<i32> {
 /// What went wrong, in words: for a kernel answer the errno's meaning and number (the C library's text
 /// for it, not a message of the kernel's), with what to do about a permission error.
 fn describe(err: &rtnetlink::Error) -> String {
-    let Some(code) = errno(err) else {
-        return err.to_string();
-    };
-    let error = io::Error::from_raw_os_error(code);
-    let text = error.to_string();
-    let meaning = text
-        .strip_suffix(&format!(" (os error {code})"))
-        .unwrap_or(&text);
-    if error.kind() == io::ErrorKind::PermissionDenied {
-        format!("{meaning} (CAP_NET_ADMIN is needed)")
-    } else {
-        format!("{meaning} (errno {code})")
+    match errno(err) {
+        Some(code) => os_error::describe(&io::Error::from_raw_os_error(code), "CAP_NET_ADMIN"),
+        None => err.to_string(),
     }
 }
 
 /// The outcome of an add, from the kernel's answer: `EEXIST` means the address is there already.
 fn add_answer(answer: Result<(), rtnetlink::Error>) -> Result<Added, Failure> {
-    match answer {
-        Ok(()) => Ok(Added::New),
-        Err(err) => match errno(&err).map(|code| io::Error::from_raw_os_error(code).kind()) {
-            Some(io::ErrorKind::AlreadyExists) => Ok(Added::AlreadyThere),
-            _ => Err(Failure::Refused(describe(&err))),
-        },
-    }
+    outcome(
+        answer,
+        Added::New,
+        (io::ErrorKind::AlreadyExists, Added::AlreadyThere),
+    )
 }
 
 /// The outcome of a delete, from the kernel's answer: `EADDRNOTAVAIL` means the address is not there.
 fn delete_answer(answer: Result<(), rtnetlink::Error>) -> Result<Removed, Failure> {
+    outcome(
+        answer,
+        Removed::Now,
+        (io::ErrorKind::AddrNotAvailable, Removed::NotThere),
+    )
+}
+
+/// `done` when the kernel did it; `(kind, as_was)`: an error of that kind means it was so already.
+fn outcome<T>(
+    answer: Result<(), rtnetlink::Error>,
+    done: T,
+    (kind, as_was): (io::ErrorKind, T),
+) -> Result<T, Failure> {
     match answer {
-        Ok(()) => Ok(Removed::Now),
+        Ok(()) => Ok(done),
         Err(err) => match errno(&err).map(|code| io::Error::from_raw_os_error(code).kind()) {
-            Some(io::ErrorKind::AddrNotAvailable) => Ok(Removed::NotThere),
+            Some(found) if found == kind => Ok(as_was),
             _ => Err(Failure::Refused(describe(&err))),
         },
     }

@@ -34,6 +34,8 @@ use std::{
     time::Duration,
 };
 
+use crate::os_error;
+
 /// How many rounds announce an address: one when it is taken, the others [`INTERVAL`] apart (as
 /// MetalLB, which repeats its announcements on a leadership change; a frame lost on a busy link, or a
 /// neighbour that ignores one form, is covered by the next).
@@ -272,21 +274,9 @@ impl fmt::Display for NotSent {
 
 impl std::error::Error for NotSent {}
 
-/// What went wrong, in words: the errno's meaning (the C library's text) and number, or, for a
-/// permission error, what is missing.
+/// What went wrong, in words ([`os_error::describe`]); sending needs CAP_NET_RAW.
 fn describe(error: &io::Error) -> String {
-    let text = error.to_string();
-    let Some(code) = error.raw_os_error() else {
-        return text;
-    };
-    let meaning = text
-        .strip_suffix(&format!(" (os error {code})"))
-        .unwrap_or(&text);
-    if error.kind() == io::ErrorKind::PermissionDenied {
-        format!("{meaning} (CAP_NET_RAW is needed)")
-    } else {
-        format!("{meaning} (errno {code})")
-    }
+    os_error::describe(error, "CAP_NET_RAW")
 }
 
 /// Sends a round: what [`announce`] is, and what tests put in its place.

@@ -25,6 +25,7 @@ pub mod instances;
 mod leader_handoff;
 pub mod load_balancer;
 pub mod metallb;
+mod os_error;
 pub mod pool_metrics;
 pub mod pool_objects;
 pub mod pool_usage;
