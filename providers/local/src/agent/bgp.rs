@@ -447,6 +447,17 @@ pub struct BgpMetrics {
     bfd_down_events: Family<Vec<(String, String)>, Gauge>,
 }
 
+/// Sets the series of `label` to `value` (the largest gauge value when it does not fit).
+fn set_gauge(
+    family: &Family<Vec<(String, String)>, Gauge>,
+    label: &Vec<(String, String)>,
+    value: u64,
+) {
+    family
+        .get_or_create(label)
+        .set(i64::try_from(value).unwrap_or(i64::MAX));
+}
+
 impl BgpMetrics {
     fn label(peer: &Peer) -> Vec<(String, String)> {
         vec![(
@@ -457,18 +468,22 @@ impl BgpMetrics {
 
     fn observe(&self, peer: &Peer, status: &PeerStatus, counted: &mut local_bgp::Counters) {
         let label = Self::label(peer);
-        let gauge = |family: &Family<Vec<(String, String)>, Gauge>, value: u64| {
-            family
-                .get_or_create(&label)
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        };
-        gauge(
+        set_gauge(
             &self.session_up,
+            &label,
             u64::from(status.state == State::Established),
         );
-        gauge(&self.announced, status.announced as u64);
-        gauge(&self.notifications_sent, status.counters.notifications_sent);
-        gauge(&self.updates_received, status.counters.updates_received);
+        set_gauge(&self.announced, &label, status.announced as u64);
+        set_gauge(
+            &self.notifications_sent,
+            &label,
+            status.counters.notifications_sent,
+        );
+        set_gauge(
+            &self.updates_received,
+            &label,
+            status.counters.updates_received,
+        );
         // The peer's counters only grow (its task keeps them across reconnections).
         let sent = status.counters.updates_sent;
         self.updates
@@ -484,19 +499,15 @@ impl BgpMetrics {
 
     fn observe_bfd(&self, peer: &Peer, status: &BfdStatus) {
         let label = Self::bfd_label(peer);
-        let gauge = |family: &Family<Vec<(String, String)>, Gauge>, value: u64| {
-            family
-                .get_or_create(&label)
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
-        };
-        gauge(
+        set_gauge(
             &self.bfd_session_up,
+            &label,
             u64::from(status.state == BfdState::Up),
         );
-        gauge(&self.bfd_packets_in, status.packets_received);
-        gauge(&self.bfd_packets_out, status.packets_sent);
-        gauge(&self.bfd_up_events, status.up_events);
-        gauge(&self.bfd_down_events, status.down_events);
+        set_gauge(&self.bfd_packets_in, &label, status.packets_received);
+        set_gauge(&self.bfd_packets_out, &label, status.packets_sent);
+        set_gauge(&self.bfd_up_events, &label, status.up_events);
+        set_gauge(&self.bfd_down_events, &label, status.down_events);
     }
 
     fn forget(&self, peer: &Peer) {

@@ -249,8 +249,14 @@ impl Agent {
         // hears its peers), so its VIPs are handed over make-before-break.
         let leaving_on_purpose =
             self.fenced.is_none() && my_node.and_then(|n| plan::leaving_on_purpose(n)).is_some();
-        self.converge(&plan, &served, &config, &backends, now, leaving_on_purpose)
-            .await;
+        let round = Round {
+            plan: &plan,
+            served: &served,
+            config: &config,
+            backends: &backends,
+            now,
+        };
+        self.converge(round, leaving_on_purpose).await;
         self.advertise_routes(&config);
         self.metrics.set_announced(self.announced.keys());
         let retry = self.retry_at.values().min().copied();
@@ -474,15 +480,8 @@ impl Agent {
 
     /// Takes off the VIPs this node no longer announces (before their listeners drain), then puts on
     /// and announces the new ones and runs the data plane for each Service served here.
-    async fn converge(
-        &mut self,
-        plan: &plan::Plan,
-        served: &[Served],
-        config: &Config,
-        backends: &[(String, Vec<IpAddr>)],
-        now: Instant,
-        leaving_on_purpose: bool,
-    ) {
+    async fn converge(&mut self, round: Round<'_>, leaving_on_purpose: bool) {
+        let (plan, now) = (round.plan, round.now);
         let wanted: BTreeSet<IpAddr> = plan.mine.values().flatten().copied().collect();
         // A VIP handed over on purpose that is this node's again is no longer leaving; one whose grace
         // is over goes now (below, with the others given up).
@@ -507,7 +506,7 @@ impl Agent {
             self.applied.remove(&key);
             self.drain(key);
         }
-        self.serve_mine(plan, served, config, backends, now).await;
+        self.serve_mine(round).await;
     }
 
     /// Withdraws the VIPs an earlier run left on the interface that are not this node's (`wanted`).
@@ -558,14 +557,14 @@ impl Agent {
 
     /// Serves each load balancer the plan gives this node (but those whose retry is not due yet); one
     /// that cannot be served is logged when it starts failing, and retried after [`RETRY_AFTER`].
-    async fn serve_mine(
-        &mut self,
-        plan: &plan::Plan,
-        served: &[Served],
-        config: &Config,
-        backends: &[(String, Vec<IpAddr>)],
-        now: Instant,
-    ) {
+    async fn serve_mine(&mut self, round: Round<'_>) {
+        let Round {
+            plan,
+            served,
+            config,
+            backends,
+            now,
+        } = round;
         let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
         self.retry_at.retain(|_, at| *at > now);
         for (key, vips) in &plan.mine {
@@ -680,6 +679,17 @@ impl Agent {
             Err(differences.join("; "))
         }
     }
+}
+
+/// What one look found, for the convergence it ends with.
+#[derive(Clone, Copy)]
+struct Round<'a> {
+    plan: &'a plan::Plan,
+    served: &'a [Served],
+    config: &'a Config,
+    /// The serving nodes' names with their addresses.
+    backends: &'a [(String, Vec<IpAddr>)],
+    now: Instant,
 }
 
 /// What a look reads, and what wakes the agent for the next one.

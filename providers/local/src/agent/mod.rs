@@ -67,50 +67,40 @@ pub async fn run(
     settings.check()?;
     start::check_cloud(&cloud, &settings)?;
     let changed = Arc::new(Notify::new());
-    let Some(started) = start::start(
+    let Some(mut started) = start::start(
         &cloud, &client, &settings, &metrics, &health, &changed, &shutdown,
     )
     .await?
     else {
         return Ok(());
     };
-    let start::Started {
-        mirrors,
-        lease_view,
-        membership,
-        beating,
-        renewed,
-        announcers,
-        interface,
-        mut point,
-    } = started;
     tokio::select! {
         () = shutdown.cancelled() => {}
-        () = mirrors.ready() => tracing::info!(node = %settings.node_name, %interface, "local-agent: watching; announcing the VIPs this node is elected for"),
+        () = started.mirrors.ready() => tracing::info!(node = %settings.node_name, interface = %started.interface, "local-agent: watching; announcing the VIPs this node is elected for"),
     }
     let mut agent = Agent::new(
         cloud.clone(),
         settings.clone(),
-        announcers,
+        started.announcers,
         metrics,
         health.clone(),
-        membership,
+        started.membership,
     );
     let failure = look::until_stopped(
         &mut agent,
         look::Looking {
-            mirrors: &mirrors,
-            lease_view: &lease_view,
-            renewed: &renewed,
+            mirrors: &started.mirrors,
+            lease_view: &started.lease_view,
+            renewed: &started.renewed,
             changed: &changed,
             health: &health,
             shutdown: &shutdown,
-            beating: &beating,
+            beating: &started.beating,
         },
-        &mut point,
+        &mut started.point,
     )
     .await;
-    stop::finish(agent, &cloud, point, failure, beating).await
+    stop::finish(agent, &cloud, started.point, failure, started.beating).await
 }
 
 #[cfg(test)]
