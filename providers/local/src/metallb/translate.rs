@@ -666,6 +666,18 @@ fn taken<'a>(names: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
+/// The pools an advertisement selects ([`pools_selected`]) and its `spec.nodeSelectors`.
+fn pools_and_nodes(
+    pool_names: &[String],
+    pool_selectors: &[Value],
+    node_selectors: &[Value],
+    pool_labels: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Result<(Vec<String>, Vec<LabelSelector>), String> {
+    let pools = pools_selected(pool_names, pool_selectors, pool_labels)?;
+    let nodes = selectors("spec.nodeSelectors", node_selectors)?;
+    Ok((pools, nodes))
+}
+
 /// The pools an advertisement selects: those it names, those its selectors select (by the pools'
 /// labels), or every pool when it does neither. A name of no pool taken is refused.
 fn pools_selected(
@@ -705,13 +717,12 @@ fn l2_advertisement(
             spec.interfaces
         ));
     }
-    let pools = pools_selected(
+    pools_and_nodes(
         &spec.ip_address_pools,
         &spec.ip_address_pool_selectors,
+        &spec.node_selectors,
         pool_labels,
-    )?;
-    let nodes = selectors("spec.nodeSelectors", &spec.node_selectors)?;
-    Ok((pools, nodes))
+    )
 }
 
 fn bgp_advertisement(
@@ -721,12 +732,12 @@ fn bgp_advertisement(
     peers: &BTreeSet<&str>,
 ) -> Result<(Vec<String>, Vec<LabelSelector>, PoolBgp), String> {
     let spec: BgpAdvertisementSpec = spec(object)?;
-    let pools = pools_selected(
+    let (pools, nodes) = pools_and_nodes(
         &spec.ip_address_pools,
         &spec.ip_address_pool_selectors,
+        &spec.node_selectors,
         pool_labels,
     )?;
-    let nodes = selectors("spec.nodeSelectors", &spec.node_selectors)?;
     let mut communities = Vec::new();
     for (i, text) in spec.communities.iter().enumerate() {
         let community = match aliases.get(text) {
