@@ -157,8 +157,10 @@ fn keyed<'a, T: Clone + 'a>(
 }
 
 async fn target_group_call(calls: &Calls, arns: Vec<String>) -> Found<TargetGroup> {
-    let request = calls.clients.elbv2.describe_target_groups();
-    let request = request.set_target_group_arns(Some(arns));
+    let elbv2 = &calls.clients.elbv2;
+    let request = elbv2
+        .describe_target_groups()
+        .set_target_group_arns(Some(arns));
     let out = calls
         .call("DescribeTargetGroups", || request.clone().send())
         .await?;
@@ -166,8 +168,10 @@ async fn target_group_call(calls: &Calls, arns: Vec<String>) -> Found<TargetGrou
 }
 
 async fn classic_call(calls: &Calls, names: Vec<String>) -> Found<LoadBalancerDescription> {
-    let request = calls.clients.elb.describe_load_balancers();
-    let request = request.set_load_balancer_names(Some(names));
+    let elb = &calls.clients.elb;
+    let request = elb
+        .describe_load_balancers()
+        .set_load_balancer_names(Some(names));
     let out = calls
         .call("elb:DescribeLoadBalancers", || request.clone().send())
         .await?;
@@ -180,11 +184,8 @@ async fn classic_call(calls: &Calls, names: Vec<String>) -> Found<LoadBalancerDe
 
 /// The NLBs among the ELBv2 load balancers named `names` (one of an unknown type counts as one).
 async fn nlb_call(calls: &Calls, names: Vec<String>) -> Found<Elbv2LoadBalancer> {
-    let request = calls
-        .clients
-        .elbv2
-        .describe_load_balancers()
-        .set_names(Some(names));
+    let elbv2 = &calls.clients.elbv2;
+    let request = elbv2.describe_load_balancers().set_names(Some(names));
     let out = calls
         .call("elbv2:DescribeLoadBalancers", || request.clone().send())
         .await?;

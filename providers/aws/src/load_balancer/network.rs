@@ -2,9 +2,11 @@
 //! zone tagged for the cluster and the load balancer's role, as upstream picks them), and the nodes'
 //! security groups its rules go in.
 
-use aws_sdk_ec2::types::Subnet;
+use aws_sdk_ec2::{
+    operation::describe_subnets::builders::DescribeSubnetsFluentBuilder as Describe, types::Subnet,
+};
 
-use super::*;
+use super::{security_groups::filter, *};
 
 /// Whether the subnet has an IPv6 CIDR (as a dual-stack NLB's subnets must).
 fn has_ipv6_cidr(subnet: &aws_sdk_ec2::types::Subnet) -> bool {
@@ -52,20 +54,28 @@ fn one_per_zone(
 }
 
 impl LoadBalancers {
+    /// The subnets one `DescribeSubnets` answers, narrowed by `ask` (to IDs, by filters).
+    pub(super) async fn subnets_where(
+        &self,
+        ask: impl FnOnce(Describe) -> Describe,
+    ) -> Result<Vec<Subnet>> {
+        let ec2 = &self.calls.clients.ec2;
+        let request = ask(ec2.describe_subnets());
+        let out = self
+            .calls
+            .call("DescribeSubnets", || request.clone().send())
+            .await?;
+        Ok(out.subnets().to_vec())
+    }
+
     /// The VPC: `VPC` from the cloud-config, else the backends' VPC.
     pub(super) async fn vpc_id(&self, instances: &[InstanceInfo]) -> Result<String> {
         if let Some(vpc) = &self.config.global.vpc {
             return Ok(vpc.clone());
         }
         if let Some(subnet) = &self.config.global.subnet_id {
-            let ec2 = &self.calls.clients.ec2;
-            let out = self
-                .calls
-                .call("DescribeSubnets", || {
-                    ec2.describe_subnets().subnet_ids(subnet).send()
-                })
-                .await?;
-            if let Some(vpc) = out.subnets().first().and_then(|s| s.vpc_id()) {
+            let read = self.subnets_where(|r| r.subnet_ids(subnet)).await?;
+            if let Some(vpc) = read.first().and_then(|s| s.vpc_id()) {
                 return Ok(vpc.to_owned());
             }
         }
@@ -91,16 +101,11 @@ impl LoadBalancers {
         if !spec.subnets.is_empty() {
             return self.annotated_subnets(spec, vpc_id).await;
         }
-        let ec2 = &self.calls.clients.ec2;
-        let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
-        let out = self
-            .calls
-            .call("DescribeSubnets", || {
-                ec2.describe_subnets().filters(vpc_filter.clone()).send()
-            })
+        let in_vpc = self
+            .subnets_where(|r| r.filters(filter("vpc-id", vpc_id)))
             .await?;
         let cluster_tag = format!("{TAG_CLUSTER_PREFIX}{cluster_id}");
-        let picked = one_per_zone(out.subnets(), &cluster_tag, spec.internal, spec.dual_stack);
+        let picked = one_per_zone(&in_vpc, &cluster_tag, spec.internal, spec.dual_stack);
         if picked.is_empty() && spec.dual_stack {
             return Err(Error::Service {
                 service: spec.service_name.clone(),
@@ -121,8 +126,6 @@ impl LoadBalancers {
     /// The subnets the annotation names (IDs, or `Name` tags) in `vpc_id`, each found exactly once (and
     /// with an IPv6 CIDR for a dual-stack NLB).
     async fn annotated_subnets(&self, spec: &LbSpec, vpc_id: &str) -> Result<Vec<String>> {
-        let ec2 = &self.calls.clients.ec2;
-        let vpc_filter = Filter::builder().name("vpc-id").values(vpc_id).build();
         let refused = |message: String| Error::Service {
             service: spec.service_name.clone(),
             field: spec::ANNOTATION_SUBNETS.to_owned(),
@@ -134,36 +137,23 @@ impl LoadBalancers {
             .cloned()
             .partition(|s| s.starts_with("subnet-"));
         let mut found = Vec::new();
-        for (filter, values) in [("subnet-id", ids), ("tag:Name", names)] {
+        for (key, values) in [("subnet-id", ids), ("tag:Name", names)] {
             if values.is_empty() {
                 continue;
             }
-            let f = Filter::builder()
-                .name(filter)
-                .set_values(Some(values.clone()))
-                .build();
-            let out = self
-                .calls
-                .call("DescribeSubnets", || {
-                    ec2.describe_subnets()
-                        .filters(vpc_filter.clone())
-                        .filters(f.clone())
-                        .send()
-                })
+            let named = Filter::builder().name(key).set_values(Some(values)).build();
+            let read = self
+                .subnets_where(|r| r.filters(filter("vpc-id", vpc_id)).filters(named))
                 .await?;
             if spec.dual_stack
-                && let Some(s) = out.subnets().iter().find(|s| !has_ipv6_cidr(s))
+                && let Some(s) = read.iter().find(|s| !has_ipv6_cidr(s))
             {
                 return Err(refused(format!(
                     "subnet {} has no IPv6 CIDR, and a dual-stack NLB (ip-address-type: dualstack) needs one in each of its subnets",
                     s.subnet_id().unwrap_or_default()
                 )));
             }
-            found.extend(
-                out.subnets()
-                    .iter()
-                    .filter_map(|s| s.subnet_id().map(str::to_owned)),
-            );
+            found.extend(read.iter().filter_map(|s| s.subnet_id().map(str::to_owned)));
         }
         if found.len() != spec.subnets.len() {
             return Err(refused(format!(

@@ -22,7 +22,8 @@ impl LoadBalancers {
         &self,
         ask: impl FnOnce(Describe) -> Describe,
     ) -> Result<Vec<SecurityGroup>> {
-        let request = ask(self.calls.clients.ec2.describe_security_groups());
+        let ec2 = &self.calls.clients.ec2;
+        let request = ask(ec2.describe_security_groups());
         let out = self
             .calls
             .call("DescribeSecurityGroups", || request.clone().send())

@@ -186,17 +186,10 @@ impl LoadBalancers {
 
     /// Each of `ids`' IPv4 CIDR block, as `(subnet ID, CIDR)`, from one `DescribeSubnets`.
     pub(super) async fn subnet_cidr_blocks(&self, ids: &[String]) -> Result<Vec<(String, String)>> {
-        let ec2 = &self.calls.clients.ec2;
-        let out = self
-            .calls
-            .call("DescribeSubnets", || {
-                ec2.describe_subnets()
-                    .set_subnet_ids(Some(ids.to_vec()))
-                    .send()
-            })
+        let read = self
+            .subnets_where(|r| r.set_subnet_ids(Some(ids.to_vec())))
             .await?;
-        Ok(out
-            .subnets()
+        Ok(read
             .iter()
             .filter_map(|s| Some((s.subnet_id()?.to_owned(), s.cidr_block()?.to_owned())))
             .collect())
