@@ -15,7 +15,10 @@
 
 use std::{future::Future, sync::Arc, time::Instant};
 
-use crate::write_fence::WriteFence;
+use crate::{
+    forward::{forward_load_balancer_answers, forward_provider_answers},
+    write_fence::WriteFence,
+};
 
 use async_trait::async_trait;
 use cloud_provider::{
@@ -144,12 +147,21 @@ impl MeteredCloud {
             .observe(&self.name, request, leadership.scope(fenced))
             .await
     }
-}
 
-/// The inner part, which exists whenever the wrapper offered it (`NotImplemented` guards a provider
-/// that withdrew it between the accessor and the call).
-fn part<T: ?Sized>(part: Option<&T>) -> CloudResult<&T> {
-    part.ok_or(CloudError::NotImplemented)
+    /// Measures `call` on the inner part `part`, which exists whenever the wrapper offered it
+    /// (`NotImplemented` guards a provider that withdrew it between the accessor and the call).
+    async fn call<'a, P: ?Sized, F, T>(
+        &self,
+        request: &str,
+        part: Option<&'a P>,
+        call: impl FnOnce(&'a P) -> F,
+    ) -> CloudResult<T>
+    where
+        F: Future<Output = CloudResult<T>>,
+    {
+        let part = part.ok_or(CloudError::NotImplemented)?;
+        self.observe(request, call(part)).await
+    }
 }
 
 #[async_trait]
@@ -180,285 +192,83 @@ impl CloudProvider for MeteredCloud {
     fn provider_name(&self) -> &str {
         &self.name
     }
-    fn owns_provider_id(&self, provider_id: &str) -> bool {
-        self.inner.owns_provider_id(provider_id)
-    }
-    fn recognizes_node(&self, node: &Node) -> bool {
-        self.inner.recognizes_node(node)
-    }
-    fn register_metrics(&self, registry: &mut Registry) {
-        self.inner.register_metrics(registry);
-    }
-
-    fn has_cluster_id(&self) -> bool {
-        self.inner.has_cluster_id()
-    }
-    fn rides_out_api_outages(&self) -> bool {
-        self.inner.rides_out_api_outages()
-    }
-    fn hands_off_traffic(&self) -> bool {
-        self.inner.hands_off_traffic()
-    }
+    forward_provider_answers!();
     async fn hand_off(&self) {
         self.inner.hand_off().await;
     }
 }
 
-#[async_trait]
-impl LoadBalancer for MeteredCloud {
-    async fn get_load_balancer(
-        &self,
-        cluster: &str,
-        service: &Service,
-    ) -> CloudResult<Option<LoadBalancerStatus>> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe("get_load_balancer", lb.get_load_balancer(cluster, service))
-            .await
-    }
-    fn get_load_balancer_name(&self, cluster: &str, service: &Service) -> String {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.get_load_balancer_name(cluster, service))
-            .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
-    }
-    fn backends_beyond_owned_nodes(&self) -> bool {
-        self.inner
-            .load_balancer()
-            .is_some_and(|lb| lb.backends_beyond_owned_nodes())
-    }
-    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.backend_label_keys(service))
-            .unwrap_or_default()
-    }
-    fn service_label_keys(&self) -> Vec<String> {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.service_label_keys())
-            .unwrap_or_default()
-    }
-    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.load_balancer()?.settings_changes()
-    }
-    async fn ensure_load_balancer(
-        &self,
-        cluster: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<LoadBalancerStatus> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "ensure_load_balancer",
-            lb.ensure_load_balancer(cluster, service, nodes),
-        )
-        .await
-    }
-    async fn update_load_balancer(
-        &self,
-        cluster: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<()> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "update_load_balancer",
-            lb.update_load_balancer(cluster, service, nodes),
-        )
-        .await
-    }
-    async fn ensure_load_balancer_deleted(
-        &self,
-        cluster: &str,
-        service: &Service,
-    ) -> CloudResult<()> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "ensure_load_balancer_deleted",
-            lb.ensure_load_balancer_deleted(cluster, service),
-        )
-        .await
-    }
-    async fn preview_load_balancer(
-        &self,
-        cluster: &str,
-        service: &Service,
-        nodes: &[Arc<Node>],
-    ) -> CloudResult<LoadBalancerPreview> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "preview_load_balancer",
-            lb.preview_load_balancer(cluster, service, nodes),
-        )
-        .await
-    }
-    fn retains_load_balancers(&self) -> bool {
-        self.inner
-            .load_balancer()
-            .is_some_and(|lb| lb.retains_load_balancers())
-    }
-    async fn retain_load_balancer(&self, cluster: &str, service: &Service) -> CloudResult<()> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "retain_load_balancer",
-            lb.retain_load_balancer(cluster, service),
-        )
-        .await
-    }
-    async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe("list_load_balancers", lb.list_load_balancers(cluster))
-            .await
-    }
+/// Implements `$trait` for [`MeteredCloud`]: each method listed calls the inner provider's part `$part`,
+/// measured (and fenced) under the method's name; `with forward_…` adds the methods that the inner part
+/// answers as it is ([`crate::forward`]).
+macro_rules! metered {
+    ($trait:ident via $part:ident $(with $forwarded:ident)? { $(
+        async fn $method:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;
+    )* }) => {
+        #[async_trait]
+        impl $trait for MeteredCloud {
+            $($forwarded!();)?
+            $(async fn $method(&self $(, $arg: $ty)*) -> $ret {
+                self.call(stringify!($method), self.inner.$part(), |part| part.$method($($arg),*))
+                    .await
+            })*
+        }
+    };
+}
+
+metered!(LoadBalancer via load_balancer with forward_load_balancer_answers {
+    async fn get_load_balancer(&self, cluster: &str, service: &Service)
+        -> CloudResult<Option<LoadBalancerStatus>>;
+    async fn ensure_load_balancer(&self, cluster: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<LoadBalancerStatus>;
+    async fn update_load_balancer(&self, cluster: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<()>;
+    async fn ensure_load_balancer_deleted(&self, cluster: &str, service: &Service)
+        -> CloudResult<()>;
+    async fn preview_load_balancer(&self, cluster: &str, service: &Service, nodes: &[Arc<Node>])
+        -> CloudResult<LoadBalancerPreview>;
+    async fn retain_load_balancer(&self, cluster: &str, service: &Service) -> CloudResult<()>;
+    async fn list_load_balancers(&self, cluster: &str) -> CloudResult<Vec<ClusterLoadBalancer>>;
     async fn delete_orphaned_load_balancer(
-        &self,
-        cluster: &str,
-        load_balancer: &ClusterLoadBalancer,
-    ) -> CloudResult<()> {
-        let lb = part(self.inner.load_balancer())?;
-        self.observe(
-            "delete_orphaned_load_balancer",
-            lb.delete_orphaned_load_balancer(cluster, load_balancer),
-        )
-        .await
-    }
-}
+        &self, cluster: &str, load_balancer: &ClusterLoadBalancer
+    ) -> CloudResult<()>;
+});
 
-#[async_trait]
-impl Instances for MeteredCloud {
-    async fn node_addresses(&self, node_name: &str) -> CloudResult<Vec<NodeAddress>> {
-        let i = part(self.inner.instances())?;
-        self.observe("node_addresses", i.node_addresses(node_name))
-            .await
-    }
-    async fn node_addresses_by_provider_id(
-        &self,
-        provider_id: &str,
-    ) -> CloudResult<Vec<NodeAddress>> {
-        let i = part(self.inner.instances())?;
-        self.observe(
-            "node_addresses_by_provider_id",
-            i.node_addresses_by_provider_id(provider_id),
-        )
-        .await
-    }
-    async fn instance_id(&self, node_name: &str) -> CloudResult<String> {
-        let i = part(self.inner.instances())?;
-        self.observe("instance_id", i.instance_id(node_name)).await
-    }
-    async fn instance_type(&self, node_name: &str) -> CloudResult<String> {
-        let i = part(self.inner.instances())?;
-        self.observe("instance_type", i.instance_type(node_name))
-            .await
-    }
-    async fn instance_type_by_provider_id(&self, provider_id: &str) -> CloudResult<String> {
-        let i = part(self.inner.instances())?;
-        self.observe(
-            "instance_type_by_provider_id",
-            i.instance_type_by_provider_id(provider_id),
-        )
-        .await
-    }
-    async fn add_ssh_key_to_all_instances(&self, user: &str, key: &[u8]) -> CloudResult<()> {
-        let i = part(self.inner.instances())?;
-        self.observe(
-            "add_ssh_key_to_all_instances",
-            i.add_ssh_key_to_all_instances(user, key),
-        )
-        .await
-    }
-    async fn current_node_name(&self, hostname: &str) -> CloudResult<String> {
-        let i = part(self.inner.instances())?;
-        self.observe("current_node_name", i.current_node_name(hostname))
-            .await
-    }
-    async fn instance_exists_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
-        let i = part(self.inner.instances())?;
-        self.observe(
-            "instance_exists_by_provider_id",
-            i.instance_exists_by_provider_id(provider_id),
-        )
-        .await
-    }
-    async fn instance_shutdown_by_provider_id(&self, provider_id: &str) -> CloudResult<bool> {
-        let i = part(self.inner.instances())?;
-        self.observe(
-            "instance_shutdown_by_provider_id",
-            i.instance_shutdown_by_provider_id(provider_id),
-        )
-        .await
-    }
-}
+metered!(Instances via instances {
+    async fn node_addresses(&self, node_name: &str) -> CloudResult<Vec<NodeAddress>>;
+    async fn node_addresses_by_provider_id(&self, provider_id: &str)
+        -> CloudResult<Vec<NodeAddress>>;
+    async fn instance_id(&self, node_name: &str) -> CloudResult<String>;
+    async fn instance_type(&self, node_name: &str) -> CloudResult<String>;
+    async fn instance_type_by_provider_id(&self, provider_id: &str) -> CloudResult<String>;
+    async fn add_ssh_key_to_all_instances(&self, user: &str, key: &[u8]) -> CloudResult<()>;
+    async fn current_node_name(&self, hostname: &str) -> CloudResult<String>;
+    async fn instance_exists_by_provider_id(&self, provider_id: &str) -> CloudResult<bool>;
+    async fn instance_shutdown_by_provider_id(&self, provider_id: &str) -> CloudResult<bool>;
+});
 
-#[async_trait]
-impl InstancesV2 for MeteredCloud {
-    async fn instance_exists(&self, node: &Node) -> CloudResult<bool> {
-        let i = part(self.inner.instances_v2())?;
-        self.observe("instance_exists", i.instance_exists(node))
-            .await
-    }
-    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool> {
-        let i = part(self.inner.instances_v2())?;
-        self.observe("instance_shutdown", i.instance_shutdown(node))
-            .await
-    }
-    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>> {
-        let i = part(self.inner.instances_v2())?;
-        self.observe("instance_metadata", i.instance_metadata(node))
-            .await
-    }
-}
+metered!(InstancesV2 via instances_v2 {
+    async fn instance_exists(&self, node: &Node) -> CloudResult<bool>;
+    async fn instance_shutdown(&self, node: &Node) -> CloudResult<bool>;
+    async fn instance_metadata(&self, node: &Node) -> CloudResult<Option<InstanceMetadata>>;
+});
 
-#[async_trait]
-impl Zones for MeteredCloud {
-    async fn get_zone(&self) -> CloudResult<Zone> {
-        let z = part(self.inner.zones())?;
-        self.observe("get_zone", z.get_zone()).await
-    }
-    async fn get_zone_by_provider_id(&self, provider_id: &str) -> CloudResult<Zone> {
-        let z = part(self.inner.zones())?;
-        self.observe(
-            "get_zone_by_provider_id",
-            z.get_zone_by_provider_id(provider_id),
-        )
-        .await
-    }
-    async fn get_zone_by_node_name(&self, node_name: &str) -> CloudResult<Zone> {
-        let z = part(self.inner.zones())?;
-        self.observe("get_zone_by_node_name", z.get_zone_by_node_name(node_name))
-            .await
-    }
-}
+metered!(Zones via zones {
+    async fn get_zone(&self) -> CloudResult<Zone>;
+    async fn get_zone_by_provider_id(&self, provider_id: &str) -> CloudResult<Zone>;
+    async fn get_zone_by_node_name(&self, node_name: &str) -> CloudResult<Zone>;
+});
 
-#[async_trait]
-impl Clusters for MeteredCloud {
-    async fn list_clusters(&self) -> CloudResult<Vec<String>> {
-        let c = part(self.inner.clusters())?;
-        self.observe("list_clusters", c.list_clusters()).await
-    }
-    async fn master(&self, cluster_name: &str) -> CloudResult<String> {
-        let c = part(self.inner.clusters())?;
-        self.observe("master", c.master(cluster_name)).await
-    }
-}
+metered!(Clusters via clusters {
+    async fn list_clusters(&self) -> CloudResult<Vec<String>>;
+    async fn master(&self, cluster_name: &str) -> CloudResult<String>;
+});
 
-#[async_trait]
-impl Routes for MeteredCloud {
-    async fn list_routes(&self, cluster: &str) -> CloudResult<Vec<Route>> {
-        let r = part(self.inner.routes())?;
-        self.observe("list_routes", r.list_routes(cluster)).await
-    }
-    async fn create_route(&self, cluster: &str, name_hint: &str, route: &Route) -> CloudResult<()> {
-        let r = part(self.inner.routes())?;
-        self.observe("create_route", r.create_route(cluster, name_hint, route))
-            .await
-    }
-    async fn delete_route(&self, cluster: &str, route: &Route) -> CloudResult<()> {
-        let r = part(self.inner.routes())?;
-        self.observe("delete_route", r.delete_route(cluster, route))
-            .await
-    }
-}
+metered!(Routes via routes {
+    async fn list_routes(&self, cluster: &str) -> CloudResult<Vec<Route>>;
+    async fn create_route(&self, cluster: &str, name_hint: &str, route: &Route) -> CloudResult<()>;
+    async fn delete_route(&self, cluster: &str, route: &Route) -> CloudResult<()>;
+});
 
 #[cfg(test)]
 mod tests {

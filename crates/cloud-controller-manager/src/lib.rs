@@ -24,6 +24,7 @@ pub(crate) mod cloud_metrics;
 pub mod controllers;
 mod event_series;
 pub mod events;
+mod forward;
 pub mod informers;
 pub mod metrics;
 pub mod node_ownership;

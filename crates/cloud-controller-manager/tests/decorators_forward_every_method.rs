@@ -3,13 +3,20 @@
 //! trait gains with a default body compiles without being forwarded, and the decorator then answers
 //! the default (often `NotImplemented`) instead of the provider: it happened with the orphan sweep's
 //! method. These tests parse the traits and the impls with `syn` and fail naming every method left out.
+//!
+//! Part of the forwarding is written by declarative macros, which the tests read too: the `forward_…`
+//! macros of `src/forward.rs` (methods invoked inside an impl), and `metered!` (a whole impl for
+//! `MeteredCloud`, from the signatures its invocation lists).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
-use syn::{ImplItem, Item, TraitItem, Type};
+use syn::{
+    Ident, ImplItem, Item, ItemMacro, Token, TraitItem, TraitItemFn, Type, braced, parenthesized,
+    parse::{ParseStream, Parser},
+};
 
 /// The decorators, the file each lives in, and the traits each must implement: the metered cloud wraps
 /// every part, the shadow cloud the parts that write (the others it hands out as they are).
@@ -75,12 +82,133 @@ fn provider_traits() -> BTreeMap<String, BTreeSet<String>> {
     traits
 }
 
+/// The file of the macros that write methods inside a decorator's impl.
+const FORWARD_MACROS: &str = "src/forward.rs";
+
+/// The macros that write a whole trait impl for a decorator or a provider's cloud: (the macro, the file
+/// defining and invoking it, the type it implements for, the reader of an invocation).
+type ImplMacro = (&'static str, &'static str, &'static str, ImplReader);
+const IMPL_MACROS: &[ImplMacro] = &[
+    (
+        "metered",
+        "src/cloud_metrics.rs",
+        "MeteredCloud",
+        metered_impl,
+    ),
+    (
+        "impl_through_part",
+        "../../providers/aws/src/lib.rs",
+        "AwsCloud",
+        through_part_impl,
+    ),
+];
+
+/// Reads an invocation of an impl macro: the trait and the methods the impl has.
+type ImplReader = fn(ParseStream) -> syn::Result<(String, BTreeSet<String>)>;
+
+/// The methods each `macro_rules!` of `file` writes, for the macros without arguments whose body is
+/// methods (`() => { fn …; fn … };`), by macro name.
+fn method_macros(file: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    let mut macros = BTreeMap::new();
+    for item in parse(&path).items {
+        let Item::Macro(ItemMacro {
+            ident: Some(name),
+            mac,
+            ..
+        }) = item
+        else {
+            continue;
+        };
+        let body = |input: ParseStream| {
+            let _arguments;
+            parenthesized!(_arguments in input);
+            input.parse::<Token![=>]>()?;
+            let methods;
+            braced!(methods in input);
+            input.parse::<Option<Token![;]>>()?;
+            let mut names = BTreeSet::new();
+            while !methods.is_empty() {
+                if let ImplItem::Fn(f) = methods.parse::<ImplItem>()? {
+                    names.insert(f.sig.ident.to_string());
+                }
+            }
+            Ok(names)
+        };
+        if let Ok(names) = body.parse2(mac.tokens) {
+            macros.insert(name.to_string(), names);
+        }
+    }
+    macros
+}
+
+/// The methods the forwarding macro `name` writes.
+fn forwarded_methods(name: &str) -> BTreeSet<String> {
+    method_macros(FORWARD_MACROS)
+        .remove(name)
+        .unwrap_or_else(|| panic!("{name}!: no such macro of methods in {FORWARD_MACROS}"))
+}
+
+/// A `metered!(Trait via part [with forward_macro] { async fn …; … })` invocation.
+fn metered_impl(input: ParseStream) -> syn::Result<(String, BTreeSet<String>)> {
+    let name: Ident = input.parse()?;
+    let _via: Ident = input.parse()?;
+    let _part: Ident = input.parse()?;
+    let mut methods = BTreeSet::new();
+    if !input.peek(syn::token::Brace) {
+        let _with: Ident = input.parse()?;
+        let forwarded: Ident = input.parse()?;
+        methods.extend(forwarded_methods(&forwarded.to_string()));
+    }
+    let listed;
+    braced!(listed in input);
+    while !listed.is_empty() {
+        methods.insert(listed.parse::<TraitItemFn>()?.sig.ident.to_string());
+    }
+    Ok((name.to_string(), methods))
+}
+
+/// An `impl_through_part! { impl Trait => part { methods written out } fn …; … }` invocation.
+fn through_part_impl(input: ParseStream) -> syn::Result<(String, BTreeSet<String>)> {
+    input.parse::<Token![impl]>()?;
+    let name: Ident = input.parse()?;
+    input.parse::<Token![=>]>()?;
+    let _part: Ident = input.parse()?;
+    let own;
+    braced!(own in input);
+    let mut methods = BTreeSet::new();
+    while !own.is_empty() {
+        if let ImplItem::Fn(f) = own.parse::<ImplItem>()? {
+            methods.insert(f.sig.ident.to_string());
+        }
+    }
+    while !input.is_empty() {
+        methods.insert(input.parse::<TraitItemFn>()?.sig.ident.to_string());
+    }
+    Ok((name.to_string(), methods))
+}
+
 /// The methods of each trait impl for `decorator` in `file` (from this crate's directory), by trait
-/// name.
+/// name: the impls written out, with the methods of the forwarding macros they invoke, and those the
+/// impl macros of [`IMPL_MACROS`] write.
 fn decorator_impls(decorator: &str, file: &str) -> BTreeMap<String, BTreeSet<String>> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
     let mut impls = BTreeMap::new();
     for item in parse(&path).items {
+        if let Item::Macro(ItemMacro {
+            ident: None, mac, ..
+        }) = &item
+            && let Some((name, _, _, reader)) =
+                IMPL_MACROS.iter().find(|(name, in_file, for_type, _)| {
+                    mac.path.is_ident(name) && *in_file == file && *for_type == decorator
+                })
+        {
+            let (name, methods) = reader
+                .parse2(mac.tokens.clone())
+                .unwrap_or_else(|err| panic!("reading {name}! in {file}: {err}"));
+            impls.insert(name, methods);
+            continue;
+        }
         let Item::Impl(imp) = item else { continue };
         let Some((_, trait_path, _)) = &imp.trait_ else {
             continue;
@@ -92,14 +220,19 @@ fn decorator_impls(decorator: &str, file: &str) -> BTreeMap<String, BTreeSet<Str
             continue;
         }
         let name = trait_path.segments.last().unwrap().ident.to_string();
-        let methods = imp
-            .items
-            .iter()
-            .filter_map(|i| match i {
-                ImplItem::Fn(f) => Some(f.sig.ident.to_string()),
-                _ => None,
-            })
-            .collect();
+        let mut methods = BTreeSet::new();
+        for item in &imp.items {
+            match item {
+                ImplItem::Fn(f) => {
+                    methods.insert(f.sig.ident.to_string());
+                }
+                ImplItem::Macro(m) => {
+                    let name = m.mac.path.segments.last().unwrap().ident.to_string();
+                    methods.extend(forwarded_methods(&name));
+                }
+                _ => {}
+            }
+        }
         impls.insert(name, methods);
     }
     impls
@@ -148,8 +281,33 @@ fn the_check_reads_the_traits_and_the_decorators() {
     }
     let metered = decorator_impls("MeteredCloud", "src/cloud_metrics.rs");
     assert!(metered["LoadBalancer"].contains("delete_orphaned_load_balancer"));
+    assert!(metered["LoadBalancer"].contains("retains_load_balancers"));
+    assert!(metered["Zones"].contains("get_zone_by_node_name"));
+    assert!(metered["CloudProvider"].contains("owns_provider_id"));
     let shadow = decorator_impls("ShadowCloud", "src/shadow/cloud.rs");
     assert!(shadow["Routes"].contains("create_route"));
+    assert!(shadow["LoadBalancer"].contains("backend_label_keys"));
+    // The impl macros write their impl for the decorator named, one method a signature listed.
+    for (name, file, decorator, _) in IMPL_MACROS {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let definition = parse(&path)
+            .items
+            .into_iter()
+            .find_map(|item| match item {
+                Item::Macro(ItemMacro {
+                    ident: Some(ident),
+                    mac,
+                    ..
+                }) if ident == name => Some(mac.tokens.to_string().replace(' ', "")),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no macro_rules! {name} in {file}"));
+        assert!(
+            definition.contains(&format!("impl$traitfor{decorator}"))
+                && definition.contains("$(asyncfn$"),
+            "{name}! does not write one method of {decorator} a signature: {definition}"
+        );
+    }
 }
 
 /// A provider's cloud that hands a trait's calls to a part of its own, forwarding by hand: (the trait,

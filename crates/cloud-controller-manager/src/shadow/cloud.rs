@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use serde_json::json;
 
 use super::report::{CloudObject, ShadowReport, preview_json};
+use crate::forward::{forward_load_balancer_answers, forward_provider_answers};
 
 /// A provider that writes nothing and reports what it would have written.
 pub struct ShadowCloud {
@@ -136,26 +137,9 @@ impl CloudProvider for ShadowCloud {
     fn provider_name(&self) -> &str {
         self.inner.provider_name()
     }
-    fn owns_provider_id(&self, provider_id: &str) -> bool {
-        self.inner.owns_provider_id(provider_id)
-    }
-    fn recognizes_node(&self, node: &Node) -> bool {
-        self.inner.recognizes_node(node)
-    }
-    fn has_cluster_id(&self) -> bool {
-        self.inner.has_cluster_id()
-    }
-    fn rides_out_api_outages(&self) -> bool {
-        self.inner.rides_out_api_outages()
-    }
-    fn hands_off_traffic(&self) -> bool {
-        self.inner.hands_off_traffic()
-    }
+    forward_provider_answers!();
     async fn hand_off(&self) {
         self.inner.hand_off().await;
-    }
-    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        self.inner.register_metrics(registry);
     }
 }
 
@@ -168,32 +152,7 @@ impl LoadBalancer for ShadowCloud {
     ) -> CloudResult<Option<LoadBalancerStatus>> {
         self.lb()?.get_load_balancer(cluster, service).await
     }
-    fn get_load_balancer_name(&self, cluster: &str, service: &Service) -> String {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.get_load_balancer_name(cluster, service))
-            .unwrap_or_else(|| cloud_provider::default_load_balancer_name(service))
-    }
-    fn backends_beyond_owned_nodes(&self) -> bool {
-        self.inner
-            .load_balancer()
-            .is_some_and(|lb| lb.backends_beyond_owned_nodes())
-    }
-    fn backend_label_keys(&self, service: &Service) -> Vec<String> {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.backend_label_keys(service))
-            .unwrap_or_default()
-    }
-    fn service_label_keys(&self) -> Vec<String> {
-        self.inner
-            .load_balancer()
-            .map(|lb| lb.service_label_keys())
-            .unwrap_or_default()
-    }
-    fn settings_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.inner.load_balancer()?.settings_changes()
-    }
+    forward_load_balancer_answers!();
     /// Previews, and answers the load balancer's current status; without a load balancer, the
     /// Service's own status (so the controller neither writes a status nor takes "no status" for an
     /// error and retries).
@@ -261,11 +220,6 @@ impl LoadBalancer for ShadowCloud {
         self.lb()?
             .preview_load_balancer(cluster, service, nodes)
             .await
-    }
-    fn retains_load_balancers(&self) -> bool {
-        self.inner
-            .load_balancer()
-            .is_some_and(|lb| lb.retains_load_balancers())
     }
     /// Reported, not done: the load balancer would be kept for a later Service of the same name.
     async fn retain_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
