@@ -33,7 +33,7 @@ use crate::{
     Announce, CloudEvent, Config, LocalCloud,
     instances::lock,
     load_balancer::{
-        DataPath, build_spec, key_of, listener_differences, published_ips, read_service,
+        DataPath, Wanted, build_spec, key_of, listener_differences, published_ips, read_service,
     },
 };
 
@@ -558,13 +558,7 @@ impl Agent {
     /// Serves each load balancer the plan gives this node (but those whose retry is not due yet); one
     /// that cannot be served is logged when it starts failing, and retried after [`RETRY_AFTER`].
     async fn serve_mine(&mut self, round: Round<'_>) {
-        let Round {
-            plan,
-            served,
-            config,
-            backends,
-            now,
-        } = round;
+        let (plan, served, now) = (round.plan, round.served, round.now);
         let by_key: BTreeMap<&str, &Served> = served.iter().map(|s| (s.key.as_str(), s)).collect();
         self.retry_at.retain(|_, at| *at > now);
         for (key, vips) in &plan.mine {
@@ -574,7 +568,7 @@ impl Agent {
             let Some(served) = by_key.get(key.as_str()) else {
                 continue;
             };
-            let outcome = self.serve(served, vips, config, backends).await;
+            let outcome = self.serve(served, vips, round).await;
             self.health.progressed(Instant::now());
             match outcome {
                 Ok(()) => {
@@ -599,28 +593,30 @@ impl Agent {
         &mut self,
         served: &Served,
         vips: &[IpAddr],
-        config: &Config,
-        backends: &[(String, Vec<IpAddr>)],
+        round: Round<'_>,
     ) -> Result<(), String> {
-        self.serve_vips(served, vips, config, backends).await?;
+        let (config, backends) = (round.config, round.backends);
+        // The manager checked the Service before it gave it VIPs; one that turned bad since (its
+        // SyncLoadBalancerFailed Warning event says how) keeps what this node already runs for it, and
+        // a node that takes it over does not serve it until it is mended.
+        let wanted = read_service(&served.service, config)?;
+        self.announce_vips(served, vips, config).await?;
+        self.run_data_plane(served, vips, &wanted, backends).await?;
         for ip in vips {
             self.announcer_of(*ip, config).serving(*ip).await;
         }
         Ok(())
     }
 
-    async fn serve_vips(
+    /// Puts on and announces those of `vips` not announced yet (again those whose pool announces them
+    /// another way now).
+    async fn announce_vips(
         &mut self,
         served: &Served,
         vips: &[IpAddr],
         config: &Config,
-        backends: &[(String, Vec<IpAddr>)],
     ) -> Result<(), String> {
         let service = &served.service;
-        // The manager checked the Service before it gave it VIPs; one that turned bad since (its
-        // SyncLoadBalancerFailed Warning event says how) keeps what this node already runs for it, and
-        // a node that takes it over does not serve it until it is mended.
-        let wanted = read_service(service, config)?;
         for ip in vips {
             let routed = self.is_routed(*ip, config);
             match self.announced.get(ip) {
@@ -649,13 +645,24 @@ impl Agent {
                 self.cloud.report_unannounced_vip(service, &warning);
             }
         }
+        Ok(())
+    }
+
+    /// Runs the data plane's load balancer of `served` on `vips`, unless kube-proxy carries its traffic.
+    async fn run_data_plane(
+        &mut self,
+        served: &Served,
+        vips: &[IpAddr],
+        wanted: &Wanted,
+        backends: &[(String, Vec<IpAddr>)],
+    ) -> Result<(), String> {
         if wanted.data_path == DataPath::KubeProxy {
             if self.applied.remove(&served.key).is_some() {
                 self.drain(served.key.clone());
             }
             return Ok(());
         }
-        let spec = build_spec(&served.key, vips, &wanted, backends);
+        let spec = build_spec(&served.key, vips, wanted, backends);
         let running = self.cloud.inner.data_plane.state(&served.key);
         if self.applied.get(&served.key) == Some(&spec)
             && listener_differences(&spec, running.as_ref()).is_empty()
