@@ -69,6 +69,11 @@ impl NodeOwnership {
         }
     }
 
+    /// The nodes of `nodes` that are this manager's.
+    pub fn owned<N: std::ops::Deref<Target = Node>>(&self, nodes: Vec<Arc<N>>) -> Vec<Arc<N>> {
+        nodes.into_iter().filter(|n| self.owns(n)).collect()
+    }
+
     /// Whether no `--node-selector` narrows the nodes.
     pub fn selects_everything(&self) -> bool {
         self.rule

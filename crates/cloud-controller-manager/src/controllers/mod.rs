@@ -61,6 +61,19 @@ pub struct ControllerContext {
 }
 
 impl ControllerContext {
+    /// Whether the cloud offers either Instances API; when it offers neither, warns that `controller`,
+    /// which needs one, does not start.
+    pub(crate) fn offers_instances(&self, controller: &str) -> bool {
+        if self.cloud.instances_v2().is_none() && self.cloud.instances().is_none() {
+            tracing::warn!(
+                controller,
+                "cloud provider does not support instances; not starting"
+            );
+            return false;
+        }
+        true
+    }
+
     /// Runs `task` as the background loop `loop_name` of this controller, beside its work queue or
     /// passes ([`background_loop`]): if it panics, or ends while the manager is not stopping when
     /// `ends` says it must not, that is logged and counted and the controller's health check fails for

@@ -161,11 +161,7 @@ pub struct Config {
 
 /// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
 pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
-    if ctx.cloud.instances_v2().is_none() && ctx.cloud.instances().is_none() {
-        tracing::warn!(
-            controller = COMPONENT,
-            "cloud provider does not support instances; not starting"
-        );
+    if !ctx.offers_instances(COMPONENT) {
         return None;
     }
     let nodes = ctx.informers.nodes();

@@ -55,11 +55,7 @@ pub struct Config {
 
 /// Starts the controller: `None` (with a warning) when the cloud offers neither Instances API.
 pub fn start(ctx: ControllerContext, config: Config) -> Option<ControllerTask> {
-    if ctx.cloud.instances_v2().is_none() && ctx.cloud.instances().is_none() {
-        tracing::warn!(
-            controller = COMPONENT,
-            "cloud provider does not support instances; not starting"
-        );
+    if !ctx.offers_instances(COMPONENT) {
         return None;
     }
     let nodes = ctx.informers.nodes();
@@ -97,11 +93,7 @@ async fn run(
         .run(period, None, |_| {
             // A pass in flight finishes even on shutdown: each node's work is short and bounded. Another
             // manager's nodes are never deleted nor tainted here (their instances are not this cloud's).
-            let nodes: Vec<_> = store
-                .state()
-                .into_iter()
-                .filter(|n| ctx.ownership.owns(n))
-                .collect();
+            let nodes = ctx.ownership.owned(store.state());
             async move {
                 futures::stream::iter(nodes)
                     .for_each_concurrent(workers.max(1), |node| monitor(ctx, node))

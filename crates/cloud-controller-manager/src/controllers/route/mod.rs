@@ -138,11 +138,7 @@ async fn run(
     runner
         .run(period, requests, |started| {
             // Routes for this manager's nodes only: another cloud's nodes have none in this one.
-            let nodes: Vec<_> = store
-                .state()
-                .into_iter()
-                .filter(|n| ctx.ownership.owns(n))
-                .collect();
+            let nodes = ctx.ownership.owned(store.state());
             async move {
                 let trigger = match started {
                     Started::Periodic => Trigger::Periodic,
