@@ -233,6 +233,22 @@ impl AsyncWrite for GuardedStream {
     }
 }
 
+/// A server handle that stops its server once `shutdown` is cancelled, giving the requests in flight
+/// 5 s.
+pub(crate) fn stopped_at(
+    shutdown: &tokio_util::sync::CancellationToken,
+) -> axum_server::Handle<std::net::SocketAddr> {
+    let handle = axum_server::Handle::new();
+    let stopper = handle.clone();
+    let stopping = shutdown.clone();
+    // Unsupervised: waits for the shutdown, then tells the server to stop (nothing in it can fail).
+    tokio::spawn(async move {
+        stopping.cancelled().await;
+        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
+    });
+    handle
+}
+
 /// Serves `app` over plain HTTP on `listener` with the secure endpoint's bounds but `limits` (the
 /// caps, the idle timeout, hyper's header-read timeout), until `shutdown` (then open requests get 5 s).
 /// For the node agents' loopback `/metrics` and `/healthz`: a process that carries traffic must not
@@ -243,14 +259,7 @@ pub fn serve_plain_http(
     limits: ConnectionLimits,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> io::Result<()> {
-    let handle = axum_server::Handle::new();
-    let stopper = handle.clone();
-    let stopping = shutdown.clone();
-    // Unsupervised: waits for the shutdown, then tells the server to stop (nothing in it can fail).
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
-    });
+    let handle = stopped_at(&shutdown);
     let mut server = axum_server::from_tcp(listener)?
         .acceptor(GuardedAcceptor::new(limits))
         .handle(handle);

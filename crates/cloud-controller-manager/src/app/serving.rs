@@ -8,7 +8,6 @@ use std::{
     net::{SocketAddr, TcpListener},
     path::PathBuf,
     sync::Arc,
-    time::Duration,
 };
 
 use axum::{
@@ -23,7 +22,7 @@ use rustls::{pki_types::PrivateKeyDer, sign::CertifiedKey};
 
 use super::{
     certificate_reload::{CertKeyFiles, CertificateReloader, DynamicServingCertificate},
-    connection_guard::{ConnectionLimits, GuardedAcceptor, HEADER_READ_TIMEOUT},
+    connection_guard::{ConnectionLimits, GuardedAcceptor, HEADER_READ_TIMEOUT, stopped_at},
     delegated_auth::{Decision, DelegatedAuth, RequestAttributes},
     health::Health,
     options::ServingOptions,
@@ -140,14 +139,7 @@ pub fn start(
         let reloading = reloader.run(shutdown.clone());
         supervisor.spawn_once("serving certificate reload", ends, reloading);
     }
-    let handle = axum_server::Handle::new();
-    let stopper = handle.clone();
-    let stopping = shutdown.clone();
-    // Unsupervised: waits for the shutdown, then tells the server to stop (nothing in it can fail).
-    tokio::spawn(async move {
-        stopping.cancelled().await;
-        stopper.graceful_shutdown(Some(Duration::from_secs(5)));
-    });
+    let handle = stopped_at(&shutdown);
     let dry_run = state.dry_run.is_some();
     let app = Router::new().fallback(handle_request).with_state(state);
     // TLS over the connection guard: the caps and the idle timeout (connection_guard), then hyper's
@@ -308,6 +300,8 @@ async fn handle_request(
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
