@@ -193,49 +193,42 @@ fn record(
     status: u16,
     answer: Value,
 ) {
-    let Some(parts) = parts else {
+    let key = match parts {
         // Not an object path (a non-resource URL): still a would-be write, under its path.
-        report.record_write(
-            ObjectKey {
-                api_version: String::new(),
-                resource: path.clone(),
-                namespace: None,
-                name: String::new(),
-                subresource: None,
-            },
-            ApiWrite {
-                verb: method.to_string(),
-                path,
-                body,
-                status,
-                answer,
-            },
-        );
-        return;
-    };
-    if parts.resource == "events" {
-        report.record_event(parts.namespace.as_deref(), &body);
-        return;
-    }
-    let name = parts
-        .name
-        .or_else(|| {
-            let metadata = body.get("metadata")?;
-            metadata
-                .get("name")
-                .or_else(|| metadata.get("generateName"))
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .unwrap_or_default();
-    report.record_write(
-        ObjectKey {
-            api_version: parts.api_version,
-            resource: parts.resource,
-            namespace: parts.namespace,
-            name,
-            subresource: parts.subresource,
+        None => ObjectKey {
+            api_version: String::new(),
+            resource: path.clone(),
+            namespace: None,
+            name: String::new(),
+            subresource: None,
         },
+        Some(parts) if parts.resource == "events" => {
+            report.record_event(parts.namespace.as_deref(), &body);
+            return;
+        }
+        Some(parts) => {
+            let name = parts
+                .name
+                .or_else(|| {
+                    let metadata = body.get("metadata")?;
+                    metadata
+                        .get("name")
+                        .or_else(|| metadata.get("generateName"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default();
+            ObjectKey {
+                api_version: parts.api_version,
+                resource: parts.resource,
+                namespace: parts.namespace,
+                name,
+                subresource: parts.subresource,
+            }
+        }
+    };
+    report.record_write(
+        key,
         ApiWrite {
             verb: method.to_string(),
             path,
