@@ -279,13 +279,7 @@ impl FakeCloud {
             })?
             .unwrap_or_default();
         let cloud = Self::new(Config::parse(text, path.as_deref())?)?;
-        if let Some(path) = path {
-            watcher::spawn(
-                Arc::downgrade(&cloud.inner),
-                path,
-                config.contents().unwrap_or_default().to_vec(),
-            );
-        }
+        watcher::spawn(Arc::downgrade(&cloud.inner), config);
         Ok(cloud)
     }
 

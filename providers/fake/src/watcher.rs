@@ -11,7 +11,7 @@ use std::{
     sync::Weak,
 };
 
-use cloud_provider::panic_message;
+use cloud_provider::{CloudConfig, panic_message};
 
 use crate::{Config, FakeCloud, Inner};
 
@@ -23,9 +23,12 @@ fn parse_file(contents: &[u8], path: &Path) -> Result<Config, String> {
     Config::parse(text, Some(path)).map_err(|err| err.to_string())
 }
 
-/// Watches `path` (whose contents were `seen` at start) for as long as the cloud lives.
-pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>) {
-    spawn_with(cloud, path, seen, parse_file);
+/// Watches the file `config` came from, if any, for as long as the cloud lives.
+pub(crate) fn spawn(cloud: Weak<Inner>, config: &CloudConfig) {
+    if let Some(path) = config.path() {
+        let seen = config.contents().unwrap_or_default().to_vec();
+        spawn_with(cloud, path.to_owned(), seen, parse_file);
+    }
 }
 
 /// [`spawn`] with the parser given (`cloud_provider::watch_cloud_config`: a refused or panicking edit

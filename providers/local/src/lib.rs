@@ -331,13 +331,7 @@ impl LocalCloud {
         }
         let cloud = Self::new(parsed, path.as_deref());
         *lock(&cloud.inner.load_balancer_in_file) = in_file;
-        if let Some(path) = path {
-            watcher::spawn(
-                Arc::downgrade(&cloud.inner),
-                path,
-                config.contents().unwrap_or_default().to_vec(),
-            );
-        }
+        watcher::spawn(Arc::downgrade(&cloud.inner), config);
         Ok(cloud)
     }
 

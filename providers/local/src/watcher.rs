@@ -4,37 +4,51 @@
 //! gave the cloud a client, recorded as a Warning event `CloudConfigRejected` in `kube-system`; a later
 //! edit is read as usual. Nothing else stops.
 
-use std::{path::PathBuf, sync::Weak};
+use std::sync::Weak;
+
+use cloud_provider::CloudConfig;
 
 use crate::{Config, Inner, LocalCloud};
 
-/// Watches `path` (whose contents were `seen` at start) for as long as the cloud lives
+/// Watches the file `config` came from, if any, for as long as the cloud lives
 /// (`cloud_provider::watch_cloud_config`): a good edit is put in force, a refused one is also reported
 /// as an event.
-pub(crate) fn spawn(cloud: Weak<Inner>, path: PathBuf, seen: Vec<u8>) {
-    let file = path.clone();
-    cloud_provider::watch_cloud_config("local", cloud, path, seen, move |inner, contents| {
-        let cloud = LocalCloud { inner };
-        let parsed = match std::str::from_utf8(contents) {
-            Ok(text) => Config::parse(text, Some(&file)).map_err(|e| e.to_string()),
-            Err(err) => Err(format!(
-                "cloud-config {} is not UTF-8 text: {err}",
-                file.display()
-            )),
-        };
-        match parsed {
-            Ok(config) => {
-                cloud.set_config(config);
-                Ok(())
-            }
-            Err(err) => {
-                cloud.report_rejected_config(&format!(
+pub(crate) fn spawn(cloud: Weak<Inner>, config: &CloudConfig) {
+    let Some(path) = config.path() else {
+        return;
+    };
+    let (file, seen) = (
+        path.to_owned(),
+        config.contents().unwrap_or_default().to_vec(),
+    );
+    cloud_provider::watch_cloud_config(
+        "local",
+        cloud,
+        file.clone(),
+        seen,
+        move |inner, contents| {
+            let cloud = LocalCloud { inner };
+            let parsed = match std::str::from_utf8(contents) {
+                Ok(text) => Config::parse(text, Some(&file)).map_err(|e| e.to_string()),
+                Err(err) => Err(format!(
+                    "cloud-config {} is not UTF-8 text: {err}",
+                    file.display()
+                )),
+            };
+            match parsed {
+                Ok(config) => {
+                    cloud.set_config(config);
+                    Ok(())
+                }
+                Err(err) => {
+                    cloud.report_rejected_config(&format!(
                     "the changed cloud-config was refused; the last good one stays in force: {err}"
                 ));
-                Err(err)
+                    Err(err)
+                }
             }
-        }
-    });
+        },
+    );
 }
 
 #[cfg(test)]
