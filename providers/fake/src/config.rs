@@ -49,67 +49,50 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The parsed cloud-config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Config {
     /// Where the cloud-side state is written as JSON after every change.
-    #[serde(default)]
     pub state_file: Option<PathBuf>,
     /// `true`: changes reach the state file within `stateFileFlushInterval` (from a background writer,
     /// as call counts always do) instead of before the call returns. For runs with thousands of
     /// load-balancer backends, where rewriting the whole file on every change would cost more than the
     /// manager under test.
-    #[serde(default)]
     pub state_file_batched: bool,
     /// How often the background writer puts what changed (call counts; with `stateFileBatched`
     /// everything) into the state file: 200ms by default. More than 0.
-    #[serde(default)]
     pub state_file_flush_interval: Option<GoDuration>,
     /// `true`: the state file is the cloud, shared by every process that names it: read back at start
     /// (so the cloud outlives the manager) and re-read whenever another process changed it, with every
     /// change made under an exclusive lock on `<stateFile>.lock`. Needs `stateFile`; cannot be combined
     /// with `stateFileBatched`. Read at start only.
-    #[serde(default)]
     pub state_file_shared: bool,
     /// Added to every cloud call.
-    #[serde(default)]
     pub latency: GoDuration,
     /// Injected failure probability per method (or `all`), from 0 to 1.
-    #[serde(default)]
     pub failure_rate: BTreeMap<MethodName, Probability>,
     /// Injected panics, a provider's bug for the manager's panic handling to meet: the first this many
     /// calls of a method (or `all`) about each object (a Service's `namespace/name`; calls about no
     /// object count together) panic.
-    #[serde(default)]
     pub panic_first_calls: BTreeMap<MethodName, u64>,
     /// Seed of the deterministic failure sequence.
-    #[serde(default)]
     pub seed: u64,
     /// When set, injected failures are "retry after this delay" errors (a load balancer still
     /// provisioning, say) instead of plain errors.
-    #[serde(default)]
     pub retry_after: Option<GoDuration>,
     /// `true` (default): the cloud offers InstancesV2. `false`: the legacy Instances and Zones APIs.
-    #[serde(default = "yes", rename = "instancesV2")]
+    #[serde(rename = "instancesV2")]
     pub instances_v2: bool,
     /// Whether the cloud knows the cluster's ID (default `true`).
-    #[serde(default = "yes", rename = "hasClusterID")]
+    #[serde(rename = "hasClusterID")]
     pub has_cluster_id: bool,
     /// The fields of every instance not listed under `instances`.
-    #[serde(default)]
     pub instance_defaults: InstanceDefaults,
     /// Instances by node name.
-    #[serde(default)]
     pub instances: BTreeMap<String, InstanceConfig>,
     /// The load-balancer part.
-    #[serde(default)]
     pub load_balancers: LoadBalancersConfig,
     /// The routes part.
-    #[serde(default)]
     pub routes: RoutesConfig,
-}
-
-fn yes() -> bool {
-    true
 }
 
 impl Default for Config {
@@ -136,68 +119,48 @@ impl Default for Config {
 
 /// The fields of an instance that is not listed.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct InstanceDefaults {
     /// Default `standard`.
-    #[serde(default = "default_instance_type")]
     pub instance_type: String,
     /// Default `zone-a`.
-    #[serde(default = "default_zone")]
     pub zone: String,
     /// Default `region-1`.
-    #[serde(default = "default_region")]
     pub region: String,
-}
-
-fn default_instance_type() -> String {
-    "standard".to_owned()
-}
-fn default_zone() -> String {
-    "zone-a".to_owned()
-}
-fn default_region() -> String {
-    "region-1".to_owned()
 }
 
 impl Default for InstanceDefaults {
     fn default() -> Self {
         Self {
-            instance_type: default_instance_type(),
-            zone: default_zone(),
-            region: default_region(),
+            instance_type: "standard".to_owned(),
+            zone: "zone-a".to_owned(),
+            region: "region-1".to_owned(),
         }
     }
 }
 
 /// A listed instance; unset fields come from `instanceDefaults`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct InstanceConfig {
     /// Default `fake://<node name>`.
-    #[serde(default, rename = "providerID")]
+    #[serde(rename = "providerID")]
     pub provider_id: Option<String>,
     /// Instance type.
-    #[serde(default)]
     pub instance_type: Option<String>,
     /// Zone.
-    #[serde(default)]
     pub zone: Option<String>,
     /// Region.
-    #[serde(default)]
     pub region: Option<String>,
     /// Default: one InternalIP derived from the node name.
-    #[serde(default)]
     pub addresses: Option<Vec<AddressConfig>>,
     /// Extra labels for the node.
-    #[serde(default)]
     pub additional_labels: BTreeMap<String, String>,
     /// `running` (default), `shutdown` or `gone`.
-    #[serde(default)]
     pub state: InstanceState,
     /// Added to every call about this instance (`instance_metadata`, `instance_exists`, the legacy
     /// Instances and Zones calls by its name or provider ID), on top of the cloud-wide `latency`: a
     /// slow part of the cloud. Default: 0.
-    #[serde(default)]
     pub latency: GoDuration,
 }
 
@@ -216,13 +179,11 @@ pub enum InstanceState {
 
 /// The load-balancer part.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadBalancersConfig {
     /// Whether the cloud offers load balancers (default `true`).
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// Where ingress IPs come from (default `203.0.113.0/24`).
-    #[serde(default)]
     pub ip_pool: IpPool,
 }
 
@@ -237,13 +198,11 @@ impl Default for LoadBalancersConfig {
 
 /// The routes part.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct RoutesConfig {
     /// Whether the cloud offers routes (default `true`).
-    #[serde(default = "yes")]
     pub enabled: bool,
     /// Routes the cloud holds from the start (or from the reload that first lists them).
-    #[serde(default)]
     pub initial: Vec<RouteConfig>,
 }
 

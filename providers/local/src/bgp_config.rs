@@ -34,13 +34,11 @@ pub enum Announce {
 
 /// `loadBalancer.bgp`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct BgpConfig {
     /// The routers the node agents peer with.
-    #[serde(default)]
     pub peers: Vec<BgpPeer>,
     /// BFD profiles, by name, for peers' `bfdProfile`.
-    #[serde(default)]
     pub bfd_profiles: Vec<BfdProfile>,
 }
 
@@ -363,27 +361,23 @@ fn default_hold() -> GoDuration {
 
 /// A pool's `bgp` block: how its VIPs are advertised (MetalLB's `BGPAdvertisement`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct PoolBgp {
     /// The peers (by name) the VIPs go to; none (the default): every peer.
-    #[serde(default)]
     pub peers: Vec<String>,
     /// Communities on the routes: `64512:100`, a well-known name (`no-export`, `no-advertise`,
     /// `no-export-subconfed`, `no-peer`), or `large:64512:1:2` (RFC 8092).
-    #[serde(default)]
     pub communities: Vec<Community>,
     /// LOCAL_PREF, sent to iBGP peers only (an eBGP peer never receives it, RFC 4271): refused when
     /// every peer of the pool is eBGP.
-    #[serde(default)]
     pub local_pref: Option<u32>,
     /// The length of the prefix an IPv4 VIP is announced in (default 32: a host route): a node
     /// announces the prefix of this length that holds each VIP it serves, once however many of its
     /// VIPs it holds. At least the length of every CIDR of the pool, so that no address outside
     /// the pool is announced.
-    #[serde(default = "default_aggregation_v4")]
     pub aggregation_length: u8,
     /// The same for IPv6 VIPs (default 128).
-    #[serde(default = "default_aggregation_v6", rename = "aggregationLengthV6")]
+    #[serde(rename = "aggregationLengthV6")]
     pub aggregation_length_v6: u8,
 }
 
@@ -393,18 +387,10 @@ impl Default for PoolBgp {
             peers: Vec::new(),
             communities: Vec::new(),
             local_pref: None,
-            aggregation_length: default_aggregation_v4(),
-            aggregation_length_v6: default_aggregation_v6(),
+            aggregation_length: 32,
+            aggregation_length_v6: 128,
         }
     }
-}
-
-fn default_aggregation_v4() -> u8 {
-    32
-}
-
-fn default_aggregation_v6() -> u8 {
-    128
 }
 
 impl PoolBgp {

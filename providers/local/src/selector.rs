@@ -27,11 +27,9 @@ struct Requirement {
 
 /// A selector as written.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 struct Written {
-    #[serde(default)]
     match_labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
     match_expressions: Option<Vec<Requirement>>,
 }
 

@@ -6,66 +6,53 @@ use super::*;
 /// The data plane's settings. Read at start: a change needs a restart (the pools and the inventory
 /// are re-read at once).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct LoadBalancerConfig {
     /// kube-proxy's health port, checked for `externalTrafficPolicy: Cluster` (default 10256; 0 turns
     /// that check off, every node is then taken as healthy).
-    #[serde(default = "default_kube_proxy_port")]
     pub kube_proxy_health_port: u16,
     /// The active health checks.
-    #[serde(default)]
     pub health_check: HealthCheckTiming,
     /// How long a deleted listener's connections may go on before they are closed (default 30s).
-    #[serde(default = "default_drain")]
     pub drain_timeout: GoDuration,
     /// How long a UDP flow without packets is kept (default 60s).
-    #[serde(default = "default_udp_idle")]
     pub udp_idle_timeout: GoDuration,
     /// How long a connection to a backend may take to open (default 5s).
-    #[serde(default = "default_connect")]
     pub connect_timeout: GoDuration,
     /// A relayed TCP connection with no byte either way for this long is closed (default `0s`: never;
     /// keepalive still closes one whose peer vanished).
-    #[serde(default)]
     pub tcp_idle_timeout: GoDuration,
     /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
     /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
     /// command) while their load balancer runs, and taken off when it is deleted or the leader steps
     /// down. Each VIP put on is announced to the link's neighbours (gratuitous ARP, unsolicited
     /// neighbour advertisement), which needs `CAP_NET_RAW`.
-    #[serde(default)]
     pub vip_interface: Option<String>,
     /// Who announces and serves the VIPs (default `leader`): see [`LoadBalancerMode`].
-    #[serde(default)]
     pub mode: LoadBalancerMode,
     /// With `mode: agents`, the namespace of the node agents' heartbeat Leases (their DaemonSet's,
     /// default `kube-system`): the manager looks there for a live agent of each Service's class, and an
     /// agent whose heartbeats would go elsewhere refuses to start. Refused in leader mode.
-    #[serde(default)]
     pub agent_namespace: Option<String>,
     /// The routers the node agents peer with, for pools with `announce: bgp` (`mode: agents`). Read
     /// by each agent at start: a change needs the agents restarted.
-    #[serde(default)]
     pub bgp: BgpConfig,
     /// Whether MetalLB's objects (`metallb.io`) are read as configuration, and from where.
-    #[serde(default)]
     pub metallb: MetallbConfig,
     /// `ipCommand`, which named the `ip` command `vipInterface` ran before VIPs went on through netlink:
     /// a config that still sets it is refused, naming the key, rather than read as if it did something.
-    #[serde(default, deserialize_with = "refuse_ip_command")]
+    #[serde(deserialize_with = "refuse_ip_command")]
     ip_command: Removed,
 }
 
 /// `loadBalancer.metallb`: MetalLB's objects as configuration (`docs/local-provider.md`, "Coming
 /// from MetalLB").
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct MetallbConfig {
     /// When they are read (default `auto`).
-    #[serde(default)]
     pub objects: MetallbObjects,
     /// The namespace they are read from (default `metallb-system`, MetalLB's).
-    #[serde(default = "default_metallb_namespace")]
     pub namespace: String,
 }
 
@@ -73,13 +60,9 @@ impl Default for MetallbConfig {
     fn default() -> Self {
         MetallbConfig {
             objects: MetallbObjects::default(),
-            namespace: default_metallb_namespace(),
+            namespace: crate::metallb::DEFAULT_NAMESPACE.to_owned(),
         }
     }
-}
-
-pub(super) fn default_metallb_namespace() -> String {
-    crate::metallb::DEFAULT_NAMESPACE.to_owned()
 }
 
 /// When MetalLB's objects are read (`loadBalancer.metallb.objects`).
@@ -123,22 +106,6 @@ pub(super) fn refuse_ip_command<'de, D: Deserializer<'de>>(_: D) -> Result<Remov
     Err(de::Error::custom(IP_COMMAND_REMOVED))
 }
 
-pub(super) fn default_kube_proxy_port() -> u16 {
-    10256
-}
-
-pub(super) fn default_drain() -> GoDuration {
-    GoDuration(Duration::from_secs(30))
-}
-
-pub(super) fn default_udp_idle() -> GoDuration {
-    GoDuration(Duration::from_secs(60))
-}
-
-pub(super) fn default_connect() -> GoDuration {
-    GoDuration(Duration::from_secs(5))
-}
-
 impl LoadBalancerConfig {
     /// The namespace of the node agents' heartbeat Leases (`agentNamespace`, default `kube-system`).
     pub fn agent_namespace(&self) -> &str {
@@ -149,11 +116,11 @@ impl LoadBalancerConfig {
 impl Default for LoadBalancerConfig {
     fn default() -> Self {
         Self {
-            kube_proxy_health_port: default_kube_proxy_port(),
+            kube_proxy_health_port: 10256,
             health_check: HealthCheckTiming::default(),
-            drain_timeout: default_drain(),
-            udp_idle_timeout: default_udp_idle(),
-            connect_timeout: default_connect(),
+            drain_timeout: GoDuration(Duration::from_secs(30)),
+            udp_idle_timeout: GoDuration(Duration::from_secs(60)),
+            connect_timeout: GoDuration(Duration::from_secs(5)),
             tcp_idle_timeout: GoDuration(Duration::ZERO),
             vip_interface: None,
             mode: LoadBalancerMode::default(),
@@ -167,41 +134,25 @@ impl Default for LoadBalancerConfig {
 
 /// Health-check timing (cloud-provider-kind's: every 2 s, 1 s timeout... see the defaults).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthCheckTiming {
     /// Between two checks of one backend (default 2s).
-    #[serde(default = "default_interval")]
     pub interval: GoDuration,
     /// For one check's answer (default 1s).
-    #[serde(default = "default_timeout")]
     pub timeout: GoDuration,
     /// Passed checks in a row that make a backend healthy (default 2).
-    #[serde(default = "two")]
     pub healthy_threshold: Count,
     /// Failed checks in a row that make a backend unhealthy (default 2).
-    #[serde(default = "two")]
     pub unhealthy_threshold: Count,
-}
-
-pub(super) fn default_interval() -> GoDuration {
-    GoDuration(Duration::from_secs(2))
-}
-
-pub(super) fn default_timeout() -> GoDuration {
-    GoDuration(Duration::from_secs(1))
-}
-
-pub(super) fn two() -> Count {
-    Count(2)
 }
 
 impl Default for HealthCheckTiming {
     fn default() -> Self {
         Self {
-            interval: default_interval(),
-            timeout: default_timeout(),
-            healthy_threshold: two(),
-            unhealthy_threshold: two(),
+            interval: GoDuration(Duration::from_secs(2)),
+            timeout: GoDuration(Duration::from_secs(1)),
+            healthy_threshold: Count(2),
+            unhealthy_threshold: Count(2),
         }
     }
 }
@@ -209,42 +160,26 @@ impl Default for HealthCheckTiming {
 /// The optional kubelet probe: a machine whose kubelet port stops accepting TCP connections is reported
 /// shut down. Off by default: see its false-positive risk in `docs/local-provider.md`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct KubeletProbe {
     /// Default `false`.
-    #[serde(default)]
     pub enabled: bool,
     /// The kubelet's port (default 10250).
-    #[serde(default = "default_kubelet_port")]
     pub port: u16,
     /// For one connection attempt (default 2s).
-    #[serde(default = "default_probe_timeout")]
     pub timeout: GoDuration,
     /// Failed probes in a row (one per lifecycle pass of a NotReady node) before the machine counts as
     /// shut down (default 3).
-    #[serde(default = "three")]
     pub failure_threshold: Count,
-}
-
-pub(super) fn default_kubelet_port() -> u16 {
-    10250
-}
-
-pub(super) fn default_probe_timeout() -> GoDuration {
-    GoDuration(Duration::from_secs(2))
-}
-
-pub(super) fn three() -> Count {
-    Count(3)
 }
 
 impl Default for KubeletProbe {
     fn default() -> Self {
         Self {
             enabled: false,
-            port: default_kubelet_port(),
-            timeout: default_probe_timeout(),
-            failure_threshold: three(),
+            port: 10250,
+            timeout: GoDuration(Duration::from_secs(2)),
+            failure_threshold: Count(3),
         }
     }
 }

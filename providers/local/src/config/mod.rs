@@ -114,27 +114,20 @@ pub enum UnlistedNodes {
 
 /// The fields of adopted nodes and the defaults of listed machines.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct MachineDefaults {
     /// Default `local`.
-    #[serde(default = "default_instance_type")]
     pub instance_type: String,
     /// Default empty (no zone label).
-    #[serde(default)]
     pub zone: String,
     /// Default empty (no region label).
-    #[serde(default)]
     pub region: String,
-}
-
-fn default_instance_type() -> String {
-    "local".to_owned()
 }
 
 impl Default for MachineDefaults {
     fn default() -> Self {
         Self {
-            instance_type: default_instance_type(),
+            instance_type: "local".to_owned(),
             zone: String::new(),
             region: String::new(),
         }
@@ -143,25 +136,19 @@ impl Default for MachineDefaults {
 
 /// A machine of the inventory. Unset fields come from `defaults`.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct Machine {
     /// The machine's addresses. Empty (default): the node's own addresses, as for an adopted node.
-    #[serde(default)]
     pub addresses: Vec<AddressConfig>,
     /// Instance type.
-    #[serde(default)]
     pub instance_type: Option<String>,
     /// Zone.
-    #[serde(default)]
     pub zone: Option<String>,
     /// Region.
-    #[serde(default)]
     pub region: Option<String>,
     /// Extra labels for the node (keys in Kubernetes' own namespaces are dropped by the node controller).
-    #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// `running` (default) or `shutdown`.
-    #[serde(default)]
     pub state: MachineState,
 }
 

@@ -21,51 +21,40 @@ pub(super) struct IpAddressPoolSpec {
 
 /// `IPAddressPool.spec.serviceAllocation`.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct ServiceAllocation {
-    #[serde(default)]
     pub priority: i64,
-    #[serde(default)]
     pub namespaces: Vec<String>,
-    #[serde(default)]
     pub namespace_selectors: Vec<serde_json::Value>,
-    #[serde(default)]
     pub service_selectors: Vec<serde_json::Value>,
 }
 
 /// `L2Advertisement.spec` (v1beta1).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct L2AdvertisementSpec {
-    #[serde(default, rename = "ipAddressPools")]
+    #[serde(rename = "ipAddressPools")]
     pub ip_address_pools: Vec<String>,
-    #[serde(default, rename = "ipAddressPoolSelectors")]
+    #[serde(rename = "ipAddressPoolSelectors")]
     pub ip_address_pool_selectors: Vec<serde_json::Value>,
-    #[serde(default)]
     pub node_selectors: Vec<serde_json::Value>,
-    #[serde(default)]
     pub interfaces: Vec<String>,
 }
 
 /// `BGPAdvertisement.spec` (v1beta1).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct BgpAdvertisementSpec {
-    #[serde(default)]
     pub aggregation_length: Option<i64>,
-    #[serde(default, rename = "aggregationLengthV6")]
+    #[serde(rename = "aggregationLengthV6")]
     pub aggregation_length_v6: Option<i64>,
-    #[serde(default)]
     pub local_pref: u32,
-    #[serde(default)]
     pub communities: Vec<String>,
-    #[serde(default, rename = "ipAddressPools")]
+    #[serde(rename = "ipAddressPools")]
     pub ip_address_pools: Vec<String>,
-    #[serde(default, rename = "ipAddressPoolSelectors")]
+    #[serde(rename = "ipAddressPoolSelectors")]
     pub ip_address_pool_selectors: Vec<serde_json::Value>,
-    #[serde(default)]
     pub node_selectors: Vec<serde_json::Value>,
-    #[serde(default)]
     pub peers: Vec<String>,
 }
 
@@ -117,38 +106,28 @@ pub(super) struct BgpPeerSpec {
 
 /// `BFDProfile.spec` (v1beta1).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct BfdProfileSpec {
-    #[serde(default)]
     pub receive_interval: Option<u32>,
-    #[serde(default)]
     pub transmit_interval: Option<u32>,
-    #[serde(default)]
     pub detect_multiplier: Option<u32>,
-    #[serde(default)]
     pub echo_interval: Option<u32>,
-    #[serde(default)]
     pub echo_mode: Option<bool>,
-    #[serde(default)]
     pub passive_mode: Option<bool>,
-    #[serde(default)]
     pub minimum_ttl: Option<u32>,
 }
 
 /// `Community.spec` (v1beta1).
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct CommunitySpec {
-    #[serde(default)]
     pub communities: Vec<CommunityAlias>,
 }
 
 /// One alias of a `Community`.
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub(super) struct CommunityAlias {
-    #[serde(default)]
     pub name: String,
-    #[serde(default)]
     pub value: String,
 }
