@@ -466,6 +466,33 @@ impl LoadBalancer for LoadBalancers {
         Ok(())
     }
 }
+/// The error of a backend update that finds no load balancer of the Service's.
+fn not_found(spec: &LbSpec) -> Error {
+    Error::Setup(format!(
+        "load balancer {} of {} not found",
+        spec.name, spec.service_name
+    ))
+}
+
+/// `delete` tried again, up to 5 times a second apart, while AWS answers that what it deletes is
+/// still in use ([`Error::StillInUse`]: a load balancer's parts, for a moment after it went).
+async fn deleted_once_released<F, Fut>(mut delete: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut attempt = 0;
+    loop {
+        match delete().await {
+            Err(Error::StillInUse(_)) if attempt < 5 => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Every item of a listing AWS pages with a marker (ELB, ELBv2): `page` fetches the page after `marker`
 /// (`None`: the first) and answers its items and the next marker (`None` or empty: the last page).
 async fn all_pages<T, F, Fut>(mut page: F) -> Result<Vec<T>>

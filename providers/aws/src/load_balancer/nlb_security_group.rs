@@ -17,7 +17,7 @@ use aws_sdk_elasticloadbalancingv2::types::LoadBalancer as Elbv2LoadBalancer;
 use sha2::{Digest, Sha256};
 
 use super::{
-    LoadBalancers, RuleScope,
+    LoadBalancers, RuleScope, deleted_once_released,
     spec::{self, LbSpec, TAG_CLUSTER_PREFIX},
 };
 use crate::{Error, NlbSecurityGroupMode, error::Result};
@@ -277,16 +277,7 @@ impl LoadBalancers {
             tracing::info!(name, group = id, "deleting the NLB's security group");
             // The NLB's network interfaces hold the group for a moment after it is gone; a Service's
             // deletion is retried after that (and finds the group by name), an orphan's is not.
-            let mut attempt = 0;
-            loop {
-                match self.delete_security_group(id, name).await {
-                    Err(Error::StillInUse(_)) if attempt < 5 => {
-                        attempt += 1;
-                        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    }
-                    other => break other?,
-                }
-            }
+            deleted_once_released(|| self.delete_security_group(id, name)).await?;
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use aws_sdk_elasticloadbalancing::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, RuleScope, all_pages, hostname_status,
+    LoadBalancers, RuleScope, all_pages, hostname_status, not_found,
     security_groups::filter,
     spec::{ClassicAttributes, LbSpec, TAG_CLUSTER_PREFIX},
 };
@@ -206,10 +206,7 @@ impl LoadBalancers {
         cluster_id: &str,
     ) -> Result<()> {
         let Some(lb) = self.describe_classic(&spec.name).await? else {
-            return Err(Error::Setup(format!(
-                "load balancer {} of {} not found",
-                spec.name, spec.service_name
-            )));
+            return Err(not_found(spec));
         };
         self.sync_classic_instances(&lb, instances).await?;
         let vpc_id = lb.vpc_id().unwrap_or_default().to_owned();

@@ -1,7 +1,7 @@
 //! Network Load Balancers: one target group per port (instance targets on the node port), one listener
 //! per port, the health check on the target group, and client rules in the nodes' security groups.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::collections::BTreeMap;
 
 use aws_sdk_elasticloadbalancingv2::types::{
     Action, ActionTypeEnum, Certificate, IpAddressType, Listener,
@@ -12,8 +12,9 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, RuleScope, all_pages, hostname_status,
+    LoadBalancers, RuleScope, all_pages, deleted_once_released, hostname_status,
     nlb_security_group::NlbGroups,
+    not_found,
     spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port},
 };
 use crate::{Error, error::Result, instances::InstanceInfo};
@@ -40,47 +41,33 @@ pub fn target_group_name(
     hc_protocol: &str,
     hc_interval: i32,
 ) -> String {
-    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
-    let clean = |s: &str| -> String {
-        s.chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .take(8)
-            .collect()
-    };
-    format!(
-        "k8s-{}-{}-{}",
-        clean(namespace),
-        clean(name),
-        target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval)
-    )
+    let hash = target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval);
+    named_target_group(service_name, &hash, |c| c.is_ascii_alphanumeric())
 }
 
 /// The name this provider gave target groups before 2026-11-26 (hyphens kept in the namespace and name,
-/// runs of hyphens made one): matched too, so a load balancer it made then keeps its groups.
-pub fn legacy_target_group_name(
-    cluster_id: &str,
-    service_name: &str,
-    port: &Port,
-    hc_protocol: &str,
-    hc_interval: i32,
-) -> String {
-    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
-    let clean = |s: &str| -> String {
-        s.chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-')
-            .take(8)
-            .collect()
-    };
-    format!(
-        "k8s-{}-{}-{}",
-        clean(namespace),
-        clean(name),
-        target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval)
-    )
+/// runs of hyphens made one), with the hash of upstream's `name` for the same port: matched too, so a
+/// load balancer it made then keeps its groups.
+pub fn legacy_target_group_name(name: &str, service_name: &str) -> String {
+    let hash = &name[name.len().saturating_sub(HASH_DIGITS)..];
+    named_target_group(service_name, hash, |c| {
+        c.is_ascii_alphanumeric() || c == '-'
+    })
     .split('-')
     .filter(|part| !part.is_empty())
     .collect::<Vec<_>>()
     .join("-")
+}
+
+/// How many hex digits of the SHA-1 end a target group's name.
+const HASH_DIGITS: usize = 10;
+
+/// `k8s-<namespace>-<name>-<hash>`, the namespace and name of `service_name` each cut to their first 8
+/// characters that `keep` keeps.
+fn named_target_group(service_name: &str, hash: &str, keep: impl Fn(char) -> bool) -> String {
+    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
+    let clean = |s: &str| -> String { s.chars().filter(|c| keep(*c)).take(8).collect() };
+    format!("k8s-{}-{}-{hash}", clean(namespace), clean(name))
 }
 
 fn target_group_hash(
@@ -105,7 +92,7 @@ fn target_group_hash(
     ] {
         hasher.update(part.as_bytes());
     }
-    hasher.digest().to_string()[..10].to_owned()
+    hasher.digest().to_string()[..HASH_DIGITS].to_owned()
 }
 
 /// Upstream's description of the path-MTU-discovery rules (ICMP type 3, code 4) an NLB's clients need:
@@ -320,10 +307,7 @@ impl LoadBalancers {
         cluster_id: &str,
     ) -> Result<()> {
         let Some(lb) = self.describe_nlb(&spec.name).await? else {
-            return Err(Error::Setup(format!(
-                "load balancer {} of {} not found",
-                spec.name, spec.service_name
-            )));
+            return Err(not_found(spec));
         };
         let arn = lb.load_balancer_arn().unwrap_or_default();
         for g in self.target_groups_of(arn).await? {
@@ -379,16 +363,7 @@ impl LoadBalancers {
             }
         }
         for g in &groups {
-            let mut attempt = 0;
-            loop {
-                match self.delete_target_group(g).await {
-                    Err(Error::StillInUse(_)) if attempt < 5 => {
-                        attempt += 1;
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    other => break other?,
-                }
-            }
+            deleted_once_released(|| self.delete_target_group(g)).await?;
         }
         if !self.config.global.disable_security_group_ingress {
             let changed = self
@@ -444,13 +419,13 @@ mod tests {
         // Issue #29: `web-nlb` is `webnlb`, where this provider used to keep the hyphen.
         let web = target_group_name("prod", "default/web-nlb", &port, "TCP", 30);
         assert!(web.starts_with("k8s-default-webnlb-"), "{web}");
-        let legacy = legacy_target_group_name("prod", "default/web-nlb", &port, "TCP", 30);
+        let legacy = legacy_target_group_name(&web, "default/web-nlb");
         assert!(legacy.starts_with("k8s-default-web-nlb-"), "{legacy}");
         assert_eq!(web[web.len() - 10..], legacy[legacy.len() - 10..]);
         // A name cut to end in a hyphen: never two in a row, upstream's or the legacy one.
         let local = target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
         assert!(local.starts_with("k8s-default-awsnlblo-"), "{local}");
-        let legacy = legacy_target_group_name("prod", "default/aws-nlb-local", &port, "HTTP", 10);
+        let legacy = legacy_target_group_name(&local, "default/aws-nlb-local");
         assert!(
             legacy.starts_with("k8s-default-aws-nlb-") && !legacy.contains("--"),
             "{legacy}"

@@ -86,13 +86,7 @@ impl LoadBalancers {
             &hc.protocol,
             hc.interval,
         );
-        let legacy_name = legacy_target_group_name(
-            cluster_id,
-            &spec.service_name,
-            port,
-            &hc.protocol,
-            hc.interval,
-        );
+        let legacy_name = legacy_target_group_name(&name, &spec.service_name);
         let existing = match attached.iter().find(|g| {
             g.target_group_name()
                 .is_some_and(|n| n == name || n == legacy_name)

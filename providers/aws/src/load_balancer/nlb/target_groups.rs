@@ -1,29 +1,38 @@
 //! An NLB's target groups: found (by its listeners, by name, in the region's listing), made, their
 //! attributes and health check kept as the Service asks, their targets synced by difference, deleted.
 
+use aws_sdk_elasticloadbalancingv2::operation::describe_target_groups::builders::DescribeTargetGroupsFluentBuilder as Describe;
+
 use super::*;
 
 impl LoadBalancers {
+    /// The target groups one `DescribeTargetGroups` answers, narrowed by `ask`; none when AWS answers
+    /// `TargetGroupNotFound` (for a name no group has; moto also for a load balancer without target
+    /// groups, where AWS answers an empty list).
+    async fn target_groups_where(
+        &self,
+        ask: impl FnOnce(Describe) -> Describe,
+    ) -> Result<Vec<TargetGroup>> {
+        let elbv2 = &self.calls.clients.elbv2;
+        let request = ask(elbv2.describe_target_groups());
+        match self
+            .calls
+            .call("DescribeTargetGroups", || request.clone().send())
+            .await
+        {
+            Ok(out) => Ok(out.target_groups().to_vec()),
+            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The target groups of the load balancer `lb_arn`.
     pub(in crate::load_balancer) async fn target_groups_of(
         &self,
         lb_arn: &str,
     ) -> Result<Vec<TargetGroup>> {
-        let elbv2 = &self.calls.clients.elbv2;
-        match self
-            .calls
-            .call("DescribeTargetGroups", || {
-                elbv2
-                    .describe_target_groups()
-                    .load_balancer_arn(lb_arn)
-                    .send()
-            })
+        self.target_groups_where(|r| r.load_balancer_arn(lb_arn))
             .await
-        {
-            Ok(out) => Ok(out.target_groups().to_vec()),
-            // moto answers so for a load balancer without target groups (AWS answers an empty list).
-            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(Vec::new()),
-            Err(e) => Err(e),
-        }
     }
 
     /// The target groups `listeners` forward to (the ones AWS lists as their NLB's), looked up by ARN
@@ -54,19 +63,10 @@ impl LoadBalancers {
         Ok(found.into_iter().flatten().collect())
     }
 
+    /// The target group named `name`, if any.
     pub(super) async fn target_group_named(&self, name: &str) -> Result<Option<TargetGroup>> {
-        let elbv2 = &self.calls.clients.elbv2;
-        match self
-            .calls
-            .call("DescribeTargetGroups", || {
-                elbv2.describe_target_groups().names(name).send()
-            })
-            .await
-        {
-            Ok(out) => Ok(out.target_groups().first().cloned()),
-            Err(e) if e.code() == Some("TargetGroupNotFound") => Ok(None),
-            Err(e) => Err(e),
-        }
+        let found = self.target_groups_where(|r| r.names(name)).await?;
+        Ok(found.into_iter().next())
     }
 
     /// The target group's `preserve_client_ip.enabled` and `proxy_protocol_v2.enabled` as the Service
