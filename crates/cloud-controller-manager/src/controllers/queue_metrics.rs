@@ -19,6 +19,8 @@ use prometheus_client::{
 };
 use std::sync::atomic::AtomicU64;
 
+use crate::metrics::registered;
+
 /// The `name` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueueName {
@@ -49,54 +51,57 @@ fn duration_histogram() -> Histogram {
 
 impl WorkQueueMetrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            depth: Family::default(),
-            adds: Family::default(),
-            retries: Family::default(),
-            panics: Family::default(),
-            queue_duration: Family::new_with_constructor(duration_histogram),
-            work_duration: Family::new_with_constructor(duration_histogram),
-            unfinished: Family::default(),
-            longest: Family::default(),
-        };
         let sub = registry.sub_registry_with_prefix("workqueue");
-        sub.register("depth", "Current depth of workqueue", metrics.depth.clone());
-        sub.register(
-            "adds",
-            "Total number of adds handled by workqueue",
-            metrics.adds.clone(),
-        );
-        sub.register(
-            "retries",
-            "Total number of retries handled by workqueue",
-            metrics.retries.clone(),
-        );
-        sub.register(
-            "panics",
-            "Total number of reconciles that panicked (the key is retried on its back-off)",
-            metrics.panics.clone(),
-        );
-        sub.register(
-            "queue_duration_seconds",
-            "How long in seconds an item stays in workqueue before being requested",
-            metrics.queue_duration.clone(),
-        );
-        sub.register(
-            "work_duration_seconds",
-            "How long in seconds processing an item from workqueue takes",
-            metrics.work_duration.clone(),
-        );
-        sub.register(
-            "unfinished_work_seconds",
-            "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases",
-            metrics.unfinished.clone(),
-        );
-        sub.register(
-            "longest_running_processor_seconds",
-            "How many seconds has the longest running processor for workqueue been running",
-            metrics.longest.clone(),
-        );
-        metrics
+        Self {
+            depth: registered(
+                sub,
+                "depth",
+                "Current depth of workqueue",
+                Family::default(),
+            ),
+            adds: registered(
+                sub,
+                "adds",
+                "Total number of adds handled by workqueue",
+                Family::default(),
+            ),
+            retries: registered(
+                sub,
+                "retries",
+                "Total number of retries handled by workqueue",
+                Family::default(),
+            ),
+            panics: registered(
+                sub,
+                "panics",
+                "Total number of reconciles that panicked (the key is retried on its back-off)",
+                Family::default(),
+            ),
+            queue_duration: registered(
+                sub,
+                "queue_duration_seconds",
+                "How long in seconds an item stays in workqueue before being requested",
+                Family::new_with_constructor(duration_histogram),
+            ),
+            work_duration: registered(
+                sub,
+                "work_duration_seconds",
+                "How long in seconds processing an item from workqueue takes",
+                Family::new_with_constructor(duration_histogram),
+            ),
+            unfinished: registered(
+                sub,
+                "unfinished_work_seconds",
+                "How many seconds of work has done that is in progress and hasn't been observed by work_duration. Large values indicate stuck threads. One can deduce the number of stuck threads by observing the rate at which this increases",
+                Family::default(),
+            ),
+            longest: registered(
+                sub,
+                "longest_running_processor_seconds",
+                "How many seconds has the longest running processor for workqueue been running",
+                Family::default(),
+            ),
+        }
     }
 
     /// The series of the queue `name`.

@@ -14,7 +14,7 @@ use cloud_provider::CloudProvider;
 use prometheus_client::{
     encoding::{EncodeLabelSet, text::encode},
     metrics::{family::Family, gauge::Gauge},
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 
 use crate::{
@@ -26,6 +26,18 @@ use crate::{
     request_metrics::RequestMetrics,
     shadow::DryRunMetrics,
 };
+
+/// Registers `metric` as `name` with `help` and answers it: the caller keeps the handle to the series it
+/// registered.
+pub(crate) fn registered<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
 
 /// Every metric the manager exports. Cheap to clone.
 #[derive(Clone)]

@@ -8,6 +8,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use super::registered;
+
 /// The `name` and `outcome` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PassLabels {
@@ -37,22 +39,21 @@ fn pass_histogram() -> Histogram {
 
 impl PeriodicMetrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            passes: Family::default(),
-            duration: Family::new_with_constructor(pass_histogram),
-        };
         let sub = registry.sub_registry_with_prefix("periodic");
-        sub.register(
-            "passes",
-            "Passes of a periodic controller, by how they ended (done, ask_again, panicked)",
-            metrics.passes.clone(),
-        );
-        sub.register(
-            "pass_duration_seconds",
-            "How long in seconds a pass of a periodic controller takes",
-            metrics.duration.clone(),
-        );
-        metrics
+        Self {
+            passes: registered(
+                sub,
+                "passes",
+                "Passes of a periodic controller, by how they ended (done, ask_again, panicked)",
+                Family::default(),
+            ),
+            duration: registered(
+                sub,
+                "pass_duration_seconds",
+                "How long in seconds a pass of a periodic controller takes",
+                Family::new_with_constructor(pass_histogram),
+            ),
+        }
     }
 
     /// Counts a pass of the runner `name` that ended with `outcome` after `took`.

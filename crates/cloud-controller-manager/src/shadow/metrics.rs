@@ -14,6 +14,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::metrics::registered;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteLabels {
     resource: String,
@@ -47,33 +49,32 @@ pub struct DryRunMetrics {
 
 impl DryRunMetrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
-        let metrics = Self {
-            writes: Family::default(),
-            events: Family::default(),
-            cloud: Family::default(),
-            objects: Family::default(),
-        };
-        registry.register(
-            "cloud_controller_manager_dry_run_writes",
-            "API writes the manager would have made in --dry-run (events apart), by resource and verb.",
-            metrics.writes.clone(),
-        );
-        registry.register(
-            "cloud_controller_manager_dry_run_events",
-            "Events the manager would have written in --dry-run, by reason.",
-            metrics.events.clone(),
-        );
-        registry.register(
-            "cloud_controller_manager_dry_run_cloud_writes",
-            "Cloud writes the manager would have made in --dry-run, by call and what the preview said.",
-            metrics.cloud.clone(),
-        );
-        registry.register(
-            "cloud_controller_manager_dry_run_objects",
-            "Objects with a would-be write on record in --dry-run (api: API objects, cloud: load balancers and routes).",
-            metrics.objects.clone(),
-        );
-        metrics
+        Self {
+            writes: registered(
+                registry,
+                "cloud_controller_manager_dry_run_writes",
+                "API writes the manager would have made in --dry-run (events apart), by resource and verb.",
+                Family::default(),
+            ),
+            events: registered(
+                registry,
+                "cloud_controller_manager_dry_run_events",
+                "Events the manager would have written in --dry-run, by reason.",
+                Family::default(),
+            ),
+            cloud: registered(
+                registry,
+                "cloud_controller_manager_dry_run_cloud_writes",
+                "Cloud writes the manager would have made in --dry-run, by call and what the preview said.",
+                Family::default(),
+            ),
+            objects: registered(
+                registry,
+                "cloud_controller_manager_dry_run_objects",
+                "Objects with a would-be write on record in --dry-run (api: API objects, cloud: load balancers and routes).",
+                Family::default(),
+            ),
+        }
     }
 
     pub(crate) fn write(&self, resource: &str, verb: &str) {

@@ -43,7 +43,7 @@ use super::{
     patch::with_resource_version,
     work_queue::{self, Next},
 };
-use crate::{events::EventRecorder, informers::CachedNode};
+use crate::{events::EventRecorder, informers::CachedNode, metrics::registered};
 
 /// The event source, as upstream names it.
 pub(crate) const COMPONENT: &str = "cloud-node-controller";
@@ -58,21 +58,20 @@ pub struct NodeMetrics {
 impl NodeMetrics {
     pub(crate) fn register(registry: &mut Registry) -> Self {
         let buckets = [1.0, 4.0, 16.0, 64.0, 256.0, 1024.0];
-        let metrics = Self {
-            taint_removal_delay: Histogram::new(buckets),
-            initial_sync_delay: Histogram::new(buckets),
-        };
-        registry.register(
-            "node_controller_cloud_provider_taint_removal_delay_seconds",
-            "Number of seconds after node creation when NodeController removed the cloud-provider taint of a single node.",
-            metrics.taint_removal_delay.clone(),
-        );
-        registry.register(
-            "node_controller_initial_node_sync_delay_seconds",
-            "Number of seconds after node creation when NodeController finished the initial synchronization of a single node.",
-            metrics.initial_sync_delay.clone(),
-        );
-        metrics
+        Self {
+            taint_removal_delay: registered(
+                registry,
+                "node_controller_cloud_provider_taint_removal_delay_seconds",
+                "Number of seconds after node creation when NodeController removed the cloud-provider taint of a single node.",
+                Histogram::new(buckets),
+            ),
+            initial_sync_delay: registered(
+                registry,
+                "node_controller_initial_node_sync_delay_seconds",
+                "Number of seconds after node creation when NodeController finished the initial synchronization of a single node.",
+                Histogram::new(buckets),
+            ),
+        }
     }
 
     fn since_creation(node: &Node) -> Option<f64> {

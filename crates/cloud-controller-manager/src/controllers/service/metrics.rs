@@ -5,6 +5,8 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::metrics::registered;
+
 /// The controller's metrics: upstream's names, plus the load balancers it believes exist.
 #[derive(Clone)]
 pub struct ServiceMetrics {
@@ -35,63 +37,62 @@ impl ServiceMetrics {
                 1.0, 2.0, 15,
             ))
         };
-        let metrics = Self {
-            sync_total: Counter::default(),
-            nodesync_errors: Counter::default(),
-            nodesync_latency: buckets(),
-            host_update_latency: buckets(),
-            load_balancers: Gauge::default(),
-            orphans_deleted: Counter::default(),
-            drift_checks: Counter::default(),
-            drift_checks_failed: Counter::default(),
-            drifts: Counter::default(),
-        };
         let sub = registry.sub_registry_with_prefix("service_controller");
-        sub.register(
-            "loadbalancer_sync",
-            "A metric counting the amount of times any load balancer has been configured, as an effect of service/node changes on the cluster",
-            metrics.sync_total.clone(),
-        );
-        sub.register(
-            "nodesync_error",
-            "A metric counting the amount of times any load balancer has been configured and errored, as an effect of node changes on the cluster",
-            metrics.nodesync_errors.clone(),
-        );
-        sub.register(
-            "nodesync_latency_seconds",
-            "A metric measuring the latency for nodesync which updates loadbalancer hosts on cluster node updates.",
-            metrics.nodesync_latency.clone(),
-        );
-        sub.register(
-            "update_loadbalancer_host_latency_seconds",
-            "A metric measuring the latency for updating each load balancer hosts.",
-            metrics.host_update_latency.clone(),
-        );
-        sub.register(
-            "load_balancers",
-            "The number of load balancers this controller believes exist.",
-            metrics.load_balancers.clone(),
-        );
-        sub.register(
-            "orphaned_load_balancers_deleted",
-            "Load balancers the sweep deleted because their Service no longer existed.",
-            metrics.orphans_deleted.clone(),
-        );
-        sub.register(
-            "load_balancer_drift_checks",
-            "Load balancers checked for drift (a read-only preview of what an ensure would change).",
-            metrics.drift_checks.clone(),
-        );
-        sub.register(
-            "load_balancer_drift_check_errors",
-            "Drift checks whose preview failed.",
-            metrics.drift_checks_failed.clone(),
-        );
-        sub.register(
-            "load_balancer_drifts",
-            "Load balancers found differing from what their Service asks (a LoadBalancerDrift event each).",
-            metrics.drifts.clone(),
-        );
-        metrics
+        Self {
+            sync_total: registered(
+                sub,
+                "loadbalancer_sync",
+                "A metric counting the amount of times any load balancer has been configured, as an effect of service/node changes on the cluster",
+                Counter::default(),
+            ),
+            nodesync_errors: registered(
+                sub,
+                "nodesync_error",
+                "A metric counting the amount of times any load balancer has been configured and errored, as an effect of node changes on the cluster",
+                Counter::default(),
+            ),
+            nodesync_latency: registered(
+                sub,
+                "nodesync_latency_seconds",
+                "A metric measuring the latency for nodesync which updates loadbalancer hosts on cluster node updates.",
+                buckets(),
+            ),
+            host_update_latency: registered(
+                sub,
+                "update_loadbalancer_host_latency_seconds",
+                "A metric measuring the latency for updating each load balancer hosts.",
+                buckets(),
+            ),
+            load_balancers: registered(
+                sub,
+                "load_balancers",
+                "The number of load balancers this controller believes exist.",
+                Gauge::default(),
+            ),
+            orphans_deleted: registered(
+                sub,
+                "orphaned_load_balancers_deleted",
+                "Load balancers the sweep deleted because their Service no longer existed.",
+                Counter::default(),
+            ),
+            drift_checks: registered(
+                sub,
+                "load_balancer_drift_checks",
+                "Load balancers checked for drift (a read-only preview of what an ensure would change).",
+                Counter::default(),
+            ),
+            drift_checks_failed: registered(
+                sub,
+                "load_balancer_drift_check_errors",
+                "Drift checks whose preview failed.",
+                Counter::default(),
+            ),
+            drifts: registered(
+                sub,
+                "load_balancer_drifts",
+                "Load balancers found differing from what their Service asks (a LoadBalancerDrift event each).",
+                Counter::default(),
+            ),
+        }
     }
 }
