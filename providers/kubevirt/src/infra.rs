@@ -2,7 +2,7 @@
 //! counted in its own metrics (`kubevirt_infra_requests_total`, `kubevirt_infra_request_duration_seconds`),
 //! apart from the manager's client to the tenant cluster.
 
-use std::{num::NonZeroU32, sync::Arc, time::Instant};
+use std::{fmt::Debug, num::NonZeroU32, sync::Arc, time::Instant};
 
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use k8s_openapi::api::{
@@ -18,6 +18,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, histogram::Histogram},
     registry::Registry,
 };
+use serde::{Serialize, de::DeserializeOwned};
 
 use crate::{
     Error,
@@ -161,16 +162,24 @@ impl Infra {
         result.map_err(|err| Error::infra(verb, what(), err))
     }
 
-    fn vmis(&self) -> Api<Vmi> {
-        Api::namespaced_with(self.client.clone(), &self.namespace, &vmi::api_resource())
+    fn vmis(&self) -> Objects<'_, Vmi> {
+        let api = Api::namespaced_with(self.client.clone(), &self.namespace, &vmi::api_resource());
+        Objects::new(
+            self,
+            api,
+            "virtualmachineinstances",
+            "virtualmachineinstance",
+        )
     }
 
-    fn services(&self) -> Api<Service> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+    fn services(&self) -> Objects<'_, Service> {
+        let api = Api::namespaced(self.client.clone(), &self.namespace);
+        Objects::new(self, api, "services", "service")
     }
 
-    fn slices(&self) -> Api<EndpointSlice> {
-        Api::namespaced(self.client.clone(), &self.namespace)
+    fn slices(&self) -> Objects<'_, EndpointSlice> {
+        let api = Api::namespaced(self.client.clone(), &self.namespace);
+        Objects::new(self, api, "endpointslices", "endpointslice")
     }
 
     fn named(&self, kind: &str, name: &str) -> String {
@@ -179,24 +188,17 @@ impl Infra {
 
     /// The VMI `name`, or `None` when there is none.
     pub async fn vmi(&self, name: &str) -> Result<Option<Vmi>, Error> {
-        let api = self.vmis();
-        self.call(
-            "get",
-            "virtualmachineinstances",
-            || self.named("virtualmachineinstance", name),
-            api.get_opt(name),
-        )
-        .await
+        self.vmis().get(name).await
     }
 
     /// Whether the provider may list VMIs in its namespace (one item asked for).
     pub async fn probe(&self) -> Result<(), Error> {
-        let api = self.vmis();
+        let vmis = self.vmis();
         self.call(
             "list",
-            "virtualmachineinstances",
+            vmis.plural,
             || format!("virtualmachineinstances in {}", self.namespace),
-            api.list_metadata(&ListParams::default().limit(1)),
+            vmis.api.list_metadata(&ListParams::default().limit(1)),
         )
         .await
         .map(|_| ())
@@ -205,19 +207,19 @@ impl Infra {
     /// The VMIs whose `spec.hostname` is `hostname` (a field selector: the CRD must declare the field
     /// selectable, as KubeVirt's does).
     pub async fn vmis_by_hostname(&self, hostname: &str) -> Result<Vec<Vmi>, Error> {
-        let api = self.vmis();
+        let vmis = self.vmis();
         let params = ListParams::default().fields(&format!("spec.hostname={hostname}"));
         let list = self
             .call(
                 "list",
-                "virtualmachineinstances",
+                vmis.plural,
                 || {
                     format!(
                         "virtualmachineinstances in {} with spec.hostname={hostname}",
                         self.namespace
                     )
                 },
-                api.list(&params),
+                vmis.api.list(&params),
             )
             .await?;
         Ok(list.items)
@@ -232,45 +234,18 @@ impl Infra {
 
     /// The infra Service `name`, or `None`.
     pub async fn service(&self, name: &str) -> Result<Option<Service>, Error> {
-        let api = self.services();
-        self.call(
-            "get",
-            "services",
-            || self.named("service", name),
-            api.get_opt(name),
-        )
-        .await
+        self.services().get(name).await
     }
 
     /// The infra Services with these labels (`key=value,...`).
     pub async fn services_labelled(&self, selector: &str) -> Result<Vec<Service>, Error> {
-        let api = self.services();
-        let list = self
-            .call(
-                "list",
-                "services",
-                || format!("services in {} with labels {selector}", self.namespace),
-                api.list(&ListParams::default().labels(selector)),
-            )
-            .await?;
-        Ok(list.items)
+        self.services().labelled(selector).await
     }
 
     /// Creates `service`.
     pub async fn create_service(&self, service: &Service) -> Result<Service, Error> {
-        let api = self.services();
         let name = service.metadata.name.clone().unwrap_or_default();
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..Default::default()
-        };
-        self.call(
-            "create",
-            "services",
-            || self.named("service", &name),
-            api.create(&params, service),
-        )
-        .await
+        self.services().create(&name, service).await
     }
 
     /// Applies a JSON merge patch to the Service `name`.
@@ -279,107 +254,134 @@ impl Infra {
         name: &str,
         patch: &serde_json::Value,
     ) -> Result<Service, Error> {
-        let api = self.services();
+        let services = self.services();
         let params = PatchParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..Default::default()
         };
         self.call(
             "patch",
-            "services",
-            || self.named("service", name),
-            api.patch(name, &params, &Patch::Merge(patch)),
+            services.plural,
+            || services.named(name),
+            services.api.patch(name, &params, &Patch::Merge(patch)),
         )
         .await
     }
 
     /// Deletes the Service `name`; `Ok(false)` when it was not there.
     pub async fn delete_service(&self, name: &str) -> Result<bool, Error> {
-        let api = self.services();
-        let deleted = self
-            .call(
-                "delete",
-                "services",
-                || self.named("service", name),
-                api.delete(name, &DeleteParams::default()),
-            )
-            .await;
-        match deleted {
-            Ok(_) => Ok(true),
-            Err(err) if err.is_not_found() => Ok(false),
-            Err(err) => Err(err),
-        }
+        self.services().delete(name).await
     }
 
     /// The infra EndpointSlices with these labels.
     pub async fn slices_labelled(&self, selector: &str) -> Result<Vec<EndpointSlice>, Error> {
-        let api = self.slices();
-        let list = self
-            .call(
-                "list",
-                "endpointslices",
-                || {
-                    format!(
-                        "endpointslices in {} with labels {selector}",
-                        self.namespace
-                    )
-                },
-                api.list(&ListParams::default().labels(selector)),
-            )
-            .await?;
-        Ok(list.items)
+        self.slices().labelled(selector).await
     }
 
     /// Creates `slice` (named by `generateName`).
     pub async fn create_slice(&self, slice: &EndpointSlice) -> Result<EndpointSlice, Error> {
-        let api = self.slices();
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..Default::default()
-        };
         let name = slice.metadata.generate_name.clone().unwrap_or_default();
-        self.call(
-            "create",
-            "endpointslices",
-            || self.named("endpointslice", &format!("{name}*")),
-            api.create(&params, slice),
-        )
-        .await
+        self.slices().create(&format!("{name}*"), slice).await
     }
 
     /// Replaces the slice `slice` names (with its resourceVersion: a conflict is an error, and the
     /// controller looks again).
     pub async fn replace_slice(&self, slice: &EndpointSlice) -> Result<EndpointSlice, Error> {
-        let api = self.slices();
+        let slices = self.slices();
         let name = slice.metadata.name.clone().unwrap_or_default();
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..Default::default()
-        };
         self.call(
             "update",
-            "endpointslices",
-            || self.named("endpointslice", &name),
-            api.replace(&name, &params, slice),
+            slices.plural,
+            || slices.named(&name),
+            slices.api.replace(&name, &ours(), slice),
         )
         .await
     }
 
     /// Deletes the slice `name` (already gone is fine).
     pub async fn delete_slice(&self, name: &str) -> Result<(), Error> {
-        let api = self.slices();
-        let deleted = self
-            .call(
-                "delete",
-                "endpointslices",
-                || self.named("endpointslice", name),
-                api.delete(name, &DeleteParams::default()),
-            )
-            .await;
-        match deleted {
-            Ok(_) => Ok(()),
-            Err(err) if err.is_not_found() => Ok(()),
+        self.slices().delete(name).await.map(|_| ())
+    }
+}
+
+/// What the provider reads and writes in the infra namespace.
+trait Object: Clone + DeserializeOwned + Serialize + Debug {}
+
+impl<K: Clone + DeserializeOwned + Serialize + Debug> Object for K {}
+
+/// The objects of one kind in the infra namespace, each call made through [`Infra::call`].
+struct Objects<'a, K> {
+    infra: &'a Infra,
+    api: Api<K>,
+    /// The kind's plural: the metrics' `resource`.
+    plural: &'static str,
+    /// Its name in errors.
+    singular: &'static str,
+}
+
+impl<'a, K: Object> Objects<'a, K> {
+    fn new(infra: &'a Infra, api: Api<K>, plural: &'static str, singular: &'static str) -> Self {
+        Self {
+            infra,
+            api,
+            plural,
+            singular,
+        }
+    }
+
+    /// How errors name the object `name`.
+    fn named(&self, name: &str) -> String {
+        self.infra.named(self.singular, name)
+    }
+
+    /// The object `name`, or `None` when there is none.
+    async fn get(&self, name: &str) -> Result<Option<K>, Error> {
+        let found = self.api.get_opt(name);
+        self.infra
+            .call("get", self.plural, || self.named(name), found)
+            .await
+    }
+
+    /// The objects with these labels (`key=value,...`).
+    async fn labelled(&self, selector: &str) -> Result<Vec<K>, Error> {
+        let namespace = &self.infra.namespace;
+        let what = || format!("{} in {namespace} with labels {selector}", self.plural);
+        let params = ListParams::default().labels(selector);
+        let listed = self
+            .infra
+            .call("list", self.plural, what, self.api.list(&params));
+        Ok(listed.await?.items)
+    }
+
+    /// Creates `object` (`shown` as its name in errors).
+    async fn create(&self, shown: &str, object: &K) -> Result<K, Error> {
+        let params = ours();
+        let created = self.api.create(&params, object);
+        self.infra
+            .call("create", self.plural, || self.named(shown), created)
+            .await
+    }
+
+    /// Deletes the object `name`; `Ok(false)` when it was not there.
+    async fn delete(&self, name: &str) -> Result<bool, Error> {
+        let params = DeleteParams::default();
+        let deleted = self.api.delete(name, &params);
+        match self
+            .infra
+            .call("delete", self.plural, || self.named(name), deleted)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(err) if err.is_not_found() => Ok(false),
             Err(err) => Err(err),
         }
+    }
+}
+
+/// A create or replace by this provider's field manager.
+fn ours() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..Default::default()
     }
 }
