@@ -11,19 +11,10 @@ pub fn check_qualified_name(value: &str) -> Result<(), String> {
         Some((prefix, name)) => (Some(prefix), name),
         None => (None, value),
     };
-    let alnum = |c: char| c.is_ascii_alphanumeric();
     if name.is_empty() || name.len() > 63 {
         return Err("the name (after any '/') must be 1 to 63 characters".into());
     }
-    if !name.starts_with(alnum) || !name.ends_with(alnum) {
-        return Err("the name must begin and end with a letter or digit".into());
-    }
-    if !name
-        .chars()
-        .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
-    {
-        return Err("the name may hold only letters, digits, '-', '_' and '.'".into());
-    }
+    check_label_characters(name, "the name")?;
     if let Some(prefix) = prefix
         && (prefix.is_empty()
             || prefix.len() > 253
@@ -43,18 +34,28 @@ pub fn check_label_value(value: &str) -> Result<(), String> {
     if value.is_empty() {
         return Ok(());
     }
-    let alnum = |c: char| c.is_ascii_alphanumeric();
     if value.len() > 63 {
         return Err("a label value must be at most 63 characters".into());
     }
-    if !value.starts_with(alnum) || !value.ends_with(alnum) {
-        return Err("a label value must begin and end with a letter or digit".into());
+    check_label_characters(value, "a label value")
+}
+
+/// `text` (not empty) begins and ends with a letter or digit and holds only letters, digits, `-`, `_`
+/// and `.`; `subject` names it in the error.
+fn check_label_characters(text: &str, subject: &str) -> Result<(), String> {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    if !text.starts_with(alnum) || !text.ends_with(alnum) {
+        return Err(format!(
+            "{subject} must begin and end with a letter or digit"
+        ));
     }
-    if !value
+    if !text
         .chars()
         .all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
     {
-        return Err("a label value may hold only letters, digits, '-', '_' and '.'".into());
+        return Err(format!(
+            "{subject} may hold only letters, digits, '-', '_' and '.'"
+        ));
     }
     Ok(())
 }

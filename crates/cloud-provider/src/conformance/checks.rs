@@ -275,22 +275,17 @@ async fn instances_provider_id_has_this_providers_prefix(
         exists,
         "instance_exists_by_provider_id({provider_id:?}) = false for an existing instance"
     );
-    match instances
+    let shutdown = match instances
         .instance_shutdown_by_provider_id(&provider_id)
         .await
     {
-        Ok(false) | Err(CloudError::NotImplemented) => {}
-        Ok(true) => {
-            return Err(Stop::Fail(format!(
-                "instance_shutdown_by_provider_id({provider_id:?}) = true for a running instance"
-            )));
-        }
-        Err(err) => {
-            return Err(Stop::Fail(format!(
-                "instance_shutdown_by_provider_id failed: {err}"
-            )));
-        }
-    }
+        Err(CloudError::NotImplemented) => false,
+        other => call("instance_shutdown_by_provider_id", other)?,
+    };
+    ensure!(
+        !shutdown,
+        "instance_shutdown_by_provider_id({provider_id:?}) = true for a running instance"
+    );
     let by_id = call(
         "node_addresses_by_provider_id(existing)",
         instances.node_addresses_by_provider_id(&provider_id).await,
@@ -698,18 +693,13 @@ async fn instances_report_a_shut_down_instance(
     };
     let node = shutdown_fixture(f)?;
     let provider_id = match get_instance_provider_id(cloud, name(node)).await {
-        Ok(id) => id,
         Err(CloudError::NotImplemented) => {
             return Err(Stop::Skip(
                 "instance_id() is not implemented, so there is no provider ID to ask about"
                     .to_owned(),
             ));
         }
-        Err(err) => {
-            return Err(Stop::Fail(format!(
-                "instance_id(shut-down node) failed: {err}"
-            )));
-        }
+        other => call("instance_id(shut-down node)", other)?,
     };
     let exists = call(
         "instance_exists_by_provider_id(shut-down node)",
