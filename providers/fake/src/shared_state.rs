@@ -107,9 +107,7 @@ impl SharedFile {
     /// Takes the lock exclusively, for a change; it is released when the guard is dropped.
     pub(crate) fn exclusive(&mut self) -> Result<Exclusive<'_>, StateFileError> {
         self.lock.lock().map_err(|source| self.lock_error(source))?;
-        let turn = Turn { file: self };
-        let stamp = turn.file.stamp()?;
-        Ok(Exclusive { turn, stamp })
+        Ok(Exclusive(Held::new(self)?))
     }
 
     /// Takes the lock shared, to see what other processes changed; released when the guard is dropped.
@@ -117,9 +115,7 @@ impl SharedFile {
         self.lock
             .lock_shared()
             .map_err(|source| self.lock_error(source))?;
-        let turn = Turn { file: self };
-        let stamp = turn.file.stamp()?;
-        Ok(Shared { turn, stamp })
+        Ok(Shared(Held::new(self)?))
     }
 
     fn lock_error(&self, source: std::io::Error) -> StateFileError {
@@ -173,28 +169,45 @@ impl Drop for Turn<'_> {
     }
 }
 
-/// The state file locked for a change.
-pub(crate) struct Exclusive<'a> {
+/// The lock held, with the file's stamp when it was taken.
+struct Held<'a> {
     turn: Turn<'a>,
     stamp: Stamp,
 }
 
-impl Exclusive<'_> {
+impl<'a> Held<'a> {
+    /// The lock just taken on `file` (released again should its stamp not be read).
+    fn new(file: &'a mut SharedFile) -> Result<Self, StateFileError> {
+        let turn = Turn { file };
+        let stamp = turn.file.stamp()?;
+        Ok(Self { turn, stamp })
+    }
+
     /// The state as the file holds it (`None`: no file) when it changed since this process last read or
     /// wrote it (or always, the first time); `Ok(None)` when it did not.
-    pub(crate) fn read_if_changed(&mut self) -> Result<Option<Option<CloudState>>, StateFileError> {
+    fn read_if_changed(&mut self) -> Result<Option<Option<CloudState>>, StateFileError> {
         if self.turn.file.seen.as_ref() == Some(&self.stamp) {
             return Ok(None);
         }
         self.turn.file.read(&self.stamp).map(Some)
     }
+}
+
+/// The state file locked for a change.
+pub(crate) struct Exclusive<'a>(Held<'a>);
+
+impl Exclusive<'_> {
+    /// As [`Held::read_if_changed`].
+    pub(crate) fn read_if_changed(&mut self) -> Result<Option<Option<CloudState>>, StateFileError> {
+        self.0.read_if_changed()
+    }
 
     /// Writes `state` as the new revision: the revision first, then the state file (atomically), so a
     /// writer that dies in between leaves a new revision on the old state, which readers just read again.
     pub(crate) fn write(&mut self, state: &CloudState) -> Result<(), StateFileError> {
-        let file = &mut *self.turn.file;
+        let file = &mut *self.0.turn.file;
         file.seen = None;
-        let revision = self.stamp.revision.unwrap_or(0).wrapping_add(1);
+        let revision = self.0.stamp.revision.unwrap_or(0).wrapping_add(1);
         let lock_io = |source| StateFileError::Io {
             action: "write the fake cloud's state lock file",
             path: file.lock_path.clone(),
@@ -212,28 +225,22 @@ impl Exclusive<'_> {
                 path: file.path.clone(),
                 source,
             })?;
-        self.stamp = Stamp {
+        self.0.stamp = Stamp {
             revision: Some(revision),
             identity: identity(&file.path)?,
         };
-        file.seen = Some(self.stamp.clone());
+        file.seen = Some(self.0.stamp.clone());
         Ok(())
     }
 }
 
 /// The state file locked for reading.
-pub(crate) struct Shared<'a> {
-    turn: Turn<'a>,
-    stamp: Stamp,
-}
+pub(crate) struct Shared<'a>(Held<'a>);
 
 impl Shared<'_> {
-    /// As [`Exclusive::read_if_changed`].
+    /// As [`Held::read_if_changed`].
     pub(crate) fn read_if_changed(&mut self) -> Result<Option<Option<CloudState>>, StateFileError> {
-        if self.turn.file.seen.as_ref() == Some(&self.stamp) {
-            return Ok(None);
-        }
-        self.turn.file.read(&self.stamp).map(Some)
+        self.0.read_if_changed()
     }
 }
 
