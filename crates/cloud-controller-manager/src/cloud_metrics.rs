@@ -16,7 +16,7 @@
 use std::{future::Future, sync::Arc, time::Instant};
 
 use crate::{
-    forward::{forward_load_balancer_answers, forward_provider_answers},
+    forward::{forward_load_balancer_answers, forward_provider_answers, offer_wrapped_parts},
     write_fence::WriteFence,
 };
 
@@ -169,26 +169,14 @@ impl CloudProvider for MeteredCloud {
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         self.inner.initialize(ctx).await
     }
-    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
-        self.inner
-            .load_balancer()
-            .map(|_| self as &dyn LoadBalancer)
-    }
-    fn instances(&self) -> Option<&dyn Instances> {
-        self.inner.instances().map(|_| self as &dyn Instances)
-    }
-    fn instances_v2(&self) -> Option<&dyn InstancesV2> {
-        self.inner.instances_v2().map(|_| self as &dyn InstancesV2)
-    }
-    fn zones(&self) -> Option<&dyn Zones> {
-        self.inner.zones().map(|_| self as &dyn Zones)
-    }
-    fn clusters(&self) -> Option<&dyn Clusters> {
-        self.inner.clusters().map(|_| self as &dyn Clusters)
-    }
-    fn routes(&self) -> Option<&dyn Routes> {
-        self.inner.routes().map(|_| self as &dyn Routes)
-    }
+    offer_wrapped_parts!(
+        load_balancer: LoadBalancer,
+        instances: Instances,
+        instances_v2: InstancesV2,
+        zones: Zones,
+        clusters: Clusters,
+        routes: Routes,
+    );
     fn provider_name(&self) -> &str {
         &self.name
     }

@@ -7,6 +7,19 @@
 //! it sees, and does not see into a macro. The test `decorators_forward_every_method` reads these
 //! macros' bodies as part of the impls that invoke them.
 
+/// The `CloudProvider` accessors of the parts a decorator wraps, `part: Trait` each: the decorator
+/// offers itself as the part whenever the wrapped provider offers it.
+macro_rules! offer_wrapped_parts {
+    ($($part:ident: $trait:ident),* $(,)?) => {
+        $(
+            fn $part(&self) -> Option<&dyn $trait> {
+                self.inner.$part().map(|_| self as &dyn $trait)
+            }
+        )*
+    };
+}
+pub(crate) use offer_wrapped_parts;
+
 /// The `CloudProvider` methods that answer what the wrapped provider answers.
 macro_rules! forward_provider_answers {
     () => {

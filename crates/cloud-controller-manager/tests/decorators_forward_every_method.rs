@@ -14,7 +14,8 @@ use std::{
 };
 
 use syn::{
-    Ident, ImplItem, Item, ItemMacro, Token, TraitItem, TraitItemFn, Type, braced, parenthesized,
+    Ident, ImplItem, Item, ItemMacro, Macro, Token, TraitItem, TraitItemFn, Type, braced,
+    parenthesized,
     parse::{ParseStream, Parser},
 };
 
@@ -149,6 +150,28 @@ fn forwarded_methods(name: &str) -> BTreeSet<String> {
         .unwrap_or_else(|| panic!("{name}!: no such macro of methods in {FORWARD_MACROS}"))
 }
 
+/// The methods a forwarding macro invoked in an impl writes: for `offer_wrapped_parts!(part: Trait, …)`
+/// the accessors it names, for the others those their body writes.
+fn invoked_methods(mac: &Macro) -> BTreeSet<String> {
+    let name = mac.path.segments.last().unwrap().ident.to_string();
+    if name != "offer_wrapped_parts" {
+        return forwarded_methods(&name);
+    }
+    let parts = |input: ParseStream| {
+        let mut names = BTreeSet::new();
+        while !input.is_empty() {
+            names.insert(input.parse::<Ident>()?.to_string());
+            input.parse::<Token![:]>()?;
+            input.parse::<Ident>()?;
+            input.parse::<Option<Token![,]>>()?;
+        }
+        Ok(names)
+    };
+    parts
+        .parse2(mac.tokens.clone())
+        .unwrap_or_else(|err| panic!("reading {name}!: {err}"))
+}
+
 /// A `metered!(Trait via part [with forward_macro] { async fn …; … })` invocation.
 fn metered_impl(input: ParseStream) -> syn::Result<(String, BTreeSet<String>)> {
     let name: Ident = input.parse()?;
@@ -226,10 +249,7 @@ fn decorator_impls(decorator: &str, file: &str) -> BTreeMap<String, BTreeSet<Str
                 ImplItem::Fn(f) => {
                     methods.insert(f.sig.ident.to_string());
                 }
-                ImplItem::Macro(m) => {
-                    let name = m.mac.path.segments.last().unwrap().ident.to_string();
-                    methods.extend(forwarded_methods(&name));
-                }
+                ImplItem::Macro(m) => methods.extend(invoked_methods(&m.mac)),
                 _ => {}
             }
         }
@@ -284,9 +304,13 @@ fn the_check_reads_the_traits_and_the_decorators() {
     assert!(metered["LoadBalancer"].contains("retains_load_balancers"));
     assert!(metered["Zones"].contains("get_zone_by_node_name"));
     assert!(metered["CloudProvider"].contains("owns_provider_id"));
+    assert!(metered["CloudProvider"].contains("instances_v2"));
     let shadow = decorator_impls("ShadowCloud", "src/shadow/cloud.rs");
     assert!(shadow["Routes"].contains("create_route"));
     assert!(shadow["LoadBalancer"].contains("backend_label_keys"));
+    assert!(
+        shadow["CloudProvider"].contains("routes") && shadow["CloudProvider"].contains("zones")
+    );
     // The impl macros write their impl for the decorator named, one method a signature listed.
     for (name, file, decorator, _) in IMPL_MACROS {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);

@@ -17,7 +17,9 @@ use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use serde_json::json;
 
 use super::report::{CloudObject, ShadowReport, preview_json};
-use crate::forward::{forward_load_balancer_answers, forward_provider_answers};
+use crate::forward::{
+    forward_load_balancer_answers, forward_provider_answers, offer_wrapped_parts,
+};
 
 /// A provider that writes nothing and reports what it would have written.
 pub struct ShadowCloud {
@@ -63,6 +65,40 @@ impl ShadowCloud {
         self.inner
             .routes()
             .ok_or(cloud_provider::CloudError::NotImplemented)
+    }
+
+    /// Records the would-be `call` on the load balancer `key` of `service`, without backends (a deletion
+    /// or a retention).
+    fn record_load_balancer(
+        &self,
+        key: String,
+        call: &'static str,
+        service: Service,
+        delete: bool,
+        preview: serde_json::Value,
+    ) {
+        let object = CloudObject::LoadBalancer {
+            service: Arc::new(service),
+            nodes: Arc::default(),
+            delete,
+        };
+        self.report.record_cloud(key, call, object, preview);
+    }
+
+    /// Records the would-be `call` creating (or deleting) `route`.
+    fn record_route(
+        &self,
+        call: &'static str,
+        route: &Route,
+        create: bool,
+        preview: serde_json::Value,
+    ) {
+        let key = format!("route {}", route.destination_cidr);
+        let object = CloudObject::Route {
+            route: route.clone(),
+            create,
+        };
+        self.report.record_cloud(key, call, object, preview);
     }
 
     /// Previews ensuring the load balancer and records it under `call`.
@@ -114,11 +150,7 @@ impl CloudProvider for ShadowCloud {
     async fn initialize(&self, ctx: InitializeContext) -> CloudResult<()> {
         self.inner.initialize(ctx).await
     }
-    fn load_balancer(&self) -> Option<&dyn LoadBalancer> {
-        self.inner
-            .load_balancer()
-            .map(|_| self as &dyn LoadBalancer)
-    }
+    offer_wrapped_parts!(load_balancer: LoadBalancer, routes: Routes);
     fn instances(&self) -> Option<&dyn Instances> {
         self.inner.instances()
     }
@@ -130,9 +162,6 @@ impl CloudProvider for ShadowCloud {
     }
     fn clusters(&self) -> Option<&dyn Clusters> {
         self.inner.clusters()
-    }
-    fn routes(&self) -> Option<&dyn Routes> {
-        self.inner.routes().map(|_| self as &dyn Routes)
     }
     fn provider_name(&self) -> &str {
         self.inner.provider_name()
@@ -199,14 +228,11 @@ impl LoadBalancer for ShadowCloud {
         } else {
             json!({"kind": "upToDate"})
         };
-        self.report.record_cloud(
+        self.record_load_balancer(
             lb_key(service),
             "ensure_load_balancer_deleted",
-            CloudObject::LoadBalancer {
-                service: Arc::new(service.clone()),
-                nodes: Arc::default(),
-                delete: true,
-            },
+            service.clone(),
+            true,
             preview,
         );
         Ok(())
@@ -224,14 +250,11 @@ impl LoadBalancer for ShadowCloud {
     /// Reported, not done: the load balancer would be kept for a later Service of the same name.
     async fn retain_load_balancer(&self, _cluster: &str, service: &Service) -> CloudResult<()> {
         self.lb()?;
-        self.report.record_cloud(
+        self.record_load_balancer(
             lb_key(service),
             "retain_load_balancer",
-            CloudObject::LoadBalancer {
-                service: Arc::new(service.clone()),
-                nodes: Arc::default(),
-                delete: false,
-            },
+            service.clone(),
+            false,
             json!({"kind": "retain", "reason": "ccm.rs/load-balancer-retain: its Service is going"}),
         );
         Ok(())
@@ -250,14 +273,11 @@ impl LoadBalancer for ShadowCloud {
             service.metadata.namespace = Some(reference.namespace.clone());
             service.metadata.name = Some(reference.name.clone());
         }
-        self.report.record_cloud(
+        self.record_load_balancer(
             format!("loadBalancer {}", load_balancer.name),
             "delete_orphaned_load_balancer",
-            CloudObject::LoadBalancer {
-                service: Arc::new(service),
-                nodes: Arc::default(),
-                delete: true,
-            },
+            service,
+            true,
             json!({"kind": "delete", "name": load_balancer.name, "reason": "its Service no longer exists"}),
         );
         Ok(())
@@ -276,26 +296,20 @@ impl Routes for ShadowCloud {
         route: &Route,
     ) -> CloudResult<()> {
         self.routes_part()?;
-        self.report.record_cloud(
-            format!("route {}", route.destination_cidr),
+        self.record_route(
             "create_route",
-            CloudObject::Route {
-                route: route.clone(),
-                create: true,
-            },
+            route,
+            true,
             json!({"kind": "create", "destinationCIDR": route.destination_cidr, "targetNode": route.target_node}),
         );
         Ok(())
     }
     async fn delete_route(&self, _cluster: &str, route: &Route) -> CloudResult<()> {
         self.routes_part()?;
-        self.report.record_cloud(
-            format!("route {}", route.destination_cidr),
+        self.record_route(
             "delete_route",
-            CloudObject::Route {
-                route: route.clone(),
-                create: false,
-            },
+            route,
+            false,
             json!({"kind": "delete", "destinationCIDR": route.destination_cidr, "targetNode": route.target_node, "name": route.name}),
         );
         Ok(())
