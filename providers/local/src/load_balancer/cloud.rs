@@ -238,6 +238,28 @@ impl LocalCloud {
         }
     }
 
+    /// What `service` (`key`) asks for under `config`, its namespace's labels read, and its backends: the
+    /// nodes this cloud knows (listed or adopted) at their InternalIPs; nodes it ignores (another
+    /// cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines get no traffic.
+    async fn wanted(
+        &self,
+        service: &Service,
+        nodes: &[Arc<Node>],
+        config: &Config,
+        key: &str,
+    ) -> Result<(Wanted, Vec<(String, Vec<IpAddr>)>), Error> {
+        let mut wanted = read_service(service, config).map_err(|message| Error::Service {
+            service: key.to_owned(),
+            message,
+        })?;
+        wanted.namespace_labels = self.namespace_labels(config, &wanted.namespace).await?;
+        let backends = nodes
+            .iter()
+            .filter_map(|node| self.backend_addresses(config, node))
+            .collect();
+        Ok((wanted, backends))
+    }
+
     pub(super) async fn ensure(
         &self,
         service: &Service,
@@ -250,16 +272,8 @@ impl LocalCloud {
             service: key.clone(),
             message,
         };
-        let mut wanted = read_service(service, &config).map_err(bad)?;
-        wanted.namespace_labels = self.namespace_labels(&config, &wanted.namespace).await?;
+        let (wanted, backends) = self.wanted(service, nodes, &config, &key).await?;
         let uid = service.metadata.uid.as_deref();
-        // Backends: the nodes this cloud knows (listed or adopted) at their InternalIPs; nodes it
-        // ignores (another cloud's, or unlisted ones with `unlistedNodes: ignore`) and removed machines
-        // get no traffic.
-        let backends: Vec<(String, Vec<IpAddr>)> = nodes
-            .iter()
-            .filter_map(|node| self.backend_addresses(&config, node))
-            .collect();
         // The serial lock keeps this Service's record as this ensure leaves it between the lock's turns.
         let (previous, vips, adopting) = {
             let mut allocations = lock(&self.inner.load_balancers);
@@ -395,15 +409,7 @@ impl LocalCloud {
     ) -> Result<LoadBalancerPreview, Error> {
         let key = key_of(service);
         let config = self.config();
-        let mut wanted = read_service(service, &config).map_err(|message| Error::Service {
-            service: key.clone(),
-            message,
-        })?;
-        wanted.namespace_labels = self.namespace_labels(&config, &wanted.namespace).await?;
-        let backends: Vec<(String, Vec<IpAddr>)> = nodes
-            .iter()
-            .filter_map(|node| self.backend_addresses(&config, node))
-            .collect();
+        let (wanted, backends) = self.wanted(service, nodes, &config, &key).await?;
         let names =
             |b: &[Backend]| -> BTreeSet<String> { b.iter().map(|b| b.node.clone()).collect() };
         let record = lock(&self.inner.load_balancers)
