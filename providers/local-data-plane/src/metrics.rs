@@ -1,11 +1,12 @@
 //! Per-load-balancer metrics, read from the running listeners at scrape time (a `Collector`), so a
 //! removed load balancer's series disappear with it and the data path only bumps atomics.
 
+use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, MetricEncoder};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -42,6 +43,12 @@ pub mod names {
 /// Reads one counter of a listener.
 type ReadStat = fn(&ListenerShared) -> u64;
 
+/// A metric family's name, help and type.
+type Family = (&'static str, &'static str, MetricType);
+
+/// Encodes a listener's series of one family.
+type SeriesOf = fn(&mut MetricEncoder, &ListenerShared) -> fmt::Result;
+
 #[derive(Debug)]
 pub(crate) struct DataPlaneCollector {
     pub(crate) inner: Weak<Inner>,
@@ -55,9 +62,35 @@ impl Collector for DataPlaneCollector {
         let listeners: Vec<Arc<ListenerShared>> = inner.all_listeners();
         encode_descriptor_budget(&mut encoder, &inner)?;
         encode_listener_counters(&mut encoder, &listeners)?;
-        encode_active_connections(&mut encoder, &listeners)?;
-        encode_refused(&mut encoder, &listeners)?;
-        encode_backend_health(&mut encoder, &listeners)?;
+        let families: [(Family, SeriesOf); 3] = [
+            (
+                (
+                    names::ACTIVE_CONNECTIONS,
+                    "Connections (TCP) or flows (UDP) open now.",
+                    MetricType::Gauge,
+                ),
+                active_connections,
+            ),
+            (
+                (
+                    names::REFUSED,
+                    "Connections or flows refused, by reason.",
+                    MetricType::Counter,
+                ),
+                refusals,
+            ),
+            (
+                (
+                    names::BACKEND_HEALTHY,
+                    "1 if the backend gets new connections, else 0.",
+                    MetricType::Gauge,
+                ),
+                backend_health,
+            ),
+        ];
+        for (family, series) in families {
+            encode_per_listener(&mut encoder, &listeners, family, series)?;
+        }
         Ok(())
     }
 }
@@ -123,84 +156,66 @@ fn encode_listener_counters(
         ),
     ];
     for (name, help, value) in counters {
-        let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-        for listener in listeners {
-            ConstCounter::new(value(listener))
-                .encode(metric.encode_family(&listener_labels(listener))?)?;
-        }
+        encode_per_listener(
+            encoder,
+            listeners,
+            (name, help, MetricType::Counter),
+            |metric, listener| {
+                ConstCounter::new(value(listener))
+                    .encode(metric.encode_family(&listener_labels(listener))?)
+            },
+        )?;
     }
     Ok(())
 }
 
-/// Encodes the gauge of the connections (TCP) or flows (UDP) each listener has open now.
-fn encode_active_connections(
+/// Encodes one family whose series `series` writes listener by listener.
+fn encode_per_listener(
     encoder: &mut DescriptorEncoder,
     listeners: &[Arc<ListenerShared>],
-) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(
-        names::ACTIVE_CONNECTIONS,
-        "Connections (TCP) or flows (UDP) open now.",
-        None,
-        MetricType::Gauge,
-    )?;
+    (name, help, kind): Family,
+    series: impl Fn(&mut MetricEncoder, &ListenerShared) -> fmt::Result,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
     for listener in listeners {
-        let active = listener.stats.active.load(Ordering::Relaxed);
-        ConstGauge::new(i64::try_from(active).unwrap_or(i64::MAX))
-            .encode(metric.encode_family(&listener_labels(listener))?)?;
+        series(&mut metric, listener)?;
     }
     Ok(())
 }
 
-/// Encodes the refusals of each listener, one series per `reason`.
-fn encode_refused(
-    encoder: &mut DescriptorEncoder,
-    listeners: &[Arc<ListenerShared>],
-) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(
-        names::REFUSED,
-        "Connections or flows refused, by reason.",
-        None,
-        MetricType::Counter,
-    )?;
-    for listener in listeners {
-        for (reason, value) in [
-            ("source_range", &listener.stats.refused_source),
-            ("no_healthy_backend", &listener.stats.refused_no_backend),
-            ("descriptor_budget", &listener.stats.refused_budget),
-        ] {
-            let [load_balancer, listener_label] = listener_labels(listener);
-            let labels = [load_balancer, listener_label, ("reason", reason)];
-            ConstCounter::new(value.load(Ordering::Relaxed))
-                .encode(metric.encode_family(&labels)?)?;
-        }
+/// The connections (TCP) or flows (UDP) a listener has open now.
+fn active_connections(metric: &mut MetricEncoder, listener: &ListenerShared) -> fmt::Result {
+    let active = listener.stats.active.load(Ordering::Relaxed);
+    ConstGauge::new(i64::try_from(active).unwrap_or(i64::MAX))
+        .encode(metric.encode_family(&listener_labels(listener))?)
+}
+
+/// A listener's refusals, one series per `reason`.
+fn refusals(metric: &mut MetricEncoder, listener: &ListenerShared) -> fmt::Result {
+    for (reason, value) in [
+        ("source_range", &listener.stats.refused_source),
+        ("no_healthy_backend", &listener.stats.refused_no_backend),
+        ("descriptor_budget", &listener.stats.refused_budget),
+    ] {
+        let [load_balancer, listener_label] = listener_labels(listener);
+        let labels = [load_balancer, listener_label, ("reason", reason)];
+        ConstCounter::new(value.load(Ordering::Relaxed)).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
 
-/// Encodes each backend's health (1 if it gets new connections, else 0), per listener.
-fn encode_backend_health(
-    encoder: &mut DescriptorEncoder,
-    listeners: &[Arc<ListenerShared>],
-) -> Result<(), std::fmt::Error> {
-    let mut metric = encoder.encode_descriptor(
-        names::BACKEND_HEALTHY,
-        "1 if the backend gets new connections, else 0.",
-        None,
-        MetricType::Gauge,
-    )?;
-    for listener in listeners {
-        for backend in &listener.config().backends {
-            let address = backend.addr.to_string();
-            let [load_balancer, listener_label] = listener_labels(listener);
-            let labels = [
-                load_balancer,
-                listener_label,
-                ("backend", address.as_str()),
-                ("node", backend.node.as_str()),
-            ];
-            ConstGauge::new(i64::from(backend.is_healthy()))
-                .encode(metric.encode_family(&labels)?)?;
-        }
+/// The health of each backend of a listener (1 if it gets new connections, else 0).
+fn backend_health(metric: &mut MetricEncoder, listener: &ListenerShared) -> fmt::Result {
+    for backend in &listener.config().backends {
+        let address = backend.addr.to_string();
+        let [load_balancer, listener_label] = listener_labels(listener);
+        let labels = [
+            load_balancer,
+            listener_label,
+            ("backend", address.as_str()),
+            ("node", backend.node.as_str()),
+        ];
+        ConstGauge::new(i64::from(backend.is_healthy())).encode(metric.encode_family(&labels)?)?;
     }
     Ok(())
 }
