@@ -278,10 +278,11 @@ impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for Skipping<T> {
     }
 }
 
-/// A deserializer whose struct (the value it is asked for) never shows the keys `skip`: their values
-/// are passed over unparsed. Everything else is forwarded as it is.
-struct SkipKeys<D> {
-    inner: D,
+/// `inner` with the keys `skip` passed over unparsed, at each step of decoding a struct: as a deserializer
+/// whose struct (the value it is asked for) never shows them, it hands the struct's visitor wrapped; the
+/// visitor hands its map wrapped; the map skips the keys. Everything else is forwarded as it is.
+struct SkipKeys<T> {
+    inner: T,
     skip: &'static [&'static str],
 }
 
@@ -297,7 +298,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for SkipKeys<D> {
         self.inner.deserialize_struct(
             name,
             fields,
-            SkipVisitor {
+            SkipKeys {
                 inner: visitor,
                 skip: self.skip,
             },
@@ -314,12 +315,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for SkipKeys<D> {
     }
 }
 
-struct SkipVisitor<V> {
-    inner: V,
-    skip: &'static [&'static str],
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for SkipVisitor<V> {
+impl<'de, V: Visitor<'de>> Visitor<'de> for SkipKeys<V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -327,7 +323,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for SkipVisitor<V> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.inner.visit_map(SkipMap {
+        self.inner.visit_map(SkipKeys {
             inner: map,
             skip: self.skip,
         })
@@ -338,12 +334,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for SkipVisitor<V> {
     }
 }
 
-struct SkipMap<A> {
-    inner: A,
-    skip: &'static [&'static str],
-}
-
-impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipMap<A> {
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipKeys<A> {
     type Error = A::Error;
 
     fn next_key_seed<K: DeserializeSeed<'de>>(
