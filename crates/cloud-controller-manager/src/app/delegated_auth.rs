@@ -183,16 +183,7 @@ impl DelegatedAuth {
             },
             status: None,
         };
-        let api = Api::<TokenReview>::all(self.client.clone());
-        let reviewed = match self
-            .slots
-            .run(api.create(&PostParams::default(), &review))
-            .await
-        {
-            Ok(Ok(reviewed)) => reviewed,
-            Ok(Err(err)) => return Err(Decision::Failed(format!("token review failed: {err}"))),
-            Err(err) => return Err(slot_decision("token review", err)),
-        };
+        let reviewed = self.create_review("token review", &review).await?;
         let status = reviewed.status.unwrap_or_default();
         let answer = status
             .user
@@ -234,30 +225,36 @@ impl DelegatedAuth {
             },
             status: None,
         };
-        let api = Api::<SubjectAccessReview>::all(self.client.clone());
-        let allowed = match self
-            .slots
-            .run(api.create(&PostParams::default(), &review))
-            .await
-        {
-            Ok(Ok(reviewed)) => reviewed.status.is_some_and(|s| s.allowed),
-            Ok(Err(err)) => {
-                return Err(Decision::Failed(format!(
-                    "subject access review failed: {err}"
-                )));
-            }
-            Err(err) => return Err(slot_decision("subject access review", err)),
-        };
+        let reviewed = self.create_review("subject access review", &review).await?;
+        let allowed = reviewed.status.is_some_and(|s| s.allowed);
         self.access.insert(key, allowed);
         Ok(allowed)
     }
-}
 
-/// The decision for a review that could not be made (`Busy`: 429) or was not answered (500).
-fn slot_decision(review: &str, err: SlotError) -> Decision {
-    match err {
-        SlotError::Busy(_) => Decision::TooManyRequests,
-        SlotError::TimedOut(_) => Decision::Failed(format!("{review} failed: {err}")),
+    /// Creates `review` in a slot and answers the API server's verdict; `what` names the review in
+    /// the errors. A review that could not be made (no slot: 429), was not answered in time or failed
+    /// (500) is the decision itself.
+    async fn create_review<R>(&self, what: &str, review: &R) -> Result<R, Decision>
+    where
+        R: kube::Resource<DynamicType = (), Scope = k8s_openapi::ClusterResourceScope>
+            + Clone
+            + std::fmt::Debug
+            + serde::Serialize
+            + serde::de::DeserializeOwned,
+    {
+        let api = Api::<R>::all(self.client.clone());
+        match self
+            .slots
+            .run(api.create(&PostParams::default(), review))
+            .await
+        {
+            Ok(Ok(reviewed)) => Ok(reviewed),
+            Ok(Err(err)) => Err(Decision::Failed(format!("{what} failed: {err}"))),
+            Err(SlotError::Busy(_)) => Err(Decision::TooManyRequests),
+            Err(err @ SlotError::TimedOut(_)) => {
+                Err(Decision::Failed(format!("{what} failed: {err}")))
+            }
+        }
     }
 }
 
