@@ -13,11 +13,15 @@ pub mod plan;
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use futures::StreamExt;
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::{
+    NamespaceResourceScope,
+    api::{core::v1::Service, discovery::v1::EndpointSlice},
+};
 use kube::{
     Api, Client, Resource,
     runtime::{WatchStreamExt, reflector, reflector::Store, watcher},
 };
+use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -74,61 +78,27 @@ async fn run_once(tenant: Client, infra: Arc<Infra>, cluster: String, shutdown: 
     let wake = Arc::new(Notify::new());
     let namespace = infra.namespace().to_owned();
     let infra_client = infra.watch_client().clone();
-
-    let (services, services_writer) = reflector::store();
-    let services_watch = watch(
-        "infra services",
-        reflector(
-            services_writer,
-            watcher(
-                Api::<Service>::namespaced(infra_client.clone(), &namespace),
-                watcher::Config::default()
-                    .labels(&format!("{TENANT_CLUSTER_NAME_LABEL}={cluster}")),
-            ),
-        ),
-        wake.clone(),
-    );
-    let (slices, slices_writer) = reflector::store();
-    let slices_watch = watch(
-        "infra endpointslices",
-        reflector(
-            slices_writer,
-            watcher(
-                Api::<EndpointSlice>::namespaced(infra_client.clone(), &namespace),
-                watcher::Config::default().labels(&format!(
-                    "{}={},{TENANT_CLUSTER_NAME_LABEL}={cluster}",
-                    plan::MANAGED_BY_LABEL,
-                    plan::MANAGED_BY
-                )),
-            ),
-        ),
-        wake.clone(),
-    );
+    let watches = Watches {
+        wake: &wake,
+        infra: &infra_client,
+        namespace: &namespace,
+    };
+    let ours = format!("{TENANT_CLUSTER_NAME_LABEL}={cluster}");
+    let managed = format!("{}={},{ours}", plan::MANAGED_BY_LABEL, plan::MANAGED_BY);
+    let (services, services_watch) = watches.infra("infra services", &ours);
+    let (slices, slices_watch) = watches.infra("infra endpointslices", &managed);
     let resource = vmi::api_resource();
-    let vmis_writer = reflector::store::Writer::<Vmi>::new(resource.clone());
-    let vmis = vmis_writer.as_reader();
-    let vmis_watch = watch(
+    let (vmis, vmis_watch) = watches.cache(
         "infra virtualmachineinstances",
-        reflector(
-            vmis_writer,
-            watcher(
-                Api::<Vmi>::namespaced_with(infra_client, &namespace, &resource),
-                watcher::Config::default(),
-            ),
-        ),
-        wake.clone(),
+        reflector::store::Writer::<Vmi>::new(resource.clone()),
+        Api::namespaced_with(infra_client.clone(), &namespace, &resource),
+        watcher::Config::default(),
     );
-    let (tenant_slices, tenant_writer) = reflector::store();
-    let tenant_watch = watch(
+    let (tenant_slices, tenant_watch) = watches.cache(
         "tenant endpointslices",
-        reflector(
-            tenant_writer,
-            watcher(
-                Api::<EndpointSlice>::all(tenant),
-                watcher::Config::default(),
-            ),
-        ),
-        wake.clone(),
+        reflector::store::Writer::default(),
+        Api::<EndpointSlice>::all(tenant),
+        watcher::Config::default(),
     );
     let caches = Caches {
         services,
@@ -144,6 +114,53 @@ async fn run_once(tenant: Client, infra: Arc<Infra>, cluster: String, shutdown: 
         () = vmis_watch => {}
         () = tenant_watch => {}
         () = reconciling => {}
+    }
+}
+
+/// Where a run's watches send their wake-ups, and the infra namespace they watch.
+struct Watches<'a> {
+    wake: &'a Arc<Notify>,
+    infra: &'a Client,
+    namespace: &'a str,
+}
+
+impl Watches<'_> {
+    /// A cache (`writer`'s) of what `api` lists with `config`, and the watch that keeps it ([`watch`]).
+    fn cache<K>(
+        &self,
+        what: &'static str,
+        writer: reflector::store::Writer<K>,
+        api: Api<K>,
+        config: watcher::Config,
+    ) -> (Store<K>, impl Future<Output = ()> + use<K>)
+    where
+        K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + std::hash::Hash + Clone,
+    {
+        let store = writer.as_reader();
+        let stream = reflector(writer, watcher(api, config));
+        (store, watch(what, stream, self.wake.clone()))
+    }
+
+    /// [`Watches::cache`] of the infra namespace's objects with these labels (`key=value,...`).
+    fn infra<K>(
+        &self,
+        what: &'static str,
+        labels: &str,
+    ) -> (Store<K>, impl Future<Output = ()> + use<K>)
+    where
+        K: Resource<Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug
+            + Send
+            + Sync
+            + 'static,
+        K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    {
+        let api = Api::namespaced(self.infra.clone(), self.namespace);
+        let config = watcher::Config::default().labels(labels);
+        self.cache(what, reflector::store::Writer::default(), api, config)
     }
 }
 
@@ -277,23 +294,24 @@ async fn reconcile_all(caches: &Caches, infra: &Infra) -> bool {
     ok
 }
 
+/// Logs that the infra EndpointSlice `name` was `written` (created or updated) as `slice`.
+fn log_written(written: &str, name: Option<&str>, slice: &EndpointSlice) {
+    tracing::info!(
+        endpointslice = name.unwrap_or_default(),
+        endpoints = slice.endpoints.as_ref().map_or(0, Vec::len),
+        "kubevirt-eps: {written} an infra EndpointSlice"
+    );
+}
+
 async fn apply(infra: &Infra, change: &Change) -> Result<(), crate::Error> {
     match change {
         Change::Create(slice) => {
             let created = infra.create_slice(slice).await?;
-            tracing::info!(
-                endpointslice = created.metadata.name.as_deref().unwrap_or_default(),
-                endpoints = slice.endpoints.as_ref().map_or(0, Vec::len),
-                "kubevirt-eps: created an infra EndpointSlice"
-            );
+            log_written("created", created.metadata.name.as_deref(), slice);
         }
         Change::Replace(slice) => {
             infra.replace_slice(slice).await?;
-            tracing::info!(
-                endpointslice = slice.metadata.name.as_deref().unwrap_or_default(),
-                endpoints = slice.endpoints.as_ref().map_or(0, Vec::len),
-                "kubevirt-eps: updated an infra EndpointSlice"
-            );
+            log_written("updated", slice.metadata.name.as_deref(), slice);
         }
         Change::Delete(name) => {
             infra.delete_slice(name).await?;
