@@ -1,8 +1,10 @@
 //! What the node controllers ask the cloud, through InstancesV2 or the legacy Instances + Zones APIs.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, future::Future};
 
-use cloud_provider::{CloudError, CloudProvider, InstanceMetadata, get_instance_provider_id};
+use cloud_provider::{
+    CloudError, CloudProvider, CloudResult, InstanceMetadata, get_instance_provider_id,
+};
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
 
 /// Why the cloud could not describe a node.
@@ -85,21 +87,13 @@ pub async fn instance_metadata(
         },
     };
     let node_addresses = legacy_addresses(cloud, node, &provider_id).await?;
-    let by_id = if provider_id.is_empty() {
-        None
-    } else {
-        instances
-            .instance_type_by_provider_id(&provider_id)
-            .await
-            .ok()
-    };
-    let instance_type = match by_id {
-        Some(instance_type) => instance_type,
-        None => instances
-            .instance_type(&node_name)
-            .await
-            .map_err(cloud_error("instance_type", node))?,
-    };
+    let instance_type = by_provider_id_or_name(
+        &provider_id,
+        || instances.instance_type_by_provider_id(&provider_id),
+        || instances.instance_type(&node_name),
+    )
+    .await
+    .map_err(cloud_error("instance_type", node))?;
     let mut metadata = InstanceMetadata {
         provider_id,
         instance_type,
@@ -107,21 +101,13 @@ pub async fn instance_metadata(
         ..Default::default()
     };
     if let Some(zones) = cloud.zones() {
-        let by_id = if metadata.provider_id.is_empty() {
-            None
-        } else {
-            zones
-                .get_zone_by_provider_id(&metadata.provider_id)
-                .await
-                .ok()
-        };
-        let zone = match by_id {
-            Some(zone) => zone,
-            None => zones
-                .get_zone_by_node_name(&node_name)
-                .await
-                .map_err(cloud_error("get_zone_by_node_name", node))?,
-        };
+        let zone = by_provider_id_or_name(
+            &metadata.provider_id,
+            || zones.get_zone_by_provider_id(&metadata.provider_id),
+            || zones.get_zone_by_node_name(&node_name),
+        )
+        .await
+        .map_err(cloud_error("get_zone_by_node_name", node))?;
         metadata.zone = zone.failure_domain;
         metadata.region = zone.region;
     }
@@ -135,15 +121,33 @@ async fn legacy_addresses(
     provider_id: &str,
 ) -> Result<Vec<NodeAddress>, LookupError> {
     let instances = cloud.instances().ok_or(LookupError::Unsupported)?;
+    let node_name = name(node);
+    by_provider_id_or_name(
+        provider_id,
+        || instances.node_addresses_by_provider_id(provider_id),
+        || instances.node_addresses(&node_name),
+    )
+    .await
+    .map_err(cloud_error("node_addresses", node))
+}
+
+/// A legacy lookup: the cloud's answer by the node's provider ID when it has one and that answer is no
+/// error, else its answer by the node's name.
+async fn by_provider_id_or_name<T, ById, ByName>(
+    provider_id: &str,
+    by_id: impl FnOnce() -> ById,
+    by_name: impl FnOnce() -> ByName,
+) -> CloudResult<T>
+where
+    ById: Future<Output = CloudResult<T>>,
+    ByName: Future<Output = CloudResult<T>>,
+{
     if !provider_id.is_empty()
-        && let Ok(addresses) = instances.node_addresses_by_provider_id(provider_id).await
+        && let Ok(found) = by_id().await
     {
-        return Ok(addresses);
+        return Ok(found);
     }
-    instances
-        .node_addresses(&name(node))
-        .await
-        .map_err(cloud_error("node_addresses", node))
+    by_name().await
 }
 
 /// What the periodic node status update reads from the cloud (upstream's `getInstanceNodeAddresses`).
