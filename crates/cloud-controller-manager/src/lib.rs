@@ -26,6 +26,7 @@ mod event_series;
 pub mod events;
 mod forward;
 pub mod informers;
+mod jitter;
 pub mod metrics;
 pub mod node_ownership;
 pub mod node_selector;

@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use cloud_provider::ApiOutageReport;
 
 use super::options::LeaderElectionOptions;
+use crate::jitter::jittered;
 use crate::metrics::LeaderElectionMetrics;
 use crate::write_fence::WriteFence;
 
@@ -151,16 +152,6 @@ fn whole_seconds(duration: Duration) -> i32 {
     i32::try_from(duration.as_secs_f64().ceil() as i64).unwrap_or(i32::MAX)
 }
 
-/// `period` plus up to 20 % of jitter, so candidates started together do not poll in lockstep.
-/// (client-go jitters by up to 120 %, which only delays noticing an expired leader.)
-fn jittered(period: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    period + period.mul_f64(0.2 * f64::from(nanos % 1000) / 1000.0)
-}
-
 impl LeaderElector {
     /// A candidate named `identity` for the Lease the options name, which opens `fence` (a closed
     /// [`WriteFence::default`]) while it leads.
@@ -230,7 +221,9 @@ impl LeaderElector {
                     *self.observed.lock() = None;
                 }
             }
-            // Poll every retry period, but never sleep past the moment the holder's lease runs out.
+            // Poll every retry period, but never sleep past the moment the holder's lease runs out. The
+            // period is jittered by up to 20 %, so candidates started together do not poll in lockstep
+            // (client-go jitters by up to 120 %, which only delays noticing an expired leader).
             let mut wait = jittered(self.retry_period);
             if let Some(expiry) = self.observed_expiry() {
                 wait = wait.min(

@@ -30,7 +30,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 use super::{Backends, Context, events::ServiceEvent, plan::wants_load_balancer};
-use crate::controllers::provider_panic::caught;
+use crate::{controllers::provider_panic::caught, jitter::jittered};
 
 /// The shortest spacing between two groups of checks, however many Services there are.
 pub(crate) const MIN_SPACING: Duration = Duration::from_millis(100);
@@ -65,16 +65,6 @@ pub(crate) fn groups(keys: Vec<String>) -> Vec<Vec<String>> {
     (0..count)
         .map(|i| keys.by_ref().take(size + usize::from(i < larger)).collect())
         .collect()
-}
-
-/// `spacing` plus up to 20 % of jitter (from the clock's nanoseconds: no random generator needed for
-/// this).
-fn jittered(spacing: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    spacing + spacing.mul_f64(0.2 * f64::from(nanos % 1000) / 1000.0)
 }
 
 /// What a preview says about drift: `None` when the load balancer is as the Service asks, else what
