@@ -11,6 +11,16 @@ use std::{
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, Service, ServiceSpec};
 
+/// The Service's `namespace/name`, its key in logs and reports (the namespace `default` when the
+/// Service names none).
+pub fn service_key(service: &Service) -> String {
+    format!(
+        "{}/{}",
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
 /// The annotation upstream reads when `spec.loadBalancerSourceRanges` is empty.
 pub const ANNOTATION_LOAD_BALANCER_SOURCE_RANGES: &str =
     "service.beta.kubernetes.io/load-balancer-source-ranges";

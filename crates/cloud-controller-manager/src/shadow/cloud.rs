@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use cloud_provider::{
     CloudProvider, CloudResult, ClusterLoadBalancer, Clusters, InitializeContext, Instances,
     InstancesV2, LoadBalancer, LoadBalancerPreview, Route, Routes, Zones,
+    service_helpers::service_key,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerStatus, Node, Service};
 use serde_json::json;
@@ -131,14 +132,6 @@ impl ShadowCloud {
         );
         Ok(())
     }
-}
-
-fn service_key(service: &Service) -> String {
-    format!(
-        "{}/{}",
-        service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 fn lb_key(service: &Service) -> String {
