@@ -41,8 +41,23 @@ pub fn target_group_name(
     hc_protocol: &str,
     hc_interval: i32,
 ) -> String {
-    let hash = target_group_hash(cluster_id, service_name, port, hc_protocol, hc_interval);
-    named_target_group(service_name, &hash, |c| c.is_ascii_alphanumeric())
+    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
+    let mut hasher = sha1_smol::Sha1::new();
+    for part in [
+        cluster_id,
+        namespace,
+        name,
+        &port.port.to_string(),
+        &port.node_port.to_string(),
+        &port.protocol,
+        "instance",
+        hc_protocol,
+        &hc_interval.to_string(),
+    ] {
+        hasher.update(part.as_bytes());
+    }
+    let hash = &hasher.digest().to_string()[..HASH_DIGITS];
+    named_target_group(service_name, hash, |c| c.is_ascii_alphanumeric())
 }
 
 /// The name this provider gave target groups before 2026-11-26 (hyphens kept in the namespace and name,
@@ -68,31 +83,6 @@ fn named_target_group(service_name: &str, hash: &str, keep: impl Fn(char) -> boo
     let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
     let clean = |s: &str| -> String { s.chars().filter(|c| keep(*c)).take(8).collect() };
     format!("k8s-{}-{}-{hash}", clean(namespace), clean(name))
-}
-
-fn target_group_hash(
-    cluster_id: &str,
-    service_name: &str,
-    port: &Port,
-    hc_protocol: &str,
-    hc_interval: i32,
-) -> String {
-    let (namespace, name) = service_name.split_once('/').unwrap_or(("", service_name));
-    let mut hasher = sha1_smol::Sha1::new();
-    for part in [
-        cluster_id,
-        namespace,
-        name,
-        &port.port.to_string(),
-        &port.node_port.to_string(),
-        &port.protocol,
-        "instance",
-        hc_protocol,
-        &hc_interval.to_string(),
-    ] {
-        hasher.update(part.as_bytes());
-    }
-    hasher.digest().to_string()[..HASH_DIGITS].to_owned()
 }
 
 /// Upstream's description of the path-MTU-discovery rules (ICMP type 3, code 4) an NLB's clients need:
