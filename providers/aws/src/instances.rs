@@ -17,7 +17,7 @@ use crate::{
     Error,
     config::NodeIpFamily,
     error::Result,
-    sdk::Calls,
+    sdk::{Calls, tag_pair},
     topology::{NETWORK_NODE_LABEL_PREFIX, Topology},
     zone_ids::{ZONE_ID_LABEL, ZoneIds},
 };
@@ -123,12 +123,7 @@ impl InstanceInfo {
             tags: i
                 .tags()
                 .iter()
-                .filter_map(|t| {
-                    Some((
-                        t.key()?.to_owned(),
-                        t.value().unwrap_or_default().to_owned(),
-                    ))
-                })
+                .filter_map(|t| tag_pair(t.key(), t.value()))
                 .collect(),
         }
     }
@@ -381,20 +376,13 @@ impl Describer {
     /// One `DescribeInstances` per 200 IDs and per 200 DNS names, every page.
     #[tracing::instrument(skip_all, fields(keys = keys.len()))]
     async fn describe(&self, keys: &BTreeSet<Key>) -> Result<Vec<InstanceInfo>> {
-        let ids: Vec<String> = keys
-            .iter()
-            .filter_map(|k| match k {
-                Key::Id(id) => Some(id.clone()),
-                _ => None,
-            })
-            .collect();
-        let names: Vec<String> = keys
-            .iter()
-            .filter_map(|k| match k {
-                Key::PrivateDns(n) => Some(n.clone()),
-                _ => None,
-            })
-            .collect();
+        let (mut ids, mut names) = (Vec::new(), Vec::new());
+        for key in keys {
+            match key {
+                Key::Id(id) => ids.push(id.clone()),
+                Key::PrivateDns(name) => names.push(name.clone()),
+            }
+        }
         let mut out = Vec::new();
         for (filter, values) in [("instance-id", ids), ("private-dns-name", names)] {
             for chunk in values.chunks(FILTER_VALUES_MAX) {

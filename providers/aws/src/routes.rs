@@ -21,8 +21,14 @@ pub struct RouteTables {
     config: Arc<Config>,
 }
 
-fn is_ipv6(cidr: &str) -> bool {
-    cidr.contains(':')
+/// A route request's destination `cidr`: `(IPv4 CIDR block, IPv6 CIDR block)`, the one of its family
+/// set.
+fn destination(cidr: &str) -> (Option<String>, Option<String>) {
+    if cidr.contains(':') {
+        (None, Some(cidr.to_owned()))
+    } else {
+        (Some(cidr.to_owned()), None)
+    }
 }
 
 impl RouteTables {
@@ -151,6 +157,7 @@ impl RouteTables {
                 .await?;
         }
         let cidr = &route.destination_cidr;
+        let (v4, v6) = destination(cidr);
         for table in self.tables(cluster_name).await? {
             let table_id = table.route_table_id().unwrap_or_default();
             let existing = table.routes().iter().find(|r| {
@@ -162,29 +169,23 @@ impl RouteTables {
                     if r.instance_id() == Some(instance.id.as_str())
                         && r.state() != Some(&RouteState::Blackhole) => {}
                 Some(_) => {
-                    let mut request = ec2
+                    let request = ec2
                         .replace_route()
                         .route_table_id(table_id)
-                        .instance_id(&instance.id);
-                    request = if is_ipv6(cidr) {
-                        request.destination_ipv6_cidr_block(cidr)
-                    } else {
-                        request.destination_cidr_block(cidr)
-                    };
+                        .instance_id(&instance.id)
+                        .set_destination_cidr_block(v4.clone())
+                        .set_destination_ipv6_cidr_block(v6.clone());
                     self.calls
                         .call("ReplaceRoute", || request.clone().send())
                         .await?;
                 }
                 None => {
-                    let mut request = ec2
+                    let request = ec2
                         .create_route()
                         .route_table_id(table_id)
-                        .instance_id(&instance.id);
-                    request = if is_ipv6(cidr) {
-                        request.destination_ipv6_cidr_block(cidr)
-                    } else {
-                        request.destination_cidr_block(cidr)
-                    };
+                        .instance_id(&instance.id)
+                        .set_destination_cidr_block(v4.clone())
+                        .set_destination_ipv6_cidr_block(v6.clone());
                     self.calls
                         .call("CreateRoute", || request.clone().send())
                         .await?;
@@ -205,14 +206,12 @@ impl RouteTables {
             if !present {
                 continue;
             }
-            let mut request = ec2
+            let (v4, v6) = destination(cidr);
+            let request = ec2
                 .delete_route()
-                .route_table_id(table.route_table_id().unwrap_or_default());
-            request = if is_ipv6(cidr) {
-                request.destination_ipv6_cidr_block(cidr)
-            } else {
-                request.destination_cidr_block(cidr)
-            };
+                .route_table_id(table.route_table_id().unwrap_or_default())
+                .set_destination_cidr_block(v4)
+                .set_destination_ipv6_cidr_block(v6);
             match self
                 .calls
                 .call("DeleteRoute", || request.clone().send())

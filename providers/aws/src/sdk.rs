@@ -94,49 +94,46 @@ pub async fn load_sdk_config(config: &Config) -> Result<SdkConfig> {
         .build())
 }
 
+/// The client of the SDK crate `$crate_name` for `$sdk`, with the SDK's retries off and the
+/// `[ServiceOverride]` `$over` (endpoint and signing region) when there is one.
+macro_rules! client {
+    ($crate_name:ident, $sdk:expr, $over:expr) => {{
+        let mut b = $crate_name::config::Builder::from($sdk).retry_config(RetryConfig::disabled());
+        if let Some(o) = $over {
+            b = b
+                .endpoint_url(o.url.clone())
+                .region(Region::new(o.signing_region.clone()));
+        }
+        $crate_name::Client::from_conf(b.build())
+    }};
+}
+
 impl Clients {
     /// The clients for `sdk`, with the cloud-config's `[ServiceOverride]` endpoints for the region.
     /// Retries are off in the SDK: `Calls::call` does them, so they can be counted.
     pub fn new(sdk: &SdkConfig, config: &Config) -> Result<Self> {
         let region = sdk.region().ok_or(Error::NoRegion)?.to_string();
         let over = |service| config.service_override(service, &region);
-        let ec2 = {
-            let mut b =
-                aws_sdk_ec2::config::Builder::from(sdk).retry_config(RetryConfig::disabled());
-            if let Some(o) = over(OverriddenService::Ec2) {
-                b = b
-                    .endpoint_url(o.url.clone())
-                    .region(Region::new(o.signing_region.clone()));
-            }
-            aws_sdk_ec2::Client::from_conf(b.build())
-        };
-        let elb = {
-            let mut b = aws_sdk_elasticloadbalancing::config::Builder::from(sdk)
-                .retry_config(RetryConfig::disabled());
-            if let Some(o) = over(OverriddenService::Elb) {
-                b = b
-                    .endpoint_url(o.url.clone())
-                    .region(Region::new(o.signing_region.clone()));
-            }
-            aws_sdk_elasticloadbalancing::Client::from_conf(b.build())
-        };
-        let elbv2 = {
-            let mut b = aws_sdk_elasticloadbalancingv2::config::Builder::from(sdk)
-                .retry_config(RetryConfig::disabled());
-            if let Some(o) = over(OverriddenService::ElbV2) {
-                b = b
-                    .endpoint_url(o.url.clone())
-                    .region(Region::new(o.signing_region.clone()));
-            }
-            aws_sdk_elasticloadbalancingv2::Client::from_conf(b.build())
-        };
         Ok(Self {
-            ec2,
-            elb,
-            elbv2,
+            ec2: client!(aws_sdk_ec2, sdk, over(OverriddenService::Ec2)),
+            elb: client!(
+                aws_sdk_elasticloadbalancing,
+                sdk,
+                over(OverriddenService::Elb)
+            ),
+            elbv2: client!(
+                aws_sdk_elasticloadbalancingv2,
+                sdk,
+                over(OverriddenService::ElbV2)
+            ),
             region,
         })
     }
+}
+
+/// An AWS tag (EC2's, ELBv2's) as `(key, value)`: none without a key, an empty value when it has none.
+pub fn tag_pair(key: Option<&str>, value: Option<&str>) -> Option<(String, String)> {
+    Some((key?.to_owned(), value.unwrap_or_default().to_owned()))
 }
 
 /// How throttled and transient failures are retried.

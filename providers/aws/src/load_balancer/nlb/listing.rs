@@ -2,6 +2,7 @@
 //! inventory.
 
 use super::*;
+use crate::sdk::tag_pair;
 
 impl LoadBalancers {
     /// Every ELBv2 load balancer in the region (every kind).
@@ -48,12 +49,7 @@ impl LoadBalancers {
                 let tags = d
                     .tags()
                     .iter()
-                    .filter_map(|t| {
-                        Some((
-                            t.key()?.to_owned(),
-                            t.value().unwrap_or_default().to_owned(),
-                        ))
-                    })
+                    .filter_map(|t| tag_pair(t.key(), t.value()))
                     .collect();
                 tagged.extend(d.resource_arn().map(|arn| (arn.to_owned(), tags)));
             }
