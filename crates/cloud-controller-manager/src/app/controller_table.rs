@@ -17,7 +17,11 @@ use clap::ArgMatches;
 use cloud_provider::{CloudConfig, CloudProvider};
 use ipnet::IpNet;
 
-use super::{Options, options::NodeIpamOptions};
+use super::{
+    Options,
+    feature_gates::{ADDITIONAL_LABELS, WATCH_BASED_ROUTES},
+    options::NodeIpamOptions,
+};
 use crate::{
     cidrs::parse_cidr_list,
     controllers::{ControllerContext, ControllerTask, ipam, node, node_lifecycle, route, service},
@@ -309,10 +313,7 @@ fn node_config(cfg: &ConfigureContext<'_>) -> Result<Option<node::Config>, Confi
         workers: usize::from(node.concurrent_node_syncs),
         status_workers: node.status_workers(),
         status_period: node.node_status_update_frequency,
-        additional_labels: options
-            .generic
-            .feature_gates()
-            .enabled(super::feature_gates::ADDITIONAL_LABELS),
+        additional_labels: options.generic.feature_gates().enabled(ADDITIONAL_LABELS),
     }))
 }
 
@@ -366,10 +367,7 @@ fn route_config(cfg: &ConfigureContext<'_>) -> Result<Option<route::Config>, Con
         cluster_name: cfg.cluster_name().to_owned(),
         cluster_cidrs: cluster_cidrs.to_vec(),
         period: options.route.route_reconciliation_period,
-        watch_based: options
-            .generic
-            .feature_gates()
-            .enabled(super::feature_gates::WATCH_BASED_ROUTES),
+        watch_based: options.generic.feature_gates().enabled(WATCH_BASED_ROUTES),
     }))
 }
 
