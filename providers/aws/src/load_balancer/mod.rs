@@ -30,7 +30,8 @@ use std::{
 
 use aws_sdk_ec2::types::{Filter, IpPermission, IpRange, Ipv6Range};
 use cloud_provider::{
-    CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, default_load_balancer_name,
+    CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview,
+    default_load_balancer_name, service_helpers::service_key,
 };
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
@@ -204,12 +205,7 @@ impl LoadBalancers {
             default_load_balancer_name(service),
             &self.config.global,
         )?;
-        spec.own_group_name = nlb_security_group::own_group_name(
-            cluster_name,
-            service.metadata.namespace.as_deref().unwrap_or("default"),
-            service.metadata.name.as_deref().unwrap_or_default(),
-            service.metadata.uid.as_deref().unwrap_or_default(),
-        );
+        spec.own_group_name = own_group_of(cluster_name, service);
         Ok(spec)
     }
 
@@ -238,6 +234,16 @@ enum RuleScope {
     Described,
     /// All of them (a group made for one load balancer: a Classic ELB's `k8s-elb-<name>`).
     WholeGroup,
+}
+
+/// Upstream's name of the Service's NLB's own security group ([`nlb_security_group::own_group_name`]).
+fn own_group_of(cluster_name: &str, service: &Service) -> String {
+    nlb_security_group::own_group_name(
+        cluster_name,
+        service.metadata.namespace.as_deref().unwrap_or("default"),
+        service.metadata.name.as_deref().unwrap_or_default(),
+        service.metadata.uid.as_deref().unwrap_or_default(),
+    )
 }
 
 fn hostname_status(dns_name: Option<&str>) -> LoadBalancerStatus {
@@ -385,19 +391,10 @@ impl LoadBalancer for LoadBalancers {
     ) -> CloudResult<()> {
         let service = &*self.named(self.cluster_id(cluster_name), service).await?;
         let name = default_load_balancer_name(service);
-        let service_name = format!(
-            "{}/{}",
-            service.metadata.namespace.as_deref().unwrap_or("default"),
-            service.metadata.name.as_deref().unwrap_or_default()
-        );
+        let service_name = service_key(service);
         let cluster_id = self.cluster_id(cluster_name).to_owned();
         // Both kinds: the Service's type annotation may have changed since its load balancer was made.
-        let own_group = nlb_security_group::own_group_name(
-            cluster_name,
-            service.metadata.namespace.as_deref().unwrap_or("default"),
-            service.metadata.name.as_deref().unwrap_or_default(),
-            service.metadata.uid.as_deref().unwrap_or_default(),
-        );
+        let own_group = own_group_of(cluster_name, service);
         self.delete_nlb(&name, &service_name, Some(&own_group), &cluster_id)
             .await?;
         self.delete_classic(&name, &cluster_id).await?;

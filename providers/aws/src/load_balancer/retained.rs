@@ -25,7 +25,7 @@ use std::{borrow::Cow, collections::BTreeMap};
 
 use aws_sdk_elasticloadbalancing::types::{Tag as ClassicTag, TagKeyOnly};
 use aws_sdk_elasticloadbalancingv2::types::Tag as Elbv2Tag;
-use cloud_provider::default_load_balancer_name;
+use cloud_provider::{default_load_balancer_name, service_helpers::service_key};
 use k8s_openapi::api::core::v1::Service;
 use parking_lot::Mutex;
 
@@ -141,14 +141,6 @@ fn with_uid<'s>(service: &'s Service, uid: &str) -> Cow<'s, Service> {
     let mut named = service.clone();
     named.metadata.uid = Some(uid.to_owned());
     Cow::Owned(named)
-}
-
-fn service_key(service: &Service) -> String {
-    format!(
-        "{}/{}",
-        service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 /// The kept and adopted load balancers by `namespace/name`; empty until the first load-balancer call.

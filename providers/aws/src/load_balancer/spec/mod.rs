@@ -299,16 +299,6 @@ fn list(value: Option<&str>) -> Vec<String> {
         .collect()
 }
 
-/// The Service's `namespace/name`, as errors and the service-name tag write it (`default` for a
-/// Service without a namespace).
-fn service_name_of(service: &Service) -> String {
-    format!(
-        "{}/{}",
-        service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or_default()
-    )
-}
-
 /// Refuses `spec.loadBalancerIP`, which an AWS load balancer cannot take (upstream's message).
 fn refuse_load_balancer_ip(
     spec: &ServiceSpec,
@@ -374,7 +364,7 @@ impl LbSpec {
         global: &Global,
     ) -> Result<Self, Error> {
         let probe = &global.cluster_health_probe;
-        let service_name = service_name_of(service);
+        let service_name = service_helpers::service_key(service);
         let bad = |field: &str, message: String| Error::Service {
             service: service_name.clone(),
             field: field.to_owned(),
@@ -1085,7 +1075,11 @@ mod tests {
             let mut s = Service::default();
             s.metadata.namespace = namespace.map(str::to_owned);
             s.metadata.name = name.map(str::to_owned);
-            assert_eq!(service_name_of(&s), expected, "{namespace:?} {name:?}");
+            assert_eq!(
+                service_helpers::service_key(&s),
+                expected,
+                "{namespace:?} {name:?}"
+            );
         }
     }
 
