@@ -13,33 +13,26 @@
 //! also the follow-ups of its initializations that panicked (`controllers::node::follow_up`).
 
 use prometheus_client::{
-    encoding::EncodeLabelSet,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
 use std::sync::atomic::AtomicU64;
 
-use crate::metrics::registered;
-
-/// The `name` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct QueueName {
-    name: String,
-}
+use crate::metrics::{NameLabel, registered};
 
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// The queue metrics of every controller (one family per metric, one series per queue).
 #[derive(Clone)]
 pub struct WorkQueueMetrics {
-    depth: Family<QueueName, Gauge>,
-    adds: Family<QueueName, Counter>,
-    retries: Family<QueueName, Counter>,
-    panics: Family<QueueName, Counter>,
-    queue_duration: Family<QueueName, Histogram>,
-    work_duration: Family<QueueName, Histogram>,
-    unfinished: Family<QueueName, FloatGauge>,
-    longest: Family<QueueName, FloatGauge>,
+    depth: Family<NameLabel, Gauge>,
+    adds: Family<NameLabel, Counter>,
+    retries: Family<NameLabel, Counter>,
+    panics: Family<NameLabel, Counter>,
+    queue_duration: Family<NameLabel, Histogram>,
+    work_duration: Family<NameLabel, Histogram>,
+    unfinished: Family<NameLabel, FloatGauge>,
+    longest: Family<NameLabel, FloatGauge>,
 }
 
 /// client-go's buckets: `ExponentialBuckets(10e-9, 10, 10)`, 10 ns to 10 s.
@@ -106,9 +99,7 @@ impl WorkQueueMetrics {
 
     /// The series of the queue `name`.
     pub(crate) fn queue(&self, name: &str) -> QueueMetrics {
-        let label = QueueName {
-            name: name.to_owned(),
-        };
+        let label = NameLabel::new(name);
         QueueMetrics {
             depth: self.depth.get_or_create(&label).clone(),
             adds: self.adds.get_or_create(&label).clone(),

@@ -67,28 +67,37 @@ pub struct Metrics {
     pub(crate) supervisor: cloud_provider::SupervisorMetrics,
 }
 
-/// The `name` label of `leader_election_master_status` (the Lease's name).
+/// A `name` label alone: a Lease's (`leader_election_*`), a work queue's (`workqueue_*`), a periodic
+/// controller's (`periodic_pass_duration_seconds`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct LeaseName {
+pub(crate) struct NameLabel {
     name: String,
+}
+
+impl NameLabel {
+    pub(crate) fn new(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+        }
+    }
 }
 
 /// client-go's leader-election metric.
 #[derive(Clone)]
 pub(crate) struct LeaderElectionMetrics {
-    status: Family<LeaseName, Gauge>,
-    riding_out: Family<LeaseName, Gauge>,
+    status: Family<NameLabel, Gauge>,
+    riding_out: Family<NameLabel, Gauge>,
 }
 
 impl LeaderElectionMetrics {
     fn register(registry: &mut Registry) -> Self {
-        let status = Family::<LeaseName, Gauge>::default();
+        let status = Family::<NameLabel, Gauge>::default();
         registry.register(
             "leader_election_master_status",
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease. Please make sure to group by name",
             status.clone(),
         );
-        let riding_out = Family::<LeaseName, Gauge>::default();
+        let riding_out = Family::<NameLabel, Gauge>::default();
         registry.register(
             "leader_election_riding_out",
             "1 while the leader rides out an API server it cannot reach (its writes stopped, its provider still serving), else 0. 'name' is the lease",
@@ -100,18 +109,14 @@ impl LeaderElectionMetrics {
     /// Reports whether the leader of the Lease `name` rides out an unreachable API server.
     pub fn set_riding_out(&self, name: &str, riding_out: bool) {
         self.riding_out
-            .get_or_create(&LeaseName {
-                name: name.to_owned(),
-            })
+            .get_or_create(&NameLabel::new(name))
             .set(i64::from(riding_out));
     }
 
     /// Reports whether this replica leads the Lease `name`.
     pub fn set_leading(&self, name: &str, leading: bool) {
         self.status
-            .get_or_create(&LeaseName {
-                name: name.to_owned(),
-            })
+            .get_or_create(&NameLabel::new(name))
             .set(i64::from(leading));
     }
 }

@@ -8,7 +8,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::registered;
+use super::{NameLabel, registered};
 
 /// The `name` and `outcome` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -17,17 +17,11 @@ struct PassLabels {
     outcome: &'static str,
 }
 
-/// The `name` label.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RunnerName {
-    name: String,
-}
-
 /// The periodic runners' metrics (one series per controller).
 #[derive(Clone)]
 pub struct PeriodicMetrics {
     passes: Family<PassLabels, Counter>,
-    duration: Family<RunnerName, Histogram>,
+    duration: Family<NameLabel, Histogram>,
 }
 
 /// 1 ms to about 16 min, ×4: a pass is one cloud call per object at most, or a list and a few writes.
@@ -65,9 +59,7 @@ impl PeriodicMetrics {
             })
             .inc();
         self.duration
-            .get_or_create(&RunnerName {
-                name: name.to_owned(),
-            })
+            .get_or_create(&NameLabel::new(name))
             .observe(took.as_secs_f64());
     }
 }
