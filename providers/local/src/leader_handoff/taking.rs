@@ -25,9 +25,9 @@ pub(crate) async fn take_over(
     lifetime: Duration,
     shutdown: CancellationToken,
 ) -> usize {
-    if let Err(err) = super::blocking(tables::remove_leftovers).await {
-        tracing::warn!(%interface, error = %err, "leader hand-off: cannot remove the tables an earlier run left");
-    }
+    let removed = super::blocking(tables::remove_leftovers).await;
+    let why = "cannot remove the tables an earlier run left";
+    warned(removed, interface, why);
     if vips.is_empty() {
         return 0;
     }
@@ -35,12 +35,9 @@ pub(crate) async fn take_over(
         let interface = interface.to_owned();
         super::blocking(move || conflict::holders(&interface, &vips, PROBE_WAIT)).await
     };
-    let holders = match probed {
-        Ok(holders) => holders,
-        Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot ask who serves the VIPs now; connections open through the previous leader end with it");
-            return 0;
-        }
+    let why = "cannot ask who serves the VIPs now; connections open through the previous leader end with it";
+    let Some(holders) = warned(probed, interface, why) else {
+        return 0;
     };
     if holders.is_empty() {
         tracing::debug!(%interface, "leader hand-off: no other host serves the VIPs");
@@ -50,12 +47,9 @@ pub(crate) async fn take_over(
         let (interface, holders) = (interface.to_owned(), holders.clone());
         super::blocking(move || ForwardTable::install(&interface, &holders, lifetime)).await
     };
-    let table = match installed {
-        Ok(table) => table,
-        Err(err) => {
-            tracing::warn!(%interface, error = %err, "leader hand-off: cannot forward the previous leader's open connections to it; they end with it");
-            return 0;
-        }
+    let why = "cannot forward the previous leader's open connections to it; they end with it";
+    let Some(table) = warned(installed, interface, why) else {
+        return 0;
     };
     let described: Vec<String> = holders
         .iter()
@@ -75,4 +69,15 @@ pub(crate) async fn take_over(
         drop(table);
     });
     holders.len()
+}
+
+/// What `result` holds, or `None` once its error is logged as a warning: the hand-off `cannot …`.
+fn warned<T, E: std::fmt::Display>(
+    result: Result<T, E>,
+    interface: &str,
+    cannot: &str,
+) -> Option<T> {
+    result
+        .inspect_err(|err| tracing::warn!(%interface, error = %err, "leader hand-off: {cannot}"))
+        .ok()
 }
