@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use cloud_provider::{
     CloudError, CloudResult, ClusterLoadBalancer, LoadBalancer, LoadBalancerPreview, ServiceRef,
-    default_load_balancer_name,
+    default_load_balancer_name, service_helpers::service_key,
 };
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
@@ -14,14 +14,6 @@ use std::{
 use k8s_openapi::api::core::v1::{LoadBalancerIngress, LoadBalancerStatus, Node, Service};
 
 use crate::{CloudState, FakeCloud, LoadBalancerRecord, Mutable, PortRecord, config::IpPool};
-
-fn service_key(service: &Service) -> String {
-    format!(
-        "{}/{}",
-        service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or_default()
-    )
-}
 
 fn status_of(record: &LoadBalancerRecord) -> LoadBalancerStatus {
     LoadBalancerStatus {

@@ -33,7 +33,8 @@ use crate::{
     Announce, CloudEvent, Config, LocalCloud,
     instances::lock,
     load_balancer::{
-        DataPath, Wanted, build_spec, key_of, listener_differences, published_ips, read_service,
+        DataPath, Wanted, build_spec, listener_differences, published_ips, read_service,
+        service_key,
     },
 };
 
@@ -471,7 +472,7 @@ impl Agent {
                 )
             });
         Some(Served {
-            key: key_of(&service),
+            key: service_key(&service),
             service,
             vips,
             local_endpoints,

@@ -77,7 +77,7 @@ impl LocalCloud {
             let sharing = read_service(service, &config).ok().and_then(|w| w.sharing);
             allocations.reserve(
                 &config,
-                &key_of(service),
+                &service_key(service),
                 service.metadata.uid.as_deref(),
                 &ips,
                 sharing,
@@ -179,7 +179,7 @@ impl LocalCloud {
     /// (`ccm.rs/load-balancer-retain`): recorded first in the ConfigMap of [`crate::retained`], then
     /// no longer served (its listeners closed, its addresses off the interface), and still reserved.
     pub(super) async fn retain(&self, service: &Service) -> Result<(), Error> {
-        let key = key_of(service);
+        let key = service_key(service);
         let _serial = self.serialize(&key).await;
         let ips = lock(&self.inner.load_balancers)
             .services
@@ -265,7 +265,7 @@ impl LocalCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> Result<LoadBalancerStatus, Error> {
-        let key = key_of(service);
+        let key = service_key(service);
         let _serial = self.serialize(&key).await;
         let config = self.config();
         let bad = |message: String| Error::Service {
@@ -407,7 +407,7 @@ impl LocalCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> Result<LoadBalancerPreview, Error> {
-        let key = key_of(service);
+        let key = service_key(service);
         let config = self.config();
         let (wanted, backends) = self.wanted(service, nodes, &config, &key).await?;
         let names =
@@ -479,7 +479,7 @@ impl LocalCloud {
         service: &Service,
         nodes: &[Arc<Node>],
     ) -> Result<(), Error> {
-        let key = key_of(service);
+        let key = service_key(service);
         let _serial = self.serialize(&key).await;
         let config = self.config();
         if config.load_balancer.mode == LoadBalancerMode::Agents {

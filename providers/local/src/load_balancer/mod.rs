@@ -51,7 +51,7 @@ impl LoadBalancer for LocalCloud {
         let allocations = lock(&self.inner.load_balancers);
         Ok(allocations
             .services
-            .get(&key_of(service))
+            .get(&service_key(service))
             .filter(|r| r.same_service(service.metadata.uid.as_deref()))
             .map(Record::status))
     }
@@ -63,7 +63,7 @@ impl LoadBalancer for LocalCloud {
         nodes: &[Arc<Node>],
     ) -> CloudResult<LoadBalancerStatus> {
         cloud_provider::leadership::check()?;
-        let span = tracing::info_span!("ensure_load_balancer", service = %key_of(service));
+        let span = tracing::info_span!("ensure_load_balancer", service = %service_key(service));
         Ok(self.ensure(service, nodes).instrument(span).await?)
     }
 
@@ -109,7 +109,7 @@ impl LoadBalancer for LocalCloud {
         nodes: &[Arc<Node>],
     ) -> CloudResult<()> {
         cloud_provider::leadership::check()?;
-        let span = tracing::info_span!("update_load_balancer", service = %key_of(service));
+        let span = tracing::info_span!("update_load_balancer", service = %service_key(service));
         self.update_backends(service, nodes)
             .instrument(span)
             .await?;
@@ -121,7 +121,7 @@ impl LoadBalancer for LocalCloud {
         _cluster_name: &str,
         service: &Service,
     ) -> CloudResult<()> {
-        let key = key_of(service);
+        let key = service_key(service);
         let span = tracing::info_span!("ensure_load_balancer_deleted", service = %key);
         async {
             let _serial = self.serialize(&key).await;
@@ -153,7 +153,7 @@ impl LoadBalancer for LocalCloud {
         _cluster_name: &str,
         service: &Service,
     ) -> CloudResult<()> {
-        let span = tracing::info_span!("retain_load_balancer", service = %key_of(service));
+        let span = tracing::info_span!("retain_load_balancer", service = %service_key(service));
         self.retain(service).instrument(span).await?;
         Ok(())
     }

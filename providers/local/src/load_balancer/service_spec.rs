@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+pub(crate) use cloud_provider::service_helpers::service_key;
 use cloud_provider::service_helpers::{
     IpFamily, IpMode, health_check_path_port, ip_families, is_allow_all,
     load_balancer_source_ranges, port_groups, requests_only_local_traffic,
@@ -152,14 +153,6 @@ pub(crate) struct Wanted {
     pub(super) proxy_protocol: bool,
     pub(crate) data_path: DataPath,
     pub(super) sharing: Option<Sharing>,
-}
-
-pub(crate) fn key_of(service: &Service) -> String {
-    format!(
-        "{}/{}",
-        service.metadata.namespace.as_deref().unwrap_or("default"),
-        service.metadata.name.as_deref().unwrap_or_default()
-    )
 }
 
 pub(super) fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
