@@ -34,6 +34,14 @@ pub(crate) enum ListeningSocket {
 }
 
 impl ListeningSocket {
+    /// The address it is bound to.
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
+        match self {
+            ListeningSocket::Tcp(socket) => socket.local_addr(),
+            ListeningSocket::Udp(socket) => socket.local_addr(),
+        }
+    }
+
     /// A new descriptor of the same socket.
     pub(crate) fn duplicate(&self) -> io::Result<OwnedFd> {
         match self {

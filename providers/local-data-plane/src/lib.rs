@@ -52,6 +52,7 @@ pub use spec::{
     LoadBalancerSpec, LoadBalancerState, Protocol, Settings,
 };
 
+use handover::ListeningSocket;
 use health::ProbeRegistry;
 use pool::ListenerShared;
 use spec::ListenerKey;
@@ -101,7 +102,7 @@ struct RunningListener {
     local_addr: SocketAddr,
     /// This listener's share of its socket, to be handed over ([`DataPlane::hand_over`]); dropped
     /// when it stops accepting.
-    socket: Option<handover::ListeningSocket>,
+    socket: Option<ListeningSocket>,
     /// Stops accepting (the socket closes when the accept loop ends).
     stop: CancellationToken,
     /// The accept loop; it returns the connections still open when it stops.
@@ -205,47 +206,23 @@ impl DataPlane {
         if inherited.is_some() {
             info!(listener = %shared.label, "taking over the socket handed over");
         }
-        let (local_addr, socket, accept_loop) = match shared.spec.protocol {
-            Protocol::Tcp => {
-                let socket = Arc::new(match inherited {
-                    Some(fd) => handover::tcp_listener(fd, shared.spec.socket_addr())?,
-                    None => tcp::bind(shared.spec.socket_addr())?,
-                });
-                let local_addr = socket.local_addr()?;
+        let socket = sockets::open(shared.spec.protocol, inherited, shared.spec.socket_addr())?;
+        let local_addr = socket.local_addr()?;
+        let parts = (&shared, &stop);
+        let accept_loop = match &socket {
+            ListeningSocket::Tcp(listener) => {
                 let timeouts = tcp::Timeouts {
                     connect: self.inner.settings.connect_timeout,
                     idle: self.inner.settings.tcp_idle_timeout,
                 };
-                let accept_loop = spawn_serving(
-                    "a TCP listener's accept loop",
-                    (&socket, &shared, &stop),
-                    span,
-                    move |socket, shared, stop| tcp::serve(socket, shared, stop, timeouts),
-                );
-                (
-                    local_addr,
-                    handover::ListeningSocket::Tcp(socket),
-                    accept_loop,
-                )
+                let serve =
+                    move |listener, shared, stop| tcp::serve(listener, shared, stop, timeouts);
+                spawn_serving("a TCP listener's accept loop", listener, parts, span, serve)
             }
-            Protocol::Udp => {
-                let socket = Arc::new(match inherited {
-                    Some(fd) => handover::udp_socket(fd, shared.spec.socket_addr())?,
-                    None => udp::bind(shared.spec.socket_addr())?,
-                });
-                let local_addr = socket.local_addr()?;
+            ListeningSocket::Udp(socket) => {
                 let idle = self.inner.settings.udp_idle_timeout;
-                let accept_loop = spawn_serving(
-                    "a UDP listener's receive loop",
-                    (&socket, &shared, &stop),
-                    span,
-                    move |socket, shared, stop| udp::serve(socket, shared, stop, idle),
-                );
-                (
-                    local_addr,
-                    handover::ListeningSocket::Udp(socket),
-                    accept_loop,
-                )
+                let serve = move |socket, shared, stop| udp::serve(socket, shared, stop, idle);
+                spawn_serving("a UDP listener's receive loop", socket, parts, span, serve)
             }
         };
         Ok(RunningListener {
@@ -417,7 +394,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// when the listener stops accepting.
 fn spawn_serving<S, Fut>(
     what: &'static str,
-    (socket, shared, stop): (&Arc<S>, &Arc<ListenerShared>, &CancellationToken),
+    socket: &Arc<S>,
+    (shared, stop): (&Arc<ListenerShared>, &CancellationToken),
     span: tracing::Span,
     serve: impl Fn(Arc<S>, Arc<ListenerShared>, CancellationToken) -> Fut + Send + 'static,
 ) -> JoinHandle<JoinSet<()>>

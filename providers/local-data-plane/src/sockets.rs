@@ -1,12 +1,37 @@
-//! New sockets for listeners, TCP's and UDP's alike.
+//! The sockets listeners serve: the ones handed over by the process before (module `handover`), else
+//! new ones.
 
-use std::{io, net::SocketAddr};
+use std::{io, net::SocketAddr, os::fd::OwnedFd, sync::Arc};
 
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Socket, Type};
+
+use crate::{Protocol, handover, handover::ListeningSocket, tcp, udp};
+
+/// The socket of a listener on `addr`: the one handed over (`inherited`), else a new one.
+pub(crate) fn open(
+    protocol: Protocol,
+    inherited: Option<OwnedFd>,
+    addr: SocketAddr,
+) -> io::Result<ListeningSocket> {
+    Ok(match (protocol, inherited) {
+        (Protocol::Tcp, Some(fd)) => {
+            ListeningSocket::Tcp(Arc::new(handover::tcp_listener(fd, addr)?))
+        }
+        (Protocol::Tcp, None) => ListeningSocket::Tcp(Arc::new(tcp::bind(addr)?)),
+        (Protocol::Udp, Some(fd)) => {
+            ListeningSocket::Udp(Arc::new(handover::udp_socket(fd, addr)?))
+        }
+        (Protocol::Udp, None) => ListeningSocket::Udp(Arc::new(udp::bind(addr)?)),
+    })
+}
 
 /// A new socket of `addr`'s family, not bound yet; an IPv6 one is IPv6-only, so `[::]` and `0.0.0.0`
 /// can coexist.
-pub(crate) fn for_address(addr: SocketAddr, kind: Type, protocol: Protocol) -> io::Result<Socket> {
+pub(crate) fn for_address(
+    addr: SocketAddr,
+    kind: Type,
+    protocol: socket2::Protocol,
+) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), kind, Some(protocol))?;
     if addr.is_ipv6() {
         socket.set_only_v6(true)?;
