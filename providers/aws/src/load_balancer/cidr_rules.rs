@@ -144,46 +144,53 @@ impl LoadBalancers {
         scope: RuleScope,
         desired: &[Rule],
     ) -> Result<bool> {
-        let ec2 = &self.calls.clients.ec2;
         let Plan { missing, extra } = plan(read, description, scope, desired);
-        let mut changed = false;
-        if !missing.is_empty()
-            && !self.previewed(|| {
-                format!(
-                    "security group {group} would allow {} ({description})",
-                    in_words(&missing)
-                )
+        let authorized = self
+            .write_cidr_rules(group, description, true, missing)
+            .await?;
+        let revoked = self
+            .write_cidr_rules(group, description, false, extra)
+            .await?;
+        Ok(authorized || revoked)
+    }
+
+    /// Authorizes (`allow`) or revokes `rules` in `group` (said in a preview instead); whether it
+    /// wrote.
+    async fn write_cidr_rules(
+        &self,
+        group: &str,
+        description: &str,
+        allow: bool,
+        rules: Vec<IpPermission>,
+    ) -> Result<bool> {
+        let change = if allow {
+            "would allow"
+        } else {
+            "would no longer allow"
+        };
+        if rules.is_empty()
+            || self.previewed(|| {
+                let rules = in_words(&rules);
+                format!("security group {group} {change} {rules} ({description})")
             })
         {
-            changed = true;
+            return Ok(false);
+        }
+        let ec2 = &self.calls.clients.ec2;
+        if allow {
+            let request = ec2.authorize_security_group_ingress();
+            let request = request.group_id(group).set_ip_permissions(Some(rules));
             self.calls
-                .call("AuthorizeSecurityGroupIngress", || {
-                    ec2.authorize_security_group_ingress()
-                        .group_id(group)
-                        .set_ip_permissions(Some(missing.clone()))
-                        .send()
-                })
+                .call("AuthorizeSecurityGroupIngress", || request.clone().send())
+                .await?;
+        } else {
+            let request = ec2.revoke_security_group_ingress();
+            let request = request.group_id(group).set_ip_permissions(Some(rules));
+            self.calls
+                .call("RevokeSecurityGroupIngress", || request.clone().send())
                 .await?;
         }
-        if !extra.is_empty()
-            && !self.previewed(|| {
-                format!(
-                    "security group {group} would no longer allow {} ({description})",
-                    in_words(&extra)
-                )
-            })
-        {
-            changed = true;
-            self.calls
-                .call("RevokeSecurityGroupIngress", || {
-                    ec2.revoke_security_group_ingress()
-                        .group_id(group)
-                        .set_ip_permissions(Some(extra.clone()))
-                        .send()
-                })
-                .await?;
-        }
-        Ok(changed)
+        Ok(true)
     }
 
     /// Revokes every ingress rule carrying `description` in every group of the VPCs the provider sees;

@@ -463,6 +463,15 @@ impl LoadBalancer for LoadBalancers {
         Ok(())
     }
 }
+/// The one thing `operation` made, the first of `items` it answered, else [`Error::Response`] saying
+/// the `missing` thing.
+fn created<T: Clone>(items: &[T], operation: &'static str, missing: &'static str) -> Result<T> {
+    items
+        .first()
+        .cloned()
+        .ok_or(Error::Response { operation, missing })
+}
+
 /// The error of a backend update that finds no load balancer of the Service's.
 fn not_found(spec: &LbSpec) -> Error {
     Error::Setup(format!(

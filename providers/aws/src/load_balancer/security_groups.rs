@@ -101,11 +101,11 @@ impl LoadBalancers {
         group: &str,
         source_group: &str,
     ) -> Result<()> {
-        let ec2 = &self.calls.clients.ec2;
         let permission = IpPermission::builder()
             .ip_protocol("-1")
             .user_id_group_pairs(UserIdGroupPair::builder().group_id(source_group).build())
             .build();
+        let ec2 = &self.calls.clients.ec2;
         match self
             .calls
             .call("RevokeSecurityGroupIngress", || {

@@ -14,7 +14,6 @@ impl LoadBalancers {
         lb: &LoadBalancerDescription,
         spec: &LbSpec,
     ) -> Result<()> {
-        let elb = &self.calls.clients.elb;
         let name = lb.load_balancer_name().unwrap_or_default();
         let wanted = spec
             .tls
@@ -58,6 +57,7 @@ impl LoadBalancers {
             {
                 continue;
             }
+            let elb = &self.calls.clients.elb;
             self.calls
                 .call("SetLoadBalancerPoliciesOfListener", || {
                     elb.set_load_balancer_policies_of_listener()
@@ -80,7 +80,6 @@ impl LoadBalancers {
         lb: &LoadBalancerDescription,
         spec: &LbSpec,
     ) -> Result<()> {
-        let elb = &self.calls.clients.elb;
         let name = lb.load_balancer_name().unwrap_or_default();
         let current: Vec<(i32, bool)> = lb
             .backend_server_descriptions()
@@ -132,6 +131,7 @@ impl LoadBalancers {
             } else {
                 Vec::new()
             };
+            let elb = &self.calls.clients.elb;
             self.calls
                 .call("SetLoadBalancerPoliciesForBackendServer", || {
                     elb.set_load_balancer_policies_for_backend_server()

@@ -12,7 +12,7 @@ use aws_sdk_elasticloadbalancingv2::types::{
 use k8s_openapi::api::core::v1::LoadBalancerStatus;
 
 use super::{
-    LoadBalancers, RuleScope, all_pages, deleted_once_released, hostname_status,
+    LoadBalancers, RuleScope, all_pages, created, deleted_once_released, hostname_status,
     nlb_security_group::NlbGroups,
     not_found,
     spec::{self, LbSpec, PRESERVE_CLIENT_IP, Port},
@@ -233,14 +233,11 @@ impl LoadBalancers {
                                 .send()
                         })
                         .await?;
-                    let lb = out
-                        .load_balancers()
-                        .first()
-                        .cloned()
-                        .ok_or(Error::Response {
-                            operation: "elbv2:CreateLoadBalancer",
-                            missing: "load balancer",
-                        })?;
+                    let lb = created(
+                        out.load_balancers(),
+                        "elbv2:CreateLoadBalancer",
+                        "load balancer",
+                    )?;
                     self.elbv2_load_balancer_created(&spec.name).await;
                     (lb, groups)
                 }

@@ -168,14 +168,7 @@ impl LoadBalancers {
                     .send()
             })
             .await?;
-        let group = out
-            .target_groups()
-            .first()
-            .cloned()
-            .ok_or(Error::Response {
-                operation: "CreateTargetGroup",
-                missing: "target group",
-            })?;
+        let group = created(out.target_groups(), "CreateTargetGroup", "target group")?;
         if let Some(arn) = group.target_group_arn() {
             self.target_group_created(arn, spec_tags(spec)).await;
         }
