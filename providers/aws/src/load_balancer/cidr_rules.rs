@@ -170,8 +170,8 @@ impl LoadBalancers {
         };
         if rules.is_empty()
             || self.previewed(|| {
-                let rules = in_words(&rules);
-                format!("security group {group} {change} {rules} ({description})")
+                let said = in_words(&rules);
+                format!("security group {group} {change} {said} ({description})")
             })
         {
             return Ok(false);
