@@ -66,6 +66,7 @@
 //! # assert!(cloud.instances_v2().is_some() && cloud.load_balancer().is_none());
 //! ```
 
+pub mod annotations;
 pub mod api_outage;
 mod clusters;
 pub mod config_values;

@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use cloud_provider::annotations::service_annotation as annotation;
 pub(crate) use cloud_provider::service_helpers::service_key;
 use cloud_provider::service_helpers::{
     IpFamily, IpMode, health_check_path_port, ip_families, is_allow_all,
@@ -153,15 +154,6 @@ pub(crate) struct Wanted {
     pub(super) proxy_protocol: bool,
     pub(crate) data_path: DataPath,
     pub(super) sharing: Option<Sharing>,
-}
-
-pub(super) fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
-    service
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(|v| v.trim())
 }
 
 /// MetalLB's spellings of [`ANNOTATION_LOAD_BALANCER_IPS`], [`ANNOTATION_ADDRESS_POOL`] and
