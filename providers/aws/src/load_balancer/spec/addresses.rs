@@ -25,7 +25,7 @@ pub(super) fn ip_address_type(
         ));
     }
     let _ = kind;
-    match annotation(service, ANNOTATION_IP_ADDRESS_TYPE).map(str::trim) {
+    match service_annotation(service, ANNOTATION_IP_ADDRESS_TYPE).map(str::trim) {
         None | Some("") | Some("ipv4") => Ok(false),
         Some("dualstack") => Ok(true),
         Some(other) => Err(bad(
@@ -46,7 +46,7 @@ pub(super) fn fixed_addresses(
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<(Vec<String>, Vec<std::net::Ipv4Addr>), Error> {
     let entries = |key: &str| -> Result<Vec<String>, Error> {
-        let Some(raw) = annotation(service, key) else {
+        let Some(raw) = service_annotation(service, key) else {
             return Ok(Vec::new());
         };
         let entries: Vec<String> = raw.split(',').map(|e| e.trim().to_owned()).collect();

@@ -38,7 +38,7 @@ pub(super) fn target_group_attributes(
     ]
     .into();
     let Some(value) =
-        annotation(service, ANNOTATION_TARGET_GROUP_ATTRIBUTES).filter(|v| !v.is_empty())
+        service_annotation(service, ANNOTATION_TARGET_GROUP_ATTRIBUTES).filter(|v| !v.is_empty())
     else {
         return Ok(attributes);
     };
@@ -78,7 +78,7 @@ pub(super) fn cross_zone_of(
     service: &Service,
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<Option<bool>, Error> {
-    Ok(match annotation(service, ANNOTATION_CROSS_ZONE) {
+    Ok(match service_annotation(service, ANNOTATION_CROSS_ZONE) {
         None | Some("") => None,
         Some(v) => Some(
             parse_bool(v)
@@ -92,18 +92,20 @@ pub(super) fn proxy_protocol_of(
     service: &Service,
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<bool, Error> {
-    Ok(match annotation(service, ANNOTATION_PROXY_PROTOCOL) {
-        None | Some("") => false,
-        Some("*") => true,
-        Some(other) => {
-            return Err(bad(
-                ANNOTATION_PROXY_PROTOCOL,
-                format!(
-                    "annotation {ANNOTATION_PROXY_PROTOCOL:?}={other:?} detected, but the only value supported currently is '*'"
-                ),
-            ));
-        }
-    })
+    Ok(
+        match service_annotation(service, ANNOTATION_PROXY_PROTOCOL) {
+            None | Some("") => false,
+            Some("*") => true,
+            Some(other) => {
+                return Err(bad(
+                    ANNOTATION_PROXY_PROTOCOL,
+                    format!(
+                        "annotation {ANNOTATION_PROXY_PROTOCOL:?}={other:?} detected, but the only value supported currently is '*'"
+                    ),
+                ));
+            }
+        },
+    )
 }
 
 pub(super) fn classic_attributes(
@@ -111,7 +113,7 @@ pub(super) fn classic_attributes(
     cross_zone: Option<bool>,
     bad: &dyn Fn(&str, String) -> Error,
 ) -> Result<ClassicAttributes, Error> {
-    let set = |key: &str| annotation(service, key).filter(|v| !v.is_empty());
+    let set = |key: &str| service_annotation(service, key).filter(|v| !v.is_empty());
     let parse_error = |key: &str, value: &str| {
         bad(
             key,

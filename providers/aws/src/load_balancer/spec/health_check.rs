@@ -47,15 +47,18 @@ pub(super) fn health_check(
         _ => None,
     };
     let mut hc = defaults(kind, local, shared, tls, first_node_port);
-    if let Some(protocol) = annotation(service, ANNOTATION_HC_PROTOCOL).filter(|v| !v.is_empty()) {
+    if let Some(protocol) =
+        service_annotation(service, ANNOTATION_HC_PROTOCOL).filter(|v| !v.is_empty())
+    {
         set_protocol(&mut hc, kind, protocol, bad)?;
     }
     if hc.protocol.starts_with("HTTP")
-        && let Some(path) = annotation(service, ANNOTATION_HC_PATH).filter(|v| !v.is_empty())
+        && let Some(path) =
+            service_annotation(service, ANNOTATION_HC_PATH).filter(|v| !v.is_empty())
     {
         hc.path = path.to_owned();
     }
-    if let Some(port) = annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
+    if let Some(port) = service_annotation(service, ANNOTATION_HC_PORT).filter(|v| !v.is_empty()) {
         set_port(&mut hc, kind, local.is_some(), first_node_port, port, bad)?;
     }
     if let (Kind::Nlb, Some((port, path))) = (kind, shared) {
@@ -191,7 +194,7 @@ fn set_numbers(
         (ANNOTATION_HC_HEALTHY, &mut hc.healthy_threshold, 2..=10),
         (ANNOTATION_HC_UNHEALTHY, &mut hc.unhealthy_threshold, 2..=10),
     ] {
-        if let Some(v) = annotation(service, key).filter(|v| !v.is_empty()) {
+        if let Some(v) = service_annotation(service, key).filter(|v| !v.is_empty()) {
             let n: i32 = v
                 .parse()
                 .map_err(|_| bad(key, format!("{v:?} is not a whole number")))?;

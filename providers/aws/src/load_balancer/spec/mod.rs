@@ -2,7 +2,7 @@
 
 use std::{collections::BTreeMap, sync::Arc};
 
-use cloud_provider::service_helpers;
+use cloud_provider::{annotations::service_annotation, service_helpers};
 use k8s_openapi::api::core::v1::{Node, Service, ServiceSpec};
 
 use crate::{ClusterHealthProbe, Error, Global};
@@ -215,7 +215,7 @@ pub struct LbSpec {
 /// The Classic ELB attributes the annotations ask for (upstream's parsing and messages).
 /// The load balancer's kind (`aws-load-balancer-type`).
 fn kind_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result<Kind, Error> {
-    Ok(match annotation(service, ANNOTATION_TYPE) {
+    Ok(match service_annotation(service, ANNOTATION_TYPE) {
         None | Some("") | Some("classic") | Some("elb") => Kind::Classic,
         Some(t) if t.eq_ignore_ascii_case("nlb") => Kind::Nlb,
         Some("external") | Some("nlb-ip") => {
@@ -237,8 +237,8 @@ fn kind_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result<Kin
 fn internal_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result<bool, Error> {
     Ok(
         match (
-            annotation(service, ANNOTATION_INTERNAL),
-            annotation(service, ANNOTATION_SCHEME),
+            service_annotation(service, ANNOTATION_INTERNAL),
+            service_annotation(service, ANNOTATION_SCHEME),
         ) {
             (Some(v), _) if !v.is_empty() => v != "false",
             (_, Some("internal")) => true,
@@ -251,15 +251,6 @@ fn internal_of(service: &Service, bad: &dyn Fn(&str, String) -> Error) -> Result
             }
         },
     )
-}
-
-fn annotation<'a>(service: &'a Service, key: &str) -> Option<&'a str> {
-    service
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(key)
-        .map(|v| v.trim())
 }
 
 /// Parses `k1=v1,k2=v2` as upstream's `getKeyValuePropertiesFromAnnotation` (a key alone has an empty
@@ -284,7 +275,7 @@ pub fn target_node_label_keys(service: &Service) -> Vec<String> {
 
 /// The labels of `aws-load-balancer-target-node-labels` a node needs all of to be a target.
 fn target_node_labels_of(service: &Service) -> BTreeMap<String, String> {
-    annotation(service, ANNOTATION_TARGET_NODE_LABELS)
+    service_annotation(service, ANNOTATION_TARGET_NODE_LABELS)
         .map(key_values)
         .unwrap_or_default()
 }
@@ -332,7 +323,7 @@ fn source_ranges_of(
 /// The tags of every resource made for the Service: the `additional-resource-tags`, then the
 /// Service's name and the cluster's ownership over them.
 fn tags_of(service: &Service, service_name: &str, cluster_id: &str) -> BTreeMap<String, String> {
-    let mut tags = annotation(service, ANNOTATION_ADDITIONAL_TAGS)
+    let mut tags = service_annotation(service, ANNOTATION_ADDITIONAL_TAGS)
         .map(key_values)
         .unwrap_or_default();
     tags.insert(TAG_SERVICE_NAME.to_owned(), service_name.to_owned());
@@ -405,9 +396,12 @@ impl LbSpec {
             tags,
             target_node_labels: target_node_labels_of(service),
             cross_zone,
-            subnets: list(annotation(service, ANNOTATION_SUBNETS)),
-            security_groups: list(annotation(service, ANNOTATION_SECURITY_GROUPS)),
-            extra_security_groups: list(annotation(service, ANNOTATION_EXTRA_SECURITY_GROUPS)),
+            subnets: list(service_annotation(service, ANNOTATION_SUBNETS)),
+            security_groups: list(service_annotation(service, ANNOTATION_SECURITY_GROUPS)),
+            extra_security_groups: list(service_annotation(
+                service,
+                ANNOTATION_EXTRA_SECURITY_GROUPS,
+            )),
             tls,
             classic_attributes,
             proxy_protocol,
