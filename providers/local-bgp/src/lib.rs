@@ -30,6 +30,7 @@ pub mod wire;
 pub use bfd::{Bfd, BfdProfile, BfdResume, BfdSession, BfdState, BfdStatus};
 pub use config::{BGP_PORT, Password, PeerConfig};
 pub use error::Error;
+pub use listen::accept_loop_restarts;
 pub use plan::{Path, Routes, Unannounced};
 pub use session::{Counters, PeerStatus, State};
 pub use wire::Notification;

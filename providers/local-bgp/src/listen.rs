@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -27,6 +28,15 @@ use crate::{Error, Password};
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
 /// The listening sockets, by local address.
+/// How many times an accept loop was started again after a panic, in this process.
+static ACCEPT_LOOP_RESTARTS: AtomicU64 = AtomicU64::new(0);
+
+/// How many times a BGP listener's accept loop was started again after a panic (a bug), in this
+/// process: the node agent exposes it as a counter, so that an alert can tell.
+pub fn accept_loop_restarts() -> u64 {
+    ACCEPT_LOOP_RESTARTS.load(Ordering::Relaxed)
+}
+
 static LISTENERS: LazyLock<Mutex<HashMap<SocketAddr, Listening>>> = LazyLock::new(Default::default);
 
 /// One listening socket and the peers that wait on it.
@@ -147,19 +157,23 @@ async fn accepting(
     stop: CancellationToken,
 ) {
     let run = || accept_loop(listen, socket.clone(), stop.clone()).in_current_span();
-    restarted_after_panics(run, &stop).await;
+    restarted_after_panics(run, &stop, &ACCEPT_LOOP_RESTARTS).await;
 }
 
-/// Runs the task `run` makes until it returns or `stop`; one that panics is logged and made again
-/// [`ACCEPT_RETRY`] later.
-async fn restarted_after_panics<F>(run: impl Fn() -> F, stop: &CancellationToken)
-where
+/// Runs the task `run` makes until it returns or `stop`; one that panics is logged, counted in
+/// `restarts` and made again [`ACCEPT_RETRY`] later.
+async fn restarted_after_panics<F>(
+    run: impl Fn() -> F,
+    stop: &CancellationToken,
+    restarts: &AtomicU64,
+) where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
     loop {
         // Watched: awaited here; a panic is logged and the loop started again.
         match tokio::spawn(run()).await {
             Err(err) if err.is_panic() && !stop.is_cancelled() => {
+                restarts.fetch_add(1, Ordering::Relaxed);
                 let message = err
                     .into_panic()
                     .downcast::<String>()
@@ -248,7 +262,8 @@ mod tests {
     async fn an_accept_loop_that_panics_is_started_again() {
         let runs = Arc::new(AtomicU32::new(0));
         let stop = CancellationToken::new();
-        let ended = restarted_after_panics(panicking(2, &runs), &stop);
+        let restarts = AtomicU64::new(0);
+        let ended = restarted_after_panics(panicking(2, &runs), &stop, &restarts);
         tokio::time::timeout(Duration::from_secs(5), ended)
             .await
             .expect("ends once a run returns");
@@ -257,6 +272,7 @@ mod tests {
             3,
             "two panics, then a run that returns"
         );
+        assert_eq!(restarts.load(Ordering::SeqCst), 2, "each restart counted");
     }
 
     /// Once stopped (the last peer gone), a panic ends it: nothing is started again.
@@ -265,7 +281,13 @@ mod tests {
         let runs = Arc::new(AtomicU32::new(0));
         let stop = CancellationToken::new();
         stop.cancel();
-        restarted_after_panics(panicking(5, &runs), &stop).await;
+        let restarts = AtomicU64::new(0);
+        restarted_after_panics(panicking(5, &runs), &stop, &restarts).await;
         assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            restarts.load(Ordering::SeqCst),
+            0,
+            "not restarted, not counted"
+        );
     }
 }

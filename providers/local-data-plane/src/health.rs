@@ -92,7 +92,7 @@ impl ProbeRegistry {
 async fn probing(probe: Weak<Probe>, key: ProbeKey, timing: HealthCheckTiming) {
     let wait = timing.interval.max(Duration::from_millis(1));
     let what = format!("the health checks of {}{}", key.addr, key.path);
-    crate::restart::restarting(&what, wait, || {
+    crate::restart::restarting(&crate::restart::HEALTH_CHECKS, &what, wait, || {
         (probe.strong_count() > 0).then(|| run(probe.clone(), key.clone(), timing.clone()))
     })
     .await

@@ -404,8 +404,11 @@ where
     Fut: Future<Output = JoinSet<()>> + Send + 'static,
 {
     let (socket, shared, stop) = (socket.clone(), shared.clone(), stop.clone());
-    let task = restart::restarting(what, ACCEPT_LOOP_RESTART, move || {
-        (!stop.is_cancelled()).then(|| serve(socket.clone(), shared.clone(), stop.clone()))
-    });
+    let task = restart::restarting(
+        &restart::ACCEPT_LOOP,
+        what,
+        ACCEPT_LOOP_RESTART,
+        move || (!stop.is_cancelled()).then(|| serve(socket.clone(), shared.clone(), stop.clone())),
+    );
     tokio::spawn(task.instrument(span))
 }

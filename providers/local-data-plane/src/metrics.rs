@@ -33,6 +33,10 @@ pub mod names {
     pub const IDLE_TIMEOUTS: &str = "local_lb_idle_timeouts";
     /// Gauge: 1 if the backend gets new connections, else 0.
     pub const BACKEND_HEALTHY: &str = "local_lb_backend_healthy";
+    /// Counter: the data plane's long-running tasks started again after a panic (a bug), labelled
+    /// by `task` (`accept_loop`: a listener's accept or receive loop; `health_checks`: a backend's
+    /// checks), for the process.
+    pub const TASK_RESTARTS: &str = "local_lb_task_restarts";
     /// Gauge: file descriptors the data plane's connections and flows hold.
     pub const DESCRIPTORS_IN_USE: &str = "local_lb_descriptors_in_use";
     /// Gauge: the most file descriptors the data plane's connections and flows may hold (the
@@ -61,6 +65,7 @@ impl Collector for DataPlaneCollector {
         };
         let listeners: Vec<Arc<ListenerShared>> = inner.all_listeners();
         encode_descriptor_budget(&mut encoder, &inner)?;
+        encode_task_restarts(&mut encoder)?;
         encode_listener_counters(&mut encoder, &listeners)?;
         let families: [(Family, SeriesOf); 3] = [
             (
@@ -122,6 +127,22 @@ fn encode_descriptor_budget(
     ] {
         ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX))
             .encode(encoder.encode_descriptor(name, help, None, MetricType::Gauge)?)?;
+    }
+    Ok(())
+}
+
+/// Encodes the restarts after a panic of the tasks [`crate::restart`] keeps going, one series per
+/// kind (zero included, so that an alert can watch the series from the start).
+fn encode_task_restarts(encoder: &mut DescriptorEncoder) -> fmt::Result {
+    let mut family = encoder.encode_descriptor(
+        names::TASK_RESTARTS,
+        "The data plane's tasks started again after a panic (a bug), by task.",
+        None,
+        MetricType::Counter,
+    )?;
+    for task in crate::restart::TASKS {
+        ConstCounter::new(task.restarts())
+            .encode(family.encode_family(&[("task", task.label)])?)?;
     }
     Ok(())
 }

@@ -849,6 +849,11 @@ async fn metrics_encode_with_the_expected_names_and_labels() {
         text.contains("# TYPE local_lb_backend_healthy gauge"),
         "{text}"
     );
+    // Nothing panicked: both kinds of restarted task are listed, at zero.
+    for kind in ["accept_loop", "health_checks"] {
+        let expected = format!("local_lb_task_restarts_total{{task=\"{kind}\"}} 0");
+        assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+    }
 
     drop(stream);
     plane.remove("web").await;

@@ -7,7 +7,14 @@ use std::{
 };
 
 use cloud_provider::prometheus_client::{
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric},
+    metrics::{
+        MetricType,
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+    },
     registry::Registry,
 };
 
@@ -136,7 +143,24 @@ impl AgentMetrics {
             self.handovers_given.clone(),
         );
         self.bgp.register(registry);
+        registry.register_collector(Box::new(BgpAcceptLoopRestarts));
         self.supervisor.register(registry);
+    }
+}
+
+/// `local-bgp`'s accept loop, started again in place after a panic (that crate has no supervisor at
+/// hand), read at scrape time: `local_agent_bgp_accept_loop_restarts_total`.
+#[derive(Debug)]
+struct BgpAcceptLoopRestarts;
+
+impl Collector for BgpAcceptLoopRestarts {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        ConstCounter::new(local_bgp::accept_loop_restarts()).encode(encoder.encode_descriptor(
+            "local_agent_bgp_accept_loop_restarts",
+            "Times the BGP listener's accept loop was started again after a panic (a bug)",
+            None,
+            MetricType::Counter,
+        )?)
     }
 }
 
@@ -168,6 +192,7 @@ mod tests {
             r#"local_agent_vip_announced{address="fd00::1"} 1"#,
             r#"local_agent_membership_packets_dropped_total{reason="bad_mac"} 0"#,
             r#"local_agent_membership_packets_dropped_total{reason="refused"} 0"#,
+            "local_agent_bgp_accept_loop_restarts_total 0",
         ] {
             assert!(text.contains(line), "{line} not in:\n{text}");
         }
