@@ -410,5 +410,6 @@ where
         ACCEPT_LOOP_RESTART,
         move || (!stop.is_cancelled()).then(|| serve(socket.clone(), shared.clone(), stop.clone())),
     );
+    // Watched: `restarting` starts the loop again after a panic; the caller keeps the handle.
     tokio::spawn(task.instrument(span))
 }
