@@ -318,6 +318,23 @@ impl Manager {
         .map_err(Into::into)
     }
 
+    /// The process's async runtime: tokio's multi-threaded one, with the event interval the chosen
+    /// provider registered (see [`cloud_provider::Registration::with_runtime_event_interval`]), if any.
+    fn runtime_for(&self, command_line: &CommandLine) -> std::io::Result<tokio::runtime::Runtime> {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.enable_all();
+        if let Some(interval) = self.runtime_event_interval(command_line) {
+            builder.event_interval(interval);
+        }
+        builder.build()
+    }
+
+    /// The event interval the provider `command_line` names registered for the manager's runtime.
+    fn runtime_event_interval(&self, command_line: &CommandLine) -> Option<u32> {
+        self.registry
+            .runtime_event_interval(&command_line.options.cloud.cloud_provider)
+    }
+
     /// The whole process: parses the command line, sets up logging, runs until SIGTERM or SIGINT, and
     /// returns the exit code (0 after a clean shutdown, 1 on an error, 2 on a malformed command line).
     /// A provider's binary that adds flags or controllers keeps all of this.
@@ -339,10 +356,7 @@ impl Manager {
         };
         app::logging::init(&command_line.options.logging);
         raise_open_files_limit();
-        let runtime = match tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-        {
+        let runtime = match self.runtime_for(&command_line) {
             Ok(runtime) => runtime,
             Err(err) => {
                 eprintln!("error: cannot start the async runtime: {err}");
@@ -483,6 +497,30 @@ mod tests {
 
     fn help(manager: &Manager) -> String {
         manager.command().unwrap().render_long_help().to_string()
+    }
+
+    #[test]
+    fn the_runtime_takes_the_event_interval_of_the_provider_the_command_line_names() {
+        let mut registry = Registry::new();
+        for name in ["plain", "relay"] {
+            registry
+                .register(name, |_| Ok(Arc::new(Plain) as _))
+                .unwrap();
+        }
+        registry.set_runtime_event_interval("relay", 31);
+        let manager = Manager::with_registry(registry);
+        let chosen = |name: &str| {
+            let command_line = manager
+                .parse_from(["ccm", &format!("--cloud-provider={name}")])
+                .unwrap();
+            manager.runtime_event_interval(&command_line)
+        };
+        assert_eq!(chosen("relay"), Some(31));
+        assert_eq!(chosen("plain"), None, "tokio's default for the others");
+        let command_line = manager
+            .parse_from(["ccm", "--cloud-provider=relay"])
+            .unwrap();
+        assert!(manager.runtime_for(&command_line).is_ok());
     }
 
     #[test]

@@ -127,6 +127,7 @@ pub struct Registration {
     name: &'static str,
     factory: ProviderFactoryFn,
     flags: Option<AddFlagsFn>,
+    runtime_event_interval: Option<u32>,
 }
 
 impl Registration {
@@ -136,6 +137,7 @@ impl Registration {
             name,
             factory,
             flags: None,
+            runtime_event_interval: None,
         }
     }
 
@@ -149,7 +151,17 @@ impl Registration {
             name,
             factory,
             flags: Some(flags),
+            runtime_event_interval: None,
         }
+    }
+
+    /// This registration, asking the manager to build its async runtime with `interval` as tokio's
+    /// `event_interval` (how many tasks each worker polls between two looks at the I/O driver) when
+    /// this provider runs: for a provider whose process relays traffic itself, as `local`'s data plane
+    /// does. Without it the runtime keeps tokio's default, 61.
+    pub const fn with_runtime_event_interval(mut self, interval: u32) -> Self {
+        self.runtime_event_interval = Some(interval);
+        self
     }
 }
 
@@ -204,20 +216,47 @@ inventory::collect!(Registration);
 ///
 /// register_provider!("tiny-flags", new_tiny, flags = TinyFlags);
 /// ```
+///
+/// A provider whose process relays traffic itself can ask for the manager's runtime to look at its
+/// I/O driver more often than tokio's default (every 61 tasks), with `runtime_event_interval = N` last
+/// (see [`Registration::with_runtime_event_interval`]):
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use cloud_provider::{CloudConfig, CloudProvider, ProviderResult, register_provider};
+/// # struct Relay;
+/// # impl CloudProvider for Relay { fn provider_name(&self) -> &str { "relay" } }
+/// fn new_relay(_config: &CloudConfig) -> ProviderResult {
+///     Ok(Arc::new(Relay))
+/// }
+///
+/// register_provider!("relay", new_relay, runtime_event_interval = 31);
+///
+/// let registry = cloud_provider::Registry::linked().unwrap();
+/// assert_eq!(registry.runtime_event_interval("relay"), Some(31));
+/// ```
 #[macro_export]
 macro_rules! register_provider {
-    ($name:expr, $factory:expr $(,)?) => {
+    ($name:expr, $factory:expr $(, runtime_event_interval = $interval:expr)? $(,)?) => {
         $crate::__private::inventory::submit! {
             $crate::Registration::new($name, $factory)
+                $(.with_runtime_event_interval($interval))?
         }
     };
-    ($name:expr, $factory:expr, flags = $flags:ty $(,)?) => {
+    (
+        $name:expr,
+        $factory:expr,
+        flags = $flags:ty
+        $(, runtime_event_interval = $interval:expr)?
+        $(,)?
+    ) => {
         $crate::__private::inventory::submit! {
             $crate::Registration::with_flags(
                 $name,
                 $factory,
                 <$flags as $crate::clap::Args>::augment_args,
             )
+            $(.with_runtime_event_interval($interval))?
         }
     };
 }
@@ -272,6 +311,7 @@ fn list(names: &[String]) -> String {
 pub struct Registry {
     factories: BTreeMap<String, Factory>,
     flags: BTreeMap<String, AddFlagsFn>,
+    runtime_event_intervals: BTreeMap<String, u32>,
 }
 
 impl fmt::Debug for Registry {
@@ -297,6 +337,9 @@ impl Registry {
             if let Some(flags) = registration.flags {
                 registry.flags.insert(registration.name.to_owned(), flags);
             }
+            if let Some(interval) = registration.runtime_event_interval {
+                registry.set_runtime_event_interval(registration.name, interval);
+            }
         }
         Ok(registry)
     }
@@ -315,7 +358,8 @@ impl Registry {
         Ok(self)
     }
 
-    /// Adds a factory under `name`, in place of any registered under that name (with its flags).
+    /// Adds a factory under `name`, in place of any registered under that name (with its flags and
+    /// runtime event interval).
     pub fn replace(
         &mut self,
         name: impl Into<String>,
@@ -323,6 +367,7 @@ impl Registry {
     ) -> &mut Self {
         let name = name.into();
         self.flags.remove(&name);
+        self.runtime_event_intervals.remove(&name);
         self.factories.insert(name, Arc::new(factory));
         self
     }
@@ -339,6 +384,19 @@ impl Registry {
         self.flags
             .iter()
             .map(|(name, flags)| (name.as_str(), *flags))
+    }
+
+    /// Asks for the manager's runtime to be built with `interval` as tokio's `event_interval` when the
+    /// provider `name` runs (see [`Registration::with_runtime_event_interval`]).
+    pub fn set_runtime_event_interval(&mut self, name: &str, interval: u32) -> &mut Self {
+        self.runtime_event_intervals
+            .insert(name.to_owned(), interval);
+        self
+    }
+
+    /// The event interval the provider `name` asked the manager's runtime to run with, if any.
+    pub fn runtime_event_interval(&self, name: &str) -> Option<u32> {
+        self.runtime_event_intervals.get(name).copied()
     }
 
     /// Whether a provider of this name is registered (upstream `IsCloudProvider`).
@@ -440,6 +498,37 @@ mod tests {
         // Without a parsed command line, the flags have their defaults.
         let cloud = registry.init("flagged-test", &CloudConfig::none()).unwrap();
         assert_eq!(cloud.provider_name(), "flagged-other");
+    }
+
+    #[derive(Debug, clap::Args)]
+    struct RelayFlags {
+        /// The port.
+        #[arg(long, default_value = "1")]
+        relaying_port: u16,
+    }
+
+    fn relaying(_: &CloudConfig) -> ProviderResult {
+        Ok(Arc::new(Named("relaying-test")))
+    }
+    crate::register_provider!(
+        "relaying-test",
+        relaying,
+        flags = RelayFlags,
+        runtime_event_interval = 17,
+    );
+
+    #[test]
+    fn a_runtime_event_interval_is_kept_with_the_provider_and_dropped_when_it_is_replaced() {
+        let mut registry = Registry::linked().unwrap();
+        assert_eq!(registry.runtime_event_interval("relaying-test"), Some(17));
+        assert!(registry.flags().any(|(name, _)| name == "relaying-test"));
+        // A provider that asked for nothing keeps tokio's default; an unknown name asks for nothing.
+        assert_eq!(registry.runtime_event_interval("linked-test"), None);
+        assert_eq!(registry.runtime_event_interval("absent"), None);
+        registry.replace("relaying-test", relaying);
+        assert_eq!(registry.runtime_event_interval("relaying-test"), None);
+        registry.set_runtime_event_interval("relaying-test", 5);
+        assert_eq!(registry.runtime_event_interval("relaying-test"), Some(5));
     }
 
     #[derive(Debug, clap::Args)]
