@@ -32,21 +32,24 @@ fn main() -> ExitCode {
     builder.enable_all();
     // Scheduler knobs, for measuring their effect on the proxy's tail (bench/data-plane/run passes
     // LB_EVENT_INTERVAL to the `lb` process): how many tasks a worker polls between two looks at the
-    // I/O driver (tokio's default 61; unset or empty keeps it).
-    match std::env::var("DP_BENCH_EVENT_INTERVAL")
+    // I/O driver. Unset or empty: the `lb` process runs with what the shipped data plane runs with
+    // (RUNTIME_EVENT_INTERVAL), the load generators and the echo backend with tokio's default.
+    let event_interval = match std::env::var("DP_BENCH_EVENT_INTERVAL")
         .ok()
         .filter(|v| !v.is_empty())
     {
-        None => {}
+        None => (args.first().map(String::as_str) == Some("lb"))
+            .then_some(local_data_plane::RUNTIME_EVENT_INTERVAL),
         Some(raw) => match raw.parse::<u32>() {
-            Ok(n) if n > 0 => {
-                builder.event_interval(n);
-            }
+            Ok(n) if n > 0 => Some(n),
             _ => {
                 eprintln!("DP_BENCH_EVENT_INTERVAL={raw:?}: must be a whole number above 0");
                 return ExitCode::FAILURE;
             }
         },
+    };
+    if let Some(n) = event_interval {
+        builder.event_interval(n);
     }
     let runtime = match builder.build() {
         Ok(runtime) => runtime,

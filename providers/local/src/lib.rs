@@ -81,7 +81,18 @@ pub struct LocalFlags {
     pub local_vip_interface: Option<String>,
 }
 
-register_provider!(PROVIDER_NAME, new_provider, flags = LocalFlags);
+// When the manager hosts the data plane (no node agents), its runtime relays the traffic: it runs with
+// the data plane's event interval (`local-agent` builds its own runtime with it too).
+register_provider!(
+    PROVIDER_NAME,
+    new_provider,
+    flags = LocalFlags,
+    runtime_event_interval = RUNTIME_EVENT_INTERVAL,
+);
+
+/// The event interval of the runtime the data plane runs on (see
+/// [`local_data_plane::RUNTIME_EVENT_INTERVAL`]).
+pub use local_data_plane::RUNTIME_EVENT_INTERVAL;
 
 /// The registry factory: builds the cloud from the `--cloud-config` (its defaults without one) and the
 /// provider's flags.

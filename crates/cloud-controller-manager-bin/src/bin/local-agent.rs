@@ -18,8 +18,10 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // The agent's runtime relays the traffic of its node's VIPs: the data plane's event interval.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .event_interval(cloud_provider_local::RUNTIME_EVENT_INTERVAL)
         .build()
     {
         Ok(runtime) => runtime,
