@@ -319,11 +319,15 @@ async fn tenant_nodes_initialize_from_their_vmis_and_follow_them() {
             ],
         ),
     ] {
-        let node = eventually(&format!("node {name} initialized"), || {
+        // The manager writes the provider ID (a PUT of the node) and then, off the initializing
+        // worker, the addresses (its status): wait for both, then check what they are.
+        let node = eventually(&format!("node {name} initialized with addresses"), || {
             let nodes = nodes.clone();
             async move {
                 let node = nodes.get(name).await.ok()?;
-                node.spec.as_ref()?.provider_id.is_some().then_some(node)
+                let initialized = node.spec.as_ref()?.provider_id.is_some();
+                let addressed = addresses(&node).iter().any(|(t, _)| t == "InternalIP");
+                (initialized && addressed).then_some(node)
             }
         })
         .await;
