@@ -507,7 +507,7 @@ mod tests {
                 .register(name, |_| Ok(Arc::new(Plain) as _))
                 .unwrap();
         }
-        registry.set_runtime_event_interval("relay", 31);
+        registry.set_runtime_event_interval("relay", std::num::NonZeroU32::new(31).unwrap());
         let manager = Manager::with_registry(registry);
         let chosen = |name: &str| {
             let command_line = manager

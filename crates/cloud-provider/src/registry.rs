@@ -8,6 +8,7 @@
 use std::{
     collections::BTreeMap,
     fmt,
+    num::NonZeroU32,
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -127,7 +128,7 @@ pub struct Registration {
     name: &'static str,
     factory: ProviderFactoryFn,
     flags: Option<AddFlagsFn>,
-    runtime_event_interval: Option<u32>,
+    runtime_event_interval: Option<NonZeroU32>,
 }
 
 impl Registration {
@@ -158,9 +159,14 @@ impl Registration {
     /// This registration, asking the manager to build its async runtime with `interval` as tokio's
     /// `event_interval` (how many tasks each worker polls between two looks at the I/O driver) when
     /// this provider runs: for a provider whose process relays traffic itself, as `local`'s data plane
-    /// does. Without it the runtime keeps tokio's default, 61.
+    /// does. Without it the runtime keeps tokio's default, 61. An interval of 0 (tokio divides by it)
+    /// does not compile in [`register_provider!`](crate::register_provider), whose registration is a
+    /// constant.
     pub const fn with_runtime_event_interval(mut self, interval: u32) -> Self {
-        self.runtime_event_interval = Some(interval);
+        self.runtime_event_interval = match NonZeroU32::new(interval) {
+            Some(interval) => Some(interval),
+            None => panic!("runtime_event_interval must be above 0"),
+        };
         self
     }
 }
@@ -234,6 +240,17 @@ inventory::collect!(Registration);
 ///
 /// let registry = cloud_provider::Registry::linked().unwrap();
 /// assert_eq!(registry.runtime_event_interval("relay"), Some(31));
+/// ```
+///
+/// An interval of 0 is refused when the crate compiles (tokio would divide by it):
+///
+/// ```compile_fail
+/// # use std::sync::Arc;
+/// # use cloud_provider::{CloudConfig, CloudProvider, ProviderResult, register_provider};
+/// # struct Relay;
+/// # impl CloudProvider for Relay { fn provider_name(&self) -> &str { "relay" } }
+/// # fn new_relay(_config: &CloudConfig) -> ProviderResult { Ok(Arc::new(Relay)) }
+/// register_provider!("relay", new_relay, runtime_event_interval = 0);
 /// ```
 #[macro_export]
 macro_rules! register_provider {
@@ -311,7 +328,7 @@ fn list(names: &[String]) -> String {
 pub struct Registry {
     factories: BTreeMap<String, Factory>,
     flags: BTreeMap<String, AddFlagsFn>,
-    runtime_event_intervals: BTreeMap<String, u32>,
+    runtime_event_intervals: BTreeMap<String, NonZeroU32>,
 }
 
 impl fmt::Debug for Registry {
@@ -388,7 +405,7 @@ impl Registry {
 
     /// Asks for the manager's runtime to be built with `interval` as tokio's `event_interval` when the
     /// provider `name` runs (see [`Registration::with_runtime_event_interval`]).
-    pub fn set_runtime_event_interval(&mut self, name: &str, interval: u32) -> &mut Self {
+    pub fn set_runtime_event_interval(&mut self, name: &str, interval: NonZeroU32) -> &mut Self {
         self.runtime_event_intervals
             .insert(name.to_owned(), interval);
         self
@@ -396,7 +413,7 @@ impl Registry {
 
     /// The event interval the provider `name` asked the manager's runtime to run with, if any.
     pub fn runtime_event_interval(&self, name: &str) -> Option<u32> {
-        self.runtime_event_intervals.get(name).copied()
+        self.runtime_event_intervals.get(name).map(|n| n.get())
     }
 
     /// Whether a provider of this name is registered (upstream `IsCloudProvider`).
@@ -527,7 +544,7 @@ mod tests {
         assert_eq!(registry.runtime_event_interval("absent"), None);
         registry.replace("relaying-test", relaying);
         assert_eq!(registry.runtime_event_interval("relaying-test"), None);
-        registry.set_runtime_event_interval("relaying-test", 5);
+        registry.set_runtime_event_interval("relaying-test", NonZeroU32::new(5).unwrap());
         assert_eq!(registry.runtime_event_interval("relaying-test"), Some(5));
     }
 
