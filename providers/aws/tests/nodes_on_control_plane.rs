@@ -111,12 +111,18 @@ async fn nodes_initialize_from_ec2_and_follow_their_instances() {
     }
 
     for (name, instance) in names.iter().zip(&instances) {
-        let node = eventually("the node initialized", || async {
-            api.get_opt(name)
-                .await
-                .ok()
-                .flatten()
-                .filter(|n| !taint_keys(n).iter().any(|t| t.contains("uninitialized")))
+        // The manager removes the taint (a PUT of the node) and then writes the addresses (its
+        // status), as upstream's cloud-node controller does: wait for both, then check them.
+        let node = eventually("the node initialized with its addresses", || async {
+            api.get_opt(name).await.ok().flatten().filter(|n| {
+                let initialized = !taint_keys(n).iter().any(|t| t.contains("uninitialized"));
+                let addressed = n
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.addresses.as_ref())
+                    .is_some_and(|a| a.iter().any(|a| a.type_ == "InternalIP"));
+                initialized && addressed
+            })
         })
         .await;
         let spec = node.spec.as_ref().unwrap();
