@@ -1,8 +1,9 @@
 //! What a manager's cache start costs the API server: the API server holds N kubelet-sized nodes, a
 //! manager that runs only the service controller (it reads the Node and Service caches and, with no
 //! Service, writes nothing) starts, and the API server's CPU and peak memory are measured over a fixed
-//! window. Each way of fetching the first lists is one row: a streaming list (client-go's default since
-//! 1.35, ours by default), a paged list (`KUBE_FEATURE_WatchListClient=false`), and a streaming list
+//! window. Each way of fetching the first lists is one row, asked of both managers by client-go's gate
+//! in their environment: a streaming list (`KUBE_FEATURE_WatchListClient=true`, client-go's default
+//! since 1.35), a paged list (`KUBE_FEATURE_WatchListClient=false`, ours by default), and a streaming list
 //! asked of an API server that refuses it (`--feature-gates=WatchList=false` on the server: the
 //! manager falls back to a paged list).
 
@@ -20,9 +21,9 @@ use crate::{
 /// How the manager fetches its first lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FirstLists {
-    /// A streaming list (the manager's default).
+    /// A streaming list (`KUBE_FEATURE_WatchListClient=true`: client-go's default).
     Streaming,
-    /// A paged list, then a watch (`KUBE_FEATURE_WatchListClient=false`).
+    /// A paged list, then a watch (`KUBE_FEATURE_WatchListClient=false`: ours by default).
     Paged,
     /// A streaming list asked of an API server with `WatchList` off.
     Refused,
@@ -33,7 +34,7 @@ impl FirstLists {
 
     pub(crate) fn label(self) -> &'static str {
         match self {
-            Self::Streaming => "streaming list",
+            Self::Streaming => "streaming list (WatchListClient=true)",
             Self::Paged => "paged list (WatchListClient=false)",
             Self::Refused => "streaming list refused (server WatchList=false), fallback",
         }
@@ -42,7 +43,7 @@ impl FirstLists {
     fn manager_env(self) -> &'static [(&'static str, &'static str)] {
         match self {
             Self::Paged => &[("KUBE_FEATURE_WatchListClient", "false")],
-            Self::Streaming | Self::Refused => &[],
+            Self::Streaming | Self::Refused => &[("KUBE_FEATURE_WatchListClient", "true")],
         }
     }
 
@@ -209,7 +210,7 @@ pub(crate) fn section(md: &mut String, rows: &[CacheStartResult]) {
     let _ = writeln!(md, "## Cache start ({} nodes)\n", first.nodes);
     let _ = writeln!(
         md,
-        "The API server holds {} kubelet-sized nodes; a manager running only the service controller (its caches: Nodes and Services; no Service, so no write) starts at its own defaults, and the API server is measured for {} s. *API server CPU*: its CPU seconds over the window. *API server memory*: its resident memory when the manager started → its peak over the window (VmHWM, reset at the start). *Streamed*: streaming lists the API server completed (Nodes and Services) and their seconds. *Requests*: the manager's finished requests for Nodes and Services (a watch counts when it ends: a refused one at once, a running one not at all). The Go manager is upstream's (client-go 1.37: streaming lists by default, protobuf).\n",
+        "The API server holds {} kubelet-sized nodes; a manager running only the service controller (its caches: Nodes and Services; no Service, so no write) starts at its own defaults but for client-go's `WatchListClient` gate, set as each row says, and the API server is measured for {} s. *API server CPU*: its CPU seconds over the window. *API server memory*: its resident memory when the manager started → its peak over the window (VmHWM, reset at the start). *Streamed*: streaming lists the API server completed (Nodes and Services) and their seconds. *Requests*: the manager's finished requests for Nodes and Services (a watch counts when it ends: a refused one at once, a running one not at all). The Go manager is upstream's (client-go 1.37: streaming lists by default, protobuf); ours speaks JSON and pages by default.\n",
         first.nodes, first.window_seconds
     );
     let _ = writeln!(

@@ -967,6 +967,37 @@ fn targets(md: &mut String, results: &Results) {
             }
         }
     }
+    // Each manager at its default way of fetching its first lists: ours pages (JSON), upstream's streams
+    // (protobuf).
+    let cache_start = |who: &str, how: crate::cache_start::FirstLists| {
+        results
+            .cache_starts
+            .iter()
+            .find(|c| c.who == who && c.first_lists == how.label())
+    };
+    if let (Some(rust), Some(go)) = (
+        cache_start("rust", crate::cache_start::FirstLists::Paged),
+        cache_start("go", crate::cache_start::FirstLists::Streaming),
+    ) {
+        let ratio = rust.apiserver_cpu_seconds / go.apiserver_cpu_seconds.max(f64::EPSILON);
+        checks.push(Check::new(
+            format!(
+                "cache start, {} nodes, each at its default (ours: paged JSON lists; upstream: streamed protobuf): API-server CPU ≤ upstream's",
+                rust.nodes
+            ),
+            format!(
+                "{ratio:.2}× ({:.2} vs {:.2} s)",
+                rust.apiserver_cpu_seconds, go.apiserver_cpu_seconds
+            ),
+            ratio <= 1.0,
+            || {
+                format!(
+                    "{:.2} s",
+                    rust.apiserver_cpu_seconds - go.apiserver_cpu_seconds
+                )
+            },
+        ));
+    }
     let _ = writeln!(md, "\n## Targets\n");
     let _ = writeln!(
         md,

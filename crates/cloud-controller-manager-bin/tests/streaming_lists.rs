@@ -1,6 +1,7 @@
-//! The shared caches start with streaming lists on the real API server (`WatchList` is on by default
-//! in 1.37), as client-go's informers do since 1.35, and with a paged list when client-go's
-//! `KUBE_FEATURE_WatchListClient=false` turns them off (an out-of-tree manager reads client-go's gates
+//! The shared caches start with paged lists by default (in JSON a streaming list costs the API server
+//! more than twice as much), and with streaming lists on the real API server (`WatchList` is on by
+//! default in 1.37), as client-go's informers do since 1.35, when client-go's
+//! `KUBE_FEATURE_WatchListClient=true` turns them on (an out-of-tree manager reads client-go's gates
 //! from the environment; upstream's refuses `--feature-gates=WatchListClient=...`, and so does ours).
 //!
 //! The API server counts the streaming lists it completes (`apiserver_watch_list_duration_seconds`,
@@ -46,11 +47,13 @@ async fn streaming_lists_of(resource: &str) -> u64 {
 
 /// Starts a manager process running only the service controller (which reads the Node and Service
 /// caches) with `env` added to its environment, and waits until it has provisioned a Service: its
-/// caches have synced then.
+/// caches have synced then. The manager runs as `system:cloud-controller-manager`, with the shipped
+/// RBAC (applied here, so the test does not rely on another test binary having applied it).
 async fn manager_with_synced_caches(
     dir: &std::path::Path,
     env: &[(&str, &str)],
 ) -> (Replica, Api<Service>) {
+    test_control_plane::apply_shipped_rbac().await;
     let namespace = unique_name("streaming");
     create_namespace(&namespace).await;
     let config = dir.join(format!("{namespace}.yaml"));
@@ -90,13 +93,14 @@ async fn stop(manager: Replica, api: Api<Service>) {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn caches_start_with_streaming_lists_unless_the_gate_is_off() {
+async fn caches_start_with_paged_lists_unless_the_gate_turns_streaming_on() {
     let dir = tempfile::tempdir().unwrap();
     let (nodes, services) = (
         streaming_lists_of("nodes").await,
         streaming_lists_of("services").await,
     );
-    let (manager, api) = manager_with_synced_caches(dir.path(), &[]).await;
+    let (manager, api) =
+        manager_with_synced_caches(dir.path(), &[("KUBE_FEATURE_WatchListClient", "true")]).await;
     // The API server records a streaming list when its initial events end (before the client sees
     // the bookmark), so the counts are up once the caches synced.
     assert!(
@@ -109,21 +113,28 @@ async fn caches_start_with_streaming_lists_unless_the_gate_is_off() {
     );
     stop(manager, api).await;
 
-    let (nodes, services) = (
-        streaming_lists_of("nodes").await,
-        streaming_lists_of("services").await,
-    );
-    let (manager, api) =
-        manager_with_synced_caches(dir.path(), &[("KUBE_FEATURE_WatchListClient", "false")]).await;
-    assert_eq!(
+    for (env, what) in [
+        (&[][..], "by default"),
         (
-            streaming_lists_of("nodes").await,
-            streaming_lists_of("services").await
+            &[("KUBE_FEATURE_WatchListClient", "false")][..],
+            "with WatchListClient=false",
         ),
-        (nodes, services),
-        "with WatchListClient=false the caches list first"
-    );
-    stop(manager, api).await;
+    ] {
+        let (nodes, services) = (
+            streaming_lists_of("nodes").await,
+            streaming_lists_of("services").await,
+        );
+        let (manager, api) = manager_with_synced_caches(dir.path(), env).await;
+        assert_eq!(
+            (
+                streaming_lists_of("nodes").await,
+                streaming_lists_of("services").await
+            ),
+            (nodes, services),
+            "{what} the caches list first"
+        );
+        stop(manager, api).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -20,14 +20,18 @@
 //! wakes only the last of several concurrent waiters. A bounded channel per subscriber and a watch flag
 //! avoid all three.
 //!
-//! - **Streamed first lists.** A cache fetches its first full list with a streaming list (a watch with
-//!   `sendInitialEvents`, KEP-3157), as client-go's reflectors do by default since 1.35: the API server
-//!   sends the objects from its watch cache one by one instead of building one large list response,
-//!   which is what costs an API server memory when many clients start at once. An API server that
-//!   does not serve streaming lists (the `WatchList` feature gate off, or older than 1.27: either answers
-//!   the request 400 or 422) gets a paged list and a watch instead, from then on, as client-go falls
-//!   back. `KUBE_FEATURE_WatchListClient=false` in the manager's environment (client-go's gate, which
-//!   an out-of-tree manager reads from there, not from `--feature-gates`) turns streaming lists off.
+//! - **Paged first lists, or streamed.** A cache fetches its first full list in pages of 500, then
+//!   watches from the list's resource version. With `KUBE_FEATURE_WatchListClient=true` in the
+//!   manager's environment (client-go's gate, which an out-of-tree manager reads from there, not from
+//!   `--feature-gates`) it streams the list instead (a watch with `sendInitialEvents`, KEP-3157), as
+//!   client-go's reflectors do by default since 1.35: the API server sends the objects from its watch
+//!   cache one by one instead of building list responses. Client-go streams in protobuf; in JSON, which
+//!   this manager speaks, the API server encodes each streamed object on its own and pays 2.3x what a
+//!   paged list of the same 10,000 nodes costs it (`bench/results/read-costs-2026-12-01.md`), and in
+//!   1.37 a paged list is served from the watch cache's snapshot (`ListFromCacheSnapshot`), so paging
+//!   no longer costs it the memory streaming lists were made to save. Hence the gate's default here. An API server that does
+//!   not serve streaming lists (the `WatchList` feature gate off, or older than 1.27: either answers the
+//!   request 400 or 422) gets a paged list and a watch instead, from then on, as client-go falls back.
 //!
 //! A failed watch is retried 0.8–1.6 s after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
 //! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
@@ -90,10 +94,11 @@ pub(crate) fn prune_service(service: &mut Service) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) enum InitialList {
     /// A streaming list (`sendInitialEvents`), falling back to [`InitialList::ListThenWatch`] for good
-    /// when the API server refuses it: client-go's default since 1.35.
-    #[default]
+    /// when the API server refuses it: client-go's default since 1.35
+    /// (`KUBE_FEATURE_WatchListClient=true`).
     Streaming,
-    /// A paged list, then a watch from its resource version (`KUBE_FEATURE_WatchListClient=false`).
+    /// A paged list, then a watch from its resource version: this manager's default.
+    #[default]
     ListThenWatch,
 }
 

@@ -218,7 +218,8 @@ pub(super) fn serve(
     Ok((health, supervisor))
 }
 
-/// How the caches fetch their first list: streamed when client-go's `WatchListClient` gate is on.
+/// How the caches fetch their first list: streamed when client-go's `WatchListClient` gate is on (off
+/// by default here: a paged list in JSON costs the API server less than half a streamed one).
 pub(super) fn initial_list(features: &feature_gates::ClientFeatures) -> InitialList {
     if features.enabled(feature_gates::WATCH_LIST_CLIENT) {
         InitialList::Streaming
