@@ -39,6 +39,7 @@ def _write_costs():
 
 _shared = _write_costs()
 Api, kubelet_node, parallel = _shared.Api, _shared.kubelet_node, _shared.parallel
+chosen_variants = _shared.chosen_variants
 
 JSON = "application/json"
 PROTOBUF = "application/vnd.kubernetes.protobuf"
@@ -197,12 +198,9 @@ def main():
     parser.add_argument("--variants", help="starts of variant names, separated by ';' (default: all)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    variants = VARIANTS
-    if args.variants:
-        starts = [v.strip() for v in args.variants.split(";") if v.strip()]
-        variants = [v for v in VARIANTS if any(v[0].startswith(start) for start in starts)]
-        if not variants:
-            parser.error(f"--variants {args.variants!r} matches none of: " + "; ".join(v[0] for v in VARIANTS))
+    if args.nodes < 1 or args.rounds < 1 or args.threads < 1:
+        parser.error("--nodes, --rounds and --threads must each be at least 1")
+    variants = chosen_variants(parser, VARIANTS, args.variants)
     api = Api(args.kubeconfig)
     if not served(api, CBOR):
         refused = [v[0] for v in variants if v[2] == CBOR]

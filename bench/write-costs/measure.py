@@ -318,6 +318,19 @@ def preload(api, count, threads):
     print(f"preloaded {count} nodes and {count} events in {time.monotonic() - started:.0f} s", file=sys.stderr)
 
 
+def chosen_variants(parser, variants, spec):
+    """The VARIANTS (tuples whose first item is the name) that SPEC picks by the start of their names,
+    separated by ';' (the names hold commas); all of them without SPEC. A SPEC that picks none is a usage
+    error that lists the names."""
+    if not spec:
+        return variants
+    starts = [v.strip() for v in spec.split(";") if v.strip()]
+    chosen = [v for v in variants if any(v[0].startswith(start) for start in starts)]
+    if not chosen:
+        parser.error(f"--variants {spec!r} matches none of: " + "; ".join(v[0] for v in variants))
+    return chosen
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("kubeconfig")
@@ -329,12 +342,7 @@ def main():
     parser.add_argument("--protobuf-encoder", help="the Go encoder of protobuf bodies (bench/write-costs/run builds it)")
     parser.add_argument("--json")
     args = parser.parse_args()
-    variants = VARIANTS
-    if args.variants:
-        starts = [v.strip() for v in args.variants.split(";") if v.strip()]
-        variants = [v for v in VARIANTS if any(v[0].startswith(start) for start in starts)]
-        if not variants:
-            parser.error(f"--variants {args.variants!r} matches none of: " + "; ".join(v[0] for v in VARIANTS))
+    variants = chosen_variants(parser, VARIANTS, args.variants)
     needs_encoder = [v[0] for v in variants if v[2].get("body") == PROTOBUF]
     if needs_encoder and not args.protobuf_encoder:
         parser.error("--protobuf-encoder is needed for " + "; ".join(needs_encoder)

@@ -220,10 +220,16 @@ pub(super) fn serve(
 
 /// How the caches fetch their first list: streamed when client-go's `WatchListClient` gate is on (off
 /// by default here: a paged list in JSON costs the API server less than half a streamed one).
+/// Said once at start, since the default differs from client-go's.
 pub(super) fn initial_list(features: &feature_gates::ClientFeatures) -> InitialList {
     if features.enabled(feature_gates::WATCH_LIST_CLIENT) {
+        tracing::info!("the caches stream their first lists (KUBE_FEATURE_WatchListClient=true)");
         InitialList::Streaming
     } else {
+        tracing::info!(
+            "the caches page their first lists (KUBE_FEATURE_WatchListClient is off here unless set \
+             to true: in JSON a streamed list costs the API server more than twice a paged one)"
+        );
         InitialList::ListThenWatch
     }
 }
