@@ -75,6 +75,14 @@ fn moto_venv() -> PathBuf {
         return venv;
     }
     std::fs::create_dir_all(cache_dir()).expect("cache dir created");
+    // Test binaries run at once (hack/test's lanes): one installs moto, the others wait for it here (the
+    // lock is released when `_lock` is dropped, or the process ends).
+    let _lock = std::fs::File::create(cache_dir().join("moto-venv.lock"))
+        .and_then(|file| file.lock().map(|()| file))
+        .expect("moto-venv.lock taken");
+    if server.exists() && marker.exists() {
+        return venv;
+    }
     let run = |cmd: &mut Command| {
         let out = cmd
             .output()
