@@ -28,6 +28,22 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let layout = match Layout::from_env() {
+        Ok(layout) => layout,
+        Err(error) => {
+            eprintln!("{error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.first().map(String::as_str) == Some("lb") && layout != Layout::MultiThread {
+        return match lb_per_core(&args, layout) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("dp-bench: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     // Scheduler knobs, for measuring their effect on the proxy's tail (bench/data-plane/run passes
@@ -141,6 +157,19 @@ async fn run(args: Vec<String>) -> Result<()> {
 }
 
 async fn lb(args: &[String]) -> Result<()> {
+    let plane = DataPlane::new(Settings::default());
+    plane.apply(lb_spec(args)?).await?;
+    println!("ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    Ok(())
+}
+
+/// The load balancer of `lb VIP BACKEND_IP PORT:NODE_PORT...`.
+fn lb_spec(args: &[String]) -> Result<LoadBalancerSpec> {
     let vip: IpAddr = arg(args, 1, "VIP")?;
     let backend: IpAddr = arg(args, 2, "backend IP")?;
     let mut listeners = Vec::new();
@@ -153,28 +182,146 @@ async fn lb(args: &[String]) -> Result<()> {
             node_port: node_port.parse()?,
         });
     }
-    let plane = DataPlane::new(Settings::default());
-    plane
-        .apply(LoadBalancerSpec {
-            name: "bench".into(),
-            listeners,
-            backends: vec![Backend {
-                node: "node".into(),
-                address: backend,
-            }],
-            health_check: None,
-            session_affinity: None,
-            source_ranges: Vec::new(),
-            proxy_protocol: false,
-        })
-        .await?;
-    println!("ready");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
+    Ok(LoadBalancerSpec {
+        name: "bench".into(),
+        listeners,
+        backends: vec![Backend {
+            node: "node".into(),
+            address: backend,
+        }],
+        health_check: None,
+        session_affinity: None,
+        source_ranges: Vec::new(),
+        proxy_protocol: false,
+    })
+}
+
+/// How the `lb` process lays its work over the cores (`DP_BENCH_LAYOUT`), to measure what the
+/// scheduler does to the relay's tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// One multi-thread runtime (a worker per core, work stealing): what ships.
+    MultiThread,
+    /// A current-thread runtime per core, each with its own `DataPlane`, all accepting from the same
+    /// listening socket: a connection stays on the core that accepted it (haproxy's `nbthread` model).
+    PerCore,
+    /// As `PerCore`, each runtime with its own `SO_REUSEPORT` socket: the kernel spreads new
+    /// connections over them by their addresses.
+    PerCoreReusePort,
+}
+
+impl Layout {
+    fn from_env() -> Result<Layout> {
+        match std::env::var("DP_BENCH_LAYOUT")
+            .unwrap_or_default()
+            .as_str()
+        {
+            "" | "multi-thread" => Ok(Layout::MultiThread),
+            "per-core" => Ok(Layout::PerCore),
+            "per-core-reuseport" => Ok(Layout::PerCoreReusePort),
+            other => Err(format!(
+                "DP_BENCH_LAYOUT={other:?}: must be multi-thread, per-core or per-core-reuseport"
+            )
+            .into()),
+        }
     }
+}
+
+/// `lb` with a current-thread runtime per core (see [`Layout`]): the listening sockets are bound
+/// here and handed to each runtime's `DataPlane` (`DataPlane::inherit`), which accepts from them.
+fn lb_per_core(args: &[String], layout: Layout) -> Result<()> {
+    let spec = lb_spec(args)?;
+    let cores = std::thread::available_parallelism()?.get();
+    let event_interval = match std::env::var("DP_BENCH_EVENT_INTERVAL") {
+        Ok(raw) if !raw.is_empty() => raw
+            .parse::<u32>()
+            .map_err(|e| format!("DP_BENCH_EVENT_INTERVAL={raw:?}: {e}"))?,
+        _ => local_data_plane::RUNTIME_EVENT_INTERVAL,
+    };
+    // Per core: one socket per listener, shared by every runtime. Per core with reuseport: each
+    // runtime binds its own (below).
+    let shared: Vec<std::os::fd::OwnedFd> = match layout {
+        Layout::PerCore => spec
+            .listeners
+            .iter()
+            .map(|l| listening_socket(l.socket_addr(), false))
+            .collect::<Result<_>>()?,
+        _ => Vec::new(),
+    };
+    let mut threads = Vec::new();
+    for core in 0..cores {
+        let handed = spec
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                Ok(local_data_plane::HandedSocket {
+                    protocol: l.protocol,
+                    addr: l.socket_addr(),
+                    fd: match shared.get(i) {
+                        Some(fd) => fd.try_clone()?,
+                        None => listening_socket(l.socket_addr(), true)?,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let spec = spec.clone();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("lb-{core}"))
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .event_interval(event_interval)
+                        .build()
+                    {
+                        Ok(runtime) => runtime,
+                        Err(error) => return drop(ready_tx.send(Err(error.into()))),
+                    };
+                    runtime.block_on(async move {
+                        let plane = DataPlane::new(Settings::default());
+                        plane.inherit(handed);
+                        let applied = plane.apply(spec).await.map_err(Into::into);
+                        let failed = applied.is_err();
+                        let _ = ready_tx.send(applied);
+                        if !failed {
+                            std::future::pending::<()>().await;
+                        }
+                    });
+                })?,
+        );
+        ready_rx.recv()??;
+    }
+    drop(shared); // the runtimes hold their own descriptors of them
+    println!("ready");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        Ok::<(), std::io::Error>(())
+    })?;
+    // The relay threads never end by themselves: the process exits with them running.
     Ok(())
+}
+
+/// A listening TCP socket on `addr` (with `SO_REUSEPORT` when `reuse_port`), as a descriptor.
+fn listening_socket(addr: SocketAddr, reuse_port: bool) -> Result<std::os::fd::OwnedFd> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(reuse_port)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
 }
 
 async fn echo(addr: SocketAddr) -> Result<()> {
