@@ -10,7 +10,7 @@ use std::{
     sync::Arc,
 };
 
-use tokio::net::{TcpListener, UdpSocket};
+use tokio::net::UdpSocket;
 
 use crate::Protocol;
 
@@ -26,10 +26,11 @@ pub struct HandedSocket {
     pub fd: OwnedFd,
 }
 
-/// A running listener's share of its socket.
+/// A running listener's share of its socket. A TCP one is registered with no runtime: each relay
+/// thread accepts from a descriptor of its own (`sockets::tcp_listener_on`).
 #[derive(Debug)]
 pub(crate) enum ListeningSocket {
-    Tcp(Arc<TcpListener>),
+    Tcp(std::net::TcpListener),
     Udp(Arc<UdpSocket>),
 }
 
@@ -51,11 +52,11 @@ impl ListeningSocket {
     }
 }
 
-/// A TCP listener from a descriptor handed over; refused unless it is a TCP socket listening on
-/// `addr`.
-pub(crate) fn tcp_listener(fd: OwnedFd, addr: SocketAddr) -> io::Result<TcpListener> {
+/// A TCP listener from a descriptor handed over (non-blocking); refused unless it is a TCP socket
+/// listening on `addr`.
+pub(crate) fn tcp_listener(fd: OwnedFd, addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = adopted(fd, addr, socket2::Type::STREAM, "no listening TCP socket")?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 /// A UDP socket from a descriptor handed over; refused unless it is a UDP socket bound to `addr`.

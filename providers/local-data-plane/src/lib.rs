@@ -1,15 +1,18 @@
 //! The data plane of the `local` provider: Service load balancers that really carry traffic on
 //! machines you own.
 //!
-//! A [`DataPlane`] runs any number of load balancers on the current tokio runtime. Each has listeners
-//! (one per VIP, port and protocol, TCP or UDP) that relay to the nodes' `address:NodePort`:
+//! A [`DataPlane`] runs any number of load balancers. Each has listeners (one per VIP, port and
+//! protocol, TCP or UDP) that relay to the nodes' `address:NodePort`:
 //!
 //! - **TCP**: every accepted connection is relayed to one healthy backend (tried in turn, up to three,
 //!   each within [`Settings::connect_timeout`]), both ways with half-close, optionally behind a PROXY
 //!   protocol v2 header. `TCP_NODELAY` on both sides; a 64 KiB buffer per direction, allocated with
-//!   the first bytes (an idle connection costs about 2.3 KB) and never zeroed.
+//!   the first bytes (an idle connection costs about 3 KB in all) and never zeroed. Connections are
+//!   accepted and relayed on the data plane's own relay threads (one current-thread runtime per core,
+//!   [`Settings::relay_threads`]), each on the least loaded thread, where it stays.
 //! - **UDP**: every client address gets its own upstream socket, relayed both ways and closed after
-//!   [`Settings::udp_idle_timeout`].
+//!   [`Settings::udp_idle_timeout`], on the runtime that calls [`DataPlane::apply`] (as are the
+//!   health checks).
 //! - Backends are picked round robin over the healthy ones; `sessionAffinity: ClientIP` keeps a client
 //!   IP on one backend (a map with expiry). Health checks are HTTP `GET`s, shared by every load
 //!   balancer that checks the same (address, port, path).
@@ -39,6 +42,7 @@ mod handover;
 mod health;
 pub mod metrics;
 mod pool;
+mod relay_threads;
 mod restart;
 mod sockets;
 mod spec;
@@ -52,13 +56,7 @@ pub use spec::{
     LoadBalancerSpec, LoadBalancerState, Protocol, Settings,
 };
 
-/// The event interval (`tokio::runtime::Builder::event_interval`) of the runtime a data plane runs
-/// on: how many tasks each worker polls between two looks at the I/O driver. tokio's default is 61;
-/// with 31 the relay's p99 at 10,000 req/s, its flat-out request rate and p99, its connection rate
-/// and its throughput were each as good as or better than with 61, in three interleaved runs each on
-/// an idle machine (`bench/results/data-plane-2026-12-01-event-interval.md`). `local-agent` builds its
-/// runtime with it, and the manager builds its own with it when it runs the `local` provider.
-pub const RUNTIME_EVENT_INTERVAL: u32 = 31;
+pub use relay_threads::RUNTIME_EVENT_INTERVAL;
 
 use handover::ListeningSocket;
 use health::ProbeRegistry;
@@ -68,8 +66,10 @@ use spec::ListenerKey;
 /// How long a listener's loop that panicked (a bug) waits before it is started again.
 const ACCEPT_LOOP_RESTART: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Runs load balancers. Cheap to clone (the clones share everything); all listeners run on the tokio
-/// runtime that calls [`DataPlane::apply`].
+/// Runs load balancers. Cheap to clone (the clones share everything). TCP listeners run on the data
+/// plane's relay threads, started with the first one and stopped (with every connection still on
+/// them) when the last clone is dropped; UDP listeners and health checks run on the tokio runtime that
+/// calls [`DataPlane::apply`].
 #[derive(Debug, Clone)]
 pub struct DataPlane {
     inner: Arc<Inner>,
@@ -85,6 +85,10 @@ pub(crate) struct Inner {
     /// Listening sockets handed over by the process this one replaces, taken by the listeners that
     /// bind their address (see [`DataPlane::inherit`]).
     inherited: Mutex<HashMap<ListenerKey, std::os::fd::OwnedFd>>,
+    /// The threads TCP connections are relayed on, started with the first TCP listener.
+    relay_threads: std::sync::OnceLock<relay_threads::RelayThreads>,
+    /// Held while the relay threads start, so that they start once.
+    starting_relay_threads: Mutex<()>,
 }
 
 /// One load balancer. `op` serializes `apply` and `remove` of this name; `run` is only held for
@@ -172,6 +176,8 @@ impl DataPlane {
                 settings,
                 load_balancers: Mutex::new(HashMap::new()),
                 inherited: Mutex::new(HashMap::new()),
+                relay_threads: std::sync::OnceLock::new(),
+                starting_relay_threads: Mutex::new(()),
             }),
         }
     }
@@ -223,14 +229,23 @@ impl DataPlane {
                     connect: self.inner.settings.connect_timeout,
                     idle: self.inner.settings.tcp_idle_timeout,
                 };
-                let serve =
-                    move |listener, shared, stop| tcp::serve(listener, shared, stop, timeouts);
-                spawn_serving("a TCP listener's accept loop", listener, parts, span, serve)
+                let pool = self.relay_threads()?.pool().clone();
+                let index = pool.next_acceptor();
+                let runtime = pool.runtime(index).clone();
+                let listener = Arc::new(sockets::tcp_listener_on(&runtime, listener)?);
+                let on = tcp::AcceptingThread { pool, index };
+                let serve = move |listener, shared, stop| {
+                    tcp::serve(listener, shared, stop, timeouts, on.clone())
+                };
+                let what = "a TCP listener's accept loop";
+                spawn_serving(&runtime, what, &listener, parts, span, serve)
             }
             ListeningSocket::Udp(socket) => {
                 let idle = self.inner.settings.udp_idle_timeout;
                 let serve = move |socket, shared, stop| udp::serve(socket, shared, stop, idle);
-                spawn_serving("a UDP listener's receive loop", socket, parts, span, serve)
+                let here = tokio::runtime::Handle::current();
+                let what = "a UDP listener's receive loop";
+                spawn_serving(&here, what, socket, parts, span, serve)
             }
         };
         Ok(RunningListener {
@@ -241,6 +256,26 @@ impl DataPlane {
             accept_loop: Some(accept_loop),
             connections: JoinSet::new(),
         })
+    }
+
+    /// The relay threads, started on first use.
+    fn relay_threads(&self) -> std::io::Result<&relay_threads::RelayThreads> {
+        if let Some(threads) = self.inner.relay_threads.get() {
+            return Ok(threads);
+        }
+        let _starting = lock(&self.inner.starting_relay_threads);
+        if let Some(threads) = self.inner.relay_threads.get() {
+            return Ok(threads);
+        }
+        let started = relay_threads::RelayThreads::start(self.inner.settings.relay_threads)
+            .map_err(|error| {
+                std::io::Error::new(
+                    error.kind(),
+                    format!("cannot start the relay threads: {error}"),
+                )
+            })?;
+        info!(threads = started.pool().len(), "relay threads started");
+        Ok(self.inner.relay_threads.get_or_init(|| started))
     }
 
     /// Closes every listener of the named load balancer at once (new connections refused), lets
@@ -397,10 +432,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Spawns a listener's loop, `serve` over its socket, in `span`. Watched: started again after a panic
-/// (`restart::restarting`) until `stop` is cancelled; the handle is kept (`accept_loop`) and awaited
-/// when the listener stops accepting.
+/// Spawns a listener's loop, `serve` over its socket, on `runtime`, in `span`. Watched: started again
+/// after a panic (`restart::restarting`) until `stop` is cancelled; the handle is kept (`accept_loop`)
+/// and awaited when the listener stops accepting.
 fn spawn_serving<S, Fut>(
+    runtime: &tokio::runtime::Handle,
     what: &'static str,
     socket: &Arc<S>,
     (shared, stop): (&Arc<ListenerShared>, &CancellationToken),
@@ -419,5 +455,5 @@ where
         move || (!stop.is_cancelled()).then(|| serve(socket.clone(), shared.clone(), stop.clone())),
     );
     // Watched: `restarting` starts the loop again after a panic; the caller keeps the handle.
-    tokio::spawn(task.instrument(span))
+    runtime.spawn(task.instrument(span))
 }

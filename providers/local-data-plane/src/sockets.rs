@@ -14,15 +14,24 @@ pub(crate) fn open(
     addr: SocketAddr,
 ) -> io::Result<ListeningSocket> {
     Ok(match (protocol, inherited) {
-        (Protocol::Tcp, Some(fd)) => {
-            ListeningSocket::Tcp(Arc::new(handover::tcp_listener(fd, addr)?))
-        }
-        (Protocol::Tcp, None) => ListeningSocket::Tcp(Arc::new(tcp::bind(addr)?)),
+        (Protocol::Tcp, Some(fd)) => ListeningSocket::Tcp(handover::tcp_listener(fd, addr)?),
+        (Protocol::Tcp, None) => ListeningSocket::Tcp(tcp::bind(addr)?),
         (Protocol::Udp, Some(fd)) => {
             ListeningSocket::Udp(Arc::new(handover::udp_socket(fd, addr)?))
         }
         (Protocol::Udp, None) => ListeningSocket::Udp(Arc::new(udp::bind(addr)?)),
     })
+}
+
+/// A new descriptor of the (non-blocking) listening socket `listener`, registered with `runtime`'s I/O
+/// driver, for a relay thread to accept from.
+pub(crate) fn tcp_listener_on(
+    runtime: &tokio::runtime::Handle,
+    listener: &std::net::TcpListener,
+) -> io::Result<tokio::net::TcpListener> {
+    let descriptor = listener.try_clone()?;
+    let _on = runtime.enter();
+    tokio::net::TcpListener::from_std(descriptor)
 }
 
 /// A new socket of `addr`'s family, not bound yet; an IPv6 one is IPv6-only, so `[::]` and `0.0.0.0`

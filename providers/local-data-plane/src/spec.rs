@@ -24,6 +24,10 @@ pub struct Settings {
     /// The open-files limit the data plane shares its descriptors out from (see the crate's docs):
     /// `None` reads the process's soft `RLIMIT_NOFILE` when the data plane is created.
     pub open_files_limit: Option<u64>,
+    /// How many threads accept and relay TCP connections, each with a runtime of its own on which a
+    /// connection stays for its whole life; `None` (the default): one per core the process may use
+    /// (its CPU affinity and cgroup quota, as `std::thread::available_parallelism` reads them).
+    pub relay_threads: Option<std::num::NonZeroUsize>,
 }
 
 impl Default for Settings {
@@ -36,6 +40,7 @@ impl Default for Settings {
             connect_timeout: Duration::from_secs(3),
             tcp_idle_timeout: None,
             open_files_limit: None,
+            relay_threads: None,
         }
     }
 }

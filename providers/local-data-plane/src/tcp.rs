@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::pool::{ActiveGuard, ListenerShared};
+use crate::relay_threads::RelayPool;
 use crate::sockets;
 
 /// Relay buffer per direction. Allocated only once a connection has data (see `relay`), so idle
@@ -22,8 +23,9 @@ const RELAY_BUFFER: usize = 64 * 1024;
 /// Backends tried per connection before the client is closed.
 const CONNECT_ATTEMPTS: usize = 3;
 
-/// Binds `addr` for listening (IPv6 sockets are IPv6-only, so `[::]` and `0.0.0.0` can coexist).
-pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+/// Binds `addr` for listening (IPv6 sockets are IPv6-only, so `[::]` and `0.0.0.0` can coexist); the
+/// socket is non-blocking, registered with no runtime yet.
+pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     let socket = sockets::for_address(addr, Type::STREAM, socket2::Protocol::TCP)?;
     // Lets a listener come back on its port while old connections sit in TIME_WAIT; on Linux it does
     // not let two sockets listen on one port.
@@ -31,20 +33,23 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
-    TcpListener::from_std(socket.into())
+    Ok(socket.into())
 }
 
 /// The accept loop of one listener; ends when `stop` is cancelled (dropping its share of the socket,
 /// which closes with the last share, so new connections are refused) and hands back the connections that are still open, to be drained.
 ///
 /// Connections are tasks in a `JoinSet` owned by this loop: nothing on a connection's path polls a
-/// shared token or lock, and the drain cuts them by aborting the set.
+/// shared token or lock, and the drain cuts them by aborting the set. The loop runs on one relay
+/// thread (`on`); each connection is relayed on the least loaded one (`RelayPool::pick`).
 pub(crate) async fn serve(
     listener: Arc<TcpListener>,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
     timeouts: Timeouts,
+    on: AcceptingThread,
 ) -> JoinSet<()> {
+    let AcceptingThread { pool, index: here } = on;
     let mut connections = JoinSet::new();
     loop {
         let (client, peer) = tokio::select! {
@@ -86,15 +91,62 @@ pub(crate) async fn serve(
         };
         let span = tracing::debug_span!("connection", %peer);
         let shared = shared.clone();
-        connections.spawn(
+        let worker = pool.pick(here);
+        let client = if worker.index() == here {
+            Accepted::Here(client)
+        } else {
+            // Registered with the other thread's runtime by the task, there.
+            match client.into_std() {
+                Ok(client) => Accepted::Moved(client),
+                Err(error) => {
+                    warn!(%peer, %error, "cannot hand a connection to another relay thread");
+                    continue;
+                }
+            }
+        };
+        let runtime = worker.runtime().clone();
+        connections.spawn_on(
             async move {
-                handle(client, peer, shared, timeouts).await;
-                drop(claim);
+                if let Some(client) = client.on_this_runtime() {
+                    handle(client, peer, shared, timeouts).await;
+                }
+                drop((claim, worker));
             }
             .instrument(span),
+            &runtime,
         );
     }
     connections
+}
+
+/// The relay thread an accept loop runs on.
+#[derive(Debug, Clone)]
+pub(crate) struct AcceptingThread {
+    /// Every relay thread.
+    pub(crate) pool: RelayPool,
+    /// This one's index in `pool`.
+    pub(crate) index: usize,
+}
+
+/// A connection just accepted, on the accepting thread's runtime or on its way to another's.
+enum Accepted {
+    Here(TcpStream),
+    Moved(std::net::TcpStream),
+}
+
+impl Accepted {
+    /// The connection, registered with the runtime this runs on; `None` (logged, the connection
+    /// closed) if it cannot be.
+    fn on_this_runtime(self) -> Option<TcpStream> {
+        match self {
+            Accepted::Here(stream) => Some(stream),
+            Accepted::Moved(stream) => TcpStream::from_std(stream)
+                .inspect_err(
+                    |error| warn!(%error, "cannot relay a connection on this relay thread"),
+                )
+                .ok(),
+        }
+    }
 }
 
 /// How soon a relayed connection whose peer vanished (its machine gone without a FIN or a reset) is

@@ -281,6 +281,7 @@ impl LocalCloud {
             tcp_idle_timeout: Some(lb.tcp_idle_timeout.0).filter(|idle| !idle.is_zero()),
             // The process's own limit: the descriptors are shared out from it.
             open_files_limit: None,
+            relay_threads: lb.relay_threads,
         };
         if let Some(path) = path {
             tracing::info!(path = %path.display(), machines = config.machines.len(), pools = config.address_pools.len(), "local cloud: cloud-config read");

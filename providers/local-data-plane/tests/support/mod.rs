@@ -58,6 +58,7 @@ pub fn fast_settings() -> Settings {
         connect_timeout: Duration::from_millis(500),
         tcp_idle_timeout: None,
         open_files_limit: None,
+        relay_threads: None,
     }
 }
 

@@ -22,6 +22,9 @@ pub struct LoadBalancerConfig {
     /// A relayed TCP connection with no byte either way for this long is closed (default `0s`: never;
     /// keepalive still closes one whose peer vanished).
     pub tcp_idle_timeout: GoDuration,
+    /// How many threads accept and relay TCP connections (default: one per core the process may use,
+    /// its CPU affinity and cgroup quota); each connection stays on one of them for its whole life.
+    pub relay_threads: Option<std::num::NonZeroUsize>,
     /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
     /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
     /// command) while their load balancer runs, and taken off when it is deleted or the leader steps
@@ -122,6 +125,7 @@ impl Default for LoadBalancerConfig {
             udp_idle_timeout: GoDuration(Duration::from_secs(60)),
             connect_timeout: GoDuration(Duration::from_secs(5)),
             tcp_idle_timeout: GoDuration(Duration::ZERO),
+            relay_threads: None,
             vip_interface: None,
             mode: LoadBalancerMode::default(),
             agent_namespace: None,

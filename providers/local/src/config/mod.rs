@@ -309,6 +309,23 @@ mod tests {
             Config::default().load_balancer.tcp_idle_timeout.0.is_zero(),
             "off by default"
         );
+        let threads = Config::parse("loadBalancer:\n  relayThreads: 3\n", None).unwrap();
+        assert_eq!(
+            threads.load_balancer.relay_threads,
+            std::num::NonZeroUsize::new(3)
+        );
+        assert_eq!(
+            Config::default().load_balancer.relay_threads,
+            None,
+            "one per core by default"
+        );
+        let err = Config::parse("loadBalancer:\n  relayThreads: 0\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("relayThreads") && err.contains("line 2"),
+            "{err}"
+        );
         let err = Config::parse("loadBalancer:\n  drainTimeout: soon\n", None)
             .unwrap_err()
             .to_string();
