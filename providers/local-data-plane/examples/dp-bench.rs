@@ -6,7 +6,8 @@
 //! dp-bench latency ADDR CONNS SECS SIZE [RATE]   request/response latency over CONNS concurrent connections,
 //!                                                at RATE requests/s in all (0 or absent: as fast as they can)
 //! dp-bench connrate ADDR WORKERS SECS            new connections per second (connect, 1-byte echo, close)
-//! dp-bench idle ADDR CONNS SECS                  opens CONNS idle connections, prints "open N", holds them SECS
+//! dp-bench idle ADDR CONNS SECS [SOURCES]        opens CONNS idle connections, prints "open N", holds them SECS;
+//!                                                from SOURCES client addresses (127.50.2.1, .2, ...; default 1)
 //! dp-bench http ADDR CONNS SECS [RATE]           as `latency`, each request a `GET /` on keep-alive HTTP/1.1
 //!                                                connections (for an HTTP server behind the address)
 //! dp-bench httprate ADDR WORKERS SECS            as `connrate`, each connection one `GET /` (Connection: close)
@@ -28,22 +29,6 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let layout = match Layout::from_env() {
-        Ok(layout) => layout,
-        Err(error) => {
-            eprintln!("{error}");
-            return ExitCode::FAILURE;
-        }
-    };
-    if args.first().map(String::as_str) == Some("lb") && layout != Layout::MultiThread {
-        return match lb_per_core(&args, layout) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(error) => {
-                eprintln!("dp-bench: {error}");
-                ExitCode::FAILURE
-            }
-        };
-    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     // Scheduler knobs, for measuring their effect on the proxy's tail (bench/data-plane/run passes
@@ -146,6 +131,11 @@ async fn run(args: Vec<String>) -> Result<()> {
                 arg(&args, 1, "address")?,
                 arg(&args, 2, "connections")?,
                 arg(&args, 3, "seconds")?,
+                if args.len() > 4 {
+                    arg(&args, 4, "sources")?
+                } else {
+                    1
+                },
             )
             .await
         }
@@ -157,19 +147,6 @@ async fn run(args: Vec<String>) -> Result<()> {
 }
 
 async fn lb(args: &[String]) -> Result<()> {
-    let plane = DataPlane::new(Settings::default());
-    plane.apply(lb_spec(args)?).await?;
-    println!("ready");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    Ok(())
-}
-
-/// The load balancer of `lb VIP BACKEND_IP PORT:NODE_PORT...`.
-fn lb_spec(args: &[String]) -> Result<LoadBalancerSpec> {
     let vip: IpAddr = arg(args, 1, "VIP")?;
     let backend: IpAddr = arg(args, 2, "backend IP")?;
     let mut listeners = Vec::new();
@@ -182,146 +159,28 @@ fn lb_spec(args: &[String]) -> Result<LoadBalancerSpec> {
             node_port: node_port.parse()?,
         });
     }
-    Ok(LoadBalancerSpec {
-        name: "bench".into(),
-        listeners,
-        backends: vec![Backend {
-            node: "node".into(),
-            address: backend,
-        }],
-        health_check: None,
-        session_affinity: None,
-        source_ranges: Vec::new(),
-        proxy_protocol: false,
-    })
-}
-
-/// How the `lb` process lays its work over the cores (`DP_BENCH_LAYOUT`), to measure what the
-/// scheduler does to the relay's tail.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
-    /// One multi-thread runtime (a worker per core, work stealing): what ships.
-    MultiThread,
-    /// A current-thread runtime per core, each with its own `DataPlane`, all accepting from the same
-    /// listening socket: a connection stays on the core that accepted it (haproxy's `nbthread` model).
-    PerCore,
-    /// As `PerCore`, each runtime with its own `SO_REUSEPORT` socket: the kernel spreads new
-    /// connections over them by their addresses.
-    PerCoreReusePort,
-}
-
-impl Layout {
-    fn from_env() -> Result<Layout> {
-        match std::env::var("DP_BENCH_LAYOUT")
-            .unwrap_or_default()
-            .as_str()
-        {
-            "" | "multi-thread" => Ok(Layout::MultiThread),
-            "per-core" => Ok(Layout::PerCore),
-            "per-core-reuseport" => Ok(Layout::PerCoreReusePort),
-            other => Err(format!(
-                "DP_BENCH_LAYOUT={other:?}: must be multi-thread, per-core or per-core-reuseport"
-            )
-            .into()),
-        }
-    }
-}
-
-/// `lb` with a current-thread runtime per core (see [`Layout`]): the listening sockets are bound
-/// here and handed to each runtime's `DataPlane` (`DataPlane::inherit`), which accepts from them.
-fn lb_per_core(args: &[String], layout: Layout) -> Result<()> {
-    let spec = lb_spec(args)?;
-    let cores = std::thread::available_parallelism()?.get();
-    let event_interval = match std::env::var("DP_BENCH_EVENT_INTERVAL") {
-        Ok(raw) if !raw.is_empty() => raw
-            .parse::<u32>()
-            .map_err(|e| format!("DP_BENCH_EVENT_INTERVAL={raw:?}: {e}"))?,
-        _ => local_data_plane::RUNTIME_EVENT_INTERVAL,
-    };
-    // Per core: one socket per listener, shared by every runtime. Per core with reuseport: each
-    // runtime binds its own (below).
-    let shared: Vec<std::os::fd::OwnedFd> = match layout {
-        Layout::PerCore => spec
-            .listeners
-            .iter()
-            .map(|l| listening_socket(l.socket_addr(), false))
-            .collect::<Result<_>>()?,
-        _ => Vec::new(),
-    };
-    let mut threads = Vec::new();
-    for core in 0..cores {
-        let handed = spec
-            .listeners
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                Ok(local_data_plane::HandedSocket {
-                    protocol: l.protocol,
-                    addr: l.socket_addr(),
-                    fd: match shared.get(i) {
-                        Some(fd) => fd.try_clone()?,
-                        None => listening_socket(l.socket_addr(), true)?,
-                    },
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let spec = spec.clone();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("lb-{core}"))
-                .spawn(move || {
-                    let runtime = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .event_interval(event_interval)
-                        .build()
-                    {
-                        Ok(runtime) => runtime,
-                        Err(error) => return drop(ready_tx.send(Err(error.into()))),
-                    };
-                    runtime.block_on(async move {
-                        let plane = DataPlane::new(Settings::default());
-                        plane.inherit(handed);
-                        let applied = plane.apply(spec).await.map_err(Into::into);
-                        let failed = applied.is_err();
-                        let _ = ready_tx.send(applied);
-                        if !failed {
-                            std::future::pending::<()>().await;
-                        }
-                    });
-                })?,
-        );
-        ready_rx.recv()??;
-    }
-    drop(shared); // the runtimes hold their own descriptors of them
+    let plane = DataPlane::new(Settings::default());
+    plane
+        .apply(LoadBalancerSpec {
+            name: "bench".into(),
+            listeners,
+            backends: vec![Backend {
+                node: "node".into(),
+                address: backend,
+            }],
+            health_check: None,
+            session_affinity: None,
+            source_ranges: Vec::new(),
+            proxy_protocol: false,
+        })
+        .await?;
     println!("ready");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-        Ok::<(), std::io::Error>(())
-    })?;
-    // The relay threads never end by themselves: the process exits with them running.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
     Ok(())
-}
-
-/// A listening TCP socket on `addr` (with `SO_REUSEPORT` when `reuse_port`), as a descriptor.
-fn listening_socket(addr: SocketAddr, reuse_port: bool) -> Result<std::os::fd::OwnedFd> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.set_reuse_port(reuse_port)?;
-    socket.bind(&addr.into())?;
-    socket.listen(4096)?;
-    Ok(socket.into())
 }
 
 async fn echo(addr: SocketAddr) -> Result<()> {
@@ -554,28 +413,65 @@ async fn connection_rate(addr: SocketAddr, workers: usize, secs: f64, how: Excha
     Ok(())
 }
 
-async fn idle(addr: SocketAddr, conns: usize, secs: f64) -> Result<()> {
+/// The `n`th (from 0) of `sources` client addresses an idle connection comes from: one client
+/// address may hold only a quarter of the proxy's descriptors (its budget, issue #32), so a test of
+/// more connections than that spreads them over several, as many clients would.
+fn idle_source(n: usize, sources: u8) -> Option<SocketAddr> {
+    (sources > 1).then(|| {
+        let host = u8::try_from(n % usize::from(sources)).unwrap_or(0) + 1;
+        SocketAddr::from(([127, 50, 2, host], 0))
+    })
+}
+
+async fn idle(addr: SocketAddr, conns: usize, secs: f64, sources: u8) -> Result<()> {
+    if sources == 0 {
+        return Err("sources must be 1 or more".into());
+    }
     let mut streams = Vec::with_capacity(conns);
     let mut pending = tokio::task::JoinSet::new();
-    let mut errors = 0u64;
-    for _ in 0..conns {
+    // Failed connects, by error (e.g. the machine out of ephemeral ports: "Cannot assign requested address").
+    let mut errors: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut settle = |result: std::io::Result<TcpStream>| match result {
+        Ok(stream) => streams.push(stream),
+        Err(error) => *errors.entry(error.to_string()).or_default() += 1,
+    };
+    for n in 0..conns {
         if pending.len() >= 256
             && let Some(result) = pending.join_next().await
         {
-            match result? {
-                Ok(stream) => streams.push(stream),
-                Err(_) => errors += 1,
-            }
+            settle(result?);
         }
-        pending.spawn(TcpStream::connect(addr));
+        let source = idle_source(n, sources);
+        pending.spawn(async move {
+            match source {
+                None => TcpStream::connect(addr).await,
+                Some(source) => {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(source)?;
+                    socket.connect(addr).await
+                }
+            }
+        });
     }
     while let Some(result) = pending.join_next().await {
-        match result? {
-            Ok(stream) => streams.push(stream),
-            Err(_) => errors += 1,
-        }
+        settle(result?);
     }
-    println!("{{\"open\":{},\"errors\":{}}}", streams.len(), errors);
+    // A proxy may accept a connection and reset it at once (past a descriptor share): only the ones
+    // still open a moment later are held by it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let alive = streams
+        .iter()
+        .filter(|s| {
+            matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    let failed: u64 = errors.values().sum();
+    let kinds: Vec<String> = errors.iter().map(|(e, n)| format!("{e:?}: {n}")).collect();
+    println!(
+        "{{\"open\":{},\"alive\":{alive},\"errors\":{failed},\"error_kinds\":{{{}}}}}",
+        streams.len(),
+        kinds.join(",")
+    );
     tokio::time::sleep(Duration::from_secs_f64(secs)).await;
     drop(streams);
     Ok(())
