@@ -26,8 +26,8 @@ pub struct HandedSocket {
     pub fd: OwnedFd,
 }
 
-/// A running listener's share of its socket. A TCP one is registered with no runtime: each relay
-/// thread accepts from a descriptor of its own (`sockets::tcp_listener_on`).
+/// A running listener's share of its socket. A TCP one is registered with no runtime: the relay thread
+/// its accept loop runs on accepts from a descriptor of its own (`sockets::tcp_listener_on`).
 #[derive(Debug)]
 pub(crate) enum ListeningSocket {
     Tcp(std::net::TcpListener),

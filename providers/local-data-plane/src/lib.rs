@@ -56,7 +56,7 @@ pub use spec::{
     LoadBalancerSpec, LoadBalancerState, Protocol, Settings,
 };
 
-pub use relay_threads::RUNTIME_EVENT_INTERVAL;
+pub use relay_threads::{DEFAULT_MAX_RELAY_THREADS, RUNTIME_EVENT_INTERVAL};
 
 use handover::ListeningSocket;
 use health::ProbeRegistry;
@@ -216,8 +216,15 @@ impl DataPlane {
     fn start_listener(&self, shared: Arc<ListenerShared>) -> std::io::Result<RunningListener> {
         let stop = CancellationToken::new();
         let span = info_span!("listener", listener = %shared.label);
-        let inherited = lock(&self.inner.inherited).remove(&shared.spec.key());
-        if inherited.is_some() {
+        // The relay threads start before a socket handed over is taken, so that failing to start them
+        // leaves it there.
+        if shared.spec.protocol == Protocol::Tcp {
+            self.relay_threads()?;
+        }
+        let key = shared.spec.key();
+        let inherited = lock(&self.inner.inherited).remove(&key);
+        let handed_over = inherited.is_some();
+        if handed_over {
             info!(listener = %shared.label, "taking over the socket handed over");
         }
         let socket = sockets::open(shared.spec.protocol, inherited, shared.spec.socket_addr())?;
@@ -232,7 +239,17 @@ impl DataPlane {
                 let pool = self.relay_threads()?.pool().clone();
                 let index = pool.next_acceptor();
                 let runtime = pool.runtime(index).clone();
-                let listener = Arc::new(sockets::tcp_listener_on(&runtime, listener)?);
+                let listener = match sockets::tcp_listener_on(&runtime, listener) {
+                    Ok(listener) => Arc::new(listener),
+                    Err(error) => {
+                        // A socket handed over goes back for the next try: binding a new one would
+                        // fail while the process that handed it over still listens.
+                        if handed_over && let Ok(fd) = socket.duplicate() {
+                            lock(&self.inner.inherited).insert(key, fd);
+                        }
+                        return Err(error);
+                    }
+                };
                 let on = tcp::AcceptingThread { pool, index };
                 let serve = move |listener, shared, stop| {
                     tcp::serve(listener, shared, stop, timeouts, on.clone())

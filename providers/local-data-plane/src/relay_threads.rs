@@ -22,10 +22,16 @@ use tokio::sync::oneshot;
 /// The event interval (`tokio::runtime::Builder::event_interval`) of the relay's runtimes: how many
 /// tasks a worker polls between two looks at the I/O driver (tokio's default is 61). With 31 the
 /// relay's tail, rates and throughput were as good as or better than with 61, in three interleaved
-/// runs each on an idle machine (`bench/results/data-plane-2026-12-01-event-interval.md`). The
-/// runtimes of `local-agent` and of a manager running the `local` provider use it too (their UDP
-/// relays and health checks).
+/// runs each on an idle machine (`bench/results/data-plane-2026-12-01-event-interval.md`), measured
+/// on the one multi-thread runtime the relay ran on then; kept for the relay threads, not measured
+/// again on them. The runtimes of `local-agent` and of a manager running the `local` provider use it
+/// too (their UDP relays and health checks).
 pub const RUNTIME_EVENT_INTERVAL: u32 = 31;
+
+/// The most relay threads started by default (one per core up to this): a manager or agent on a large
+/// node, given CPU requests but no limit, sees every core of the node, and each thread's runtime holds
+/// a few descriptors and a stack. `loadBalancer.relayThreads` sets any number.
+pub const DEFAULT_MAX_RELAY_THREADS: usize = 16;
 
 /// The relay threads, each running a current-thread runtime until this is dropped (which stops them
 /// and drops what still runs on them).
@@ -58,43 +64,27 @@ struct Worker {
 }
 
 impl RelayThreads {
-    /// Starts `count` threads (`None`: one per core the process may use), named `relay-0`, `relay-1`, ...
+    /// Starts `count` threads (`None`: one per core the process may use, at most
+    /// [`DEFAULT_MAX_RELAY_THREADS`]), named `relay-0`, `relay-1`, ... On an error the threads started
+    /// so far are stopped and joined.
     pub(crate) fn start(count: Option<NonZeroUsize>) -> io::Result<RelayThreads> {
-        let count = count
-            .or_else(|| std::thread::available_parallelism().ok())
-            .map_or(1, NonZeroUsize::get);
+        let count = count.map_or_else(default_count, NonZeroUsize::get);
         let mut threads = Vec::with_capacity(count);
         let mut workers = Vec::with_capacity(count);
         for index in 0..count {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .event_interval(RUNTIME_EVENT_INTERVAL)
-                .build()?;
-            let handle = runtime.handle().clone();
-            let (stop, stopped) = oneshot::channel::<()>();
-            let spawned = std::thread::Builder::new()
-                .name(format!("relay-{index}"))
-                .spawn(move || {
-                    // Runs what is spawned on the runtime until `stop` is dropped; dropping the
-                    // runtime then drops what still runs on it (accept loops, connections).
-                    let _ = runtime.block_on(stopped);
-                });
-            let thread = match spawned {
-                Ok(thread) => thread,
+            match start_one(index) {
+                Ok((thread, runtime)) => {
+                    threads.push(thread);
+                    workers.push(Worker {
+                        runtime,
+                        connections: AtomicUsize::new(0),
+                    });
+                }
                 Err(error) => {
-                    // The threads started so far stop as `threads` drops.
                     drop(RelayThreads::from_parts(workers, threads));
                     return Err(error);
                 }
-            };
-            threads.push(RelayThread {
-                stop: Some(stop),
-                thread: Some(thread),
-            });
-            workers.push(Worker {
-                runtime: handle,
-                connections: AtomicUsize::new(0),
-            });
+            }
         }
         Ok(RelayThreads::from_parts(workers, threads))
     }
@@ -112,6 +102,58 @@ impl RelayThreads {
     /// The threads' runtimes.
     pub(crate) fn pool(&self) -> &RelayPool {
         &self.pool
+    }
+}
+
+/// One per core the process may use (its CPU affinity and cgroup quota), at most
+/// [`DEFAULT_MAX_RELAY_THREADS`].
+fn default_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, NonZeroUsize::get)
+        .min(DEFAULT_MAX_RELAY_THREADS)
+}
+
+/// Starts relay thread `index` and returns it with its runtime's handle. The runtime is built on the
+/// new thread and lives and dies there: a runtime dropped inside an async context (the caller's) would
+/// panic.
+fn start_one(index: usize) -> io::Result<(RelayThread, Handle)> {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (started, handle) = std::sync::mpsc::sync_channel::<io::Result<Handle>>(1);
+    let thread = std::thread::Builder::new()
+        .name(format!("relay-{index}"))
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .event_interval(RUNTIME_EVENT_INTERVAL)
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => return drop(started.send(Err(error))),
+            };
+            if started.send(Ok(runtime.handle().clone())).is_ok() {
+                // Runs what is spawned on the runtime until `stop` is dropped; dropping the runtime
+                // then drops what still runs on it (accept loops, connections).
+                let _ = runtime.block_on(stopped);
+            }
+        })?;
+    let mut relay_thread = RelayThread {
+        stop: Some(stop),
+        thread: Some(thread),
+    };
+    // Blocks only while the new thread builds its runtime (microseconds).
+    let received = handle.recv().map_err(|_| {
+        io::Error::other(format!(
+            "relay thread {index} ended before its runtime started"
+        ))
+    });
+    match received.and_then(|built| built) {
+        Ok(handle) => Ok((relay_thread, handle)),
+        Err(error) => {
+            if let Some(thread) = relay_thread.thread.take() {
+                let _ = thread.join();
+            }
+            Err(error)
+        }
     }
 }
 
@@ -232,7 +274,9 @@ mod tests {
 
     #[test]
     fn by_default_one_worker_per_core() {
-        let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        let cores = std::thread::available_parallelism()
+            .map_or(1, NonZeroUsize::get)
+            .min(DEFAULT_MAX_RELAY_THREADS);
         let workers = RelayThreads::start(None).expect("workers start");
         assert_eq!(workers.pool().len(), cores);
     }

@@ -26,7 +26,8 @@ pub struct Settings {
     pub open_files_limit: Option<u64>,
     /// How many threads accept and relay TCP connections, each with a runtime of its own on which a
     /// connection stays for its whole life; `None` (the default): one per core the process may use
-    /// (its CPU affinity and cgroup quota, as `std::thread::available_parallelism` reads them).
+    /// (its CPU affinity and cgroup quota, as `std::thread::available_parallelism` reads them), at most
+    /// [`DEFAULT_MAX_RELAY_THREADS`](crate::DEFAULT_MAX_RELAY_THREADS).
     pub relay_threads: Option<std::num::NonZeroUsize>,
 }
 

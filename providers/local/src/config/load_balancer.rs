@@ -23,7 +23,8 @@ pub struct LoadBalancerConfig {
     /// keepalive still closes one whose peer vanished).
     pub tcp_idle_timeout: GoDuration,
     /// How many threads accept and relay TCP connections (default: one per core the process may use,
-    /// its CPU affinity and cgroup quota); each connection stays on one of them for its whole life.
+    /// its CPU affinity and cgroup quota, at most 16); each connection stays on one of them for its
+    /// whole life.
     pub relay_threads: Option<std::num::NonZeroUsize>,
     /// Off by default. When set, VIPs outside the loopback range are put on this interface as host
     /// addresses (`<vip>/32` or `/128`, through netlink, which needs `CAP_NET_ADMIN` and no `ip`
