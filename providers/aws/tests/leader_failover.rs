@@ -286,10 +286,20 @@ async fn killing_the_leader_mid_provisioning_leaves_exactly_one_load_balancer_pe
             .await
             .unwrap();
     }
-    wait_for("no cluster resources", Duration::from_secs(300), || async {
-        cluster_resources().await.is_empty().then_some(())
-    })
-    .await;
+    // Not `wait_for`: on a timeout this names what is still tagged for the cluster (it once timed out,
+    // under load, with nothing else to go on).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+    loop {
+        let left = cluster_resources().await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after 300s waiting for no cluster resources; still tagged for the cluster: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     drop(first);
     drop(second);
     for i in &instances {
