@@ -1421,3 +1421,51 @@ async fn a_socket_handed_over_for_another_address_is_refused_with_the_reason() {
         .expect_err("a UDP socket is no TCP listener");
     assert!(err.to_string().contains("no listening TCP socket"), "{err}");
 }
+
+/// On three relay threads, the connections handed to another thread than the one that accepted them
+/// (the least loaded takes each: six of nine here) carry bytes as the ones kept do; dropping the data
+/// plane stops its threads, which closes the listener and every connection on them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_spread_over_relay_threads_carry_bytes_and_stop_with_the_data_plane() {
+    let t = 47;
+    tcp_echo(node_ip(t, 1), "n1").await;
+    let plane = DataPlane::new(Settings {
+        relay_threads: std::num::NonZeroUsize::new(3),
+        ..fast_settings()
+    });
+    plane
+        .apply(spec(
+            "lb",
+            vec![tcp_listener(vip(t), 8080)],
+            vec![backend("n1", node_ip(t, 1))],
+        ))
+        .await
+        .expect("apply");
+
+    let mut streams = Vec::new();
+    for _ in 0..9 {
+        let mut stream = TcpStream::connect((vip(t), 8080))
+            .await
+            .expect("connect to the VIP");
+        assert_eq!(read_id(&mut stream).await, "n1");
+        streams.push(stream);
+    }
+    for (i, stream) in streams.iter_mut().enumerate() {
+        let data = format!("connection {i}").into_bytes();
+        assert_eq!(round_trip(stream, &data).await, data, "connection {i}");
+    }
+    let state = plane.state("lb").expect("state");
+    assert_eq!(state.listeners[0].active_connections, 9);
+
+    drop(plane);
+    assert!(
+        TcpStream::connect((vip(t), 8080)).await.is_err(),
+        "the listener is closed with the data plane"
+    );
+    for (i, stream) in streams.iter_mut().enumerate() {
+        assert!(
+            closed_promptly(stream, SECOND).await,
+            "connection {i} is closed with the data plane"
+        );
+    }
+}
