@@ -26,7 +26,9 @@ fn rss_kib() -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_goes_back_once_24000_one_datagram_flows_have_expired() {
-    let t = 41;
+    // hack/test runs this test on musl (the shipped image's allocator) beside the glibc build, in
+    // another lane at the same time: each build on addresses of its own.
+    let t = if cfg!(target_env = "musl") { 48 } else { 41 };
     udp_echo(node_ip(t, 1), "n1").await;
     let plane = DataPlane::new(fast_settings());
     plane

@@ -36,6 +36,9 @@ use crate::{
 /// Between two rounds of probes.
 pub(crate) const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How many times [`holders`] asks for an address no host has answered for yet.
+const PROBE_ROUNDS: u32 = 3;
+
 /// How long one read waits, so that a stopped watch ends within it.
 const READ_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -196,8 +199,9 @@ impl Link {
     }
 }
 
-/// Which other hosts on `interface` have which of `ips` now: each is probed once ([`probe`]) and the
-/// answers heard within `wait` are collected (the first host to claim an address is kept). Blocks the
+/// Which other hosts on `interface` have which of `ips` now: each is probed ([`probe`]) in up to
+/// [`PROBE_ROUNDS`] rounds spread over `wait`, until it is answered, and the answers heard within `wait`
+/// are collected (the first host to claim an address is kept). Blocks the
 /// calling thread for `wait`. How a new leader learns that the previous one still serves the VIPs it
 /// takes over, and where to forward their open connections
 /// ([`crate::leader_handoff`]).
@@ -211,17 +215,31 @@ pub(crate) fn holders(
         mut sender,
         mut receiver,
     } = Link::open(interface)?;
-    for ip in ips {
-        if let Some(Err(err)) = sender.send_to(&probe(mac, *ip), None) {
-            return Err(io::Error::new(
-                err.kind(),
-                format!("probing {interface} for {ip}: {err}"),
-            ));
-        }
-    }
     let mut found = BTreeMap::new();
-    let deadline = Instant::now() + wait;
-    while Instant::now() < deadline && found.len() < ips.len() {
+    let start = Instant::now();
+    let deadline = start + wait;
+    let mut rounds_sent = 0;
+    while found.len() < ips.len() {
+        let now = Instant::now();
+        // Another round for the addresses not answered yet once its share of `wait` has begun: a
+        // frame lost (a link whose carrier just came up drops what is sent on it) costs one round,
+        // not the answer.
+        if rounds_sent < PROBE_ROUNDS
+            && now >= start + wait.mul_f64(f64::from(rounds_sent) / f64::from(PROBE_ROUNDS))
+        {
+            for ip in ips.iter().filter(|ip| !found.contains_key(*ip)) {
+                if let Some(Err(err)) = sender.send_to(&probe(mac, *ip), None) {
+                    return Err(io::Error::new(
+                        err.kind(),
+                        format!("probing {interface} for {ip}: {err}"),
+                    ));
+                }
+            }
+            rounds_sent += 1;
+        }
+        if now >= deadline {
+            break;
+        }
         match receiver.next() {
             Ok(frame) => {
                 if let Some(claim) = heard::parse(frame).and_then(|h| claim_of(&h, mac))
