@@ -69,6 +69,15 @@ impl CachedNode {
     pub fn unknown_field(&self) -> Option<&str> {
         self.unknown_field.as_deref()
     }
+
+    /// A node decoded from the API server's protobuf (`crate::protobuf`), already without the fields
+    /// the cache skips, and the note of a field there that the decoder's types lack.
+    pub(crate) fn decoded(node: Node, unknown_field: Option<Box<str>>) -> Self {
+        Self {
+            node: Arc::new(node),
+            unknown_field,
+        }
+    }
 }
 
 impl From<Node> for CachedNode {

@@ -25,13 +25,17 @@
 //!   manager's environment (client-go's gate, which an out-of-tree manager reads from there, not from
 //!   `--feature-gates`) it streams the list instead (a watch with `sendInitialEvents`, KEP-3157), as
 //!   client-go's reflectors do by default since 1.35: the API server sends the objects from its watch
-//!   cache one by one instead of building list responses. Client-go streams in protobuf; in JSON, which
-//!   this manager speaks, the API server encodes each streamed object on its own and pays 2.3x what a
-//!   paged list of the same 10,000 nodes costs it (`bench/results/read-costs-2026-12-01.md`), and in
-//!   1.37 a paged list is served from the watch cache's snapshot (`ListFromCacheSnapshot`), so paging
+//!   cache one by one instead of building list responses. In JSON the API server encodes each streamed
+//!   object on its own and pays 2.3x what a paged list of the same 10,000 nodes costs it; in protobuf
+//!   a paged list still costs it 0.77x a streamed one (`bench/results/read-costs-2026-12-01.md`), and
+//!   in 1.37 a paged list is served from the watch cache's snapshot (`ListFromCacheSnapshot`), so paging
 //!   no longer costs it the memory streaming lists were made to save. Hence the gate's default here. An API server that does
 //!   not serve streaming lists (the `WatchList` feature gate off, or older than 1.27: either answers the
 //!   request 400 or 422) gets a paged list and a watch instead, from then on, as client-go falls back.
+//!
+//! - **Nodes in protobuf.** The Node cache lists and watches in protobuf
+//!   (`--kube-api-content-type`, upstream's default; `crate::protobuf`), which costs the API server
+//!   half or less of JSON for the same reads; the Service cache reads JSON (kube's watcher).
 //!
 //! A failed watch is retried 0.8–1.6 s after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
 //! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
@@ -43,7 +47,7 @@ use parking_lot::{Mutex, MutexGuard};
 use std::{fmt::Debug, sync::Arc};
 
 use cloud_provider::{Supervisor, supervise::Ends};
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, stream::BoxStream};
 use k8s_openapi::api::core::v1::Service;
 use kube::{
     Api, Client, Resource,
@@ -59,6 +63,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::cached_node::CachedNode;
+use crate::protobuf::{self, KubeApiContentType};
 
 /// How many changes a slow subscriber may lag behind before the watch waits for it.
 const SUBSCRIBER_BUFFER: usize = 1024;
@@ -150,6 +155,8 @@ struct Start {
     /// Runs each cache's watch, which stops with its shutdown.
     supervisor: Supervisor,
     initial_list: InitialList,
+    /// How the caches that can read protobuf read (`--kube-api-content-type`).
+    content_type: KubeApiContentType,
 }
 
 impl InformerFactory {
@@ -165,7 +172,7 @@ impl InformerFactory {
     pub fn nodes(&self) -> Arc<SharedNodes> {
         let mut state = lock(&self.state);
         let FactoryState { nodes, started, .. } = &mut *state;
-        informer_for(nodes, started, keep_node)
+        informer_for(nodes, started, keep_node, Some(node_events_in_protobuf))
     }
 
     /// The shared Service cache, asked for: as [`InformerFactory::nodes`].
@@ -174,19 +181,27 @@ impl InformerFactory {
         let FactoryState {
             services, started, ..
         } = &mut *state;
-        informer_for(services, started, prune_service)
+        informer_for(services, started, prune_service, None)
     }
 
     /// Starts every cache asked for so far, with `client`, each fetching its first list as
-    /// `initial_list` says; those asked for later start when they are. Each watch is a task of
+    /// `initial_list` says, the Node cache in protobuf unless `content_type` is JSON; those asked for
+    /// later start when they are. Each watch is a task of
     /// `supervisor`, and stops with its shutdown: one that panics or ends before fails the manager's
     /// health check (its cache would be frozen, its controllers deaf). Called once, after every
     /// controller has started.
-    pub(crate) fn start(&self, client: Client, supervisor: Supervisor, initial_list: InitialList) {
+    pub(crate) fn start(
+        &self,
+        client: Client,
+        supervisor: Supervisor,
+        initial_list: InitialList,
+        content_type: KubeApiContentType,
+    ) {
         let start = Start {
             client,
             supervisor,
             initial_list,
+            content_type,
         };
         let mut state = lock(&self.state);
         if let Some(nodes) = &state.nodes {
@@ -199,21 +214,34 @@ impl InformerFactory {
     }
 }
 
-/// The cache in `slot`, made (with `prune`) if no one asked for it before, and started if the factory
-/// has started.
+/// The cache in `slot`, made (with `prune`, and reading protobuf with `in_protobuf` where it can) if no
+/// one asked for it before, and started if the factory has started.
 fn informer_for<K>(
     slot: &mut Option<Arc<SharedInformer<K>>>,
     started: &Option<Start>,
     prune: fn(&mut K),
+    in_protobuf: Option<ProtobufEvents<K>>,
 ) -> Arc<SharedInformer<K>>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    let informer = slot.get_or_insert_with(|| Arc::new(SharedInformer::new(prune)));
+    let informer = slot.get_or_insert_with(|| Arc::new(SharedInformer::new(prune, in_protobuf)));
     if let Some(start) = started {
         informer.start(start.clone());
     }
     informer.clone()
+}
+
+/// A cache's list and watch in protobuf (JSON where the API server has no protobuf).
+type ProtobufEvents<K> =
+    fn(Client, InitialList) -> BoxStream<'static, Result<watcher::Event<K>, watcher::Error>>;
+
+/// The Node cache's list and watch in protobuf ([`protobuf::list_and_watch`]).
+fn node_events_in_protobuf(
+    client: Client,
+    initial_list: InitialList,
+) -> BoxStream<'static, Result<watcher::Event<CachedNode>, watcher::Error>> {
+    protobuf::list_and_watch(client, initial_list).boxed()
 }
 
 /// Whether a cache holds its first full list (client-go's `InformerSynced`), from
@@ -301,14 +329,17 @@ pub struct SharedInformer<K: Resource<DynamicType = ()> + Clone + 'static> {
     /// without polling it ([`SharedInformer::store_changes`]).
     applied: watch::Sender<u64>,
     prune: fn(&mut K),
+    /// This resource's list and watch in protobuf, for a cache that reads it so.
+    in_protobuf: Option<ProtobufEvents<K>>,
 }
 
 impl<K> SharedInformer<K>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    /// A cache that is not watching yet; `prune` trims each object before it is cached.
-    fn new(prune: fn(&mut K)) -> Self {
+    /// A cache that is not watching yet; `prune` trims each object before it is cached, and
+    /// `in_protobuf` lists and watches in protobuf when the factory's content type asks for it.
+    fn new(prune: fn(&mut K), in_protobuf: Option<ProtobufEvents<K>>) -> Self {
         let (store, writer) = reflector::store();
         Self {
             store,
@@ -317,6 +348,7 @@ where
             synced: watch::Sender::new(false),
             applied: watch::Sender::new(0),
             prune,
+            in_protobuf,
         }
     }
 
@@ -362,15 +394,19 @@ where
             client,
             supervisor,
             mut initial_list,
+            content_type,
         } = start;
+        let in_protobuf = self
+            .in_protobuf
+            .filter(|_| content_type == KubeApiContentType::Protobuf);
         let fanout = self.fanout.clone();
         let synced = self.synced.clone();
         let applied = self.applied.clone();
         let store = self.store.clone();
         let prune = self.prune;
         let kind = K::kind(&()).into_owned();
-        tracing::debug!(kind = %kind, ?initial_list, "starting the shared cache");
-        let api = Api::<K>::all(client);
+        tracing::debug!(kind = %kind, ?initial_list, protobuf = in_protobuf.is_some(), "starting the shared cache");
+        let api = Api::<K>::all(client.clone());
         let watching = async move {
             let mut tracker = ChangeTracker::default();
             // Left (to list and watch instead) when the API server refuses streaming lists.
@@ -379,11 +415,11 @@ where
                     InitialList::Streaming => watcher::Config::default().streaming_lists(),
                     InitialList::ListThenWatch => watcher::Config::default(),
                 };
-                let mut events = std::pin::pin!(
-                    watcher(api.clone(), config)
-                        .backoff(watch_backoff())
-                        .modify(prune)
-                );
+                let source = match in_protobuf {
+                    Some(list_and_watch) => list_and_watch(client.clone(), initial_list),
+                    None => watcher(api.clone(), config).boxed(),
+                };
+                let mut events = std::pin::pin!(source.backoff(watch_backoff()).modify(prune));
                 while let Some(event) = events.next().await {
                     let changes: Vec<Change<K>> = match event {
                         Ok(event) => {
@@ -577,11 +613,13 @@ mod tests {
         let (client, _requests) = api_server();
         let shutdown = CancellationToken::new();
         let supervisor = supervised(&shutdown);
-        let nodes: SharedInformer<Node> = SharedInformer::new(|_| panic!("a bug in the pruning"));
+        let nodes: SharedInformer<Node> =
+            SharedInformer::new(|_| panic!("a bug in the pruning"), None);
         nodes.start(Start {
             client,
             supervisor: supervisor.clone(),
             initial_list: InitialList::ListThenWatch,
+            content_type: KubeApiContentType::Protobuf,
         });
         for _ in 0..200 {
             if supervisor.check().is_err() {
@@ -612,7 +650,12 @@ mod tests {
         assert!(paths(&requests).is_empty(), "asked for, not started");
         assert!(!nodes.synced().is_synced());
 
-        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
+        factory.start(
+            client,
+            supervised(&shutdown),
+            InitialList::ListThenWatch,
+            KubeApiContentType::Protobuf,
+        );
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         assert_eq!(paths(&requests), ["/api/v1/nodes"], "no Service cache");
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
@@ -626,7 +669,12 @@ mod tests {
         let (client, requests) = api_server();
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
-        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
+        factory.start(
+            client,
+            supervised(&shutdown),
+            InitialList::ListThenWatch,
+            KubeApiContentType::Protobuf,
+        );
         let nodes = factory.nodes();
         let services = factory.services();
         assert!(
@@ -719,7 +767,12 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, supervised(&shutdown), InitialList::Streaming);
+        factory.start(
+            client,
+            supervised(&shutdown),
+            InitialList::Streaming,
+            KubeApiContentType::Protobuf,
+        );
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
         assert_eq!(names, ["a"]);
@@ -740,7 +793,12 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, supervised(&shutdown), InitialList::Streaming);
+        factory.start(
+            client,
+            supervised(&shutdown),
+            InitialList::Streaming,
+            KubeApiContentType::Protobuf,
+        );
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         let names: Vec<String> = nodes.store().state().iter().map(|n| n.name_any()).collect();
         assert_eq!(names, ["a"]);
@@ -759,7 +817,12 @@ mod tests {
         let shutdown = CancellationToken::new();
         let factory = InformerFactory::new();
         let nodes = factory.nodes();
-        factory.start(client, supervised(&shutdown), InitialList::ListThenWatch);
+        factory.start(
+            client,
+            supervised(&shutdown),
+            InitialList::ListThenWatch,
+            KubeApiContentType::Protobuf,
+        );
         assert!(wait_for_cache_sync(&shutdown, [nodes.synced()]).await);
         assert_eq!(request_kinds(&requests)[0], "list");
         assert!(!request_kinds(&requests).contains(&"stream"));

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod node_ownership;
 pub mod node_selector;
 pub(crate) mod outage_retry;
+mod protobuf;
 pub(crate) mod request_metrics;
 pub(crate) mod shadow;
 #[cfg(test)]
@@ -46,6 +47,8 @@ mod parsers_at_volume;
 /// The Kubernetes client the manager is built on, for providers and controllers that talk to the API
 /// server (`InitializeContext::client`) at the same version.
 pub use kube;
+
+pub use protobuf::KubeApiContentType;
 
 use std::{ffi::OsString, process::ExitCode};
 

@@ -593,6 +593,7 @@ proptest! {
                     master: String::new(),
                     kube_api_qps: values[0],
                     kube_api_burst: burst,
+                    kube_api_content_type: Default::default(),
                 };
                 match client.validate() {
                     Ok(()) => {

@@ -269,6 +269,7 @@ mod tests {
             master: String::new(),
             kube_api_qps: 0.0,
             kube_api_burst: 0,
+            kube_api_content_type: Default::default(),
         };
         let mut registry = prometheus_client::registry::Registry::default();
         let client = build_client(

@@ -316,6 +316,7 @@ impl Launch<'_> {
             client,
             self.supervisor.stopping_with(stop.clone()),
             initial_list,
+            self.options.client.kube_api_content_type,
         );
         phases::run_until_stopped(running, names, stop, self.health, &self.stops.lost).await
     }

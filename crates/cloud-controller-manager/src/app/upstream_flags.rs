@@ -56,11 +56,6 @@ fn port_zero(value: &str) -> bool {
     value.trim().parse::<i64>() == Ok(0)
 }
 
-/// `--kube-api-content-type=application/json`: what this manager sends.
-fn json(value: &str) -> bool {
-    value == "application/json"
-}
-
 /// `--tls-min-version=VersionTLS12` (or empty, Go's default): TLS 1.2 and 1.3, what this manager
 /// serves.
 fn tls12(value: &str) -> bool {
@@ -203,12 +198,6 @@ const FLAGS: &[UpstreamFlag] = &[
         "external-cloud-volume-plugin",
         Value,
         "a no-op in upstream's external manager too: remove it",
-    ),
-    only(
-        "kube-api-content-type",
-        Value,
-        json,
-        "this manager's requests are JSON (protobuf writes would drop fields its types lack) and it is accepted only at application/json: remove it",
     ),
     // Logging (k8s.io/component-base).
     refused(
@@ -358,7 +347,6 @@ mod tests {
             "--contention-profiling=0",
             "--enable-leader-migration=false",
             "--disable-http2-serving=false",
-            "--kube-api-content-type=application/json",
             "--tls-min-version=VersionTLS12",
         ];
         for args in accepted {
@@ -385,10 +373,6 @@ mod tests {
             (
                 "--tls-min-version=VersionTLS13",
                 "accepted only at VersionTLS12",
-            ),
-            (
-                "--kube-api-content-type=application/vnd.kubernetes.protobuf",
-                "JSON",
             ),
             ("--vmodule=x=4", "RUST_LOG"),
             ("--log-text-split-stream", "one stream"),
