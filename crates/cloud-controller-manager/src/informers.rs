@@ -33,9 +33,9 @@
 //!   not serve streaming lists (the `WatchList` feature gate off, or older than 1.27: either answers the
 //!   request 400 or 422) gets a paged list and a watch instead, from then on, as client-go falls back.
 //!
-//! - **Nodes in protobuf.** The Node cache lists and watches in protobuf
-//!   (`--kube-api-content-type`, upstream's default; `crate::protobuf`), which costs the API server
-//!   half or less of JSON for the same reads; the Service cache reads JSON (kube's watcher).
+//! - **In protobuf.** The caches list and watch in protobuf (`--kube-api-content-type`, upstream's
+//!   default; `crate::protobuf`), which costs the API server half or less of JSON for the same
+//!   reads; with `application/json` they read JSON through kube's watcher.
 //!
 //! A failed watch is retried 0.8–1.6 s after the failure, doubling to at most [`WATCH_RETRY_MAX`] (5 s),
 //! where client-go's reflector and kube-runtime's default back-off go to 30 s: after an API server
@@ -181,7 +181,12 @@ impl InformerFactory {
         let FactoryState {
             services, started, ..
         } = &mut *state;
-        informer_for(services, started, prune_service, None)
+        informer_for(
+            services,
+            started,
+            prune_service,
+            Some(service_events_in_protobuf),
+        )
     }
 
     /// Starts every cache asked for so far, with `client`, each fetching its first list as
@@ -241,6 +246,14 @@ fn node_events_in_protobuf(
     client: Client,
     initial_list: InitialList,
 ) -> BoxStream<'static, Result<watcher::Event<CachedNode>, watcher::Error>> {
+    protobuf::list_and_watch(client, initial_list).boxed()
+}
+
+/// The Service cache's list and watch in protobuf ([`protobuf::list_and_watch`]).
+fn service_events_in_protobuf(
+    client: Client,
+    initial_list: InitialList,
+) -> BoxStream<'static, Result<watcher::Event<Service>, watcher::Error>> {
     protobuf::list_and_watch(client, initial_list).boxed()
 }
 

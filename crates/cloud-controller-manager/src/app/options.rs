@@ -438,9 +438,9 @@ pub struct ClientOptions {
     pub kube_api_burst: u32,
 
     /// How the manager reads from the API server, as upstream's flag. With protobuf (the default, as
-    /// upstream's) the Node cache lists and watches in protobuf where the API server offers it, which
-    /// costs the API server half of what the same reads cost it in JSON; every other read and every
-    /// write is JSON.
+    /// upstream's) the Node and Service caches list and watch in protobuf where the API server offers
+    /// it, which costs the API server half or less of what the same reads cost it in JSON; every other
+    /// read and every write is JSON.
     #[arg(long, value_enum, default_value_t = KubeApiContentType::Protobuf)]
     pub kube_api_content_type: KubeApiContentType,
 }

@@ -4,29 +4,32 @@
 //! Why: for the API server, producing JSON is the dearest part of a read. A paged list of 10,000
 //! kubelet-sized Nodes costs it 2.1x in JSON what it costs in protobuf, and each streamed object or
 //! watch event 3.7x (`bench/results/read-costs-2026-12-01.md`); the Node cache is most of what this
-//! manager reads. So the Node cache lists and watches in protobuf ([`list_watch`]); everything else
-//! (the Service cache, single reads, every write) stays JSON through kube's client: the write costs
+//! manager reads. So the Node and Service caches list and watch in protobuf ([`list_watch`]);
+//! everything else (single reads, every write) stays JSON through kube's client: the write costs
 //! measured no difference by encoding (`bench/results/write-costs-2026-11-27.md`), and a protobuf
 //! write would erase the fields the protobuf types lack.
 //!
 //! kube (5) has no protobuf support, so this module sends kube's own requests with another `Accept`
-//! and decodes the answers itself: the envelope ([`envelope`]), the watch framing ([`frames`]) and the
-//! Node ([`node`], k8s-pb's messages turned into the k8s-openapi types the cache holds). Every request
+//! and decodes the answers itself: the envelope ([`envelope`]), the watch framing ([`frames`]), the
+//! Node ([`node`]) and the Service ([`service`]): k8s-pb's messages turned into the k8s-openapi types
+//! the caches hold. Every request
 //! also accepts JSON, and every answer is decoded by the type it came in: an API server (or a proxy)
 //! that has no protobuf for a resource is read in JSON without a word.
 
 mod envelope;
 mod frames;
 mod list_watch;
+mod meta;
 mod node;
 #[cfg(test)]
 mod on_the_api_server;
+mod service;
 
 use bytes::Bytes;
 
 pub(crate) use list_watch::list_and_watch;
 
-/// `--kube-api-content-type`: how the manager reads its Node cache from the API server.
+/// `--kube-api-content-type`: how the manager's caches read from the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum KubeApiContentType {
     /// Protobuf where the API server offers it (upstream's default).

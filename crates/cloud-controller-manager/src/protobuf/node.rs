@@ -16,17 +16,17 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use k8s_openapi::{
-    api::core::v1 as api,
-    apimachinery::pkg::{api::resource::Quantity, apis::meta::v1 as meta},
-};
+use k8s_openapi::{api::core::v1 as api, apimachinery::pkg::api::resource::Quantity};
 use k8s_pb::{
     api::core::v1 as pb, apimachinery::pkg::api::resource::Quantity as PbQuantity,
     apimachinery::pkg::apis::meta::v1 as pb_meta,
 };
 use prost::Message;
 
-use super::{DecodeError, ProtobufObject};
+use super::{
+    DecodeError, ProtobufObject,
+    meta::{list, object_meta, text, time},
+};
 use crate::cached_node::CachedNode;
 
 /// A Node's three parts, each still encoded.
@@ -96,21 +96,6 @@ fn checked<M: Message + Default>(
     Ok(Some(message))
 }
 
-/// `None` for what JSON leaves out of an `omitempty` string.
-fn text(value: Option<String>) -> Option<String> {
-    value.filter(|v| !v.is_empty())
-}
-
-/// `None` for an empty list (left out of the JSON).
-fn list<T, U>(items: Vec<T>, convert: impl FnMut(T) -> U) -> Option<Vec<U>> {
-    (!items.is_empty()).then(|| items.into_iter().map(convert).collect())
-}
-
-/// `None` for an empty map (left out of the JSON).
-fn map(items: BTreeMap<String, String>) -> Option<BTreeMap<String, String>> {
-    (!items.is_empty()).then_some(items)
-}
-
 fn quantities(items: BTreeMap<String, PbQuantity>) -> Option<BTreeMap<String, Quantity>> {
     (!items.is_empty()).then(|| {
         items
@@ -118,45 +103,6 @@ fn quantities(items: BTreeMap<String, PbQuantity>) -> Option<BTreeMap<String, Qu
             .map(|(name, q)| (name, Quantity(q.string.unwrap_or_default())))
             .collect()
     })
-}
-
-/// A time; the zero time (which Go writes as an empty message, and as `null` in JSON) is `None`.
-fn time(value: Option<pb_meta::Time>) -> Option<meta::Time> {
-    let value = value?;
-    if value.seconds.is_none() && value.nanos.is_none() {
-        return None;
-    }
-    k8s_openapi::jiff::Timestamp::new(value.seconds.unwrap_or(0), value.nanos.unwrap_or(0))
-        .ok()
-        .map(meta::Time)
-}
-
-fn object_meta(m: pb_meta::ObjectMeta) -> meta::ObjectMeta {
-    meta::ObjectMeta {
-        name: text(m.name),
-        generate_name: text(m.generate_name),
-        namespace: text(m.namespace),
-        self_link: text(m.self_link),
-        uid: text(m.uid),
-        resource_version: text(m.resource_version),
-        generation: m.generation.filter(|g| *g != 0),
-        creation_timestamp: time(m.creation_timestamp),
-        deletion_timestamp: time(m.deletion_timestamp),
-        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
-        labels: map(m.labels),
-        annotations: map(m.annotations),
-        owner_references: list(m.owner_references, |o| meta::OwnerReference {
-            api_version: o.api_version.unwrap_or_default(),
-            kind: o.kind.unwrap_or_default(),
-            name: o.name.unwrap_or_default(),
-            uid: o.uid.unwrap_or_default(),
-            controller: o.controller,
-            block_owner_deletion: o.block_owner_deletion,
-        }),
-        finalizers: list(m.finalizers, |f| f),
-        // Not cached (see `cached_node`).
-        managed_fields: None,
-    }
 }
 
 fn node_spec(s: pb::NodeSpec) -> api::NodeSpec {

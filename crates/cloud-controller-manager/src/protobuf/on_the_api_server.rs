@@ -1,12 +1,12 @@
 //! The protobuf reads against the real API server (the test control plane's): a kubelet-sized Node
-//! read in protobuf is the Node read in JSON, and the Node cache's list and watch hear every change in
-//! protobuf, paged or streamed.
+//! and a load-balancer Service read in protobuf are the same read in JSON, and the caches' list and
+//! watch hear every change in protobuf, paged or streamed.
 
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use http_body_util::BodyExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Namespace, Node, Service};
 use kube::{
     Api, Client,
     api::{DeleteParams, Patch, PatchParams, PostParams},
@@ -78,9 +78,9 @@ async fn create_full_node(client: &Client, name: &str) -> Node {
         .expect("the node's status is written")
 }
 
-/// The node `name` read with `accept`: whether it came in protobuf, and its body.
-async fn get(client: &Client, name: &str, accept: &str) -> (bool, bytes::Bytes) {
-    let request = http::Request::get(format!("/api/v1/nodes/{name}"))
+/// The object at `path` read with `accept`: whether it came in protobuf, and its body.
+async fn get(client: &Client, path: &str, accept: &str) -> (bool, bytes::Bytes) {
+    let request = http::Request::get(path)
         .header(http::header::ACCEPT, accept)
         .body(kube::client::Body::empty())
         .unwrap();
@@ -107,13 +107,14 @@ async fn a_node_read_in_protobuf_is_the_node_read_in_json() {
         Some(30)
     );
 
-    let (protobuf, body) = get(&client, &name, envelope::PROTOBUF).await;
+    let path = format!("/api/v1/nodes/{name}");
+    let (protobuf, body) = get(&client, &path, envelope::PROTOBUF).await;
     assert!(protobuf, "the API server answered in protobuf");
     let object = envelope::unwrap(body).unwrap();
     assert_eq!(object.kind, "Node");
     let from_protobuf = CachedNode::from_protobuf(object.raw).unwrap();
 
-    let (protobuf, body) = get(&client, &name, "application/json").await;
+    let (protobuf, body) = get(&client, &path, "application/json").await;
     assert!(!protobuf);
     let from_json: CachedNode = serde_json::from_slice(&body).unwrap();
 
@@ -136,6 +137,84 @@ async fn a_node_read_in_protobuf_is_the_node_read_in_json() {
 
     Api::<Node>::all(client)
         .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_service_read_in_protobuf_is_the_service_read_in_json() {
+    let client = client().await;
+    let namespace = unique_name("protobuf-service");
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(serde_json::json!({"metadata": {"name": namespace}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let service: Service = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "labels": {"app": "web"}, "annotations": {"example.com/note": "kept"},
+            "finalizers": ["service.kubernetes.io/load-balancer-cleanup"]},
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": {"app": "web"},
+            "ports": [
+                {"name": "http", "protocol": "TCP", "port": 80, "targetPort": "http", "appProtocol": "http"},
+                {"name": "dns", "protocol": "UDP", "port": 53, "targetPort": 5353},
+            ],
+            "externalTrafficPolicy": "Local",
+            "loadBalancerSourceRanges": ["10.0.0.0/8"],
+            "sessionAffinity": "ClientIP",
+            "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}},
+            "loadBalancerClass": "example.com/lb",
+            "allocateLoadBalancerNodePorts": false,
+        },
+    }))
+    .unwrap();
+    services
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let status = serde_json::json!({"status": {
+        "loadBalancer": {"ingress": [
+            {"ip": "192.0.2.10", "ipMode": "VIP", "ports": [{"port": 80, "protocol": "TCP"}, {"port": 53, "protocol": "UDP", "error": "Pending"}]},
+            {"hostname": "lb.example.com"},
+        ]},
+        "conditions": [{"type": "example.com/Ensured", "status": "True", "reason": "Ensured", "message": "",
+            "lastTransitionTime": "2026-12-02T10:00:00Z", "observedGeneration": 1}],
+    }});
+    services
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+
+    let path = format!("/api/v1/namespaces/{namespace}/services/web");
+    let (protobuf, body) = get(&client, &path, envelope::PROTOBUF).await;
+    assert!(protobuf, "the API server answered in protobuf");
+    let object = envelope::unwrap(body).unwrap();
+    assert_eq!(object.kind, "Service");
+    let mut from_protobuf = Service::from_protobuf(object.raw).unwrap();
+    let (_, body) = get(&client, &path, "application/json").await;
+    let mut from_json: Service = serde_json::from_slice(&body).unwrap();
+    // The cache prunes them from both (`informers::prune_service`).
+    crate::informers::prune_service(&mut from_protobuf);
+    crate::informers::prune_service(&mut from_json);
+    assert_eq!(from_protobuf, from_json);
+    let spec = from_protobuf.spec.as_ref().unwrap();
+    assert_eq!(spec.ports.as_ref().map(Vec::len), Some(2));
+    assert!(spec.health_check_node_port.is_some(), "allocated for Local");
+
+    services
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    Api::<Namespace>::all(client)
+        .delete(&namespace, &DeleteParams::default())
         .await
         .unwrap();
 }
