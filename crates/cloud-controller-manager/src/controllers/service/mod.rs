@@ -123,6 +123,9 @@ struct Tracked {
     /// When its failed sync is retried (its back-off, or the cloud's `RetryAfter`): a change that does
     /// not matter to its load balancer (the echo of its own status write, say) waits for then.
     retry_at: Option<tokio::time::Instant>,
+    /// The provider's settings changed while this sync ran (`settings::settings_loop`): the sync may
+    /// have read them before, so it is done again once it completes.
+    settings_changed_during_sync: bool,
 }
 
 /// The backend nodes and their set, computed once per node-set change and shared by every sync: with

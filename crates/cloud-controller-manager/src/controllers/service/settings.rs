@@ -39,6 +39,13 @@ pub(super) async fn settings_loop(
                 }
             }
         }
+        // A sync running now may have read the settings before they changed: it is done again when
+        // it completes (`sync::mark_synced`). One waiting for its retry reads them when it retries.
+        for tracked in ctx.tracked().values_mut() {
+            if !tracked.synced && tracked.retry_at.is_none() {
+                tracked.settings_changed_during_sync = true;
+            }
+        }
         let keys = synced_keys(&ctx);
         let (checked, mut resynced) = (keys.len(), 0_usize);
         for key in keys {

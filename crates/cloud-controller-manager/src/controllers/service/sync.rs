@@ -309,15 +309,27 @@ fn track(
             backends: set,
             labels: BackendLabels::of(lb.backend_label_keys(service), nodes),
             retry_at: None,
+            settings_changed_during_sync: false,
         },
     );
 }
 
 /// Marks the Service synced. Node changes during its sync were skipped by the node sync (it passes over
 /// Services being synced), so if the backends it was given are no longer the wanted ones, a node sync
-/// pass is asked for: it updates this load balancer like any other.
+/// pass is asked for: it updates this load balancer like any other. A change of the provider's settings
+/// during its sync was skipped by the settings loop: it is synced again (through the work queue).
 fn mark_synced(ctx: &Context, service: &Arc<Service>) {
     let (stale, labels) = match ctx.tracked().get_mut(&key(service)) {
+        Some(tracked) if tracked.settings_changed_during_sync => {
+            tracked.settings_changed_during_sync = false;
+            tracing::info!(service = %key(service), "the provider's settings changed during the sync; syncing it again");
+            let _ = ctx
+                .retry
+                .send(kube::runtime::reflector::ObjectRef::from_obj(
+                    service.as_ref(),
+                ));
+            return;
+        }
         Some(tracked) => {
             tracked.synced = true;
             (tracked.backends.clone(), tracked.labels.clone())
