@@ -982,7 +982,7 @@ fn targets(md: &mut String, results: &Results) {
         let ratio = rust.apiserver_cpu_seconds / go.apiserver_cpu_seconds.max(f64::EPSILON);
         checks.push(Check::new(
             format!(
-                "cache start, {} nodes, each at its default (ours: paged JSON lists; upstream: streamed protobuf): API-server CPU ≤ upstream's",
+                "cache start, {} nodes, each at its default (ours: paged lists; upstream: streamed; both protobuf): API-server CPU ≤ upstream's",
                 rust.nodes
             ),
             format!(
