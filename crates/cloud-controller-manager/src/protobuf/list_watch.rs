@@ -31,7 +31,10 @@ use crate::informers::InitialList;
 
 /// What every request accepts: protobuf first, JSON when the API server has no protobuf for the
 /// resource (client-go's `AcceptContentTypes` for a protobuf client).
-const ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+const PROTOBUF_FIRST: &str = "application/vnd.kubernetes.protobuf, application/json";
+
+/// What the requests accept once an object could not be read in protobuf (see [`list_and_watch`]).
+const JSON_ONLY: &str = "application/json";
 
 /// Objects per list page (client-go's and kube's).
 const PAGE_SIZE: u32 = 500;
@@ -80,6 +83,11 @@ enum State<K> {
 
 /// The cache's events for every `K`, listed as `initial_list` says and then watched, in protobuf where
 /// the API server offers it (see the module docs).
+///
+/// An object the API server sends in protobuf that cannot be read (a string that is not UTF-8, which
+/// Go writes and prost refuses, say; JSON has it replaced by the API server) would fail every list
+/// and every watch from the same resource version: the first such failure switches this cache to JSON
+/// for good, with a warning, and the list or watch is retried after the usual back-off.
 pub(crate) fn list_and_watch<K>(
     client: Client,
     initial_list: InitialList,
@@ -89,23 +97,42 @@ where
 {
     let request = Request::new(K::url_path(&(), None));
     futures::stream::unfold(
-        (client, request, State::Empty),
-        move |(client, request, mut state)| async move {
+        (client, request, State::Empty, PROTOBUF_FIRST),
+        move |(client, request, mut state, mut accept)| async move {
             loop {
-                let (event, next) = step(&client, &request, initial_list, state).await;
+                let (event, next) = step(&client, &request, accept, initial_list, state).await;
                 state = next;
+                if let Some(Err(err)) = &event
+                    && accept != JSON_ONLY
+                    && protobuf_unreadable(err)
+                {
+                    tracing::warn!(kind = K::KIND, error = %err, "an object could not be read in protobuf; this cache reads JSON from now on");
+                    accept = JSON_ONLY;
+                }
                 if let Some(event) = event {
-                    return Some((event, (client, request, state)));
+                    return Some((event, (client, request, state, accept)));
                 }
             }
         },
     )
 }
 
+/// Whether the cache's request failed on an object it could not read in protobuf.
+fn protobuf_unreadable(err: &watcher::Error) -> bool {
+    match err {
+        watcher::Error::InitialListFailed(kube::Error::Service(source))
+        | watcher::Error::WatchFailed(kube::Error::Service(source)) => source
+            .downcast_ref::<DecodeError>()
+            .is_some_and(DecodeError::is_protobuf),
+        _ => false,
+    }
+}
+
 /// One step of the state machine: the event it yields, if any, and the next state.
 async fn step<K>(
     client: &Client,
     request: &Request,
+    accept: &'static str,
     initial_list: InitialList,
     state: State<K>,
 ) -> (Option<Result<watcher::Event<K>, watcher::Error>>, State<K>)
@@ -122,7 +149,7 @@ where
                     resource_version: None,
                 },
             ),
-            InitialList::Streaming => match watch(client, request, true, "0").await {
+            InitialList::Streaming => match watch(client, request, accept, true, "0").await {
                 Ok((events, _)) => (
                     Some(Ok(watcher::Event::Init)),
                     State::InitialWatch { events },
@@ -156,7 +183,7 @@ where
                     State::InitListed { resource_version },
                 );
             }
-            match list::<K>(client, request, continue_token).await {
+            match list::<K>(client, request, accept, continue_token).await {
                 Ok(page) => {
                     tracing::debug!(
                         kind = K::KIND,
@@ -227,7 +254,7 @@ where
             None => (None, State::Empty),
         },
         State::InitListed { resource_version } => {
-            match watch(client, request, false, &resource_version).await {
+            match watch(client, request, accept, false, &resource_version).await {
                 Ok((events, _)) => (
                     None,
                     State::Watching {
@@ -327,11 +354,12 @@ struct Page<K> {
 /// `Status` as kube's error (decoded from protobuf, JSON or text, as it came).
 async fn send(
     client: &Client,
+    accept: &'static str,
     mut request: http::Request<Vec<u8>>,
 ) -> Result<http::Response<kube::client::Body>, kube::Error> {
     request
         .headers_mut()
-        .insert(http::header::ACCEPT, http::HeaderValue::from_static(ACCEPT));
+        .insert(http::header::ACCEPT, http::HeaderValue::from_static(accept));
     let response = client.send(request.map(kube::client::Body::from)).await?;
     let code = response.status();
     if code.is_success() {
@@ -362,6 +390,7 @@ fn decode_failed(err: DecodeError) -> kube::Error {
 async fn list<K>(
     client: &Client,
     request: &Request,
+    accept: &'static str,
     continue_token: Option<String>,
 ) -> Result<Page<K>, kube::Error>
 where
@@ -374,6 +403,7 @@ where
     };
     let response = send(
         client,
+        accept,
         request.list(&params).map_err(kube::Error::BuildRequest)?,
     )
     .await?;
@@ -401,7 +431,13 @@ fn decode_page<K: ProtobufObject>(body: Bytes) -> Result<Page<K>, DecodeError> {
         items: list
             .items
             .into_iter()
-            .map(K::from_protobuf)
+            .enumerate()
+            .map(|(index, item)| {
+                K::from_protobuf(item).map_err(|source| DecodeError::ListItem {
+                    index,
+                    source: Box::new(source),
+                })
+            })
             .collect::<Result<_, _>>()?,
         resource_version: metadata.resource_version,
         continue_token: metadata.r#continue,
@@ -412,6 +448,7 @@ fn decode_page<K: ProtobufObject>(body: Bytes) -> Result<Page<K>, DecodeError> {
 async fn watch<K>(
     client: &Client,
     request: &Request,
+    accept: &'static str,
     send_initial_events: bool,
     resource_version: &str,
 ) -> Result<(Events<K>, Framing), kube::Error>
@@ -426,6 +463,7 @@ where
     };
     let response = send(
         client,
+        accept,
         request
             .watch(&params, resource_version)
             .map_err(kube::Error::BuildRequest)?,
@@ -436,10 +474,16 @@ where
     } else {
         Framing::Lines
     };
-    let body = response
-        .into_body()
-        .into_data_stream()
-        .map_err(|err| kube::Error::ReadEvents(std::io::Error::other(err)));
+    let body = response.into_body().into_data_stream().map_err(|err| {
+        // As kube's watch: a connection the API server or a proxy cut (after 300 s and more of
+        // watching, often) ends the watch, to be resumed; it is no error.
+        let kind = if ends_the_connection(&err) {
+            std::io::ErrorKind::UnexpectedEof
+        } else {
+            std::io::ErrorKind::Other
+        };
+        kube::Error::ReadEvents(std::io::Error::new(kind, err))
+    });
     tracing::debug!(kind = K::KIND, ?framing, send_initial_events, "watching");
     Ok((events(body, framing).boxed(), framing))
 }
@@ -471,6 +515,12 @@ where
                 }
                 match body.next().await {
                     Some(Ok(chunk)) => frames.push(&chunk),
+                    Some(Err(kube::Error::ReadEvents(err)))
+                        if err.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        tracing::debug!(kind = K::KIND, error = %err, "the watch's connection ended; resuming");
+                        return None;
+                    }
                     Some(Err(err)) => return Some((Err(err), (body, frames, true))),
                     None => {
                         if frames.rest() > 0 {
@@ -486,6 +536,31 @@ where
             }
         },
     )
+}
+
+/// Whether a watch body's error is its connection ending mid-stream (kube's `watch` classifies them
+/// the same way): an `UnexpectedEof` anywhere in the error's sources, or hyper's chunk decoder's.
+fn ends_the_connection(err: &(dyn std::error::Error + 'static)) -> bool {
+    if err.to_string().contains("unexpected EOF during chunk") {
+        return true;
+    }
+    // Bounded, in case an error's `source` loops.
+    let mut next = Some(err);
+    for _ in 0..16 {
+        let Some(err) = next else {
+            return false;
+        };
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::TimedOut
+            )
+        {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// One watch event's bytes, decoded.
@@ -544,6 +619,8 @@ where
 mod tests {
     use k8s_pb::{api::core::v1 as pb, apimachinery::pkg::apis::meta::v1 as pb_meta};
     use prost::Message;
+
+    use std::sync::Arc;
 
     use super::*;
     use crate::{cached_node::CachedNode, protobuf::envelope::RawExtension};
@@ -663,6 +740,102 @@ mod tests {
         assert!(err.contains("a watch event of type SURPRISE"), "{err}");
     }
 
+    /// An API server whose list answers, in protobuf, a Node that cannot be read (a name that is not
+    /// UTF-8: Go writes it, prost refuses it), and in JSON the same Node as Go's JSON has it; watches
+    /// answer 500 (so the cache backs off). The Accept header of each request is kept.
+    fn api_server_with_an_unreadable_node() -> (Client, Arc<parking_lot::Mutex<Vec<String>>>) {
+        let accepts = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let seen = accepts.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let accept = request
+                .headers()
+                .get(http::header::ACCEPT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            let watch = request
+                .uri()
+                .query()
+                .is_some_and(|q| q.contains("watch=true"));
+            seen.lock().push(accept.clone());
+            async move {
+                let (status, content_type, body) = if watch {
+                    (
+                        500,
+                        "application/json",
+                        br#"{"kind":"Status","code":500}"#.to_vec(),
+                    )
+                } else if accept.starts_with(envelope::PROTOBUF) {
+                    let mut name = Vec::new();
+                    prost::encoding::bytes::encode(1, &b"bad\xffname".to_vec(), &mut name);
+                    let mut node = Vec::new();
+                    prost::encoding::bytes::encode(1, &name, &mut node);
+                    let list = ListItems {
+                        metadata: Some(pb_meta::ListMeta {
+                            resource_version: Some("3".into()),
+                            ..Default::default()
+                        }),
+                        items: vec![Bytes::from(node)],
+                    }
+                    .encode_to_vec();
+                    (
+                        200,
+                        envelope::PROTOBUF,
+                        envelope::wrap("v1", "NodeList", &list),
+                    )
+                } else {
+                    let list = serde_json::json!({
+                        "kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": "3"},
+                        "items": [{"metadata": {"name": "bad\u{fffd}name", "resourceVersion": "3"}}],
+                    });
+                    (200, "application/json", serde_json::to_vec(&list).unwrap())
+                };
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .status(status)
+                        .header(http::header::CONTENT_TYPE, content_type)
+                        .body(kube::client::Body::from(body))
+                        .unwrap(),
+                )
+            }
+        });
+        (Client::new(service, "default"), accepts)
+    }
+
+    /// An object that cannot be read in protobuf fails the list once, with the item and why; the
+    /// cache then reads JSON, where the API server has the object readable.
+    #[tokio::test]
+    async fn an_object_unreadable_in_protobuf_switches_the_cache_to_json() {
+        let (client, accepts) = api_server_with_an_unreadable_node();
+        let mut events = Box::pin(list_and_watch::<CachedNode>(
+            client,
+            InitialList::ListThenWatch,
+        ));
+        assert!(matches!(
+            events.next().await,
+            Some(Ok(watcher::Event::Init))
+        ));
+        let err = events.next().await.unwrap().unwrap_err().to_string();
+        assert!(err.contains("item 0 of a list page"), "{err}");
+        assert!(matches!(
+            events.next().await,
+            Some(Ok(watcher::Event::Init))
+        ));
+        match events.next().await {
+            Some(Ok(watcher::Event::InitApply(node))) => {
+                assert_eq!(node.metadata.name.as_deref(), Some("bad\u{fffd}name"));
+            }
+            other => panic!("expected the node from JSON, got {other:?}"),
+        }
+        assert!(matches!(
+            events.next().await,
+            Some(Ok(watcher::Event::InitDone))
+        ));
+        let accepts = accepts.lock().clone();
+        assert_eq!(accepts[0], PROTOBUF_FIRST);
+        assert!(accepts[1..].iter().all(|a| a == JSON_ONLY), "{accepts:?}");
+    }
+
     #[test]
     fn a_protobuf_page_gives_its_items_and_tokens() {
         let list = ListItems {
@@ -703,7 +876,9 @@ pub(super) mod tests_support {
     where
         K: ProtobufObject + DeserializeOwned + Clone,
     {
-        Ok(list::<K>(client, request, None).await?.protobuf)
+        Ok(list::<K>(client, request, PROTOBUF_FIRST, None)
+            .await?
+            .protobuf)
     }
 
     /// How a watch's events came framed.
@@ -714,6 +889,8 @@ pub(super) mod tests_support {
     where
         K: ProtobufObject + Resource<DynamicType = ()> + DeserializeOwned + Send + 'static,
     {
-        Ok(watch::<K>(client, request, false, "0").await?.1)
+        Ok(watch::<K>(client, request, PROTOBUF_FIRST, false, "0")
+            .await?
+            .1)
     }
 }

@@ -59,3 +59,28 @@ pub(super) fn object_meta(m: pb_meta::ObjectMeta) -> meta::ObjectMeta {
         managed_fields: None,
     }
 }
+
+/// How many bytes shorter prost re-encodes `m`'s maps (labels, annotations) than Go wrote them: Go
+/// writes each entry's key and value, prost leaves out an empty one (and the entry's length shrinks
+/// with it).
+pub(super) fn go_map_shortfall(m: &pb_meta::ObjectMeta) -> usize {
+    [&m.labels, &m.annotations]
+        .into_iter()
+        .flat_map(|map| map.iter())
+        .map(|(key, value)| {
+            let go = field_len(key.len()) + field_len(value.len());
+            let prost = [key.len(), value.len()]
+                .into_iter()
+                .filter(|len| *len > 0)
+                .map(field_len)
+                .sum();
+            field_len(go) - field_len(prost)
+        })
+        .sum()
+}
+
+/// A length-delimited field of `len` bytes with a one-byte tag (field numbers below 16): tag, length,
+/// bytes.
+fn field_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}

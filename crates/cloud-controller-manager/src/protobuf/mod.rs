@@ -77,6 +77,26 @@ pub(crate) enum DecodeError {
     FrameTooLarge { length: usize },
     #[error("a watch event of type {0} (known: ADDED, MODIFIED, DELETED, BOOKMARK, ERROR)")]
     UnknownEventType(String),
+    #[error("item {index} of a list page: {source}")]
+    ListItem {
+        index: usize,
+        #[source]
+        source: Box<DecodeError>,
+    },
+}
+
+impl DecodeError {
+    /// Whether reading protobuf failed (not JSON): reading the same in JSON may succeed.
+    fn is_protobuf(&self) -> bool {
+        match self {
+            Self::Json { .. } => false,
+            Self::ListItem { source, .. } => source.is_protobuf(),
+            Self::NoMagic { .. }
+            | Self::Protobuf { .. }
+            | Self::FrameTooLarge { .. }
+            | Self::UnknownEventType(_) => true,
+        }
+    }
 }
 
 fn bytes_text(bytes: &[u8]) -> String {

@@ -25,7 +25,7 @@ use prost::Message;
 
 use super::{
     DecodeError, ProtobufObject,
-    meta::{list, object_meta, text, time},
+    meta::{self, list, object_meta, text, time},
 };
 use crate::cached_node::CachedNode;
 
@@ -52,9 +52,14 @@ impl ProtobufObject for CachedNode {
             source,
         })?;
         let mut unknown_field = None;
-        let metadata =
-            checked::<pb_meta::ObjectMeta>(parts.metadata, "metadata", &mut unknown_field)?;
-        let spec = checked::<pb::NodeSpec>(parts.spec, "spec", &mut unknown_field)?;
+        let metadata = checked::<pb_meta::ObjectMeta>(
+            parts.metadata,
+            "metadata",
+            &mut unknown_field,
+            meta::go_map_shortfall,
+        )?;
+        // No maps in a NodeSpec (nor in its taints or config source).
+        let spec = checked::<pb::NodeSpec>(parts.spec, "spec", &mut unknown_field, |_| 0)?;
         let status = match parts.status {
             Some(bytes) => {
                 Some(
@@ -76,11 +81,14 @@ impl ProtobufObject for CachedNode {
 }
 
 /// The message in `bytes`, and in `unknown` (when it holds nothing yet) a note that `part` holds a
-/// field the type lacks: re-encoded, the message is shorter than the bytes it came from.
+/// field the type lacks: re-encoded, the message is shorter than the bytes it came from. prost leaves
+/// out a map entry's empty key or value, which Go writes: `shortfall` says by how many bytes the
+/// message's maps come out shorter for that alone.
 fn checked<M: Message + Default>(
     bytes: Option<Bytes>,
     part: &'static str,
     unknown: &mut Option<Box<str>>,
+    shortfall: fn(&M) -> usize,
 ) -> Result<Option<M>, DecodeError> {
     let Some(bytes) = bytes else {
         return Ok(None);
@@ -88,7 +96,7 @@ fn checked<M: Message + Default>(
     let length = bytes.len();
     let message =
         M::decode(bytes).map_err(|source| DecodeError::Protobuf { what: part, source })?;
-    if message.encoded_len() != length && unknown.is_none() {
+    if message.encoded_len() + shortfall(&message) != length && unknown.is_none() {
         *unknown = Some(
             format!("{part} (a field newer than this build's protobuf types, {TYPES})").into(),
         );
@@ -296,6 +304,34 @@ mod tests {
                 .unwrap()
                 .unknown_field(),
             None
+        );
+    }
+
+    /// Go writes a label's empty value (`node-role.kubernetes.io/control-plane: ""`), which prost
+    /// leaves out when it re-encodes: that is no unknown field, and the label is kept.
+    #[test]
+    fn an_empty_label_value_is_no_unknown_field() {
+        // metadata: name "n1", labels {"node-role.kubernetes.io/control-plane": "", "a": "b"}, as Go
+        // writes them (each entry with its key and its value, empty or not).
+        let mut metadata = Vec::new();
+        prost::encoding::string::encode(1, &"n1".to_owned(), &mut metadata);
+        for (key, value) in [("node-role.kubernetes.io/control-plane", ""), ("a", "b")] {
+            let mut entry = Vec::new();
+            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut entry);
+            prost::encoding::encode_varint(key.len() as u64, &mut entry);
+            entry.extend_from_slice(key.as_bytes());
+            prost::encoding::encode_key(2, prost::encoding::WireType::LengthDelimited, &mut entry);
+            prost::encoding::encode_varint(value.len() as u64, &mut entry);
+            entry.extend_from_slice(value.as_bytes());
+            prost::encoding::bytes::encode(11, &entry, &mut metadata);
+        }
+        let mut raw = Vec::new();
+        prost::encoding::bytes::encode(1, &metadata, &mut raw);
+        let cached = CachedNode::from_protobuf(Bytes::from(raw)).unwrap();
+        assert_eq!(cached.unknown_field(), None);
+        assert_eq!(
+            cached.metadata.labels.as_ref().unwrap()["node-role.kubernetes.io/control-plane"],
+            ""
         );
     }
 
