@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use cloud_provider::LoadBalancerPreview;
+use k8s_openapi::api::core::v1::Service;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -53,7 +54,12 @@ pub(super) async fn settings_loop(
                 return;
             }
             let seen = match preview_tracked(&ctx, &key).await {
-                Previewed::Skipped => continue,
+                // Synced, but due for a node sync, whose update would not give it a new address:
+                // an ensure does both.
+                Previewed::Skipped => match due_for_a_node_sync(&ctx, &key) {
+                    Some(service) => service,
+                    None => continue,
+                },
                 Previewed::Done {
                     preview: LoadBalancerPreview::UpToDate,
                     ..
@@ -83,4 +89,13 @@ pub(super) async fn settings_loop(
             "the cloud provider's settings changed: the load balancers they change are synced again"
         );
     }
+}
+
+/// The tracked Service `key` when it is synced (so the preview passed over it because a node sync is
+/// due for it, not because a sync runs or waits for its retry).
+fn due_for_a_node_sync(ctx: &Context, key: &str) -> Option<Arc<Service>> {
+    ctx.tracked()
+        .get(key)
+        .filter(|tracked| tracked.synced)
+        .map(|tracked| tracked.service.clone())
 }
