@@ -29,6 +29,11 @@ async fn create_full_node(client: &Client, name: &str) -> Node {
     let nodes: Api<Node> = Api::all(client.clone());
     let mut node = kubelet_node(name);
     node.metadata.annotations = Some([("example.com/note".to_owned(), "kept".to_owned())].into());
+    // An empty value, which Go writes and prost leaves out (no unknown field for all that).
+    node.metadata.labels.get_or_insert_default().insert(
+        "node-role.kubernetes.io/control-plane".into(),
+        String::new(),
+    );
     let spec = node.spec.as_mut().unwrap();
     spec.provider_id = Some(format!("fake://{name}"));
     spec.pod_cidr = Some("10.244.7.0/24".into());
