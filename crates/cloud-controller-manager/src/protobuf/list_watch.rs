@@ -272,26 +272,8 @@ where
             resource_version,
             mut events,
         } => match next(&mut events).await {
-            Some(Ok(Received::Applied(object))) => match object_version(&object) {
-                Some(resource_version) => (
-                    Some(Ok(watcher::Event::Apply(object))),
-                    State::Watching {
-                        resource_version,
-                        events,
-                    },
-                ),
-                None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-            },
-            Some(Ok(Received::Deleted(object))) => match object_version(&object) {
-                Some(resource_version) => (
-                    Some(Ok(watcher::Event::Delete(object))),
-                    State::Watching {
-                        resource_version,
-                        events,
-                    },
-                ),
-                None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
-            },
+            Some(Ok(Received::Applied(object))) => watched(object, watcher::Event::Apply, events),
+            Some(Ok(Received::Deleted(object))) => watched(object, watcher::Event::Delete, events),
             Some(Ok(Received::Bookmark {
                 resource_version, ..
             })) => (
@@ -321,6 +303,25 @@ where
             ),
             None => (None, State::InitListed { resource_version }),
         },
+    }
+}
+
+/// A change heard while watching, as `event`; the watch goes on from the object's resource version
+/// (kube's watcher lists again when it has none).
+fn watched<K: Resource>(
+    object: K,
+    event: fn(K) -> watcher::Event<K>,
+    events: Events<K>,
+) -> (Option<Result<watcher::Event<K>, watcher::Error>>, State<K>) {
+    match object_version(&object) {
+        Some(resource_version) => (
+            Some(Ok(event(object))),
+            State::Watching {
+                resource_version,
+                events,
+            },
+        ),
+        None => (Some(Err(watcher::Error::NoResourceVersion)), State::Empty),
     }
 }
 
@@ -507,7 +508,11 @@ where
                 match frames.next_frame() {
                     Ok(Some(frame)) => {
                         let event = decode_event(frame, framing).map_err(decode_failed);
-                        failed = event.is_err();
+                        // A protobuf event that cannot be read ends the watch: the cache turns to
+                        // JSON and watches again from its last resource version, which replays the
+                        // event readably. A JSON line that cannot be read is passed over, as kube's
+                        // watch does (watched again, it would fail again).
+                        failed = event.is_err() && framing == Framing::LengthPrefixed;
                         return Some((event, (body, frames, failed)));
                     }
                     Ok(None) => {}
@@ -738,6 +743,29 @@ mod tests {
         assert!(matches!(&received[0], Ok(Received::Applied(_))));
         let err = received[1].as_ref().unwrap_err().to_string();
         assert!(err.contains("a watch event of type SURPRISE"), "{err}");
+
+        let lines = [
+            r#"{"type":"ADDED","object":{"metadata":{"name":"a","resourceVersion":"5"}}}"#,
+            r#"{"type":"ADDED","object":{"metadata":{"name":7}}}"#,
+            r#"{"type":"ADDED","object":{"metadata":{"name":"c","resourceVersion":"7"}}}"#,
+        ]
+        .join("\n")
+            + "\n";
+        let received: Vec<_> = events::<CachedNode>(
+            futures::stream::iter([Ok(Bytes::from(lines))]),
+            Framing::Lines,
+        )
+        .collect()
+        .await;
+        assert_eq!(
+            received.len(),
+            3,
+            "the JSON watch goes on past the bad line"
+        );
+        assert!(received[1].is_err());
+        assert!(
+            matches!(&received[2], Ok(Received::Applied(n)) if n.metadata.name.as_deref() == Some("c"))
+        );
     }
 
     /// An API server whose list answers, in protobuf, a Node that cannot be read (a name that is not
