@@ -26,11 +26,11 @@ pub struct HandedSocket {
     pub fd: OwnedFd,
 }
 
-/// A running listener's share of its socket. A TCP one is registered with no runtime: the relay thread
-/// its accept loop runs on accepts from a descriptor of its own (`sockets::tcp_listener_on`).
+/// A running listener's share of its socket. A TCP one is shared with its accept loops, one per relay
+/// thread, each registered with its thread's driver (`sockets::tcp_listener_on`).
 #[derive(Debug)]
 pub(crate) enum ListeningSocket {
-    Tcp(std::net::TcpListener),
+    Tcp(Arc<std::net::TcpListener>),
     Udp(Arc<UdpSocket>),
 }
 

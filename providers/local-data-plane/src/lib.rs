@@ -9,7 +9,9 @@
 //!   protocol v2 header. `TCP_NODELAY` on both sides; a 64 KiB buffer per direction, allocated with
 //!   the first bytes (an idle connection costs about 3 KB in all) and never zeroed. Connections are
 //!   accepted and relayed on the data plane's own relay threads (one current-thread runtime per core,
-//!   [`Settings::relay_threads`]), each on the least loaded thread, where it stays.
+//!   [`Settings::relay_threads`]), each on the least loaded thread, where it stays. What the client
+//!   sent by the time its connection is taken goes to the backend with the PROXY header as soon as
+//!   the backend's handshake is done, without a turn of the event loop in between (haproxy's order).
 //! - **UDP**: every client address gets its own upstream socket, relayed both ways and closed after
 //!   [`Settings::udp_idle_timeout`], on the runtime that calls [`DataPlane::apply`] (as are the
 //!   health checks).
@@ -239,8 +241,16 @@ impl DataPlane {
                 let pool = self.relay_threads()?.pool().clone();
                 let index = pool.next_acceptor();
                 let runtime = pool.runtime(index).clone();
-                let listener = match sockets::tcp_listener_on(&runtime, listener) {
-                    Ok(listener) => Arc::new(listener),
+                let options = if handed_over {
+                    tcp::adopt_connection_options(listener)
+                } else {
+                    Ok(tcp::ConnectionOptions::FromTheListener)
+                };
+                let prepared = options.and_then(|options| {
+                    Ok((options, sockets::tcp_listener_on(&runtime, listener)?))
+                });
+                let (options, listener) = match prepared {
+                    Ok((options, listener)) => (options, Arc::new(listener)),
                     Err(error) => {
                         // A socket handed over goes back for the next try: binding a new one would
                         // fail while the process that handed it over still listens.
@@ -252,7 +262,7 @@ impl DataPlane {
                 };
                 let on = tcp::AcceptingThread { pool, index };
                 let serve = move |listener, shared, stop| {
-                    tcp::serve(listener, shared, stop, timeouts, on.clone())
+                    tcp::serve(listener, shared, stop, timeouts, options, on.clone())
                 };
                 let what = "a TCP listener's accept loop";
                 spawn_serving(&runtime, what, &listener, parts, span, serve)

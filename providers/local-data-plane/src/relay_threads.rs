@@ -15,6 +15,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
@@ -133,7 +134,12 @@ fn start_one(index: usize) -> io::Result<(RelayThread, Handle)> {
             if started.send(Ok(runtime.handle().clone())).is_ok() {
                 // Runs what is spawned on the runtime until `stop` is dropped; dropping the runtime
                 // then drops what still runs on it (accept loops, connections).
-                let _ = runtime.block_on(stopped);
+                runtime.block_on(async {
+                    tokio::select! {
+                        _ = stopped => {}
+                        never = keep_a_timer_ahead() => never,
+                    }
+                });
             }
         })?;
     let mut relay_thread = RelayThread {
@@ -154,6 +160,19 @@ fn start_one(index: usize) -> io::Result<(RelayThread, Handle)> {
             }
             Err(error)
         }
+    }
+}
+
+/// Every second, a timer: so that the one each connection sets for its first second
+/// (`tcp::DEAD_PEER_DETECTION_AFTER`) is never the earliest on its thread. Tokio wakes its own I/O
+/// driver (a write to an eventfd, and a turn of the event loop) whenever a timer earlier than every
+/// other is set, even from the driver's own thread: once per connection without this, once a second
+/// with it.
+async fn keep_a_timer_ahead() {
+    let mut ticks = tokio::time::interval(Duration::from_secs(1));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
     }
 }
 
@@ -222,6 +241,7 @@ pub(crate) struct WorkerShare {
 
 impl WorkerShare {
     /// The worker.
+    #[cfg(test)]
     pub(crate) fn index(&self) -> usize {
         self.index
     }

@@ -4,6 +4,7 @@
 use std::{io, net::SocketAddr, os::fd::OwnedFd, sync::Arc};
 
 use socket2::{Domain, Socket, Type};
+use tokio::io::{Interest, unix::AsyncFd};
 
 use crate::{Protocol, handover, handover::ListeningSocket, tcp, udp};
 
@@ -14,8 +15,10 @@ pub(crate) fn open(
     addr: SocketAddr,
 ) -> io::Result<ListeningSocket> {
     Ok(match (protocol, inherited) {
-        (Protocol::Tcp, Some(fd)) => ListeningSocket::Tcp(handover::tcp_listener(fd, addr)?),
-        (Protocol::Tcp, None) => ListeningSocket::Tcp(tcp::bind(addr)?),
+        (Protocol::Tcp, Some(fd)) => {
+            ListeningSocket::Tcp(Arc::new(handover::tcp_listener(fd, addr)?))
+        }
+        (Protocol::Tcp, None) => ListeningSocket::Tcp(Arc::new(tcp::bind(addr)?)),
         (Protocol::Udp, Some(fd)) => {
             ListeningSocket::Udp(Arc::new(handover::udp_socket(fd, addr)?))
         }
@@ -23,15 +26,21 @@ pub(crate) fn open(
     })
 }
 
-/// A new descriptor of the (non-blocking) listening socket `listener`, registered with `runtime`'s I/O
-/// driver, for a relay thread to accept from.
+/// The (non-blocking) listening socket `listener`, registered with `runtime`'s I/O driver, for a relay
+/// thread to accept from; every relay thread registers the one socket (no descriptor of its own). An
+/// `AsyncFd` rather than tokio's `TcpListener`, whose `accept` registers each connection with the
+/// accepting thread's driver (`tcp::accept`).
 pub(crate) fn tcp_listener_on(
     runtime: &tokio::runtime::Handle,
-    listener: &std::net::TcpListener,
-) -> io::Result<tokio::net::TcpListener> {
-    let descriptor = listener.try_clone()?;
+    listener: &Arc<std::net::TcpListener>,
+) -> io::Result<AsyncFd<Arc<std::net::TcpListener>>> {
     let _on = runtime.enter();
-    tokio::net::TcpListener::from_std(descriptor)
+    // `with_interest` is deprecated for a type whose descriptor could change or close under the
+    // `AsyncFd` (tokio#8587); its replacement is `unsafe`, which this workspace forbids. A shared
+    // `std::net::TcpListener` keeps one descriptor, open, for as long as a share of it lives: the
+    // condition the replacement asks the caller to uphold holds here.
+    #[allow(deprecated)]
+    AsyncFd::with_interest(listener.clone(), Interest::READABLE)
 }
 
 /// A new socket of `addr`'s family, not bound yet; an IPv6 one is IPv6-only, so `[::]` and `0.0.0.0`

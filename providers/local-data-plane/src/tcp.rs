@@ -1,14 +1,17 @@
 //! TCP listeners: accept, pick a backend, connect, relay with `copy_bidirectional`.
 
 use std::io;
+use std::io::Read;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use socket2::{SockRef, Type};
 use tokio::io::Interest;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::unix::AsyncFd;
+use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
@@ -31,9 +34,37 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
     // not let two sockets listen on one port.
     socket.set_reuse_address(true)?;
     socket.set_nonblocking(true)?;
+    set_connection_options(&socket)?;
     socket.bind(&addr.into())?;
     socket.listen(4096)?;
     Ok(socket.into())
+}
+
+/// Where the connections a listener accepts get their options (no delay, keepalive, the
+/// unacknowledged-data timeout; see [`set_connection_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionOptions {
+    /// From the listening socket: Linux copies a listener's socket options into every connection it
+    /// accepts, so a connection costs no `setsockopt` of its own on the client's side (six before).
+    FromTheListener,
+    /// Set on each connection: a socket handed over by a process that did not set them on it; the
+    /// connections already in its queue were made without them.
+    OnEachConnection,
+}
+
+/// The options of the connections `listener` will accept, for a listening socket handed over by the
+/// process before: if it set them on the socket (as [`bind`] does), they come from it; otherwise
+/// they are set on it now for the connections to come, and on each connection (those queued already
+/// were made without them; a rolling update from a version before 2026-12-02 is the one case).
+pub(crate) fn adopt_connection_options(
+    listener: &std::net::TcpListener,
+) -> io::Result<ConnectionOptions> {
+    let socket = SockRef::from(listener);
+    if socket.keepalive()? && socket.tcp_user_timeout()? == Some(UNACKNOWLEDGED_TIMEOUT) {
+        return Ok(ConnectionOptions::FromTheListener);
+    }
+    set_connection_options(&socket)?;
+    Ok(ConnectionOptions::OnEachConnection)
 }
 
 /// The accept loop of one listener; ends when `stop` is cancelled (dropping its share of the socket,
@@ -43,10 +74,11 @@ pub(crate) fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
 /// shared token or lock, and the drain cuts them by aborting the set. The loop runs on one relay
 /// thread (`on`); each connection is relayed on the least loaded one (`RelayPool::pick`).
 pub(crate) async fn serve(
-    listener: Arc<TcpListener>,
+    listener: Arc<AsyncFd<Arc<std::net::TcpListener>>>,
     shared: Arc<ListenerShared>,
     stop: CancellationToken,
     timeouts: Timeouts,
+    options: ConnectionOptions,
     on: AcceptingThread,
 ) -> JoinSet<()> {
     let AcceptingThread { pool, index: here } = on;
@@ -55,7 +87,7 @@ pub(crate) async fn serve(
         let (client, peer) = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
+            accepted = accept(&listener) => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // EMFILE/ENFILE and friends: back off a little instead of spinning.
@@ -92,24 +124,15 @@ pub(crate) async fn serve(
         let span = tracing::debug_span!("connection", %peer);
         let shared = shared.clone();
         let worker = pool.pick(here);
-        let client = if worker.index() == here {
-            Accepted::Here(client)
-        } else {
-            // Registered with the other thread's runtime by the task, there.
-            match client.into_std() {
-                Ok(client) => Accepted::Moved(client),
-                Err(error) => {
-                    warn!(%peer, %error, "cannot hand a connection to another relay thread");
-                    continue;
-                }
-            }
-        };
         let runtime = worker.runtime().clone();
         connections.spawn_on(
             async move {
-                if let Some(client) = client.on_this_runtime() {
-                    handle(client, peer, shared, timeouts).await;
+                if options == ConnectionOptions::OnEachConnection {
+                    set_connection_options(&SockRef::from(&client)).unwrap_or_else(
+                        |error| debug!(%error, "cannot set the connection's options"),
+                    );
                 }
+                handle(client, peer, shared, timeouts).await;
                 drop((claim, worker));
             }
             .instrument(span),
@@ -117,6 +140,23 @@ pub(crate) async fn serve(
         );
     }
     connections
+}
+
+/// The next connection, not registered with any runtime yet: the relay thread it is handed to
+/// registers it once (tokio's `accept` would register it with the accepting thread's driver, and a
+/// hand-over would deregister and register it again: two `epoll_ctl`s for every connection moved).
+async fn accept(
+    listener: &AsyncFd<Arc<std::net::TcpListener>>,
+) -> io::Result<(std::net::TcpStream, SocketAddr)> {
+    let (socket, peer) = listener
+        .async_io(Interest::READABLE, |listener| {
+            SockRef::from(listener.as_ref()).accept4(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        })
+        .await?;
+    let peer = peer.as_socket().ok_or_else(|| {
+        io::Error::other(format!("a connection from a non-IP address ({peer:?})"))
+    })?;
+    Ok((socket.into(), peer))
 }
 
 /// The relay thread an accept loop runs on.
@@ -128,53 +168,50 @@ pub(crate) struct AcceptingThread {
     pub(crate) index: usize,
 }
 
-/// A connection just accepted, on the accepting thread's runtime or on its way to another's.
-enum Accepted {
-    Here(TcpStream),
-    Moved(std::net::TcpStream),
-}
-
-impl Accepted {
-    /// The connection, registered with the runtime this runs on; `None` (logged, the connection
-    /// closed) if it cannot be.
-    fn on_this_runtime(self) -> Option<TcpStream> {
-        match self {
-            Accepted::Here(stream) => Some(stream),
-            Accepted::Moved(stream) => TcpStream::from_std(stream)
-                .inspect_err(
-                    |error| warn!(%error, "cannot relay a connection on this relay thread"),
-                )
-                .ok(),
-        }
-    }
-}
-
 /// How soon a relayed connection whose peer vanished (its machine gone without a FIN or a reset) is
 /// found and closed, freeing its two descriptors: keepalive probes after 60 s without traffic, every
-/// 10 s, 6 unanswered ones end it (2 minutes); data left unacknowledged for 2 minutes ends it too
-/// (`TCP_USER_TIMEOUT`), where keepalive would not probe.
+/// 10 s, until 2 minutes have passed without a byte or an answer from the peer; data left
+/// unacknowledged for 2 minutes ends it too, where keepalive would not probe. Both limits are
+/// `TCP_USER_TIMEOUT`, which with keepalive on decides when the probes give up (tcp(7)), so no probe
+/// count is set.
 const KEEPALIVE_IDLE: Duration = Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-const KEEPALIVE_PROBES: u32 = 6;
 const UNACKNOWLEDGED_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Turns on keepalive and the unacknowledged-data timeout (above) for one side of a connection.
-fn keep_alive(stream: &TcpStream) {
-    let socket = SockRef::from(stream);
+/// The backend's side of a connection gets its dead-peer detection (keepalive and the
+/// unacknowledged-data timeout) once it has lived this long: four `setsockopt`s that most short
+/// connections (a request and its answer) end before needing. A backend that vanishes in a
+/// connection's first second is found a second later than on the client's side, whose socket has
+/// them from the listener at no cost.
+const DEAD_PEER_DETECTION_AFTER: Duration = Duration::from_secs(1);
+
+/// Turns on no delay, keepalive and the unacknowledged-data timeout (above) for a socket: the client's
+/// side of a relayed connection, or a listening socket whose connections copy them.
+fn set_connection_options(socket: &socket2::Socket) -> io::Result<()> {
+    socket.set_tcp_nodelay(true)?;
+    set_dead_peer_detection(socket)
+}
+
+/// Keepalive and the unacknowledged-data timeout (above).
+fn set_dead_peer_detection(socket: &socket2::Socket) -> io::Result<()> {
     let keepalive = socket2::TcpKeepalive::new()
         .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_PROBES);
-    if let Err(error) = socket
-        .set_tcp_keepalive(&keepalive)
-        .and_then(|()| socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_TIMEOUT)))
-    {
-        debug!(%error, "cannot set TCP keepalive");
-    }
+        .with_interval(KEEPALIVE_INTERVAL);
+    socket.set_tcp_keepalive(&keepalive)?;
+    socket.set_tcp_user_timeout(Some(UNACKNOWLEDGED_TIMEOUT))
+}
+
+/// Arms the backend connection's dead-peer detection after [`DEAD_PEER_DETECTION_AFTER`]; never
+/// resolves.
+async fn detect_a_dead_backend(upstream: &TcpStream) -> io::Result<()> {
+    tokio::time::sleep(DEAD_PEER_DETECTION_AFTER).await;
+    set_dead_peer_detection(&SockRef::from(upstream))
+        .unwrap_or_else(|error| debug!(%error, "cannot set the backend connection's keepalive"));
+    std::future::pending().await
 }
 
 /// Closes a connection with a reset, so the client learns at once that it is refused.
-fn reset(stream: TcpStream) {
+fn reset(stream: impl AsFd) {
     let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
     drop(stream);
 }
@@ -188,14 +225,34 @@ pub(crate) struct Timeouts {
     pub(crate) idle: Option<Duration>,
 }
 
+/// Relays one connection, on the relay thread it was handed to. Until the backend has the client's
+/// first bytes, nothing waits for the I/O driver unless it must (haproxy's order): the client's bytes
+/// already there are read right away, the backend's connection is tried and, when its handshake is
+/// done by then (loopback, a fast network), the bytes go out at once; only then are both sockets
+/// registered. Waiting for a driver turn after the accept and after the connect would cost two trips
+/// through the event loop per connection, and wake the backend for a connection with nothing on it yet.
 async fn handle(
-    client: TcpStream,
+    client: std::net::TcpStream,
     peer: SocketAddr,
     shared: Arc<ListenerShared>,
     timeouts: Timeouts,
 ) {
-    let connect_timeout = timeouts.connect;
     let config = shared.config();
+    let mut opening = Vec::new();
+    if config.proxy_protocol {
+        match client.local_addr() {
+            Ok(local) => opening = proxy_v2_header(peer, local),
+            Err(error) => {
+                debug!(%error, "cannot tell the address the client connected to: closed");
+                return;
+            }
+        }
+    }
+    let first = first_bytes(&client, &mut opening);
+    shared
+        .stats
+        .bytes_in
+        .fetch_add(first as u64, Ordering::Relaxed);
     let mut tried = Vec::new();
     let (backend, upstream) = loop {
         let Some(backend) = shared.pick(&config, peer.ip(), &tried) else {
@@ -209,13 +266,13 @@ async fn handle(
             reset(client);
             return;
         };
-        match tokio::time::timeout(connect_timeout, TcpStream::connect(backend.addr)).await {
-            Ok(Ok(upstream)) => break (backend, upstream),
-            Ok(Err(error)) => {
-                warn!(backend = %backend.addr, node = %backend.node, %error, "cannot connect to backend");
-            }
-            Err(_) => {
+        match connect(backend.addr, timeouts.connect, &mut opening).await {
+            Ok(upstream) => break (backend, upstream),
+            Err(error) if error.kind() == io::ErrorKind::TimedOut => {
                 warn!(backend = %backend.addr, node = %backend.node, "connecting to backend timed out");
+            }
+            Err(error) => {
+                warn!(backend = %backend.addr, node = %backend.node, %error, "cannot connect to backend");
             }
         }
         shared
@@ -229,28 +286,82 @@ async fn handle(
         }
     };
     // The connection keeps its backend, not the whole (possibly since replaced) configuration.
-    let proxy_protocol = config.proxy_protocol;
     drop(config);
     let _active = ActiveGuard::new(shared.clone(), backend.clone());
-    for stream in [&client, &upstream] {
-        let _ = stream.set_nodelay(true);
-        keep_alive(stream);
-    }
-    if let Err(error) = relay(
-        client,
-        peer,
-        upstream,
-        &shared,
-        proxy_protocol,
-        timeouts.idle,
-    )
-    .await
-    {
+    // Registered with the I/O driver of the thread that relays it, here.
+    let client = match TcpStream::from_std(client) {
+        Ok(client) => client,
+        Err(error) => {
+            warn!(%error, "cannot relay a connection on this relay thread");
+            return;
+        }
+    };
+    if let Err(error) = relay(client, upstream, &shared, opening, timeouts.idle).await {
         if error.kind() == io::ErrorKind::TimedOut {
             shared.stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
         }
         debug!(backend = %backend.addr, %error, "connection ended with an error");
     }
+}
+
+/// Appends to `opening` what the client has sent so far (at most what one read gives), without
+/// waiting: the bytes are read into the stack (not kept in the connection's future) and copied into
+/// a relay buffer only if there are any. Returns how many.
+fn first_bytes(client: &std::net::TcpStream, opening: &mut Vec<u8>) -> usize {
+    let mut head = [0u8; 1024];
+    match (&*client).read(&mut head) {
+        Ok(n) if n > 0 => {
+            opening.reserve_exact(RELAY_BUFFER);
+            opening.extend_from_slice(&head[..n]);
+            n
+        }
+        // Nothing yet, the end already, or an error: the relay's first read finds the same.
+        _ => 0,
+    }
+}
+
+/// Connects to a backend (no delay; its dead-peer detection comes later, see
+/// [`DEAD_PEER_DETECTION_AFTER`]) within
+/// `timeout`, and sends it what it can of `opening` (the PROXY header and the client's first bytes),
+/// removing what was sent. When the handshake is done by the time `connect` returns, sending proves
+/// it (or `getpeername`, with nothing to send) and no timer or driver turn is needed; otherwise the
+/// socket is waited on until writable, as tokio's `TcpStream::connect` does.
+async fn connect(
+    addr: SocketAddr,
+    timeout: Duration,
+    opening: &mut Vec<u8>,
+) -> io::Result<TcpStream> {
+    let socket = sockets::for_address(addr, Type::STREAM.nonblocking(), socket2::Protocol::TCP)?;
+    socket.set_tcp_nodelay(true)?;
+    match socket.connect(&addr.into()) {
+        Ok(()) => {}
+        Err(error) if error.raw_os_error() == Some(libc::EINPROGRESS) => {}
+        Err(error) => return Err(error),
+    }
+    let established = if opening.is_empty() {
+        socket.peer_addr().is_ok()
+    } else {
+        match socket.send(opening) {
+            Ok(sent) => {
+                opening.drain(..sent);
+                true
+            }
+            // Still in the handshake.
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => false,
+            Err(error) => return Err(error),
+        }
+    };
+    let upstream = TcpStream::from_std(socket.into())?;
+    if !established {
+        match tokio::time::timeout(timeout, upstream.writable()).await {
+            Ok(writable) => writable?,
+            Err(_) => return Err(io::ErrorKind::TimedOut.into()),
+        }
+        if let Some(error) = upstream.take_error()? {
+            return Err(error);
+        }
+    }
+    Ok(upstream)
 }
 
 /// When a relayed connection last moved a byte, in milliseconds since it started (one relaxed store per
@@ -291,18 +402,15 @@ impl Activity {
     }
 }
 
+/// Relays both ways until both have ended; `unsent` (the PROXY header and the client's first bytes
+/// that could not be sent while connecting) goes to the backend first.
 async fn relay(
     client: TcpStream,
-    peer: SocketAddr,
     upstream: TcpStream,
     shared: &ListenerShared,
-    proxy_protocol: bool,
+    unsent: Vec<u8>,
     idle_timeout: Option<Duration>,
 ) -> io::Result<()> {
-    if proxy_protocol {
-        let local = client.local_addr()?;
-        write_all(&upstream, &proxy_v2_header(peer, local)).await?;
-    }
     let client_done = AtomicBool::new(false);
     let upstream_done = AtomicBool::new(false);
     let activity = Activity::new();
@@ -311,6 +419,7 @@ async fn relay(
             pump(
                 &client,
                 &upstream,
+                unsent,
                 &shared.stats.bytes_in,
                 &client_done,
                 &upstream_done,
@@ -319,6 +428,7 @@ async fn relay(
             pump(
                 &upstream,
                 &client,
+                Vec::new(),
                 &shared.stats.bytes_out,
                 &upstream_done,
                 &client_done,
@@ -330,6 +440,7 @@ async fn relay(
     tokio::select! {
         result = both_ways => result,
         timed_out = activity.idle_for(idle_timeout) => timed_out,
+        never = detect_a_dead_backend(&upstream) => never,
     }
 }
 
@@ -341,15 +452,27 @@ async fn relay(
 ///   the pages its data needs;
 /// - no half-close when the other direction has already ended (both sockets are closed right after);
 /// - one relaxed atomic add per read counts the bytes.
+///
+/// `unsent` is written first; a relay buffer it came in is kept for the reads.
+#[allow(clippy::too_many_arguments)] // each is one thing a direction of the relay needs
 async fn pump(
     from: &TcpStream,
     to: &TcpStream,
+    unsent: Vec<u8>,
     counter: &AtomicU64,
     done: &AtomicBool,
     other_done: &AtomicBool,
     activity: &Activity,
 ) -> io::Result<()> {
-    let mut buf: Vec<u8> = Vec::new();
+    let mut buf = unsent;
+    if !buf.is_empty() {
+        activity.touch();
+        write_all(to, &buf).await?;
+    }
+    if buf.capacity() < RELAY_BUFFER {
+        // A PROXY header alone: read into the stack until data comes, as from the start.
+        buf = Vec::new();
+    }
     loop {
         from.readable().await?;
         let read = if buf.capacity() == 0 {
