@@ -1169,7 +1169,9 @@ async fn an_active_udp_flow_leaves_an_unhealthy_backend_and_a_tightened_source_r
 
 /// Both sides of a relayed connection probe their peer (keepalive after 60 s idle, 10 s apart), so a
 /// client that vanished without a FIN or reset is closed within about 2 minutes, not kept for good with
-/// its two descriptors (issue #32). Read from the kernel's own view of the sockets (`ss`).
+/// its two descriptors (issue #32): the client's side from its first moment (it has the listener's
+/// options), the backend's once the connection is a second old. Read from the kernel's own view of the
+/// sockets (`ss`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_sides_of_a_relayed_connection_have_keepalive() {
     let t = 43;
@@ -1189,12 +1191,18 @@ async fn both_sides_of_a_relayed_connection_have_keepalive() {
     assert_eq!(read_id(&mut stream).await, "n1");
     let client = stream.local_addr().unwrap();
 
-    // `ss -tno`: one line per socket, with `timer:(keepalive,…)` when keepalive is on.
-    let output = std::process::Command::new("ss")
-        .args(["-tnoH", "state", "established"])
-        .output()
-        .expect("ss runs");
-    let sockets = String::from_utf8_lossy(&output.stdout);
+    // The backend's side gets keepalive after the connection's first second.
+    let backend = format!("{}:{NODE_PORT}", node_ip(t, 1));
+    let sockets = within(5 * SECOND, "keepalive toward the backend", async {
+        loop {
+            let sockets = established_sockets();
+            if socket_toward(&sockets, &backend).is_some_and(|l| l.contains("keepalive")) {
+                return sockets;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     let line = |local: &str, peer: &str| {
         sockets
             .lines()
@@ -1208,20 +1216,135 @@ async fn both_sides_of_a_relayed_connection_have_keepalive() {
     let toward_client = line(&format!("{}:8080", vip(t)), &client.to_string())
         .unwrap_or_else(|| panic!("no socket for the client's connection in:\n{sockets}"));
     assert!(toward_client.contains("keepalive"), "{toward_client}");
-    // The proxy's side toward the backend: peer node:NodePort, from the proxy's own address.
-    let backend = format!("{}:{NODE_PORT}", node_ip(t, 1));
-    let toward_backend = sockets
-        .lines()
-        .find(|l| {
-            let fields: Vec<&str> = l.split_whitespace().collect();
-            fields.len() >= 4 && fields[3] == backend
-        })
-        .unwrap_or_else(|| panic!("no socket toward {backend} in:\n{sockets}"));
-    assert!(toward_backend.contains("keepalive"), "{toward_backend}");
     // The client's own socket (not the proxy's) has none: the check tells them apart.
     let own = line(&client.to_string(), &format!("{}:8080", vip(t))).expect("the client's socket");
     assert!(!own.contains("keepalive"), "{own}");
     drop(stream);
+    plane.shutdown().await;
+}
+
+/// `ss -tnoH state established`: one line per socket, with `timer:(keepalive,…)` when keepalive is on.
+fn established_sockets() -> String {
+    let output = std::process::Command::new("ss")
+        .args(["-tnoH", "state", "established"])
+        .output()
+        .expect("ss runs");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The line of the (first) socket whose peer is `peer`.
+fn socket_toward<'a>(sockets: &'a str, peer: &str) -> Option<&'a str> {
+    sockets.lines().find(|l| {
+        let fields: Vec<&str> = l.split_whitespace().collect();
+        fields.len() >= 4 && fields[3] == peer
+    })
+}
+
+/// Clients whose connections waited in the queue of a listening socket handed over by a process that
+/// set no options on it, each with its bytes already sent: the data plane takes them in one go, reads
+/// each client's bytes before connecting to a backend, and sends the PROXY header and the bytes
+/// together; the first backend refuses, so half of them go to the second with nothing lost. Their
+/// client's side gets keepalive all the same (set on each connection, as it could not come from the
+/// listener), and the backend's side after a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_their_header() {
+    let t = 49;
+    // n1 refuses (nothing listens there); n2 reads what each connection brings.
+    let answering = TcpListener::bind((node_ip(t, 2), NODE_PORT))
+        .await
+        .expect("bind backend");
+    let tcp = SocketAddr::new(vip(t), 8080);
+    let predecessor = std::net::TcpListener::bind(tcp).expect("bind the listener handed over");
+    let mut clients = Vec::new();
+    for n in 0..4u8 {
+        let mut client = connect_from(client_ip(t, 1), tcp)
+            .await
+            .expect("connect to the queue");
+        client
+            .write_all(format!("client-{n}").as_bytes())
+            .await
+            .expect("write");
+        clients.push(client);
+    }
+    let plane = DataPlane::new(fast_settings());
+    let mut registry = prometheus_client::registry::Registry::default();
+    plane.register_metrics(&mut registry);
+    plane.inherit(vec![local_data_plane::HandedSocket {
+        protocol: Protocol::Tcp,
+        addr: tcp,
+        fd: predecessor.into(),
+    }]);
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1)), backend("n2", node_ip(t, 2))],
+    );
+    lb.proxy_protocol = true;
+    plane.apply(lb).await.expect("apply");
+
+    let mut arrived = HashMap::new();
+    let mut upstreams = Vec::new();
+    for _ in 0..clients.len() {
+        let (mut upstream, _) = within(2 * SECOND, "the backend accepts", answering.accept())
+            .await
+            .expect("accept");
+        let mut opening = [0u8; 28 + 8];
+        within(
+            2 * SECOND,
+            "header and bytes",
+            upstream.read_exact(&mut opening),
+        )
+        .await
+        .expect("read");
+        let port = u16::from_be_bytes([opening[24], opening[25]]);
+        let bytes = String::from_utf8_lossy(&opening[28..]).into_owned();
+        arrived.insert(bytes, port);
+        upstreams.push(upstream);
+    }
+    let sent: HashMap<String, u16> = clients
+        .iter()
+        .enumerate()
+        .map(|(n, c)| (format!("client-{n}"), c.local_addr().unwrap().port()))
+        .collect();
+    assert_eq!(
+        arrived, sent,
+        "each client's bytes right after the header naming it"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    let refused: u64 = text
+        .lines()
+        .find(|l| l.starts_with("local_lb_backend_connect_errors_total{"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no connect errors counted in:\n{text}"));
+    assert!(
+        (1..=4).contains(&refused),
+        "the connections that tried n1 first were refused there ({refused})"
+    );
+
+    let sockets = established_sockets();
+    for client in &clients {
+        let peer = client.local_addr().unwrap().to_string();
+        let proxy_side = socket_toward(&sockets, &peer)
+            .unwrap_or_else(|| panic!("no socket toward {peer} in:\n{sockets}"));
+        assert!(proxy_side.contains("keepalive"), "{proxy_side}");
+    }
+    let toward_backend = format!("{}:{NODE_PORT}", node_ip(t, 2));
+    within(5 * SECOND, "keepalive toward the backend", async {
+        loop {
+            let sockets = established_sockets();
+            let toward: Vec<&str> = sockets
+                .lines()
+                .filter(|l| l.split_whitespace().nth(3) == Some(toward_backend.as_str()))
+                .collect();
+            if toward.len() == clients.len() && toward.iter().all(|l| l.contains("keepalive")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    drop((clients, upstreams));
     plane.shutdown().await;
 }
 
