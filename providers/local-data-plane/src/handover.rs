@@ -26,8 +26,8 @@ pub struct HandedSocket {
     pub fd: OwnedFd,
 }
 
-/// A running listener's share of its socket. A TCP one is shared with its accept loops, one per relay
-/// thread, each registered with its thread's driver (`sockets::tcp_listener_on`).
+/// A running listener's share of its socket. A TCP one is shared with its accept loop, which runs on
+/// one relay thread and registers it with that thread's driver (`sockets::tcp_listener_on`).
 #[derive(Debug)]
 pub(crate) enum ListeningSocket {
     Tcp(Arc<std::net::TcpListener>),

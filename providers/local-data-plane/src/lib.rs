@@ -10,8 +10,9 @@
 //!   the first bytes (an idle connection costs about 3 KB in all) and never zeroed. Connections are
 //!   accepted and relayed on the data plane's own relay threads (one current-thread runtime per core,
 //!   [`Settings::relay_threads`]), each on the least loaded thread, where it stays. What the client
-//!   sent by the time its connection is taken goes to the backend with the PROXY header as soon as
-//!   the backend's handshake is done, without a turn of the event loop in between (haproxy's order).
+//!   sent by the time its connection is taken (one read, up to 1 KiB) goes to the backend with the
+//!   PROXY header as soon as the backend's handshake is done, without a turn of the event loop in
+//!   between (haproxy's order).
 //! - **UDP**: every client address gets its own upstream socket, relayed both ways and closed after
 //!   [`Settings::udp_idle_timeout`], on the runtime that calls [`DataPlane::apply`] (as are the
 //!   health checks).

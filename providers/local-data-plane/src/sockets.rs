@@ -27,7 +27,7 @@ pub(crate) fn open(
 }
 
 /// The (non-blocking) listening socket `listener`, registered with `runtime`'s I/O driver, for a relay
-/// thread to accept from; every relay thread registers the one socket (no descriptor of its own). An
+/// thread to accept from; the socket itself, not a duplicate of its descriptor. An
 /// `AsyncFd` rather than tokio's `TcpListener`, whose `accept` registers each connection with the
 /// accepting thread's driver (`tcp::accept`).
 pub(crate) fn tcp_listener_on(

@@ -248,7 +248,14 @@ async fn handle(
             }
         }
     }
-    let first = first_bytes(&client, &mut opening);
+    let first = match first_bytes(&client, &mut opening) {
+        Ok(first) => first,
+        Err(error) => {
+            // Reset by the client before it was relayed: no backend is bothered with it.
+            debug!(%error, "the client's connection failed before it was relayed: closed");
+            return;
+        }
+    };
     shared
         .stats
         .bytes_in
@@ -306,17 +313,29 @@ async fn handle(
 
 /// Appends to `opening` what the client has sent so far (at most what one read gives), without
 /// waiting: the bytes are read into the stack (not kept in the connection's future) and copied into
-/// a relay buffer only if there are any. Returns how many.
-fn first_bytes(client: &std::net::TcpStream, opening: &mut Vec<u8>) -> usize {
+/// a relay buffer only if there are any. Returns how many; an error (a reset: the kernel reports it
+/// once, so the relay's first read would take it for an end) is the client's connection failing.
+fn first_bytes(client: &std::net::TcpStream, opening: &mut Vec<u8>) -> io::Result<usize> {
     let mut head = [0u8; 1024];
     match (&*client).read(&mut head) {
-        Ok(n) if n > 0 => {
-            opening.reserve_exact(RELAY_BUFFER);
-            opening.extend_from_slice(&head[..n]);
-            n
+        Ok(n) => {
+            if n > 0 {
+                opening.reserve_exact(RELAY_BUFFER);
+                opening.extend_from_slice(&head[..n]);
+            }
+            // 0 is the end already: the relay's first read finds it again.
+            Ok(n)
         }
-        // Nothing yet, the end already, or an error: the relay's first read finds the same.
-        _ => 0,
+        // Nothing yet.
+        Err(error)
+            if matches!(
+                error.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) =>
+        {
+            Ok(0)
+        }
+        Err(error) => Err(error),
     }
 }
 
@@ -331,17 +350,26 @@ async fn connect(
     timeout: Duration,
     opening: &mut Vec<u8>,
 ) -> io::Result<TcpStream> {
-    let socket = sockets::for_address(addr, Type::STREAM.nonblocking(), socket2::Protocol::TCP)?;
+    // Not `sockets::for_address`: an IPv6 socket that connects stays dual-stack, as tokio's would, so
+    // an IPv4-mapped backend address still works.
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        Type::STREAM.nonblocking(),
+        Some(socket2::Protocol::TCP),
+    )?;
     socket.set_tcp_nodelay(true)?;
     match socket.connect(&addr.into()) {
         Ok(()) => {}
         Err(error) if error.raw_os_error() == Some(libc::EINPROGRESS) => {}
         Err(error) => return Err(error),
     }
+    // Registered before anything is sent: once part of `opening` is gone, nothing may fail and send
+    // the rest to the next backend without it. The send goes past tokio's readiness (none yet).
+    let upstream = TcpStream::from_std(socket.into())?;
     let established = if opening.is_empty() {
-        socket.peer_addr().is_ok()
+        upstream.peer_addr().is_ok()
     } else {
-        match socket.send(opening) {
+        match SockRef::from(&upstream).send(opening) {
             Ok(sent) => {
                 opening.drain(..sent);
                 true
@@ -351,7 +379,6 @@ async fn connect(
             Err(error) => return Err(error),
         }
     };
-    let upstream = TcpStream::from_std(socket.into())?;
     if !established {
         match tokio::time::timeout(timeout, upstream.writable()).await {
             Ok(writable) => writable?,

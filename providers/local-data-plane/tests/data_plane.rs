@@ -1348,6 +1348,71 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
     plane.shutdown().await;
 }
 
+/// A client that resets its connection while it waits in the queue is closed without a backend
+/// being bothered: the reset is reported once, on the first read, and is not taken for an end of data
+/// (which would connect to the backend, send it the PROXY header and half-close it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reset_in_the_queue_reaches_no_backend() {
+    let t = 50;
+    let backend_listener = TcpListener::bind((node_ip(t, 1), NODE_PORT))
+        .await
+        .expect("bind backend");
+    let tcp = SocketAddr::new(vip(t), 8080);
+    let predecessor = std::net::TcpListener::bind(tcp).expect("bind the listener handed over");
+    let resetting = connect_from(client_ip(t, 1), tcp)
+        .await
+        .expect("connect to the queue");
+    socket2::SockRef::from(&resetting)
+        .set_linger(Some(Duration::ZERO))
+        .expect("linger 0");
+    drop(resetting);
+    let mut staying = connect_from(client_ip(t, 2), tcp)
+        .await
+        .expect("connect to the queue");
+    staying.write_all(b"hello").await.expect("write");
+    let plane = DataPlane::new(fast_settings());
+    plane.inherit(vec![local_data_plane::HandedSocket {
+        protocol: Protocol::Tcp,
+        addr: tcp,
+        fd: predecessor.into(),
+    }]);
+    let mut lb = spec(
+        "lb",
+        vec![tcp_listener(vip(t), 8080)],
+        vec![backend("n1", node_ip(t, 1))],
+    );
+    lb.proxy_protocol = true;
+    plane.apply(lb).await.expect("apply");
+
+    // Only the client that stayed reaches the backend.
+    let (mut upstream, _) = within(2 * SECOND, "the backend accepts", backend_listener.accept())
+        .await
+        .expect("accept");
+    let mut opening = [0u8; 28 + 5];
+    within(
+        2 * SECOND,
+        "header and bytes",
+        upstream.read_exact(&mut opening),
+    )
+    .await
+    .expect("read");
+    let port = u16::from_be_bytes([opening[24], opening[25]]);
+    assert_eq!(
+        port,
+        staying.local_addr().unwrap().port(),
+        "the header names the client that stayed"
+    );
+    assert_eq!(&opening[28..], b"hello");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), backend_listener.accept())
+            .await
+            .is_err(),
+        "the reset client's connection went to the backend"
+    );
+    drop((staying, upstream));
+    plane.shutdown().await;
+}
+
 /// With `tcp_idle_timeout`, a relayed connection with no byte either way for that long is closed (and
 /// counted), while one that keeps talking stays open; without it, an idle connection stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
