@@ -1266,14 +1266,9 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
             .expect("write");
         clients.push(client);
     }
-    let plane = DataPlane::new(fast_settings());
+    let plane = taking_over(tcp, predecessor);
     let mut registry = prometheus_client::registry::Registry::default();
     plane.register_metrics(&mut registry);
-    plane.inherit(vec![local_data_plane::HandedSocket {
-        protocol: Protocol::Tcp,
-        addr: tcp,
-        fd: predecessor.into(),
-    }]);
     let mut lb = spec(
         "lb",
         vec![tcp_listener(vip(t), 8080)],
@@ -1285,20 +1280,8 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
     let mut arrived = HashMap::new();
     let mut upstreams = Vec::new();
     for _ in 0..clients.len() {
-        let (mut upstream, _) = within(2 * SECOND, "the backend accepts", answering.accept())
-            .await
-            .expect("accept");
-        let mut opening = [0u8; 28 + 8];
-        within(
-            2 * SECOND,
-            "header and bytes",
-            upstream.read_exact(&mut opening),
-        )
-        .await
-        .expect("read");
-        let port = u16::from_be_bytes([opening[24], opening[25]]);
-        let bytes = String::from_utf8_lossy(&opening[28..]).into_owned();
-        arrived.insert(bytes, port);
+        let (upstream, port, bytes) = next_relayed_with_header(&answering, 8).await;
+        arrived.insert(String::from_utf8_lossy(&bytes).into_owned(), port);
         upstreams.push(upstream);
     }
     let sent: HashMap<String, u16> = clients
@@ -1348,6 +1331,36 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
     plane.shutdown().await;
 }
 
+/// A data plane that takes over `predecessor`, the listening socket of `tcp` an earlier process
+/// handed over (with the connections queued on it).
+fn taking_over(tcp: SocketAddr, predecessor: std::net::TcpListener) -> DataPlane {
+    let plane = DataPlane::new(fast_settings());
+    plane.inherit(vec![local_data_plane::HandedSocket {
+        protocol: Protocol::Tcp,
+        addr: tcp,
+        fd: predecessor.into(),
+    }]);
+    plane
+}
+
+/// The next connection the proxy makes to `backend`, the client's source port its PROXY v2 header
+/// (IPv4) names, and the `len` bytes after the header.
+async fn next_relayed_with_header(backend: &TcpListener, len: usize) -> (TcpStream, u16, Vec<u8>) {
+    let (mut upstream, _) = within(2 * SECOND, "the backend accepts", backend.accept())
+        .await
+        .expect("accept");
+    let mut opening = vec![0u8; 28 + len];
+    within(
+        2 * SECOND,
+        "header and bytes",
+        upstream.read_exact(&mut opening),
+    )
+    .await
+    .expect("read");
+    let port = u16::from_be_bytes([opening[24], opening[25]]);
+    (upstream, port, opening.split_off(28))
+}
+
 /// A client that resets its connection while it waits in the queue is closed without a backend
 /// being bothered: the reset is reported once, on the first read, and is not taken for an end of data
 /// (which would connect to the backend, send it the PROXY header and half-close it).
@@ -1370,12 +1383,7 @@ async fn a_client_reset_in_the_queue_reaches_no_backend() {
         .await
         .expect("connect to the queue");
     staying.write_all(b"hello").await.expect("write");
-    let plane = DataPlane::new(fast_settings());
-    plane.inherit(vec![local_data_plane::HandedSocket {
-        protocol: Protocol::Tcp,
-        addr: tcp,
-        fd: predecessor.into(),
-    }]);
+    let plane = taking_over(tcp, predecessor);
     let mut lb = spec(
         "lb",
         vec![tcp_listener(vip(t), 8080)],
@@ -1385,24 +1393,13 @@ async fn a_client_reset_in_the_queue_reaches_no_backend() {
     plane.apply(lb).await.expect("apply");
 
     // Only the client that stayed reaches the backend.
-    let (mut upstream, _) = within(2 * SECOND, "the backend accepts", backend_listener.accept())
-        .await
-        .expect("accept");
-    let mut opening = [0u8; 28 + 5];
-    within(
-        2 * SECOND,
-        "header and bytes",
-        upstream.read_exact(&mut opening),
-    )
-    .await
-    .expect("read");
-    let port = u16::from_be_bytes([opening[24], opening[25]]);
+    let (upstream, port, bytes) = next_relayed_with_header(&backend_listener, 5).await;
     assert_eq!(
         port,
         staying.local_addr().unwrap().port(),
         "the header names the client that stayed"
     );
-    assert_eq!(&opening[28..], b"hello");
+    assert_eq!(bytes, b"hello");
     assert!(
         tokio::time::timeout(Duration::from_millis(500), backend_listener.accept())
             .await
