@@ -129,6 +129,18 @@ impl LeaseHistory {
             .unwrap_or_else(|| panic!("{identity} never renewed the Lease: {:#?}", self.versions()))
     }
 
+    /// Waits until the watch has delivered a version `identity` wrote. A GET (or the holder's own log)
+    /// can show a new holder before the watch event does on a loaded machine, and everything read
+    /// from this history afterwards needs it.
+    async fn seen_held_by(&self, identity: &str) {
+        eventually(
+            &format!("the watch delivering a Lease version held by {identity}"),
+            WITHIN,
+            || async { (!self.held_by(identity).is_empty()).then_some(()) },
+        )
+        .await;
+    }
+
     /// When `identity` acquired the Lease (its `acquireTime`, the same in each of its versions).
     fn acquired(&self, identity: &str) -> Timestamp {
         let versions = self.held_by(identity);
@@ -380,6 +392,7 @@ async fn go_leads_ours_waits_then_takes_over_when_go_stops() {
     go.signal("TERM");
     go.wait_exit(WITHIN);
     held_by(&ours_id).await;
+    history.seen_held_by(&ours_id).await;
 
     // The bound the issue asks for, the one timing this test checks. Measured on the Lease itself
     // (one clock: both managers and the API server run on this machine) from the Go CCM's last
@@ -489,6 +502,7 @@ async fn ours_leads_go_waits_then_takes_over(signal: &str) -> SignedDuration {
         go.logged(&format!("{go_id} became leader")).then_some(())
     })
     .await;
+    history.seen_held_by(&go_id).await;
 
     let ours_last = history.last_renewal(&ours_id);
     let released = history
