@@ -16,14 +16,20 @@ pub(crate) trait Announcer: Send + Sync {
     /// What it announces on, for logs and events (`interface eth0`).
     fn describe(&self) -> String;
 
-    /// Starts announcing `ip`. `Ok(Some(warning))`: the VIP is this node's, but not every neighbour
-    /// was told (what was not sent, and why).
+    /// Makes `ip` this node's; an announcer that must not draw traffic before the data plane serves it
+    /// (layer 2: the neighbours; BGP: the route) tells the network in [`Announcer::serving`].
+    /// `Ok(Some(warning))`: the VIP is this node's, but not every neighbour was told (what was not
+    /// sent, and why).
     async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String>;
 
     /// The data plane serves `ip` now (its listeners are bound and its backends' health known), or
     /// kube-proxy does: an announcer that can wait for that (BGP: the route) tells the network now.
     /// Called after every successful apply; idempotent.
-    async fn serving(&self, _ip: IpAddr) {}
+    /// `Some(warning)`: the VIP is served here, but not every neighbour was told (what was not sent,
+    /// and why).
+    async fn serving(&self, _ip: IpAddr) -> Option<String> {
+        None
+    }
 
     /// Stops announcing `ip` (failures are logged).
     async fn withdraw(&self, ip: IpAddr);
@@ -43,8 +49,21 @@ impl Announcer for AddressManager {
         format!("interface {}", self.interface())
     }
 
+    /// Only puts the VIP on: the neighbours are told once the data plane (or kube-proxy) serves it
+    /// ([`Announcer::serving`]), so that none is sent here before this node accepts (the previous
+    /// holder, handing the VIP over, answers until then).
     async fn announce(&self, ip: IpAddr) -> Result<Option<String>, String> {
-        self.add(ip).await
+        self.put_on(ip).await.map(|()| None)
+    }
+
+    /// Tells the link's neighbours, the first time after the VIP was put on.
+    async fn serving(&self, ip: IpAddr) -> Option<String> {
+        match AddressManager::announce(self, ip).await {
+            Ok(warning) => warning,
+            Err(err) => Some(format!(
+                "{ip} not announced to the link's neighbours: {err}"
+            )),
+        }
     }
 
     async fn withdraw(&self, ip: IpAddr) {

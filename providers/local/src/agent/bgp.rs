@@ -74,8 +74,9 @@ impl Announcer for BgpAnnouncer {
         Ok(None)
     }
 
-    async fn serving(&self, ip: IpAddr) {
+    async fn serving(&self, ip: IpAddr) -> Option<String> {
         self.vips.send_if_modified(|vips| vips.insert(ip));
+        None
     }
 
     async fn withdraw(&self, ip: IpAddr) {

@@ -604,7 +604,9 @@ impl Agent {
         self.announce_vips(served, vips, config).await?;
         self.run_data_plane(served, vips, &wanted, backends).await?;
         for ip in vips {
-            self.announcer_of(*ip, config).serving(*ip).await;
+            if let Some(warning) = self.announcer_of(*ip, config).serving(*ip).await {
+                self.cloud.report_unannounced_vip(&served.service, &warning);
+            }
         }
         Ok(())
     }
