@@ -1266,16 +1266,14 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
             .expect("write");
         clients.push(client);
     }
-    let plane = taking_over(tcp, predecessor);
     let mut registry = prometheus_client::registry::Registry::default();
-    plane.register_metrics(&mut registry);
-    let mut lb = spec(
-        "lb",
-        vec![tcp_listener(vip(t), 8080)],
+    let plane = taking_over_with_proxy_header(
+        tcp,
+        predecessor,
         vec![backend("n1", node_ip(t, 1)), backend("n2", node_ip(t, 2))],
-    );
-    lb.proxy_protocol = true;
-    plane.apply(lb).await.expect("apply");
+        Some(&mut registry),
+    )
+    .await;
 
     let mut arrived = HashMap::new();
     let mut upstreams = Vec::new();
@@ -1332,14 +1330,26 @@ async fn queued_clients_with_bytes_sent_reach_the_backend_that_answers_with_thei
 }
 
 /// A data plane that takes over `predecessor`, the listening socket of `tcp` an earlier process
-/// handed over (with the connections queued on it).
-fn taking_over(tcp: SocketAddr, predecessor: std::net::TcpListener) -> DataPlane {
+/// handed over (with the connections queued on it), and serves it as load balancer `lb` for `backends`
+/// with a PROXY v2 header; its metrics in `registry` when given, registered before it serves.
+async fn taking_over_with_proxy_header(
+    tcp: SocketAddr,
+    predecessor: std::net::TcpListener,
+    backends: Vec<local_data_plane::Backend>,
+    registry: Option<&mut prometheus_client::registry::Registry>,
+) -> DataPlane {
     let plane = DataPlane::new(fast_settings());
     plane.inherit(vec![local_data_plane::HandedSocket {
         protocol: Protocol::Tcp,
         addr: tcp,
         fd: predecessor.into(),
     }]);
+    if let Some(registry) = registry {
+        plane.register_metrics(registry);
+    }
+    let mut lb = spec("lb", vec![tcp_listener(tcp.ip(), tcp.port())], backends);
+    lb.proxy_protocol = true;
+    plane.apply(lb).await.expect("apply");
     plane
 }
 
@@ -1383,14 +1393,9 @@ async fn a_client_reset_in_the_queue_reaches_no_backend() {
         .await
         .expect("connect to the queue");
     staying.write_all(b"hello").await.expect("write");
-    let plane = taking_over(tcp, predecessor);
-    let mut lb = spec(
-        "lb",
-        vec![tcp_listener(vip(t), 8080)],
-        vec![backend("n1", node_ip(t, 1))],
-    );
-    lb.proxy_protocol = true;
-    plane.apply(lb).await.expect("apply");
+    let plane =
+        taking_over_with_proxy_header(tcp, predecessor, vec![backend("n1", node_ip(t, 1))], None)
+            .await;
 
     // Only the client that stayed reaches the backend.
     let (upstream, port, bytes) = next_relayed_with_header(&backend_listener, 5).await;
