@@ -78,3 +78,52 @@ impl Announcer for AddressManager {
         AddressManager::adopt(self, ranges).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        addresses::test_interface::TestInterface,
+        announce::{self, capture::Capture},
+    };
+
+    /// Layer 2 in an agent: `announce` puts the VIP on and tells no neighbour (the previous holder still
+    /// answers); `serving` (the data plane serves it now) sends the gratuitous ARP rounds, once however
+    /// often a look calls it. On a veth pair, heard on its other end: needs root, as CI runs.
+    #[tokio::test]
+    async fn layer_2_tells_the_neighbours_only_once_the_vip_is_served() {
+        let link = TestInterface::create_veth("v");
+        let capture = Capture::on(link.peer(), link.mac());
+        let manager = AddressManager::new(link.name().to_owned());
+        let vip: IpAddr = "198.51.100.210".parse().unwrap();
+
+        assert_eq!(Announcer::announce(&manager, vip).await, Ok(None));
+        assert!(link.has(vip), "the VIP is not on the interface");
+        tokio::time::sleep(2 * announce::INTERVAL).await;
+        assert_eq!(
+            capture.about(vip).len(),
+            0,
+            "the neighbours were told before the VIP was served"
+        );
+
+        assert_eq!(Announcer::serving(&manager, vip).await, None);
+        assert_eq!(
+            capture.wait_for(vip, 6, Duration::from_secs(5)).len(),
+            6,
+            "three rounds of a gratuitous ARP request and reply once served"
+        );
+        // The next look serves it again: nothing more is sent.
+        assert_eq!(Announcer::serving(&manager, vip).await, None);
+        tokio::time::sleep(3 * announce::INTERVAL).await;
+        assert_eq!(
+            capture.about(vip).len(),
+            6,
+            "announced again when served again"
+        );
+
+        Announcer::withdraw(&manager, vip).await;
+        assert_eq!(link.addresses(), []);
+    }
+}
