@@ -598,6 +598,29 @@ async fn an_ipv6_vip_moves_with_an_unsolicited_neighbour_advertisement() {
         std::slice::from_ref(&victim),
         "{vip} is on its announcer only"
     );
+    // The Service says which node announces it (recorded once the node serves the VIP).
+    let announced = format!("{vip} is announced from node {victim} (interface eth0)");
+    let namespace = ns.name().to_owned();
+    eventually("the Service's VIPAnnounced event", LONG, || {
+        let (announced, namespace) = (announced.clone(), namespace.clone());
+        async move {
+            let messages = c.kubectl(
+                &[
+                    "-n",
+                    &namespace,
+                    "get",
+                    "events",
+                    "--field-selector",
+                    "reason=VIPAnnounced,involvedObject.name=web",
+                    "-o",
+                    "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}",
+                ],
+                None,
+            );
+            messages.lines().any(|m| m == announced).then_some(())
+        }
+    })
+    .await;
 
     follow_failover(vip, &victim, &mac_of).await;
     // (The victim is stopped: its namespaces cannot be entered.)

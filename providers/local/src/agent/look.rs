@@ -87,6 +87,9 @@ pub(super) struct Agent {
     /// The VIPs on the interface.
     /// (with whether by BGP, so that a pool whose `announce` changed is announced again its new way).
     pub(super) announced: BTreeMap<IpAddr, bool>,
+    /// The VIPs put on since their `VIPAnnounced` event, with what announces them: the event is recorded
+    /// once the VIP is served and the network told, not when it goes on.
+    pub(super) unreported: BTreeMap<IpAddr, String>,
     /// The VIPs an earlier run left on the interface that this run has not announced (yet).
     pub(super) adopted: BTreeSet<IpAddr>,
     /// What the data plane runs, by Service.
@@ -138,6 +141,7 @@ impl Agent {
             fenced: None,
             refused_members: BTreeSet::new(),
             announced: BTreeMap::new(),
+            unreported: BTreeMap::new(),
             adopted,
             applied: BTreeMap::new(),
             retry_at: HashMap::new(),
@@ -550,6 +554,7 @@ impl Agent {
             tracing::info!(%ip, to = ?to, "VIP given up");
             self.withdraw(ip).await;
             self.announced.remove(&ip);
+            self.unreported.remove(&ip);
             self.leaving.remove(&ip);
             self.metrics.given_up.inc();
             self.health.progressed(Instant::now());
@@ -607,6 +612,15 @@ impl Agent {
             if let Some(warning) = self.announcer_of(*ip, config).serving(*ip).await {
                 self.cloud.report_unannounced_vip(&served.service, &warning);
             }
+            if let Some(announced_by) = self.unreported.remove(ip) {
+                let node = &self.settings.node_name;
+                tracing::info!(%ip, service = %served.key, "VIP announced from this node");
+                self.cloud.record_event(
+                    "Normal",
+                    CloudEvent::about_vip(&served.service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
+                    &format!("{ip} is announced from node {node} ({announced_by})"),
+                );
+            }
         }
         Ok(())
     }
@@ -628,22 +642,17 @@ impl Agent {
                     tracing::info!(%ip, by_bgp = routed, "the VIP's pool announces it another way now: announcing it again that way");
                     self.withdraw(*ip).await;
                     self.announced.remove(ip);
+                    self.unreported.remove(ip);
                 }
                 None => {}
             }
             let announcer = self.announcer_of(*ip, config);
             let warning = announcer.announce(*ip).await?;
-            let announced_by = announcer.describe();
+            self.unreported.insert(*ip, announcer.describe());
             self.announced.insert(*ip, routed);
             self.adopted.remove(ip);
             self.metrics.taken.inc();
-            let node = &self.settings.node_name;
-            tracing::info!(%ip, service = %served.key, "VIP announced from this node");
-            self.cloud.record_event(
-                "Normal",
-                CloudEvent::about_vip(service, EVENT_VIP_ANNOUNCED, "AnnounceVIP"),
-                &format!("{ip} is announced from node {node} ({announced_by})"),
-            );
+            tracing::info!(%ip, service = %served.key, "VIP taken by this node: announced once served");
             if let Some(warning) = warning {
                 self.cloud.report_unannounced_vip(service, &warning);
             }
